@@ -1,0 +1,83 @@
+"""Ratchet: recoverable task execution for Python.
+
+Submitted work reaches a correct end although processes are killed, hosts pause past
+their lease, replies are lost and messages arrive twice; every external side effect is
+executed once per business key. See DESIGN §1–§7.
+"""
+
+from __future__ import annotations
+
+from .app import App, SubmitRequest, TaskDefinition, TaskHandle
+from .config import Durability
+from .errors import (
+    ConfigError,
+    EffectOutcomeUnknown,
+    FenceError,
+    IdempotencyConflict,
+    IllegalTransition,
+    InvalidArguments,
+    LeaseLost,
+    LedgerError,
+    LedgerUnavailable,
+    OutcomeUnknownError,
+    OverloadError,
+    PayloadNotSerializable,
+    PayloadTooLarge,
+    PermanentError,
+    RatchetError,
+    SchemaTooNew,
+    StaleGeneration,
+    SubmitError,
+    TaskFailure,
+    TaskNotFound,
+    TransientError,
+    UnknownTask,
+    WaitTimeout,
+)
+from .ledger import open_ledger
+from .ledger.base import TaskInfo
+from .retry import FailureClass, RetryPolicy
+from .states import State
+from .worker import NOT_FOUND, TaskContext, Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NOT_FOUND",
+    "App",
+    "ConfigError",
+    "Durability",
+    "EffectOutcomeUnknown",
+    "FailureClass",
+    "FenceError",
+    "IdempotencyConflict",
+    "IllegalTransition",
+    "InvalidArguments",
+    "LeaseLost",
+    "LedgerError",
+    "LedgerUnavailable",
+    "OutcomeUnknownError",
+    "OverloadError",
+    "PayloadNotSerializable",
+    "PayloadTooLarge",
+    "PermanentError",
+    "RatchetError",
+    "RetryPolicy",
+    "SchemaTooNew",
+    "StaleGeneration",
+    "State",
+    "SubmitError",
+    "SubmitRequest",
+    "TaskContext",
+    "TaskDefinition",
+    "TaskFailure",
+    "TaskHandle",
+    "TaskInfo",
+    "TaskNotFound",
+    "TransientError",
+    "UnknownTask",
+    "WaitTimeout",
+    "Worker",
+    "__version__",
+    "open_ledger",
+]

@@ -1,0 +1,344 @@
+"""The application object: task registry, submit, get, wait.
+
+Example::
+
+    app = ratchet.App()                      # sqlite:///ratchet.db, or RATCHET_LEDGER_URL
+
+    @app.task(name="billing.charge", version=1, retry=RetryPolicy(max_attempts=8), lease_s=15.0)
+    def charge(ctx: TaskContext, order_id: str, amount_cents: int) -> dict:
+        ...
+
+    handle = app.submit("billing.charge", {"order_id": "o-1", "amount_cents": 1200},
+                        idempotency_key="order-o-1")
+    info = handle.wait(timeout_s=30)
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from . import faults
+from .config import max_payload_bytes_from_env
+from .errors import ConfigError, InvalidArguments, PayloadTooLarge, UnknownTask, WaitTimeout
+from .ledger import open_ledger
+from .ledger.base import Ledger, NewTask, TaskInfo
+from .retry import RetryPolicy
+from .serde import digest, dumps
+from .states import State
+
+__all__ = ["App", "SubmitRequest", "TaskDefinition", "TaskHandle", "new_task_id"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def new_task_id() -> str:
+    """A 32-hex-char id: 12 chars of millisecond time (so ids sort by creation) + 20 random."""
+    return f"{int(time.time() * 1000):012x}{secrets.token_hex(10)}"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDefinition:
+    """A registered task type.
+
+    Attributes:
+        name: the registered name (``"billing.charge"``).
+        fn: the function, called as ``fn(ctx, **params)``.
+        version: definition version pinned by every instance at submit.
+        retry: the retry policy.
+        lease_s: lease length in seconds; renewed every ``lease_s / 3`` while running.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    version: int
+    retry: RetryPolicy
+    lease_s: float
+
+    def bind(self, params: Mapping[str, Any]) -> None:
+        """Check ``params`` fit the function's signature (after ``ctx``).
+
+        Raises:
+            InvalidArguments: a missing or unexpected parameter.
+        """
+        try:
+            inspect.signature(self.fn).bind(None, **params)
+        except TypeError as exc:
+            raise InvalidArguments(
+                f"params for task {self.name!r} do not match its signature "
+                f"{inspect.signature(self.fn)}: {exc}"
+            ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """One entry for :meth:`App.submit_many`."""
+
+    name: str
+    params: Mapping[str, Any] | None = None
+    idempotency_key: str | None = None
+    run_at: datetime | float | None = None
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskHandle:
+    """What :meth:`App.submit` returns.
+
+    Attributes:
+        task_id: the task's id (the existing one when the idempotency key matched).
+        name: the task name.
+        created: False when the submission was deduplicated by its idempotency key.
+    """
+
+    task_id: str
+    name: str
+    created: bool
+    app: App
+
+    def get(self) -> TaskInfo:
+        """Current snapshot of the task (see :meth:`App.get`)."""
+        return self.app.get(self.task_id)
+
+    def wait(self, timeout_s: float | None = None) -> TaskInfo:
+        """Block until the task settles (see :meth:`App.wait`)."""
+        return self.app.wait(self.task_id, timeout_s=timeout_s)
+
+
+class App:
+    """A Ratchet application: the task registry plus a handle on the ledger.
+
+    Args:
+        ledger: a ledger URL, an open :class:`~ratchet.ledger.base.Ledger`, or ``None`` for
+            ``RATCHET_LEDGER_URL`` (default ``sqlite:///ratchet.db``). Opened lazily.
+        durability: ``"fsync"`` (default) or ``"buffered"``; overrides the URL's setting.
+        max_payload_bytes: limit on the JSON-encoded params of one task, in bytes
+            (default ``RATCHET_MAX_PAYLOAD_BYTES`` or 1 MiB).
+
+    Raises:
+        ConfigError: ``max_payload_bytes`` is not positive.
+    """
+
+    def __init__(
+        self,
+        ledger: str | Ledger | None = None,
+        *,
+        durability: str | None = None,
+        max_payload_bytes: int | None = None,
+    ) -> None:
+        self._ledger_arg = ledger
+        self._durability = durability
+        self._ledger: Ledger | None = ledger if not isinstance(ledger, str | None) else None
+        self._lock = threading.Lock()
+        limit = max_payload_bytes if max_payload_bytes is not None else max_payload_bytes_from_env()
+        if limit <= 0:
+            raise ConfigError("max_payload_bytes must be > 0")
+        self.max_payload_bytes = limit
+        self.tasks: dict[str, TaskDefinition] = {}
+
+    # ------------------------------------------------------------------ configuration
+
+    def configure(self, ledger: str | None = None, durability: str | None = None) -> None:
+        """Point the app at another ledger before first use (the CLI's ``--ledger``).
+
+        Raises:
+            ConfigError: the ledger is already open.
+        """
+        with self._lock:
+            if self._ledger is not None and (ledger is not None or durability is not None):
+                raise ConfigError("App.configure() must be called before the ledger is opened")
+            if ledger is not None:
+                self._ledger_arg = ledger
+            if durability is not None:
+                self._durability = durability
+
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger, opened (and migrated) on first use."""
+        if self._ledger is None:
+            with self._lock:
+                if self._ledger is None:
+                    url = self._ledger_arg if isinstance(self._ledger_arg, str) else None
+                    self._ledger = open_ledger(url, durability=self._durability)
+        return self._ledger
+
+    def close(self) -> None:
+        """Close the ledger connections this app opened."""
+        with self._lock:
+            if self._ledger is not None and not isinstance(self._ledger_arg, Ledger):
+                self._ledger.close()
+                self._ledger = None
+
+    # ------------------------------------------------------------------ registry
+
+    def task(
+        self,
+        name: str | None = None,
+        *,
+        version: int = 1,
+        retry: RetryPolicy | None = None,
+        lease_s: float = 15.0,
+    ) -> Callable[[F], F]:
+        """Register a function as a task type.
+
+        The function is called as ``fn(ctx, **params)`` with a
+        :class:`~ratchet.worker.context.TaskContext`; it must be a plain ``def`` (``async def``
+        is reserved for a later version). Its return value must be JSON-serialisable.
+
+        Args:
+            name: registered name; default ``module.qualname``.
+            version: definition version pinned by each instance.
+            retry: retry policy; default ``RetryPolicy()``.
+            lease_s: lease length in seconds (> 0).
+
+        Raises:
+            ConfigError: duplicate name, ``async def``, or a non-positive lease.
+        """
+        if lease_s <= 0:
+            raise ConfigError("lease_s must be > 0 seconds")
+
+        def decorator(fn: F) -> F:
+            task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            if inspect.iscoroutinefunction(fn):
+                raise ConfigError(
+                    f"task {task_name!r} is async; this version runs plain def tasks only"
+                )
+            if task_name in self.tasks:
+                raise ConfigError(f"task name {task_name!r} is registered twice")
+            self.tasks[task_name] = TaskDefinition(
+                task_name, fn, version, retry or RetryPolicy(), lease_s
+            )
+            return fn
+
+        return decorator
+
+    def definition(self, name: str) -> TaskDefinition:
+        """The registered definition of ``name``. Raises :class:`UnknownTask`."""
+        try:
+            return self.tasks[name]
+        except KeyError:
+            raise UnknownTask(name, sorted(self.tasks)) from None
+
+    # ------------------------------------------------------------------ submit
+
+    def _prepare(self, request: SubmitRequest) -> NewTask:
+        definition = self.definition(request.name)
+        params = dict(request.params or {})
+        definition.bind(params)
+        params_json = dumps(params, what=f"params of task {request.name!r}")
+        size = len(params_json.encode("utf-8"))
+        if size > self.max_payload_bytes:
+            raise PayloadTooLarge(size, self.max_payload_bytes)
+        run_at_epoch_s: float | None = None
+        if isinstance(request.run_at, datetime):
+            if request.run_at.tzinfo is None:
+                raise InvalidArguments("run_at must be timezone-aware (e.g. datetime.now(UTC))")
+            run_at_epoch_s = request.run_at.timestamp()
+        elif request.run_at is not None:
+            run_at_epoch_s = float(request.run_at)
+        if request.idempotency_key is not None and not request.idempotency_key:
+            raise InvalidArguments("idempotency_key must be a non-empty string or None")
+        return NewTask(
+            task_id=new_task_id(),
+            name=definition.name,
+            version=definition.version,
+            params_json=params_json,
+            params_digest=digest(definition.name, params_json),
+            idempotency_key=request.idempotency_key,
+            max_attempts=definition.retry.max_attempts,
+            lease_s=definition.lease_s,
+            delay_s=max(0.0, request.delay_s),
+            run_at_epoch_s=run_at_epoch_s,
+        )
+
+    def submit(
+        self,
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        run_at: datetime | float | None = None,
+        delay_s: float = 0.0,
+    ) -> TaskHandle:
+        """Submit one task; the task row is the dispatch (no separate message to lose).
+
+        Args:
+            name: a registered task name.
+            params: keyword arguments for the task function (plain JSON values).
+            idempotency_key: submit dedupe key: resubmitting with the same key and params
+                returns the same task id and writes nothing.
+            run_at: earliest start, as an aware ``datetime`` or epoch seconds.
+            delay_s: earliest start as seconds from now (ignored when ``run_at`` is given).
+
+        Raises:
+            UnknownTask, InvalidArguments, PayloadNotSerializable, PayloadTooLarge,
+            IdempotencyConflict: the submission was refused and nothing was written.
+            LedgerError: the ledger failed.
+        """
+        return self.submit_many(
+            [SubmitRequest(name, params, idempotency_key, run_at, delay_s)]
+        )[0]
+
+    def submit_many(self, requests: Sequence[SubmitRequest]) -> list[TaskHandle]:
+        """Submit several tasks in one ledger transaction, all-or-nothing.
+
+        Raises:
+            Same as :meth:`submit`; on any error nothing of the batch is written.
+        """
+        new = [self._prepare(r) for r in requests]
+        results = self.ledger.submit(new)
+        faults.point("submit.after_commit")
+        return [
+            TaskHandle(res.task_id, task.name, res.created, self)
+            for res, task in zip(results, new, strict=True)
+        ]
+
+    # ------------------------------------------------------------------ read
+
+    def get(self, task_id: str) -> TaskInfo:
+        """A snapshot of one task. Raises :class:`~ratchet.errors.TaskNotFound`."""
+        return self.ledger.get(task_id)
+
+    def wait(
+        self, task_id: str, timeout_s: float | None = None, poll_s: float = 0.05
+    ) -> TaskInfo:
+        """Block until the task is terminal (SUCCEEDED, FAILED, CANCELLED) or UNKNOWN.
+
+        ``UNKNOWN`` ends the wait too: it needs a person (``ratchet resolve``), not time.
+
+        Args:
+            task_id: the task.
+            timeout_s: give up after this many seconds (None waits forever).
+            poll_s: first polling interval in seconds; grows to 0.5 s.
+
+        Raises:
+            WaitTimeout: the timeout passed first.
+            TaskNotFound: no such task.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        interval = poll_s
+        while True:
+            info = self.get(task_id)
+            if info.terminal or info.state is State.UNKNOWN:
+                return info
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"task {task_id} is still {info.state} after {timeout_s} s "
+                    "(is a worker running for it?)"
+                )
+            sleep = interval if deadline is None else min(interval, deadline - time.monotonic())
+            time.sleep(max(0.0, sleep))
+            interval = min(0.5, interval * 1.5)
+
+    def __repr__(self) -> str:
+        where = self._ledger_arg if isinstance(self._ledger_arg, str) else os.environ.get(
+            "RATCHET_LEDGER_URL", "default"
+        )
+        return f"<ratchet.App ledger={where!r} tasks={sorted(self.tasks)}>"

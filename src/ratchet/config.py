@@ -1,0 +1,141 @@
+"""Settings: ledger URL, durability level, payload limit. Parsed once, validated loudly.
+
+Ledger URLs:
+
+* ``sqlite:///ratchet.db`` — a file relative to the working directory (the default);
+* ``sqlite:////var/lib/ratchet/ledger.db`` — an absolute path;
+* query parameters: ``durability=fsync|buffered``, ``busy_timeout_s=<seconds>``.
+
+Environment: ``RATCHET_LEDGER_URL``, ``RATCHET_DURABILITY``, ``RATCHET_MAX_PAYLOAD_BYTES``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import StrEnum
+from urllib.parse import parse_qs, urlsplit
+
+from .errors import ConfigError
+
+__all__ = [
+    "DEFAULT_LEDGER_URL",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "Durability",
+    "LedgerConfig",
+    "max_payload_bytes_from_env",
+    "parse_ledger_url",
+]
+
+DEFAULT_LEDGER_URL = "sqlite:///ratchet.db"
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+class Durability(StrEnum):
+    """How durable a commit is when the ledger says it is done (DESIGN §1).
+
+    * ``buffered`` — survives a process crash, not an OS crash or power loss
+      (SQLite ``synchronous=NORMAL`` in WAL mode).
+    * ``fsync`` — survives power loss of the host (SQLite ``synchronous=FULL``). Default.
+    * ``replicated`` — survives loss of the host (PostgreSQL synchronous standby only).
+    """
+
+    BUFFERED = "buffered"
+    FSYNC = "fsync"
+    REPLICATED = "replicated"
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerConfig:
+    """A parsed ledger URL.
+
+    Attributes:
+        url: the URL as given.
+        scheme: ``sqlite`` or ``postgresql``.
+        path: file path for SQLite (``""`` for PostgreSQL).
+        durability: the named durability level.
+        busy_timeout_s: how long a SQLite writer waits for the file lock, in seconds.
+        options: other query parameters, for the backend.
+    """
+
+    url: str
+    scheme: str
+    path: str
+    durability: Durability = Durability.FSYNC
+    busy_timeout_s: float = 30.0
+    options: dict[str, str] = field(default_factory=dict)
+
+
+def _durability(raw: str) -> Durability:
+    try:
+        return Durability(raw.strip().lower())
+    except ValueError:
+        names = ", ".join(d.value for d in Durability)
+        raise ConfigError(f"unknown durability level {raw!r}; expected one of: {names}") from None
+
+
+def parse_ledger_url(url: str | None = None, durability: str | None = None) -> LedgerConfig:
+    """Parse a ledger URL (default: ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``).
+
+    Args:
+        url: the ledger URL, or ``None`` for the environment / default.
+        durability: overrides the URL's and ``RATCHET_DURABILITY``'s level.
+
+    Raises:
+        ConfigError: unknown scheme, missing path, bad durability or timeout value.
+    """
+    raw = url if url is not None else os.environ.get("RATCHET_LEDGER_URL", DEFAULT_LEDGER_URL)
+    raw = raw.strip()
+    if not raw:
+        raise ConfigError("ledger URL is empty; expected e.g. sqlite:///ratchet.db")
+    parts = urlsplit(raw)
+    scheme = parts.scheme.lower()
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    level_raw = durability or query.pop("durability", None) or os.environ.get("RATCHET_DURABILITY")
+    query.pop("durability", None)
+    level = _durability(level_raw) if level_raw else Durability.FSYNC
+    busy_raw = query.pop("busy_timeout_s", "30")
+    try:
+        busy = float(busy_raw)
+    except ValueError:
+        raise ConfigError(f"busy_timeout_s must be a number of seconds, got {busy_raw!r}") from None
+    if busy < 0:
+        raise ConfigError("busy_timeout_s must be >= 0 seconds")
+    if scheme == "sqlite":
+        if parts.netloc:
+            raise ConfigError(
+                f"malformed SQLite URL {raw!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
+            )
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path:
+            raise ConfigError(f"SQLite URL {raw!r} has no file path; e.g. sqlite:///ratchet.db")
+        if level is Durability.REPLICATED:
+            raise ConfigError(
+                "durability 'replicated' needs a PostgreSQL ledger with a synchronous standby; "
+                "SQLite offers 'fsync' (default) or 'buffered'"
+            )
+        return LedgerConfig(raw, "sqlite", path, level, busy, query)
+    if scheme in ("postgresql", "postgres"):
+        return LedgerConfig(raw, "postgresql", "", level, busy, query)
+    raise ConfigError(
+        f"unsupported ledger URL scheme {parts.scheme!r} in {raw!r}; "
+        "expected sqlite:///path.db or postgresql://user@host/db"
+    )
+
+
+def max_payload_bytes_from_env(default: int = DEFAULT_MAX_PAYLOAD_BYTES) -> int:
+    """Read ``RATCHET_MAX_PAYLOAD_BYTES`` (bytes) or return ``default``.
+
+    Raises:
+        ConfigError: the variable is not a positive integer.
+    """
+    raw = os.environ.get("RATCHET_MAX_PAYLOAD_BYTES")
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"RATCHET_MAX_PAYLOAD_BYTES must be an integer, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError("RATCHET_MAX_PAYLOAD_BYTES must be > 0")
+    return value

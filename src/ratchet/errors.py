@@ -1,0 +1,240 @@
+"""Every error Ratchet raises, in one tree.
+
+::
+
+    RatchetError
+    ├── ConfigError                    malformed ledger URL, durability level, limits
+    ├── SubmitError                    submit refused; nothing was written
+    │   ├── UnknownTask                no task registered under that name
+    │   ├── InvalidArguments           params do not bind to the task's signature
+    │   ├── PayloadNotSerializable     params are not plain JSON
+    │   ├── PayloadTooLarge            encoded params exceed the size limit
+    │   └── IdempotencyConflict        same idempotency key, different params digest
+    ├── LedgerError                    the storage layer
+    │   ├── LedgerUnavailable          cannot open / reach the ledger
+    │   ├── SchemaTooNew               ledger written by a newer Ratchet; left untouched
+    │   ├── TaskNotFound               no task with that id
+    │   └── IllegalTransition          the state machine (DESIGN §3) forbids the move
+    ├── FenceError                     this worker may no longer act for a task
+    │   ├── StaleGeneration            a newer claim exists; the write changed nothing
+    │   └── LeaseLost                  the lease cannot be confirmed; no new effects
+    ├── TaskFailure                    raised by task code to classify a failure (DESIGN §7)
+    │   ├── TransientError             retry with backoff
+    │   ├── PermanentError             fail now, no retry (dead-letter)
+    │   ├── OverloadError              downstream overloaded: back off harder
+    │   └── OutcomeUnknownError        the call may or may not have happened: look up first
+    ├── EffectOutcomeUnknown           lookup could not settle an effect; task goes UNKNOWN
+    └── WaitTimeout                    ``App.wait`` gave up before a terminal state
+
+Driver errors (``sqlite3.Error``, ``psycopg.Error``) are converted at the ledger boundary with
+``raise ... from exc`` so callers only ever catch ``RatchetError`` subclasses.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "EffectOutcomeUnknown",
+    "FenceError",
+    "IdempotencyConflict",
+    "IllegalTransition",
+    "InvalidArguments",
+    "LeaseLost",
+    "LedgerError",
+    "LedgerUnavailable",
+    "OutcomeUnknownError",
+    "OverloadError",
+    "PayloadNotSerializable",
+    "PayloadTooLarge",
+    "PermanentError",
+    "RatchetError",
+    "SchemaTooNew",
+    "StaleGeneration",
+    "SubmitError",
+    "TaskFailure",
+    "TaskNotFound",
+    "TransientError",
+    "UnknownTask",
+    "WaitTimeout",
+]
+
+
+class RatchetError(Exception):
+    """Root of every error Ratchet raises."""
+
+
+class ConfigError(RatchetError):
+    """A setting (ledger URL, durability level, size limit) is malformed."""
+
+
+class SubmitError(RatchetError):
+    """A submission was refused before anything was written to the ledger."""
+
+
+class UnknownTask(SubmitError):
+    """No task is registered under the given name.
+
+    Attributes:
+        name: the name that was asked for.
+        known: the names the app does know, sorted.
+    """
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        hint = ", ".join(known) if known else "none registered"
+        super().__init__(
+            f"unknown task {name!r}; registered tasks: {hint}. "
+            "Register it with @app.task(name=...) in the module the app is imported from."
+        )
+
+
+class InvalidArguments(SubmitError):
+    """The params do not bind to the task function's signature."""
+
+
+class PayloadNotSerializable(SubmitError):
+    """The params (or a step/effect result) cannot be encoded as plain JSON.
+
+    Ratchet never pickles user data; convert values to str/int/float/bool/None/list/dict.
+    """
+
+
+class PayloadTooLarge(SubmitError):
+    """The JSON-encoded params exceed the configured limit.
+
+    Attributes:
+        size_bytes: encoded size.
+        limit_bytes: the configured ``max_payload_bytes``.
+    """
+
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+        super().__init__(
+            f"payload is {size_bytes} bytes, over the limit of {limit_bytes} bytes; "
+            "store large data elsewhere and pass a reference, or raise "
+            "App(max_payload_bytes=...) / RATCHET_MAX_PAYLOAD_BYTES"
+        )
+
+
+class IdempotencyConflict(SubmitError):
+    """The idempotency key is already used by a task with different params (DESIGN §5).
+
+    Attributes:
+        key: the idempotency key.
+        existing_digest: params digest stored with the existing task.
+        new_digest: params digest of the refused submission.
+        task_id: id of the existing task.
+    """
+
+    def __init__(self, key: str, existing_digest: str, new_digest: str, task_id: str) -> None:
+        self.key = key
+        self.existing_digest = existing_digest
+        self.new_digest = new_digest
+        self.task_id = task_id
+        super().__init__(
+            f"idempotency key {key!r} already belongs to task {task_id} with params digest "
+            f"{existing_digest}; this submission has digest {new_digest}. "
+            "Use a new key for a different request, or resend the original params."
+        )
+
+
+class LedgerError(RatchetError):
+    """The ledger (storage layer) failed or refused an operation."""
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger cannot be opened or reached (missing directory, dead server, locked file)."""
+
+
+class SchemaTooNew(LedgerError):
+    """The ledger was written by a newer schema version; it is refused and never modified."""
+
+    def __init__(self, found: int, supported: int, where: str) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"ledger {where} has schema version {found}, but this Ratchet supports up to "
+            f"{supported}; upgrade Ratchet to open it (the ledger was not modified)"
+        )
+
+
+class TaskNotFound(LedgerError):
+    """No task with the given id exists in the ledger."""
+
+
+class IllegalTransition(LedgerError):
+    """The transition table (DESIGN §3) does not allow this state change."""
+
+
+class FenceError(RatchetError):
+    """This worker may no longer act on behalf of a task."""
+
+
+class StaleGeneration(FenceError):
+    """A write carried an old fencing generation; the ledger changed nothing.
+
+    Raised in the stale worker. The rejection is audited and counted (DESIGN §4).
+    """
+
+    def __init__(self, task_id: str, generation: int, operation: str) -> None:
+        self.task_id = task_id
+        self.generation = generation
+        self.operation = operation
+        super().__init__(
+            f"stale generation {generation} for task {task_id}: {operation} rejected "
+            "(another worker holds a newer claim)"
+        )
+
+
+class LeaseLost(FenceError):
+    """The worker cannot confirm its lease (renewal failed or the safe window ran out).
+
+    No new side effects may start; the task will be taken over after the lease expires.
+    """
+
+
+class TaskFailure(RatchetError):
+    """Base for exceptions task code raises to classify a failure (DESIGN §7)."""
+
+
+class TransientError(TaskFailure):
+    """A failure expected to go away: retry with exponential backoff within the budget."""
+
+
+class PermanentError(TaskFailure):
+    """A failure retrying cannot fix (bad parameters, permission): fail now, dead-letter."""
+
+
+class OverloadError(TaskFailure):
+    """The downstream is overloaded (HTTP 429/503, pool exhaustion): back off, do not pile on.
+
+    Attributes:
+        retry_after_s: the downstream's hint in seconds, if it gave one.
+    """
+
+    def __init__(self, message: str = "downstream overloaded", retry_after_s: float | None = None):
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
+class OutcomeUnknownError(TaskFailure):
+    """The call may have happened (timeout, reply lost): resolve by lookup, never by guessing."""
+
+
+class EffectOutcomeUnknown(RatchetError):
+    """An effect's outcome could not be established; the task moves to ``UNKNOWN``.
+
+    An operator settles it with ``ratchet resolve TASK --outcome done|not-done``.
+    """
+
+    def __init__(self, effect: str, key: str, reason: str) -> None:
+        self.effect = effect
+        self.key = key
+        self.reason = reason
+        super().__init__(f"outcome of effect {effect!r} (key {key!r}) is unknown: {reason}")
+
+
+class WaitTimeout(RatchetError):
+    """``App.wait`` timed out before the task reached a terminal state."""

@@ -1,0 +1,59 @@
+"""Named fault points for crash tests (DESIGN §6).
+
+Production code calls :func:`point` at named places (right after a commit, between an
+effect's call and the commit of its result, ...). Nothing happens unless the process was
+started with ``RATCHET_CRASH_AT=<name>`` — then the process kills itself with a real
+``SIGKILL`` the ``RATCHET_CRASH_SKIP``-th + 1 time that point is reached — or with
+``RATCHET_PAUSE_AT=<name>``, then it stops itself with ``SIGSTOP`` (a test later sends
+``SIGCONT``), to model a holder paused past its lease.
+
+Point names in use:
+
+* ``submit.after_commit`` — task row committed, client not answered (matrix row 3)
+* ``claim.after_commit`` — claimed, nothing executed (row 4)
+* ``effect.after_intent`` — intent committed, call not made (row 5)
+* ``effect.after_call`` — external call done, result not recorded (row 5)
+* ``step.after_commit`` — step recorded, not acknowledged (row 6)
+* ``commit.before_commit`` — statements executed, transaction not committed (row 7)
+* ``task.after_complete`` — completion committed, worker not yet moved on (row 6)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+__all__ = ["point", "reset"]
+
+_lock = threading.Lock()
+_hits: dict[str, int] = {}
+
+
+def _config(var: str) -> str | None:
+    value = os.environ.get(var)
+    return value or None
+
+
+def point(name: str) -> None:
+    """Reach fault point ``name``: kill or stop this process if a test asked for it."""
+    crash = _config("RATCHET_CRASH_AT")
+    pause = _config("RATCHET_PAUSE_AT")
+    if name not in (crash, pause):
+        return
+    skip = int(os.environ.get("RATCHET_CRASH_SKIP", "0"))
+    with _lock:
+        count = _hits.get(name, 0)
+        _hits[name] = count + 1
+    if count != skip:
+        return
+    if name == crash:
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def reset() -> None:
+    """Forget how often each point was reached (tests in one process)."""
+    with _lock:
+        _hits.clear()

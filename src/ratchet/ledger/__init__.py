@@ -1,0 +1,40 @@
+"""The ledger: the single source of truth (DESIGN §2, §10).
+
+:func:`open_ledger` picks the backend from the URL scheme; callers only see the
+:class:`~ratchet.ledger.base.Ledger` contract.
+"""
+
+from __future__ import annotations
+
+from ..config import LedgerConfig, parse_ledger_url
+from ..errors import ConfigError
+from .base import Ledger
+
+__all__ = ["Ledger", "open_ledger"]
+
+
+def open_ledger(
+    url: str | LedgerConfig | None = None, durability: str | None = None, migrate: bool = True
+) -> Ledger:
+    """Open (and by default migrate) the ledger at ``url``.
+
+    Args:
+        url: a ledger URL, a parsed :class:`LedgerConfig`, or ``None`` for
+            ``RATCHET_LEDGER_URL`` / ``sqlite:///ratchet.db``.
+        durability: ``"fsync"`` or ``"buffered"``, overriding the URL.
+        migrate: apply pending schema migrations on open.
+
+    Raises:
+        ConfigError: malformed URL or an unsupported backend.
+        LedgerUnavailable: the ledger cannot be opened.
+        SchemaTooNew: the ledger has a newer schema (it is not modified).
+    """
+    config = url if isinstance(url, LedgerConfig) else parse_ledger_url(url, durability)
+    if config.scheme == "sqlite":
+        from .sqlite import SQLiteLedger
+
+        return SQLiteLedger(config, migrate=migrate)
+    raise ConfigError(
+        f"the {config.scheme} ledger backend is not available in this version; "
+        "use sqlite:///path.db"
+    )

@@ -1,0 +1,430 @@
+"""The ledger contract (DESIGN §10): named, batched operations; callers never see SQL.
+
+Every operation is one short transaction. Writes on behalf of a task carry the task's
+fencing generation and are checked against the ledger row inside that transaction; a
+write whose generation is not current changes nothing, is audited as ``stale_rejected``
+and is reported back per task (:attr:`CommitOutcome.stale`). All time that decides
+correctness (``lease_until``, ``run_at``) is the ledger's clock, read inside the
+transaction — never a worker's clock.
+
+Operations take and return batches so that group commit (several tasks' writes in one
+transaction, one fsync) never changes a caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from ..config import LedgerConfig
+from ..states import State
+
+__all__ = [
+    "AuditEvent",
+    "Claim",
+    "CommitOutcome",
+    "EffectRecord",
+    "EffectState",
+    "EffectWrite",
+    "Ledger",
+    "LedgerStats",
+    "NewTask",
+    "RenewResult",
+    "ResolveOutcome",
+    "StepRecord",
+    "SubmitResult",
+    "TaskInfo",
+    "TaskWrite",
+    "Timeline",
+    "Transition",
+]
+
+
+class EffectState(StrEnum):
+    """State of one effect record."""
+
+    INTENT = "intent"
+    """Intent committed, outcome not (yet) recorded: on recovery, look up first."""
+    DONE = "done"
+    """Result recorded (from the call, from a lookup, or from an operator)."""
+    NOT_DONE = "not_done"
+    """An operator confirmed the call did not happen: call again with the same key."""
+
+
+class ResolveOutcome(StrEnum):
+    """An operator's verdict on an ``UNKNOWN`` effect."""
+
+    DONE = "done"
+    NOT_DONE = "not-done"
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A task to submit.
+
+    Attributes:
+        task_id: id chosen by the caller (used only if the task is new).
+        name: registered task name.
+        version: definition version the instance pins.
+        params_json: canonical JSON of the params.
+        params_digest: digest of name + params, compared on idempotency-key reuse.
+        idempotency_key: submit dedupe key, or None.
+        delay_s: seconds after ledger-now before the task is ready (0 = now).
+        run_at_epoch_s: absolute ready time in epoch seconds; overrides ``delay_s``.
+        max_attempts: executions allowed before dead-letter.
+        lease_s: lease length for claims of this task, in seconds.
+    """
+
+    task_id: str
+    name: str
+    version: int
+    params_json: str
+    params_digest: str
+    idempotency_key: str | None
+    max_attempts: int
+    lease_s: float
+    delay_s: float = 0.0
+    run_at_epoch_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    """Per-task result of :meth:`Ledger.submit`: the id, and whether a row was written."""
+
+    task_id: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """A committed step: its JSON result and the generation that committed it."""
+
+    name: str
+    result_json: str
+    generation: int
+    committed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecord:
+    """The ledger's record of one effect of a task."""
+
+    name: str
+    key: str
+    params_digest: str
+    state: EffectState
+    result_json: str | None
+    generation: int
+    attempt: int
+    calls: int
+    via_lookup: bool
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A task leased to a worker.
+
+    Attributes:
+        task_id, name, version, params_json: the task.
+        generation: the fencing token of this claim; every write must carry it.
+        attempt: 1-based count of claims of this task.
+        max_attempts: retry ceiling.
+        lease_s: lease length, seconds.
+        lease_until: ledger-clock expiry, epoch seconds.
+        ledger_now: ledger clock when the claim committed, epoch seconds.
+        takeover: True when the previous holder's lease had expired (or was revoked).
+        previous_holder: holder the task was taken from, if any.
+        steps: committed steps by name (empty on a first attempt).
+        effects: effect records by name (empty on a first attempt).
+    """
+
+    task_id: str
+    name: str
+    version: int
+    params_json: str
+    generation: int
+    attempt: int
+    max_attempts: int
+    lease_s: float
+    lease_until: float
+    ledger_now: float
+    takeover: bool = False
+    previous_holder: str | None = None
+    steps: dict[str, StepRecord] = field(default_factory=dict)
+    effects: dict[str, EffectRecord] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RenewResult:
+    """Per-lease result of :meth:`Ledger.renew`; ``ok`` False means the lease is lost."""
+
+    task_id: str
+    generation: int
+    ok: bool
+    lease_until: float | None
+    ledger_now: float
+
+
+@dataclass(frozen=True, slots=True)
+class EffectWrite:
+    """An effect row to write (intent, or outcome).
+
+    Attributes:
+        name: effect name, unique within the task.
+        key: business idempotency key.
+        params_digest: digest of what the effect sends.
+        state: ``INTENT`` before calling out, ``DONE`` with ``result_json`` after.
+        result_json: the call's (or lookup's) result as JSON.
+        via_lookup: the result came from a lookup, not from our call.
+    """
+
+    name: str
+    key: str
+    params_digest: str
+    state: EffectState
+    result_json: str | None = None
+    via_lookup: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A state change of a running task, committed with its audit row.
+
+    Attributes:
+        to: target state (checked against the transition table).
+        delay_s: for ``RETRY_WAIT``/``PENDING``: seconds after ledger-now before it is ready.
+        result_json: the task's return value, for ``SUCCEEDED``.
+        error: last error text, for ``RETRY_WAIT``/``FAILED``/``UNKNOWN``.
+        error_class: failure class name.
+        reason: audit detail (e.g. ``"shutdown"``, ``"retry"``).
+    """
+
+    to: State
+    delay_s: float = 0.0
+    result_json: str | None = None
+    error: str | None = None
+    error_class: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskWrite:
+    """Everything one worker writes for one task in one commit, fenced on ``generation``.
+
+    Attributes:
+        task_id: the task.
+        generation: the writer's fencing token.
+        holder: the writer's identity (for the audit of stale rejections).
+        operation: short label for audit and errors (``"step:quote"``, ``"complete"``...).
+        steps: ``(name, result_json)`` pairs to record as done.
+        effects: effect rows to write.
+        transition: optional state change.
+    """
+
+    task_id: str
+    generation: int
+    holder: str
+    operation: str
+    steps: Sequence[tuple[str, str]] = ()
+    effects: Sequence[EffectWrite] = ()
+    transition: Transition | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOutcome:
+    """Per-task result of :meth:`Ledger.commit`: ``ok``, or ``stale`` with the current generation."""
+
+    task_id: str
+    ok: bool
+    stale: bool
+    current_generation: int | None = None
+    current_state: State | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """A snapshot of one task row."""
+
+    task_id: str
+    name: str
+    version: int
+    state: State
+    generation: int
+    attempt: int
+    max_attempts: int
+    holder: str | None
+    lease_until: float | None
+    run_at: float
+    created_at: float
+    updated_at: float
+    idempotency_key: str | None
+    params: Any
+    params_digest: str
+    result: Any
+    last_error: str | None
+    error_class: str | None
+
+    @property
+    def terminal(self) -> bool:
+        """True for SUCCEEDED, FAILED and CANCELLED."""
+        return self.state in (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One audit row: a transition, claim, stale rejection, lookup or operator action."""
+
+    seq: int
+    task_id: str
+    at: float
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    generation: int | None
+    holder: str | None
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Everything the ledger knows about one task (``ratchet inspect``)."""
+
+    task: TaskInfo
+    events: list[AuditEvent]
+    steps: list[StepRecord]
+    effects: list[EffectRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerStats:
+    """Aggregates for ``ratchet status``.
+
+    Attributes:
+        counts: ``{task name: {state: count}}``.
+        oldest_pending_age_s: age of the oldest ready PENDING/RETRY_WAIT task, seconds.
+        unknown_count: tasks in ``UNKNOWN``.
+        claims, takeovers, stale_rejections, lookup_hits, idempotency_conflicts,
+        operator_actions: counts from the audit log.
+        durability: the durability level this connection runs with.
+        backend_settings: backend-specific facts (journal mode, synchronous, ...).
+        schema_version: the ledger's schema version.
+        ledger_now: the ledger clock, epoch seconds.
+    """
+
+    counts: dict[str, dict[str, int]]
+    oldest_pending_age_s: float | None
+    unknown_count: int
+    claims: int
+    takeovers: int
+    stale_rejections: int
+    lookup_hits: int
+    idempotency_conflicts: int
+    operator_actions: int
+    durability: str
+    backend_settings: dict[str, str]
+    schema_version: int
+    ledger_now: float
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """The storage contract every backend implements (SQLite now, PostgreSQL next).
+
+    Implementations must be safe to call from several threads; each method is one
+    transaction. Errors from the driver surface as :class:`~ratchet.errors.LedgerError`.
+    """
+
+    config: LedgerConfig
+
+    def migrate(self) -> int:
+        """Apply pending schema migrations; return the schema version.
+
+        Raises:
+            SchemaTooNew: the ledger has a newer schema (it is left untouched).
+        """
+        ...
+
+    def schema_version(self) -> int:
+        """The ledger's current schema version (0 for an empty ledger)."""
+        ...
+
+    def now(self) -> float:
+        """The ledger clock, epoch seconds."""
+        ...
+
+    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+        """Insert tasks, deduplicated per idempotency key, all-or-nothing.
+
+        Same key + same digest returns the existing id (``created=False``), writing nothing.
+
+        Raises:
+            IdempotencyConflict: a key exists with another digest (nothing is written;
+                the conflict is counted in the audit log).
+        """
+        ...
+
+    def claim(self, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
+        """Lease up to ``limit`` ready tasks (or expired leases) of the given names.
+
+        Each claim sets ``holder``, ``lease_until = ledger_now + lease_s`` and
+        ``generation + 1`` in one transaction, with an audit row per task.
+        """
+        ...
+
+    def renew(self, holder: str, leases: Sequence[tuple[str, int]]) -> list[RenewResult]:
+        """Extend every ``(task_id, generation)`` lease that ``holder`` still holds.
+
+        A lease renews only if the task is RUNNING at that generation for that holder and
+        ``lease_until`` has not passed by the ledger clock.
+        """
+        ...
+
+    def commit(self, writes: Sequence[TaskWrite]) -> list[CommitOutcome]:
+        """Commit several tasks' steps, effects and transitions in one transaction.
+
+        Each task's writes are fenced on its generation; a stale task's writes change
+        nothing and are audited (``stale_rejected``) without affecting the other tasks.
+
+        Raises:
+            IllegalTransition: a transition is not in the table (nothing is written).
+        """
+        ...
+
+    def resolve(
+        self,
+        task_id: str,
+        outcome: ResolveOutcome,
+        reason: str,
+        operator: str,
+        result_json: str | None = None,
+    ) -> TaskInfo:
+        """Settle an ``UNKNOWN`` task's open effect and make the task ready again (audited).
+
+        Raises:
+            TaskNotFound: no such task.
+            IllegalTransition: the task is not ``UNKNOWN``.
+        """
+        ...
+
+    def get(self, task_id: str) -> TaskInfo:
+        """Read one task. Raises :class:`~ratchet.errors.TaskNotFound`."""
+        ...
+
+    def get_many(self, task_ids: Sequence[str]) -> list[TaskInfo]:
+        """Read several tasks (missing ids are skipped)."""
+        ...
+
+    def timeline(self, task_id: str) -> Timeline:
+        """The task, its audit events, steps and effects. Raises ``TaskNotFound``."""
+        ...
+
+    def stats(self) -> LedgerStats:
+        """Aggregates for ``ratchet status``."""
+        ...
+
+    def close(self) -> None:
+        """Close every connection this object opened."""
+        ...

@@ -1,0 +1,758 @@
+"""The embedded SQLite ledger: one file, WAL mode, many processes on one host.
+
+Writes run in ``BEGIN IMMEDIATE`` transactions, so a transaction holds SQLite's single
+writer lock from its first statement and the fence check and the write it guards cannot be
+interleaved with another writer. The ledger clock is the host clock read *by SQLite inside
+the transaction* (``julianday('now')``), never a value passed in by a worker.
+
+Durability levels map to ``PRAGMA synchronous``: ``fsync`` → ``FULL`` (the WAL is synced
+on every commit), ``buffered`` → ``NORMAL`` (synced at checkpoints only; survives a
+process crash, not power loss).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .. import faults
+from ..config import Durability, LedgerConfig
+from ..errors import (
+    IdempotencyConflict,
+    IllegalTransition,
+    LedgerError,
+    LedgerUnavailable,
+    SchemaTooNew,
+    TaskNotFound,
+)
+from ..serde import dumps, loads
+from ..states import CLAIMABLE, State, check_transition
+from .base import (
+    AuditEvent,
+    Claim,
+    CommitOutcome,
+    EffectRecord,
+    EffectState,
+    EffectWrite,
+    LedgerStats,
+    NewTask,
+    RenewResult,
+    ResolveOutcome,
+    StepRecord,
+    SubmitResult,
+    TaskInfo,
+    TaskWrite,
+    Timeline,
+)
+from .migrations import load_migrations, split_statements
+
+__all__ = ["SQLiteLedger"]
+
+_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+_SYNCHRONOUS = {Durability.FSYNC: "FULL", Durability.BUFFERED: "NORMAL"}
+_READY = tuple(s.value for s in CLAIMABLE)
+_TASK_COLUMNS = (
+    "id, name, version, state, generation, attempt, max_attempts, holder, lease_until, "
+    "run_at, created_at, updated_at, idempotency_key, params, params_digest, result, "
+    "last_error, error_class"
+)
+
+
+def _task_info(row: sqlite3.Row | tuple[Any, ...]) -> TaskInfo:
+    return TaskInfo(
+        task_id=row[0],
+        name=row[1],
+        version=row[2],
+        state=State(row[3]),
+        generation=row[4],
+        attempt=row[5],
+        max_attempts=row[6],
+        holder=row[7],
+        lease_until=row[8],
+        run_at=row[9],
+        created_at=row[10],
+        updated_at=row[11],
+        idempotency_key=row[12],
+        params=loads(row[13]),
+        params_digest=row[14],
+        result=loads(row[15]),
+        last_error=row[16],
+        error_class=row[17],
+    )
+
+
+def _effect_record(row: tuple[Any, ...]) -> EffectRecord:
+    return EffectRecord(
+        name=row[0],
+        key=row[1],
+        params_digest=row[2],
+        state=EffectState(row[3]),
+        result_json=row[4],
+        generation=row[5],
+        attempt=row[6],
+        calls=row[7],
+        via_lookup=bool(row[8]),
+        updated_at=row[9],
+    )
+
+
+_EFFECT_COLUMNS = (
+    "name, key, params_digest, state, result, generation, attempt, calls, via_lookup, updated_at"
+)
+
+
+class SQLiteLedger:
+    """A :class:`~ratchet.ledger.base.Ledger` on one SQLite file.
+
+    Each thread uses its own connection (created on first use), so the worker's writer
+    thread, its heartbeat thread and API readers never share one.
+
+    Args:
+        config: the parsed ledger URL.
+        migrate: apply pending migrations on open (the default, "first use").
+
+    Raises:
+        LedgerUnavailable: the file cannot be opened (missing directory, not a database).
+        SchemaTooNew: the file has a newer schema; it is not modified.
+    """
+
+    def __init__(self, config: LedgerConfig, migrate: bool = True) -> None:
+        self.config = config
+        self._path = config.path
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._conn_lock = threading.Lock()
+        self._migrations = load_migrations("sqlite")
+        self.latest_version = self._migrations[-1].version
+        self._closed = False
+        current = self.schema_version()
+        if current > self.latest_version:
+            raise SchemaTooNew(current, self.latest_version, self._path)
+        if migrate:
+            self.migrate()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _open(self) -> sqlite3.Connection:
+        directory = os.path.dirname(os.path.abspath(self._path))
+        if not os.path.isdir(directory):
+            raise LedgerUnavailable(
+                f"cannot open SQLite ledger {self._path!r}: directory {directory!r} does not exist"
+            )
+        try:
+            conn = sqlite3.connect(
+                self._path,
+                timeout=self.config.busy_timeout_s,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            # Read the schema version before anything that could write the file header.
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise LedgerUnavailable(
+                f"cannot open SQLite ledger {self._path!r}: {exc} "
+                "(is it a Ratchet ledger file, and readable?)"
+            ) from exc
+        if version > self.latest_version:
+            conn.close()
+            raise SchemaTooNew(version, self.latest_version, self._path)
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise LedgerUnavailable(
+                    f"SQLite ledger {self._path!r} could not switch to WAL mode (got {mode})"
+                )
+            conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.config.durability]}")
+            conn.execute("PRAGMA foreign_keys=OFF")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise LedgerUnavailable(f"cannot configure SQLite ledger {self._path!r}: {exc}") from exc
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise LedgerError("ledger is closed")
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._open()
+            self._local.conn = conn
+            with self._conn_lock:
+                self._connections.append(conn)
+        return conn
+
+    @contextlib.contextmanager
+    def _tx(self, write: bool = True) -> Iterator[sqlite3.Cursor]:
+        """One transaction; ``BEGIN IMMEDIATE`` for writes. Driver errors become LedgerError."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.OperationalError as exc:
+            raise LedgerUnavailable(f"SQLite ledger {self._path!r} is busy or gone: {exc}") from exc
+        cur = conn.cursor()
+        try:
+            yield cur
+            if write:
+                faults.point("commit.before_commit")
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise LedgerError(f"SQLite ledger {self._path!r}: {exc}") from exc
+            raise
+        finally:
+            cur.close()
+
+    @staticmethod
+    def _now(cur: sqlite3.Cursor) -> float:
+        value: float = cur.execute(f"SELECT {_NOW}").fetchone()[0]
+        return value
+
+    @staticmethod
+    def _audit(
+        cur: sqlite3.Cursor,
+        rows: Sequence[tuple[str, float, str, str | None, str | None, int | None, str | None, str]],
+    ) -> None:
+        cur.executemany(
+            "INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder, detail)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+
+    # ------------------------------------------------------------------ schema
+
+    def schema_version(self) -> int:
+        """The file's ``PRAGMA user_version`` (0 for a new file)."""
+        directory = os.path.dirname(os.path.abspath(self._path))
+        if not os.path.isdir(directory):
+            raise LedgerUnavailable(
+                f"cannot open SQLite ledger {self._path!r}: directory {directory!r} does not exist"
+            )
+        try:
+            # A private read-only look, so that a too-new file is never touched.
+            uri = "file:" + os.path.abspath(self._path) + "?mode=ro"
+            if not os.path.exists(self._path):
+                return 0
+            conn = sqlite3.connect(uri, uri=True, timeout=self.config.busy_timeout_s)
+            try:
+                version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            raise LedgerUnavailable(
+                f"cannot read SQLite ledger {self._path!r}: {exc} "
+                "(is it a Ratchet ledger file, and readable?)"
+            ) from exc
+        return version
+
+    def migrate(self) -> int:
+        """Apply pending migrations, each in its own ``BEGIN IMMEDIATE`` transaction.
+
+        Raises:
+            SchemaTooNew: the file has a newer schema (it is not modified).
+        """
+        conn = self._conn()
+        for migration in self._migrations:
+            with self._tx() as cur:
+                current = cur.execute("PRAGMA user_version").fetchone()[0]
+                if current > self.latest_version:
+                    raise SchemaTooNew(current, self.latest_version, self._path)
+                if current >= migration.version:
+                    continue
+                for statement in split_statements(migration.sql):
+                    cur.execute(statement)
+                cur.execute(f"PRAGMA user_version = {int(migration.version)}")
+        version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+        return version
+
+    def now(self) -> float:
+        """The ledger clock (host clock as read by SQLite), epoch seconds."""
+        value: float = self._conn().execute(f"SELECT {_NOW}").fetchone()[0]
+        return value
+
+    # ------------------------------------------------------------------ submit
+
+    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+        """See :meth:`Ledger.submit`. All-or-nothing; conflicts are counted in the audit log."""
+        results: list[SubmitResult] = []
+        conflict: IdempotencyConflict | None = None
+        with self._tx() as cur:
+            now = self._now(cur)
+            for task in tasks:
+                if task.idempotency_key is not None:
+                    row = cur.execute(
+                        "SELECT id, params_digest FROM tasks WHERE idempotency_key = ?",
+                        (task.idempotency_key,),
+                    ).fetchone()
+                    if row is not None:
+                        if row[1] != task.params_digest:
+                            conflict = IdempotencyConflict(
+                                task.idempotency_key, row[1], task.params_digest, row[0]
+                            )
+                            break
+                        results.append(SubmitResult(row[0], created=False))
+                        continue
+                run_at = task.run_at_epoch_s if task.run_at_epoch_s is not None else now + max(
+                    0.0, task.delay_s
+                )
+                cur.execute(
+                    "INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key,"
+                    " state, max_attempts, lease_s, run_at, created_at, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?, ?, ?)",
+                    (
+                        task.task_id,
+                        task.name,
+                        task.version,
+                        task.params_json,
+                        task.params_digest,
+                        task.idempotency_key,
+                        task.max_attempts,
+                        task.lease_s,
+                        run_at,
+                        now,
+                        now,
+                    ),
+                )
+                results.append(SubmitResult(task.task_id, created=True))
+            if conflict is not None:
+                # Undo everything this batch wrote, then count the conflict alone.
+                cur.execute("ROLLBACK")
+                cur.execute("BEGIN IMMEDIATE")
+                self._audit(
+                    cur,
+                    [
+                        (
+                            conflict.task_id,
+                            self._now(cur),
+                            "idempotency_conflict",
+                            None,
+                            None,
+                            None,
+                            None,
+                            dumps(
+                                {
+                                    "key": conflict.key,
+                                    "existing_digest": conflict.existing_digest,
+                                    "new_digest": conflict.new_digest,
+                                }
+                            ),
+                        )
+                    ],
+                )
+        if conflict is not None:
+            raise conflict
+        return results
+
+    # ------------------------------------------------------------------ claim / renew
+
+    def claim(self, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
+        """See :meth:`Ledger.claim`. Expired leases are taken over before fresh work."""
+        if limit <= 0 or not names:
+            return []
+        marks = ",".join("?" * len(names))
+        with self._tx() as cur:
+            now = self._now(cur)
+            expired = cur.execute(
+                f"SELECT id, holder, generation FROM tasks WHERE state = 'RUNNING'"
+                f" AND lease_until < ? AND name IN ({marks}) ORDER BY lease_until LIMIT ?",
+                (now, *names, limit),
+            ).fetchall()
+            previous = {row[0]: (row[1], row[2]) for row in expired}
+            ready = cur.execute(
+                f"SELECT id FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')"
+                f" AND run_at <= ? AND name IN ({marks}) ORDER BY run_at LIMIT ?",
+                (now, *names, limit - len(expired)),
+            ).fetchall() if limit > len(expired) else []
+            ids = [row[0] for row in expired] + [row[0] for row in ready]
+            if not ids:
+                return []
+            id_marks = ",".join("?" * len(ids))
+            rows = cur.execute(
+                f"UPDATE tasks SET state = 'RUNNING', holder = ?, generation = generation + 1,"
+                f" attempt = attempt + 1, lease_until = ? + lease_s, updated_at = ?"
+                f" WHERE id IN ({id_marks})"
+                f" RETURNING id, name, version, params, generation, attempt, max_attempts,"
+                f" lease_s, lease_until",
+                (holder, now, now, *ids),
+            ).fetchall()
+            audit = []
+            for row in rows:
+                prev = previous.get(row[0])
+                detail: dict[str, Any] = {"attempt": row[5], "lease_s": row[7]}
+                if prev is not None:
+                    detail.update(previous_holder=prev[0], previous_generation=prev[1])
+                audit.append(
+                    (
+                        row[0],
+                        now,
+                        "takeover" if prev is not None else "claim",
+                        "RUNNING" if prev is not None else None,
+                        "RUNNING",
+                        row[4],
+                        holder,
+                        dumps(detail),
+                    )
+                )
+            self._audit(cur, audit)
+            resumed = [row[0] for row in rows if row[5] > 1]
+            steps: dict[str, dict[str, StepRecord]] = {}
+            effects: dict[str, dict[str, EffectRecord]] = {}
+            if resumed:
+                r_marks = ",".join("?" * len(resumed))
+                for s in cur.execute(
+                    f"SELECT task_id, name, result, generation, committed_at FROM steps"
+                    f" WHERE task_id IN ({r_marks})",
+                    resumed,
+                ):
+                    steps.setdefault(s[0], {})[s[1]] = StepRecord(s[1], s[2], s[3], s[4])
+                for e in cur.execute(
+                    f"SELECT task_id, {_EFFECT_COLUMNS} FROM effects WHERE task_id IN ({r_marks})",
+                    resumed,
+                ):
+                    effects.setdefault(e[0], {})[e[1]] = _effect_record(e[1:])
+        claims = [
+            Claim(
+                task_id=row[0],
+                name=row[1],
+                version=row[2],
+                params_json=row[3],
+                generation=row[4],
+                attempt=row[5],
+                max_attempts=row[6],
+                lease_s=row[7],
+                lease_until=row[8],
+                ledger_now=now,
+                takeover=row[0] in previous,
+                previous_holder=previous[row[0]][0] if row[0] in previous else None,
+                steps=steps.get(row[0], {}),
+                effects=effects.get(row[0], {}),
+            )
+            for row in rows
+        ]
+        return claims
+
+    def renew(self, holder: str, leases: Sequence[tuple[str, int]]) -> list[RenewResult]:
+        """See :meth:`Ledger.renew`. Expired leases are not renewed (the ledger clock decides)."""
+        if not leases:
+            return []
+        results: list[RenewResult] = []
+        with self._tx() as cur:
+            now = self._now(cur)
+            for task_id, generation in leases:
+                row = cur.execute(
+                    "UPDATE tasks SET lease_until = ? + lease_s WHERE id = ? AND generation = ?"
+                    " AND holder = ? AND state = 'RUNNING' AND lease_until >= ?"
+                    " RETURNING lease_until",
+                    (now, task_id, generation, holder, now),
+                ).fetchone()
+                results.append(
+                    RenewResult(task_id, generation, row is not None, row[0] if row else None, now)
+                )
+        return results
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self, writes: Sequence[TaskWrite]) -> list[CommitOutcome]:
+        """See :meth:`Ledger.commit`: one transaction, fenced per task."""
+        for write in writes:
+            if write.transition is not None:
+                check_transition(State.RUNNING, write.transition.to)
+        outcomes: list[CommitOutcome] = []
+        with self._tx() as cur:
+            now = self._now(cur)
+            audit: list[tuple[str, float, str, str | None, str | None, int | None, str | None, str]]
+            audit = []
+            for write in writes:
+                row = cur.execute(
+                    "SELECT state, generation, attempt FROM tasks WHERE id = ?", (write.task_id,)
+                ).fetchone()
+                if row is None or row[0] != State.RUNNING.value or row[1] != write.generation:
+                    current_state = State(row[0]) if row is not None else None
+                    current_gen = row[1] if row is not None else None
+                    audit.append(
+                        (
+                            write.task_id,
+                            now,
+                            "stale_rejected",
+                            None,
+                            None,
+                            write.generation,
+                            write.holder,
+                            dumps(
+                                {
+                                    "operation": write.operation,
+                                    "current_generation": current_gen,
+                                    "current_state": current_state.value if current_state else None,
+                                }
+                            ),
+                        )
+                    )
+                    outcomes.append(
+                        CommitOutcome(write.task_id, False, True, current_gen, current_state)
+                    )
+                    continue
+                attempt = row[2]
+                if write.steps:
+                    cur.executemany(
+                        "INSERT INTO steps (task_id, name, result, generation, committed_at)"
+                        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_id, name) DO UPDATE SET"
+                        " result = excluded.result, generation = excluded.generation,"
+                        " committed_at = excluded.committed_at",
+                        [(write.task_id, n, r, write.generation, now) for n, r in write.steps],
+                    )
+                for effect in write.effects:
+                    self._write_effect(cur, write, effect, attempt, now, audit)
+                if write.transition is not None:
+                    self._transition(cur, write, now, audit)
+                outcomes.append(CommitOutcome(write.task_id, True, False, write.generation))
+            self._audit(cur, audit)
+        return outcomes
+
+    def _write_effect(
+        self,
+        cur: sqlite3.Cursor,
+        write: TaskWrite,
+        effect: EffectWrite,
+        attempt: int,
+        now: float,
+        audit: list[tuple[str, float, str, str | None, str | None, int | None, str | None, str]],
+    ) -> None:
+        if effect.state is EffectState.INTENT:
+            cur.execute(
+                "INSERT INTO effects (task_id, name, key, params_digest, state, result, generation,"
+                " attempt, calls, via_lookup, updated_at) VALUES (?, ?, ?, ?, 'intent', NULL, ?, ?,"
+                " 1, 0, ?) ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent',"
+                " key = excluded.key, params_digest = excluded.params_digest,"
+                " generation = excluded.generation, attempt = excluded.attempt,"
+                " calls = effects.calls + 1, updated_at = excluded.updated_at",
+                (write.task_id, effect.name, effect.key, effect.params_digest, write.generation,
+                 attempt, now),
+            )
+            return
+        cur.execute(
+            "INSERT INTO effects (task_id, name, key, params_digest, state, result, generation,"
+            " attempt, calls, via_lookup, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"
+            " ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state,"
+            " result = excluded.result, generation = excluded.generation,"
+            " via_lookup = excluded.via_lookup, updated_at = excluded.updated_at",
+            (write.task_id, effect.name, effect.key, effect.params_digest, effect.state.value,
+             effect.result_json, write.generation, attempt, int(effect.via_lookup), now),
+        )
+        if effect.via_lookup:
+            audit.append(
+                (write.task_id, now, "lookup_hit", None, None, write.generation, write.holder,
+                 dumps({"effect": effect.name, "key": effect.key}))
+            )
+
+    def _transition(
+        self,
+        cur: sqlite3.Cursor,
+        write: TaskWrite,
+        now: float,
+        audit: list[tuple[str, float, str, str | None, str | None, int | None, str | None, str]],
+    ) -> None:
+        t = write.transition
+        assert t is not None
+        run_at_sql = "run_at"
+        params: list[Any] = [t.to.value]
+        if t.to in (State.RETRY_WAIT, State.PENDING):
+            run_at_sql = "?"
+            params.append(now + max(0.0, t.delay_s))
+        keep_lease = t.to is State.RUNNING
+        cur.execute(
+            f"UPDATE tasks SET state = ?, run_at = {run_at_sql},"
+            f" holder = {'holder' if keep_lease else 'NULL'},"
+            f" lease_until = {'lease_until' if keep_lease else 'NULL'},"
+            " result = COALESCE(?, result), last_error = COALESCE(?, last_error),"
+            " error_class = COALESCE(?, error_class), updated_at = ?"
+            " WHERE id = ? AND generation = ? AND state = 'RUNNING'",
+            (*params, t.result_json, t.error, t.error_class, now, write.task_id, write.generation),
+        )
+        if cur.rowcount != 1:  # impossible: the fence was checked in this transaction
+            raise LedgerError(f"fenced transition of {write.task_id} matched {cur.rowcount} rows")
+        detail: dict[str, Any] = {"operation": write.operation}
+        if t.reason:
+            detail["reason"] = t.reason
+        if t.error:
+            detail["error"] = t.error[:2000]
+        if t.error_class:
+            detail["error_class"] = t.error_class
+        if t.to in (State.RETRY_WAIT, State.PENDING) and t.delay_s:
+            detail["delay_s"] = round(t.delay_s, 3)
+        audit.append(
+            (write.task_id, now, "transition", "RUNNING", t.to.value, write.generation,
+             write.holder, dumps(detail))
+        )
+
+    # ------------------------------------------------------------------ operator
+
+    def resolve(
+        self,
+        task_id: str,
+        outcome: ResolveOutcome,
+        reason: str,
+        operator: str,
+        result_json: str | None = None,
+    ) -> TaskInfo:
+        """See :meth:`Ledger.resolve`."""
+        with self._tx() as cur:
+            now = self._now(cur)
+            row = cur.execute(
+                "SELECT state, generation FROM tasks WHERE id = ?", (task_id,)
+            ).fetchone()
+            if row is None:
+                raise TaskNotFound(f"no task {task_id!r} in the ledger")
+            if row[0] != State.UNKNOWN.value:
+                raise IllegalTransition(
+                    f"task {task_id} is {row[0]}, not UNKNOWN; only UNKNOWN tasks can be resolved"
+                )
+            check_transition(State.UNKNOWN, State.PENDING)
+            open_effects = cur.execute(
+                "SELECT name, key FROM effects WHERE task_id = ? AND state = 'intent'", (task_id,)
+            ).fetchall()
+            new_state = (
+                EffectState.DONE if outcome is ResolveOutcome.DONE else EffectState.NOT_DONE
+            )
+            cur.execute(
+                "UPDATE effects SET state = ?, result = ?, updated_at = ?"
+                " WHERE task_id = ? AND state = 'intent'",
+                (new_state.value, result_json if new_state is EffectState.DONE else None, now,
+                 task_id),
+            )
+            cur.execute(
+                "UPDATE tasks SET state = 'PENDING', run_at = ?, updated_at = ?"
+                " WHERE id = ? AND state = 'UNKNOWN' AND generation = ?",
+                (now, now, task_id, row[1]),
+            )
+            self._audit(
+                cur,
+                [
+                    (task_id, now, "operator_resolve", State.UNKNOWN.value, State.PENDING.value,
+                     row[1], None,
+                     dumps({"operator": operator, "reason": reason, "outcome": outcome.value,
+                            "effects": [{"name": e[0], "key": e[1]} for e in open_effects]}))
+                ],
+            )
+        return self.get(task_id)
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, task_id: str) -> TaskInfo:
+        """See :meth:`Ledger.get`."""
+        row = self._conn().execute(
+            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
+        ).fetchone()
+        if row is None:
+            raise TaskNotFound(f"no task {task_id!r} in the ledger")
+        return _task_info(row)
+
+    def get_many(self, task_ids: Sequence[str]) -> list[TaskInfo]:
+        """See :meth:`Ledger.get_many`."""
+        out: list[TaskInfo] = []
+        conn = self._conn()
+        ids = list(task_ids)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            out.extend(
+                _task_info(r)
+                for r in conn.execute(
+                    f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id IN ({marks})", chunk
+                )
+            )
+        return out
+
+    def timeline(self, task_id: str) -> Timeline:
+        """See :meth:`Ledger.timeline`."""
+        with self._tx(write=False) as cur:
+            row = cur.execute(
+                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
+            ).fetchone()
+            if row is None:
+                raise TaskNotFound(f"no task {task_id!r} in the ledger")
+            events = [
+                AuditEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], loads(r[8]) or {})
+                for r in cur.execute(
+                    "SELECT seq, task_id, at, kind, from_state, to_state, generation, holder,"
+                    " detail FROM audit WHERE task_id = ? ORDER BY seq",
+                    (task_id,),
+                )
+            ]
+            steps = [
+                StepRecord(r[0], r[1], r[2], r[3])
+                for r in cur.execute(
+                    "SELECT name, result, generation, committed_at FROM steps WHERE task_id = ?"
+                    " ORDER BY committed_at",
+                    (task_id,),
+                )
+            ]
+            effects = [
+                _effect_record(r)
+                for r in cur.execute(
+                    f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE task_id = ? ORDER BY updated_at",
+                    (task_id,),
+                )
+            ]
+        return Timeline(_task_info(row), events, steps, effects)
+
+    def stats(self) -> LedgerStats:
+        """See :meth:`Ledger.stats`."""
+        with self._tx(write=False) as cur:
+            now = self._now(cur)
+            counts: dict[str, dict[str, int]] = {}
+            for name, state, n in cur.execute(
+                "SELECT name, state, COUNT(*) FROM tasks GROUP BY name, state"
+            ):
+                counts.setdefault(name, {})[state] = n
+            oldest = cur.execute(
+                "SELECT MIN(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')"
+                " AND run_at <= ?",
+                (now,),
+            ).fetchone()[0]
+            kinds = dict(
+                cur.execute(
+                    "SELECT kind, COUNT(*) FROM audit WHERE kind IN ('claim', 'takeover',"
+                    " 'stale_rejected', 'lookup_hit', 'idempotency_conflict', 'operator_resolve')"
+                    " GROUP BY kind"
+                ).fetchall()
+            )
+            unknown = cur.execute("SELECT COUNT(*) FROM tasks WHERE state = 'UNKNOWN'").fetchone()[
+                0
+            ]
+            conn = self._conn()
+            settings = {
+                "journal_mode": str(conn.execute("PRAGMA journal_mode").fetchone()[0]),
+                "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(
+                    conn.execute("PRAGMA synchronous").fetchone()[0], "?"
+                ),
+                "path": os.path.abspath(self._path),
+            }
+            version = cur.execute("PRAGMA user_version").fetchone()[0]
+        return LedgerStats(
+            counts=counts,
+            oldest_pending_age_s=(now - oldest) if oldest is not None else None,
+            unknown_count=unknown,
+            claims=kinds.get("claim", 0) + kinds.get("takeover", 0),
+            takeovers=kinds.get("takeover", 0),
+            stale_rejections=kinds.get("stale_rejected", 0),
+            lookup_hits=kinds.get("lookup_hit", 0),
+            idempotency_conflicts=kinds.get("idempotency_conflict", 0),
+            operator_actions=kinds.get("operator_resolve", 0),
+            durability=self.config.durability.value,
+            backend_settings=settings,
+            schema_version=version,
+            ledger_now=now,
+        )
+
+    def close(self) -> None:
+        """Close every connection opened by this ledger object (all threads)."""
+        self._closed = True
+        with self._conn_lock:
+            for conn in self._connections:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+            self._connections.clear()

@@ -1,0 +1,163 @@
+"""Retry governance (DESIGN §7): failure classes, exponential backoff with cap and jitter.
+
+Every exception a task raises is put in one of four classes by :func:`classify`:
+
+* ``TRANSIENT``  — retry after backoff while attempts remain, then ``FAILED`` (dead-letter);
+* ``PERMANENT``  — ``FAILED`` at once;
+* ``UNKNOWN_OUTCOME`` — the call may have happened: look the key up before anything else;
+* ``OVERLOAD``   — the downstream asked us to slow down: retry, but with a longer floor
+  (``retry_after_s`` when the downstream gave one) so retries do not pile on.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+
+import httpx
+
+from .errors import (
+    OutcomeUnknownError,
+    OverloadError,
+    PayloadNotSerializable,
+    PermanentError,
+    TaskFailure,
+    TransientError,
+)
+
+__all__ = ["FailureClass", "RetryPolicy", "classify", "retry_after_s"]
+
+
+class FailureClass(StrEnum):
+    """The four failure classes of DESIGN §7."""
+
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    OVERLOAD = "overload"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a task type retries.
+
+    Attributes:
+        max_attempts: total executions allowed (first run included); ``>= 1``. When a
+            transient or overload failure happens on the last attempt the task is ``FAILED``.
+        base_delay_s: backoff before the second attempt, in seconds.
+        max_delay_s: cap of the exponential backoff, in seconds.
+        multiplier: growth factor per attempt.
+        jitter: fraction of the delay drawn at random, in ``[0, 1]``; 1.0 is "full jitter"
+            (delay uniform in ``[0, d]``), 0 is no jitter.
+        overload_min_delay_s: floor of the delay after an overload failure, in seconds.
+
+    Raises:
+        ValueError: a field is out of range.
+    """
+
+    max_attempts: int = 5
+    base_delay_s: float = 1.0
+    max_delay_s: float = 300.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    overload_min_delay_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be >= 1")
+        if self.base_delay_s < 0 or self.max_delay_s < 0 or self.overload_min_delay_s < 0:
+            raise ValueError("RetryPolicy delays must be >= 0 seconds")
+        if self.multiplier < 1:
+            raise ValueError("RetryPolicy.multiplier must be >= 1")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError("RetryPolicy.jitter must be within [0, 1]")
+
+    def ceiling_s(self, attempt: int) -> float:
+        """Un-jittered delay after failed attempt number ``attempt`` (1-based), in seconds."""
+        exponent = max(0, attempt - 1)
+        # Cap the exponent so huge attempt numbers cannot overflow a float.
+        delay = self.base_delay_s * (self.multiplier ** min(exponent, 64))
+        return min(self.max_delay_s, delay)
+
+    def backoff_s(
+        self,
+        attempt: int,
+        failure: FailureClass = FailureClass.TRANSIENT,
+        hint_s: float | None = None,
+        rng: random.Random | None = None,
+    ) -> float:
+        """Delay before the next attempt after attempt ``attempt`` failed, in seconds.
+
+        The result lies in ``[ceiling * (1 - jitter), ceiling]``; for overload it is at least
+        ``max(overload_min_delay_s, hint_s)`` (still capped by ``max_delay_s``).
+        """
+        ceiling = self.ceiling_s(attempt)
+        draw = (rng or random).random()
+        delay = ceiling * (1.0 - self.jitter * draw)
+        if failure is FailureClass.OVERLOAD:
+            floor = max(self.overload_min_delay_s, hint_s or 0.0)
+            delay = max(delay, min(floor, self.max_delay_s))
+        return delay
+
+
+def retry_after_s(exc: BaseException) -> float | None:
+    """The downstream's retry hint carried by ``exc`` in seconds, if any."""
+    if isinstance(exc, OverloadError):
+        return exc.retry_after_s
+    if isinstance(exc, httpx.HTTPStatusError):
+        raw = exc.response.headers.get("Retry-After")
+        if raw is not None:
+            try:
+                return max(0.0, float(raw))
+            except ValueError:
+                return None
+    return None
+
+
+def classify(exc: BaseException) -> FailureClass:
+    """Put an exception in its failure class (DESIGN §7).
+
+    Ratchet's own :class:`~ratchet.errors.TaskFailure` subclasses say their class. httpx
+    errors are classified by what they prove about the request: not sent (connect errors,
+    pool timeout) is transient; sent without a reply (read/write timeouts, dropped
+    connection) is an unknown outcome; 429/503 is overload; other 5xx transient; other 4xx
+    permanent. ``TimeoutError`` is an unknown outcome. Programming errors (``TypeError``,
+    ``ValueError``, ``KeyError``, ...) and unserialisable results are permanent. Anything
+    else is transient, so it is retried within the budget and then dead-lettered.
+    """
+    if isinstance(exc, PermanentError):
+        return FailureClass.PERMANENT
+    if isinstance(exc, OverloadError):
+        return FailureClass.OVERLOAD
+    if isinstance(exc, OutcomeUnknownError):
+        return FailureClass.UNKNOWN_OUTCOME
+    if isinstance(exc, TransientError | TaskFailure):
+        return FailureClass.TRANSIENT
+    if isinstance(exc, PayloadNotSerializable):
+        return FailureClass.PERMANENT
+    if isinstance(exc, httpx.HTTPStatusError):
+        status = exc.response.status_code
+        if status in (429, 503):
+            return FailureClass.OVERLOAD
+        if status >= 500 or status in (408, 409, 425):
+            return FailureClass.TRANSIENT
+        return FailureClass.PERMANENT
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return FailureClass.TRANSIENT
+    if isinstance(
+        exc,
+        httpx.ReadTimeout
+        | httpx.WriteTimeout
+        | httpx.ReadError
+        | httpx.WriteError
+        | httpx.RemoteProtocolError,
+    ):
+        return FailureClass.UNKNOWN_OUTCOME
+    if isinstance(exc, TimeoutError):
+        return FailureClass.UNKNOWN_OUTCOME
+    if isinstance(
+        exc, TypeError | ValueError | KeyError | AttributeError | IndexError | NotImplementedError
+    ):
+        return FailureClass.PERMANENT
+    return FailureClass.TRANSIENT

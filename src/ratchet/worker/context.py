@@ -1,0 +1,279 @@
+"""What a running task sees: ``ctx.step`` and ``ctx.effect`` (DESIGN §5).
+
+``ctx.step(name, fn, *args)`` runs a local computation once: its JSON result is committed
+(fenced) with a done marker, and a later attempt returns the stored result without running
+``fn``. The value returned is always the JSON round-trip of the result, so the first run
+and a replay see the same thing.
+
+``ctx.effect(name, call, key=..., lookup=..., idempotent=...)`` performs an external side
+effect with the intent-before-call, lookup-first protocol:
+
+1. the intent (name, key, params digest, attempt, generation) is committed before calling;
+2. ``call(key)`` runs with the business idempotency key; its result is committed as done;
+3. if an earlier attempt left an intent without a result, the outcome is unknown:
+   ``lookup(key)`` is asked first — found: reuse the result, no call; ``NOT_FOUND``: call
+   again with the same key; inconclusive (lookup raised) or no lookup: call again only if
+   the target honours the key (``idempotent=True``), else the task goes to ``UNKNOWN``.
+
+A call that times out or loses its reply (an unknown-outcome failure) goes straight to the
+same lookup, never to failure. Before every new effect the lease must be confirmed
+(``LeaseLost`` otherwise), and every write is fenced (``StaleGeneration``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+from .. import faults
+from ..errors import (
+    EffectOutcomeUnknown,
+    PermanentError,
+    StaleGeneration,
+    TransientError,
+)
+from ..ledger.base import Claim, EffectRecord, EffectState, EffectWrite, TaskWrite
+from ..retry import FailureClass, classify
+from ..serde import digest, dumps, loads
+from .heartbeat import LeaseHandle
+from .writer import LedgerWriter
+
+__all__ = ["NOT_FOUND", "NotFound", "Shutdown", "TaskContext"]
+
+log = logging.getLogger("ratchet.worker")
+
+T = TypeVar("T")
+
+
+class NotFound:
+    """Type of :data:`NOT_FOUND`, the answer of a lookup that confirms the key is absent."""
+
+    _instance: NotFound | None = None
+
+    def __new__(cls) -> NotFound:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_FOUND"
+
+
+NOT_FOUND: Final = NotFound()
+"""Return this from a ``lookup`` to say: the target confirms this key never executed."""
+
+
+class Shutdown(BaseException):  # noqa: N818 - control flow, not an error
+    """Raised at a step/effect boundary when the worker is stopping (task is released)."""
+
+
+class TaskContext:
+    """The handle a task function receives as its first argument.
+
+    Attributes:
+        task_id: the task's id.
+        name: task name.
+        generation: fencing token of this claim.
+        attempt: 1-based claim count.
+        params: the decoded params.
+        holder: the worker holding the lease.
+    """
+
+    def __init__(
+        self,
+        claim: Claim,
+        holder: str,
+        writer: LedgerWriter,
+        lease: LeaseHandle,
+        stopping: threading.Event,
+    ) -> None:
+        self.task_id = claim.task_id
+        self.name = claim.name
+        self.generation = claim.generation
+        self.attempt = claim.attempt
+        self.params: Any = loads(claim.params_json)
+        self.holder = holder
+        self._writer = writer
+        self._lease = lease
+        self._stopping = stopping
+        self._steps: dict[str, str] = {n: s.result_json for n, s in claim.steps.items()}
+        self._effects: dict[str, EffectRecord] = dict(claim.effects)
+        self.lookup_hits = 0
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _boundary(self) -> None:
+        if self._stopping.is_set():
+            raise Shutdown()
+
+    def _commit(self, operation: str, **parts: Any) -> None:
+        write = TaskWrite(self.task_id, self.generation, self.holder, operation, **parts)
+        outcome = self._writer.commit(write)
+        if outcome.stale:
+            raise StaleGeneration(self.task_id, self.generation, operation)
+
+    def ensure_lease(self) -> None:
+        """Raise :class:`~ratchet.errors.LeaseLost` unless the lease is confirmed right now."""
+        self._lease.ensure()
+
+    # ------------------------------------------------------------------ steps
+
+    def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once per task and commit its result (fenced).
+
+        Names are unique within a task: a name already committed (in this or an earlier
+        attempt) returns the stored result without calling ``fn``.
+
+        Returns:
+            The JSON round-trip of ``fn``'s result.
+
+        Raises:
+            PayloadNotSerializable: the result is not plain JSON (a permanent failure).
+            StaleGeneration: another worker took the task over; nothing was written.
+        """
+        self._boundary()
+        stored = self._steps.get(name)
+        if stored is not None:
+            return loads(stored)
+        result_json = dumps(fn(*args, **kwargs), what=f"result of step {name!r}")
+        self._commit(f"step:{name}", steps=[(name, result_json)])
+        self._steps[name] = result_json
+        faults.point("step.after_commit")
+        return loads(result_json)
+
+    # ------------------------------------------------------------------ effects
+
+    def effect(
+        self,
+        name: str,
+        call: Callable[[str], Any],
+        *,
+        key: str,
+        lookup: Callable[[str], Any] | None = None,
+        idempotent: bool = False,
+        params: Any = None,
+    ) -> Any:
+        """Perform an external side effect at most once per business ``key``.
+
+        Args:
+            name: effect name, unique within the task.
+            call: ``call(key) -> result``; sends the request with ``key`` as its
+                idempotency key. Its result must be plain JSON.
+            key: business idempotency key, derived from the intent (e.g.
+                ``f"charge:{order_id}"``), never from the attempt. It must not change
+                between attempts of the same task (``PermanentError`` if it does).
+            lookup: ``lookup(key) -> result | NOT_FOUND``; asks the target whether ``key``
+                already executed. Raising means "inconclusive".
+            idempotent: the target itself deduplicates ``key`` (e.g. Stripe's
+                Idempotency-Key), so calling again with it is safe when a lookup cannot
+                settle the outcome.
+            params: what the call sends (for the params digest recorded with the intent).
+
+        Returns:
+            The JSON round-trip of the call's (or the lookup's) result.
+
+        Raises:
+            LeaseLost: the lease cannot be confirmed; the call was not made.
+            StaleGeneration: another worker took the task over.
+            EffectOutcomeUnknown: the outcome cannot be established; the task goes UNKNOWN.
+            Exception: what ``call`` raised, for the worker to classify.
+        """
+        self._boundary()
+        params_digest = digest(name, key, dumps(params, what=f"params of effect {name!r}"))
+        record = self._effects.get(name)
+        if record is not None and record.key != key:
+            raise PermanentError(
+                f"effect {name!r} changed its idempotency key from {record.key!r} to {key!r}; "
+                "keys must come from the business intent, not the attempt"
+            )
+        if record is not None and record.state is EffectState.DONE:
+            return loads(record.result_json)
+        if record is not None and record.state is EffectState.INTENT:
+            # An earlier attempt recorded the intent but not the outcome: query first.
+            found, value = self._settle(name, key, params_digest, lookup, idempotent,
+                                        "intent without result from an earlier attempt")
+            if found:
+                return value
+        self._lease.ensure()
+        self._commit(
+            f"effect_intent:{name}",
+            effects=[EffectWrite(name, key, params_digest, EffectState.INTENT)],
+        )
+        self._effects[name] = EffectRecord(
+            name, key, params_digest, EffectState.INTENT, None, self.generation, self.attempt,
+            1, False, 0.0,
+        )
+        faults.point("effect.after_intent")
+        self._lease.ensure()
+        try:
+            result = call(key)
+        except Exception as exc:
+            if classify(exc) is not FailureClass.UNKNOWN_OUTCOME:
+                raise
+            found, value = self._settle(name, key, params_digest, lookup, idempotent,
+                                        f"call failed with unknown outcome: {exc!r}")
+            if found:
+                return value
+            raise TransientError(
+                f"effect {name!r} (key {key!r}) had an unknown outcome and the target "
+                "confirmed it did not execute; retrying with the same key"
+            ) from exc
+        faults.point("effect.after_call")
+        return self._record_done(name, key, params_digest, result, via_lookup=False)
+
+    def _record_done(
+        self, name: str, key: str, params_digest: str, result: Any, via_lookup: bool
+    ) -> Any:
+        result_json = dumps(result, what=f"result of effect {name!r}")
+        self._commit(
+            f"effect_done:{name}",
+            effects=[
+                EffectWrite(name, key, params_digest, EffectState.DONE, result_json, via_lookup)
+            ],
+        )
+        self._effects[name] = EffectRecord(
+            name, key, params_digest, EffectState.DONE, result_json, self.generation,
+            self.attempt, 0, via_lookup, 0.0,
+        )
+        return loads(result_json)
+
+    def _settle(
+        self,
+        name: str,
+        key: str,
+        params_digest: str,
+        lookup: Callable[[str], Any] | None,
+        idempotent: bool,
+        why: str,
+    ) -> tuple[bool, Any]:
+        """Resolve an unknown outcome. Returns ``(True, result)`` when the lookup found it,
+        ``(False, None)`` when calling again with the same key is safe.
+
+        Raises:
+            TransientError: the lookup failed transiently; try again later (lookup first).
+            EffectOutcomeUnknown: nothing can settle it and the target does not dedupe.
+        """
+        reason = f"{why}; no lookup given"
+        if lookup is not None:
+            try:
+                answer = lookup(key)
+            except Exception as exc:
+                cls = classify(exc)
+                reason = f"{why}; lookup inconclusive: {exc!r}"
+                if not idempotent and cls in (FailureClass.TRANSIENT, FailureClass.OVERLOAD):
+                    raise TransientError(
+                        f"lookup for effect {name!r} (key {key!r}) failed: {exc!r}; will look up "
+                        "again before any new call"
+                    ) from exc
+            else:
+                if isinstance(answer, NotFound):
+                    log.info("effect %s key %s: lookup confirms not executed", name, key)
+                    return False, None
+                self.lookup_hits += 1
+                log.info("effect %s key %s: lookup found an earlier execution", name, key)
+                return True, self._record_done(name, key, params_digest, answer, via_lookup=True)
+        if idempotent:
+            return False, None
+        raise EffectOutcomeUnknown(name, key, reason)

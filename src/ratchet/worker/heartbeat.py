@@ -1,0 +1,201 @@
+"""Lease renewal in its own thread, and the safe window (DESIGN §4).
+
+The heartbeat renews every lease the worker holds in one batched ledger call from its own
+thread (and therefore its own ledger connection), so slow task code cannot starve it.
+
+Each held lease has a *confirmed-until* instant on this process's monotonic clock:
+``t_sent + (lease_until - ledger_now) - margin_s``, where ``t_sent`` is taken *before* the
+claim or renewal request was sent. A pause of the whole process (SIGSTOP, a long GC, a VM
+freeze) keeps the monotonic clock running, so after the pause the window is closed and
+:meth:`LeaseHandle.ensure` refuses new effects until a fresh renewal says the lease is
+still ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..errors import LeaseLost
+from ..ledger.base import Ledger, RenewResult
+
+__all__ = ["Heartbeat", "LeaseHandle", "margin_for"]
+
+log = logging.getLogger("ratchet.worker.heartbeat")
+
+
+def margin_for(lease_s: float) -> float:
+    """Safety margin subtracted from a confirmed lease, seconds: 20 % of it, at most 2 s."""
+    return min(2.0, 0.2 * lease_s)
+
+
+class LeaseHandle:
+    """A lease held by this worker on one task at one generation.
+
+    Attributes:
+        task_id: the task.
+        generation: fencing token of the claim.
+        lease_s: lease length in seconds.
+    """
+
+    def __init__(
+        self, heartbeat: Heartbeat, task_id: str, generation: int, lease_s: float, until_mono: float
+    ) -> None:
+        self._heartbeat = heartbeat
+        self.task_id = task_id
+        self.generation = generation
+        self.lease_s = lease_s
+        self._confirmed_until = until_mono
+        self._lost = False
+        self._lock = threading.Lock()
+
+    @property
+    def lost(self) -> bool:
+        """True once the ledger refused a renewal: the lease will never come back."""
+        return self._lost
+
+    def remaining_s(self) -> float:
+        """Seconds left in the safe window (negative when closed)."""
+        with self._lock:
+            return self._confirmed_until - time.monotonic()
+
+    def confirm(self, until_mono: float) -> None:
+        """Record a successful renewal (window ends at ``until_mono``, monotonic seconds)."""
+        with self._lock:
+            if not self._lost:
+                self._confirmed_until = max(self._confirmed_until, until_mono)
+
+    def mark_lost(self) -> None:
+        """Record that the ledger refused the lease."""
+        with self._lock:
+            self._lost = True
+            self._confirmed_until = float("-inf")
+
+    def ensure(self) -> None:
+        """Return only if the lease is confirmed now; otherwise raise ``LeaseLost``.
+
+        When the window has run out but the lease is not known lost, ask the heartbeat for
+        an immediate renewal and wait for it (at most ``min(1, lease_s / 2)`` seconds).
+
+        Raises:
+            LeaseLost: the ledger refused the lease, or no renewal confirmed it in time.
+        """
+        if self._lost:
+            raise LeaseLost(f"lease on task {self.task_id} (generation {self.generation}) is lost")
+        if self.remaining_s() > 0:
+            return
+        self._heartbeat.renew_now(timeout_s=min(1.0, self.lease_s / 2))
+        if self._lost or self.remaining_s() <= 0:
+            raise LeaseLost(
+                f"cannot confirm lease on task {self.task_id} (generation {self.generation}); "
+                "refusing to start new effects"
+            )
+
+
+class Heartbeat(threading.Thread):
+    """Renews all held leases in one batch every ``min(lease_s) / 3`` seconds.
+
+    Args:
+        ledger: the ledger (its per-thread connection makes this thread's own connection).
+        holder: this worker's holder identity.
+        on_lost: called with the handle when the ledger refuses a lease.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        holder: str,
+        on_lost: Callable[[LeaseHandle], None] | None = None,
+    ) -> None:
+        super().__init__(name="ratchet-heartbeat", daemon=True)
+        self._ledger = ledger
+        self._holder = holder
+        self._on_lost = on_lost
+        self._leases: dict[str, LeaseHandle] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._halt = threading.Event()
+        self._round_done = threading.Condition()
+        self._rounds = 0
+        self.renewals = 0
+        self.failures = 0
+
+    def add(self, task_id: str, generation: int, lease_s: float, t_sent: float, ttl_s: float) -> (
+        LeaseHandle
+    ):
+        """Start tracking a claim made at monotonic ``t_sent`` with ``ttl_s`` seconds to run."""
+        handle = LeaseHandle(self, task_id, generation, lease_s, t_sent + ttl_s - margin_for(lease_s))
+        with self._lock:
+            self._leases[task_id] = handle
+        return handle
+
+    def remove(self, task_id: str) -> None:
+        """Stop renewing ``task_id`` (finished, released or abandoned)."""
+        with self._lock:
+            self._leases.pop(task_id, None)
+
+    def held(self) -> list[LeaseHandle]:
+        """The leases currently tracked."""
+        with self._lock:
+            return list(self._leases.values())
+
+    def renew_now(self, timeout_s: float) -> None:
+        """Ask for a renewal round now and wait until one completes (or ``timeout_s``)."""
+        with self._round_done:
+            target = self._rounds + 1
+            self._wake.set()
+            self._round_done.wait_for(lambda: self._rounds >= target, timeout=timeout_s)
+
+    def stop(self) -> None:
+        """Stop the thread (leases are not renewed after this)."""
+        self._halt.set()
+        self._wake.set()
+
+    def _interval_s(self) -> float:
+        with self._lock:
+            if not self._leases:
+                return 1.0
+            return max(0.05, min(h.lease_s for h in self._leases.values()) / 3.0)
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self._wake.wait(self._interval_s())
+            self._wake.clear()
+            if self._halt.is_set():
+                break
+            self.renew_once()
+
+    def renew_once(self) -> list[RenewResult]:
+        """One batched renewal of every held lease; returns the ledger's answers."""
+        handles = self.held()
+        results: list[RenewResult] = []
+        if handles:
+            t_sent = time.monotonic()
+            try:
+                results = self._ledger.renew(
+                    self._holder, [(h.task_id, h.generation) for h in handles]
+                )
+            except Exception as exc:  # the window simply runs out; effects stop on their own
+                self.failures += 1
+                log.warning("lease renewal failed (%d leases): %s", len(handles), exc)
+            else:
+                self.renewals += 1
+                by_id = {h.task_id: h for h in handles}
+                for r in results:
+                    handle = by_id.get(r.task_id)
+                    if handle is None or handle.generation != r.generation:
+                        continue
+                    if r.ok and r.lease_until is not None:
+                        handle.confirm(
+                            t_sent + (r.lease_until - r.ledger_now) - margin_for(handle.lease_s)
+                        )
+                    else:
+                        handle.mark_lost()
+                        if self._on_lost is not None:
+                            self._on_lost(handle)
+        with self._round_done:
+            self._rounds += 1
+            self._round_done.notify_all()
+        return results
