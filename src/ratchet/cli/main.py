@@ -1,0 +1,350 @@
+"""The ``ratchet`` command line (Typer + Rich).
+
+Commands: ``worker``, ``submit``, ``status``, ``inspect``, ``resolve``, ``migrate``, ``demo``.
+Every command takes ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or
+``sqlite:///ratchet.db``). Ratchet errors print one red line saying what to fix and exit
+with status 2.
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..app import App
+from ..errors import ConfigError, RatchetError
+from ..ledger import open_ledger
+from ..ledger.base import Ledger, ResolveOutcome
+from ..serde import dumps
+
+__all__ = ["cli", "load_app", "main"]
+
+cli = typer.Typer(
+    name="ratchet",
+    help="Recoverable task execution: leases, fencing tokens, exactly-once effects.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+LedgerOpt = Annotated[
+    str | None,
+    typer.Option("--ledger", help="Ledger URL (default: $RATCHET_LEDGER_URL or sqlite:///ratchet.db)."),
+]
+DurabilityOpt = Annotated[
+    str | None, typer.Option("--durability", help="fsync (default) or buffered.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+T = TypeVar("T")
+
+
+def _guard(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except RatchetError as exc:
+        err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE:attr`` and return the :class:`App` it names.
+
+    Raises:
+        ConfigError: malformed spec, module not importable, or the attribute is not an App.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"app spec {spec!r} must look like MODULE:ATTRIBUTE, e.g. myproj.tasks:app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import module {module_name!r}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise ConfigError(f"{spec!r} is not a ratchet.App (found {type(app).__name__})")
+    return app
+
+
+def _ledger(url: str | None, durability: str | None = None) -> Ledger:
+    return open_ledger(url, durability=durability)
+
+
+def _when(epoch_s: float | None) -> str:
+    if epoch_s is None:
+        return "-"
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+@cli.command()
+def worker(
+    app_spec: Annotated[str, typer.Argument(metavar="MODULE:APP", help="e.g. myproj.tasks:app")],
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1)] = 8,
+    names: Annotated[
+        str | None, typer.Option("--names", help="Comma-separated task names (default: all).")
+    ] = None,
+    poll_interval_s: Annotated[float, typer.Option("--poll-interval-s", min=0.001)] = 0.1,
+    ledger: LedgerOpt = None,
+    durability: DurabilityOpt = None,
+    log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
+) -> None:
+    """Run a worker: claim tasks, run them, commit fenced results. SIGTERM stops gracefully."""
+    from ..worker import Worker
+
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+    )
+
+    def run() -> None:
+        app = load_app(app_spec)
+        app.configure(ledger=ledger, durability=durability)
+        w = Worker(
+            app,
+            concurrency=concurrency,
+            names=names.split(",") if names else None,
+            poll_interval_s=poll_interval_s,
+        )
+        w.install_signal_handlers()
+        logging.getLogger("ratchet.worker").info(
+            "worker %s: tasks %s, concurrency %d", w.holder, w.names, concurrency
+        )
+        stats = w.run()
+        logging.getLogger("ratchet.worker").info("worker %s stopped: %s", w.holder, stats)
+
+    _guard(run)
+
+
+@cli.command()
+def submit(
+    app_spec: Annotated[str, typer.Argument(metavar="MODULE:APP")],
+    name: Annotated[str, typer.Argument(help="Registered task name.")],
+    params: Annotated[str, typer.Option("--params", help="Params as a JSON object.")] = "{}",
+    key: Annotated[str | None, typer.Option("--key", help="Idempotency key.")] = None,
+    delay_s: Annotated[float, typer.Option("--delay-s", min=0.0)] = 0.0,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit one task; resubmitting with the same --key returns the same task id."""
+
+    def run() -> None:
+        try:
+            decoded = json.loads(params)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--params is not valid JSON: {exc}") from None
+        if not isinstance(decoded, dict):
+            raise ConfigError("--params must be a JSON object, e.g. '{\"order_id\": \"o-1\"}'")
+        app = load_app(app_spec)
+        app.configure(ledger=ledger)
+        handle = app.submit(name, decoded, idempotency_key=key, delay_s=delay_s)
+        if as_json:
+            console.print_json(
+                json.dumps({"task_id": handle.task_id, "name": name, "created": handle.created})
+            )
+        else:
+            verb = "submitted" if handle.created else "already submitted (same key and params)"
+            console.print(f"{handle.task_id} {verb}")
+
+    _guard(run)
+
+
+@cli.command()
+def status(ledger: LedgerOpt = None, durability: DurabilityOpt = None, as_json: JsonOpt = False) -> None:
+    """Counts per task type and state, oldest pending age, unknowns, durability level."""
+
+    def run() -> None:
+        led = _ledger(ledger, durability)
+        s = led.stats()
+        if as_json:
+            console.print_json(
+                json.dumps(
+                    {
+                        "counts": s.counts,
+                        "oldest_pending_age_s": s.oldest_pending_age_s,
+                        "unknown": s.unknown_count,
+                        "claims": s.claims,
+                        "takeovers": s.takeovers,
+                        "stale_rejections": s.stale_rejections,
+                        "lookup_hits": s.lookup_hits,
+                        "idempotency_conflicts": s.idempotency_conflicts,
+                        "operator_actions": s.operator_actions,
+                        "durability": s.durability,
+                        "backend": s.backend_settings,
+                        "schema_version": s.schema_version,
+                    }
+                )
+            )
+            return
+        states = ["PENDING", "RUNNING", "RETRY_WAIT", "UNKNOWN", "PAUSED", "SUCCEEDED", "FAILED",
+                  "CANCELLED"]
+        table = Table(title="tasks by type and state")
+        table.add_column("task")
+        for st in states:
+            table.add_column(st, justify="right")
+        for name in sorted(s.counts):
+            table.add_row(name, *[str(s.counts[name].get(st, 0)) for st in states])
+        console.print(table)
+        age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
+        console.print(f"oldest pending age: {age}")
+        console.print(f"unknown (waiting for an operator): {s.unknown_count}")
+        console.print(
+            f"claims: {s.claims}  takeovers: {s.takeovers}  stale-generation rejections: "
+            f"{s.stale_rejections}  lookup hits: {s.lookup_hits}  idempotency conflicts: "
+            f"{s.idempotency_conflicts}  operator actions: {s.operator_actions}"
+        )
+        settings = ", ".join(f"{k}={v}" for k, v in s.backend_settings.items())
+        console.print(f"durability: [bold]{s.durability}[/] ({settings}); schema v{s.schema_version}")
+
+    _guard(run)
+
+
+@cli.command()
+def inspect(
+    task_id: Annotated[str, typer.Argument(metavar="TASK")],
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The task's timeline: claims, steps, effects, retries, stale rejections, operator actions."""
+
+    def run() -> None:
+        tl = _ledger(ledger).timeline(task_id)
+        t = tl.task
+        if as_json:
+            console.print_json(
+                dumps(
+                    {
+                        "task": {
+                            "id": t.task_id, "name": t.name, "version": t.version,
+                            "state": t.state.value, "generation": t.generation,
+                            "attempt": t.attempt, "max_attempts": t.max_attempts,
+                            "holder": t.holder, "idempotency_key": t.idempotency_key,
+                            "params": t.params, "result": t.result, "last_error": t.last_error,
+                        },
+                        "events": [
+                            {"seq": e.seq, "at": e.at, "kind": e.kind, "from": e.from_state,
+                             "to": e.to_state, "generation": e.generation, "holder": e.holder,
+                             "detail": e.detail}
+                            for e in tl.events
+                        ],
+                        "steps": [{"name": s.name, "generation": s.generation,
+                                   "at": s.committed_at} for s in tl.steps],
+                        "effects": [{"name": e.name, "key": e.key, "state": e.state.value,
+                                     "generation": e.generation, "attempt": e.attempt,
+                                     "calls": e.calls, "via_lookup": e.via_lookup}
+                                    for e in tl.effects],
+                    }
+                )
+            )
+            return
+        console.print(
+            f"[bold]{t.name}[/] {t.task_id}  state=[bold]{t.state}[/] generation={t.generation} "
+            f"attempt={t.attempt}/{t.max_attempts} key={t.idempotency_key}"
+        )
+        if t.last_error:
+            console.print(f"last error: {t.last_error.strip().splitlines()[-1]}", highlight=False)
+        table = Table(title="timeline")
+        for col in ("at (UTC)", "event", "generation", "holder", "detail"):
+            table.add_column(col)
+        rows: list[tuple[float, str, str, str, str]] = []
+        for e in tl.events:
+            label = e.kind if e.kind not in ("transition",) else f"{e.from_state} -> {e.to_state}"
+            detail = {k: v for k, v in e.detail.items() if k != "error"}
+            rows.append((e.at, label, str(e.generation or "-"), e.holder or "-",
+                         json.dumps(detail) if detail else ""))
+        for s in tl.steps:
+            rows.append((s.committed_at, f"step {s.name} done", str(s.generation), "-", ""))
+        for eff in tl.effects:
+            rows.append((eff.updated_at, f"effect {eff.name} {eff.state.value}",
+                         str(eff.generation), "-",
+                         f"key={eff.key} calls={eff.calls}"
+                         + (" via lookup" if eff.via_lookup else "")))
+        for at, label, gen, holder, detail in sorted(rows, key=lambda r: r[0]):
+            table.add_row(_when(at), label, gen, holder, detail)
+        console.print(table)
+
+    _guard(run)
+
+
+@cli.command()
+def resolve(
+    task_id: Annotated[str, typer.Argument(metavar="TASK")],
+    outcome: Annotated[
+        str, typer.Option("--outcome", help="done: the effect happened; not-done: it did not.")
+    ],
+    reason: Annotated[str, typer.Option("--reason", help="Why (kept in the audit log).")],
+    result: Annotated[
+        str | None, typer.Option("--result", help="For done: the effect's result as JSON.")
+    ] = None,
+    operator: Annotated[str | None, typer.Option("--operator")] = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Settle an UNKNOWN task's open effect (audited); the task then resumes."""
+
+    def run() -> None:
+        try:
+            verdict = ResolveOutcome(outcome)
+        except ValueError:
+            raise ConfigError("--outcome must be 'done' or 'not-done'") from None
+        if not reason.strip():
+            raise ConfigError("--reason must say why (it is kept in the audit log)")
+        result_json: str | None = None
+        if result is not None:
+            try:
+                result_json = dumps(json.loads(result))
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"--result is not valid JSON: {exc}") from None
+        who = operator or os.environ.get("USER") or getpass.getuser()
+        info = _ledger(ledger).resolve(task_id, verdict, reason, who, result_json)
+        console.print(f"{info.task_id} resolved ({verdict.value}) by {who}: now {info.state}")
+
+    _guard(run)
+
+
+@cli.command()
+def migrate(ledger: LedgerOpt = None) -> None:
+    """Apply pending schema migrations (also done automatically on first use)."""
+
+    def run() -> None:
+        led = _ledger(ledger)
+        console.print(f"ledger schema version {led.migrate()}")
+
+    _guard(run)
+
+
+@cli.command()
+def demo(
+    ledger: LedgerOpt = None,
+    tasks: Annotated[int, typer.Option("--tasks", min=1)] = 500,
+    workers: Annotated[int, typer.Option("--workers", min=1)] = 2,
+    kills: Annotated[int, typer.Option("--kills", min=0)] = 5,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+) -> None:
+    """The main job: billing tasks against a faulty payment service, workers killed at random."""
+    from ..demo.runner import run_demo
+
+    code: Any = _guard(lambda: run_demo(ledger, tasks=tasks, workers=workers, kills=kills, seed=seed))
+    raise typer.Exit(int(code))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()
+
+
+if __name__ == "__main__":
+    main()
