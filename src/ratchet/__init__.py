@@ -2,7 +2,7 @@
 
 Submitted work reaches a correct end although processes are killed, hosts pause past
 their lease, replies are lost and messages arrive twice; every external side effect is
-executed once per business key. See DESIGN §1–§7.
+executed once per business key. See DESIGN §1-§7.
 """
 
 from __future__ import annotations

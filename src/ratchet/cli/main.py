@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -68,7 +68,9 @@ def load_app(spec: str) -> App:
     """
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f"app spec {spec!r} must look like MODULE:ATTRIBUTE, e.g. myproj.tasks:app")
+        raise ConfigError(
+            f"app spec {spec!r} must look like MODULE:ATTRIBUTE, e.g. myproj.tasks:app"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -164,7 +166,9 @@ def submit(
 
 
 @cli.command()
-def status(ledger: LedgerOpt = None, durability: DurabilityOpt = None, as_json: JsonOpt = False) -> None:
+def status(
+    ledger: LedgerOpt = None, durability: DurabilityOpt = None, as_json: JsonOpt = False
+) -> None:
     """Counts per task type and state, oldest pending age, unknowns, durability level."""
 
     def run() -> None:
@@ -208,7 +212,9 @@ def status(ledger: LedgerOpt = None, durability: DurabilityOpt = None, as_json: 
             f"{s.idempotency_conflicts}  operator actions: {s.operator_actions}"
         )
         settings = ", ".join(f"{k}={v}" for k, v in s.backend_settings.items())
-        console.print(f"durability: [bold]{s.durability}[/] ({settings}); schema v{s.schema_version}")
+        console.print(
+            f"durability: [bold]{s.durability}[/] ({settings}); schema v{s.schema_version}"
+        )
 
     _guard(run)
 
@@ -263,9 +269,9 @@ def inspect(
         rows: list[tuple[float, str, str, str, str]] = []
         for e in tl.events:
             label = e.kind if e.kind not in ("transition",) else f"{e.from_state} -> {e.to_state}"
-            detail = {k: v for k, v in e.detail.items() if k != "error"}
+            shown = {k: v for k, v in e.detail.items() if k != "error"}
             rows.append((e.at, label, str(e.generation or "-"), e.holder or "-",
-                         json.dumps(detail) if detail else ""))
+                         json.dumps(shown) if shown else ""))
         for s in tl.steps:
             rows.append((s.committed_at, f"step {s.name} done", str(s.generation), "-", ""))
         for eff in tl.effects:
@@ -337,7 +343,7 @@ def demo(
     """The main job: billing tasks against a faulty payment service, workers killed at random."""
     from ..demo.runner import run_demo
 
-    code: Any = _guard(lambda: run_demo(ledger, tasks=tasks, workers=workers, kills=kills, seed=seed))
+    code = _guard(lambda: run_demo(ledger, tasks=tasks, workers=workers, kills=kills, seed=seed))
     raise typer.Exit(int(code))
 
 

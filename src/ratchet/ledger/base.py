@@ -235,7 +235,7 @@ class TaskWrite:
 
 @dataclass(frozen=True, slots=True)
 class CommitOutcome:
-    """Per-task result of :meth:`Ledger.commit`: ``ok``, or ``stale`` with the current generation."""
+    """Per-task result of :meth:`Ledger.commit`: ``ok``, or ``stale`` and the current row."""
 
     task_id: str
     ok: bool

@@ -170,7 +170,9 @@ class SQLiteLedger:
             conn.execute("PRAGMA foreign_keys=OFF")
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise LedgerUnavailable(f"cannot configure SQLite ledger {self._path!r}: {exc}") from exc
+            raise LedgerUnavailable(
+                f"cannot configure SQLite ledger {self._path!r}: {exc}"
+            ) from exc
         return conn
 
     def _conn(self) -> sqlite3.Connection:
@@ -218,8 +220,8 @@ class SQLiteLedger:
         rows: Sequence[tuple[str, float, str, str | None, str | None, int | None, str | None, str]],
     ) -> None:
         cur.executemany(
-            "INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder, detail)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder,"
+            " detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
 

@@ -65,7 +65,7 @@ NOT_FOUND: Final = NotFound()
 """Return this from a ``lookup`` to say: the target confirms this key never executed."""
 
 
-class Shutdown(BaseException):  # noqa: N818 - control flow, not an error
+class Shutdown(BaseException):
     """Raised at a step/effect boundary when the worker is stopping (task is released)."""
 
 

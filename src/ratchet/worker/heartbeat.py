@@ -122,11 +122,12 @@ class Heartbeat(threading.Thread):
         self.renewals = 0
         self.failures = 0
 
-    def add(self, task_id: str, generation: int, lease_s: float, t_sent: float, ttl_s: float) -> (
-        LeaseHandle
-    ):
+    def add(
+        self, task_id: str, generation: int, lease_s: float, t_sent: float, ttl_s: float
+    ) -> LeaseHandle:
         """Start tracking a claim made at monotonic ``t_sent`` with ``ttl_s`` seconds to run."""
-        handle = LeaseHandle(self, task_id, generation, lease_s, t_sent + ttl_s - margin_for(lease_s))
+        until = t_sent + ttl_s - margin_for(lease_s)
+        handle = LeaseHandle(self, task_id, generation, lease_s, until)
         with self._lock:
             self._leases[task_id] = handle
         return handle
