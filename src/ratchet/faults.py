@@ -47,10 +47,10 @@ def point(name: str) -> None:
         _hits[name] = count + 1
     if count != skip:
         return
-    if name == crash:
-        os.kill(os.getpid(), signal.SIGKILL)
-    else:
-        os.kill(os.getpid(), signal.SIGSTOP)
+    # pthread_kill on the calling thread: the signal is delivered before this call returns.
+    # os.kill(getpid()) may be delivered to another thread while this one runs on a moment,
+    # which would let the "crashed" thread perform one more side effect.
+    signal.pthread_kill(threading.get_ident(), signal.SIGKILL if name == crash else signal.SIGSTOP)
 
 
 def reset() -> None:

@@ -334,7 +334,10 @@ def migrate(ledger: LedgerOpt = None) -> None:
 
 @cli.command()
 def demo(
-    ledger: LedgerOpt = None,
+    ledger: Annotated[
+        str | None,
+        typer.Option("--ledger", help="Ledger URL (default: a fresh ./ratchet-demo/ledger.db)."),
+    ] = None,
     tasks: Annotated[int, typer.Option("--tasks", min=1)] = 500,
     workers: Annotated[int, typer.Option("--workers", min=1)] = 2,
     kills: Annotated[int, typer.Option("--kills", min=0)] = 5,

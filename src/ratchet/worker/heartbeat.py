@@ -132,10 +132,15 @@ class Heartbeat(threading.Thread):
             self._leases[task_id] = handle
         return handle
 
-    def remove(self, task_id: str) -> None:
-        """Stop renewing ``task_id`` (finished, released or abandoned)."""
+    def remove(self, handle: LeaseHandle) -> None:
+        """Stop renewing ``handle`` (finished, released or abandoned).
+
+        Only that claim is dropped: if this worker has meanwhile re-claimed the same task at
+        a newer generation (a takeover of its own expired lease), the newer lease stays.
+        """
         with self._lock:
-            self._leases.pop(task_id, None)
+            if self._leases.get(handle.task_id) is handle:
+                del self._leases[handle.task_id]
 
     def held(self) -> list[LeaseHandle]:
         """The leases currently tracked."""

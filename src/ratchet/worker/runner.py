@@ -227,7 +227,7 @@ class Worker:
         except Exception:  # never let one task kill the worker
             log.exception("internal error while running task %s", claim.task_id)
         finally:
-            self.heartbeat.remove(claim.task_id)
+            self.heartbeat.remove(lease)
             self.stats.by_outcome[outcome] = self.stats.by_outcome.get(outcome, 0) + 1
             with self._lock:
                 self._inflight -= 1
