@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import secrets
 import threading
@@ -242,7 +243,17 @@ class App:
                 raise InvalidArguments("run_at must be timezone-aware (e.g. datetime.now(UTC))")
             run_at_epoch_s = request.run_at.timestamp()
         elif request.run_at is not None:
+            if isinstance(request.run_at, bool) or not isinstance(request.run_at, int | float):
+                raise InvalidArguments(
+                    f"run_at must be an aware datetime or epoch seconds, got {request.run_at!r}"
+                )
             run_at_epoch_s = float(request.run_at)
+        if run_at_epoch_s is not None and not math.isfinite(run_at_epoch_s):
+            raise InvalidArguments(f"run_at must be finite, got {request.run_at!r}")
+        if not isinstance(request.delay_s, int | float) or not math.isfinite(request.delay_s):
+            raise InvalidArguments(
+                f"delay_s must be a finite number of seconds, got {request.delay_s!r}"
+            )
         if request.idempotency_key is not None and not request.idempotency_key:
             raise InvalidArguments("idempotency_key must be a non-empty string or None")
         return NewTask(

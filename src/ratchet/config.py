@@ -11,6 +11,7 @@ Environment: ``RATCHET_LEDGER_URL``, ``RATCHET_DURABILITY``, ``RATCHET_MAX_PAYLO
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -99,8 +100,8 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         busy = float(busy_raw)
     except ValueError:
         raise ConfigError(f"busy_timeout_s must be a number of seconds, got {busy_raw!r}") from None
-    if busy < 0:
-        raise ConfigError("busy_timeout_s must be >= 0 seconds")
+    if not math.isfinite(busy) or busy < 0:
+        raise ConfigError(f"busy_timeout_s must be a finite number >= 0 seconds, got {busy_raw!r}")
     if scheme == "sqlite":
         if parts.netloc:
             raise ConfigError(
@@ -109,6 +110,11 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         if not path:
             raise ConfigError(f"SQLite URL {raw!r} has no file path; e.g. sqlite:///ratchet.db")
+        if query:
+            raise ConfigError(
+                f"unknown SQLite ledger URL parameter(s) {', '.join(sorted(query))} in {raw!r}; "
+                "known: durability, busy_timeout_s"
+            )
         if level is Durability.REPLICATED:
             raise ConfigError(
                 "durability 'replicated' needs a PostgreSQL ledger with a synchronous standby; "

@@ -11,22 +11,27 @@ Every exception a task raises is put in one of four classes by :func:`classify`:
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from enum import StrEnum
 
 import httpx
 
 from .errors import (
+    ConfigError,
+    IllegalTransition,
     OutcomeUnknownError,
     OverloadError,
-    PayloadNotSerializable,
     PermanentError,
+    SubmitError,
     TaskFailure,
     TransientError,
 )
 
-__all__ = ["FailureClass", "RetryPolicy", "classify", "retry_after_s"]
+__all__ = ["FailureClass", "RetryPolicy", "classify", "proves_not_executed", "retry_after_s"]
 
 
 class FailureClass(StrEnum):
@@ -66,18 +71,21 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("RetryPolicy.max_attempts must be >= 1")
-        if self.base_delay_s < 0 or self.max_delay_s < 0 or self.overload_min_delay_s < 0:
-            raise ValueError("RetryPolicy delays must be >= 0 seconds")
-        if self.multiplier < 1:
+        delays = (self.base_delay_s, self.max_delay_s, self.overload_min_delay_s)
+        if not all(math.isfinite(d) and d >= 0 for d in delays):
+            raise ValueError("RetryPolicy delays must be finite and >= 0 seconds")
+        if not math.isfinite(self.multiplier) or self.multiplier < 1:
             raise ValueError("RetryPolicy.multiplier must be >= 1")
-        if not 0.0 <= self.jitter <= 1.0:
+        if not 0.0 <= self.jitter <= 1.0:  # also refuses NaN
             raise ValueError("RetryPolicy.jitter must be within [0, 1]")
 
     def ceiling_s(self, attempt: int) -> float:
         """Un-jittered delay after failed attempt number ``attempt`` (1-based), in seconds."""
         exponent = max(0, attempt - 1)
-        # Cap the exponent so huge attempt numbers cannot overflow a float.
-        delay = self.base_delay_s * (self.multiplier ** min(exponent, 64))
+        try:
+            delay = self.base_delay_s * (self.multiplier**exponent)
+        except OverflowError:  # huge attempt numbers: the cap applies
+            return self.max_delay_s
         return min(self.max_delay_s, delay)
 
     def backoff_s(
@@ -109,10 +117,34 @@ def retry_after_s(exc: BaseException) -> float | None:
         raw = exc.response.headers.get("Retry-After")
         if raw is not None:
             try:
-                return max(0.0, float(raw))
-            except ValueError:
-                return None
+                seconds = float(raw)
+            except ValueError:  # the HTTP-date form
+                try:
+                    when = parsedate_to_datetime(raw)
+                except (TypeError, ValueError):
+                    return None
+                if when.tzinfo is None:
+                    when = when.replace(tzinfo=UTC)
+                seconds = (when - datetime.now(UTC)).total_seconds()
+            return max(0.0, seconds) if math.isfinite(seconds) else None
     return None
+
+
+def proves_not_executed(exc: BaseException) -> bool:
+    """True when ``exc`` proves an external call did not execute.
+
+    Only two kinds of evidence count: the request never left (connection refused, connect
+    or pool timeout) or the target answered and refused it (HTTP 4xx, 429, 503). A 500,
+    502 or 504, a read timeout or a dropped reply prove nothing.
+    """
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return True
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    if isinstance(exc, httpx.HTTPStatusError):
+        status = exc.response.status_code
+        return 400 <= status < 500 or status == 503
+    return False
 
 
 def classify(exc: BaseException) -> FailureClass:
@@ -134,7 +166,8 @@ def classify(exc: BaseException) -> FailureClass:
         return FailureClass.UNKNOWN_OUTCOME
     if isinstance(exc, TransientError | TaskFailure):
         return FailureClass.TRANSIENT
-    if isinstance(exc, PayloadNotSerializable):
+    if isinstance(exc, SubmitError | ConfigError | IllegalTransition):
+        # bad input, bad settings, an illegal state change: retrying cannot fix them
         return FailureClass.PERMANENT
     if isinstance(exc, httpx.HTTPStatusError):
         status = exc.response.status_code

@@ -18,6 +18,12 @@ def dumps(value: Any, what: str = "value") -> str:
         PayloadNotSerializable: ``value`` holds something that is not plain JSON
             (objects, bytes, sets, NaN/Infinity, non-string dict keys).
     """
+    bad_key = _non_string_key(value)
+    if bad_key is not _NONE:
+        raise PayloadNotSerializable(
+            f"{what} has a non-string dict key {bad_key!r}; JSON keys are strings, and Ratchet "
+            "refuses to convert them silently (it would change the params digest)"
+        )
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -25,6 +31,25 @@ def dumps(value: Any, what: str = "value") -> str:
             f"{what} is not JSON-serialisable: {exc}. Ratchet stores JSON only (never pickle); "
             "pass str/int/float/bool/None and lists/dicts of them with string keys."
         ) from exc
+
+
+_NONE = object()
+
+
+def _non_string_key(value: Any) -> object:
+    """The first dict key anywhere in ``value`` that is not a ``str``, else ``_NONE``."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, sub in item.items():
+                if not isinstance(key, str):
+                    return key
+                if isinstance(sub, dict | list | tuple):
+                    stack.append(sub)
+        elif isinstance(item, list | tuple):
+            stack.extend(x for x in item if isinstance(x, dict | list | tuple))
+    return _NONE
 
 
 def loads(text: str | None) -> Any:

@@ -16,6 +16,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -53,6 +54,7 @@ from .migrations import load_migrations, split_statements
 __all__ = ["SQLiteLedger"]
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+_AuditRow = tuple[str, float, str, str | None, str | None, int | None, str | None, str]
 _SYNCHRONOUS = {Durability.FSYNC: "FULL", Durability.BUFFERED: "NORMAL"}
 _READY = tuple(s.value for s in CLAIMABLE)
 _TASK_COLUMNS = (
@@ -122,7 +124,8 @@ class SQLiteLedger:
 
     def __init__(self, config: LedgerConfig, migrate: bool = True) -> None:
         self.config = config
-        self._path = config.path
+        # Pinned once: a later chdir must not make a new thread open another file.
+        self._path = os.path.abspath(config.path)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._conn_lock = threading.Lock()
@@ -209,6 +212,14 @@ class SQLiteLedger:
         finally:
             cur.close()
 
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Convert driver errors of a single autocommit read into LedgerError."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise LedgerError(f"SQLite ledger {self._path!r}: {exc}") from exc
+
     @staticmethod
     def _now(cur: sqlite3.Cursor) -> float:
         value: float = cur.execute(f"SELECT {_NOW}").fetchone()[0]
@@ -217,7 +228,7 @@ class SQLiteLedger:
     @staticmethod
     def _audit(
         cur: sqlite3.Cursor,
-        rows: Sequence[tuple[str, float, str, str | None, str | None, int | None, str | None, str]],
+        rows: Sequence[_AuditRow],
     ) -> None:
         cur.executemany(
             "INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder,"
@@ -236,7 +247,7 @@ class SQLiteLedger:
             )
         try:
             # A private read-only look, so that a too-new file is never touched.
-            uri = "file:" + os.path.abspath(self._path) + "?mode=ro"
+            uri = "file:" + urllib.parse.quote(self._path) + "?mode=ro"
             if not os.path.exists(self._path):
                 return 0
             conn = sqlite3.connect(uri, uri=True, timeout=self.config.busy_timeout_s)
@@ -273,7 +284,8 @@ class SQLiteLedger:
 
     def now(self) -> float:
         """The ledger clock (host clock as read by SQLite), epoch seconds."""
-        value: float = self._conn().execute(f"SELECT {_NOW}").fetchone()[0]
+        with self._errors():
+            value: float = self._conn().execute(f"SELECT {_NOW}").fetchone()[0]
         return value
 
     # ------------------------------------------------------------------ submit
@@ -352,25 +364,47 @@ class SQLiteLedger:
     # ------------------------------------------------------------------ claim / renew
 
     def claim(self, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
-        """See :meth:`Ledger.claim`. Expired leases are taken over before fresh work."""
+        """See :meth:`Ledger.claim`. Expired leases are taken over before fresh work.
+
+        An expired lease on a task's final attempt is not taken over: the holder died or
+        hung on every attempt, so the task is dead-lettered (``FAILED``), or goes to
+        ``UNKNOWN`` when an effect intent is open (the call may have happened).
+        """
         if limit <= 0 or not names:
             return []
         marks = ",".join("?" * len(names))
+        with self._errors():
+            # A lock-free look first, so idle polling does not take SQLite's write lock.
+            anything = self._conn().execute(
+                f"SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')"
+                f" AND run_at <= {_NOW}) OR EXISTS (SELECT 1 FROM tasks WHERE state = 'RUNNING'"
+                f" AND lease_until < {_NOW})"
+            ).fetchone()[0]
+        if not anything:
+            return []
         with self._tx() as cur:
             now = self._now(cur)
             expired = cur.execute(
-                f"SELECT id, holder, generation FROM tasks WHERE state = 'RUNNING'"
-                f" AND lease_until < ? AND name IN ({marks}) ORDER BY lease_until LIMIT ?",
+                f"SELECT id, holder, generation, attempt, max_attempts FROM tasks"
+                f" WHERE state = 'RUNNING' AND lease_until < ? AND name IN ({marks})"
+                f" ORDER BY lease_until LIMIT ?",
                 (now, *names, limit),
             ).fetchall()
+            audit: list[_AuditRow] = []
+            exhausted = [row for row in expired if row[3] >= row[4]]
+            if exhausted:
+                self._dead_letter_expired(cur, exhausted, now, audit)
+                expired = [row for row in expired if row[3] < row[4]]
             previous = {row[0]: (row[1], row[2]) for row in expired}
             ready = cur.execute(
-                f"SELECT id FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')"
+                f"SELECT id, state FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')"
                 f" AND run_at <= ? AND name IN ({marks}) ORDER BY run_at LIMIT ?",
                 (now, *names, limit - len(expired)),
             ).fetchall() if limit > len(expired) else []
+            from_state = {row[0]: row[1] for row in ready}
             ids = [row[0] for row in expired] + [row[0] for row in ready]
             if not ids:
+                self._audit(cur, audit)
                 return []
             id_marks = ",".join("?" * len(ids))
             rows = cur.execute(
@@ -381,7 +415,6 @@ class SQLiteLedger:
                 f" lease_s, lease_until",
                 (holder, now, now, *ids),
             ).fetchall()
-            audit = []
             for row in rows:
                 prev = previous.get(row[0])
                 detail: dict[str, Any] = {"attempt": row[5], "lease_s": row[7]}
@@ -392,7 +425,7 @@ class SQLiteLedger:
                         row[0],
                         now,
                         "takeover" if prev is not None else "claim",
-                        "RUNNING" if prev is not None else None,
+                        "RUNNING" if prev is not None else from_state.get(row[0]),
                         "RUNNING",
                         row[4],
                         holder,
@@ -437,6 +470,40 @@ class SQLiteLedger:
         ]
         return claims
 
+    def _dead_letter_expired(
+        self,
+        cur: sqlite3.Cursor,
+        rows: Sequence[tuple[Any, ...]],
+        now: float,
+        audit: list[_AuditRow],
+    ) -> None:
+        """Retire expired leases of final attempts: FAILED, or UNKNOWN with an open intent."""
+        for task_id, holder, generation, attempt, max_attempts in rows:
+            open_intent = cur.execute(
+                "SELECT name, key FROM effects WHERE task_id = ? AND state = 'intent' LIMIT 1",
+                (task_id,),
+            ).fetchone()
+            target = State.UNKNOWN if open_intent else State.FAILED
+            check_transition(State.RUNNING, target)
+            error = (
+                f"lease of holder {holder} expired during attempt {attempt} of {max_attempts}"
+                " (the worker died or hung on its final attempt)"
+            )
+            if open_intent:
+                error += f"; effect {open_intent[0]!r} (key {open_intent[1]!r}) has an open intent"
+            # The generation moves on too: whatever the old holder still tries is fenced out.
+            cur.execute(
+                "UPDATE tasks SET state = ?, holder = NULL, lease_until = NULL,"
+                " generation = generation + 1, last_error = ?, error_class = 'lease_expired',"
+                " updated_at = ? WHERE id = ? AND generation = ? AND state = 'RUNNING'",
+                (target.value, error, now, task_id, generation),
+            )
+            audit.append(
+                (task_id, now, "transition", State.RUNNING.value, target.value, generation + 1,
+                 None, dumps({"reason": "lease expired on final attempt",
+                              "previous_holder": holder, "error": error}))
+            )
+
     def renew(self, holder: str, leases: Sequence[tuple[str, int]]) -> list[RenewResult]:
         """See :meth:`Ledger.renew`. Expired leases are not renewed (the ledger clock decides)."""
         if not leases:
@@ -466,7 +533,7 @@ class SQLiteLedger:
         outcomes: list[CommitOutcome] = []
         with self._tx() as cur:
             now = self._now(cur)
-            audit: list[tuple[str, float, str, str | None, str | None, int | None, str | None, str]]
+            audit: list[_AuditRow]
             audit = []
             for write in writes:
                 row = cur.execute(
@@ -521,7 +588,7 @@ class SQLiteLedger:
         effect: EffectWrite,
         attempt: int,
         now: float,
-        audit: list[tuple[str, float, str, str | None, str | None, int | None, str | None, str]],
+        audit: list[_AuditRow],
     ) -> None:
         if effect.state is EffectState.INTENT:
             cur.execute(
@@ -555,7 +622,7 @@ class SQLiteLedger:
         cur: sqlite3.Cursor,
         write: TaskWrite,
         now: float,
-        audit: list[tuple[str, float, str, str | None, str | None, int | None, str | None, str]],
+        audit: list[_AuditRow],
     ) -> None:
         t = write.transition
         assert t is not None
@@ -645,9 +712,10 @@ class SQLiteLedger:
 
     def get(self, task_id: str) -> TaskInfo:
         """See :meth:`Ledger.get`."""
-        row = self._conn().execute(
-            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
-        ).fetchone()
+        with self._errors():
+            row = self._conn().execute(
+                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
+            ).fetchone()
         if row is None:
             raise TaskNotFound(f"no task {task_id!r} in the ledger")
         return _task_info(row)
@@ -657,15 +725,16 @@ class SQLiteLedger:
         out: list[TaskInfo] = []
         conn = self._conn()
         ids = list(task_ids)
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            out.extend(
-                _task_info(r)
-                for r in conn.execute(
-                    f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id IN ({marks})", chunk
+        with self._errors():
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                out.extend(
+                    _task_info(r)
+                    for r in conn.execute(
+                        f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id IN ({marks})", chunk
+                    )
                 )
-            )
         return out
 
     def timeline(self, task_id: str) -> Timeline:

@@ -35,7 +35,7 @@ from ..errors import (
     TransientError,
 )
 from ..ledger.base import Claim, EffectRecord, EffectState, EffectWrite, TaskWrite
-from ..retry import FailureClass, classify
+from ..retry import FailureClass, classify, proves_not_executed
 from ..serde import digest, dumps, loads
 from .heartbeat import LeaseHandle
 from .writer import LedgerWriter
@@ -210,6 +210,11 @@ class TaskContext:
         try:
             result = call(key)
         except Exception as exc:
+            if proves_not_executed(exc):
+                # Evidence that nothing happened: the next attempt calls again (same key)
+                # without a lookup, even when the target cannot be asked.
+                self._record(name, key, params_digest, EffectState.NOT_DONE, None, False)
+                raise
             if classify(exc) is not FailureClass.UNKNOWN_OUTCOME:
                 raise
             found, value = self._settle(name, key, params_digest, lookup, idempotent,
@@ -223,21 +228,34 @@ class TaskContext:
         faults.point("effect.after_call")
         return self._record_done(name, key, params_digest, result, via_lookup=False)
 
+    def open_intents(self) -> list[str]:
+        """Names of effects whose intent is recorded but whose outcome is not."""
+        return [n for n, r in self._effects.items() if r.state is EffectState.INTENT]
+
     def _record_done(
         self, name: str, key: str, params_digest: str, result: Any, via_lookup: bool
     ) -> Any:
         result_json = dumps(result, what=f"result of effect {name!r}")
+        self._record(name, key, params_digest, EffectState.DONE, result_json, via_lookup)
+        return loads(result_json)
+
+    def _record(
+        self,
+        name: str,
+        key: str,
+        params_digest: str,
+        state: EffectState,
+        result_json: str | None,
+        via_lookup: bool,
+    ) -> None:
         self._commit(
-            f"effect_done:{name}",
-            effects=[
-                EffectWrite(name, key, params_digest, EffectState.DONE, result_json, via_lookup)
-            ],
+            f"effect_{state.value}:{name}",
+            effects=[EffectWrite(name, key, params_digest, state, result_json, via_lookup)],
         )
         self._effects[name] = EffectRecord(
-            name, key, params_digest, EffectState.DONE, result_json, self.generation,
-            self.attempt, 0, via_lookup, 0.0,
+            name, key, params_digest, state, result_json, self.generation, self.attempt, 0,
+            via_lookup, 0.0,
         )
-        return loads(result_json)
 
     def _settle(
         self,

@@ -260,16 +260,22 @@ class Worker:
                 reason="effect outcome unknown",
             )
         except Exception as exc:
-            transition = self._failure_transition(definition, claim, exc)
+            transition = self._failure_transition(definition, claim, exc, ctx.open_intents())
         return self._finish(claim, transition)
 
     def _failure_transition(
-        self, definition: TaskDefinition, claim: Claim, exc: Exception
+        self, definition: TaskDefinition, claim: Claim, exc: Exception, open_intents: list[str]
     ) -> Transition:
         failure = classify(exc)
         error = "".join(traceback.format_exception(exc, limit=-6))[-4000:]
         if failure is FailureClass.PERMANENT or claim.attempt >= claim.max_attempts:
             reason = "permanent" if failure is FailureClass.PERMANENT else "attempts exhausted"
+            if open_intents:
+                # The call may have happened: a dead-letter would hide a possible charge.
+                return Transition(
+                    State.UNKNOWN, error=error, error_class=failure.value,
+                    reason=f"{reason} with open effect intent(s) {', '.join(open_intents)}",
+                )
             return Transition(State.FAILED, error=error, error_class=failure.value, reason=reason)
         delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc))
         return Transition(

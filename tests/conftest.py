@@ -1,0 +1,40 @@
+"""Shared pytest configuration for every test tier.
+
+* Ratchet reads a few environment variables (ledger URL, durability, payload limit, fault
+  points). A developer's shell must not change what a test sees, so they are cleared for
+  every test.
+* Hypothesis runs with modest example counts and no deadline: the stateful tests drive a
+  real SQLite file, whose fsync latency varies from machine to machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from ratchet import faults
+
+RATCHET_ENV = (
+    "RATCHET_LEDGER_URL",
+    "RATCHET_DURABILITY",
+    "RATCHET_MAX_PAYLOAD_BYTES",
+    "RATCHET_CRASH_AT",
+    "RATCHET_PAUSE_AT",
+    "RATCHET_CRASH_SKIP",
+)
+
+settings.register_profile(
+    "ratchet",
+    deadline=None,
+    max_examples=50,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("ratchet")
+
+
+@pytest.fixture(autouse=True)
+def _clean_ratchet_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No RATCHET_* variable from the outer shell leaks into a test; fault counters reset."""
+    for name in RATCHET_ENV:
+        monkeypatch.delenv(name, raising=False)
+    faults.reset()

@@ -1,0 +1,130 @@
+"""The Ratchet app the crash-point tests run in real worker subprocesses.
+
+Everything that must be counted is counted *outside* Ratchet:
+
+* every execution of a step function appends one JSON line to the file named by
+  ``CRASH_STEP_LOG`` (``{"task", "step", "pid", "generation", "attempt"}``) before it
+  returns, so a step that ran but whose commit was lost still shows up;
+* every charge goes over real HTTP to the payment service at ``CRASH_PAY_URL``, which
+  counts executions in its own SQLite file.
+
+The ledger comes from ``RATCHET_LEDGER_URL`` (the worker CLI's ``--ledger`` overrides it).
+Leases are short (``CRASH_LEASE_S``, default 1 s) and retries fast, so a crash test spends
+its time on recovery, not on waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import ratchet
+from ratchet import RetryPolicy, TaskContext
+from ratchet.demo.payments import PaymentClient
+
+__all__ = ["CHARGE", "LEASE_S", "app", "build_app"]
+
+CHARGE = "crash.charge"
+LEASE_S = float(os.environ.get("CRASH_LEASE_S", "1.0"))
+FAST_RETRY = RetryPolicy(
+    max_attempts=30, base_delay_s=0.05, max_delay_s=0.3, jitter=0.5, overload_min_delay_s=0.2
+)
+
+_client: Any = None
+
+
+def payment_client() -> Any:
+    """The payment-service client of this process (created on first use)."""
+    global _client
+    if _client is None:
+        _client = PaymentClient(os.environ["CRASH_PAY_URL"])
+    return _client
+
+
+def record_step(ctx: TaskContext, step: str) -> None:
+    """Append one line to the external step log: this step function is executing."""
+    path = os.environ.get("CRASH_STEP_LOG")
+    if not path:
+        return
+    line = json.dumps(
+        {
+            "task": ctx.task_id,
+            "step": step,
+            "pid": os.getpid(),
+            "generation": ctx.generation,
+            "attempt": ctx.attempt,
+        }
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratchet.App:
+    """A fresh App with the crash tasks registered.
+
+    Args:
+        ledger: ledger URL (``None``: ``RATCHET_LEDGER_URL``).
+        lease_s: lease of the tasks this app submits (default ``LEASE_S``); the lease is
+            stored with each task at submit, so the submitter's value is the one used.
+    """
+    app = ratchet.App(ledger)
+
+    @app.task(name=CHARGE, retry=FAST_RETRY, lease_s=lease_s or LEASE_S)
+    def charge(
+        ctx: TaskContext,
+        order_id: str,
+        amount_cents: int,
+        slow_s: float = 0.0,
+        work_s: float = 0.0,
+    ) -> dict:
+        def prepare() -> dict:
+            record_step(ctx, "prepare")
+            if slow_s and ctx.attempt == 1:
+                # Only the first attempt is slow: the test pauses that worker in here.
+                time.sleep(slow_s)
+            if work_s:
+                time.sleep(work_s)
+            return {"order_id": order_id, "amount_cents": amount_cents, "currency": "EUR"}
+
+        quote = ctx.step("prepare", prepare)
+        client = payment_client()
+        key = f"charge:{order_id}"
+        receipt = ctx.effect(
+            "charge",
+            lambda k: client.charge(k, order_id, amount_cents),
+            key=key,
+            lookup=client.lookup,
+            params={"order_id": order_id, "amount_cents": amount_cents},
+        )
+
+        def finalize() -> dict:
+            record_step(ctx, "finalize")
+            return {"order_id": order_id, "status": "paid"}
+
+        final = ctx.step("finalize", finalize)
+        # Only deterministic parts: a crash-free control run must return exactly this.
+        return {
+            "quote": quote,
+            "final": final,
+            "charged_key": key,
+            "charged": receipt_amount(receipt),
+        }
+
+    return app
+
+
+def receipt_amount(receipt: Any) -> Any:
+    """The amount a receipt says was charged (the deterministic part of a receipt)."""
+    if isinstance(receipt, dict):
+        for field in ("amount_cents", "amount"):
+            if field in receipt:
+                return receipt[field]
+    return receipt
+
+
+app = build_app()
