@@ -231,6 +231,35 @@ def test_expired_lease_is_taken_over_with_next_generation(
     assert renewal.ok is False
 
 
+@pytest.mark.parametrize("open_intent", [False, True])
+def test_expired_final_attempt_is_retired_not_taken_over(
+    ledger: Ledger, make_task: MakeTask, sleep_until: SleepUntil, open_intent: bool
+) -> None:
+    """A holder that dies on the final attempt dead-letters the task (crash loops end);
+    with an effect intent open the task goes UNKNOWN instead, since the call may have run."""
+    from ratchet.ledger.base import EffectState, EffectWrite
+
+    [task_id] = submit(ledger, make_task, lease_s=0.2, max_attempts=1)
+    [claim] = ledger.claim("worker-a", [TASK], 1)
+    if open_intent:
+        write = TaskWrite(
+            task_id, claim.generation, "worker-a", "effect_intent:charge",
+            effects=[EffectWrite("charge", "charge:o-1", "d", EffectState.INTENT)],
+        )
+        assert ledger.commit([write])[0].ok
+    sleep_until(ledger, claim.lease_until)
+    assert ledger.claim("worker-b", [TASK], 1) == []
+    info = ledger.get(task_id)
+    assert info.state is (State.UNKNOWN if open_intent else State.FAILED)
+    assert info.generation == claim.generation + 1 and info.holder is None
+    assert info.last_error is not None and "worker-a" in info.last_error
+    # The dead holder's late write is fenced out.
+    late = TaskWrite(task_id, claim.generation, "worker-a", "finish",
+                     transition=Transition(State.SUCCEEDED, result_json="1"))
+    assert ledger.commit([late])[0].stale
+    assert ledger.get(task_id).state is info.state
+
+
 def test_renewed_lease_is_not_taken_over(ledger: Ledger, make_task: MakeTask) -> None:
     [task_id] = submit(ledger, make_task, lease_s=1.0)
     [claim] = ledger.claim("a", [TASK], 1)
