@@ -116,8 +116,10 @@ def test_overload_hint_above_cap_is_capped() -> None:
     assert policy.backoff_s(1, FailureClass.OVERLOAD, hint_s=3600.0) == 30.0
     assert policy.backoff_s(1, FailureClass.OVERLOAD, hint_s=12.0) == 12.0
     assert policy.backoff_s(1, FailureClass.OVERLOAD) >= 5.0
-    # The overload floor does not apply to transient failures.
-    assert policy.backoff_s(1, FailureClass.TRANSIENT, hint_s=3600.0) <= 0.1
+    # The overload floor does not apply to transient failures; a hint does (capped).
+    assert policy.backoff_s(1, FailureClass.TRANSIENT) <= 0.1
+    assert policy.backoff_s(1, FailureClass.TRANSIENT, hint_s=2.0) == 2.0
+    assert policy.backoff_s(1, FailureClass.TRANSIENT, hint_s=3600.0) == 30.0
 
 
 @pytest.mark.parametrize(

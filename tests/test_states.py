@@ -386,7 +386,9 @@ class LedgerMachine(RuleBasedStateMachine):
                 continue
             assert outcome.ok and not outcome.stale
             assert a.generation == b.generation
-            assert a.attempt == b.attempt
+            released = write.transition is not None and write.transition.to is State.PENDING
+            # A release hands its attempt back; every other write leaves it alone.
+            assert a.attempt == (b.attempt - 1 if released else b.attempt)
             steps = dict((s[0], s[1]) for s in after[write.task_id][1])
             for name, result_json in write.steps:
                 assert steps[name] == result_json
@@ -477,7 +479,12 @@ class LedgerMachine(RuleBasedStateMachine):
         for tid, old in self.prev.items():
             new = now[tid]
             assert new[0].generation >= old[0].generation, "generation went backwards"
-            assert new[0].attempt >= old[0].attempt, "attempt went backwards"
+            released = (
+                old[0].state is State.RUNNING
+                and new[0].state is State.PENDING
+                and new[0].attempt == old[0].attempt - 1
+            )
+            assert new[0].attempt >= old[0].attempt or released, "attempt went backwards"
             if old[0].state in TERMINAL:
                 assert new == old, f"terminal task {tid} changed: {old[0]} -> {new[0]}"
         self.prev = now

@@ -665,7 +665,7 @@ def test_stop_releases_the_task_at_the_next_boundary(app: App) -> None:
     @app.task(name="t.stop")
     def stoppable(ctx: TaskContext) -> str:
         ctx.step("first", lambda: runs.update(["first"]))
-        if ctx.attempt == 1:
+        if ctx.generation == 1:
             in_body.set()
             assert go.wait(10)
         ctx.step("second", lambda: runs.update(["second"]))
@@ -688,9 +688,12 @@ def test_stop_releases_the_task_at_the_next_boundary(app: App) -> None:
     assert info.state is State.PENDING
     assert info.holder is None
     assert worker.stats.released == 1
+    assert info.attempt == 0, "a graceful release must hand its attempt back"
     assert runs == Counter(first=1)
     run(app)
-    assert handle.get().state is State.SUCCEEDED
+    final = handle.get()
+    assert final.state is State.SUCCEEDED
+    assert (final.attempt, final.generation) == (1, 2)
     assert runs == Counter(first=1, second=1)
 
 

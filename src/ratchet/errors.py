@@ -200,7 +200,15 @@ class TaskFailure(RatchetError):
 
 
 class TransientError(TaskFailure):
-    """A failure expected to go away: retry with exponential backoff within the budget."""
+    """A failure expected to go away: retry with exponential backoff within the budget.
+
+    Attributes:
+        retry_after_s: earliest sensible retry in seconds, if known (the backoff is at least this).
+    """
+
+    def __init__(self, message: str = "transient failure", retry_after_s: float | None = None):
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
 
 
 class PermanentError(TaskFailure):

@@ -98,7 +98,8 @@ class RetryPolicy:
         """Delay before the next attempt after attempt ``attempt`` failed, in seconds.
 
         The result lies in ``[ceiling * (1 - jitter), ceiling]``; for overload it is at least
-        ``max(overload_min_delay_s, hint_s)`` (still capped by ``max_delay_s``).
+        ``max(overload_min_delay_s, hint_s)``, otherwise at least ``hint_s`` when given
+        (both still capped by ``max_delay_s``).
         """
         ceiling = self.ceiling_s(attempt)
         draw = (rng or random).random()
@@ -106,12 +107,14 @@ class RetryPolicy:
         if failure is FailureClass.OVERLOAD:
             floor = max(self.overload_min_delay_s, hint_s or 0.0)
             delay = max(delay, min(floor, self.max_delay_s))
+        elif hint_s:
+            delay = max(delay, min(hint_s, self.max_delay_s))
         return delay
 
 
 def retry_after_s(exc: BaseException) -> float | None:
     """The downstream's retry hint carried by ``exc`` in seconds, if any."""
-    if isinstance(exc, OverloadError):
+    if isinstance(exc, OverloadError | TransientError):
         return exc.retry_after_s
     if isinstance(exc, httpx.HTTPStatusError):
         raw = exc.response.headers.get("Retry-After")

@@ -130,15 +130,16 @@ class Claim:
     Attributes:
         task_id, name, version, params_json: the task.
         generation: the fencing token of this claim; every write must carry it.
-        attempt: 1-based count of claims of this task.
+        attempt: 1-based count of runs that count toward ``max_attempts`` (releases by a
+            graceful shutdown hand their attempt back).
         max_attempts: retry ceiling.
         lease_s: lease length, seconds.
         lease_until: ledger-clock expiry, epoch seconds.
         ledger_now: ledger clock when the claim committed, epoch seconds.
         takeover: True when the previous holder's lease had expired (or was revoked).
         previous_holder: holder the task was taken from, if any.
-        steps: committed steps by name (empty on a first attempt).
-        effects: effect records by name (empty on a first attempt).
+        steps: committed steps by name (empty on a first claim).
+        effects: effect records by name (empty on a first claim).
     """
 
     task_id: str

@@ -433,7 +433,9 @@ class SQLiteLedger:
                     )
                 )
             self._audit(cur, audit)
-            resumed = [row[0] for row in rows if row[5] > 1]
+            # Steps and effects can only exist after an earlier claim: generation > 1.
+            # (Not attempt: a release hands its attempt back, the generation never goes back.)
+            resumed = [row[0] for row in rows if row[4] > 1]
             steps: dict[str, dict[str, StepRecord]] = {}
             effects: dict[str, dict[str, EffectRecord]] = {}
             if resumed:
@@ -632,8 +634,11 @@ class SQLiteLedger:
             run_at_sql = "?"
             params.append(now + max(0.0, t.delay_s))
         keep_lease = t.to is State.RUNNING
+        # A release (RUNNING -> PENDING: graceful shutdown, unconfirmed lease) hands the
+        # attempt back: only runs that ended in a failure or a crash count toward max_attempts.
+        attempt_sql = "attempt - 1" if t.to is State.PENDING else "attempt"
         cur.execute(
-            f"UPDATE tasks SET state = ?, run_at = {run_at_sql},"
+            f"UPDATE tasks SET state = ?, run_at = {run_at_sql}, attempt = {attempt_sql},"
             f" holder = {'holder' if keep_lease else 'NULL'},"
             f" lease_until = {'lease_until' if keep_lease else 'NULL'},"
             " result = COALESCE(?, result), last_error = COALESCE(?, last_error),"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
@@ -100,9 +101,16 @@ class TaskContext:
         self._stopping = stopping
         self._steps: dict[str, str] = {n: s.result_json for n, s in claim.steps.items()}
         self._effects: dict[str, EffectRecord] = dict(claim.effects)
+        self._ledger_t0 = claim.ledger_now
+        self._mono_t0 = time.monotonic()
         self.lookup_hits = 0
 
     # ------------------------------------------------------------------ plumbing
+
+    def _ledger_now(self) -> float:
+        """Estimate of the ledger clock, epoch seconds (never ahead of it: the claim's
+        ledger time plus local monotonic time elapsed since the context was built)."""
+        return self._ledger_t0 + (time.monotonic() - self._mono_t0)
 
     def _boundary(self) -> None:
         if self._stopping.is_set():
@@ -154,6 +162,7 @@ class TaskContext:
         lookup: Callable[[str], Any] | None = None,
         idempotent: bool = False,
         params: Any = None,
+        in_flight_s: float | None = None,
     ) -> Any:
         """Perform an external side effect at most once per business ``key``.
 
@@ -170,6 +179,13 @@ class TaskContext:
                 Idempotency-Key), so calling again with it is safe when a lookup cannot
                 settle the outcome.
             params: what the call sends (for the params digest recorded with the intent).
+            in_flight_s: how long a request of this effect can stay in flight at the target
+                (client timeout plus the target's processing bound), seconds. A lookup's
+                ``NOT_FOUND`` only proves absence once that long has passed since the intent
+                was recorded; before, the task retries later and looks up again. Leave None
+                only for targets that answer lookups for in-flight requests (or that honour
+                the key): otherwise a request still in flight from a dead holder can
+                execute after the lookup said "not found".
 
         Returns:
             The JSON round-trip of the call's (or the lookup's) result.
@@ -193,7 +209,8 @@ class TaskContext:
         if record is not None and record.state is EffectState.INTENT:
             # An earlier attempt recorded the intent but not the outcome: query first.
             found, value = self._settle(name, key, params_digest, lookup, idempotent,
-                                        "intent without result from an earlier attempt")
+                                        "intent without result from an earlier attempt",
+                                        record.updated_at, in_flight_s)
             if found:
                 return value
         self._lease.ensure()
@@ -203,7 +220,7 @@ class TaskContext:
         )
         self._effects[name] = EffectRecord(
             name, key, params_digest, EffectState.INTENT, None, self.generation, self.attempt,
-            1, False, 0.0,
+            1, False, self._ledger_now(),
         )
         faults.point("effect.after_intent")
         self._lease.ensure()
@@ -218,7 +235,8 @@ class TaskContext:
             if classify(exc) is not FailureClass.UNKNOWN_OUTCOME:
                 raise
             found, value = self._settle(name, key, params_digest, lookup, idempotent,
-                                        f"call failed with unknown outcome: {exc!r}")
+                                        f"call failed with unknown outcome: {exc!r}",
+                                        self._effects[name].updated_at, in_flight_s)
             if found:
                 return value
             raise TransientError(
@@ -265,12 +283,15 @@ class TaskContext:
         lookup: Callable[[str], Any] | None,
         idempotent: bool,
         why: str,
+        intent_at: float,
+        in_flight_s: float | None,
     ) -> tuple[bool, Any]:
         """Resolve an unknown outcome. Returns ``(True, result)`` when the lookup found it,
         ``(False, None)`` when calling again with the same key is safe.
 
         Raises:
-            TransientError: the lookup failed transiently; try again later (lookup first).
+            TransientError: the lookup failed transiently, or said "not found" while a
+                request may still be in flight; try again later (lookup first).
             EffectOutcomeUnknown: nothing can settle it and the target does not dedupe.
         """
         reason = f"{why}; no lookup given"
@@ -287,6 +308,14 @@ class TaskContext:
                     ) from exc
             else:
                 if isinstance(answer, NotFound):
+                    waited_s = self._ledger_now() - intent_at
+                    if in_flight_s is not None and waited_s < in_flight_s:
+                        raise TransientError(
+                            f"lookup for effect {name!r} (key {key!r}) found nothing, but the "
+                            f"request sent {waited_s:.1f} s ago may still be in flight "
+                            f"(in_flight_s={in_flight_s}); looking up again later",
+                            retry_after_s=in_flight_s - waited_s,
+                        )
                     log.info("effect %s key %s: lookup confirms not executed", name, key)
                     return False, None
                 self.lookup_hits += 1

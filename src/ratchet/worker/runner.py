@@ -132,6 +132,24 @@ class Worker:
         ``"stale"`` / ``"lease_lost"`` / ``"abandoned"``."""
         log.debug("finished %s %s gen=%d: %s", claim.name, claim.task_id, claim.generation, outcome)
 
+    def on_failure(self, claim: Claim, transition: Transition) -> None:
+        """Hook: a task is about to be retried, dead-lettered or parked as UNKNOWN.
+
+        Logs one WARNING line (ERROR for FAILED / UNKNOWN) with the task, the attempt and
+        the last line of the error; the full traceback at DEBUG.
+        """
+        error = (transition.error or "").strip()
+        last = error.splitlines()[-1] if error else ""
+        level = logging.WARNING if transition.to is State.RETRY_WAIT else logging.ERROR
+        extra = f" in {transition.delay_s:.2f} s" if transition.to is State.RETRY_WAIT else ""
+        log.log(
+            level, "task %s %s gen=%d attempt %d/%d -> %s%s (%s): %s", claim.name,
+            claim.task_id, claim.generation, claim.attempt, claim.max_attempts,
+            transition.to.value, extra, transition.reason or transition.error_class, last,
+        )
+        if error and log.isEnabledFor(logging.DEBUG):
+            log.debug("task %s traceback:\n%s", claim.task_id, error)
+
     # ------------------------------------------------------------------ control
 
     def stop(self) -> None:
@@ -259,8 +277,10 @@ class Worker:
                 State.UNKNOWN, error=str(exc), error_class=FailureClass.UNKNOWN_OUTCOME.value,
                 reason="effect outcome unknown",
             )
+            self.on_failure(claim, transition)
         except Exception as exc:
             transition = self._failure_transition(definition, claim, exc, ctx.open_intents())
+            self.on_failure(claim, transition)
         return self._finish(claim, transition)
 
     def _failure_transition(
