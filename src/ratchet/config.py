@@ -6,7 +6,8 @@ Ledger URLs:
 * ``sqlite:////var/lib/ratchet/ledger.db`` — an absolute path;
 * query parameters: ``durability=fsync|buffered``, ``busy_timeout_s=<seconds>``.
 
-Environment: ``RATCHET_LEDGER_URL``, ``RATCHET_DURABILITY``, ``RATCHET_MAX_PAYLOAD_BYTES``.
+Environment: ``RATCHET_LEDGER_URL``, ``RATCHET_MAX_PAYLOAD_BYTES``. The durability level is
+part of the URL, so every process that uses the same URL runs at the same level.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
 
     Args:
         url: the ledger URL, or ``None`` for the environment / default.
-        durability: overrides the URL's and ``RATCHET_DURABILITY``'s level.
+        durability: overrides the URL's level (``App(durability=...)``).
 
     Raises:
         ConfigError: unknown scheme, missing path, bad durability or timeout value.
@@ -92,7 +93,7 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
     parts = urlsplit(raw)
     scheme = parts.scheme.lower()
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-    level_raw = durability or query.pop("durability", None) or os.environ.get("RATCHET_DURABILITY")
+    level_raw = durability or query.pop("durability", None)
     query.pop("durability", None)
     level = _durability(level_raw) if level_raw else Durability.FSYNC
     busy_raw = query.pop("busy_timeout_s", "30")
@@ -125,7 +126,7 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         return LedgerConfig(raw, "postgresql", "", level, busy, query)
     raise ConfigError(
         f"unsupported ledger URL scheme {parts.scheme!r} in {raw!r}; "
-        "expected sqlite:///path.db or postgresql://user@host/db"
+        "expected sqlite:///relative/path.db or sqlite:////absolute/path.db"
     )
 
 

@@ -27,6 +27,7 @@ from ..errors import ConfigError, RatchetError
 from ..ledger import open_ledger
 from ..ledger.base import Ledger, ResolveOutcome
 from ..serde import dumps
+from ..states import State
 
 __all__ = ["cli", "load_app", "main"]
 
@@ -43,9 +44,6 @@ err_console = Console(stderr=True)
 LedgerOpt = Annotated[
     str | None,
     typer.Option("--ledger", help="Ledger URL (default: $RATCHET_LEDGER_URL or sqlite:///ratchet.db)."),
-]
-DurabilityOpt = Annotated[
-    str | None, typer.Option("--durability", help="fsync (default) or buffered.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 
@@ -77,14 +75,25 @@ def load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import module {module_name!r}: {exc}") from exc
-    app = getattr(module, attr, None)
+    except Exception as exc:  # the user's module failed while importing
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None:
+            where = f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})"
+            tb = tb.tb_next
+        raise ConfigError(
+            f"importing module {module_name!r} raised {type(exc).__name__}: {exc}{where}"
+        ) from exc
+    if not hasattr(module, attr):
+        raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
+    app = getattr(module, attr)
     if not isinstance(app, App):
-        raise ConfigError(f"{spec!r} is not a ratchet.App (found {type(app).__name__})")
+        raise ConfigError(f"{spec!r} is a {type(app).__name__}, not a ratchet.App")
     return app
 
 
-def _ledger(url: str | None, durability: str | None = None) -> Ledger:
-    return open_ledger(url, durability=durability)
+def _ledger(url: str | None, must_exist: bool = True) -> Ledger:
+    return open_ledger(url, must_exist=must_exist)
 
 
 def _when(epoch_s: float | None) -> str:
@@ -102,12 +111,17 @@ def worker(
     ] = None,
     poll_interval_s: Annotated[float, typer.Option("--poll-interval-s", min=0.001)] = 0.1,
     ledger: LedgerOpt = None,
-    durability: DurabilityOpt = None,
-    log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
+    ] = "INFO",
 ) -> None:
     """Run a worker: claim tasks, run them, commit fenced results. SIGTERM stops gracefully."""
     from ..worker import Worker
 
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        err_console.print(f"[bold red]error:[/] --log-level must be DEBUG, INFO, WARNING or ERROR,"
+                          f" not {log_level!r}", highlight=False)
+        raise typer.Exit(2)
     logging.basicConfig(
         level=log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
@@ -115,7 +129,7 @@ def worker(
 
     def run() -> None:
         app = load_app(app_spec)
-        app.configure(ledger=ledger, durability=durability)
+        app.configure(ledger=ledger)
         w = Worker(
             app,
             concurrency=concurrency,
@@ -166,13 +180,11 @@ def submit(
 
 
 @cli.command()
-def status(
-    ledger: LedgerOpt = None, durability: DurabilityOpt = None, as_json: JsonOpt = False
-) -> None:
+def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
     """Counts per task type and state, oldest pending age, unknowns, durability level."""
 
     def run() -> None:
-        led = _ledger(ledger, durability)
+        led = _ledger(ledger)
         s = led.stats()
         if as_json:
             console.print_json(
@@ -194,14 +206,16 @@ def status(
                 )
             )
             return
-        states = ["PENDING", "RUNNING", "RETRY_WAIT", "UNKNOWN", "PAUSED", "SUCCEEDED", "FAILED",
-                  "CANCELLED"]
+        order = {st.value: i for i, st in enumerate(State)}
         table = Table(title="tasks by type and state")
-        table.add_column("task")
-        for st in states:
-            table.add_column(st, justify="right")
+        table.add_column("task", overflow="fold")
+        table.add_column("state")
+        table.add_column("count", justify="right")
         for name in sorted(s.counts):
-            table.add_row(name, *[str(s.counts[name].get(st, 0)) for st in states])
+            for st, n in sorted(s.counts[name].items(), key=lambda kv: order.get(kv[0], 99)):
+                table.add_row(name, st, str(n))
+        if not s.counts:
+            table.add_row("(no tasks)", "", "")
         console.print(table)
         age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
         console.print(f"oldest pending age: {age}")
@@ -261,25 +275,36 @@ def inspect(
             f"[bold]{t.name}[/] {t.task_id}  state=[bold]{t.state}[/] generation={t.generation} "
             f"attempt={t.attempt}/{t.max_attempts} key={t.idempotency_key}"
         )
+        console.print(f"params: {dumps(t.params)}", highlight=False)
+        if t.result is not None:
+            console.print(f"result: {dumps(t.result)}", highlight=False)
         if t.last_error:
             console.print(f"last error: {t.last_error.strip().splitlines()[-1]}", highlight=False)
         table = Table(title="timeline")
-        for col in ("at (UTC)", "event", "generation", "holder", "detail"):
-            table.add_column(col)
-        rows: list[tuple[float, str, str, str, str]] = []
+        table.add_column("at (UTC)", no_wrap=True)
+        table.add_column("event", overflow="fold")
+        table.add_column("gen", justify="right")
+        table.add_column("holder", overflow="fold")
+        table.add_column("detail", overflow="fold")
+        # (time, order within the same instant, ...): submitted, claims, steps and effects,
+        # then transitions, so a same-millisecond completion sorts after its last step.
+        rows: list[tuple[float, int, str, str, str, str]] = [
+            (t.created_at, 0, "submitted", "-", "-", f"key={t.idempotency_key}")
+        ]
         for e in tl.events:
-            label = e.kind if e.kind not in ("transition",) else f"{e.from_state} -> {e.to_state}"
+            label = e.kind if e.kind != "transition" else f"{e.from_state} -> {e.to_state}"
             shown = {k: v for k, v in e.detail.items() if k != "error"}
-            rows.append((e.at, label, str(e.generation or "-"), e.holder or "-",
+            rows.append((e.at, 3 if e.kind == "transition" else 1, label,
+                         str(e.generation or "-"), e.holder or "-",
                          json.dumps(shown) if shown else ""))
         for s in tl.steps:
-            rows.append((s.committed_at, f"step {s.name} done", str(s.generation), "-", ""))
+            rows.append((s.committed_at, 2, f"step {s.name} done", str(s.generation), "-", ""))
         for eff in tl.effects:
-            rows.append((eff.updated_at, f"effect {eff.name} {eff.state.value}",
+            rows.append((eff.updated_at, 2, f"effect {eff.name} {eff.state.value}",
                          str(eff.generation), "-",
                          f"key={eff.key} calls={eff.calls}"
                          + (" via lookup" if eff.via_lookup else "")))
-        for at, label, gen, holder, detail in sorted(rows, key=lambda r: r[0]):
+        for at, _, label, gen, holder, detail in sorted(rows, key=lambda r: (r[0], r[1])):
             table.add_row(_when(at), label, gen, holder, detail)
         console.print(table)
 
@@ -314,6 +339,11 @@ def resolve(
                 result_json = dumps(json.loads(result))
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"--result is not valid JSON: {exc}") from None
+        if verdict is ResolveOutcome.DONE and result_json is None:
+            err_console.print(
+                "[yellow]warning:[/] no --result given: the effect's result is recorded as null, "
+                "and the task resumes with None as the effect's return value", highlight=False,
+            )
         who = operator or os.environ.get("USER") or getpass.getuser()
         info = _ledger(ledger).resolve(task_id, verdict, reason, who, result_json)
         console.print(f"{info.task_id} resolved ({verdict.value}) by {who}: now {info.state}")
@@ -326,7 +356,7 @@ def migrate(ledger: LedgerOpt = None) -> None:
     """Apply pending schema migrations (also done automatically on first use)."""
 
     def run() -> None:
-        led = _ledger(ledger)
+        led = _ledger(ledger, must_exist=False)
         console.print(f"ledger schema version {led.migrate()}")
 
     _guard(run)

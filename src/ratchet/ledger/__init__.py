@@ -14,7 +14,10 @@ __all__ = ["Ledger", "open_ledger"]
 
 
 def open_ledger(
-    url: str | LedgerConfig | None = None, durability: str | None = None, migrate: bool = True
+    url: str | LedgerConfig | None = None,
+    durability: str | None = None,
+    migrate: bool = True,
+    must_exist: bool = False,
 ) -> Ledger:
     """Open (and by default migrate) the ledger at ``url``.
 
@@ -23,6 +26,8 @@ def open_ledger(
             ``RATCHET_LEDGER_URL`` / ``sqlite:///ratchet.db``.
         durability: ``"fsync"`` or ``"buffered"``, overriding the URL.
         migrate: apply pending schema migrations on open.
+        must_exist: refuse to create a new, empty ledger (read-only commands use this, so a
+            typo in the URL is an error rather than an empty answer).
 
     Raises:
         ConfigError: malformed URL or an unsupported backend.
@@ -33,7 +38,7 @@ def open_ledger(
     if config.scheme == "sqlite":
         from .sqlite import SQLiteLedger
 
-        return SQLiteLedger(config, migrate=migrate)
+        return SQLiteLedger(config, migrate=migrate, must_exist=must_exist)
     raise ConfigError(
         f"the {config.scheme} ledger backend is not available in this version; "
         "use sqlite:///path.db"

@@ -116,13 +116,16 @@ class SQLiteLedger:
     Args:
         config: the parsed ledger URL.
         migrate: apply pending migrations on open (the default, "first use").
+        must_exist: raise ``LedgerUnavailable`` instead of creating a new file.
 
     Raises:
         LedgerUnavailable: the file cannot be opened (missing directory, not a database).
         SchemaTooNew: the file has a newer schema; it is not modified.
     """
 
-    def __init__(self, config: LedgerConfig, migrate: bool = True) -> None:
+    def __init__(
+        self, config: LedgerConfig, migrate: bool = True, must_exist: bool = False
+    ) -> None:
         self.config = config
         # Pinned once: a later chdir must not make a new thread open another file.
         self._path = os.path.abspath(config.path)
@@ -132,6 +135,12 @@ class SQLiteLedger:
         self._migrations = load_migrations("sqlite")
         self.latest_version = self._migrations[-1].version
         self._closed = False
+        if must_exist and not os.path.isfile(self._path):
+            raise LedgerUnavailable(
+                f"no ledger at {self._path} (from {config.url!r}; relative paths are relative "
+                "to the current directory). Check --ledger / RATCHET_LEDGER_URL, or create it "
+                "with `ratchet migrate`."
+            )
         current = self.schema_version()
         if current > self.latest_version:
             raise SchemaTooNew(current, self.latest_version, self._path)
