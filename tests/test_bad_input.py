@@ -347,10 +347,9 @@ def test_bad_durability_argument(tmp_path: Path) -> None:
         _ = App(f"sqlite:///{tmp_path}/l.db", durability="replicated").ledger
 
 
-def test_bad_durability_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RATCHET_DURABILITY", "sometimes")
-    with pytest.raises(ConfigError):
-        open_ledger(f"sqlite:///{tmp_path}/l.db")
+def test_bad_durability_in_app_argument(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="sometimes"):
+        _ = App(f"sqlite:///{tmp_path}/l.db", durability="sometimes").ledger
 
 
 def test_postgresql_url_is_refused_until_the_backend_exists(tmp_path: Path) -> None:
