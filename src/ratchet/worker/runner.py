@@ -17,7 +17,9 @@ and context protocol stay as they are.
 
 Signals: the first SIGTERM/SIGINT stops claiming; running tasks finish their current
 step, then are released at the next step/effect boundary (their committed steps stay).
-A second signal exits at once. SIGKILL loses nothing: leases expire and are taken over.
+A second Ctrl-C (SIGINT) exits at once; repeated SIGTERMs (process managers, ``timeout``
+signalling the whole group) change nothing. SIGKILL loses nothing: leases expire and are
+taken over.
 """
 
 from __future__ import annotations
@@ -160,8 +162,11 @@ class Worker:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
         if self._signals > 1:
-            log.warning("second signal: exiting now (leases will expire and be taken over)")
-            os._exit(1)
+            if signum == signal.SIGINT:
+                log.warning("second Ctrl-C: exiting now (leases will expire and be taken over)")
+                os._exit(1)
+            log.info("signal %d: already stopping", signum)
+            return
         log.info("signal %d: stop claiming, release running tasks at their next step", signum)
         self.stop()
 
