@@ -391,11 +391,14 @@ class SQLiteLedger:
             ).fetchone()[0]
         if not anything:
             return []
+        # "+name": keep the planner on the partial indexes (tasks_ready / tasks_leased), which
+        # hold only claimable rows in run_at order, instead of (name, state), which would sort
+        # the whole backlog on every claim.
         with self._tx() as cur:
             now = self._now(cur)
             expired = cur.execute(
                 f"SELECT id, holder, generation, attempt, max_attempts FROM tasks"
-                f" WHERE state = 'RUNNING' AND lease_until < ? AND name IN ({marks})"
+                f" WHERE state = 'RUNNING' AND lease_until < ? AND +name IN ({marks})"
                 f" ORDER BY lease_until LIMIT ?",
                 (now, *names, limit),
             ).fetchall()
@@ -407,7 +410,7 @@ class SQLiteLedger:
             previous = {row[0]: (row[1], row[2]) for row in expired}
             ready = cur.execute(
                 f"SELECT id, state FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')"
-                f" AND run_at <= ? AND name IN ({marks}) ORDER BY run_at LIMIT ?",
+                f" AND run_at <= ? AND +name IN ({marks}) ORDER BY run_at LIMIT ?",
                 (now, *names, limit - len(expired)),
             ).fetchall() if limit > len(expired) else []
             from_state = {row[0]: row[1] for row in ready}
