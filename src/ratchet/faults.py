@@ -28,20 +28,26 @@ __all__ = ["point", "reset"]
 
 _lock = threading.Lock()
 _hits: dict[str, int] = {}
+_armed: tuple[str | None, str | None, int] | None = None
 
 
-def _config(var: str) -> str | None:
-    value = os.environ.get(var)
-    return value or None
+def _config() -> tuple[str | None, str | None, int]:
+    """(crash point, pause point, skip), read from the environment once per process."""
+    global _armed
+    if _armed is None:
+        _armed = (
+            os.environ.get("RATCHET_CRASH_AT") or None,
+            os.environ.get("RATCHET_PAUSE_AT") or None,
+            int(os.environ.get("RATCHET_CRASH_SKIP", "0")),
+        )
+    return _armed
 
 
 def point(name: str) -> None:
     """Reach fault point ``name``: kill or stop this process if a test asked for it."""
-    crash = _config("RATCHET_CRASH_AT")
-    pause = _config("RATCHET_PAUSE_AT")
-    if name not in (crash, pause):
+    crash, pause, skip = _config()
+    if name != crash and name != pause:
         return
-    skip = int(os.environ.get("RATCHET_CRASH_SKIP", "0"))
     with _lock:
         count = _hits.get(name, 0)
         _hits[name] = count + 1
@@ -54,6 +60,8 @@ def point(name: str) -> None:
 
 
 def reset() -> None:
-    """Forget how often each point was reached (tests in one process)."""
+    """Forget how often each point was reached and re-read the environment (tests)."""
+    global _armed
     with _lock:
         _hits.clear()
+        _armed = None

@@ -18,7 +18,7 @@ def dumps(value: Any, what: str = "value") -> str:
         PayloadNotSerializable: ``value`` holds something that is not plain JSON
             (objects, bytes, sets, NaN/Infinity, non-string dict keys).
     """
-    bad_key = _non_string_key(value)
+    bad_key = _non_string_key(value) if isinstance(value, dict | list | tuple) else _NONE
     if bad_key is not _NONE:
         raise PayloadNotSerializable(
             f"{what} has a non-string dict key {bad_key!r}; JSON keys are strings, and Ratchet "
