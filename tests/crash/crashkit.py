@@ -84,6 +84,7 @@ class Proc:
                 stderr=subprocess.STDOUT,
             )
         self.pid = self.popen.pid
+        self.is_worker = "worker" in cmd
 
     @property
     def returncode(self) -> int | None:
@@ -136,8 +137,14 @@ class Proc:
                 os.kill(self.pid, signum)
 
     def stop(self, timeout_s: float = 15.0) -> int:
-        """Graceful stop (SIGCONT first if paused, then SIGTERM); SIGKILL if it hangs."""
+        """Graceful stop (SIGCONT first if paused, then SIGTERM); SIGKILL if it hangs.
+
+        A worker is first given time to install its SIGTERM handler (it logs its start-up
+        line right after), so a stop is never mistaken for a crash."""
         if self.popen.poll() is None:
+            if self.is_worker:
+                self.signal(signal.SIGCONT)
+                self.holder()
             self.signal(signal.SIGCONT)
             self.signal(signal.SIGTERM)
             try:
@@ -245,6 +252,7 @@ class Rig:
         skip: int | None = None,
         pause_at: str | None = None,
         concurrency: int = 1,
+        env: dict[str, str] | None = None,
     ) -> Proc:
         """Start ``python -m ratchet.cli.main worker crashapp:app`` as a subprocess."""
         cmd = [
@@ -262,12 +270,13 @@ class Rig:
             "--log-level",
             "INFO",
         ]
-        env = self.env(
+        full_env = self.env(
             RATCHET_CRASH_AT=crash_at,
             RATCHET_PAUSE_AT=pause_at,
             RATCHET_CRASH_SKIP=None if skip is None else str(skip),
+            **(env or {}),
         )
-        return self._spawn(name, cmd, env)
+        return self._spawn(name, cmd, full_env)
 
     def python(self, name: str, code: str, *args: str, **extra: str | None) -> Proc:
         """Run ``python -c code args...`` with the rig's environment."""

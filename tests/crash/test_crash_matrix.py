@@ -110,7 +110,7 @@ def test_row4_claimed_then_killed_lease_expiry_takeover(rig: Rig, control: Any) 
     ctl = control()
     # A longer lease than elsewhere so the new worker is certainly polling while the dead
     # holder's lease is still live: the takeover must wait for expiry by the ledger clock.
-    rig.lease_s = 3.0
+    rig.lease_s = 4.0
     rig.start_service(honour_keys=False)
     task_id = rig.submit()
     dead = rig.worker("A", crash_at="claim.after_commit")
@@ -188,25 +188,19 @@ def test_row5b_call_made_result_not_recorded(rig: Rig, control: Any) -> None:
     assert_like_control(rig, task_id, ctl)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG (core, ratchet/worker/context.py TaskContext.effect/_settle): a NOT_FOUND lookup "
-        "is trusted while the dead holder's request may still be in flight at the target, "
-        "so the new holder calls again and the late request executes too (2 executions)"
-    ),
-)
 def test_row5c_killed_while_call_in_flight_at_slow_target(rig: Rig, control: Any) -> None:
     """Row 5 with a slow target: A is killed after its request reached the service but
-    before the service executed it. B takes over after the lease, looks up (not found yet:
-    the request is still in flight) and calls again; then A's request executes. The design
-    promises one execution per key (DESIGN §1.3, §5: never gamble on an unknown outcome)."""
+    before the service executed it. B takes over after the lease and looks up: "not found"
+    is not proof yet, because the request may still be in flight (the effect declares
+    ``in_flight_s``), so B retries the lookup later instead of calling, finds A's late
+    execution and reuses it: one execution (DESIGN §1.3, §5: never gamble)."""
     ctl = control()
     slow_s = 4.0
     rig.start_service(honour_keys=False)
     rig.client.set_faults(slow_next=1, slow_s=slow_s)
+    env = {"CRASH_IN_FLIGHT_S": str(slow_s + 1.5)}  # client timeout 1 s + processing bound
     task_id = rig.submit()
-    a = rig.worker("A")
+    a = rig.worker("A", env=env)
     wait_for("A's charge to reach the service", lambda: rig.client.stats()["injected"]["slow"])
     arrived = time.monotonic()
     assert a.kill() == SIGKILLED
@@ -214,13 +208,17 @@ def test_row5c_killed_while_call_in_flight_at_slow_target(rig: Rig, control: Any
     assert effect.state is EffectState.INTENT
     assert rig.executions() == {}, "the service has not executed the charge yet"
 
-    b = rig.worker("B")
+    b = rig.worker("B", env=env)
     info = rig.wait_state(task_id)
     assert info.state is State.SUCCEEDED
-    # Let the in-flight request land before counting at the service.
-    time.sleep(max(0.0, arrived + slow_s + 0.5 - time.monotonic()))
+    assert time.monotonic() >= arrived + slow_s, "B must not finish before A's request landed"
     assert b.stop() == 0
     assert rig.executions() == {KEY: 1}, "the charge executed twice"
+    (effect,) = rig.ledger.timeline(task_id).effects
+    assert effect.via_lookup and effect.calls == 1, "B found A's late charge, never called"
+    svc = rig.client.stats()
+    assert svc["lookups_found"] == 1 and svc["lookups"] >= 2, svc
+    assert "may still be in flight" in b.log()
     assert_like_control(rig, task_id, ctl)
 
 

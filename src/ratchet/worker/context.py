@@ -181,8 +181,10 @@ class TaskContext:
             params: what the call sends (for the params digest recorded with the intent).
             in_flight_s: how long a request of this effect can stay in flight at the target
                 (client timeout plus the target's processing bound), seconds. A lookup's
-                ``NOT_FOUND`` only proves absence once that long has passed since the intent
-                was recorded; before, the task retries later and looks up again. Leave None
+                ``NOT_FOUND`` only proves absence once that long has passed since the request
+                was sent (after an earlier attempt: since its intent was recorded, so add up to
+                ``min(1, lease_s / 2)`` for the lease check before sending); before that, the
+                task retries later and looks up again. Leave None
                 only for targets that answer lookups for in-flight requests (or that honour
                 the key): otherwise a request still in flight from a dead holder can
                 execute after the lookup said "not found".
@@ -224,6 +226,7 @@ class TaskContext:
         )
         faults.point("effect.after_intent")
         self._lease.ensure()
+        sent_at = self._ledger_now()
         try:
             result = call(key)
         except Exception as exc:
@@ -236,7 +239,7 @@ class TaskContext:
                 raise
             found, value = self._settle(name, key, params_digest, lookup, idempotent,
                                         f"call failed with unknown outcome: {exc!r}",
-                                        self._effects[name].updated_at, in_flight_s)
+                                        sent_at, in_flight_s)
             if found:
                 return value
             raise TransientError(
