@@ -709,3 +709,34 @@ def test_timeline_of_a_worker_run_is_complete(app: App) -> None:
     assert kinds == [("claim", State.RUNNING), ("transition", State.SUCCEEDED)]
     assert all(e.holder == worker.holder for e in tl.events)
     assert tl.task.result == 1
+
+
+def test_short_leases_are_renewed_before_they_expire(url: str) -> None:
+    """A lease claimed while the heartbeat sleeps (idle, or holding a long lease) must get
+    its first renewal within a third of its own length, not after the heartbeat's old wait."""
+    app = App(url)
+    try:
+
+        @app.task(name="t.long", lease_s=15.0)
+        def long_lease(ctx: TaskContext) -> int:
+            return ctx.step("wait", lambda: time.sleep(1.5) or 1)
+
+        @app.task(name="t.short", lease_s=0.5, retry=RetryPolicy(max_attempts=1))
+        def short_lease(ctx: TaskContext) -> int:
+            return ctx.step("wait", lambda: time.sleep(1.2) or 2)
+
+        first = app.submit("t.long")
+        worker = Worker(app, concurrency=4, poll_interval_s=0.01)
+        thread = threading.Thread(target=worker.run, kwargs={"idle_exit_s": 0.5})
+        thread.start()
+        time.sleep(0.2)  # the heartbeat now plans its next round 5 s away (15 s lease / 3)
+        shorts = [app.submit("t.short", idempotency_key=f"s{i}") for i in range(3)]
+        thread.join(20)
+        assert not thread.is_alive()
+        for handle in [first, *shorts]:
+            info = handle.get()
+            assert info.state is State.SUCCEEDED, info.last_error
+            assert info.generation == 1, "a live holder's lease lapsed and was taken over"
+        assert worker.stats.takeovers == 0
+    finally:
+        app.close()

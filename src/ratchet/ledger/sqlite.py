@@ -550,10 +550,22 @@ class SQLiteLedger:
             audit: list[_AuditRow]
             audit = []
             for write in writes:
-                row = cur.execute(
-                    "SELECT state, generation, attempt FROM tasks WHERE id = ?", (write.task_id,)
-                ).fetchone()
-                if row is None or row[0] != State.RUNNING.value or row[1] != write.generation:
+                # The fence: a transition's own conditional UPDATE, else a check of the row.
+                # Both run inside this write transaction, so nothing can slip in between.
+                attempt: int | None
+                if write.transition is not None:
+                    attempt = self._transition(cur, write, now, audit)
+                else:
+                    fence = cur.execute(
+                        "SELECT attempt FROM tasks WHERE id = ? AND generation = ?"
+                        " AND state = 'RUNNING'",
+                        (write.task_id, write.generation),
+                    ).fetchone()
+                    attempt = fence[0] if fence is not None else None
+                if attempt is None:
+                    row = cur.execute(
+                        "SELECT state, generation FROM tasks WHERE id = ?", (write.task_id,)
+                    ).fetchone()
                     current_state = State(row[0]) if row is not None else None
                     current_gen = row[1] if row is not None else None
                     audit.append(
@@ -578,7 +590,6 @@ class SQLiteLedger:
                         CommitOutcome(write.task_id, False, True, current_gen, current_state)
                     )
                     continue
-                attempt = row[2]
                 if write.steps:
                     cur.executemany(
                         "INSERT INTO steps (task_id, name, result, generation, committed_at)"
@@ -589,8 +600,6 @@ class SQLiteLedger:
                     )
                 for effect in write.effects:
                     self._write_effect(cur, write, effect, attempt, now, audit)
-                if write.transition is not None:
-                    self._transition(cur, write, now, audit)
                 outcomes.append(CommitOutcome(write.task_id, True, False, write.generation))
             self._audit(cur, audit)
         return outcomes
@@ -637,7 +646,8 @@ class SQLiteLedger:
         write: TaskWrite,
         now: float,
         audit: list[_AuditRow],
-    ) -> None:
+    ) -> int | None:
+        """Apply the write's transition, fenced; return the task's attempt, None if stale."""
         t = write.transition
         assert t is not None
         run_at_sql = "run_at"
@@ -655,11 +665,12 @@ class SQLiteLedger:
             f" lease_until = {'lease_until' if keep_lease else 'NULL'},"
             " result = COALESCE(?, result), last_error = COALESCE(?, last_error),"
             " error_class = COALESCE(?, error_class), updated_at = ?"
-            " WHERE id = ? AND generation = ? AND state = 'RUNNING'",
+            " WHERE id = ? AND generation = ? AND state = 'RUNNING' RETURNING attempt",
             (*params, t.result_json, t.error, t.error_class, now, write.task_id, write.generation),
         )
-        if cur.rowcount != 1:  # impossible: the fence was checked in this transaction
-            raise LedgerError(f"fenced transition of {write.task_id} matched {cur.rowcount} rows")
+        fenced = cur.fetchone()
+        if fenced is None:
+            return None
         detail: dict[str, Any] = {"operation": write.operation}
         if t.reason:
             detail["reason"] = t.reason
@@ -673,6 +684,8 @@ class SQLiteLedger:
             (write.task_id, now, "transition", "RUNNING", t.to.value, write.generation,
              write.holder, dumps(detail))
         )
+        attempt: int = fenced[0]
+        return attempt
 
     # ------------------------------------------------------------------ operator
 

@@ -48,6 +48,8 @@ class LeaseHandle:
         self.generation = generation
         self.lease_s = lease_s
         self._confirmed_until = until_mono
+        # Monotonic instant by which the next renewal should be sent (a third of the lease).
+        self.renew_due = time.monotonic() + lease_s / 3.0
         self._lost = False
         self._lock = threading.Lock()
 
@@ -95,7 +97,8 @@ class LeaseHandle:
 
 
 class Heartbeat(threading.Thread):
-    """Renews all held leases in one batch every ``min(lease_s) / 3`` seconds.
+    """Renews all held leases in one batch as soon as any of them is a third of a lease
+    past its last confirmation (a new claim re-plans the wait at once).
 
     Args:
         ledger: the ledger (its per-thread connection makes this thread's own connection).
@@ -119,6 +122,7 @@ class Heartbeat(threading.Thread):
         self._halt = threading.Event()
         self._round_done = threading.Condition()
         self._rounds = 0
+        self._requested = False
         self.renewals = 0
         self.failures = 0
 
@@ -128,8 +132,10 @@ class Heartbeat(threading.Thread):
         """Start tracking a claim made at monotonic ``t_sent`` with ``ttl_s`` seconds to run."""
         until = t_sent + ttl_s - margin_for(lease_s)
         handle = LeaseHandle(self, task_id, generation, lease_s, until)
+        handle.renew_due = t_sent + lease_s / 3.0
         with self._lock:
             self._leases[task_id] = handle
+        self._wake.set()  # the loop re-plans: this lease may be due before the current wait ends
         return handle
 
     def remove(self, handle: LeaseHandle) -> None:
@@ -151,6 +157,7 @@ class Heartbeat(threading.Thread):
         """Ask for a renewal round now and wait until one completes (or ``timeout_s``)."""
         with self._round_done:
             target = self._rounds + 1
+            self._requested = True
             self._wake.set()
             self._round_done.wait_for(lambda: self._rounds >= target, timeout=timeout_s)
 
@@ -159,19 +166,24 @@ class Heartbeat(threading.Thread):
         self._halt.set()
         self._wake.set()
 
-    def _interval_s(self) -> float:
+    def _next_due(self) -> float | None:
         with self._lock:
             if not self._leases:
-                return 1.0
-            return max(0.05, min(h.lease_s for h in self._leases.values()) / 3.0)
+                return None
+            return min(h.renew_due for h in self._leases.values())
 
     def run(self) -> None:
         while not self._halt.is_set():
-            self._wake.wait(self._interval_s())
+            due = self._next_due()
+            wait_s = 1.0 if due is None else min(1.0, max(0.0, due - time.monotonic()))
+            self._wake.wait(wait_s)
             self._wake.clear()
             if self._halt.is_set():
                 break
-            self.renew_once()
+            due = self._next_due()
+            if self._requested or (due is not None and time.monotonic() >= due):
+                self._requested = False
+                self.renew_once()
 
     def renew_once(self) -> list[RenewResult]:
         """One batched renewal of every held lease; returns the ledger's answers."""
@@ -185,6 +197,9 @@ class Heartbeat(threading.Thread):
                 )
             except Exception as exc:  # the window simply runs out; effects stop on their own
                 self.failures += 1
+                retry_at = time.monotonic()
+                for h in handles:  # try again soon, without spinning on a dead ledger
+                    h.renew_due = retry_at + min(0.25, h.lease_s / 10.0)
                 log.warning("lease renewal failed (%d leases): %s", len(handles), exc)
             else:
                 self.renewals += 1
@@ -197,8 +212,10 @@ class Heartbeat(threading.Thread):
                         handle.confirm(
                             t_sent + (r.lease_until - r.ledger_now) - margin_for(handle.lease_s)
                         )
+                        handle.renew_due = t_sent + handle.lease_s / 3.0
                     else:
                         handle.mark_lost()
+                        handle.renew_due = float("inf")
                         if self._on_lost is not None:
                             self._on_lost(handle)
         with self._round_done:
