@@ -432,9 +432,12 @@ def test_file_that_is_not_sqlite(tmp_path: Path, content: bytes) -> None:
 def test_ledger_in_a_directory_with_url_special_characters(tmp_path: Path) -> None:
     # A legal directory name must not be re-interpreted as URI syntax on the second open
     # (the read-only schema probe builds a file: URI from the path).
-    where = tmp_path / "100%25 done"
+    # The URL percent-encodes the path, like any URL: %, # and ? in names are %25, %23, %3F.
+    from urllib.parse import quote
+
+    where = tmp_path / "100% done #1?"
     where.mkdir()
-    url = f"sqlite:///{where}/l.db"
+    url = f"sqlite:///{quote(str(where))}/l.db"
     first = open_ledger(url)
     first.close()
     second = open_ledger(url)

@@ -38,6 +38,7 @@ from ratchet.ledger.base import (
     TaskInfo,
     TaskWrite,
 )
+from ratchet.serde import digest, dumps
 from ratchet.worker import WorkerStats
 
 pytestmark = pytest.mark.timeout(30)
@@ -328,7 +329,9 @@ def _ghost_left_an_intent(app: App, url: str, lease_s: float) -> tuple[str, Ledg
                 claim.generation,
                 "ghost",
                 "intent",
-                effects=[EffectWrite("charge", "charge:o-3", "d", EffectState.INTENT)],
+                # The digest the effect itself records for this key and params.
+                effects=[EffectWrite("charge", "charge:o-3", digest("charge", "charge:o-3",
+                                     dumps({"order_id": "o-3"})), EffectState.INTENT)],
             )
         ]
     )
@@ -740,3 +743,27 @@ def test_short_leases_are_renewed_before_they_expire(url: str) -> None:
         assert worker.stats.takeovers == 0
     finally:
         app.close()
+
+
+def test_same_effect_key_with_other_params_is_refused(app: App, url: str) -> None:
+    """DESIGN §5: same key + different params is rejected, never silently re-sent."""
+    bank = Bank()
+    register_charge(app, bank, lease_s=0.3)
+    task_id, ghost = _ghost_left_an_intent(app, url, 0.3)
+    # Rewrite the recorded intent as if an earlier attempt had asked for something else.
+    [claim] = ghost.claim("ghost2", ["t.charge"], 1)
+    [ok] = ghost.commit([TaskWrite(claim.task_id, claim.generation, "ghost2", "intent",
+                                   effects=[EffectWrite("charge", "charge:o-3", "other",
+                                                        EffectState.INTENT)])])
+    assert ok.ok
+    deadline = time.monotonic() + 5
+    while ghost.now() <= claim.lease_until:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    run(app)
+    ghost.close()
+    info = app.get(task_id)
+    # The intent is open (the earlier request may have run): UNKNOWN, not FAILED, no call.
+    assert info.state is State.UNKNOWN
+    assert "same key must always carry the same request" in (info.last_error or "")
+    assert bank.calls == []

@@ -39,6 +39,9 @@ __all__ = ["App", "SubmitRequest", "TaskDefinition", "TaskHandle", "new_task_id"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+MAX_IDEMPOTENCY_KEY_BYTES = 1024
+"""Longest accepted idempotency key, UTF-8 bytes."""
+
 
 def new_task_id() -> str:
     """A 32-hex-char id: 12 chars of millisecond time (so ids sort by creation) + 20 random."""
@@ -202,8 +205,13 @@ class App:
         Raises:
             ConfigError: duplicate name, ``async def``, or a non-positive lease.
         """
-        if lease_s <= 0:
-            raise ConfigError("lease_s must be > 0 seconds")
+        if (
+            isinstance(lease_s, bool)
+            or not isinstance(lease_s, int | float)
+            or not math.isfinite(lease_s)
+            or lease_s <= 0
+        ):
+            raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
 
         def decorator(fn: F) -> F:
             task_name = name or f"{fn.__module__}.{fn.__qualname__}"
@@ -222,6 +230,8 @@ class App:
 
     def definition(self, name: str) -> TaskDefinition:
         """The registered definition of ``name``. Raises :class:`UnknownTask`."""
+        if not isinstance(name, str):
+            raise UnknownTask(repr(name), sorted(self.tasks))
         try:
             return self.tasks[name]
         except KeyError:
@@ -231,6 +241,11 @@ class App:
 
     def _prepare(self, request: SubmitRequest) -> NewTask:
         definition = self.definition(request.name)
+        if request.params is not None and not isinstance(request.params, Mapping):
+            raise InvalidArguments(
+                f"params must be a mapping of argument names to values, got "
+                f"{type(request.params).__name__}"
+            )
         params = dict(request.params or {})
         definition.bind(params)
         params_json = dumps(params, what=f"params of task {request.name!r}")
@@ -247,15 +262,35 @@ class App:
                 raise InvalidArguments(
                     f"run_at must be an aware datetime or epoch seconds, got {request.run_at!r}"
                 )
-            run_at_epoch_s = float(request.run_at)
+            try:
+                run_at_epoch_s = float(request.run_at)
+            except OverflowError:
+                raise InvalidArguments(f"run_at is out of range: {request.run_at!r}") from None
         if run_at_epoch_s is not None and not math.isfinite(run_at_epoch_s):
             raise InvalidArguments(f"run_at must be finite, got {request.run_at!r}")
-        if not isinstance(request.delay_s, int | float) or not math.isfinite(request.delay_s):
+        try:
+            delay_ok = isinstance(request.delay_s, int | float) and math.isfinite(request.delay_s)
+        except OverflowError:
+            delay_ok = False
+        if not delay_ok:
             raise InvalidArguments(
                 f"delay_s must be a finite number of seconds, got {request.delay_s!r}"
             )
-        if request.idempotency_key is not None and not request.idempotency_key:
-            raise InvalidArguments("idempotency_key must be a non-empty string or None")
+        key = request.idempotency_key
+        if key is not None:
+            if not isinstance(key, str) or not key:
+                raise InvalidArguments(
+                    f"idempotency_key must be a non-empty string or None, got {key!r}"
+                )
+            try:
+                encoded = key.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidArguments("idempotency_key is not valid Unicode text") from None
+            if len(encoded) > MAX_IDEMPOTENCY_KEY_BYTES:
+                raise InvalidArguments(
+                    f"idempotency_key is {len(encoded)} bytes, over the limit of "
+                    f"{MAX_IDEMPOTENCY_KEY_BYTES}; derive a shorter key (e.g. a hash)"
+                )
         return NewTask(
             task_id=new_task_id(),
             name=definition.name,

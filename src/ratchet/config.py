@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from enum import StrEnum
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from .errors import ConfigError
 
@@ -103,12 +103,16 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         raise ConfigError(f"busy_timeout_s must be a number of seconds, got {busy_raw!r}") from None
     if not math.isfinite(busy) or busy < 0:
         raise ConfigError(f"busy_timeout_s must be a finite number >= 0 seconds, got {busy_raw!r}")
+    if parts.fragment:
+        raise ConfigError(
+            f"ledger URL {raw!r} contains '#'; percent-encode it as %23 in the path"
+        )
     if scheme == "sqlite":
         if parts.netloc:
             raise ConfigError(
                 f"malformed SQLite URL {raw!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
             )
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if not path:
             raise ConfigError(f"SQLite URL {raw!r} has no file path; e.g. sqlite:///ratchet.db")
         if query:

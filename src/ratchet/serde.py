@@ -26,7 +26,7 @@ def dumps(value: Any, what: str = "value") -> str:
         )
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadNotSerializable(
             f"{what} is not JSON-serialisable: {exc}. Ratchet stores JSON only (never pickle); "
             "pass str/int/float/bool/None and lists/dicts of them with string keys."
@@ -39,8 +39,12 @@ _NONE = object()
 def _non_string_key(value: Any) -> object:
     """The first dict key anywhere in ``value`` that is not a ``str``, else ``_NONE``."""
     stack = [value]
+    seen: set[int] = set()
     while stack:
         item = stack.pop()
+        if id(item) in seen:
+            continue  # shared or circular: json.dumps reports a cycle below
+        seen.add(id(item))
         if isinstance(item, dict):
             for key, sub in item.items():
                 if not isinstance(key, str):

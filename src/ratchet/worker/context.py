@@ -206,6 +206,12 @@ class TaskContext:
                 f"effect {name!r} changed its idempotency key from {record.key!r} to {key!r}; "
                 "keys must come from the business intent, not the attempt"
             )
+        if record is not None and record.params_digest != params_digest:
+            raise PermanentError(
+                f"effect {name!r} (key {key!r}) was recorded with params digest "
+                f"{record.params_digest} and is now asked with {params_digest}: the same key "
+                "must always carry the same request (DESIGN §5)"
+            )
         if record is not None and record.state is EffectState.DONE:
             return loads(record.result_json)
         if record is not None and record.state is EffectState.INTENT:

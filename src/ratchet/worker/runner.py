@@ -43,7 +43,6 @@ from ..errors import (
     EffectOutcomeUnknown,
     FenceError,
     LeaseLost,
-    LedgerError,
     StaleGeneration,
 )
 from ..ledger.base import Claim, TaskWrite, Transition
@@ -57,6 +56,11 @@ from .writer import LedgerWriter
 __all__ = ["Worker", "WorkerStats", "default_holder"]
 
 log = logging.getLogger("ratchet.worker")
+
+
+def _printable(text: str) -> str:
+    """``text`` with anything UTF-8 cannot encode (lone surrogates) escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def default_holder() -> str:
@@ -204,8 +208,8 @@ class Worker:
                     t_sent = time.monotonic()
                     try:
                         claims = self.writer.claim(self.holder, self.names, free)
-                    except LedgerError as exc:
-                        log.warning("claim failed: %s", exc)
+                    except Exception as exc:  # keep the worker alive; try again next poll
+                        log.error("claim failed: %s", exc)
                     if claims:
                         faults.point("claim.after_commit")
                     for claim in claims:
@@ -279,8 +283,8 @@ class Worker:
             return "abandoned"
         except EffectOutcomeUnknown as exc:
             transition = Transition(
-                State.UNKNOWN, error=str(exc), error_class=FailureClass.UNKNOWN_OUTCOME.value,
-                reason="effect outcome unknown",
+                State.UNKNOWN, error=_printable(str(exc)),
+                error_class=FailureClass.UNKNOWN_OUTCOME.value, reason="effect outcome unknown",
             )
             self.on_failure(claim, transition)
         except Exception as exc:
@@ -292,7 +296,7 @@ class Worker:
         self, definition: TaskDefinition, claim: Claim, exc: Exception, open_intents: list[str]
     ) -> Transition:
         failure = classify(exc)
-        error = "".join(traceback.format_exception(exc, limit=-6))[-4000:]
+        error = _printable("".join(traceback.format_exception(exc, limit=-6))[-4000:])
         if failure is FailureClass.PERMANENT or claim.attempt >= claim.max_attempts:
             reason = "permanent" if failure is FailureClass.PERMANENT else "attempts exhausted"
             if open_intents:
@@ -314,8 +318,8 @@ class Worker:
         )
         try:
             outcome = self.writer.commit(write)
-        except LedgerError as exc:
-            log.warning("task %s: final commit failed (%s); lease will expire", claim.task_id, exc)
+        except Exception as exc:
+            log.error("task %s: final commit failed (%s); lease will expire", claim.task_id, exc)
             return "abandoned"
         if outcome.stale:
             self.stats.stale += 1

@@ -99,10 +99,22 @@ class LedgerWriter(threading.Thread):
             chunk = writes[start : start + self._max_batch]
             try:
                 outcomes = self._ledger.commit([w for w, _ in chunk])
-            except BaseException as exc:
-                log.warning("group commit of %d writes failed: %s", len(chunk), exc)
-                for _, fut in chunk:
-                    fut.set_exception(exc)
+            except Exception as exc:
+                if len(chunk) == 1:
+                    chunk[0][1].set_exception(exc)
+                    continue
+                # One bad write must not fail its neighbours: commit them one by one, so
+                # only the write that fails on its own gets the error.
+                log.warning("group commit of %d writes failed (%s); retrying singly",
+                            len(chunk), exc)
+                for write, fut in chunk:
+                    try:
+                        fut.set_result(self._ledger.commit([write])[0])
+                    except Exception as single:
+                        fut.set_exception(single)
+                    else:
+                        self.transactions += 1
+                        self.writes += 1
             else:
                 self.transactions += 1
                 self.writes += len(chunk)
