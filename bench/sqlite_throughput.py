@@ -48,6 +48,9 @@ ROOT = HERE.parent
 HUEY_VENV = HERE / ".venv-huey"
 RESULTS_DIR = HERE / "results"
 TASKS = {"step": "bench.noop_step", "zero": "bench.noop_zero"}
+# Environment of the worker children: PYTHONPATH points at a snapshot of src/ratchet taken when
+# the run starts, so every drain of one run measures the same code while src/ changes.
+CHILD_ENV: dict[str, str] | None = None
 VARIANT_LABEL = {"step": "1 step", "zero": "0 steps"}
 
 
@@ -96,6 +99,22 @@ def _fresh(directory: str, stem: str) -> str:
         if os.path.exists(path + suffix):
             os.unlink(path + suffix)
     return path
+
+
+def _git_revision() -> str:
+    """``git describe`` of the working tree, with ``+dirty src`` when src/ has changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True,
+            text=True, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown revision"
+    return f"git {head}{' +uncommitted src changes' if dirty else ''}"
 
 
 # ----------------------------------------------------------------------------- ratchet app
@@ -271,6 +290,11 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
             figures["renew_calls"] += 1
             return super().renew(holder, leases)
 
+    import ratchet.ledger.sqlite as sqlite_module
+
+    # The source this process runs, so a profile is labelled against the right line numbers
+    # even when the working tree changes while the benchmark runs.
+    sources = {"ratchet/ledger/sqlite.py": Path(sqlite_module.__file__).read_text()}
     ledger = CountingLedger(parse_ledger_url(_ledger_url(args.db), args.durability))
     app = make_app(ledger)
 
@@ -282,6 +306,9 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
                 figures["cpu_at_last_finish"] = time.process_time()
             super().on_finished(claim, outcome)
 
+    switch = os.environ.get("RATCHET_BENCH_SWITCH_INTERVAL")  # GIL experiment, seconds
+    if switch:
+        sys.setswitchinterval(float(switch))
     worker = BenchWorker(app, concurrency=args.concurrency)
     wall0 = time.perf_counter()
     stats = worker.run(max_tasks=args.tasks, idle_exit_s=10.0)
@@ -303,6 +330,8 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
         **{k: v for k, v in figures.items() if k not in ("commit_sizes", "stmt")},
         "commit_sizes": {str(k): v for k, v in sorted(figures["commit_sizes"].items())},
         "stmt": {k: v for k, v in figures["stmt"].items()},
+        "sources": sources,
+        "ratchet_file": sqlite_module.__file__,
     }
     app.close()
     Path(args.out).write_text(json.dumps(out))
@@ -350,13 +379,18 @@ def run_ratchet_drain(
     ]
     if profiler:
         cmd = [*profiler, "--", *cmd]
-    proc = subprocess.run(cmd, cwd=directory, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(
+        cmd, cwd=directory, capture_output=True, text=True, timeout=3600, env=CHILD_ENV
+    )
     if proc.returncode != 0 or not os.path.exists(out):
         raise RuntimeError(
             f"worker subprocess failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
             f"{proc.stderr[-4000:]}"
         )
     result: dict[str, Any] = json.loads(Path(out).read_text())
+    sources = result.pop("sources", None)
+    if profiler:
+        result["sources"] = sources
     succeeded, ledger_s = ledger_drain_s(path)
     result["ledger_succeeded"] = succeeded
     result["ledger_drain_s"] = ledger_s
@@ -364,6 +398,9 @@ def run_ratchet_drain(
     result["ledger_tasks_per_s"] = n / ledger_s if ledger_s > 0 else float("nan")
     if succeeded != n:
         print(f"  WARNING: {succeeded}/{n} tasks SUCCEEDED in {stem}", file=sys.stderr)
+    snapshot = (CHILD_ENV or {}).get("PYTHONPATH", "").split(os.pathsep)[0]
+    if snapshot and not result["ratchet_file"].startswith(snapshot):
+        print(f"  WARNING: worker ran {result['ratchet_file']}, not the snapshot", file=sys.stderr)
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(path + suffix):
             os.unlink(path + suffix)
@@ -498,12 +535,19 @@ def run_huey(python: str, directory: str, workers: int, n: int) -> dict[str, Any
 class _SourceIndex:
     """Maps (file, line) to 'SQL', 'BEGIN', 'COMMIT' when the line is inside such a call."""
 
-    def __init__(self) -> None:
+    def __init__(self, sources: dict[str, str] | None = None) -> None:
+        self._sources = sources or {}
         self._cache: dict[str, dict[int, str]] = {}
 
     def label(self, filename: str, line: int) -> str | None:
         if filename not in self._cache:
-            self._cache[filename] = self._build(self._resolve(filename))
+            text = self._sources.get(filename)
+            if text is None:
+                try:
+                    text = Path(self._resolve(filename)).read_text()
+                except OSError:
+                    text = ""
+            self._cache[filename] = self._build(text)
         return self._cache[filename].get(line)
 
     @staticmethod
@@ -517,11 +561,11 @@ class _SourceIndex:
         return str(package_parent / filename)
 
     @staticmethod
-    def _build(filename: str) -> dict[int, str]:
+    def _build(text: str) -> dict[int, str]:
         marks: dict[int, str] = {}
         try:
-            tree = ast.parse(Path(filename).read_text())
-        except (OSError, SyntaxError, ValueError):
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
             return marks
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
@@ -642,9 +686,11 @@ def classify_stack(
     return "other", thread or "unknown thread"
 
 
-def summarize_profile(raw_path: str, rate: int, n: int) -> tuple[str, dict[str, Any]]:
+def summarize_profile(
+    raw_path: str, rate: int, n: int, sources: dict[str, str] | None = None
+) -> tuple[str, dict[str, Any]]:
     """Aggregate a py-spy raw (collapsed) profile into µs per task by thread role."""
-    src = _SourceIndex()
+    src = _SourceIndex(sources)
     by_role: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for line in Path(raw_path).read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -688,12 +734,12 @@ def profile_drain(
     RESULTS_DIR.mkdir(exist_ok=True)
     tag = f"{durability}-{variant}-c{concurrency}{'-analyze' if analyze else ''}"
     tag += "-gil" if gil else "-wall"
-    raw = str(RESULTS_DIR / f"profile-{tag}.txt")
+    raw = str(RESULTS_DIR / f"profile-{tag}-n{n}.txt")
     prof = [pyspy, "record", "--rate", str(rate), "--format", "raw", "--output", raw,
             "--nonblocking", "--threads"]
     prof += ["--gil"] if gil else ["--idle"]
     result = run_ratchet_drain(directory, durability, variant, concurrency, n, analyze, prof)
-    text, data = summarize_profile(raw, rate, n)
+    text, data = summarize_profile(raw, rate, n, result.pop("sources", None))
     head = (
         f"profile {tag}: {result['tasks_per_s']:,.0f} tasks/s under py-spy "
         f"({'samples only the thread holding the GIL' if gil else 'wall clock, every thread'});"
@@ -708,7 +754,8 @@ def profile_drain(
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=int, default=20_000, help="tasks per drain (default 20000)")
-    p.add_argument("--repeat", type=int, default=1, help="repeat each drain R times (median)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the whole drain round R times, interleaved (median reported)")
     p.add_argument("--enqueue-tasks", type=int, default=None,
                    help="tasks per enqueue measurement (default: --tasks)")
     p.add_argument("--concurrency", default="1,8,32", help="worker concurrencies (default 1,8,32)")
@@ -716,13 +763,15 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--variants", default="step,zero", help="step (1 ctx.step) and/or zero")
     p.add_argument("--huey-workers", default="1,8", help="huey thread workers (default 1,8)")
     p.add_argument("--no-huey", action="store_true", help="skip the huey comparison")
-    p.add_argument("--no-what-if", action="store_true",
-                   help="skip the what-if drains on an ANALYZEd ledger file")
+    p.add_argument("--what-if-analyze", action="store_true",
+                   help="also drain fsync ledgers that were ANALYZEd first (planner what-if)")
     p.add_argument("--profile", action="store_true",
-                   help="also profile fsync/1-step/C=8 drains with py-spy (wall and GIL)")
+                   help="also profile fsync/1-step C=8 and C=32 drains with py-spy (wall, GIL)")
     p.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--commit-seconds", type=float, default=3.0,
-                   help="duration of the single-commit loop (default 3 s)")
+                   help="duration of the first single-commit loop (default 3 s)")
+    p.add_argument("--probe-seconds", type=float, default=0.5,
+                   help="single-commit probe before and after each drain (default 0.5 s; 0 = off)")
     p.add_argument("--dir", default=None, help="parent directory of the temp files (same disk!)")
     p.add_argument("--json", default=None, help="also write every figure to this JSON file")
     args = p.parse_args(argv)
@@ -732,17 +781,30 @@ def main(argv: Sequence[str]) -> int:
     durabilities = [d for d in args.durability.split(",") if d]
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
     variants = [v for v in args.variants.split(",") if v]
-    huey_workers = [int(w) for w in args.huey_workers.split(",") if w]
+    huey_workers = [] if args.no_huey else [int(w) for w in args.huey_workers.split(",") if w]
     repeat = max(1, args.repeat)
     directory = tempfile.mkdtemp(prefix="ratchet-bench-", dir=args.dir)
     figures: dict[str, Any] = {"tasks": n, "repeat": repeat}
+    sync_of = {"fsync": "FULL", "buffered": "NORMAL"}
 
+    global CHILD_ENV
+    revision = _git_revision()
+    snapshot = os.path.join(directory, "src")
+    shutil.copytree(ROOT / "src" / "ratchet", os.path.join(snapshot, "ratchet"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    sys.path.insert(0, snapshot)
+    CHILD_ENV = dict(os.environ)
+    CHILD_ENV["PYTHONPATH"] = os.pathsep.join(
+        [snapshot, *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
     import ratchet
 
+    figures["revision"] = revision
     print(
-        f"Ratchet {ratchet.__version__} on Python {platform.python_version()}, SQLite "
-        f"{sqlite3.sqlite_version}, {os.cpu_count()} CPUs, files in {directory}; "
-        f"N = {n:,} tasks per drain, {repeat} run(s) each (median [min-max])\n",
+        f"Ratchet {ratchet.__version__} ({revision}) on Python {platform.python_version()}, "
+        f"SQLite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.2f}, files in {directory}; N = {n:,} tasks per drain, "
+        f"{repeat} run(s) each (median [min-max])\n",
         flush=True,
     )
     try:
@@ -756,7 +818,11 @@ def main(argv: Sequence[str]) -> int:
             ["single-row commit (WAL)", "commits/s", "ms/commit"],
             [[f"synchronous={k}", f"{v:,.0f}", f"{1000 / v:.3f}"] for k, v in commit_rate.items()],
         ) + "\n", flush=True)
-        sync_of = {"fsync": "FULL", "buffered": "NORMAL"}
+
+        def probe(sync: str) -> float:
+            if args.probe_seconds <= 0:
+                return commit_rate[sync]
+            return single_commit_rate(directory, sync, args.probe_seconds)
 
         # 2. enqueue
         enq_rows = []
@@ -764,48 +830,62 @@ def main(argv: Sequence[str]) -> int:
         for dur in durabilities:
             one = [enqueue_rate(directory, dur, n_enq, 1) for _ in range(repeat)]
             many = [enqueue_rate(directory, dur, n_enq, 100) for _ in range(repeat)]
-            figures["enqueue"][dur] = {"submit": one, "submit_many_100": many}
-            enq_rows.append([dur, _fmt_rate(one), _fmt_rate(many),
-                             f"{_median(one) / commit_rate[sync_of[dur]]:.2f}"])
-            print(f"  enqueue {dur}: done", flush=True)
+            rate_now = probe(sync_of[dur])
+            figures["enqueue"][dur] = {"submit": one, "submit_many_100": many,
+                                       "commit_probe_per_s": rate_now}
+            enq_rows.append([dur, _fmt_rate(one), _fmt_rate(many), f"{rate_now:,.0f}",
+                             f"{_median(one) / rate_now:.2f}"])
         print(_table(["enqueue (tasks/s)", "submit 1-by-1", "submit_many x100",
-                      "1-by-1 / commit/s"], enq_rows,
-                     title=f"\nenqueue of {n_enq:,} tasks into a fresh ledger") + "\n", flush=True)
+                      "commit/s probe", "1-by-1 / commit/s"], enq_rows,
+                     title=f"enqueue of {n_enq:,} tasks into a fresh ledger") + "\n", flush=True)
 
-        # 3. drains
-        drains: list[dict[str, Any]] = []
-        plans = [(d, v, c, False) for d in durabilities for v in variants for c in concurrencies]
-        if not args.no_what_if and "fsync" in durabilities:
+        # 3 + 4. drains, interleaved round by round (disk and CPU drift hit every system alike)
+        plans: list[tuple[str, str, int, bool]] = [
+            (d, v, c, False) for d in durabilities for v in variants for c in concurrencies
+        ]
+        if args.what_if_analyze and "fsync" in durabilities:
             plans += [("fsync", v, c, True) for v in variants for c in concurrencies]
-        for dur, variant, conc, analyze in plans:
-            runs = [run_ratchet_drain(directory, dur, variant, conc, n, analyze)
-                    for _ in range(repeat)]
-            entry = {"durability": dur, "variant": variant, "concurrency": conc,
-                     "analyze": analyze, "runs": runs}
-            drains.append(entry)
-            print(f"  drain {dur} {VARIANT_LABEL[variant]} C={conc}"
-                  f"{' (ANALYZEd file)' if analyze else ''}: "
-                  f"{_fmt_rate([r['tasks_per_s'] for r in runs])} tasks/s", flush=True)
+        drains = [{"durability": d, "variant": v, "concurrency": c, "analyze": a, "runs": []}
+                  for d, v, c, a in plans]
+        huey = [{"workers": w, "runs": []} for w in huey_workers]
+        python = huey_python(install=True) if huey else None
+        for round_no in range(repeat):
+            if repeat > 1:
+                print(f"round {round_no + 1}/{repeat}", flush=True)
+            for h in huey:
+                before = probe("FULL")
+                assert python is not None
+                r = run_huey(python, directory, h["workers"], n)
+                after = probe("FULL")
+                r["commit_probe_per_s"] = (before + after) / 2
+                r["commit_probe_before_after"] = [before, after]
+                h["runs"].append(r)
+                print(f"  huey -w {h['workers']} thread: {r['tasks_per_s']:,.0f} tasks/s "
+                      f"(commit probe before/after {before:,.0f}/{after:,.0f} per s)", flush=True)
+            for e in drains:
+                before = probe(sync_of[e["durability"]])
+                r = run_ratchet_drain(directory, e["durability"], e["variant"],
+                                      e["concurrency"], n, e["analyze"])
+                after = probe(sync_of[e["durability"]])
+                r["commit_probe_per_s"] = (before + after) / 2
+                r["commit_probe_before_after"] = [before, after]
+                e["runs"].append(r)
+                print(f"  ratchet {e['durability']} {VARIANT_LABEL[e['variant']]} "
+                      f"C={e['concurrency']}{' (ANALYZEd file)' if e['analyze'] else ''}: "
+                      f"{r['tasks_per_s']:,.0f} tasks/s (commit probe before/after "
+                      f"{before:,.0f}/{after:,.0f} per s)", flush=True)
         figures["drains"] = drains
-
-        # 4. huey
-        huey: list[dict[str, Any]] = []
-        if not args.no_huey:
-            python = huey_python(install=True)
-            assert python is not None
-            for w in huey_workers:
-                runs = [run_huey(python, directory, w, n) for _ in range(repeat)]
-                huey.append({"workers": w, "runs": runs})
-                print(f"  huey -w {w} thread: "
-                      f"{_fmt_rate([r['tasks_per_s'] for r in runs])} tasks/s", flush=True)
         figures["huey"] = huey
+
+        def ratio(runs: list[dict[str, Any]]) -> float:
+            return _median([x["tasks_per_s"] / x["commit_probe_per_s"] for x in runs])
 
         # detail table
         rows = []
         for e in drains:
             rs = e["runs"]
-            r = rs[len(rs) // 2]
             tps = [x["tasks_per_s"] for x in rs]
+            r = sorted(rs, key=lambda x: x["tasks_per_s"])[len(rs) // 2]
             claims = max(1, r["claim_nonempty"])
             tx = r["writer_transactions"] + r["claim_calls"]
             writer_busy = (r["claim_s"] + r["commit_s"]) / r["drain_s"] if r["drain_s"] else 0
@@ -816,10 +896,10 @@ def main(argv: Sequence[str]) -> int:
             rows.append([
                 label, str(e["concurrency"]), _fmt_rate(tps),
                 f"{_median([x['ledger_tasks_per_s'] for x in rs]):,.0f}",
-                f"{_median(tps) / commit_rate[sync_of[e['durability']]]:.2f}",
+                f"{ratio(rs):.2f}",
                 f"{r['writer_writes'] / max(1, r['writer_transactions']):.1f}",
                 f"{r['claimed'] / claims:.1f}",
-                f"{tx / r['claimed']:.2f}",
+                f"{tx / max(1, r['claimed']):.2f}",
                 f"{1e3 * r['claim_s'] / max(1, r['claim_calls']):.2f}",
                 f"{1e3 * r['commit_s'] / max(1, r['commit_calls']):.2f}",
                 f"{1e3 * begin_stmt[1] / max(1, begin_stmt[0]):.2f}",
@@ -830,8 +910,7 @@ def main(argv: Sequence[str]) -> int:
         print("\n" + _table(
             ["ratchet drain", "C", "tasks/s", "ledger t/s", "÷commit/s", "writes/tx",
              "claim batch", "tx/task", "claim ms", "commit ms", "BEGIN ms", "COMMIT ms",
-             "writer busy",
-             "CPU µs/task"],
+             "writer busy", "CPU µs/task"],
             rows,
             title=(f"Ratchet drain of {n:,} no-op tasks by one worker process "
                    "(tasks/s timed in-process; 'ledger t/s' from ledger timestamps)"),
@@ -839,41 +918,52 @@ def main(argv: Sequence[str]) -> int:
 
         # final table
         base = _median([x["tasks_per_s"] for x in huey[0]["runs"]]) if huey else float("nan")
+        base_ratio = ratio(huey[0]["runs"]) if huey else float("nan")
         final = []
         for h in huey:
             rs = h["runs"]
-            final.append(["huey SqliteHuey", f"default (sync={rs[0]['synchronous']})",
-                          f"{h['workers']} thread", _fmt_rate([x["tasks_per_s"] for x in rs]),
-                          f"{_median([x['tasks_per_s'] for x in rs]) / base:.2f}"])
+            tps = [x["tasks_per_s"] for x in rs]
+            final.append([
+                "huey SqliteHuey", f"default (sync={rs[0]['synchronous']})",
+                f"-w {h['workers']} thread", _fmt_rate(tps),
+                f"{_median([x['commit_probe_per_s'] for x in rs]):,.0f}", f"{ratio(rs):.2f}",
+                f"{_median(tps) / base:.2f}", f"{ratio(rs) / base_ratio:.2f}",
+            ])
         for e in drains:
-            tps = [x["tasks_per_s"] for x in e["runs"]]
+            rs = e["runs"]
+            tps = [x["tasks_per_s"] for x in rs]
             system = f"ratchet {VARIANT_LABEL[e['variant']]}" + (
                 " +ANALYZE (what-if)" if e["analyze"] else "")
-            final.append([system, e["durability"], f"C={e['concurrency']}", _fmt_rate(tps),
-                          f"{_median(tps) / base:.2f}" if huey else "-"])
+            final.append([
+                system, e["durability"], f"C={e['concurrency']}", _fmt_rate(tps),
+                f"{_median([x['commit_probe_per_s'] for x in rs]):,.0f}", f"{ratio(rs):.2f}",
+                f"{_median(tps) / base:.2f}" if huey else "-",
+                f"{ratio(rs) / base_ratio:.2f}" if huey else "-",
+            ])
         print("\n" + _table(
-            ["system", "durability", "workers", "drain tasks/s", "x huey -w 1"], final,
+            ["system", "durability", "workers", "drain tasks/s", "commit/s probe",
+             "÷commit/s", "x huey -w 1", "x huey (per commit)"], final,
             title=f"Final: drain of {n:,} no-op tasks, one worker process",
         ), flush=True)
         if huey:
-            print("huey enqueue (1-by-1, its defaults): " + ", ".join(
-                f"-w {h['workers']} run: {_median([x['enqueue_per_s'] for x in h['runs']]):,.0f}/s"
-                for h in huey))
+            enq = [x["enqueue_per_s"] for h in huey for x in h["runs"]]
+            print(f"huey enqueue, one by one with its defaults: {_fmt_rate(enq)} tasks/s")
 
         # profile
         if args.profile:
             figures["profile"] = {}
-            for analyze in (False, True):
+            for conc in (8, 32):
                 for gil in (False, True):
-                    got = profile_drain(directory, "fsync", "step", 8, n, analyze, gil,
+                    got = profile_drain(directory, "fsync", "step", conc, n, False, gil,
                                         args.profile_rate)
                     if got is None:
                         break
                     text, data = got
-                    figures["profile"][f"analyze={analyze},gil={gil}"] = data
+                    figures["profile"][f"C={conc},gil={gil}"] = data
                     print("\n" + text, flush=True)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (other processes skew figures)")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1, default=str))
     return 0

@@ -38,7 +38,6 @@ from .base import (
     CommitOutcome,
     EffectRecord,
     EffectState,
-    EffectWrite,
     LedgerStats,
     NewTask,
     RenewResult,
@@ -48,12 +47,19 @@ from .base import (
     TaskInfo,
     TaskWrite,
     Timeline,
+    Transition,
 )
 from .migrations import load_migrations, split_statements
 
 __all__ = ["SQLiteLedger"]
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def _reschedules(target: State) -> bool:
+    """True for targets that get a new ``run_at`` (backoff, release delay)."""
+    return target is State.RETRY_WAIT or target is State.PENDING
+
 _AuditRow = tuple[str, float, str, str | None, str | None, int | None, str | None, str]
 _SYNCHRONOUS = {Durability.FSYNC: "FULL", Durability.BUFFERED: "NORMAL"}
 _READY = tuple(s.value for s in CLAIMABLE)
@@ -540,137 +546,149 @@ class SQLiteLedger:
     # ------------------------------------------------------------------ commit
 
     def commit(self, writes: Sequence[TaskWrite]) -> list[CommitOutcome]:
-        """See :meth:`Ledger.commit`: one transaction, fenced per task."""
+        """See :meth:`Ledger.commit`: one transaction, fenced per task.
+
+        The batch is applied with a handful of set-wise statements (one fence read, one
+        ``executemany`` per kind of row), not a few statements per task: each statement
+        costs the writer a GIL round trip, so per-batch statements are what let group
+        commit scale. A task that appears twice is handled in order (segments).
+        """
         for write in writes:
             if write.transition is not None:
                 check_transition(State.RUNNING, write.transition.to)
-        outcomes: list[CommitOutcome] = []
+        outcomes: dict[int, CommitOutcome] = {}
         with self._tx() as cur:
             now = self._now(cur)
-            audit: list[_AuditRow]
-            audit = []
-            for write in writes:
-                # The fence: a transition's own conditional UPDATE, else a check of the row.
-                # Both run inside this write transaction, so nothing can slip in between.
-                attempt: int | None
-                if write.transition is not None:
-                    attempt = self._transition(cur, write, now, audit)
-                else:
-                    fence = cur.execute(
-                        "SELECT attempt FROM tasks WHERE id = ? AND generation = ?"
-                        " AND state = 'RUNNING'",
-                        (write.task_id, write.generation),
-                    ).fetchone()
-                    attempt = fence[0] if fence is not None else None
-                if attempt is None:
-                    row = cur.execute(
-                        "SELECT state, generation FROM tasks WHERE id = ?", (write.task_id,)
-                    ).fetchone()
-                    current_state = State(row[0]) if row is not None else None
-                    current_gen = row[1] if row is not None else None
-                    audit.append(
-                        (
-                            write.task_id,
-                            now,
-                            "stale_rejected",
-                            None,
-                            None,
-                            write.generation,
-                            write.holder,
-                            dumps(
-                                {
-                                    "operation": write.operation,
-                                    "current_generation": current_gen,
-                                    "current_state": current_state.value if current_state else None,
-                                }
-                            ),
-                        )
-                    )
-                    outcomes.append(
-                        CommitOutcome(write.task_id, False, True, current_gen, current_state)
-                    )
-                    continue
-                if write.steps:
-                    cur.executemany(
-                        "INSERT INTO steps (task_id, name, result, generation, committed_at)"
-                        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_id, name) DO UPDATE SET"
-                        " result = excluded.result, generation = excluded.generation,"
-                        " committed_at = excluded.committed_at",
-                        [(write.task_id, n, r, write.generation, now) for n, r in write.steps],
-                    )
-                for effect in write.effects:
-                    self._write_effect(cur, write, effect, attempt, now, audit)
-                outcomes.append(CommitOutcome(write.task_id, True, False, write.generation))
+            audit: list[_AuditRow] = []
+            segment: list[tuple[int, TaskWrite]] = []
+            seen: set[str] = set()
+            for index, write in enumerate(writes):
+                if write.task_id in seen:
+                    self._commit_segment(cur, segment, now, audit, outcomes)
+                    segment, seen = [], set()
+                segment.append((index, write))
+                seen.add(write.task_id)
+            self._commit_segment(cur, segment, now, audit, outcomes)
             self._audit(cur, audit)
-        return outcomes
+        return [outcomes[i] for i in range(len(writes))]
 
-    def _write_effect(
+    def _commit_segment(
         self,
         cur: sqlite3.Cursor,
-        write: TaskWrite,
-        effect: EffectWrite,
-        attempt: int,
+        segment: Sequence[tuple[int, TaskWrite]],
         now: float,
         audit: list[_AuditRow],
+        outcomes: dict[int, CommitOutcome],
     ) -> None:
-        if effect.state is EffectState.INTENT:
-            cur.execute(
+        """Apply writes of distinct tasks; the fence is read once for all of them."""
+        if not segment:
+            return
+        current: dict[str, tuple[str, int, int]] = {}
+        ids = [w.task_id for _, w in segment]
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            for task_id, state, generation, attempt in cur.execute(
+                f"SELECT id, state, generation, attempt FROM tasks"
+                f" WHERE id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            ):
+                current[task_id] = (state, generation, attempt)
+        steps: list[tuple[str, str, str, int, float]] = []
+        intents: list[tuple[str, str, str, str, int, int, float]] = []
+        outcomes_rows: list[tuple[str, str, str, str, str, str | None, int, int, int, float]] = []
+        by_target: dict[State, list[tuple[Any, ...]]] = {}
+        for index, write in segment:
+            row = current.get(write.task_id)
+            if row is None or row[0] != State.RUNNING.value or row[1] != write.generation:
+                state = State(row[0]) if row is not None else None
+                generation = row[1] if row is not None else None
+                audit.append(
+                    (write.task_id, now, "stale_rejected", None, None, write.generation,
+                     write.holder,
+                     dumps({"operation": write.operation, "current_generation": generation,
+                            "current_state": state.value if state else None}))
+                )
+                outcomes[index] = CommitOutcome(write.task_id, False, True, generation, state)
+                continue
+            attempt = row[2]
+            steps.extend((write.task_id, n, r, write.generation, now) for n, r in write.steps)
+            for e in write.effects:
+                if e.state is EffectState.INTENT:
+                    intents.append((write.task_id, e.name, e.key, e.params_digest,
+                                    write.generation, attempt, now))
+                    continue
+                outcomes_rows.append((write.task_id, e.name, e.key, e.params_digest,
+                                      e.state.value, e.result_json, write.generation, attempt,
+                                      int(e.via_lookup), now))
+                if e.via_lookup:
+                    audit.append((write.task_id, now, "lookup_hit", None, None,
+                                  write.generation, write.holder,
+                                  dumps({"effect": e.name, "key": e.key})))
+            t = write.transition
+            if t is not None:
+                new_run_at = (now + max(0.0, t.delay_s),) if _reschedules(t.to) else ()
+                by_target.setdefault(t.to, []).append(
+                    (t.to.value, *new_run_at, t.result_json, t.error, t.error_class, now,
+                     write.task_id, write.generation)
+                )
+                audit.append(self._transition_audit(write, t, now))
+            outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
+        if steps:
+            cur.executemany(
+                "INSERT INTO steps (task_id, name, result, generation, committed_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_id, name) DO UPDATE SET"
+                " result = excluded.result, generation = excluded.generation,"
+                " committed_at = excluded.committed_at",
+                steps,
+            )
+        if intents:
+            cur.executemany(
                 "INSERT INTO effects (task_id, name, key, params_digest, state, result, generation,"
                 " attempt, calls, via_lookup, updated_at) VALUES (?, ?, ?, ?, 'intent', NULL, ?, ?,"
                 " 1, 0, ?) ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent',"
                 " key = excluded.key, params_digest = excluded.params_digest,"
                 " generation = excluded.generation, attempt = excluded.attempt,"
                 " calls = effects.calls + 1, updated_at = excluded.updated_at",
-                (write.task_id, effect.name, effect.key, effect.params_digest, write.generation,
-                 attempt, now),
+                intents,
             )
-            return
-        cur.execute(
-            "INSERT INTO effects (task_id, name, key, params_digest, state, result, generation,"
-            " attempt, calls, via_lookup, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"
-            " ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state,"
-            " result = excluded.result, generation = excluded.generation,"
-            " via_lookup = excluded.via_lookup, updated_at = excluded.updated_at",
-            (write.task_id, effect.name, effect.key, effect.params_digest, effect.state.value,
-             effect.result_json, write.generation, attempt, int(effect.via_lookup), now),
-        )
-        if effect.via_lookup:
-            audit.append(
-                (write.task_id, now, "lookup_hit", None, None, write.generation, write.holder,
-                 dumps({"effect": effect.name, "key": effect.key}))
+        if outcomes_rows:
+            cur.executemany(
+                "INSERT INTO effects (task_id, name, key, params_digest, state, result, generation,"
+                " attempt, calls, via_lookup, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"
+                " ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state,"
+                " result = excluded.result, generation = excluded.generation,"
+                " via_lookup = excluded.via_lookup, updated_at = excluded.updated_at",
+                outcomes_rows,
             )
+        for target, params in by_target.items():
+            cur.executemany(self._transition_sql(target), params)
+            if cur.rowcount != len(params):  # impossible: fenced above in this transaction
+                raise LedgerError(
+                    f"fenced transition to {target} matched {cur.rowcount} of {len(params)} rows"
+                )
 
-    def _transition(
-        self,
-        cur: sqlite3.Cursor,
-        write: TaskWrite,
-        now: float,
-        audit: list[_AuditRow],
-    ) -> int | None:
-        """Apply the write's transition, fenced; return the task's attempt, None if stale."""
-        t = write.transition
-        assert t is not None
-        run_at_sql = "run_at"
-        params: list[Any] = [t.to.value]
-        if t.to in (State.RETRY_WAIT, State.PENDING):
-            run_at_sql = "?"
-            params.append(now + max(0.0, t.delay_s))
-        keep_lease = t.to is State.RUNNING
-        # A release (RUNNING -> PENDING: graceful shutdown, unconfirmed lease) hands the
-        # attempt back: only runs that ended in a failure or a crash count toward max_attempts.
-        attempt_sql = "attempt - 1" if t.to is State.PENDING else "attempt"
-        cur.execute(
-            f"UPDATE tasks SET state = ?, run_at = {run_at_sql}, attempt = {attempt_sql},"
-            f" holder = {'holder' if keep_lease else 'NULL'},"
-            f" lease_until = {'lease_until' if keep_lease else 'NULL'},"
+    @staticmethod
+    def _transition_sql(target: State) -> str:
+        """The fenced UPDATE of a RUNNING task to ``target`` (parameters: state, [run_at
+        when ``target`` reschedules], result, error, error_class, now, id, generation)."""
+        keep_lease = target is State.RUNNING
+        # RETRY_WAIT / PENDING get a new run_at (backoff or release delay); a release
+        # (RUNNING -> PENDING: graceful shutdown, unconfirmed lease) hands its attempt back,
+        # so only runs that failed or crashed count toward max_attempts.
+        run_at = "?" if _reschedules(target) else "run_at"
+        attempt = "attempt - 1" if target is State.PENDING else "attempt"
+        holder = "holder" if keep_lease else "NULL"
+        lease = "lease_until" if keep_lease else "NULL"
+        return (
+            f"UPDATE tasks SET state = ?, run_at = {run_at}, attempt = {attempt},"
+            f" holder = {holder}, lease_until = {lease},"
             " result = COALESCE(?, result), last_error = COALESCE(?, last_error),"
             " error_class = COALESCE(?, error_class), updated_at = ?"
-            " WHERE id = ? AND generation = ? AND state = 'RUNNING' RETURNING attempt",
-            (*params, t.result_json, t.error, t.error_class, now, write.task_id, write.generation),
+            " WHERE id = ? AND generation = ? AND state = 'RUNNING'"
         )
-        fenced = cur.fetchone()
-        if fenced is None:
-            return None
+
+    @staticmethod
+    def _transition_audit(write: TaskWrite, t: Transition, now: float) -> _AuditRow:
         detail: dict[str, Any] = {"operation": write.operation}
         if t.reason:
             detail["reason"] = t.reason
@@ -680,12 +698,8 @@ class SQLiteLedger:
             detail["error_class"] = t.error_class
         if t.to in (State.RETRY_WAIT, State.PENDING) and t.delay_s:
             detail["delay_s"] = round(t.delay_s, 3)
-        audit.append(
-            (write.task_id, now, "transition", "RUNNING", t.to.value, write.generation,
-             write.holder, dumps(detail))
-        )
-        attempt: int = fenced[0]
-        return attempt
+        return (write.task_id, now, "transition", "RUNNING", t.to.value, write.generation,
+                write.holder, dumps(detail))
 
     # ------------------------------------------------------------------ operator
 
