@@ -31,6 +31,7 @@ from ratchet.demo.payments import (
     read_executions,
     start_payment_service,
 )
+from ratchet.demo.runner import sqlite_write_locked
 from ratchet.ledger import open_ledger
 from ratchet.ledger.base import Ledger
 
@@ -329,15 +330,7 @@ class Rig:
 
     def ledger_locked(self) -> bool:
         """True if some process holds the ledger's write lock right now."""
-        conn = sqlite3.connect(str(self.ledger_path), timeout=0.05, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-            return False
-        except sqlite3.OperationalError:
-            return True
-        finally:
-            conn.close()
+        return sqlite_write_locked(self.ledger_path, timeout_s=0.05)
 
     def wait_lease_expired(self, task_id: str, timeout_s: float = 20.0) -> TaskInfo:
         """Wait until the ledger clock is past the task's lease (a takeover is now allowed)."""

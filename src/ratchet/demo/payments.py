@@ -246,18 +246,24 @@ class PaymentStore:
                 self.injected["503"] += 1
             return hit
 
+    def _draw(self, next_field: str, probability: float, counter: str) -> bool:
+        """One fault decision (call under the lock): a deterministic ``*_next`` count first,
+        else a seeded draw with ``probability``; a hit is counted in ``injected[counter]``."""
+        pending = getattr(self.faults, next_field)
+        if pending > 0:
+            setattr(self.faults, next_field, pending - 1)
+            hit = True
+        else:
+            hit = probability > 0 and self._rng.random() < probability
+        if hit:
+            self.injected[counter] += 1
+        return hit
+
     def delay_s(self) -> float:
         """Seconds this POST sleeps before executing: its latency, or ``slow_s`` if slow."""
         with self._lock:
             f = self.faults
-            hit = False
-            if f.slow_next > 0:
-                f.slow_next -= 1
-                hit = True
-            elif f.slow > 0 and self._rng.random() < f.slow:
-                hit = True
-            if hit:
-                self.injected["slow"] += 1
+            if self._draw("slow_next", f.slow, "slow"):
                 return f.slow_s
             if f.latency_s > 0:
                 return f.latency_s * self._rng.uniform(0.5, 1.5)
@@ -266,16 +272,7 @@ class PaymentStore:
     def drop_reply(self) -> bool:
         """True when the reply of the charge just executed must be dropped."""
         with self._lock:
-            f = self.faults
-            hit = False
-            if f.reply_lost_next > 0:
-                f.reply_lost_next -= 1
-                hit = True
-            elif f.reply_lost > 0 and self._rng.random() < f.reply_lost:
-                hit = True
-            if hit:
-                self.injected["reply_lost"] += 1
-            return hit
+            return self._draw("reply_lost_next", self.faults.reply_lost, "reply_lost")
 
     def set_faults(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Change fault settings; return all of them. Raises ``ValueError`` (nothing changed)."""

@@ -59,7 +59,7 @@ from .payments import (
     start_payment_service,
 )
 
-__all__ = ["DemoSettings", "run_demo"]
+__all__ = ["DemoSettings", "run_demo", "sqlite_write_locked"]
 
 _MARKER = ".ratchet-demo"
 _TASK = "billing.charge"
@@ -134,6 +134,20 @@ class _Slot:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def sqlite_write_locked(path: str | Path, timeout_s: float) -> bool:
+    """True when some process holds the SQLite file's write lock for longer than
+    ``timeout_s`` seconds (probed with ``BEGIN IMMEDIATE`` and an immediate rollback)."""
+    conn = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        conn.close()
 
 
 def _holder_pid(holder: str | None) -> int | None:
@@ -319,15 +333,7 @@ class _DemoRun:
             return False
         if config.scheme != "sqlite":
             return False
-        conn = sqlite3.connect(config.path, timeout=0.5, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-            return False
-        except sqlite3.OperationalError:
-            return True
-        finally:
-            conn.close()
+        return sqlite_write_locked(config.path, timeout_s=0.5)
 
     # -- chaos
 
