@@ -394,6 +394,13 @@ class Ledger(Protocol):
         """
         ...
 
+    def commit_and_claim(
+        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
+    ) -> tuple[list[CommitOutcome], list[Claim]]:
+        """:meth:`commit` then :meth:`claim` in one transaction: a worker whose tasks just
+        finished claims their successors with the same fsync. Same fencing and errors."""
+        ...
+
     def resolve(
         self,
         task_id: str,

@@ -387,7 +387,6 @@ class SQLiteLedger:
         """
         if limit <= 0 or not names:
             return []
-        marks = ",".join("?" * len(names))
         with self._errors():
             # A lock-free look first, so idle polling does not take SQLite's write lock.
             anything = self._conn().execute(
@@ -397,79 +396,87 @@ class SQLiteLedger:
             ).fetchone()[0]
         if not anything:
             return []
+        with self._tx() as cur:
+            return self._claim_in(cur, self._now(cur), holder, names, limit)
+
+    def _claim_in(
+        self, cur: sqlite3.Cursor, now: float, holder: str, names: Sequence[str], limit: int
+    ) -> list[Claim]:
+        """The claim, inside the caller's write transaction (see :meth:`claim`)."""
+        if limit <= 0 or not names:
+            return []
+        marks = ",".join("?" * len(names))
         # "+name": keep the planner on the partial indexes (tasks_ready / tasks_leased), which
         # hold only claimable rows in run_at order, instead of (name, state), which would sort
         # the whole backlog on every claim.
-        with self._tx() as cur:
-            now = self._now(cur)
-            expired = cur.execute(
-                f"SELECT id, holder, generation, attempt, max_attempts FROM tasks"
-                f" WHERE state = 'RUNNING' AND lease_until < ? AND +name IN ({marks})"
-                f" ORDER BY lease_until LIMIT ?",
-                (now, *names, limit),
-            ).fetchall()
-            audit: list[_AuditRow] = []
-            exhausted = [row for row in expired if row[3] >= row[4]]
-            if exhausted:
-                self._dead_letter_expired(cur, exhausted, now, audit)
-                expired = [row for row in expired if row[3] < row[4]]
-            previous = {row[0]: (row[1], row[2]) for row in expired}
-            ready = cur.execute(
-                f"SELECT id, state FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')"
-                f" AND run_at <= ? AND +name IN ({marks}) ORDER BY run_at LIMIT ?",
-                (now, *names, limit - len(expired)),
-            ).fetchall() if limit > len(expired) else []
-            from_state = {row[0]: row[1] for row in ready}
-            ids = [row[0] for row in expired] + [row[0] for row in ready]
-            if not ids:
-                self._audit(cur, audit)
-                return []
-            id_marks = ",".join("?" * len(ids))
-            rows = cur.execute(
-                f"UPDATE tasks SET state = 'RUNNING', holder = ?, generation = generation + 1,"
-                f" attempt = attempt + 1, lease_until = ? + lease_s, updated_at = ?"
-                f" WHERE id IN ({id_marks})"
-                f" RETURNING id, name, version, params, generation, attempt, max_attempts,"
-                f" lease_s, lease_until",
-                (holder, now, now, *ids),
-            ).fetchall()
-            for row in rows:
-                prev = previous.get(row[0])
-                detail: dict[str, Any] = {"attempt": row[5], "lease_s": row[7]}
-                if prev is not None:
-                    detail.update(previous_holder=prev[0], previous_generation=prev[1])
-                audit.append(
-                    (
-                        row[0],
-                        now,
-                        "takeover" if prev is not None else "claim",
-                        "RUNNING" if prev is not None else from_state.get(row[0]),
-                        "RUNNING",
-                        row[4],
-                        holder,
-                        dumps(detail),
-                    )
-                )
+        expired = cur.execute(
+            f"SELECT id, holder, generation, attempt, max_attempts FROM tasks"
+            f" WHERE state = 'RUNNING' AND lease_until < ? AND +name IN ({marks})"
+            f" ORDER BY lease_until LIMIT ?",
+            (now, *names, limit),
+        ).fetchall()
+        audit: list[_AuditRow] = []
+        exhausted = [row for row in expired if row[3] >= row[4]]
+        if exhausted:
+            self._dead_letter_expired(cur, exhausted, now, audit)
+            expired = [row for row in expired if row[3] < row[4]]
+        previous = {row[0]: (row[1], row[2]) for row in expired}
+        ready = cur.execute(
+            f"SELECT id, state FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')"
+            f" AND run_at <= ? AND +name IN ({marks}) ORDER BY run_at LIMIT ?",
+            (now, *names, limit - len(expired)),
+        ).fetchall() if limit > len(expired) else []
+        from_state = {row[0]: row[1] for row in ready}
+        ids = [row[0] for row in expired] + [row[0] for row in ready]
+        if not ids:
             self._audit(cur, audit)
-            # Steps and effects can only exist after an earlier claim: generation > 1.
-            # (Not attempt: a release hands its attempt back, the generation never goes back.)
-            resumed = [row[0] for row in rows if row[4] > 1]
-            steps: dict[str, dict[str, StepRecord]] = {}
-            effects: dict[str, dict[str, EffectRecord]] = {}
-            if resumed:
-                r_marks = ",".join("?" * len(resumed))
-                for s in cur.execute(
-                    f"SELECT task_id, name, result, generation, committed_at FROM steps"
-                    f" WHERE task_id IN ({r_marks})",
-                    resumed,
-                ):
-                    steps.setdefault(s[0], {})[s[1]] = StepRecord(s[1], s[2], s[3], s[4])
-                for e in cur.execute(
-                    f"SELECT task_id, {_EFFECT_COLUMNS} FROM effects WHERE task_id IN ({r_marks})",
-                    resumed,
-                ):
-                    effects.setdefault(e[0], {})[e[1]] = _effect_record(e[1:])
-        claims = [
+            return []
+        id_marks = ",".join("?" * len(ids))
+        rows = cur.execute(
+            f"UPDATE tasks SET state = 'RUNNING', holder = ?, generation = generation + 1,"
+            f" attempt = attempt + 1, lease_until = ? + lease_s, updated_at = ?"
+            f" WHERE id IN ({id_marks})"
+            f" RETURNING id, name, version, params, generation, attempt, max_attempts,"
+            f" lease_s, lease_until",
+            (holder, now, now, *ids),
+        ).fetchall()
+        for row in rows:
+            prev = previous.get(row[0])
+            detail: dict[str, Any] = {"attempt": row[5], "lease_s": row[7]}
+            if prev is not None:
+                detail.update(previous_holder=prev[0], previous_generation=prev[1])
+            audit.append(
+                (
+                    row[0],
+                    now,
+                    "takeover" if prev is not None else "claim",
+                    "RUNNING" if prev is not None else from_state.get(row[0]),
+                    "RUNNING",
+                    row[4],
+                    holder,
+                    dumps(detail),
+                )
+            )
+        self._audit(cur, audit)
+        # Steps and effects can only exist after an earlier claim: generation > 1.
+        # (Not attempt: a release hands its attempt back, the generation never goes back.)
+        resumed = [row[0] for row in rows if row[4] > 1]
+        steps: dict[str, dict[str, StepRecord]] = {}
+        effects: dict[str, dict[str, EffectRecord]] = {}
+        if resumed:
+            r_marks = ",".join("?" * len(resumed))
+            for s in cur.execute(
+                f"SELECT task_id, name, result, generation, committed_at FROM steps"
+                f" WHERE task_id IN ({r_marks})",
+                resumed,
+            ):
+                steps.setdefault(s[0], {})[s[1]] = StepRecord(s[1], s[2], s[3], s[4])
+            for e in cur.execute(
+                f"SELECT task_id, {_EFFECT_COLUMNS} FROM effects WHERE task_id IN ({r_marks})",
+                resumed,
+            ):
+                effects.setdefault(e[0], {})[e[1]] = _effect_record(e[1:])
+        return [
             Claim(
                 task_id=row[0],
                 name=row[1],
@@ -488,7 +495,6 @@ class SQLiteLedger:
             )
             for row in rows
         ]
-        return claims
 
     def _dead_letter_expired(
         self,
@@ -553,23 +559,42 @@ class SQLiteLedger:
         costs the writer a GIL round trip, so per-batch statements are what let group
         commit scale. A task that appears twice is handled in order (segments).
         """
+        self._check_transitions(writes)
+        with self._tx() as cur:
+            return self._commit_in(cur, self._now(cur), writes)
+
+    def commit_and_claim(
+        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
+    ) -> tuple[list[CommitOutcome], list[Claim]]:
+        """See :meth:`Ledger.commit_and_claim`: both in one transaction (one fsync)."""
+        self._check_transitions(writes)
+        with self._tx() as cur:
+            now = self._now(cur)
+            outcomes = self._commit_in(cur, now, writes)
+            return outcomes, self._claim_in(cur, now, holder, names, limit)
+
+    @staticmethod
+    def _check_transitions(writes: Sequence[TaskWrite]) -> None:
         for write in writes:
             if write.transition is not None:
                 check_transition(State.RUNNING, write.transition.to)
+
+    def _commit_in(
+        self, cur: sqlite3.Cursor, now: float, writes: Sequence[TaskWrite]
+    ) -> list[CommitOutcome]:
+        """The commit, inside the caller's write transaction (see :meth:`commit`)."""
         outcomes: dict[int, CommitOutcome] = {}
-        with self._tx() as cur:
-            now = self._now(cur)
-            audit: list[_AuditRow] = []
-            segment: list[tuple[int, TaskWrite]] = []
-            seen: set[str] = set()
-            for index, write in enumerate(writes):
-                if write.task_id in seen:
-                    self._commit_segment(cur, segment, now, audit, outcomes)
-                    segment, seen = [], set()
-                segment.append((index, write))
-                seen.add(write.task_id)
-            self._commit_segment(cur, segment, now, audit, outcomes)
-            self._audit(cur, audit)
+        audit: list[_AuditRow] = []
+        segment: list[tuple[int, TaskWrite]] = []
+        seen: set[str] = set()
+        for index, write in enumerate(writes):
+            if write.task_id in seen:
+                self._commit_segment(cur, segment, now, audit, outcomes)
+                segment, seen = [], set()
+            segment.append((index, write))
+            seen.add(write.task_id)
+        self._commit_segment(cur, segment, now, audit, outcomes)
+        self._audit(cur, audit)
         return [outcomes[i] for i in range(len(writes))]
 
     def _commit_segment(

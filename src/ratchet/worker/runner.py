@@ -94,6 +94,8 @@ class Worker:
         poll_interval_s: sleep between claim attempts when idle, seconds.
         holder: worker identity; default ``host:pid:random``.
         max_batch: most task writes merged into one group commit.
+        claim_linger_s: when fewer than a quarter of the slots are free but tasks are still
+            running, wait this long (seconds) for more to finish before claiming.
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class Worker:
         poll_interval_s: float = 0.1,
         holder: str | None = None,
         max_batch: int = 256,
+        claim_linger_s: float = 0.002,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -113,6 +116,8 @@ class Worker:
         for name in self.names:
             app.definition(name)
         self.poll_interval_s = poll_interval_s
+        self.claim_linger_s = claim_linger_s
+        self._claim_batch = max(1, concurrency // 4)
         self.holder = holder or default_holder()
         self.ledger = app.ledger
         self.writer = LedgerWriter(self.ledger, max_batch=max_batch)
@@ -199,6 +204,13 @@ class Worker:
             while not self._stopping.is_set():
                 with self._lock:
                     free = self.concurrency - self._inflight
+                if 0 < free < self._claim_batch and free < self.concurrency:
+                    # A few slots free while others still run: wait a moment for more to
+                    # finish, so one claim (riding on their commit) fills several slots.
+                    self._wake.wait(self.claim_linger_s)
+                    self._wake.clear()
+                    with self._lock:
+                        free = self.concurrency - self._inflight
                 if max_tasks is not None:
                     free = min(free, max_tasks - self.stats.claimed)
                     if free <= 0 and self._inflight == 0:
