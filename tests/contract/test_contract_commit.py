@@ -589,3 +589,22 @@ def test_ledger_clock_is_wall_clock_epoch_seconds(ledger: Ledger) -> None:
     b = ledger.now()
     assert abs(a - time.time()) < 5.0
     assert b >= a
+
+
+def test_commit_and_claim_is_one_fenced_transaction(ledger: Ledger, make_task: Any) -> None:
+    """Finishing tasks and claiming their successors in one call: each write still fenced
+    on its own generation (a stale one is rejected and audited), and the claim sees the
+    ledger as the writes left it."""
+    ids = [r.task_id for r in ledger.submit([make_task({"i": i}) for i in range(3)])]
+    first, second = ledger.claim("w", [TASK], 2)
+    done = TaskWrite(first.task_id, first.generation, "w", "finish",
+                     transition=Transition(State.SUCCEEDED, result_json="1"))
+    stale = TaskWrite(second.task_id, second.generation - 1, "w", "finish",
+                      transition=Transition(State.SUCCEEDED, result_json="2"))
+    outcomes, claims = ledger.commit_and_claim([done, stale], "w", [TASK], 5)
+    assert [o.ok for o in outcomes] == [True, False] and outcomes[1].stale
+    assert [c.task_id for c in claims] == [t for t in ids if t not in (first.task_id,
+                                                                        second.task_id)]
+    assert ledger.get(first.task_id).state is State.SUCCEEDED
+    assert ledger.get(second.task_id).state is State.RUNNING  # the stale write changed nothing
+    assert ledger.stats().stale_rejections == 1
