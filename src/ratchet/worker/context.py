@@ -103,7 +103,6 @@ class TaskContext:
         self._effects: dict[str, EffectRecord] = dict(claim.effects)
         self._ledger_t0 = claim.ledger_now
         self._mono_t0 = time.monotonic()
-        self.lookup_hits = 0
 
     # ------------------------------------------------------------------ plumbing
 
@@ -327,7 +326,6 @@ class TaskContext:
                         )
                     log.info("effect %s key %s: lookup confirms not executed", name, key)
                     return False, None
-                self.lookup_hits += 1
                 log.info("effect %s key %s: lookup found an earlier execution", name, key)
                 return True, self._record_done(name, key, params_digest, answer, via_lookup=True)
         if idempotent:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from ..errors import LeaseLost
 from ..ledger.base import Ledger, RenewResult
@@ -103,19 +102,16 @@ class Heartbeat(threading.Thread):
     Args:
         ledger: the ledger (its per-thread connection makes this thread's own connection).
         holder: this worker's holder identity.
-        on_lost: called with the handle when the ledger refuses a lease.
     """
 
     def __init__(
         self,
         ledger: Ledger,
         holder: str,
-        on_lost: Callable[[LeaseHandle], None] | None = None,
     ) -> None:
         super().__init__(name="ratchet-heartbeat", daemon=True)
         self._ledger = ledger
         self._holder = holder
-        self._on_lost = on_lost
         self._leases: dict[str, LeaseHandle] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -216,8 +212,6 @@ class Heartbeat(threading.Thread):
                     else:
                         handle.mark_lost()
                         handle.renew_due = float("inf")
-                        if self._on_lost is not None:
-                            self._on_lost(handle)
         with self._round_done:
             self._rounds += 1
             self._round_done.notify_all()
