@@ -177,7 +177,11 @@ class Worker:
             log.info("signal %d: already stopping", signum)
             return
         log.info("signal %d: stop claiming, release running tasks at their next step", signum)
-        self.stop()
+        # Only the stopping flag, never self._wake: the handler runs on the main thread,
+        # which may be inside self._wake.wait()/clear() holding the Event's (non-reentrant)
+        # lock; setting _wake here would deadlock the worker on its own SIGTERM. Nothing
+        # waits on _stopping, and every wait of the main loop is bounded (poll interval).
+        self._stopping.set()
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT stop the worker gracefully (main thread only)."""
