@@ -7,6 +7,7 @@ import hashlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -352,9 +353,29 @@ def test_bad_durability_in_app_argument(tmp_path: Path) -> None:
         _ = App(f"sqlite:///{tmp_path}/l.db", durability="sometimes").ledger
 
 
-def test_postgresql_url_is_refused_until_the_backend_exists(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="sqlite"):
-        open_ledger("postgresql://user@localhost/ratchet")
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("postgresql://u@127.0.0.1/db?pool_size=abc", "pool_size"),
+        ("postgresql://u@127.0.0.1/db?pool_size=0", "pool_size"),
+        ("postgresql://u@127.0.0.1/db?schema=Bad-Name", "schema"),
+        ("postgresql://u@127.0.0.1/db?busy_timeout_s=3", "SQLite setting"),
+        ("postgresql://u@127.0.0.1/db?durability=eventually", "durability"),
+        ("postgresql://", "names no server"),
+        ("mysql://u@127.0.0.1/db", "unsupported ledger URL scheme"),
+    ],
+)
+def test_malformed_postgresql_urls_are_refused(url: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        open_ledger(url)
+
+
+def test_dead_postgresql_server_is_a_clear_error() -> None:
+    # Port 1 on loopback: nothing listens there; the error names the ledger, fast.
+    started = time.monotonic()
+    with pytest.raises(LedgerUnavailable, match="cannot connect to PostgreSQL ledger"):
+        open_ledger("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2")
+    assert time.monotonic() - started < 10
 
 
 # ---------------------------------------------------------------------- ledger files

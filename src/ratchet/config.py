@@ -4,7 +4,11 @@ Ledger URLs:
 
 * ``sqlite:///ratchet.db`` — a file relative to the working directory (the default);
 * ``sqlite:////var/lib/ratchet/ledger.db`` — an absolute path;
-* query parameters: ``durability=fsync|buffered``, ``busy_timeout_s=<seconds>``.
+* query parameters: ``durability=fsync|buffered``, ``busy_timeout_s=<seconds>``;
+* ``postgresql://user@host:5432/dbname`` — a PostgreSQL ledger; query parameters
+  ``durability=fsync|buffered|replicated``, ``schema=<name>`` (default ``ratchet``: the
+  ledger's tables live in that schema), ``pool_size=<connections>`` (default 4), and any
+  libpq parameter (``sslmode``, ``connect_timeout``, ``application_name``, ...).
 
 Environment: ``RATCHET_LEDGER_URL``, ``RATCHET_MAX_PAYLOAD_BYTES``. The durability level is
 part of the URL, so every process that uses the same URL runs at the same level.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -31,6 +36,7 @@ __all__ = [
 
 DEFAULT_LEDGER_URL = "sqlite:///ratchet.db"
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 class Durability(StrEnum):
@@ -127,10 +133,33 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
             )
         return LedgerConfig(raw, "sqlite", path, level, busy, query)
     if scheme in ("postgresql", "postgres"):
+        if "busy_timeout_s" in parse_qs(parts.query, keep_blank_values=True):
+            raise ConfigError(
+                "busy_timeout_s is a SQLite setting; PostgreSQL ledger URLs take durability, "
+                "schema, pool_size and libpq parameters (sslmode, connect_timeout, ...)"
+            )
+        schema = query.get("schema", "ratchet")
+        if not _SCHEMA_NAME.fullmatch(schema):
+            raise ConfigError(
+                f"schema must be a plain PostgreSQL identifier (lower-case letters, digits, _; "
+                f"at most 63 characters, not starting with a digit), got {schema!r}"
+            )
+        pool_raw = query.get("pool_size", "4")
+        try:
+            pool_size = int(pool_raw)
+        except ValueError:
+            pool_size = 0
+        if not 1 <= pool_size <= 100:
+            raise ConfigError(f"pool_size must be an integer from 1 to 100, got {pool_raw!r}")
+        if not parts.hostname and not parts.path.strip("/") and "host" not in query:
+            raise ConfigError(
+                f"PostgreSQL URL {raw!r} names no server or database; "
+                "e.g. postgresql://user@127.0.0.1:5432/dbname"
+            )
         return LedgerConfig(raw, "postgresql", "", level, busy, query)
     raise ConfigError(
-        f"unsupported ledger URL scheme {parts.scheme!r} in {raw!r}; "
-        "expected sqlite:///relative/path.db or sqlite:////absolute/path.db"
+        f"unsupported ledger URL scheme {parts.scheme!r} in {raw!r}; expected "
+        "sqlite:///relative/path.db, sqlite:////absolute/path.db or postgresql://host/dbname"
     )
 
 

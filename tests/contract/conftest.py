@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pgsupport import private_schema
 
 from ratchet import open_ledger
 from ratchet.app import new_task_id
 from ratchet.ledger.base import Ledger, NewTask
 from ratchet.serde import digest, dumps
 
-BACKENDS = ["sqlite"]  # the PostgreSQL backend is added here: ["sqlite", "postgresql"]
+BACKENDS = ["sqlite", "postgresql"]
 
 TASK = "contract.task"
 
@@ -34,10 +35,17 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def ledger_url(backend: str, tmp_path: Path) -> str:
-    """A URL of a fresh, empty store for this test."""
+def ledger_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A URL of a fresh, empty store for this test: a SQLite file, or a private PostgreSQL
+    schema (dropped afterwards; skipped with a message when no server is reachable, a
+    failure under ``CI=true``)."""
     if backend == "sqlite":
-        return f"sqlite:///{tmp_path}/l.db"
+        yield f"sqlite:///{tmp_path}/l.db"
+        return
+    if backend == "postgresql":
+        with private_schema("rt_contract") as (url, _schema):
+            yield url
+        return
     raise NotImplementedError(f"no store factory for backend {backend!r} yet")
 
 

@@ -24,7 +24,8 @@ def open_ledger(
     Args:
         url: a ledger URL, a parsed :class:`LedgerConfig`, or ``None`` for
             ``RATCHET_LEDGER_URL`` / ``sqlite:///ratchet.db``.
-        durability: ``"fsync"`` or ``"buffered"``, overriding the URL.
+        durability: ``"fsync"``, ``"buffered"`` or ``"replicated"`` (PostgreSQL with a
+            synchronous standby only), overriding the URL.
         migrate: apply pending schema migrations on open.
         must_exist: refuse to create a new, empty ledger (read-only commands use this, so a
             typo in the URL is an error rather than an empty answer).
@@ -39,7 +40,13 @@ def open_ledger(
         from .sqlite import SQLiteLedger
 
         return SQLiteLedger(config, migrate=migrate, must_exist=must_exist)
-    raise ConfigError(
-        f"the {config.scheme} ledger backend is not available in this version; "
-        "use sqlite:///path.db"
-    )
+    if config.scheme == "postgresql":
+        try:
+            from .postgres import PostgresLedger
+        except ImportError as exc:  # psycopg missing
+            raise ConfigError(
+                f"the PostgreSQL ledger needs psycopg 3 and psycopg_pool ({exc}); "
+                "install them with: pip install 'ratchet[postgres]'"
+            ) from exc
+        return PostgresLedger(config, migrate=migrate, must_exist=must_exist)
+    raise ConfigError(f"unsupported ledger backend {config.scheme!r}")

@@ -13,7 +13,7 @@ transaction, one fsync) never changes a caller.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -35,10 +35,12 @@ __all__ = [
     "ResolveOutcome",
     "StepRecord",
     "SubmitResult",
+    "Subscription",
     "TaskInfo",
     "TaskWrite",
     "Timeline",
     "Transition",
+    "WorkerInfo",
 ]
 
 
@@ -328,6 +330,44 @@ class LedgerStats:
     backend_settings: dict[str, str]
     schema_version: int
     ledger_now: float
+    revocations: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One worker process in the registry (fast takeover of dead holders).
+
+    Attributes:
+        holder: the worker's lease-holder identity (unique per process start).
+        host_id: identity of the host *and* PID namespace the process runs in (machine id,
+            boot id, pid namespace): two workers with the same ``host_id`` can see each
+            other's processes, so one may judge whether the other is alive.
+        hostname: for people.
+        pid: the process id, within ``host_id``'s PID namespace.
+        pid_start: the process start time as the kernel reports it (``/proc/PID/stat``
+            field 22, clock ticks since boot), so a recycled pid is not mistaken for the
+            worker; ``None`` where unknown.
+        started_at, last_seen: ledger clock, epoch seconds (``last_seen`` is the last
+            registry heartbeat).
+        state: ``alive``, ``stopped`` (clean exit) or ``dead`` (revoked).
+    """
+
+    holder: str
+    host_id: str
+    hostname: str
+    pid: int
+    pid_start: str | None
+    started_at: float = 0.0
+    last_seen: float = 0.0
+    state: str = "alive"
+
+
+class Subscription(Protocol):
+    """A wake-up subscription returned by :meth:`Ledger.subscribe`."""
+
+    def close(self) -> None:
+        """Stop calling back; release the connection or thread behind it."""
+        ...
 
 
 @runtime_checkable
@@ -431,6 +471,43 @@ class Ledger(Protocol):
 
     def stats(self) -> LedgerStats:
         """Aggregates for ``ratchet status``."""
+        ...
+
+    def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
+        """Call ``on_ready()`` (from another thread) when a task may have become ready.
+
+        A hint only: callers still claim, and still poll as the fallback. PostgreSQL uses
+        LISTEN/NOTIFY; SQLite has no server to notify and returns a subscription that never
+        calls back.
+        """
+        ...
+
+    def register_worker(self, info: WorkerInfo) -> None:
+        """Record a worker process in the registry (``state = alive``, ``last_seen = now``)."""
+        ...
+
+    def touch_worker(self, holder: str, state: str = "alive") -> None:
+        """Registry heartbeat: set ``last_seen = now`` and ``state`` (``stopped`` on a clean
+        exit). A worker already marked ``dead`` stays dead."""
+        ...
+
+    def list_workers(self, host_id: str | None = None) -> list[WorkerInfo]:
+        """Live workers registered with ``host_id``, or every registered worker if None."""
+        ...
+
+    def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:
+        """Take every lease ``holder`` holds away from it, authoritatively.
+
+        One transaction: each RUNNING task of ``holder`` gets ``generation + 1`` and becomes
+        ``RETRY_WAIT`` ready now (the crashed run counts as an attempt), or is retired like an
+        expired final attempt (``FAILED``, or ``UNKNOWN`` with an open effect intent); an
+        audit row ``revoke`` per task; the worker is marked ``dead``. Whatever the holder
+        still writes is fenced out. Only a worker that has *seen* the holder's process gone
+        on the same host calls this (DESIGN: fast takeover); elsewhere leases expire.
+
+        Returns:
+            the ids of the tasks taken away.
+        """
         ...
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ import os
 import sqlite3
 import threading
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .. import faults
@@ -44,16 +44,25 @@ from .base import (
     ResolveOutcome,
     StepRecord,
     SubmitResult,
+    Subscription,
     TaskInfo,
     TaskWrite,
     Timeline,
     Transition,
+    WorkerInfo,
 )
 from .migrations import load_migrations, split_statements
 
 __all__ = ["SQLiteLedger"]
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+class _NoSubscription:
+    """The subscription of a ledger that cannot notify: nothing to close."""
+
+    def close(self) -> None:
+        return None
 
 
 def _reschedules(target: State) -> bool:
@@ -502,8 +511,10 @@ class SQLiteLedger:
         rows: Sequence[tuple[Any, ...]],
         now: float,
         audit: list[_AuditRow],
+        reason: str = "lease expired on final attempt",
     ) -> None:
-        """Retire expired leases of final attempts: FAILED, or UNKNOWN with an open intent."""
+        """Retire expired (or revoked) leases of final attempts: FAILED, or UNKNOWN with an
+        open intent."""
         for task_id, holder, generation, attempt, max_attempts in rows:
             open_intent = cur.execute(
                 "SELECT name, key FROM effects WHERE task_id = ? AND state = 'intent' LIMIT 1",
@@ -526,8 +537,7 @@ class SQLiteLedger:
             )
             audit.append(
                 (task_id, now, "transition", State.RUNNING.value, target.value, generation + 1,
-                 None, dumps({"reason": "lease expired on final attempt",
-                              "previous_holder": holder, "error": error}))
+                 None, dumps({"reason": reason, "previous_holder": holder, "error": error}))
             )
 
     def renew(self, holder: str, leases: Sequence[tuple[str, int]]) -> list[RenewResult]:
@@ -856,7 +866,8 @@ class SQLiteLedger:
             kinds = dict(
                 cur.execute(
                     "SELECT kind, COUNT(*) FROM audit WHERE kind IN ('claim', 'takeover',"
-                    " 'stale_rejected', 'lookup_hit', 'idempotency_conflict', 'operator_resolve')"
+                    " 'stale_rejected', 'lookup_hit', 'idempotency_conflict', 'operator_resolve',"
+                    " 'revoke')"
                     " GROUP BY kind"
                 ).fetchall()
             )
@@ -882,11 +893,95 @@ class SQLiteLedger:
             lookup_hits=kinds.get("lookup_hit", 0),
             idempotency_conflicts=kinds.get("idempotency_conflict", 0),
             operator_actions=kinds.get("operator_resolve", 0),
+            revocations=kinds.get("revoke", 0),
             durability=self.config.durability.value,
             backend_settings=settings,
             schema_version=version,
             ledger_now=now,
         )
+
+    # ------------------------------------------------------------------ wake-ups
+
+    def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
+        """SQLite has no server to notify: the subscription never calls back and workers
+        poll (see :meth:`Ledger.subscribe`)."""
+        return _NoSubscription()
+
+    # ------------------------------------------------------------------ worker registry
+
+    def register_worker(self, info: WorkerInfo) -> None:
+        """See :meth:`Ledger.register_worker`."""
+        with self._tx() as cur:
+            now = self._now(cur)
+            cur.execute(
+                "INSERT INTO workers (holder, host_id, hostname, pid, pid_start, started_at,"
+                " last_seen, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'alive')"
+                " ON CONFLICT (holder) DO UPDATE SET last_seen = excluded.last_seen,"
+                " state = 'alive'",
+                (info.holder, info.host_id, info.hostname, info.pid, info.pid_start, now, now),
+            )
+
+    def touch_worker(self, holder: str, state: str = "alive") -> None:
+        """See :meth:`Ledger.touch_worker`."""
+        with self._tx() as cur:
+            cur.execute(
+                f"UPDATE workers SET last_seen = {_NOW}, state = ?"
+                " WHERE holder = ? AND state <> 'dead'",
+                (state, holder),
+            )
+
+    def list_workers(self, host_id: str | None = None) -> list[WorkerInfo]:
+        """See :meth:`Ledger.list_workers`."""
+        query = (
+            "SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state"
+            " FROM workers"
+        )
+        with self._errors():
+            conn = self._conn()
+            if host_id is None:
+                rows = conn.execute(query + " ORDER BY started_at").fetchall()
+            else:
+                rows = conn.execute(
+                    query + " WHERE host_id = ? AND state = 'alive' ORDER BY started_at",
+                    (host_id,),
+                ).fetchall()
+        return [WorkerInfo(*r) for r in rows]
+
+    def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:
+        """See :meth:`Ledger.revoke_holder`."""
+        with self._tx() as cur:
+            now = self._now(cur)
+            rows = cur.execute(
+                "SELECT id, holder, generation, attempt, max_attempts FROM tasks"
+                " WHERE holder = ? AND state = 'RUNNING'",
+                (holder,),
+            ).fetchall()
+            audit: list[_AuditRow] = []
+            final = [r for r in rows if r[3] >= r[4]]
+            if final:
+                self._dead_letter_expired(cur, final, now, audit,
+                                          reason=f"holder revoked by {by}: {reason}")
+            for task_id, _, generation, attempt, max_attempts in rows:
+                if attempt >= max_attempts:
+                    continue
+                cur.execute(
+                    "UPDATE tasks SET state = 'RETRY_WAIT', holder = NULL, lease_until = NULL,"
+                    " generation = generation + 1, run_at = ?, updated_at = ?, last_error = ?,"
+                    " error_class = 'holder_gone'"
+                    " WHERE id = ? AND generation = ? AND state = 'RUNNING'",
+                    (now, now, f"holder {holder} revoked by {by}: {reason}", task_id, generation),
+                )
+                audit.append(
+                    (task_id, now, "revoke", State.RUNNING.value, State.RETRY_WAIT.value,
+                     generation + 1, by,
+                     dumps({"previous_holder": holder, "previous_generation": generation,
+                            "reason": reason}))
+                )
+            cur.execute(
+                "UPDATE workers SET state = 'dead', last_seen = ? WHERE holder = ?", (now, holder)
+            )
+            self._audit(cur, audit)
+        return [r[0] for r in rows]
 
     def close(self) -> None:
         """Close every connection opened by this ledger object (all threads)."""

@@ -1,0 +1,172 @@
+"""PostgreSQL-only behaviour of the ledger (the shared contract is in tests/contract/).
+
+Each test works in its own schema on the test server (see ``pgsupport``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from pgsupport import private_schema, with_params
+from psycopg import sql
+
+from ratchet import open_ledger
+from ratchet.app import new_task_id
+from ratchet.errors import ConfigError, SchemaTooNew
+from ratchet.ledger.base import Ledger, NewTask, WorkerInfo
+from ratchet.serde import digest, dumps
+from ratchet.states import State
+
+
+@pytest.fixture
+def pg() -> Iterator[tuple[str, str]]:
+    with private_schema("rt_pg") as found:
+        yield found
+
+
+def _task(name: str = "pg.task", max_attempts: int = 3) -> NewTask:
+    params = dumps({})
+    return NewTask(new_task_id(), name, 1, params, digest(name, params), None, max_attempts,
+                   30.0)
+
+
+def _raw(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    base = url.split("?")[0]
+    return psycopg.connect(base, autocommit=True)
+
+
+def test_newer_schema_is_refused_and_not_modified(pg: tuple[str, str]) -> None:
+    url, schema = pg
+    open_ledger(url).close()
+    with _raw(url) as conn:
+        conn.execute(sql.SQL("UPDATE {}.schema_version SET version = 99").format(
+            sql.Identifier(schema)))
+        before = conn.execute(sql.SQL("SELECT count(*) FROM {}.tasks").format(
+            sql.Identifier(schema))).fetchone()
+    with pytest.raises(SchemaTooNew, match="schema version 99"):
+        open_ledger(url)
+    with pytest.raises(SchemaTooNew):
+        open_ledger(url, migrate=False)
+    with _raw(url) as conn:
+        version = conn.execute(sql.SQL("SELECT version FROM {}.schema_version").format(
+            sql.Identifier(schema))).fetchone()
+        after = conn.execute(sql.SQL("SELECT count(*) FROM {}.tasks").format(
+            sql.Identifier(schema))).fetchone()
+    assert version == (99,)
+    assert before == after
+
+
+def test_concurrent_migrate_from_many_processes_is_safe(pg: tuple[str, str]) -> None:
+    url, schema = pg
+    errors: list[BaseException] = []
+    versions: list[int] = []
+    barrier = threading.Barrier(6)
+
+    def migrate() -> None:
+        try:
+            barrier.wait()
+            ledger = open_ledger(url, migrate=False)
+            try:
+                versions.append(ledger.migrate())
+            finally:
+                ledger.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(set(versions)) == 1
+    with _raw(url) as conn:
+        rows = conn.execute(sql.SQL("SELECT version FROM {}.schema_version").format(
+            sql.Identifier(schema))).fetchall()
+    assert rows == [(versions[0],)]
+
+
+def test_must_exist_refuses_an_empty_schema(pg: tuple[str, str]) -> None:
+    url, _ = pg
+    from ratchet.errors import LedgerUnavailable
+
+    with pytest.raises(LedgerUnavailable, match="no Ratchet ledger"):
+        open_ledger(url, must_exist=True)
+
+
+def test_durability_maps_to_synchronous_commit(pg: tuple[str, str]) -> None:
+    url, _ = pg
+    for level, expected in (("fsync", "on"), ("buffered", "off")):
+        ledger = open_ledger(with_params(url, durability=level))
+        try:
+            stats = ledger.stats()
+            assert stats.durability == level
+            assert stats.backend_settings["synchronous_commit"] == expected
+        finally:
+            ledger.close()
+
+
+def test_replicated_without_a_synchronous_standby_is_refused(pg: tuple[str, str]) -> None:
+    url, _ = pg
+    with pytest.raises(ConfigError, match="synchronous standby"):
+        open_ledger(with_params(url, durability="replicated"))
+
+
+def test_submit_notifies_subscribers(pg: tuple[str, str]) -> None:
+    url, _ = pg
+    ledger = open_ledger(url)
+    woke = threading.Event()
+    calls: list[float] = []
+
+    def on_ready() -> None:
+        calls.append(time.monotonic())
+        woke.set()
+
+    sub = ledger.subscribe(on_ready)
+    try:
+        assert woke.wait(5), "no initial wake-up after LISTEN"
+        time.sleep(0.2)
+        woke.clear()
+        n = len(calls)
+        ledger.submit([_task()])
+        assert woke.wait(5), "no NOTIFY after submit"
+        assert len(calls) > n
+    finally:
+        sub.close()
+        ledger.close()
+
+
+def _claim_one(ledger: Ledger, holder: str) -> str:
+    claims = ledger.claim(holder, ["pg.task"], 10)
+    assert len(claims) == 1
+    return claims[0].task_id
+
+
+def test_revoke_holder_bumps_generation_and_makes_tasks_claimable(pg: tuple[str, str]) -> None:
+    url, _ = pg
+    ledger = open_ledger(url)
+    try:
+        ledger.register_worker(WorkerInfo("dead-holder", "host-a", "a", 999_999, None))
+        ledger.submit([_task(), _task(max_attempts=1)])
+        claims = ledger.claim("dead-holder", ["pg.task"], 10)
+        assert len(claims) == 2
+        taken = ledger.revoke_holder("dead-holder", by="peer", reason="process gone")
+        assert sorted(taken) == sorted(c.task_id for c in claims)
+        infos = {i.task_id: i for i in ledger.get_many(taken)}
+        by_attempts = {c.max_attempts: c for c in claims}
+        retried = infos[by_attempts[3].task_id]
+        final = infos[by_attempts[1].task_id]
+        assert retried.state is State.RETRY_WAIT and retried.generation == 2
+        assert final.state is State.FAILED and final.generation == 2
+        # Ready at once for another worker; the dead holder's late write is fenced out.
+        again = ledger.claim("peer", ["pg.task"], 10)
+        assert [c.task_id for c in again] == [retried.task_id]
+        assert again[0].generation == 3
+        assert ledger.list_workers("host-a") == []
+        assert ledger.stats().revocations == 1
+    finally:
+        ledger.close()
