@@ -254,8 +254,14 @@ class Rig:
         pause_at: str | None = None,
         concurrency: int = 1,
         env: dict[str, str] | None = None,
+        fast_takeover: bool = False,
     ) -> Proc:
-        """Start ``python -m ratchet.cli.main worker crashapp:app`` as a subprocess."""
+        """Start ``python -m ratchet.cli.main worker crashapp:app`` as a subprocess.
+
+        ``fast_takeover`` is off by default here: the crash-point matrix rows (DESIGN §6)
+        exercise recovery by lease expiry, the path every host relies on; revocation of a
+        dead same-host holder is exercised by the many-kills test and tests/takeover/.
+        """
         cmd = [
             sys.executable,
             "-m",
@@ -270,6 +276,7 @@ class Rig:
             "0.05",
             "--log-level",
             "INFO",
+            "--fast-takeover" if fast_takeover else "--no-fast-takeover",
         ]
         full_env = self.env(
             RATCHET_CRASH_AT=crash_at,
@@ -380,8 +387,8 @@ def check_ledger_consistent(ledger_path: Path) -> None:
     """Structural invariants of the ledger file, read with plain SQL (no Ratchet code).
 
     * the file passes ``PRAGMA integrity_check``;
-    * a task's generation equals its number of claim/takeover audit rows, and those rows
-      carry generations 1..g in order (each claim bumps the fence exactly once);
+    * a task's generation equals its number of claim/takeover/revoke audit rows, and those
+      rows carry generations 1..g in order (each claim or revocation bumps the fence once);
     * every step and effect row was written by a generation that was claimed, never a
       newer one than the task's;
     * SUCCEEDED tasks hold no lease and have a result; RUNNING tasks have holder and lease;
@@ -398,7 +405,7 @@ def check_ledger_consistent(ledger_path: Path) -> None:
                 g
                 for (g,) in conn.execute(
                     "SELECT generation FROM audit WHERE task_id = ? AND kind IN"
-                    " ('claim', 'takeover') ORDER BY seq",
+                    " ('claim', 'takeover', 'revoke') ORDER BY seq",
                     (task_id,),
                 )
             ]

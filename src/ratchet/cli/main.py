@@ -114,6 +114,14 @@ def worker(
     log_level: Annotated[
         str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
     ] = "INFO",
+    fast_takeover: Annotated[
+        bool,
+        typer.Option(
+            "--fast-takeover/--no-fast-takeover",
+            help="Register in the worker registry and revoke the leases of same-host workers"
+            " whose process is gone (default), or rely on lease expiry alone.",
+        ),
+    ] = True,
 ) -> None:
     """Run a worker: claim tasks, run them, commit fenced results. SIGTERM stops gracefully."""
     from ..worker import Worker
@@ -135,6 +143,7 @@ def worker(
             concurrency=concurrency,
             names=names.split(",") if names else None,
             poll_interval_s=poll_interval_s,
+            fast_takeover=fast_takeover,
         )
         w.install_signal_handlers()
         logging.getLogger("ratchet.worker").info(
@@ -366,7 +375,11 @@ def migrate(ledger: LedgerOpt = None) -> None:
 def demo(
     ledger: Annotated[
         str | None,
-        typer.Option("--ledger", help="Ledger URL (default: a fresh ./ratchet-demo/ledger.db)."),
+        typer.Option(
+            "--ledger",
+            help="Ledger URL (default: a fresh ./ratchet-demo/ledger.db). A postgresql:// URL "
+            "runs in its schema= (default ratchet_demo), which is dropped and recreated first.",
+        ),
     ] = None,
     tasks: Annotated[int, typer.Option("--tasks", min=1)] = 500,
     workers: Annotated[int, typer.Option("--workers", min=1)] = 2,

@@ -14,7 +14,15 @@
    its lease, so another worker takes its tasks over, then lets it resume (``SIGCONT``):
    its late writes must be refused as stale generations;
 5. shows live progress, then a report read from the ledger *and* from the payment
-   service's own SQLite file, which is the only proof that each charge executed once.
+   service's own SQLite file, which is the only proof that each charge executed once —
+   including how fast the killed workers' tasks were claimed again (same-host peers
+   revoke a dead holder's leases instead of waiting for them to expire).
+
+The ledger is a fresh SQLite file in the work directory, or a PostgreSQL schema
+(``--ledger postgresql://...``): the URL's ``schema=``, else :data:`DEMO_PG_SCHEMA`. That
+one schema is dropped (``DROP SCHEMA ... CASCADE``) and created empty at the start of every
+run, and only if it is absent or was made by an earlier demo (its comment says so); any
+other existing schema is refused, and nothing else in the database is touched.
 
 It exits 1 if an invariant is broken: a succeeded task whose key did not execute exactly
 once (or whose recorded charge is not the service's), any key executed more than once, a
@@ -30,6 +38,7 @@ import random
 import shutil
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
@@ -37,6 +46,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -46,8 +56,8 @@ from rich.text import Text
 
 from ..app import SubmitRequest
 from ..config import parse_ledger_url
-from ..errors import ConfigError, RatchetError
-from ..ledger.base import EffectState, Ledger
+from ..errors import ConfigError, LedgerUnavailable, RatchetError
+from ..ledger.base import AuditEvent, EffectState, Ledger
 from ..serde import loads
 from ..states import State
 from . import billing
@@ -59,9 +69,19 @@ from .payments import (
     start_payment_service,
 )
 
-__all__ = ["DemoSettings", "run_demo", "sqlite_write_locked"]
+__all__ = [
+    "DEMO_PG_SCHEMA",
+    "DemoSettings",
+    "demo_pg_url",
+    "reset_pg_schema",
+    "run_demo",
+    "sqlite_write_locked",
+]
 
 _MARKER = ".ratchet-demo"
+DEMO_PG_SCHEMA = "ratchet_demo"
+"""The demo's schema on a PostgreSQL ledger whose URL names none (dropped every run)."""
+_PG_SCHEMA_COMMENT = "created by ratchet demo; dropped and recreated at the start of every run"
 _TASK = "billing.charge"
 
 
@@ -150,6 +170,116 @@ def sqlite_write_locked(path: str | Path, timeout_s: float) -> bool:
         conn.close()
 
 
+def demo_pg_url(url: str) -> tuple[str, str, bool]:
+    """The URL the demo runs on for a PostgreSQL ledger: ``(url, schema, defaulted)``.
+
+    A URL that names a ``schema=`` is used as it is. Otherwise ``schema=ratchet_demo``
+    (:data:`DEMO_PG_SCHEMA`) is added and ``defaulted`` is True, so the demo never runs in,
+    and never drops, the ``ratchet`` schema that workers use by default.
+
+    Raises:
+        ConfigError: the URL is malformed.
+    """
+    config = parse_ledger_url(url)
+    schema = config.options.get("schema")
+    if schema is not None:
+        return config.url, schema, False
+    parts = urlsplit(config.url)
+    query = [*parse_qsl(parts.query, keep_blank_values=True), ("schema", DEMO_PG_SCHEMA)]
+    rebuilt = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), ""))
+    return rebuilt, DEMO_PG_SCHEMA, True
+
+
+def reset_pg_schema(url: str, schema: str, lock_timeout_s: float = 5.0) -> bool:
+    """Make ``schema`` exist and be empty: ``DROP SCHEMA ... CASCADE``, then ``CREATE SCHEMA``.
+
+    Only that schema is touched, and only if it is absent or was created by an earlier
+    demo run (its comment says so, see :data:`_PG_SCHEMA_COMMENT`); the new schema gets
+    that comment. Any other existing schema — even an empty one, such as ``public`` — is
+    refused, never dropped. Waits at most ``lock_timeout_s`` seconds for locks (a worker of
+    an earlier run still holding a table), then gives up.
+
+    Returns:
+        True when there was a schema to drop.
+
+    Raises:
+        ConfigError: the schema exists and was not created by the demo, it is a system
+            schema, or psycopg is missing.
+        LedgerUnavailable: no connection, or the schema is in use.
+    """
+    try:
+        import psycopg
+        from psycopg import sql
+
+        from ..ledger.postgres import libpq_url
+    except ImportError as exc:
+        raise ConfigError(
+            f"the PostgreSQL demo needs psycopg 3 and psycopg_pool ({exc}); "
+            "install them with: pip install 'ratchet[demo]'"
+        ) from exc
+    config = parse_ledger_url(url)
+    ident = sql.Identifier(schema)
+    where = f"schema {schema!r} of {_display_url(libpq_url(config))}"
+    if schema in ("public", "information_schema") or schema.startswith("pg_"):
+        raise ConfigError(
+            f"the demo drops and recreates its schema on every run; it will not do that to "
+            f"{where}: name a schema of its own with ?schema=<name> (default {DEMO_PG_SCHEMA})"
+        )
+    try:
+        with psycopg.connect(libpq_url(config), autocommit=True, connect_timeout=5) as conn:
+            conn.execute(
+                sql.SQL("SET lock_timeout = {}").format(
+                    sql.Literal(f"{max(1, int(lock_timeout_s * 1000))}ms")
+                )
+            )
+            row = conn.execute(
+                "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s",
+                (schema,),
+            ).fetchone()
+            if row is not None and row[0] != _PG_SCHEMA_COMMENT:
+                raise ConfigError(
+                    f"{where} exists and was not created by `ratchet demo`, which drops its "
+                    "schema on every run; name a new one with ?schema=<name> in the URL "
+                    f"(default {DEMO_PG_SCHEMA}), or drop this one yourself if it is a "
+                    "leftover of an older demo"
+                )
+            with conn.transaction():
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
+                conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+                conn.execute(
+                    sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
+                        ident, sql.Literal(_PG_SCHEMA_COMMENT)
+                    )
+                )
+    except psycopg.errors.LockNotAvailable as exc:
+        raise LedgerUnavailable(
+            f"could not drop {where} within {lock_timeout_s:.0f} s: it is in use (is a worker "
+            f"of an earlier demo still running?): {_first_line(exc)}"
+        ) from exc
+    except psycopg.Error as exc:
+        raise LedgerUnavailable(f"could not reset {where}: {_first_line(exc)}") from exc
+    return row is not None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _display_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for printing)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    if netloc == parts.netloc and all(k != "password" for k, _ in pairs):
+        return url
+    query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
 def _holder_pid(holder: str | None) -> int | None:
     """The pid inside a ``host:pid:random`` holder id (None if it has another shape)."""
     if not holder:
@@ -178,6 +308,30 @@ class _Snapshot:
     takeovers: int = 0
     stale: int = 0
     lookup_hits: int = 0
+    revocations: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Reclaims:
+    """How fast the SIGKILLed workers' tasks came back (from the audit timelines).
+
+    Times are seconds from the kill (ledger clock read right after the process died).
+
+    Attributes:
+        freed: per kill, until the first of its tasks was claimable again: its ``revoke``
+            row, or (lease expiry) its ``takeover`` row.
+        first_claim: per kill, until the first of its tasks was claimed again.
+        claimed: per task of a killed worker, until it was claimed again (a revoked task
+            goes back to the ready queue, so this includes waiting behind the backlog).
+        revoked: tasks of killed workers whose leases were revoked (fast takeover).
+        expired: tasks of killed workers taken over only after their lease expired.
+    """
+
+    freed: list[float]
+    first_claim: list[float]
+    claimed: list[float]
+    revoked: int
+    expired: int
 
 
 # ---------------------------------------------------------------------------- the run
@@ -194,9 +348,11 @@ class _DemoRun:
         kills: int,
         seed: int,
         settings: DemoSettings,
+        notes: list[str] | None = None,
     ) -> None:
         self.console = console
         self.ledger_url = ledger_url
+        self.notes = list(notes or [])
         self.workdir = workdir
         self.n_tasks = tasks
         self.n_workers = workers
@@ -219,6 +375,7 @@ class _DemoRun:
         self.resubmit_checks: list[tuple[str, str, bool]] = []  # (expected id, got id, created)
         self.kills_done = 0
         self.kill_inflight: list[int] = []
+        self.kill_times: list[tuple[int, float]] = []  # (pid, ledger clock just after death)
         self.unexpected_exits = 0
         self.pause: dict[str, Any] = {}
         self.pause_attempts = 0
@@ -316,7 +473,12 @@ class _DemoRun:
                     inflight.setdefault(pid, []).append(info.task_id)
         stats = self.ledger.stats()
         return _Snapshot(
-            states, inflight, stats.takeovers, stats.stale_rejections, stats.lookup_hits
+            states,
+            inflight,
+            stats.takeovers,
+            stats.stale_rejections,
+            stats.lookup_hits,
+            stats.revocations,
         )
 
     def sqlite_write_lock_held(self) -> bool:
@@ -349,6 +511,8 @@ class _DemoRun:
         held = len(snap.inflight.get(pid, []))
         _signal_group(slot.proc, signal.SIGKILL)
         slot.proc.wait()
+        with contextlib.suppress(RatchetError):
+            self.kill_times.append((pid, self.ledger.now()))
         self.kills_done += 1
         self.kill_inflight.append(held)
         self.start_worker(slot)
@@ -437,7 +601,7 @@ class _DemoRun:
         )
         grid.add_row(
             f"kills [bold]{self.kills_done}/{self.kills_asked}[/]",
-            f"takeovers [bold]{snap.takeovers}[/]",
+            f"takeovers [bold]{snap.takeovers}[/] revoked [bold]{snap.revocations}[/]",
             f"stale rejections [bold]{snap.stale}[/]",
             f"lookup hits [bold]{snap.lookup_hits}[/]",
         )
@@ -461,7 +625,9 @@ class _DemoRun:
             f"{s.concurrency} threads, {self.kills_asked} kills, seed {self.seed}, "
             f"lease {self.lease_s:.1f} s"
         )
-        self.console.print(f"ledger  {self.ledger_url}\nworkdir {self.workdir}")
+        self.console.print(f"ledger  {_display_url(self.ledger_url)}\nworkdir {self.workdir}")
+        for note in self.notes:
+            self.console.print(note)
         self.service = start_payment_service(
             self.workdir / "payments.db",
             reply_lost=s.reply_lost,
@@ -636,8 +802,10 @@ class _DemoRun:
         retry_classes: Counter[str] = Counter()
         released: Counter[str] = Counter()
         attempts: list[int] = []
+        events_of: dict[str, list[AuditEvent]] = {}
         for tid, info in infos.items():
             tl = self.ledger.timeline(tid)
+            events_of[tid] = tl.events
             attempts.append(info.attempt)
             for ev in tl.events:
                 if ev.kind == "transition" and ev.to_state == State.RETRY_WAIT.value:
@@ -659,6 +827,7 @@ class _DemoRun:
             if info.state is State.SUCCEEDED and not tl.effects:
                 mismatch.append(tid)
 
+        reclaims = self._reclaims(events_of)
         not_terminal = [i for i in infos.values() if not i.terminal]
         resub_ok = all(want == got and not created for want, got, created in self.resubmit_checks)
 
@@ -731,6 +900,7 @@ class _DemoRun:
         tasks_t.add_row("unknown (needs a person)", _warn(states[State.UNKNOWN]))
         tasks_t.add_row("not terminal", _warn(len(not_terminal)))
         tasks_t.add_row("claims / takeovers", f"{stats.claims} / {stats.takeovers}")
+        tasks_t.add_row("revocations (fast takeover of dead holders)", str(stats.revocations))
         tasks_t.add_row("stale-generation rejections", str(stats.stale_rejections))
         tasks_t.add_row("lookups that found an earlier charge", str(stats.lookup_hits))
         tasks_t.add_row(
@@ -772,6 +942,8 @@ class _DemoRun:
         chaos.add_column(justify="right")
         chaos.add_row("workers SIGKILLed (and restarted)", f"{self.kills_done}/{self.kills_asked}")
         chaos.add_row("tasks in flight at the kills", str(sum(self.kill_inflight)))
+        for label, value in self._reclaim_rows(reclaims):
+            chaos.add_row(label, value)
         if "end" in self.pause:
             chaos.add_row(
                 "worker paused (SIGSTOP)",
@@ -800,6 +972,14 @@ class _DemoRun:
                 "[yellow]note:[/] the paused worker resumed without a stale-generation "
                 "rejection (it had no write pending for a task taken over)"
             )
+        if reclaims.claimed and reclaims.revoked:
+            wait = statistics.median(reclaims.first_claim) - statistics.median(reclaims.freed)
+            if wait > 1.0:
+                c.print(
+                    f"[yellow]note:[/] revoked tasks were claimable at once but waited "
+                    f"{wait:.1f} s (median) to be claimed again: they re-enter the ready queue "
+                    "behind the whole backlog (revoke_holder sets run_at = now)"
+                )
         if broken:
             c.print(f"[bold red]FAILED[/]: {len(broken)} invariant(s) broken. Logs: {self.workdir}")
             return 1
@@ -809,7 +989,80 @@ class _DemoRun:
             + (" and a paused holder" if "end" in self.pause else "")
             + f" ({self.elapsed_s:.1f} s)."
         )
+        freed_median = statistics.median(reclaims.freed) if reclaims.freed else None
+        if freed_median is not None and freed_median < self.lease_s:
+            c.print(
+                f"Killed workers' tasks were claimable again {freed_median:.2f} s"
+                f" after a kill (median), not after a {self.lease_s:.1f} s lease: "
+                f"{stats.revocations} leases revoked from dead holders."
+            )
         return 0
+
+    def _reclaims(self, events_of: dict[str, list[AuditEvent]]) -> _Reclaims:
+        """For each SIGKILL, the tasks the dead worker held and when each came back.
+
+        A task counts for a kill when, by its audit rows, it was RUNNING under the killed
+        pid at the ledger time read right after the process died. It was freed at its next
+        ``revoke`` row (fast takeover) or else at its next ``takeover`` row (lease expiry),
+        and claimed again at its next ``claim``/``takeover`` row.
+        """
+        freed: list[float] = []
+        first_claim: list[float] = []
+        claimed: list[float] = []
+        revoked = expired = 0
+        for pid, killed_at in self.kill_times:
+            kill_freed: list[float] = []
+            kill_claimed: list[float] = []
+            for events in events_of.values():
+                holder: str | None = None
+                after: list[AuditEvent] = []
+                for ev in events:
+                    if ev.at > killed_at:
+                        after.append(ev)
+                    elif ev.kind in ("claim", "takeover"):
+                        holder = ev.holder
+                    elif ev.kind == "revoke" or (
+                        ev.to_state is not None and ev.to_state != State.RUNNING.value
+                    ):
+                        holder = None
+                if _holder_pid(holder) != pid:
+                    continue
+                revoked_after: float | None = None
+                for ev in after:
+                    delay = max(0.0, ev.at - killed_at)
+                    if ev.kind == "revoke" and revoked_after is None:
+                        revoked_after = delay
+                    elif ev.kind in ("claim", "takeover"):
+                        kill_claimed.append(delay)
+                        kill_freed.append(revoked_after if revoked_after is not None else delay)
+                        revoked += int(revoked_after is not None)
+                        expired += int(revoked_after is None)
+                        break
+            claimed.extend(kill_claimed)
+            if kill_claimed:
+                freed.append(min(kill_freed))
+                first_claim.append(min(kill_claimed))
+        return _Reclaims(freed, first_claim, claimed, revoked, expired)
+
+    def _reclaim_rows(self, r: _Reclaims) -> list[tuple[str, str]]:
+        """Rows for the chaos table: how fast the killed workers' tasks came back."""
+        if not r.claimed:
+            return [("killed workers' tasks claimed again", "-")]
+        freed = statistics.median(r.freed)
+        verdict = (
+            f"[green]< lease ({self.lease_s:.1f} s)[/]"
+            if freed < self.lease_s
+            else f"[yellow]lease ({self.lease_s:.1f} s)[/]"
+        )
+        return [
+            ("killed tasks freed: revoked / lease expired", f"{r.revoked} / {r.expired}"),
+            ("kill → its tasks claimable (median)", f"{freed:.2f} s, {verdict}"),
+            ("kill → first re-claim (median)", f"{statistics.median(r.first_claim):.2f} s"),
+            (
+                "kill → re-claim per task: median / max",
+                f"{statistics.median(r.claimed):.2f} / {max(r.claimed):.2f} s",
+            ),
+        ]
 
 
 def _fmt_states(states: Counter[State]) -> str:
@@ -860,7 +1113,11 @@ def run_demo(
 
     Args:
         ledger_url: the ledger; None for ``sqlite:///<workdir>/ledger.db`` (fresh each run).
-            Order ids carry a per-run tag, so a shared ledger does not dedupe across runs.
+            A ``postgresql://`` URL runs in its ``schema=`` (default ``ratchet_demo``),
+            which is dropped with everything in it and created empty first (see
+            :func:`reset_pg_schema`: refused for a schema the demo did not create).
+            Another SQLite URL is used as it is; order ids carry a per-run tag, so a shared
+            ledger does not dedupe across runs.
         tasks: ``billing.charge`` tasks to submit (>= 1).
         workers: worker processes (>= 1; 2 or more to see takeovers of a paused holder).
         kills: SIGKILLs to deliver (at least).
@@ -888,10 +1145,28 @@ def run_demo(
         console.print(f"[bold red]error:[/] {exc}")
         return 2
     url = ledger_url or f"sqlite:///{wd / 'ledger.db'}"
+    notes: list[str] = []
+    try:
+        if parse_ledger_url(url).scheme == "postgresql":
+            url, schema, defaulted = demo_pg_url(url)
+            if defaulted:
+                notes.append(
+                    f"schema  {schema} (the URL names no schema=; the demo uses its own, "
+                    "never the default 'ratchet')"
+                )
+            existed = reset_pg_schema(url, schema)
+            notes.append(
+                f"        dropped schema {schema} (DROP SCHEMA ... CASCADE) and created it empty"
+                if existed
+                else f"        created schema {schema} (it did not exist)"
+            )
+    except RatchetError as exc:
+        console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}")
+        return 2
     app = billing.app
     app.close()  # a previous run in this process may have opened another ledger
     app.configure(ledger=url)
-    demo = _DemoRun(console, url, wd, tasks, workers, kills, seed, settings)
+    demo = _DemoRun(console, url, wd, tasks, workers, kills, seed, settings, notes)
     try:
         return demo.run()
     except (PaymentServiceError, RatchetError) as exc:

@@ -1086,7 +1086,7 @@ class PostgresLedger:
             if retry:
                 cur.execute(
                     "UPDATE tasks SET state = 'RETRY_WAIT', holder = NULL, lease_until = NULL,"
-                    " generation = generation + 1, run_at = %s, updated_at = %s,"
+                    " generation = generation + 1, run_at = LEAST(run_at, %s), updated_at = %s,"
                     " last_error = %s, error_class = 'holder_gone'"
                     " WHERE id = ANY(%s) AND state = 'RUNNING' AND holder = %s",
                     (now, now, f"holder {holder} revoked by {by}: {reason}",

@@ -966,7 +966,8 @@ class SQLiteLedger:
                     continue
                 cur.execute(
                     "UPDATE tasks SET state = 'RETRY_WAIT', holder = NULL, lease_until = NULL,"
-                    " generation = generation + 1, run_at = ?, updated_at = ?, last_error = ?,"
+                    " generation = generation + 1, run_at = MIN(run_at, ?), updated_at = ?,"
+                    " last_error = ?,"
                     " error_class = 'holder_gone'"
                     " WHERE id = ? AND generation = ? AND state = 'RUNNING'",
                     (now, now, f"holder {holder} revoked by {by}: {reason}", task_id, generation),

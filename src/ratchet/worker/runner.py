@@ -43,6 +43,7 @@ from ..errors import (
     EffectOutcomeUnknown,
     FenceError,
     LeaseLost,
+    RatchetError,
     StaleGeneration,
 )
 from ..ledger.base import Claim, TaskWrite, Transition
@@ -51,6 +52,7 @@ from ..serde import dumps
 from ..states import State
 from .context import Shutdown, TaskContext
 from .heartbeat import Heartbeat, LeaseHandle
+from .registry import Registrar
 from .writer import LedgerWriter
 
 __all__ = ["Worker", "WorkerStats", "default_holder"]
@@ -96,6 +98,8 @@ class Worker:
         max_batch: most task writes merged into one group commit.
         claim_linger_s: when fewer than a quarter of the slots are free but tasks are still
             running, wait this long (seconds) for more to finish before claiming.
+        fast_takeover: register in the ledger's worker registry and revoke the leases of
+            same-host workers whose process is gone (:mod:`ratchet.worker.registry`).
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class Worker:
         holder: str | None = None,
         max_batch: int = 256,
         claim_linger_s: float = 0.002,
+        fast_takeover: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -117,6 +122,7 @@ class Worker:
             app.definition(name)
         self.poll_interval_s = poll_interval_s
         self.claim_linger_s = claim_linger_s
+        self.fast_takeover = fast_takeover
         self._claim_batch = max(1, concurrency // 4)
         self.holder = holder or default_holder()
         self.ledger = app.ledger
@@ -202,6 +208,17 @@ class Worker:
         """
         self.writer.start()
         self.heartbeat.start()
+        registrar: Registrar | None = None
+        if self.fast_takeover:
+            registrar = Registrar(self.ledger, self.holder)
+            try:
+                registrar.register()
+            except RatchetError as exc:  # the registrar thread tries again
+                log.warning("worker registry: %s", exc)
+            registrar.start()
+        # Wake the claim loop as soon as the ledger says work may be ready (PostgreSQL
+        # LISTEN/NOTIFY); the poll interval stays the fallback.
+        subscription = self.ledger.subscribe(self._wake.set)
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="ratchet-task")
         idle_since = time.monotonic()
         try:
@@ -251,7 +268,10 @@ class Worker:
                 self._wake.clear()
         finally:
             self._stopping.set()
+            subscription.close()
             pool.shutdown(wait=True)
+            if registrar is not None:
+                registrar.stop(clean=True)
             self.heartbeat.stop()
             self.writer.stop()
             self.writer.join()

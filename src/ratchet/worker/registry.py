@@ -1,0 +1,181 @@
+"""Worker registry and fast takeover of dead holders on the same host.
+
+Waiting a whole lease after a crash is the common weakness of task queues (an hour in some
+rescuers, tens of seconds in others). A lease exists because, across hosts, nobody can tell
+a dead worker from a slow one. On one host we can: the kernel knows whether a process
+exists. So every worker registers itself in the ledger (``host_id``, pid, process start
+time, heartbeat), and a :class:`Registrar` thread in every worker looks at the other
+workers registered with *its own* ``host_id``; when one's process is gone, it revokes that
+holder's leases in the ledger (:meth:`~ratchet.ledger.base.Ledger.revoke_holder`: a
+conditional update that bumps each task's generation), and the tasks are claimable at once.
+
+Rules:
+
+* Only a worker with the same ``host_id`` judges a holder; ``host_id`` covers the machine,
+  its boot and the PID namespace, so a container never judges another container's pids.
+  Holders elsewhere are taken over only when their lease expires by the ledger's clock.
+* "Gone" means no such pid, a zombie, or a pid whose start time differs from the
+  registered one (the pid was recycled). A stopped (SIGSTOP) process is *not* gone.
+* Being wrong is safe: a revoked holder that was in fact alive is fenced like any stale
+  holder — its next write carries an old generation and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+
+from ..errors import RatchetError
+from ..ledger.base import Ledger, WorkerInfo
+
+__all__ = ["Registrar", "host_identity", "process_gone", "process_start_time"]
+
+log = logging.getLogger("ratchet.worker.registry")
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def host_identity() -> str:
+    """``machine-id/boot-id/pid-namespace`` of this process (hostname where unknown).
+
+    Two processes with the same identity see the same pids, so one may judge whether the
+    other is alive. A reboot or another PID namespace gives another identity.
+    """
+    machine = _read("/etc/machine-id") or _read("/var/lib/dbus/machine-id") or socket.gethostname()
+    boot = _read("/proc/sys/kernel/random/boot_id") or "boot?"
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = "pidns?"
+    return f"{machine}/{boot}/{pidns}"
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields 3.. of ``/proc/PID/stat`` (after the parenthesised command name)."""
+    raw = _read(f"/proc/{pid}/stat")
+    if not raw or ")" not in raw:
+        return None
+    return raw.rsplit(")", 1)[1].split()
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), or None if unknown."""
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 20:
+        return None
+    return fields[19]  # field 22 of proc(5): starttime
+
+
+def process_gone(pid: int, start_time: str | None) -> bool:
+    """True when process ``pid`` (started at ``start_time``, if known) no longer runs.
+
+    A zombie counts as gone (it will never write again); a stopped process does not.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # exists, owned by someone else
+    fields = _stat_fields(pid)
+    if fields is None:
+        # With /proc: it vanished between the two looks. Without (not Linux): kill(0) said
+        # it exists, and there is nothing more to check.
+        return Path("/proc").is_dir()
+    if fields[0] in ("Z", "X"):
+        return True
+    return start_time is not None and len(fields) >= 20 and fields[19] != start_time
+
+
+class Registrar(threading.Thread):
+    """Registers this worker, heartbeats the registry, and revokes dead same-host holders.
+
+    Args:
+        ledger: the worker's ledger.
+        holder: this worker's holder identity.
+        scan_interval_s: seconds between looks at the other workers of this host (a dead
+            holder's tasks are claimable within about this long plus one poll).
+        touch_interval_s: seconds between registry heartbeats (``last_seen``).
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        holder: str,
+        scan_interval_s: float = 0.25,
+        touch_interval_s: float = 5.0,
+    ) -> None:
+        super().__init__(name="ratchet-registry", daemon=True)
+        self.ledger = ledger
+        self.holder = holder
+        self.host_id = host_identity()
+        self.scan_interval_s = scan_interval_s
+        self.touch_interval_s = touch_interval_s
+        self.revoked: dict[str, list[str]] = {}
+        self._stop_event = threading.Event()
+        self._registered = False
+
+    def info(self) -> WorkerInfo:
+        """This worker's registry entry."""
+        pid = os.getpid()
+        return WorkerInfo(self.holder, self.host_id, socket.gethostname(), pid,
+                          process_start_time(pid))
+
+    def register(self) -> None:
+        """Write this worker's entry (called once before the first claim)."""
+        self.ledger.register_worker(self.info())
+        self._registered = True
+
+    def scan_once(self) -> dict[str, list[str]]:
+        """Look at every live same-host worker once; revoke those whose process is gone.
+
+        Returns:
+            ``{holder: [task ids taken away]}`` for this scan.
+        """
+        revoked: dict[str, list[str]] = {}
+        for worker in self.ledger.list_workers(self.host_id):
+            if worker.holder == self.holder or worker.host_id != self.host_id:
+                continue
+            if not process_gone(worker.pid, worker.pid_start):
+                continue
+            reason = f"process {worker.pid} on {worker.hostname} is gone"
+            tasks = self.ledger.revoke_holder(worker.holder, by=self.holder, reason=reason)
+            revoked[worker.holder] = tasks
+            self.revoked[worker.holder] = tasks
+            log.warning(
+                "revoked %d lease(s) of dead worker %s (%s)", len(tasks), worker.holder, reason
+            )
+        return revoked
+
+    def run(self) -> None:
+        since_touch = 0.0
+        while not self._stop_event.wait(self.scan_interval_s):
+            try:
+                if not self._registered:
+                    self.register()
+                self.scan_once()
+                since_touch += self.scan_interval_s
+                if since_touch >= self.touch_interval_s:
+                    since_touch = 0.0
+                    self.ledger.touch_worker(self.holder)
+            except RatchetError as exc:
+                log.warning("worker registry: %s", exc)
+
+    def stop(self, clean: bool = True) -> None:
+        """Stop the thread; on a clean exit mark this worker ``stopped`` in the registry."""
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=5)
+        if clean and self._registered:
+            try:
+                self.ledger.touch_worker(self.holder, state="stopped")
+            except RatchetError as exc:
+                log.warning("worker registry: could not mark %s stopped: %s", self.holder, exc)
