@@ -174,3 +174,24 @@ def test_process_gone_basics() -> None:
     assert process_gone(child.pid, None)
 
 
+
+
+def test_cli_workers_lists_the_registry(takeover_url: str) -> None:
+    from typer.testing import CliRunner
+
+    from ratchet.cli.main import cli
+
+    ledger = open_ledger(takeover_url)
+    try:
+        ledger.register_worker(WorkerInfo("w-cli", host_identity(), "h1", 4242, None))
+        result = CliRunner().invoke(cli, ["workers", "--ledger", takeover_url, "--json"])
+        assert result.exit_code == 0, result.output
+        listed = json.loads(result.output)
+        assert [(w["holder"], w["pid"], w["state"]) for w in listed] == [("w-cli", 4242, "alive")]
+        ledger.revoke_holder("w-cli", by="op", reason="test")
+        result = CliRunner().invoke(cli, ["workers", "--ledger", takeover_url, "--json"])
+        assert json.loads(result.output)[0]["state"] == "dead"
+        status = CliRunner().invoke(cli, ["status", "--ledger", takeover_url, "--json"])
+        assert json.loads(status.output)["revocations"] == 0  # no task was held
+    finally:
+        ledger.close()

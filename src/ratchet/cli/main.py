@@ -204,6 +204,7 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
                         "unknown": s.unknown_count,
                         "claims": s.claims,
                         "takeovers": s.takeovers,
+                        "revocations": s.revocations,
                         "stale_rejections": s.stale_rejections,
                         "lookup_hits": s.lookup_hits,
                         "idempotency_conflicts": s.idempotency_conflicts,
@@ -230,7 +231,8 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
         console.print(f"oldest pending age: {age}")
         console.print(f"unknown (waiting for an operator): {s.unknown_count}")
         console.print(
-            f"claims: {s.claims}  takeovers: {s.takeovers}  stale-generation rejections: "
+            f"claims: {s.claims}  takeovers: {s.takeovers}  revocations of dead holders: "
+            f"{s.revocations}  stale-generation rejections: "
             f"{s.stale_rejections}  lookup hits: {s.lookup_hits}  idempotency conflicts: "
             f"{s.idempotency_conflicts}  operator actions: {s.operator_actions}"
         )
@@ -238,6 +240,34 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
         console.print(
             f"durability: [bold]{s.durability}[/] ({settings}); schema v{s.schema_version}"
         )
+
+    _guard(run)
+
+
+@cli.command()
+def workers(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
+    """The worker registry: holder, host, pid, state and seconds since the last heartbeat."""
+
+    def run() -> None:
+        led = _ledger(ledger)
+        now = led.now()
+        found = led.list_workers(None)
+        if as_json:
+            console.print_json(json.dumps([
+                {"holder": w.holder, "host_id": w.host_id, "hostname": w.hostname, "pid": w.pid,
+                 "state": w.state, "started_at": w.started_at, "last_seen": w.last_seen}
+                for w in found
+            ]))
+            return
+        table = Table(title="workers")
+        for column in ("holder", "host", "pid", "state", "last seen"):
+            table.add_column(column, overflow="fold")
+        for w in found:
+            table.add_row(w.holder, w.hostname, str(w.pid), w.state,
+                          f"{max(0.0, now - w.last_seen):.1f} s ago")
+        if not found:
+            table.add_row("(none registered)", "", "", "", "")
+        console.print(table)
 
     _guard(run)
 

@@ -231,7 +231,8 @@ class PostgresLedger:
         self.latest_version = self._migrations[-1].version
         parts = urlsplit(config.url)
         host = parts.hostname or "localhost"
-        self._where = f"postgresql://{host}{parts.path} schema {self.schema}"
+        port = f":{parts.port}" if parts.port else ""
+        self._where = f"postgresql://{host}{port}{parts.path} schema {self.schema}"
         self._closed = False
         try:
             psycopg.conninfo.conninfo_to_dict(self._conninfo)
