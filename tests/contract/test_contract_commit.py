@@ -134,6 +134,24 @@ def test_commit_on_a_task_that_is_not_running_is_stale(ledger: Ledger, make_task
     assert ledger.timeline(pending.task_id).steps == []
 
 
+def test_resending_an_applied_transition_is_acknowledged_and_writes_nothing(
+    ledger: Ledger, make_task: MakeTask
+) -> None:
+    """A commit whose reply was lost (connection dropped during COMMIT) is sent again: the
+    transition already applied at that generation is acknowledged, not counted as stale,
+    and nothing is written twice."""
+    claim = claimed(ledger, make_task)
+    write = finish(claim, Transition(State.SUCCEEDED, result_json='{"r":1}'))
+    [first] = ledger.commit([write])
+    before = frozen(ledger, claim.task_id)
+    events = len(ledger.timeline(claim.task_id).events)
+    [again] = ledger.commit([write])
+    assert (first.ok, again.ok, again.stale) == (True, True, False)
+    assert frozen(ledger, claim.task_id) == before
+    assert len(ledger.timeline(claim.task_id).events) == events
+    assert ledger.stats().stale_rejections == 0
+
+
 def test_commit_on_an_unknown_task_is_stale(ledger: Ledger) -> None:
     [outcome] = ledger.commit([TaskWrite("no-such-task", 1, "a", "step", steps=[("s", "1")])])
     assert outcome.stale

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -93,6 +93,8 @@ _SYNCHRONOUS_COMMIT = {
     Durability.REPLICATED: "remote_apply",
 }
 _NOW_SQL = "SELECT extract(epoch FROM now())::float8"
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 3000
+"""Server-side limit on a ledger transaction idling between statements, milliseconds."""
 _TASK_COLUMNS = (
     "id, name, version, state, generation, attempt, max_attempts, holder, lease_until, "
     "run_at, created_at, updated_at, idempotency_key, params, params_digest, result, "
@@ -117,6 +119,11 @@ CLAIM_READY_SQL = (
 """The claim of ready tasks (parameters: now, names, limit, holder). ``bench/`` prints its
 ``EXPLAIN``: it must stay an index scan of ``tasks_ready`` whatever the number of finished
 tasks."""
+
+
+def _columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
+    """Rows to ``width`` column lists, the parameters of an ``unnest(...)`` insert."""
+    return [[row[i] for row in rows] for i in range(width)]
 
 
 def _reschedules(target: State) -> bool:
@@ -167,7 +174,10 @@ def libpq_url(config: LedgerConfig) -> str:
     parts = urlsplit(config.url)
     rest = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
             if k not in _RATCHET_PARAMS]
-    return urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(rest), ""))
+    # quote (%20), not quote_plus (+): libpq does not decode '+' as a space.
+    return urlunsplit(
+        ("postgresql", parts.netloc, parts.path, urlencode(rest, quote_via=quote), "")
+    )
 
 
 class _PgSubscription:
@@ -289,6 +299,14 @@ class PostgresLedger:
         conn.execute(
             sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema))
         )
+        # A worker frozen inside a ledger transaction (SIGSTOP, VM pause) keeps the row
+        # locks of the tasks it was writing, and SKIP LOCKED claims would skip those tasks
+        # even after their leases expire. Ledger transactions last milliseconds; the server
+        # ends one that sits idle longer than this, which releases its locks.
+        conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+            (f"{IDLE_IN_TRANSACTION_TIMEOUT_MS}ms",),
+        )
         conn.execute(
             "SELECT set_config('synchronous_commit', %s, false)",
             (_SYNCHRONOUS_COMMIT[self.config.durability],),
@@ -332,7 +350,7 @@ class PostgresLedger:
                     raise LedgerError(f"PostgreSQL ledger {self._where}: {exc}") from exc
             except psycopg.OperationalError as exc:
                 if committing:
-                    raise LedgerUnavailable(
+                    raise _CommitLost(
                         f"PostgreSQL ledger {self._where}: connection lost during COMMIT; the "
                         f"outcome of this transaction is unknown ({exc})"
                     ) from exc
@@ -354,10 +372,14 @@ class PostgresLedger:
     @staticmethod
     def _audit(cur: Cursor, rows: Sequence[_AuditRow]) -> None:
         if rows:
-            cur.executemany(
+            cur.execute(
                 "INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder,"
-                " detail) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                rows,
+                " detail) SELECT u.task_id, u.at, u.kind, u.from_state, u.to_state, u.generation,"
+                " u.holder, u.detail FROM unnest(%s::text[], %s::float8[], %s::text[], %s::text[],"
+                " %s::text[], %s::bigint[], %s::text[], %s::text[]) WITH ORDINALITY"
+                " AS u(task_id, at, kind, from_state, to_state, generation, holder, detail, n)"
+                " ORDER BY n",
+                _columns(rows, 8),
             )
 
     def _notify(self, cur: Cursor, names: Sequence[str]) -> None:
@@ -695,7 +717,12 @@ class PostgresLedger:
         self._check_transitions(writes)
         if not writes:
             return []
-        return self._run(lambda cur: self._commit_in(cur, self._now(cur), writes))
+        try:
+            return self._run(lambda cur: self._commit_in(cur, self._now(cur), writes))
+        except _CommitLost:
+            # Applied or not, we cannot tell: apply again. Fenced writes are idempotent here
+            # (a transition already applied at this generation is acknowledged, not stale).
+            return self._run(lambda cur: self._commit_in(cur, self._now(cur), writes))
 
     def commit_and_claim(
         self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
@@ -708,7 +735,12 @@ class PostgresLedger:
             outcomes = self._commit_in(cur, now, writes)
             return outcomes, self._claim_in(cur, now, holder, names, limit)
 
-        return self._run(body)
+        try:
+            return self._run(body)
+        except _CommitLost:
+            # Re-apply the writes only. If the lost transaction did commit, the tasks it
+            # claimed stay leased to us unseen until their leases expire (then taken over).
+            return self.commit(writes), []
 
     @staticmethod
     def _check_transitions(writes: Sequence[TaskWrite]) -> None:
@@ -740,6 +772,16 @@ class PostgresLedger:
         ready_names: list[str] = []
         for index, write in enumerate(writes):
             row = current.get(write.task_id)
+            t = write.transition
+            if (
+                row is not None and t is not None and t.to is not State.RUNNING
+                and row[0] == t.to.value and row[1] == write.generation
+            ):
+                # This very transition was already applied at this generation (only the
+                # holder of a generation writes with it): a re-send after a connection lost
+                # during COMMIT. Acknowledge it; write nothing twice.
+                outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
+                continue
             if row is None or row[0] != State.RUNNING.value or row[1] != write.generation:
                 state = State(row[0]) if row is not None else None
                 generation = row[1] if row is not None else None
@@ -774,55 +816,73 @@ class PostgresLedger:
                 if _reschedules(t.to) and t.delay_s <= 0:
                     ready_names.append(row[3])
             outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
+        # One statement per kind of row, the rows passed as arrays (unnest): a round trip
+        # per kind, not per row, and no pipeline mode (after a pipelined executemany,
+        # PostgreSQL 15 stops enforcing idle_in_transaction_session_timeout on the
+        # session, which is what frees the row locks of a frozen worker).
         if steps:
-            cur.executemany(
+            last_step = {(r[0], r[1]): r for r in steps}  # one row per (task, step)
+            cur.execute(
                 "INSERT INTO steps (task_id, name, result, generation, committed_at)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (task_id, name) DO UPDATE SET"
+                " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[],"
+                " %s::float8[]) ON CONFLICT (task_id, name) DO UPDATE SET"
                 " result = excluded.result, generation = excluded.generation,"
                 " committed_at = excluded.committed_at",
-                steps,
+                _columns(list(last_step.values()), 5),
             )
         if intents:
-            cur.executemany(
+            last_intent = {(r[0], r[1]): r for r in intents}
+            cur.execute(
                 "INSERT INTO effects (task_id, name, key, params_digest, state, result,"
                 " generation, attempt, calls, via_lookup, updated_at)"
-                " VALUES (%s, %s, %s, %s, 'intent', NULL, %s, %s, 1, false, %s)"
+                " SELECT u.task_id, u.name, u.key, u.digest, 'intent', NULL, u.generation,"
+                " u.attempt, 1, false, u.at FROM unnest(%s::text[], %s::text[], %s::text[],"
+                " %s::text[], %s::bigint[], %s::int[], %s::float8[])"
+                " AS u(task_id, name, key, digest, generation, attempt, at)"
                 " ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent',"
                 " key = excluded.key, params_digest = excluded.params_digest,"
                 " generation = excluded.generation, attempt = excluded.attempt,"
                 " calls = effects.calls + 1, updated_at = excluded.updated_at",
-                intents,
+                _columns(list(last_intent.values()), 7),
             )
         if outcome_rows:
-            cur.executemany(
+            last_outcome = {(r[0], r[1]): r for r in outcome_rows}
+            cur.execute(
                 "INSERT INTO effects (task_id, name, key, params_digest, state, result,"
                 " generation, attempt, calls, via_lookup, updated_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 0, %s, %s)"
+                " SELECT u.task_id, u.name, u.key, u.digest, u.state, u.result, u.generation,"
+                " u.attempt, 0, u.via_lookup, u.at FROM unnest(%s::text[], %s::text[],"
+                " %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::int[],"
+                " %s::bool[], %s::float8[]) AS u(task_id, name, key, digest, state, result,"
+                " generation, attempt, via_lookup, at)"
                 " ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state,"
                 " result = excluded.result, generation = excluded.generation,"
                 " via_lookup = excluded.via_lookup, updated_at = excluded.updated_at",
-                outcome_rows,
+                _columns(list(last_outcome.values()), 10),
             )
         if transitions:
-            params = [
+            rows = [
                 (
-                    t.to.value,
+                    w.task_id, w.generation, t.to.value,
                     now + max(0.0, t.delay_s) if _reschedules(t.to) else None,
-                    t.to is State.PENDING,
-                    t.to is State.RUNNING,
-                    t.result_json, t.error, t.error_class, now, w.task_id, w.generation,
+                    t.to is State.PENDING, t.to is State.RUNNING,
+                    t.result_json, t.error, t.error_class,
                 )
                 for w, t in transitions
             ]
-            cur.executemany(
-                "UPDATE tasks SET state = %s, run_at = COALESCE(%s, run_at),"
-                " attempt = CASE WHEN %s THEN attempt - 1 ELSE attempt END,"
-                " holder = CASE WHEN %s THEN holder ELSE NULL END,"
-                " lease_until = CASE WHEN %s THEN lease_until ELSE NULL END,"
-                " result = COALESCE(%s, result), last_error = COALESCE(%s, last_error),"
-                " error_class = COALESCE(%s, error_class), updated_at = %s"
-                " WHERE id = %s AND generation = %s AND state = 'RUNNING'",
-                [(p[0], p[1], p[2], p[3], p[3], *p[4:]) for p in params],
+            cur.execute(
+                "UPDATE tasks t SET state = u.state, run_at = COALESCE(u.run_at, t.run_at),"
+                " attempt = CASE WHEN u.release THEN t.attempt - 1 ELSE t.attempt END,"
+                " holder = CASE WHEN u.keep THEN t.holder ELSE NULL END,"
+                " lease_until = CASE WHEN u.keep THEN t.lease_until ELSE NULL END,"
+                " result = COALESCE(u.result, t.result),"
+                " last_error = COALESCE(u.error, t.last_error),"
+                " error_class = COALESCE(u.error_class, t.error_class), updated_at = %s"
+                " FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::float8[], %s::bool[],"
+                " %s::bool[], %s::text[], %s::text[], %s::text[])"
+                " AS u(id, generation, state, run_at, release, keep, result, error, error_class)"
+                " WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'",
+                [now, *_columns(rows, 9)],
             )
         self._audit(cur, audit)
         if ready_names:
@@ -1116,6 +1176,10 @@ class PostgresLedger:
         if not self._closed:
             self._closed = True
             self._pool.close()
+
+
+class _CommitLost(LedgerUnavailable):
+    """The connection was lost while COMMIT was in flight: the outcome is unknown."""
 
 
 class _Rollback(Exception):

@@ -634,6 +634,15 @@ class SQLiteLedger:
         by_target: dict[State, list[tuple[Any, ...]]] = {}
         for index, write in segment:
             row = current.get(write.task_id)
+            done = write.transition
+            if (
+                row is not None and done is not None and done.to is not State.RUNNING
+                and row[0] == done.to.value and row[1] == write.generation
+            ):
+                # This transition is already applied at this generation (only its holder
+                # writes with a generation): a re-send of a commit whose reply was lost.
+                outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
+                continue
             if row is None or row[0] != State.RUNNING.value or row[1] != write.generation:
                 state = State(row[0]) if row is not None else None
                 generation = row[1] if row is not None else None
