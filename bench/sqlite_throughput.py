@@ -234,6 +234,7 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
         "commit_calls": 0,
         "commit_writes": 0,
         "commit_s": 0.0,
+        "commit_and_claim_calls": 0,
         "renew_calls": 0,
         "commit_sizes": defaultdict(int),
         "stmt": defaultdict(lambda: [0, 0.0]),
@@ -285,6 +286,22 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
             figures["commit_writes"] += len(writes)
             figures["commit_sizes"][len(writes)] += 1
             return outcomes
+
+        def commit_and_claim(
+            self, writes: Sequence[Any], holder: str, names: Sequence[str], limit: int
+        ) -> Any:
+            # The worker's usual transaction: completions plus the claim of their successors.
+            t = time.perf_counter()
+            outcomes, claims = super().commit_and_claim(writes, holder, names, limit)
+            figures["commit_s"] += time.perf_counter() - t
+            figures["commit_calls"] += 1
+            figures["commit_writes"] += len(writes)
+            figures["commit_sizes"][len(writes)] += 1
+            figures["commit_and_claim_calls"] += 1
+            if claims:
+                figures["claim_nonempty"] += 1
+                figures["claimed"] += len(claims)
+            return outcomes, claims
 
         def renew(self, holder: str, leases: Sequence[tuple[str, int]]) -> Any:
             figures["renew_calls"] += 1
@@ -630,15 +647,21 @@ def classify_stack(
 
     if thread == "ratchet-writer":
         role = "writer"
+        if has("_finished", "worker/runner.py"):
+            return role, "completion callbacks (stats, lease, on_finished)"
+        if has("_dispatch", "worker/runner.py"):
+            return role, "dispatch claims (leases, local queue)"
+        if has("_claim_in", "ledger/sqlite.py"):
+            return role, "claim part of tx: " + db_part()
         if has("claim", "ledger/sqlite.py"):
-            return role, "claim tx: " + db_part()
-        if has("commit", "ledger/sqlite.py"):
-            return role, "commit tx: " + db_part()
-        if has("wait", "threading.py"):
+            return role, "poll claim tx: " + db_part()
+        if has("commit_and_claim", "ledger/sqlite.py") or has("commit", "ledger/sqlite.py"):
+            return role, "commit part of tx: " + db_part()
+        if has("get", "queue.py") or has("wait", "threading.py"):
             return role, "idle (waiting for work)"
-        if has("set_result", "concurrent/futures") or has("set_exception", "concurrent/futures"):
-            return role, "handoff (future.set_result)"
-        return role, "loop Python"
+        if has("_resolve", "worker/writer.py"):
+            return role, "handoff (wake a waiting task thread)"
+        return role, "loop (incl. waiting in queue.get)"
     if thread == "ratchet-heartbeat":
         if has("renew", "ledger/sqlite.py"):
             return "heartbeat", "renew tx: " + db_part()
@@ -646,10 +669,14 @@ def classify_stack(
     if thread.startswith("ratchet-task"):
         role = "task"
         if not has("_execute", "worker/runner.py"):
-            return role, "idle (no task)"
+            if has("wait", "threading.py"):
+                return role, "idle (no task)"
+            return role, "executor loop (take next task)"
         if has("commit", "worker/writer.py"):
-            if has("result", "concurrent/futures"):
-                return role, "waiting for group commit"
+            if has("result", "worker/writer.py"):
+                return role, "waiting for a durable commit"
+            return role, "hand write to writer"
+        if has("submit", "worker/writer.py"):
             return role, "hand write to writer"
         if has("__init__", "worker/context.py"):
             return role, "context init (params JSON)"
@@ -670,15 +697,11 @@ def classify_stack(
         if not has("run", "worker/runner.py"):
             return "other", "start-up / shutdown"
         role = "main"
-        if has("claim", "worker/writer.py"):
-            if has("result", "concurrent/futures"):
-                return role, "waiting for claim tx"
-            return role, "hand claim to writer"
-        if has("add", "worker/heartbeat.py"):
-            return role, "lease bookkeeping"
-        if has("submit", "concurrent/futures/thread.py"):
-            return role, "dispatch to pool"
-        if has("shutdown", "concurrent/futures") or has("join", "threading.py"):
+        if has("poll", "worker/writer.py"):
+            return role, "ask the writer to claim"
+        if has("check_stalled", "worker/executor.py"):
+            return role, "watch for stalled task threads"
+        if has("shutdown", "worker/executor.py") or has("join", "threading.py"):
             return "other", "start-up / shutdown"
         if has("wait", "threading.py"):
             return role, "idle / poll wait"

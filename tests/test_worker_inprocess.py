@@ -109,6 +109,83 @@ def test_steps_run_once_and_replay_from_the_ledger(app: App) -> None:
     assert stats.retried == 1
 
 
+def test_pipelined_step_is_durable_before_the_effect_call(app: App, url: str) -> None:
+    """DESIGN §5: a step's write rides on the effect intent's transaction, so by the time
+    the call leaves the process the step value it may carry is in the ledger."""
+    reader = open_ledger(url)
+    seen_at_call: list[Any] = []
+
+    @app.task(name="t.pipelined")
+    def pipelined(ctx: TaskContext) -> str:
+        amount = ctx.step("quote", lambda: 42)
+
+        def call(key: str) -> str:
+            timeline = reader.timeline(ctx.task_id)
+            seen_at_call.append(
+                ({s.name: s.result_json for s in timeline.steps},
+                 [(e.name, e.state) for e in timeline.effects])
+            )
+            return f"charged {amount}"
+
+        return ctx.effect("charge", call, key="charge:p", idempotent=True)
+
+    handle = app.submit("t.pipelined")
+    try:
+        run(app)
+        assert handle.get().state is State.SUCCEEDED
+        assert seen_at_call == [({"quote": "42"}, [("charge", EffectState.INTENT)])]
+    finally:
+        reader.close()
+
+
+def test_durable_step_is_committed_before_it_returns(app: App, url: str) -> None:
+    reader = open_ledger(url)
+    seen: list[list[str]] = []
+
+    @app.task(name="t.durable")
+    def durable(ctx: TaskContext) -> int:
+        first = ctx.step("expensive", lambda: 7, durable=True)
+        seen.append([s.name for s in reader.timeline(ctx.task_id).steps])
+        return int(ctx.step("cheap", lambda: first + 1))
+
+    handle = app.submit("t.durable")
+    try:
+        run(app)
+        assert handle.get().state is State.SUCCEEDED and handle.get().result == 8
+        assert seen == [["expensive"]]
+        steps = {s.name: s.result_json for s in reader.timeline(handle.task_id).steps}
+        assert steps == {"expensive": "7", "cheap": "8"}  # "cheap" rode on the completion
+    finally:
+        reader.close()
+
+
+def test_on_finished_fires_after_the_completion_committed(app: App, url: str) -> None:
+    """Completions are handed to the writer without waiting; the outcome is reported (and
+    the slot freed) only once the ledger has it."""
+    reader = open_ledger(url)
+    at_finish: list[tuple[str, State, str | None]] = []
+
+    @app.task(name="t.reported")
+    def reported(ctx: TaskContext, i: int) -> int:
+        return int(ctx.step("square", lambda: i * i))
+
+    class Checking(Worker):
+        def on_finished(self, claim: Any, outcome: str) -> None:
+            info = reader.get(claim.task_id)
+            at_finish.append((outcome, info.state, info.holder))
+            super().on_finished(claim, outcome)
+
+    for i in range(12):
+        app.submit("t.reported", {"i": i})
+    worker = Checking(app, concurrency=3, poll_interval_s=0.01)
+    try:
+        stats = worker.run(max_tasks=12)
+        assert stats.succeeded == 12
+        assert at_finish == [("SUCCEEDED", State.SUCCEEDED, None)] * 12
+    finally:
+        reader.close()
+
+
 def test_step_result_not_json_fails_the_task(app: App) -> None:
     @app.task(name="t.badstep", retry=FAST)
     def bad(ctx: TaskContext) -> None:

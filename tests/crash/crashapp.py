@@ -112,7 +112,9 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
             record_step(ctx, "finalize")
             return {"order_id": order_id, "status": "paid"}
 
-        final = ctx.step("finalize", finalize)
+        # "prepare" is pipelined (it rides on the effect intent's transaction), "finalize"
+        # waits for its own commit (durable=True): the crash matrix covers both kinds.
+        final = ctx.step("finalize", finalize, durable=True)
         # Only deterministic parts: a crash-free control run must return exactly this.
         return {
             "quote": quote,

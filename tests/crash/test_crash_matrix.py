@@ -271,8 +271,9 @@ def test_row6_task_completed_not_rerun(rig: Rig, control: Any) -> None:
 # --------------------------------------------------------------------- row 7
 
 # The n-th write transaction of a fresh worker (0-based) after its migrations:
-# claim, prepare step, effect intent, effect result, finalize step, completion.
-_CLAIM, _STEP, _INTENT, _RESULT, _FINAL, _COMPLETE = range(6)
+# claim, prepare step + effect intent (the pipelined step rides on the intent's
+# transaction), effect result, finalize step (durable=True), completion.
+_CLAIM, _STEP, _INTENT, _RESULT, _FINAL, _COMPLETE = 0, 1, 1, 2, 3, 4
 
 
 @pytest.mark.parametrize("target", ["claim", "step", "effect_result", "completion"])
@@ -413,8 +414,11 @@ def test_row8_sigstop_during_slow_step_is_fenced(rig: Rig, control: Any) -> None
     assert rig.executions() == {KEY: 1}
     assert rig.ledger.stats().stale_rejections == 0
 
-    a.signal(signal.SIGCONT)  # A's sleep is long over; it tries to commit its step
-    _assert_stale_write_rejected(rig, task_id, a_holder, "step:prepare", info.result)
+    # A's sleep is long over. Its step is pipelined (it rides on A's next write); A cannot
+    # confirm its lease before the effect, so that next write is the release, carrying the
+    # step: rejected by generation, nothing of it lands.
+    a.signal(signal.SIGCONT)
+    _assert_stale_write_rejected(rig, task_id, a_holder, "finish:PENDING", info.result)
     assert a.returncode is None
     assert a.stop() == 0 and b.stop() == 0
     # A ran the step but its commit was rejected; B ran it again: two runs, one commit.

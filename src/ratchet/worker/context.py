@@ -5,6 +5,14 @@
 ``fn``. The value returned is always the JSON round-trip of the result, so the first run
 and a replay see the same thing.
 
+A step's write is pipelined (DESIGN §5): ``ctx.step`` returns without waiting for the
+ledger. The step rides along with the task's next write that must be durable (an effect
+intent or result, the completion), in the same transaction, and is handed to the writer
+without waiting when the next step starts. So nothing that leaves the process (an effect's
+call, a reported result) ever depends on a step value that is not durable; after a crash a
+step whose write was not yet durable simply runs again. ``ctx.step(..., durable=True)``
+waits for the commit instead (for expensive steps).
+
 ``ctx.effect(name, call, key=..., lookup=..., idempotent=...)`` performs an external side
 effect with the intent-before-call, lookup-first protocol:
 
@@ -35,7 +43,14 @@ from ..errors import (
     StaleGeneration,
     TransientError,
 )
-from ..ledger.base import Claim, EffectRecord, EffectState, EffectWrite, TaskWrite
+from ..ledger.base import (
+    Claim,
+    CommitOutcome,
+    EffectRecord,
+    EffectState,
+    EffectWrite,
+    TaskWrite,
+)
 from ..retry import FailureClass, classify, proves_not_executed
 from ..serde import digest, dumps, loads
 from .heartbeat import LeaseHandle
@@ -89,6 +104,7 @@ class TaskContext:
         writer: LedgerWriter,
         lease: LeaseHandle,
         stopping: threading.Event,
+        on_block: Callable[[], None] | None = None,
     ) -> None:
         self.task_id = claim.task_id
         self.name = claim.name
@@ -103,6 +119,13 @@ class TaskContext:
         self._effects: dict[str, EffectRecord] = dict(claim.effects)
         self._ledger_t0 = claim.ledger_now
         self._mono_t0 = time.monotonic()
+        self._on_block = on_block
+        # Steps run in this attempt whose commit is not known yet (pipelined), in order;
+        # the first ``_sent`` of them were handed to the writer by a flush.
+        self._unsaved: list[tuple[str, str]] = []
+        self._sent = 0
+        self._saved: set[str] = set()  # names a flush confirmed (set by the writer thread)
+        self._flush_stale = False
 
     # ------------------------------------------------------------------ plumbing
 
@@ -114,12 +137,64 @@ class TaskContext:
     def _boundary(self) -> None:
         if self._stopping.is_set():
             raise Shutdown()
+        if self._flush_stale:
+            raise StaleGeneration(self.task_id, self.generation, "step flush")
+
+    def unsaved_steps(self) -> list[tuple[str, str]]:
+        """Steps of this attempt not yet confirmed durable: the task's next write carries
+        them (again, if a flush is still in flight: rewriting a step is idempotent)."""
+        saved = self._saved
+        return [s for s in self._unsaved if s[0] not in saved]
+
+    def steps_saved(self, steps: list[tuple[str, str]]) -> None:
+        """A write carrying ``steps`` committed: they are durable now."""
+        # Everything unsaved was carried by that write or confirmed by a flush before it.
+        self._unsaved = []
+        self._sent = 0
+        if steps:
+            for _ in steps:
+                faults.point("step.after_commit")
 
     def _commit(self, operation: str, **parts: Any) -> None:
+        carried = self.unsaved_steps()
+        if carried:
+            parts["steps"] = [*carried, *parts.get("steps", ())]
         write = TaskWrite(self.task_id, self.generation, self.holder, operation, **parts)
+        if self._on_block is not None:
+            self._on_block()
         outcome = self._writer.commit(write)
         if outcome.stale:
             raise StaleGeneration(self.task_id, self.generation, operation)
+        self.steps_saved(carried)
+
+    def _flush_steps(self) -> None:
+        """Hand the steps not yet sent to the writer without waiting (pipelined)."""
+        batch = self._unsaved[self._sent :]
+        if not batch:
+            return
+        self._sent = len(self._unsaved)
+        write = TaskWrite(self.task_id, self.generation, self.holder,
+                          f"step:{batch[-1][0]}", steps=batch)
+
+        def done(outcome: CommitOutcome | None, error: BaseException | None) -> None:
+            if outcome is None:
+                return  # not durable: the task's next write carries these steps again
+            if outcome.stale:
+                self._flush_stale = True
+                return
+            self._saved.update(n for n, _ in batch)
+            for _ in batch:
+                faults.point("step.after_commit")
+
+        try:
+            self._writer.submit(write, done)
+        except RuntimeError:
+            self._sent = 0  # writer stopping: the next write carries them
+
+    @property
+    def lease(self) -> LeaseHandle:
+        """The lease this context runs under."""
+        return self._lease
 
     def ensure_lease(self) -> None:
         """Raise :class:`~ratchet.errors.LeaseLost` unless the lease is confirmed right now."""
@@ -127,11 +202,23 @@ class TaskContext:
 
     # ------------------------------------------------------------------ steps
 
-    def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Any:
+    def step(
+        self, name: str, fn: Callable[..., T], *args: Any, durable: bool = False, **kwargs: Any
+    ) -> Any:
         """Run ``fn(*args, **kwargs)`` once per task and commit its result (fenced).
 
         Names are unique within a task: a name already committed (in this or an earlier
         attempt) returns the stored result without calling ``fn``.
+
+        The commit is pipelined: it is made durable together with the task's next effect
+        intent, effect result or completion (in the same transaction, before that write
+        is acted on), or handed to the writer without waiting when the next step starts.
+        Nothing outside the process sees a step value before it is durable; after a crash
+        a step that was not yet durable runs again.
+
+        Args:
+            durable: wait until the step is committed before returning (for steps that
+                are expensive to run again). Not passed to ``fn``.
 
         Returns:
             The JSON round-trip of ``fn``'s result.
@@ -144,10 +231,12 @@ class TaskContext:
         stored = self._steps.get(name)
         if stored is not None:
             return loads(stored)
+        self._flush_steps()
         result_json = dumps(fn(*args, **kwargs), what=f"result of step {name!r}")
-        self._commit(f"step:{name}", steps=[(name, result_json)])
         self._steps[name] = result_json
-        faults.point("step.after_commit")
+        self._unsaved.append((name, result_json))
+        if durable:
+            self._commit(f"step:{name}")
         return loads(result_json)
 
     # ------------------------------------------------------------------ effects
@@ -232,6 +321,8 @@ class TaskContext:
         faults.point("effect.after_intent")
         self._lease.ensure()
         sent_at = self._ledger_now()
+        if self._on_block is not None:
+            self._on_block()
         try:
             result = call(key)
         except Exception as exc:

@@ -119,6 +119,7 @@ class Heartbeat(threading.Thread):
         self._round_done = threading.Condition()
         self._rounds = 0
         self._requested = False
+        self._planned = float("-inf")  # monotonic time the loop will next wake up by itself
         self.renewals = 0
         self.failures = 0
 
@@ -133,6 +134,31 @@ class Heartbeat(threading.Thread):
             self._leases[task_id] = handle
         self._wake.set()  # the loop re-plans: this lease may be due before the current wait ends
         return handle
+
+    def add_many(
+        self, leases: list[tuple[str, int, float, float, float]]
+    ) -> list[LeaseHandle]:
+        """:meth:`add` for several ``(task_id, generation, lease_s, t_sent, ttl_s)`` at once.
+
+        Wakes the heartbeat thread only if one of them is due before its planned round.
+        """
+        handles = []
+        for task_id, generation, lease_s, t_sent, ttl_s in leases:
+            handle = LeaseHandle(
+                self, task_id, generation, lease_s, t_sent + ttl_s - margin_for(lease_s)
+            )
+            handle.renew_due = t_sent + lease_s / 3.0
+            handles.append(handle)
+        if not handles:
+            return handles
+        earliest = min(h.renew_due for h in handles)
+        with self._lock:
+            for handle in handles:
+                self._leases[handle.task_id] = handle
+            wake = earliest < self._planned
+        if wake:
+            self._wake.set()  # the loop re-plans: a lease is due before the current wait ends
+        return handles
 
     def remove(self, handle: LeaseHandle) -> None:
         """Stop renewing ``handle`` (finished, released or abandoned).
@@ -170,9 +196,14 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.is_set():
-            due = self._next_due()
-            wait_s = 1.0 if due is None else min(1.0, max(0.0, due - time.monotonic()))
+            with self._lock:  # plan and publish the plan at once: add_many compares with it
+                due = min((h.renew_due for h in self._leases.values()), default=None)
+                now = time.monotonic()
+                wait_s = 1.0 if due is None else min(1.0, max(0.0, due - now))
+                self._planned = now + wait_s
             self._wake.wait(wait_s)
+            with self._lock:
+                self._planned = float("-inf")  # awake: any new lease is seen by _next_due
             self._wake.clear()
             if self._halt.is_set():
                 break

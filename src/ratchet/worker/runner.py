@@ -9,11 +9,19 @@ by default; subclasses add metrics or tracing there, not branches in the loop):
 established) | released to ``PENDING`` (graceful shutdown) | abandoned (lease lost or stale
 generation: no write, another worker owns it) → ``on_finished``.
 
-Execution model: a claim loop in the calling thread, task bodies in a thread pool, all
-writes through one :class:`~ratchet.worker.writer.LedgerWriter` (group commit), leases
-renewed by one :class:`~ratchet.worker.heartbeat.Heartbeat`. An ``async def`` runner would
-replace only :meth:`Worker._run_body` with an event loop; the ledger, writer, heartbeat
-and context protocol stay as they are.
+Execution model: all writes go through one :class:`~ratchet.worker.writer.LedgerWriter`
+(group commit), which also claims: every transaction that commits writes claims as many
+tasks as the worker has room for, counting the slots its own completions free (one fsync
+for both). Claimed tasks go to a local queue served by long-lived task threads
+(:class:`~ratchet.worker.executor.Executor`): a thread that finishes a task takes the next
+one without sleeping, and more threads are woken only when work waits. A task's
+completion is handed to the writer without waiting; the task keeps its lease (the
+heartbeat renews it) and its slot in the concurrency limit until the completion has
+committed, and ``on_finished`` fires once the outcome is known. The calling thread only
+polls for work when idle, watches for stalled task threads and decides when to stop.
+Leases are renewed by one :class:`~ratchet.worker.heartbeat.Heartbeat`. An ``async def``
+runner would replace only :meth:`Worker._run_body` with an event loop; the ledger, writer,
+heartbeat and context protocol stay as they are.
 
 Signals: the first SIGTERM/SIGINT stops claiming; running tasks finish their current
 step, then are released at the next step/effect boundary (their committed steps stay).
@@ -33,7 +41,6 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -46,14 +53,15 @@ from ..errors import (
     RatchetError,
     StaleGeneration,
 )
-from ..ledger.base import Claim, TaskWrite, Transition
+from ..ledger.base import Claim, CommitOutcome, TaskWrite, Transition
 from ..retry import FailureClass, classify, retry_after_s
 from ..serde import dumps
 from ..states import State
 from .context import Shutdown, TaskContext
+from .executor import Executor
 from .heartbeat import Heartbeat, LeaseHandle
 from .registry import Registrar
-from .writer import LedgerWriter
+from .writer import ClaimPolicy, LedgerWriter
 
 __all__ = ["Worker", "WorkerStats", "default_holder"]
 
@@ -68,6 +76,25 @@ def _printable(text: str) -> str:
 def default_holder() -> str:
     """``host:pid:random`` — unique per worker process start."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+_STALL_S = 0.005
+"""Queued tasks not picked up for this long (s) while task threads are busy: wake another."""
+
+
+class _Policy(ClaimPolicy):
+    """The worker's claim policy as the writer sees it."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.holder = worker.holder
+        self.names = worker.names
+        self._worker = worker
+
+    def limit(self, freed: int, forced: bool) -> int:
+        return self._worker._claim_limit(freed, forced)
+
+    def dispatch(self, claims: list[Claim], t_sent: float) -> None:
+        self._worker._dispatch(claims, t_sent)
 
 
 @dataclass
@@ -97,7 +124,9 @@ class Worker:
         holder: worker identity; default ``host:pid:random``.
         max_batch: most task writes merged into one group commit.
         claim_linger_s: when fewer than a quarter of the slots are free but tasks are still
-            running, wait this long (seconds) for more to finish before claiming.
+            running, claims wait for more slots to free (they ride on the commit of the
+            completions that free them); after this long (seconds) without a claim the
+            free slots are claimed anyway.
         fast_takeover: register in the ledger's worker registry and revoke the leases of
             same-host workers whose process is gone (:mod:`ratchet.worker.registry`).
     """
@@ -131,9 +160,15 @@ class Worker:
         self.stats = WorkerStats()
         self._stopping = threading.Event()
         self._wake = threading.Event()
-        self._inflight = 0
+        self._inflight = 0  # claimed and not finished (incl. completions not yet committed)
         self._lock = threading.Lock()
         self._signals = 0
+        self._max_tasks: int | None = None
+        self._last_claimed_at = float("-inf")  # monotonic: last claim that returned work
+        self._notified = False  # the ledger said work may be ready: poll now
+        self._executor: Executor[tuple[Claim, LeaseHandle]] = Executor(
+            concurrency, self._execute
+        )
 
     # ------------------------------------------------------------------ hooks
 
@@ -206,6 +241,8 @@ class Worker:
         Returns:
             The worker's counters.
         """
+        self._max_tasks = max_tasks
+        self.writer.set_claim_policy(_Policy(self))
         self.writer.start()
         self.heartbeat.start()
         registrar: Registrar | None = None
@@ -218,86 +255,125 @@ class Worker:
             registrar.start()
         # Wake the claim loop as soon as the ledger says work may be ready (PostgreSQL
         # LISTEN/NOTIFY); the poll interval stays the fallback.
-        subscription = self.ledger.subscribe(self._wake.set)
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="ratchet-task")
+        subscription = self.ledger.subscribe(self._on_notify)
         idle_since = time.monotonic()
+        last_poll = float("-inf")
+        linger = max(self.claim_linger_s, 0.0)
         try:
             while not self._stopping.is_set():
-                with self._lock:
-                    free = self.concurrency - self._inflight
-                if 0 < free < self._claim_batch and free < self.concurrency:
-                    # A few slots free while others still run: wait a moment for more to
-                    # finish, so one claim (riding on their commit) fills several slots.
-                    self._wake.wait(self.claim_linger_s)
-                    self._wake.clear()
-                    with self._lock:
-                        free = self.concurrency - self._inflight
-                if max_tasks is not None:
-                    free = min(free, max_tasks - self.stats.claimed)
-                    if free <= 0 and self._inflight == 0:
-                        break
-                claims: list[Claim] = []
-                if free > 0:
-                    t_sent = time.monotonic()
-                    try:
-                        claims = self.writer.claim(self.holder, self.names, free)
-                    except Exception as exc:  # keep the worker alive; try again next poll
-                        log.error("claim failed: %s", exc)
-                    if claims:
-                        faults.point("claim.after_commit")
-                    for claim in claims:
-                        handle = self.heartbeat.add(
-                            claim.task_id, claim.generation, claim.lease_s, t_sent,
-                            claim.lease_until - claim.ledger_now,
-                        )
-                        with self._lock:
-                            self._inflight += 1
-                        self.stats.claimed += 1
-                        if claim.takeover:
-                            self.stats.takeovers += 1
-                        pool.submit(self._execute, claim, handle)
-                if claims:
-                    idle_since = time.monotonic()
-                    if len(claims) == free:
-                        continue
-                elif idle_exit_s is not None and self._inflight == 0 and (
-                    time.monotonic() - idle_since >= idle_exit_s
-                ):
+                now = time.monotonic()
+                inflight = self._inflight
+                if max_tasks is not None and self.stats.claimed >= max_tasks and inflight == 0:
                     break
-                self._wake.wait(self.poll_interval_s)
+                idle_since = max(idle_since, self._last_claimed_at)
+                if idle_exit_s is not None and inflight == 0 and now - idle_since >= idle_exit_s:
+                    break
+                # Busy: claims ride on the writer's commits. Poll only when nothing was
+                # tried for a while (idle, or a few slots free while long tasks run).
+                wait_s = self.poll_interval_s
+                if self._claim_limit(0, forced=True) > 0:
+                    last_try = max(self.writer.last_claim_at, last_poll)
+                    due = last_try + (
+                        linger if 0 < inflight < self.concurrency else self.poll_interval_s
+                    )
+                    if self._notified or now >= due:
+                        self._notified = False
+                        self.writer.poll()
+                        last_poll = now
+                    else:
+                        wait_s = min(wait_s, due - now)
+                if self._executor.check_stalled(_STALL_S):
+                    wait_s = min(wait_s, _STALL_S)
+                self._wake.wait(max(wait_s, 0.0005))
                 self._wake.clear()
         finally:
             self._stopping.set()
             subscription.close()
-            pool.shutdown(wait=True)
-            if registrar is not None:
-                registrar.stop(clean=True)
-            self.heartbeat.stop()
-            self.writer.stop()
-            self.writer.join()
-            self.heartbeat.join(timeout=5)
+            try:
+                self.writer.sync()  # a claim in progress has been handed to the executor
+            finally:
+                self._executor.shutdown()  # every body ran; final writes are queued
+                self.writer.stop()
+                self.writer.join()  # final writes committed, on_finished fired
+                if registrar is not None:
+                    registrar.stop(clean=True)
+                self.heartbeat.stop()
+                self.heartbeat.join(timeout=5)
         return self.stats
+
+    def _on_notify(self) -> None:
+        """The ledger says work may be ready (e.g. PostgreSQL NOTIFY): poll now."""
+        self._notified = True
+        self._wake.set()
+
+    # ------------------------------------------------------------------ claims
+
+    def _claim_limit(self, freed: int, forced: bool) -> int:
+        """How many tasks to claim now (writer thread); ``freed``: completions in the
+        transaction being built, whose slots are free once it commits."""
+        if self._stopping.is_set():
+            return 0
+        inflight = self._inflight
+        free = self.concurrency - inflight + freed
+        if self._max_tasks is not None:
+            free = min(free, self._max_tasks - self.stats.claimed)
+        if free <= 0:
+            return 0
+        if not forced and free < self._claim_batch and inflight > freed:
+            return 0  # let more finish: one bigger claim instead of many small ones
+        return free
+
+    def _dispatch(self, claims: list[Claim], t_sent: float) -> None:
+        """Claims committed (writer thread): track their leases, queue them for threads."""
+        faults.point("claim.after_commit")
+        handles = self.heartbeat.add_many(
+            [
+                (c.task_id, c.generation, c.lease_s, t_sent, c.lease_until - c.ledger_now)
+                for c in claims
+            ]
+        )
+        with self._lock:
+            self._inflight += len(claims)
+        self.stats.claimed += len(claims)
+        self.stats.takeovers += sum(1 for c in claims if c.takeover)
+        self._last_claimed_at = time.monotonic()
+        self._executor.push(zip(claims, handles, strict=True))
 
     # ------------------------------------------------------------------ one task
 
-    def _execute(self, claim: Claim, lease: LeaseHandle) -> None:
-        outcome = "abandoned"
+    def _execute(self, item: tuple[Claim, LeaseHandle]) -> None:
+        claim, lease = item
+        outcome: str | None = "abandoned"
         try:
             self.on_claimed(claim)
             definition = self.app.definition(claim.name)
-            ctx = TaskContext(claim, self.holder, self.writer, lease, self._stopping)
+            ctx = TaskContext(
+                claim, self.holder, self.writer, lease, self._stopping,
+                on_block=self._executor.blocking,
+            )
             outcome = self._run_body(definition, claim, ctx)
         except Exception:  # never let one task kill the worker
             log.exception("internal error while running task %s", claim.task_id)
-        finally:
+            outcome = "abandoned"
+        if outcome is not None:  # None: a final write is on its way to the ledger
+            self._done(claim, lease, outcome)
+
+    def _done(self, claim: Claim, lease: LeaseHandle, outcome: str) -> None:
+        """The worker is done with ``claim``: free its lease and slot, fire on_finished."""
+        try:
             self.heartbeat.remove(lease)
-            self.stats.by_outcome[outcome] = self.stats.by_outcome.get(outcome, 0) + 1
             with self._lock:
+                self.stats.by_outcome[outcome] = self.stats.by_outcome.get(outcome, 0) + 1
                 self._inflight -= 1
-            self._wake.set()
+                idle = self._inflight == 0
+            if idle:
+                self._wake.set()
+        finally:
             self.on_finished(claim, outcome)
 
-    def _run_body(self, definition: TaskDefinition, claim: Claim, ctx: TaskContext) -> str:
+    def _run_body(self, definition: TaskDefinition, claim: Claim, ctx: TaskContext) -> str | None:
+        """Run the task function; return its outcome, or None when the final write was
+        handed to the writer (the outcome is reported when it commits)."""
         try:
             result = definition.fn(ctx, **ctx.params)
             transition = Transition(
@@ -313,8 +389,9 @@ class Worker:
             log.warning("task %s: %s", claim.task_id, exc)
             # A fenced release is still safe: if our generation is current it frees the task
             # now instead of after expiry; if not, the ledger rejects it.
-            self._finish(claim, Transition(State.PENDING, reason="lease_unconfirmed"))
-            return "lease_lost"
+            return self._finish(
+                claim, ctx, Transition(State.PENDING, reason="lease_unconfirmed"), "lease_lost"
+            )
         except FenceError:
             return "abandoned"
         except EffectOutcomeUnknown as exc:
@@ -326,7 +403,7 @@ class Worker:
         except Exception as exc:
             transition = self._failure_transition(definition, claim, exc, ctx.open_intents())
             self.on_failure(claim, transition)
-        return self._finish(claim, transition)
+        return self._finish(claim, ctx, transition)
 
     def _failure_transition(
         self, definition: TaskDefinition, claim: Claim, exc: Exception, open_intents: list[str]
@@ -347,28 +424,64 @@ class Worker:
             State.RETRY_WAIT, delay_s=delay, error=error, error_class=failure.value, reason="retry"
         )
 
-    def _finish(self, claim: Claim, transition: Transition) -> str:
+    def _finish(
+        self, claim: Claim, ctx: TaskContext, transition: Transition, label: str | None = None
+    ) -> str | None:
+        """Hand the final write (with the steps not yet durable) to the writer, without
+        waiting. The lease and the slot stay held until it commits; then
+        :meth:`_finished` reports the outcome (``label`` overrides its name)."""
+        steps = ctx.unsaved_steps()
         write = TaskWrite(
             claim.task_id, claim.generation, self.holder, f"finish:{transition.to.value}",
-            transition=transition,
+            steps=steps, transition=transition,
         )
+        lease = ctx.lease
+
+        def done(outcome: CommitOutcome | None, error: BaseException | None) -> None:
+            self._finished(claim, lease, ctx, steps, transition, label, outcome, error)
+
         try:
-            outcome = self.writer.commit(write)
+            self.writer.submit(write, done)
         except Exception as exc:
             log.error("task %s: final commit failed (%s); lease will expire", claim.task_id, exc)
             return "abandoned"
-        if outcome.stale:
-            self.stats.stale += 1
-            return "stale"
-        faults.point("task.after_complete")
-        counters = {
-            State.SUCCEEDED: "succeeded",
-            State.RETRY_WAIT: "retried",
-            State.FAILED: "failed",
-            State.UNKNOWN: "unknown",
-            State.PENDING: "released",
-        }
-        attr = counters.get(transition.to)
-        if attr is not None:
-            setattr(self.stats, attr, getattr(self.stats, attr) + 1)
-        return transition.to.value
+        return None
+
+    def _finished(
+        self,
+        claim: Claim,
+        lease: LeaseHandle,
+        ctx: TaskContext,
+        steps: list[tuple[str, str]],
+        transition: Transition,
+        label: str | None,
+        outcome: CommitOutcome | None,
+        error: BaseException | None,
+    ) -> None:
+        """The final write's outcome is known (writer thread)."""
+        result = "abandoned"
+        try:
+            if outcome is None:
+                log.error("task %s: final commit failed (%s); lease will expire",
+                          claim.task_id, error)
+            elif outcome.stale:
+                self.stats.stale += 1
+                result = "stale"
+            else:
+                ctx.steps_saved(steps)
+                faults.point("task.after_complete")
+                attr = _COUNTERS.get(transition.to)
+                if attr is not None:
+                    setattr(self.stats, attr, getattr(self.stats, attr) + 1)
+                result = transition.to.value
+        finally:
+            self._done(claim, lease, label or result)
+
+
+_COUNTERS = {
+    State.SUCCEEDED: "succeeded",
+    State.RETRY_WAIT: "retried",
+    State.FAILED: "failed",
+    State.UNKNOWN: "unknown",
+    State.PENDING: "released",
+}

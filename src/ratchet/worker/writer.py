@@ -1,12 +1,19 @@
 """Group commit: one writer thread turns many tasks' writes into one ledger transaction.
 
-Task threads hand their fenced :class:`~ratchet.ledger.base.TaskWrite` to the writer and
-block until it is durable. The writer takes everything queued so far (up to
-``max_batch``) and calls :meth:`Ledger.commit` once: one transaction, one fsync, each
-task's rows still fenced on its own generation. No artificial delay is added: under load
-batches grow by themselves, when idle each write commits alone at once.
+Task threads hand their fenced :class:`~ratchet.ledger.base.TaskWrite` to the writer,
+either waiting until it is durable (:meth:`LedgerWriter.commit`: effect intents and
+results, durable steps) or not (:meth:`LedgerWriter.submit`: completions and pipelined
+steps, whose callback runs in the writer thread once the outcome is known). The writer
+takes everything queued so far (up to ``max_batch``) and calls :meth:`Ledger.commit`
+once: one transaction, one fsync, each task's rows still fenced on its own generation.
+The queue is FIFO and a batch keeps its order, so a task's later write always lands in the
+same or a later transaction than its earlier ones. No artificial delay is added: under
+load batches grow by themselves, when idle each write commits alone at once.
 
-Claims go through the same thread so one process holds one write connection.
+Claims go through the same thread so one process holds one write connection. With a
+claim policy installed (:meth:`LedgerWriter.set_claim_policy`), every transaction that
+commits writes also claims as many tasks as the policy allows, counting the slots its
+own completions free (:meth:`Ledger.commit_and_claim`: one fsync for both).
 """
 
 from __future__ import annotations
@@ -14,14 +21,19 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..errors import LedgerUnavailable
 from ..ledger.base import Claim, CommitOutcome, Ledger, TaskWrite
 
-__all__ = ["LedgerWriter"]
+__all__ = ["ClaimPolicy", "LedgerWriter", "WriteCallback"]
 
 log = logging.getLogger("ratchet.worker.writer")
+
+WriteCallback = Callable[[CommitOutcome | None, BaseException | None], None]
+"""Called in the writer thread with ``(outcome, None)`` or ``(None, error)``."""
 
 
 @dataclass(slots=True)
@@ -29,6 +41,35 @@ class _ClaimRequest:
     holder: str
     names: Sequence[str]
     limit: int
+
+
+class _Poll:
+    """Ask the writer to claim per its policy even without writes to commit."""
+
+    __slots__ = ()
+
+
+_POLL = _Poll()
+
+
+class ClaimPolicy:
+    """How the writer claims on the worker's behalf (implemented by the worker).
+
+    ``limit(freed, forced)`` returns how many tasks to claim now, where ``freed`` is the
+    number of final writes (completions) in the transaction being built, whose slots are
+    free once it commits; ``forced`` is True for a poll from the main loop (claim even a
+    small batch). ``dispatch(claims, t_sent)`` receives what was claimed (``t_sent``:
+    monotonic time taken before the transaction started), in the writer thread.
+    """
+
+    holder: str
+    names: Sequence[str]
+
+    def limit(self, freed: int, forced: bool) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def dispatch(self, claims: list[Claim], t_sent: float) -> None:  # pragma: no cover
+        raise NotImplementedError
 
 
 class _Pending:
@@ -46,11 +87,8 @@ class _Pending:
         self._value: object = None
         self._error: BaseException | None = None
 
-    def set_result(self, value: object) -> None:
+    def __call__(self, value: object, error: BaseException | None) -> None:
         self._value = value
-        self._done.release()
-
-    def set_exception(self, error: BaseException) -> None:
         self._error = error
         self._done.release()
 
@@ -62,6 +100,17 @@ class _Pending:
 
 
 _STOP = object()
+_Callback = Callable[[object, BaseException | None], None]
+_Item = tuple[TaskWrite | _ClaimRequest, _Callback]
+_WriteItem = tuple[TaskWrite, _Callback]
+
+
+def _resolve(callback: Callable[[object, BaseException | None], None], value: object,
+             error: BaseException | None) -> None:
+    try:
+        callback(value, error)
+    except Exception:  # a callback must never kill the writer
+        log.exception("ledger writer: write callback failed")
 
 
 class LedgerWriter(threading.Thread):
@@ -76,11 +125,17 @@ class LedgerWriter(threading.Thread):
         super().__init__(name="ratchet-writer", daemon=True)
         self._ledger = ledger
         self._max_batch = max_batch
-        self._queue: queue.SimpleQueue[tuple[TaskWrite | _ClaimRequest, _Pending] | object]
-        self._queue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item | _Poll | object] = queue.SimpleQueue()
         self._stopping = False
+        self._policy: ClaimPolicy | None = None
         self.transactions = 0
         self.writes = 0
+        self.last_claim_at = float("-inf")
+        """Monotonic time of the last claim attempt (any outcome) made by this writer."""
+
+    def set_claim_policy(self, policy: ClaimPolicy | None) -> None:
+        """Claim on ``policy``'s behalf with every commit (and on :meth:`poll`)."""
+        self._policy = policy
 
     def commit(self, write: TaskWrite) -> CommitOutcome:
         """Make ``write`` durable (fenced); block until its transaction committed.
@@ -98,6 +153,18 @@ class LedgerWriter(threading.Thread):
         assert isinstance(result, CommitOutcome)
         return result
 
+    def submit(self, write: TaskWrite, callback: WriteCallback) -> None:
+        """Queue ``write`` without waiting; ``callback(outcome, error)`` runs in the writer
+        thread once its transaction committed (or failed). Writes are applied in the order
+        they were queued.
+
+        Raises:
+            RuntimeError: the writer was stopped.
+        """
+        if self._stopping:
+            raise RuntimeError("ledger writer is stopped")
+        self._queue.put((write, callback))
+
     def claim(self, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
         """Run :meth:`Ledger.claim` on the writer's connection and wait for it."""
         pending = _Pending()
@@ -106,6 +173,16 @@ class LedgerWriter(threading.Thread):
         assert isinstance(result, list)
         return result
 
+    def poll(self) -> None:
+        """Ask the writer to claim per its policy now (without waiting for the result)."""
+        self._queue.put(_POLL)
+
+    def sync(self) -> None:
+        """Wait until everything queued before this call has been handled."""
+        pending = _Pending()
+        self._queue.put((_ClaimRequest("", (), 0), pending))
+        pending.result()
+
     def stop(self) -> None:
         """Finish what is queued, then end the thread."""
         self._stopping = True
@@ -113,70 +190,131 @@ class LedgerWriter(threading.Thread):
 
     def run(self) -> None:
         stop = False
+        get_nowait = self._queue.get_nowait
         while not stop:
-            batch: list[tuple[TaskWrite | _ClaimRequest, _Pending]] = []
+            batch: list[_Item] = []
+            poll = False
             item = self._queue.get()
             while True:
                 if item is _STOP:
                     stop = True
+                elif item is _POLL:
+                    poll = True
                 else:
-                    assert isinstance(item, tuple)
-                    batch.append(item)
+                    batch.append(item)  # type: ignore[arg-type]
                 try:
-                    item = self._queue.get_nowait()
+                    item = get_nowait()
                 except queue.Empty:
                     break
-            if batch:
-                self._drain(batch)
+            if batch or poll:
+                self._drain(batch, poll)
 
-    def _drain(self, batch: list[tuple[TaskWrite | _ClaimRequest, _Pending]]) -> None:
-        writes = [(item, fut) for item, fut in batch if isinstance(item, TaskWrite)]
-        claims = [(item, fut) for item, fut in batch if isinstance(item, _ClaimRequest)]
-        if writes and claims:
-            # Finished tasks' writes and the claim of their successors: one transaction.
-            (request, claim_fut), claims = claims[0], claims[1:]
+    def _policy_limit(self, freed: int, forced: bool) -> int:
+        policy = self._policy
+        if policy is None:
+            return 0
+        try:
+            return policy.limit(freed, forced)
+        except Exception:
+            log.exception("ledger writer: claim policy failed")
+            return 0
+
+    def _dispatch(self, claims: list[Claim], t_sent: float) -> None:
+        policy = self._policy
+        if policy is None or not claims:
+            return
+        try:
+            policy.dispatch(claims, t_sent)
+        except Exception:
+            log.exception("ledger writer: dispatch of %d claims failed", len(claims))
+
+    def _drain(self, batch: list[_Item], poll: bool) -> None:
+        writes: list[_WriteItem] = [
+            (item, cb) for item, cb in batch if isinstance(item, TaskWrite)
+        ]
+        claims = [(item, cb) for item, cb in batch if isinstance(item, _ClaimRequest)]
+        policy = self._policy
+        claimed_here = False
+        while writes:
             chunk, writes = writes[: self._max_batch], writes[self._max_batch :]
-            try:
-                outcomes, claimed = self._ledger.commit_and_claim(
-                    [w for w, _ in chunk], request.holder, request.names, request.limit
-                )
-            except Exception:
-                # Fall back to separate transactions, so errors land where they belong.
-                writes = chunk + writes
-                claims = [(request, claim_fut), *claims]
-            else:
-                self.transactions += 1
-                self.writes += len(chunk)
-                for (_, fut), outcome in zip(chunk, outcomes, strict=True):
-                    fut.set_result(outcome)
-                claim_fut.set_result(claimed)
-        for start in range(0, len(writes), self._max_batch):
-            chunk = writes[start : start + self._max_batch]
-            try:
-                outcomes = self._ledger.commit([w for w, _ in chunk])
-            except Exception as exc:
-                if len(chunk) == 1:
-                    chunk[0][1].set_exception(exc)
+            limit = 0
+            if policy is not None:
+                freed = sum(1 for w, _ in chunk if w.transition is not None)
+                limit = self._policy_limit(freed, forced=poll and not claimed_here)
+            t_sent = time.monotonic()
+            if limit > 0:
+                self.last_claim_at = t_sent
+                claimed_here = True
+                assert policy is not None
+                try:
+                    outcomes, claimed = self._ledger.commit_and_claim(
+                        [w for w, _ in chunk], policy.holder, policy.names, limit
+                    )
+                except LedgerUnavailable as exc:
+                    # Unreachable, or lost during COMMIT (outcome unknown): never apply
+                    # these writes a second time; each task handles the failure.
+                    for _, cb in chunk:
+                        _resolve(cb, None, exc)
                     continue
-                # One bad write must not fail its neighbours: commit them one by one, so
-                # only the write that fails on its own gets the error.
-                log.warning("group commit of %d writes failed (%s); retrying singly",
-                            len(chunk), exc)
-                for write, fut in chunk:
-                    try:
-                        fut.set_result(self._ledger.commit([write])[0])
-                    except Exception as single:
-                        fut.set_exception(single)
-                    else:
-                        self.transactions += 1
-                        self.writes += 1
-            else:
-                self.transactions += 1
-                self.writes += len(chunk)
-                for (_, fut), outcome in zip(chunk, outcomes, strict=True):
-                    fut.set_result(outcome)
-        for item, fut in claims:
+                except Exception:
+                    # Commit alone (below), so errors land where they belong.
+                    log.debug("commit_and_claim failed; committing without the claim",
+                              exc_info=True)
+                else:
+                    self.transactions += 1
+                    self.writes += len(chunk)
+                    self._dispatch(claimed, t_sent)
+                    for (_, cb), outcome in zip(chunk, outcomes, strict=True):
+                        _resolve(cb, outcome, None)
+                    continue
+            self._commit_chunk(chunk)
+        if poll and not claimed_here:
+            limit = self._policy_limit(0, forced=True)
+            if limit > 0 and policy is not None:
+                t_sent = time.monotonic()
+                self.last_claim_at = t_sent
+                try:
+                    claimed = self._ledger.claim(policy.holder, policy.names, limit)
+                except Exception as exc:  # keep the worker alive; the main loop polls again
+                    log.error("claim failed: %s", exc)
+                else:
+                    self._dispatch(claimed, t_sent)
+        for request, cb in claims:
+            if request.limit <= 0:  # sync() marker
+                _resolve(cb, [], None)
+                continue
             try:
-                fut.set_result(self._ledger.claim(item.holder, item.names, item.limit))
+                result = self._ledger.claim(request.holder, request.names, request.limit)
             except BaseException as exc:
-                fut.set_exception(exc)
+                _resolve(cb, None, exc)
+            else:
+                _resolve(cb, result, None)
+
+    def _commit_chunk(self, chunk: list[_WriteItem]) -> None:
+        try:
+            outcomes = self._ledger.commit([w for w, _ in chunk])
+        except Exception as exc:
+            if len(chunk) == 1 or isinstance(exc, LedgerUnavailable):
+                # Unavailable: the outcome may be unknown (lost during COMMIT), so the
+                # writes are not applied a second time one by one.
+                for _, cb in chunk:
+                    _resolve(cb, None, exc)
+                return
+            # One bad write must not fail its neighbours: commit them one by one, so
+            # only the write that fails on its own gets the error.
+            log.warning("group commit of %d writes failed (%s); retrying singly",
+                        len(chunk), exc)
+            for write, cb in chunk:
+                try:
+                    outcome = self._ledger.commit([write])[0]
+                except Exception as single:
+                    _resolve(cb, None, single)
+                else:
+                    self.transactions += 1
+                    self.writes += 1
+                    _resolve(cb, outcome, None)
+        else:
+            self.transactions += 1
+            self.writes += len(chunk)
+            for (_, cb), outcome in zip(chunk, outcomes, strict=True):
+                _resolve(cb, outcome, None)
