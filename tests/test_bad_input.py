@@ -363,11 +363,26 @@ def test_bad_durability_in_app_argument(tmp_path: Path) -> None:
         ("postgresql://u@127.0.0.1/db?durability=eventually", "durability"),
         ("postgresql://", "names no server"),
         ("mysql://u@127.0.0.1/db", "unsupported ledger URL scheme"),
+        ("postgresql://u@127.0.0.1:99999/db", "Port out of range"),
+        ("postgresql://u@127.0.0.1:abc/db", "malformed ledger URL"),
+        ("postgresql://u@[::1/db", "malformed ledger URL"),
+        ("postgresql://u@127.0.0.1/db?schema=pg_catalog", "system schema"),
+        ("postgresql://u@127.0.0.1/db?schema=information_schema", "system schema"),
     ],
 )
 def test_malformed_postgresql_urls_are_refused(url: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         open_ledger(url)
+
+
+def test_passwords_never_appear_in_errors() -> None:
+    with pytest.raises(ConfigError) as info:
+        open_ledger("postgresql://app:s3cret-pw@127.0.0.1:abc/db")
+    assert "s3cret-pw" not in str(info.value)
+    assert "app:***@127.0.0.1:abc" in str(info.value)
+    with pytest.raises(LedgerUnavailable) as unreachable:
+        open_ledger("postgresql://app:s3cret-pw@127.0.0.1:1/db?connect_timeout=2")
+    assert "s3cret-pw" not in str(unreachable.value)
 
 
 def test_dead_postgresql_server_is_a_clear_error() -> None:

@@ -203,3 +203,39 @@ def test_claim_plan_uses_the_ready_index_with_many_finished_tasks(pg: tuple[str,
         assert len(ledger.claim("h", ["pg.task"], 10)) == 10
     finally:
         ledger.close()
+
+
+def test_long_schema_names_get_a_valid_notify_channel() -> None:
+    with private_schema("rt_" + "x" * 40) as (url, _):
+        ledger = open_ledger(url)
+        try:
+            assert len(ledger.submit([_task()])) == 1  # pg_notify accepted the channel
+        finally:
+            ledger.close()
+
+
+def test_pool_recovers_at_once_after_its_connections_are_killed(pg: tuple[str, str]) -> None:
+    url, _ = pg
+    ledger = open_ledger(with_params(url, application_name="rt_kill_me", pool_size="4"))
+    try:
+        ledger.submit([_task() for _ in range(4)])
+        for _ in range(3):
+            with _raw(url) as conn:
+                killed = conn.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE application_name = 'rt_kill_me'"
+                ).fetchone()
+            assert killed is not None and killed[0] >= 1
+            # Every operation right after the kill works: the pool is checked and refilled.
+            assert ledger.now() > 0
+            assert len(ledger.claim("h", ["pg.task"], 1)) == 1
+    finally:
+        ledger.close()
+
+
+def test_libpq_url_keeps_a_local_socket_url_intact() -> None:
+    from ratchet.config import parse_ledger_url
+    from ratchet.ledger.postgres import libpq_url
+
+    cfg = parse_ledger_url("postgresql:///test?host=127.0.0.1&user=postgres&schema=s&options=-c%20x%3D1")
+    assert libpq_url(cfg) == "postgresql:///test?host=127.0.0.1&user=postgres&options=-c%20x%3D1"

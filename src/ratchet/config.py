@@ -32,6 +32,7 @@ __all__ = [
     "LedgerConfig",
     "max_payload_bytes_from_env",
     "parse_ledger_url",
+    "redact_url",
 ]
 
 DEFAULT_LEDGER_URL = "sqlite:///ratchet.db"
@@ -74,6 +75,19 @@ class LedgerConfig:
     options: dict[str, str] = field(default_factory=dict)
 
 
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages and logs)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.netloc.rsplit("@", 1)[-1]
+        return parts._replace(netloc=f"{user}:***@{host}").geturl()
+    except ValueError:
+        return "<unparsable URL>"
+
+
 def _durability(raw: str) -> Durability:
     try:
         return Durability(raw.strip().lower())
@@ -96,7 +110,11 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
     raw = raw.strip()
     if not raw:
         raise ConfigError("ledger URL is empty; expected e.g. sqlite:///ratchet.db")
-    parts = urlsplit(raw)
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - validates the port
+    except ValueError as exc:
+        raise ConfigError(f"malformed ledger URL {redact_url(raw)!r}: {exc}") from None
     scheme = parts.scheme.lower()
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     level_raw = durability or query.pop("durability", None)
@@ -111,7 +129,7 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         raise ConfigError(f"busy_timeout_s must be a finite number >= 0 seconds, got {busy_raw!r}")
     if parts.fragment:
         raise ConfigError(
-            f"ledger URL {raw!r} contains '#'; percent-encode it as %23 in the path"
+            f"ledger URL {redact_url(raw)!r} contains '#'; percent-encode it as %23 in the path"
         )
     if scheme == "sqlite":
         if parts.netloc:
@@ -139,6 +157,10 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
                 "schema, pool_size and libpq parameters (sslmode, connect_timeout, ...)"
             )
         schema = query.get("schema", "ratchet")
+        if schema.startswith("pg_") or schema == "information_schema":
+            raise ConfigError(
+                f"schema {schema!r} is a PostgreSQL system schema; choose another name"
+            )
         if not _SCHEMA_NAME.fullmatch(schema):
             raise ConfigError(
                 f"schema must be a plain PostgreSQL identifier (lower-case letters, digits, _; "
@@ -153,12 +175,12 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
             raise ConfigError(f"pool_size must be an integer from 1 to 100, got {pool_raw!r}")
         if not parts.hostname and not parts.path.strip("/") and "host" not in query:
             raise ConfigError(
-                f"PostgreSQL URL {raw!r} names no server or database; "
+                f"PostgreSQL URL {redact_url(raw)!r} names no server or database; "
                 "e.g. postgresql://user@127.0.0.1:5432/dbname"
             )
         return LedgerConfig(raw, "postgresql", "", level, busy, query)
     raise ConfigError(
-        f"unsupported ledger URL scheme {parts.scheme!r} in {raw!r}; expected "
+        f"unsupported ledger URL scheme {parts.scheme!r} in {redact_url(raw)!r}; expected "
         "sqlite:///relative/path.db, sqlite:////absolute/path.db or postgresql://host/dbname"
     )
 

@@ -152,6 +152,24 @@ def test_resending_an_applied_transition_is_acknowledged_and_writes_nothing(
     assert ledger.stats().stale_rejections == 0
 
 
+def test_two_writes_of_one_task_in_one_batch_apply_in_order(
+    ledger: Ledger, make_task: MakeTask
+) -> None:
+    """A batch is applied as if its writes committed one after the other: a second write
+    of the same task sees the first (here: a step, then the completion, then a late
+    duplicate completion with another result, which is stale)."""
+    claim = claimed(ledger, make_task)
+    outcomes = ledger.commit([
+        TaskWrite(claim.task_id, claim.generation, "a", "step", steps=[("s", "1")]),
+        finish(claim, Transition(State.SUCCEEDED, result_json='{"r":1}')),
+        finish(claim, Transition(State.FAILED, error="late")),
+    ])
+    assert [(o.ok, o.stale) for o in outcomes] == [(True, False), (True, False), (False, True)]
+    info = ledger.get(claim.task_id)
+    assert info.state is State.SUCCEEDED and info.result == {"r": 1}
+    assert [s.name for s in ledger.timeline(claim.task_id).steps] == ["s"]
+
+
 def test_commit_on_an_unknown_task_is_stale(ledger: Ledger) -> None:
     [outcome] = ledger.commit([TaskWrite("no-such-task", 1, "a", "step", steps=[("s", "1")])])
     assert outcome.stale

@@ -195,3 +195,21 @@ def test_cli_workers_lists_the_registry(takeover_url: str) -> None:
         assert json.loads(status.output)["revocations"] == 0  # no task was held
     finally:
         ledger.close()
+
+
+def test_reregistering_a_holder_name_updates_its_process(takeover_url: str) -> None:
+    """A restarted worker reusing its holder name (e.g. ``pod-0``) must not be judged by
+    the dead predecessor's pid."""
+    ledger = open_ledger(takeover_url)
+    try:
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        ledger.register_worker(WorkerInfo("pod-0", host_identity(), "h", gone.pid, None))
+        me = os.getpid()
+        ledger.register_worker(WorkerInfo("pod-0", host_identity(), "h", me,
+                                          process_start_time(me)))
+        [entry] = ledger.list_workers(host_identity())
+        assert (entry.pid, entry.pid_start) == (me, process_start_time(me))
+        assert Registrar(ledger, "judge").scan_once() == {}
+    finally:
+        ledger.close()

@@ -33,12 +33,14 @@ because its outcome is unknown to us.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -46,7 +48,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import faults
-from ..config import Durability, LedgerConfig
+from ..config import Durability, LedgerConfig, redact_url
 from ..errors import (
     ConfigError,
     IdempotencyConflict,
@@ -174,10 +176,10 @@ def libpq_url(config: LedgerConfig) -> str:
     parts = urlsplit(config.url)
     rest = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
             if k not in _RATCHET_PARAMS]
-    # quote (%20), not quote_plus (+): libpq does not decode '+' as a space.
-    return urlunsplit(
-        ("postgresql", parts.netloc, parts.path, urlencode(rest, quote_via=quote), "")
-    )
+    # quote (%20), not quote_plus (+): libpq does not decode '+' as a space. Built by hand
+    # because urlunsplit drops the '//' of an empty host (postgresql:///db = local socket).
+    query = urlencode(rest, quote_via=quote)
+    return f"postgresql://{parts.netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 class _PgSubscription:
@@ -235,19 +237,21 @@ class PostgresLedger:
     ) -> None:
         self.config = config
         self.schema = config.options.get("schema", "ratchet")
-        self.channel = f"ratchet_ready.{self.schema}"
+        # NOTIFY channel names are identifiers (at most 63 bytes): hash the schema in.
+        self.channel = "ratchet_ready_" + hashlib.sha256(self.schema.encode()).hexdigest()[:32]
         self._conninfo = libpq_url(config)
         self._migrations = load_migrations("postgresql")
         self.latest_version = self._migrations[-1].version
         parts = urlsplit(config.url)
-        host = parts.hostname or "localhost"
-        port = f":{parts.port}" if parts.port else ""
-        self._where = f"postgresql://{host}{port}{parts.path} schema {self.schema}"
+        host = parts.netloc.rsplit("@", 1)[-1] or "localhost"
+        self._where = f"postgresql://{host}{parts.path} schema {self.schema}"
         self._closed = False
         try:
             psycopg.conninfo.conninfo_to_dict(self._conninfo)
         except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"malformed PostgreSQL ledger URL {config.url!r}: {exc}") from None
+            raise ConfigError(
+                f"malformed PostgreSQL ledger URL {redact_url(config.url)!r}: {exc}"
+            ) from None
         self._check_server()
         self._pool = ConnectionPool(
             self._conninfo,
@@ -265,7 +269,8 @@ class PostgresLedger:
                 raise SchemaTooNew(current, self.latest_version, self._where)
             if must_exist and current == 0:
                 raise LedgerUnavailable(
-                    f"no Ratchet ledger in {self._where} (from {config.url!r}). Check --ledger / "
+                    f"no Ratchet ledger in {self._where} (from {redact_url(config.url)!r}). Check"
+                    " --ledger / "
                     "RATCHET_LEDGER_URL, or create it with `ratchet migrate`."
                 )
             if migrate:
@@ -348,6 +353,7 @@ class PostgresLedger:
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
                 if attempt == attempts:
                     raise LedgerError(f"PostgreSQL ledger {self._where}: {exc}") from exc
+                time.sleep(random.uniform(0.005, 0.05) * attempt)
             except psycopg.OperationalError as exc:
                 if committing:
                     raise _CommitLost(
@@ -358,6 +364,11 @@ class PostgresLedger:
                     raise LedgerUnavailable(
                         f"PostgreSQL ledger {self._where} is unreachable: {exc}"
                     ) from exc
+                # The server dropped this connection, so it likely dropped its idle
+                # siblings too (restart, pg_terminate_backend): test them all before
+                # retrying, so the retry gets a live connection, not the next dead one.
+                with contextlib.suppress(Exception):
+                    self._pool.check()
                 time.sleep(0.05 * attempt)
             except psycopg.Error as exc:
                 raise LedgerError(f"PostgreSQL ledger {self._where}: {exc}") from exc
@@ -383,9 +394,9 @@ class PostgresLedger:
             )
 
     def _notify(self, cur: Cursor, names: Sequence[str]) -> None:
-        """Wake listening workers at commit (one notification per distinct name)."""
-        for name in sorted(set(names)):
-            cur.execute("SELECT pg_notify(%s, %s)", (self.channel, name))
+        """Wake listening workers at commit (one notification: the payload is not used)."""
+        if names:
+            cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
 
     # ------------------------------------------------------------------ schema
 
@@ -485,7 +496,7 @@ class PostgresLedger:
                     " %s::text[], %s::int[], %s::float8[], %s::float8[], %s::float8[])"
                     " WITH ORDINALITY AS u(id, name, version, params, digest, key, max_attempts,"
                     " lease_s, run_at, created_at, ord)"
-                    " ORDER BY u.ord"
+                    " ORDER BY u.key, u.ord"
                     " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
                     [list(col) for col in zip(*[r[:10] for r in rows], strict=True)],
                 ).fetchall()
@@ -722,7 +733,9 @@ class PostgresLedger:
         except _CommitLost:
             # Applied or not, we cannot tell: apply again. Fenced writes are idempotent here
             # (a transition already applied at this generation is acknowledged, not stale).
-            return self._run(lambda cur: self._commit_in(cur, self._now(cur), writes))
+            return self._run(
+                lambda cur: self._commit_in(cur, self._now(cur), writes, resend=True)
+            )
 
     def commit_and_claim(
         self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
@@ -740,7 +753,9 @@ class PostgresLedger:
         except _CommitLost:
             # Re-apply the writes only. If the lost transaction did commit, the tasks it
             # claimed stay leased to us unseen until their leases expire (then taken over).
-            return self.commit(writes), []
+            return self._run(
+                lambda cur: self._commit_in(cur, self._now(cur), writes, resend=True)
+            ), []
 
     @staticmethod
     def _check_transitions(writes: Sequence[TaskWrite]) -> None:
@@ -749,9 +764,15 @@ class PostgresLedger:
                 check_transition(State.RUNNING, write.transition.to)
 
     def _commit_in(
-        self, cur: Cursor, now: float, writes: Sequence[TaskWrite]
+        self, cur: Cursor, now: float, writes: Sequence[TaskWrite], resend: bool = False
     ) -> list[CommitOutcome]:
-        """The commit, inside the caller's transaction (see :meth:`commit`)."""
+        """The commit, inside the caller's transaction (see :meth:`commit`).
+
+        ``resend``: these writes were sent before in a transaction whose COMMIT reply was
+        lost. A write at the task's current generation whose task has already moved on
+        (a later write of the same lost batch changed its state) was applied then: it is
+        acknowledged, and re-sent effect intents are not counted as new calls.
+        """
         outcomes: dict[int, CommitOutcome] = {}
         audit: list[_AuditRow] = []
         if not writes:
@@ -770,12 +791,23 @@ class PostgresLedger:
         outcome_rows: list[tuple[Any, ...]] = []
         transitions: list[tuple[TaskWrite, Transition]] = []
         ready_names: list[str] = []
+        seen: set[str] = set()
         for index, write in enumerate(writes):
+            if write.task_id in seen:
+                # A task written twice in one batch: apply what came before first, so the
+                # second write sees the first (as if committed one after the other).
+                self._apply(cur, now, steps, intents, outcome_rows, transitions, resend)
+                steps, intents, outcome_rows, transitions = [], [], [], []
+                seen = set()
+            seen.add(write.task_id)
             row = current.get(write.task_id)
             t = write.transition
             if (
                 row is not None and t is not None and t.to is not State.RUNNING
                 and row[0] == t.to.value and row[1] == write.generation
+            ) or (
+                resend and row is not None and row[1] == write.generation
+                and row[0] != State.RUNNING.value
             ):
                 # This very transition was already applied at this generation (only the
                 # holder of a generation writes with it): a re-send after a connection lost
@@ -816,6 +848,23 @@ class PostgresLedger:
                 if _reschedules(t.to) and t.delay_s <= 0:
                     ready_names.append(row[3])
             outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
+        self._apply(cur, now, steps, intents, outcome_rows, transitions, resend)
+        self._audit(cur, audit)
+        if ready_names:
+            self._notify(cur, ready_names)
+        return [outcomes[i] for i in range(len(writes))]
+
+    def _apply(
+        self,
+        cur: Cursor,
+        now: float,
+        steps: list[tuple[str, str, str, int, float]],
+        intents: list[tuple[str, str, str, str, int, int, float]],
+        outcome_rows: list[tuple[Any, ...]],
+        transitions: list[tuple[TaskWrite, Transition]],
+        resend: bool,
+    ) -> None:
+        """Write one segment of fenced rows (each task at most once in a segment)."""
         # One statement per kind of row, the rows passed as arrays (unnest): a round trip
         # per kind, not per row, and no pipeline mode (after a pipelined executemany,
         # PostgreSQL 15 stops enforcing idle_in_transaction_session_timeout on the
@@ -842,8 +891,10 @@ class PostgresLedger:
                 " ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent',"
                 " key = excluded.key, params_digest = excluded.params_digest,"
                 " generation = excluded.generation, attempt = excluded.attempt,"
-                " calls = effects.calls + 1, updated_at = excluded.updated_at",
-                _columns(list(last_intent.values()), 7),
+                " calls = effects.calls + CASE WHEN %s AND effects.state = 'intent'"
+                " AND effects.generation = excluded.generation AND effects.key = excluded.key"
+                " THEN 0 ELSE 1 END, updated_at = excluded.updated_at",
+                [*_columns(list(last_intent.values()), 7), resend],
             )
         if outcome_rows:
             last_outcome = {(r[0], r[1]): r for r in outcome_rows}
@@ -884,10 +935,6 @@ class PostgresLedger:
                 " WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'",
                 [now, *_columns(rows, 9)],
             )
-        self._audit(cur, audit)
-        if ready_names:
-            self._notify(cur, ready_names)
-        return [outcomes[i] for i in range(len(writes))]
 
     @staticmethod
     def _transition_audit(write: TaskWrite, t: Transition, now: float) -> _AuditRow:
@@ -953,7 +1000,7 @@ class PostgresLedger:
             )])
             self._notify(cur, [row[2]])
 
-        self._run(body, retry=False)
+        self._run(body)  # a conditional update (UNKNOWN at a generation): safe to retry
         return self.get(task_id)
 
     # ------------------------------------------------------------------ reads
@@ -1095,8 +1142,10 @@ class PostgresLedger:
             cur.execute(
                 "INSERT INTO workers (holder, host_id, hostname, pid, pid_start, started_at,"
                 " last_seen, state) VALUES (%s, %s, %s, %s, %s, %s, %s, 'alive')"
-                " ON CONFLICT (holder) DO UPDATE SET last_seen = excluded.last_seen,"
-                " state = 'alive'",
+                " ON CONFLICT (holder) DO UPDATE SET host_id = excluded.host_id,"
+                " hostname = excluded.hostname, pid = excluded.pid,"
+                " pid_start = excluded.pid_start, started_at = excluded.started_at,"
+                " last_seen = excluded.last_seen, state = 'alive'",
                 (info.holder, info.host_id, info.hostname, info.pid, info.pid_start, now, now),
             )
 

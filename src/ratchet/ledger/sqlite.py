@@ -925,8 +925,10 @@ class SQLiteLedger:
             cur.execute(
                 "INSERT INTO workers (holder, host_id, hostname, pid, pid_start, started_at,"
                 " last_seen, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'alive')"
-                " ON CONFLICT (holder) DO UPDATE SET last_seen = excluded.last_seen,"
-                " state = 'alive'",
+                " ON CONFLICT (holder) DO UPDATE SET host_id = excluded.host_id,"
+                " hostname = excluded.hostname, pid = excluded.pid,"
+                " pid_start = excluded.pid_start, started_at = excluded.started_at,"
+                " last_seen = excluded.last_seen, state = 'alive'",
                 (info.holder, info.host_id, info.hostname, info.pid, info.pid_start, now, now),
             )
 

@@ -79,17 +79,21 @@ def process_gone(pid: int, start_time: str | None) -> bool:
 
     A zombie counts as gone (it will never write again); a stopped process does not.
     """
+    exists_for_sure = False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:
-        pass  # exists, owned by someone else
+        exists_for_sure = True  # exists, owned by someone else
     fields = _stat_fields(pid)
     if fields is None:
-        # With /proc: it vanished between the two looks. Without (not Linux): kill(0) said
-        # it exists, and there is nothing more to check.
-        return Path("/proc").is_dir()
+        # kill(0) said it exists. Unreadable /proc/PID/stat then means: no /proc (not
+        # Linux), /proc hidden from us (hidepid), or it vanished between the two looks —
+        # only the last is death, and only when /proc shows our own process.
+        if exists_for_sure:
+            return False
+        return Path(f"/proc/{os.getpid()}/stat").is_file() and not Path(f"/proc/{pid}").exists()
     if fields[0] in ("Z", "X"):
         return True
     return start_time is not None and len(fields) >= 20 and fields[19] != start_time

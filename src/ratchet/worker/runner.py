@@ -40,7 +40,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -50,6 +50,7 @@ from ..errors import (
     EffectOutcomeUnknown,
     FenceError,
     LeaseLost,
+    LedgerUnavailable,
     RatchetError,
     StaleGeneration,
 )
@@ -400,6 +401,14 @@ class Worker:
                 error_class=FailureClass.UNKNOWN_OUTCOME.value, reason="effect outcome unknown",
             )
             self.on_failure(claim, transition)
+        except LedgerUnavailable as exc:
+            # Not the task's fault: hand the attempt back (release to PENDING, after a
+            # pause) instead of spending the retry budget on a database outage.
+            transition = Transition(
+                State.PENDING, delay_s=1.0, error=_printable(str(exc)),
+                error_class="ledger_unavailable", reason="ledger unavailable",
+            )
+            self.on_failure(claim, transition)
         except Exception as exc:
             transition = self._failure_transition(definition, claim, exc, ctx.open_intents())
             self.on_failure(claim, transition)
@@ -436,8 +445,25 @@ class Worker:
             steps=steps, transition=transition,
         )
         lease = ctx.lease
+        first_failure: list[float] = []
 
         def done(outcome: CommitOutcome | None, error: BaseException | None) -> None:
+            if outcome is None and isinstance(error, LedgerUnavailable) and not lease.lost:
+                # The ledger is unreachable (or the reply to COMMIT was lost): send the same
+                # write again while the lease lasts. Re-sending is safe — every write is
+                # fenced, and a transition already applied at this generation is
+                # acknowledged, not applied twice. Once the lease is gone, the write will
+                # be stale anyway and the task belongs to its next holder.
+                now = time.monotonic()
+                first_failure.append(now)
+                if now - first_failure[0] < claim.lease_s:
+                    delay = min(1.0, 0.05 * 2 ** min(len(first_failure), 5))
+                    log.warning("task %s: final commit failed (%s); sending it again in %.2f s",
+                                claim.task_id, error, delay)
+                    timer = threading.Timer(delay, self._resend, (write, done))
+                    timer.daemon = True
+                    timer.start()
+                    return
             self._finished(claim, lease, ctx, steps, transition, label, outcome, error)
 
         try:
@@ -446,6 +472,15 @@ class Worker:
             log.error("task %s: final commit failed (%s); lease will expire", claim.task_id, exc)
             return "abandoned"
         return None
+
+    def _resend(
+        self, write: TaskWrite,
+        done: Callable[[CommitOutcome | None, BaseException | None], None],
+    ) -> None:
+        try:
+            self.writer.submit(write, done)
+        except Exception as exc:  # writer stopped: report the failure as it is
+            done(None, exc)
 
     def _finished(
         self,
