@@ -335,9 +335,21 @@ class App:
     def submit_many(self, requests: Sequence[SubmitRequest]) -> list[TaskHandle]:
         """Submit several tasks in one ledger transaction, all-or-nothing.
 
+        Args:
+            requests: :class:`SubmitRequest` items (name, params, idempotency_key, run_at /
+                delay_s).
+
         Raises:
+            InvalidArguments: an item is not a :class:`SubmitRequest`.
             Same as :meth:`submit`; on any error nothing of the batch is written.
         """
+        for index, request in enumerate(requests):
+            if not isinstance(request, SubmitRequest):
+                raise InvalidArguments(
+                    f"submit_many takes ratchet.SubmitRequest items; item {index} is a "
+                    f"{type(request).__name__} ({request!r:.80}). Use "
+                    "SubmitRequest(name, params, idempotency_key=...)"
+                )
         new = [self._prepare(r) for r in requests]
         results = self.ledger.submit(new)
         faults.point("submit.after_commit")

@@ -246,7 +246,10 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
 
 @cli.command()
 def workers(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
-    """The worker registry: holder, host, pid, state and seconds since the last heartbeat."""
+    """The worker registry: holder, host, pid, state (alive / stopped / dead = revoked), whether
+    its process still runs (judged only on its own host), seconds since its last heartbeat."""
+
+    from ..worker.registry import host_identity, process_gone
 
     def run() -> None:
         led = _ledger(ledger)
@@ -260,10 +263,17 @@ def workers(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
             ]))
             return
         table = Table(title="workers")
-        for column in ("holder", "host", "pid", "state", "last seen"):
+        for column in ("holder", "host", "pid", "state", "process", "last seen"):
             table.add_column(column, overflow="fold")
+        here = host_identity()
         for w in found:
-            table.add_row(w.holder, w.hostname, str(w.pid), w.state,
+            if w.state != "alive":
+                process = "-"
+            elif w.host_id == here:
+                process = "gone" if process_gone(w.pid, w.pid_start) else "running"
+            else:
+                process = "other host"
+            table.add_row(w.holder, w.hostname, str(w.pid), w.state, process,
                           f"{max(0.0, now - w.last_seen):.1f} s ago")
         if not found:
             table.add_row("(none registered)", "", "", "", "")

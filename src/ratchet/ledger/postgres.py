@@ -1210,8 +1210,7 @@ class PostgresLedger:
                                "reason": reason}),
                     ))
             cur.execute(
-                "UPDATE workers SET state = 'dead', last_seen = %s WHERE holder = %s",
-                (now, holder),
+                "UPDATE workers SET state = 'dead' WHERE holder = %s", (holder,)
             )
             self._audit(cur, audit)
             if retry:

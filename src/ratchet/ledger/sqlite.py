@@ -990,7 +990,7 @@ class SQLiteLedger:
                             "reason": reason}))
                 )
             cur.execute(
-                "UPDATE workers SET state = 'dead', last_seen = ? WHERE holder = ?", (now, holder)
+                "UPDATE workers SET state = 'dead' WHERE holder = ?", (holder,)
             )
             self._audit(cur, audit)
         return [r[0] for r in rows]
