@@ -307,8 +307,8 @@ def test_connection_killed_inside_a_transaction_is_retried(
     armed = [0]
     real_now = pg_module.PostgresLedger._now
 
-    def now_then_kill(cur: Any) -> float:
-        value = real_now(cur)
+    def now_then_kill(self: Any, cur: Any) -> float:
+        value = real_now(self, cur)
         if armed[0]:
             armed[0] -= 1
             with _raw() as conn:
@@ -317,7 +317,7 @@ def test_connection_killed_inside_a_transaction_is_retried(
             time.sleep(0.05)
         return value
 
-    monkeypatch.setattr(pg_module.PostgresLedger, "_now", staticmethod(now_then_kill))
+    monkeypatch.setattr(pg_module.PostgresLedger, "_now", now_then_kill)
 
     def once(op: Any) -> Any:
         armed[0] = 1

@@ -246,6 +246,7 @@ class PostgresLedger:
         host = parts.netloc.rsplit("@", 1)[-1] or "localhost"
         self._where = f"postgresql://{host}{parts.path} schema {self.schema}"
         self._closed = False
+        self._tx = threading.local()
         try:
             psycopg.conninfo.conninfo_to_dict(self._conninfo)
         except psycopg.ProgrammingError as exc:
@@ -312,6 +313,14 @@ class PostgresLedger:
             "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
             (f"{IDLE_IN_TRANSACTION_TIMEOUT_MS}ms",),
         )
+        # Every ledger statement touches a handful of rows by key or walks a partial index
+        # in order. Without planner statistics (a new ledger, a burst of submissions before
+        # autovacuum's ANALYZE) the planner sorts the whole ready set for a claim, and with
+        # them it may hash-join a completion batch against every running task. Steer it to
+        # the index paths whatever the statistics say: these only penalise the other plans
+        # (a query that needs a sort still gets one).
+        for knob in ("enable_sort", "enable_hashjoin", "enable_mergejoin"):
+            conn.execute("SELECT set_config(%s, 'off', false)", (knob,))
         conn.execute(
             "SELECT set_config('synchronous_commit', %s, false)",
             (_SYNCHRONOUS_COMMIT[self.config.durability],),
@@ -337,7 +346,12 @@ class PostgresLedger:
             committing = False
             try:
                 with self._connection() as conn, conn.cursor() as cur:
-                    cur.execute("BEGIN")
+                    # BEGIN and the transaction's clock in one round trip.
+                    cur.execute("BEGIN; " + _NOW_SQL)
+                    cur.nextset()
+                    clock = cur.fetchone()
+                    assert clock is not None
+                    self._tx.now = float(clock[0])
                     try:
                         result = body(cur)
                         if write:
@@ -374,11 +388,10 @@ class PostgresLedger:
                 raise LedgerError(f"PostgreSQL ledger {self._where}: {exc}") from exc
         raise AssertionError("unreachable")
 
-    @staticmethod
-    def _now(cur: Cursor) -> float:
-        row = cur.execute(_NOW_SQL).fetchone()
-        assert row is not None
-        return float(row[0])
+    def _now(self, cur: Cursor) -> float:
+        """The ledger clock of the running transaction (read with its BEGIN)."""
+        now: float = self._tx.now
+        return now
 
     @staticmethod
     def _audit(cur: Cursor, rows: Sequence[_AuditRow]) -> None:
@@ -494,11 +507,12 @@ class PostgresLedger:
                     " u.max_attempts, u.lease_s, u.run_at, u.created_at, u.created_at"
                     " FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::text[],"
                     " %s::text[], %s::int[], %s::float8[], %s::float8[], %s::float8[])"
-                    " WITH ORDINALITY AS u(id, name, version, params, digest, key, max_attempts,"
-                    " lease_s, run_at, created_at, ord)"
-                    " ORDER BY u.key, u.ord"
+                    " AS u(id, name, version, params, digest, key, max_attempts,"
+                    " lease_s, run_at, created_at)"
                     " ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
-                    [list(col) for col in zip(*[r[:10] for r in rows], strict=True)],
+                    # Rows go in idempotency-key order (unnest keeps array order), so two
+                    # batches sharing keys lock them in the same order: no deadlock.
+                    _columns(sorted(rows, key=lambda r: (r[5] is None, r[5] or "")), 10),
                 ).fetchall()
             }
             results: list[SubmitResult] = []
