@@ -962,7 +962,13 @@ class PostgresLedger:
                 " FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::float8[], %s::bool[],"
                 " %s::bool[], %s::text[], %s::text[], %s::text[])"
                 " AS u(id, generation, state, run_at, release, keep, result, error, error_class)"
-                " WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'",
+                # "state || ''": the condition must not match the partial index
+                # tasks_holder (WHERE state = 'RUNNING'). With statistics taken while few
+                # tasks ran, the planner would scan that index (and its dead entries of
+                # finished tasks) for every row of the batch instead of one primary-key
+                # lookup per row: 6,000 instead of 10,800 tasks/s in the benchmark.
+                " WHERE t.id = u.id AND t.generation = u.generation"
+                " AND (t.state || '') = 'RUNNING'",
                 [now, *_columns(rows, 9)],
             )
 
