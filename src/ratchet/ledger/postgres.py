@@ -316,7 +316,7 @@ class PostgresLedger:
         # Every ledger statement touches a handful of rows by key. With statistics the
         # planner may hash-join a completion batch against every running task instead of
         # one primary-key lookup per row; these knobs only penalise the other plans. (The
-        # claim's own knob, enable_sort, is set per transaction: see _CLAIM_BEGIN.)
+        # claim's own knob, enable_sort, is set per transaction: see _run(claims=True).)
         for knob in ("enable_hashjoin", "enable_mergejoin"):
             conn.execute("SELECT set_config(%s, 'off', false)", (knob,))
         conn.execute(
