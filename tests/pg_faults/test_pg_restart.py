@@ -73,3 +73,26 @@ def test_pg_restart_mid_run(cluster_rig: PgRig, mode: str) -> None:
         f"{logs.count('renewal failed')} failed renewals, {logs.count('-> RETRY_WAIT')} retries"
     )
     check_pg_ledger_consistent(rig)
+
+
+def test_worker_started_while_the_database_is_down_waits_for_it(cluster_rig: PgRig) -> None:
+    """Boot order is not guaranteed: a worker that starts while PostgreSQL is down keeps
+    trying (``--ledger-wait-s``, default 30 s) and works once the server is up."""
+    rig = cluster_rig
+    assert rig.cluster is not None
+    rig.start_service(honour_keys=False)
+    orders = [f"late-{i:03d}" for i in range(20)]
+    rig.app.submit_many([
+        SubmitRequest("crash.charge", {"order_id": o, "amount_cents": 100, "work_s": 0.0},
+                      idempotency_key=f"order:{o}")
+        for o in orders
+    ])
+    rig.cluster.stop("fast")
+    worker = rig.pg_worker("early", concurrency=4)
+    time.sleep(2.5)
+    assert worker.returncode is None, "the worker gave up while the database was down"
+    assert "ledger unavailable" in worker.log()
+    rig.cluster.start()
+    rig.wait_all_succeeded(len(orders), timeout_s=60)
+    assert worker.stop() == 0
+    assert_exactly_once(rig, {f"charge:{o}" for o in orders})

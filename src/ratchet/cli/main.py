@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, TypeVar
@@ -23,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..app import App
-from ..errors import ConfigError, RatchetError
+from ..errors import ConfigError, LedgerUnavailable, RatchetError
 from ..ledger import open_ledger
 from ..ledger.base import Ledger, ResolveOutcome
 from ..serde import dumps
@@ -114,6 +115,13 @@ def worker(
     log_level: Annotated[
         str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
     ] = "INFO",
+    ledger_wait_s: Annotated[
+        float,
+        typer.Option(
+            "--ledger-wait-s", min=0.0,
+            help="Keep retrying an unreachable ledger this many seconds at start-up.",
+        ),
+    ] = 30.0,
     fast_takeover: Annotated[
         bool,
         typer.Option(
@@ -138,6 +146,22 @@ def worker(
     def run() -> None:
         app = load_app(app_spec)
         app.configure(ledger=ledger)
+        # A worker often starts before its database (boot order, a restart, maintenance):
+        # keep trying to open the ledger for a while instead of exiting at once.
+        deadline = time.monotonic() + ledger_wait_s
+        delay = 0.5
+        while True:
+            try:
+                app.ledger  # noqa: B018 - opens (and migrates) the ledger now
+                break
+            except LedgerUnavailable as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                logging.getLogger("ratchet.worker").warning(
+                    "ledger unavailable (%s); retrying in %.1f s", exc, delay
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
         w = Worker(
             app,
             concurrency=concurrency,
