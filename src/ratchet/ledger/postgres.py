@@ -80,6 +80,15 @@ from .base import (
     WorkerInfo,
 )
 from .migrations import load_migrations
+from .rows import (
+    EFFECT_COLUMNS,
+    TASK_COLUMNS,
+    AuditRow,
+    effect_record,
+    reschedules,
+    task_info,
+    transition_audit,
+)
 
 __all__ = ["CLAIM_READY_SQL", "PostgresLedger"]
 
@@ -97,15 +106,6 @@ _SYNCHRONOUS_COMMIT = {
 _NOW_SQL = "SELECT extract(epoch FROM now())::float8"
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 3000
 """Server-side limit on a ledger transaction idling between statements, milliseconds."""
-_TASK_COLUMNS = (
-    "id, name, version, state, generation, attempt, max_attempts, holder, lease_until, "
-    "run_at, created_at, updated_at, idempotency_key, params, params_digest, result, "
-    "last_error, error_class"
-)
-_EFFECT_COLUMNS = (
-    "name, key, params_digest, state, result, generation, attempt, calls, via_lookup, updated_at"
-)
-_AuditRow = tuple[str, float, str, str | None, str | None, int | None, str | None, str]
 
 CLAIM_READY_SQL = (
     "WITH picked AS ("
@@ -126,49 +126,6 @@ tasks."""
 def _columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
     """Rows to ``width`` column lists, the parameters of an ``unnest(...)`` insert."""
     return [[row[i] for row in rows] for i in range(width)]
-
-
-def _reschedules(target: State) -> bool:
-    """True for targets that get a new ``run_at`` (backoff, release delay)."""
-    return target is State.RETRY_WAIT or target is State.PENDING
-
-
-def _task_info(row: Sequence[Any]) -> TaskInfo:
-    return TaskInfo(
-        task_id=row[0],
-        name=row[1],
-        version=row[2],
-        state=State(row[3]),
-        generation=row[4],
-        attempt=row[5],
-        max_attempts=row[6],
-        holder=row[7],
-        lease_until=row[8],
-        run_at=row[9],
-        created_at=row[10],
-        updated_at=row[11],
-        idempotency_key=row[12],
-        params=loads(row[13]),
-        params_digest=row[14],
-        result=loads(row[15]),
-        last_error=row[16],
-        error_class=row[17],
-    )
-
-
-def _effect_record(row: Sequence[Any]) -> EffectRecord:
-    return EffectRecord(
-        name=row[0],
-        key=row[1],
-        params_digest=row[2],
-        state=EffectState(row[3]),
-        result_json=row[4],
-        generation=row[5],
-        attempt=row[6],
-        calls=row[7],
-        via_lookup=bool(row[8]),
-        updated_at=row[9],
-    )
 
 
 def libpq_url(config: LedgerConfig) -> str:
@@ -408,7 +365,7 @@ class PostgresLedger:
         return now
 
     @staticmethod
-    def _audit(cur: Cursor, rows: Sequence[_AuditRow]) -> None:
+    def _audit(cur: Cursor, rows: Sequence[AuditRow]) -> None:
         if rows:
             cur.execute(
                 "INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder,"
@@ -605,7 +562,7 @@ class PostgresLedger:
             " ORDER BY lease_until LIMIT %s FOR UPDATE SKIP LOCKED",
             (now, name_list, limit),
         ).fetchall()
-        audit: list[_AuditRow] = []
+        audit: list[AuditRow] = []
         exhausted = [row for row in expired if row[3] >= row[4]]
         if exhausted:
             self._retire(cur, exhausted, now, audit, "lease expired on final attempt")
@@ -653,10 +610,10 @@ class PostgresLedger:
             ):
                 steps.setdefault(s[0], {})[s[1]] = StepRecord(s[1], s[2], s[3], s[4])
             for e in cur.execute(
-                f"SELECT task_id, {_EFFECT_COLUMNS} FROM effects WHERE task_id = ANY(%s)",
+                f"SELECT task_id, {EFFECT_COLUMNS} FROM effects WHERE task_id = ANY(%s)",
                 (resumed,),
             ):
-                effects.setdefault(e[0], {})[e[1]] = _effect_record(e[1:])
+                effects.setdefault(e[0], {})[e[1]] = effect_record(e[1:])
         return [
             Claim(
                 task_id=row[0],
@@ -682,7 +639,7 @@ class PostgresLedger:
         cur: Cursor,
         rows: Sequence[tuple[Any, ...]],
         now: float,
-        audit: list[_AuditRow],
+        audit: list[AuditRow],
         reason: str,
     ) -> None:
         """Retire locked RUNNING rows ``(id, holder, generation, attempt, max_attempts)``
@@ -804,7 +761,7 @@ class PostgresLedger:
         acknowledged, and re-sent effect intents are not counted as new calls.
         """
         outcomes: dict[int, CommitOutcome] = {}
-        audit: list[_AuditRow] = []
+        audit: list[AuditRow] = []
         if not writes:
             return []
         # Lock every task row this batch writes, in id order, and read the fence under it.
@@ -872,10 +829,10 @@ class PostgresLedger:
             t = write.transition
             if t is not None:
                 transitions.append((write, t))
-                audit.append(self._transition_audit(write, t, now))
+                audit.append(transition_audit(write, t, now))
                 # Later writes of this batch for the same task see the new state.
                 current[write.task_id] = (t.to.value, row[1], row[2], row[3])
-                if _reschedules(t.to) and t.delay_s <= 0:
+                if reschedules(t.to) and t.delay_s <= 0:
                     ready_names.append(row[3])
             outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
         self._apply(cur, now, steps, intents, outcome_rows, transitions, resend)
@@ -945,7 +902,7 @@ class PostgresLedger:
             rows = [
                 (
                     w.task_id, w.generation, t.to.value,
-                    now + max(0.0, t.delay_s) if _reschedules(t.to) else None,
+                    now + max(0.0, t.delay_s) if reschedules(t.to) else None,
                     t.to is State.PENDING, t.to is State.RUNNING,
                     t.result_json, t.error, t.error_class,
                 )
@@ -971,20 +928,6 @@ class PostgresLedger:
                 " AND (t.state || '') = 'RUNNING'",
                 [now, *_columns(rows, 9)],
             )
-
-    @staticmethod
-    def _transition_audit(write: TaskWrite, t: Transition, now: float) -> _AuditRow:
-        detail: dict[str, Any] = {"operation": write.operation}
-        if t.reason:
-            detail["reason"] = t.reason
-        if t.error:
-            detail["error"] = t.error[:2000]
-        if t.error_class:
-            detail["error_class"] = t.error_class
-        if t.to in (State.RETRY_WAIT, State.PENDING) and t.delay_s:
-            detail["delay_s"] = round(t.delay_s, 3)
-        return (write.task_id, now, "transition", "RUNNING", t.to.value, write.generation,
-                write.holder, dumps(detail))
 
     # ------------------------------------------------------------------ operator
 
@@ -1045,13 +988,13 @@ class PostgresLedger:
         """See :meth:`Ledger.get`."""
         row = self._run(
             lambda cur: cur.execute(
-                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = %s", (task_id,)
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = %s", (task_id,)
             ).fetchone(),
             write=False,
         )
         if row is None:
             raise TaskNotFound(f"no task {task_id!r} in the ledger")
-        return _task_info(row)
+        return task_info(row)
 
     def get_many(self, task_ids: Sequence[str]) -> list[TaskInfo]:
         """See :meth:`Ledger.get_many`."""
@@ -1060,18 +1003,18 @@ class PostgresLedger:
             return []
         rows = self._run(
             lambda cur: cur.execute(
-                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = ANY(%s)", (ids,)
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ANY(%s)", (ids,)
             ).fetchall(),
             write=False,
         )
-        return [_task_info(r) for r in rows]
+        return [task_info(r) for r in rows]
 
     def timeline(self, task_id: str) -> Timeline:
         """See :meth:`Ledger.timeline`."""
 
         def body(cur: Cursor) -> Timeline:
             row = cur.execute(
-                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = %s", (task_id,)
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = %s", (task_id,)
             ).fetchone()
             if row is None:
                 raise TaskNotFound(f"no task {task_id!r} in the ledger")
@@ -1092,14 +1035,14 @@ class PostgresLedger:
                 )
             ]
             effects = [
-                _effect_record(r)
+                effect_record(r)
                 for r in cur.execute(
-                    f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE task_id = %s"
+                    f"SELECT {EFFECT_COLUMNS} FROM effects WHERE task_id = %s"
                     " ORDER BY updated_at",
                     (task_id,),
                 )
             ]
-            return Timeline(_task_info(row), events, steps, effects)
+            return Timeline(task_info(row), events, steps, effects)
 
         return self._run(body, write=False)
 
@@ -1224,7 +1167,7 @@ class PostgresLedger:
                 " WHERE holder = %s AND state = 'RUNNING' ORDER BY id FOR UPDATE",
                 (holder,),
             ).fetchall()
-            audit: list[_AuditRow] = []
+            audit: list[AuditRow] = []
             final = [r[:5] for r in rows if r[3] >= r[4]]
             retry = [r for r in rows if r[3] < r[4]]
             if final:

@@ -31,7 +31,7 @@ from ..errors import (
     TaskNotFound,
 )
 from ..serde import dumps, loads
-from ..states import CLAIMABLE, State, check_transition
+from ..states import State, check_transition
 from .base import (
     AuditEvent,
     Claim,
@@ -48,10 +48,18 @@ from .base import (
     TaskInfo,
     TaskWrite,
     Timeline,
-    Transition,
     WorkerInfo,
 )
 from .migrations import load_migrations, split_statements
+from .rows import (
+    EFFECT_COLUMNS,
+    TASK_COLUMNS,
+    AuditRow,
+    effect_record,
+    reschedules,
+    task_info,
+    transition_audit,
+)
 
 __all__ = ["SQLiteLedger"]
 
@@ -65,61 +73,7 @@ class _NoSubscription:
         return None
 
 
-def _reschedules(target: State) -> bool:
-    """True for targets that get a new ``run_at`` (backoff, release delay)."""
-    return target is State.RETRY_WAIT or target is State.PENDING
-
-_AuditRow = tuple[str, float, str, str | None, str | None, int | None, str | None, str]
 _SYNCHRONOUS = {Durability.FSYNC: "FULL", Durability.BUFFERED: "NORMAL"}
-_READY = tuple(s.value for s in CLAIMABLE)
-_TASK_COLUMNS = (
-    "id, name, version, state, generation, attempt, max_attempts, holder, lease_until, "
-    "run_at, created_at, updated_at, idempotency_key, params, params_digest, result, "
-    "last_error, error_class"
-)
-
-
-def _task_info(row: sqlite3.Row | tuple[Any, ...]) -> TaskInfo:
-    return TaskInfo(
-        task_id=row[0],
-        name=row[1],
-        version=row[2],
-        state=State(row[3]),
-        generation=row[4],
-        attempt=row[5],
-        max_attempts=row[6],
-        holder=row[7],
-        lease_until=row[8],
-        run_at=row[9],
-        created_at=row[10],
-        updated_at=row[11],
-        idempotency_key=row[12],
-        params=loads(row[13]),
-        params_digest=row[14],
-        result=loads(row[15]),
-        last_error=row[16],
-        error_class=row[17],
-    )
-
-
-def _effect_record(row: tuple[Any, ...]) -> EffectRecord:
-    return EffectRecord(
-        name=row[0],
-        key=row[1],
-        params_digest=row[2],
-        state=EffectState(row[3]),
-        result_json=row[4],
-        generation=row[5],
-        attempt=row[6],
-        calls=row[7],
-        via_lookup=bool(row[8]),
-        updated_at=row[9],
-    )
-
-
-_EFFECT_COLUMNS = (
-    "name, key, params_digest, state, result, generation, attempt, calls, via_lookup, updated_at"
-)
 
 
 class SQLiteLedger:
@@ -252,7 +206,7 @@ class SQLiteLedger:
     @staticmethod
     def _audit(
         cur: sqlite3.Cursor,
-        rows: Sequence[_AuditRow],
+        rows: Sequence[AuditRow],
     ) -> None:
         cur.executemany(
             "INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder,"
@@ -424,7 +378,7 @@ class SQLiteLedger:
             f" ORDER BY lease_until LIMIT ?",
             (now, *names, limit),
         ).fetchall()
-        audit: list[_AuditRow] = []
+        audit: list[AuditRow] = []
         exhausted = [row for row in expired if row[3] >= row[4]]
         if exhausted:
             self._dead_letter_expired(cur, exhausted, now, audit)
@@ -481,10 +435,10 @@ class SQLiteLedger:
             ):
                 steps.setdefault(s[0], {})[s[1]] = StepRecord(s[1], s[2], s[3], s[4])
             for e in cur.execute(
-                f"SELECT task_id, {_EFFECT_COLUMNS} FROM effects WHERE task_id IN ({r_marks})",
+                f"SELECT task_id, {EFFECT_COLUMNS} FROM effects WHERE task_id IN ({r_marks})",
                 resumed,
             ):
-                effects.setdefault(e[0], {})[e[1]] = _effect_record(e[1:])
+                effects.setdefault(e[0], {})[e[1]] = effect_record(e[1:])
         return [
             Claim(
                 task_id=row[0],
@@ -510,7 +464,7 @@ class SQLiteLedger:
         cur: sqlite3.Cursor,
         rows: Sequence[tuple[Any, ...]],
         now: float,
-        audit: list[_AuditRow],
+        audit: list[AuditRow],
         reason: str = "lease expired on final attempt",
     ) -> None:
         """Retire expired (or revoked) leases of final attempts: FAILED, or UNKNOWN with an
@@ -594,7 +548,7 @@ class SQLiteLedger:
     ) -> list[CommitOutcome]:
         """The commit, inside the caller's write transaction (see :meth:`commit`)."""
         outcomes: dict[int, CommitOutcome] = {}
-        audit: list[_AuditRow] = []
+        audit: list[AuditRow] = []
         segment: list[tuple[int, TaskWrite]] = []
         seen: set[str] = set()
         for index, write in enumerate(writes):
@@ -612,7 +566,7 @@ class SQLiteLedger:
         cur: sqlite3.Cursor,
         segment: Sequence[tuple[int, TaskWrite]],
         now: float,
-        audit: list[_AuditRow],
+        audit: list[AuditRow],
         outcomes: dict[int, CommitOutcome],
     ) -> None:
         """Apply writes of distinct tasks; the fence is read once for all of them."""
@@ -670,12 +624,12 @@ class SQLiteLedger:
                                   dumps({"effect": e.name, "key": e.key})))
             t = write.transition
             if t is not None:
-                new_run_at = (now + max(0.0, t.delay_s),) if _reschedules(t.to) else ()
+                new_run_at = (now + max(0.0, t.delay_s),) if reschedules(t.to) else ()
                 by_target.setdefault(t.to, []).append(
                     (t.to.value, *new_run_at, t.result_json, t.error, t.error_class, now,
                      write.task_id, write.generation)
                 )
-                audit.append(self._transition_audit(write, t, now))
+                audit.append(transition_audit(write, t, now))
             outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
         if steps:
             cur.executemany(
@@ -719,7 +673,7 @@ class SQLiteLedger:
         # RETRY_WAIT / PENDING get a new run_at (backoff or release delay); a release
         # (RUNNING -> PENDING: graceful shutdown, unconfirmed lease) hands its attempt back,
         # so only runs that failed or crashed count toward max_attempts.
-        run_at = "?" if _reschedules(target) else "run_at"
+        run_at = "?" if reschedules(target) else "run_at"
         attempt = "attempt - 1" if target is State.PENDING else "attempt"
         holder = "holder" if keep_lease else "NULL"
         lease = "lease_until" if keep_lease else "NULL"
@@ -730,20 +684,6 @@ class SQLiteLedger:
             " error_class = COALESCE(?, error_class), updated_at = ?"
             " WHERE id = ? AND generation = ? AND state = 'RUNNING'"
         )
-
-    @staticmethod
-    def _transition_audit(write: TaskWrite, t: Transition, now: float) -> _AuditRow:
-        detail: dict[str, Any] = {"operation": write.operation}
-        if t.reason:
-            detail["reason"] = t.reason
-        if t.error:
-            detail["error"] = t.error[:2000]
-        if t.error_class:
-            detail["error_class"] = t.error_class
-        if t.to in (State.RETRY_WAIT, State.PENDING) and t.delay_s:
-            detail["delay_s"] = round(t.delay_s, 3)
-        return (write.task_id, now, "transition", "RUNNING", t.to.value, write.generation,
-                write.holder, dumps(detail))
 
     # ------------------------------------------------------------------ operator
 
@@ -802,11 +742,11 @@ class SQLiteLedger:
         """See :meth:`Ledger.get`."""
         with self._errors():
             row = self._conn().execute(
-                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
             ).fetchone()
         if row is None:
             raise TaskNotFound(f"no task {task_id!r} in the ledger")
-        return _task_info(row)
+        return task_info(row)
 
     def get_many(self, task_ids: Sequence[str]) -> list[TaskInfo]:
         """See :meth:`Ledger.get_many`."""
@@ -818,9 +758,9 @@ class SQLiteLedger:
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
                 out.extend(
-                    _task_info(r)
+                    task_info(r)
                     for r in conn.execute(
-                        f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id IN ({marks})", chunk
+                        f"SELECT {TASK_COLUMNS} FROM tasks WHERE id IN ({marks})", chunk
                     )
                 )
         return out
@@ -829,7 +769,7 @@ class SQLiteLedger:
         """See :meth:`Ledger.timeline`."""
         with self._tx(write=False) as cur:
             row = cur.execute(
-                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
             ).fetchone()
             if row is None:
                 raise TaskNotFound(f"no task {task_id!r} in the ledger")
@@ -850,13 +790,13 @@ class SQLiteLedger:
                 )
             ]
             effects = [
-                _effect_record(r)
+                effect_record(r)
                 for r in cur.execute(
-                    f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE task_id = ? ORDER BY updated_at",
+                    f"SELECT {EFFECT_COLUMNS} FROM effects WHERE task_id = ? ORDER BY updated_at",
                     (task_id,),
                 )
             ]
-        return Timeline(_task_info(row), events, steps, effects)
+        return Timeline(task_info(row), events, steps, effects)
 
     def stats(self) -> LedgerStats:
         """See :meth:`Ledger.stats`."""
@@ -967,7 +907,7 @@ class SQLiteLedger:
                 " WHERE holder = ? AND state = 'RUNNING'",
                 (holder,),
             ).fetchall()
-            audit: list[_AuditRow] = []
+            audit: list[AuditRow] = []
             final = [r for r in rows if r[3] >= r[4]]
             if final:
                 self._dead_letter_expired(cur, final, now, audit,

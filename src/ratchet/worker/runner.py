@@ -62,7 +62,7 @@ from .context import Shutdown, TaskContext
 from .executor import Executor
 from .heartbeat import Heartbeat, LeaseHandle
 from .registry import Registrar
-from .writer import ClaimPolicy, LedgerWriter
+from .writer import LedgerWriter
 
 __all__ = ["Worker", "WorkerStats", "default_holder"]
 
@@ -83,7 +83,7 @@ _STALL_S = 0.005
 """Queued tasks not picked up for this long (s) while task threads are busy: wake another."""
 
 
-class _Policy(ClaimPolicy):
+class _Policy:
     """The worker's claim policy as the writer sees it."""
 
     def __init__(self, worker: Worker) -> None:

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..errors import LedgerUnavailable
 from ..ledger.base import Claim, CommitOutcome, Ledger, TaskWrite
@@ -52,7 +53,7 @@ class _Poll:
 _POLL = _Poll()
 
 
-class ClaimPolicy:
+class ClaimPolicy(Protocol):
     """How the writer claims on the worker's behalf (implemented by the worker).
 
     ``limit(freed, forced)`` returns how many tasks to claim now, where ``freed`` is the
@@ -62,14 +63,23 @@ class ClaimPolicy:
     monotonic time taken before the transaction started), in the writer thread.
     """
 
-    holder: str
-    names: Sequence[str]
+    @property
+    def holder(self) -> str:
+        """The worker's lease-holder identity."""
+        ...
 
-    def limit(self, freed: int, forced: bool) -> int:  # pragma: no cover - interface
-        raise NotImplementedError
+    @property
+    def names(self) -> Sequence[str]:
+        """Task names to claim."""
+        ...
 
-    def dispatch(self, claims: list[Claim], t_sent: float) -> None:  # pragma: no cover
-        raise NotImplementedError
+    def limit(self, freed: int, forced: bool) -> int:
+        """How many tasks to claim in the transaction being built."""
+        ...
+
+    def dispatch(self, claims: list[Claim], t_sent: float) -> None:
+        """Hand what was claimed to the worker (writer thread)."""
+        ...
 
 
 class _Pending:

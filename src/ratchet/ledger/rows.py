@@ -1,0 +1,94 @@
+"""Row shapes shared by the ledger backends: column lists, row → record mappers, the
+transition audit row. Both schemas store the same columns in the same order, so SQLite and
+PostgreSQL read and audit tasks with one definition."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..serde import dumps, loads
+from ..states import State
+from .base import EffectRecord, EffectState, TaskInfo, TaskWrite, Transition
+
+__all__ = [
+    "EFFECT_COLUMNS",
+    "TASK_COLUMNS",
+    "AuditRow",
+    "effect_record",
+    "reschedules",
+    "task_info",
+    "transition_audit",
+]
+
+AuditRow = tuple[str, float, str, str | None, str | None, int | None, str | None, str]
+"""``(task_id, at, kind, from_state, to_state, generation, holder, detail_json)``."""
+
+TASK_COLUMNS = (
+    "id, name, version, state, generation, attempt, max_attempts, holder, lease_until, "
+    "run_at, created_at, updated_at, idempotency_key, params, params_digest, result, "
+    "last_error, error_class"
+)
+EFFECT_COLUMNS = (
+    "name, key, params_digest, state, result, generation, attempt, calls, via_lookup, updated_at"
+)
+
+
+def reschedules(target: State) -> bool:
+    """True for targets that get a new ``run_at`` (backoff, release delay)."""
+    return target is State.RETRY_WAIT or target is State.PENDING
+
+
+def task_info(row: Sequence[Any]) -> TaskInfo:
+    """A :class:`TaskInfo` from a row selected with :data:`TASK_COLUMNS`."""
+    return TaskInfo(
+        task_id=row[0],
+        name=row[1],
+        version=row[2],
+        state=State(row[3]),
+        generation=row[4],
+        attempt=row[5],
+        max_attempts=row[6],
+        holder=row[7],
+        lease_until=row[8],
+        run_at=row[9],
+        created_at=row[10],
+        updated_at=row[11],
+        idempotency_key=row[12],
+        params=loads(row[13]),
+        params_digest=row[14],
+        result=loads(row[15]),
+        last_error=row[16],
+        error_class=row[17],
+    )
+
+
+def effect_record(row: Sequence[Any]) -> EffectRecord:
+    """An :class:`EffectRecord` from a row selected with :data:`EFFECT_COLUMNS`."""
+    return EffectRecord(
+        name=row[0],
+        key=row[1],
+        params_digest=row[2],
+        state=EffectState(row[3]),
+        result_json=row[4],
+        generation=row[5],
+        attempt=row[6],
+        calls=row[7],
+        via_lookup=bool(row[8]),
+        updated_at=row[9],
+    )
+
+
+def transition_audit(write: TaskWrite, t: Transition, now: float) -> AuditRow:
+    """The audit row of a fenced ``RUNNING -> t.to`` transition written by ``write``."""
+    detail: dict[str, Any] = {"operation": write.operation}
+    if t.reason:
+        detail["reason"] = t.reason
+    if t.error:
+        detail["error"] = t.error[:2000]
+    if t.error_class:
+        detail["error_class"] = t.error_class
+    if t.to in (State.RETRY_WAIT, State.PENDING) and t.delay_s:
+        detail["delay_s"] = round(t.delay_s, 3)
+    return (write.task_id, now, "transition", "RUNNING", t.to.value, write.generation,
+            write.holder, dumps(detail))
