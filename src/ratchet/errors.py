@@ -12,6 +12,7 @@
     │   └── IdempotencyConflict        same idempotency key, different params digest
     ├── LedgerError                    the storage layer
     │   ├── LedgerUnavailable          cannot open / reach the ledger
+    │   ├── WriteRejected              the database refused this write (not an outage)
     │   ├── SchemaTooNew               ledger written by a newer Ratchet; left untouched
     │   ├── TaskNotFound               no task with that id
     │   └── IllegalTransition          the state machine (DESIGN §3) forbids the move
@@ -56,6 +57,7 @@ __all__ = [
     "TransientError",
     "UnknownTask",
     "WaitTimeout",
+    "WriteRejected",
 ]
 
 
@@ -146,6 +148,15 @@ class LedgerError(RatchetError):
 
 class LedgerUnavailable(LedgerError):
     """The ledger cannot be opened or reached (missing directory, dead server, locked file)."""
+
+
+class WriteRejected(LedgerError):
+    """The database refused one write for what it holds (a value over an index's row limit,
+    a byte sequence the column's encoding forbids), not because it is unreachable.
+
+    Retrying the same write cannot succeed; a caller that batched it with other writes
+    should apply those without it (the worker's group commit does).
+    """
 
 
 class SchemaTooNew(LedgerError):

@@ -1,0 +1,60 @@
+"""Checks for the identifiers that enter the ledger: task names, idempotency keys, step and
+effect names, effect keys.
+
+Every such value is stored in an indexed ``text`` column on both ledgers, so it must be
+text both dialects can store and index: valid Unicode without lone surrogates (SQLite and
+PostgreSQL store UTF-8), no NUL character (PostgreSQL ``text`` cannot hold one), and short
+enough for a B-tree index entry (PostgreSQL refuses an entry over about 2,700 bytes; the
+limits below leave room for the other columns of composite keys). The checks run where the
+value enters (``@app.task``, ``submit``, ``ctx.step``, ``ctx.effect``), so a bad value is
+the caller's error there and never a failed ledger write later.
+"""
+
+from __future__ import annotations
+
+from .errors import InvalidArguments
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "MAX_NAME_BYTES",
+    "check_identifier",
+]
+
+MAX_NAME_BYTES = 200
+"""Upper bound, in UTF-8 bytes, of a task, step or effect name."""
+
+MAX_KEY_BYTES = 1024
+"""Upper bound, in UTF-8 bytes, of an idempotency key or effect key."""
+
+
+def check_identifier(value: object, what: str, max_bytes: int) -> str:
+    """Return ``value`` if it can be stored and indexed as an identifier, else raise.
+
+    Args:
+        value: the candidate; must be a non-empty ``str``.
+        what: how to name it in the error (e.g. ``"task name"``, ``"step name"``).
+        max_bytes: the limit in UTF-8 bytes (:data:`MAX_NAME_BYTES` or :data:`MAX_KEY_BYTES`).
+
+    Raises:
+        InvalidArguments: not a string, empty, not encodable as UTF-8 (a lone surrogate
+            such as ``"\\ud800"``), containing NUL, or longer than ``max_bytes``.
+    """
+    if not isinstance(value, str):
+        raise InvalidArguments(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidArguments(f"{what} must not be empty")
+    try:
+        encoded = value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArguments(
+            f"{what} is not valid Unicode text (character {exc.start}: a lone surrogate "
+            f"{value[exc.start]!r} cannot be stored)"
+        ) from None
+    if "\x00" in value:
+        raise InvalidArguments(f"{what} contains a NUL character (position {value.index(chr(0))})")
+    if len(encoded) > max_bytes:
+        raise InvalidArguments(
+            f"{what} is {len(encoded)} bytes in UTF-8, over the limit of {max_bytes}"
+            " (use a shorter name, or a hash of a long key)"
+        )
+    return value
