@@ -9,10 +9,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, settings
+from pgsupport import private_schema
 
 from ratchet import faults
+
+BACKENDS = ["sqlite", "postgresql"]
+"""Every ledger backend. Tests that take the ``backend`` or ``ledger_url`` fixture run once
+per backend (the contract suite, worker tests, crash rows, takeover, the state machine)."""
 
 RATCHET_ENV = (
     "RATCHET_LEDGER_URL",
@@ -41,3 +49,24 @@ def _clean_ratchet_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in RATCHET_ENV:
         monkeypatch.delenv(name, raising=False)
     faults.reset()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend under test (``"sqlite"`` or ``"postgresql"``)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def ledger_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A URL of a fresh, empty store for this test: a SQLite file, or a private PostgreSQL
+    schema (dropped afterwards; skipped with a message when no server is reachable, a
+    failure under ``CI=true``)."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path}/l.db"
+        return
+    if backend == "postgresql":
+        with private_schema("rt_test") as (url, _schema):
+            yield url
+        return
+    raise NotImplementedError(f"no store factory for backend {backend!r} yet")

@@ -2,9 +2,10 @@
 
 Every test in ``tests/contract/`` talks to a ledger only through the
 :class:`~ratchet.ledger.base.Ledger` protocol, and runs once per backend in
-:data:`BACKENDS`. A new backend is done when it passes this suite.
+``BACKENDS`` (tests/conftest.py). A new backend is done when it passes this suite.
 
-To add a backend: append its name to :data:`BACKENDS` and teach :func:`ledger_url` how to
+To add a backend: append its name to ``BACKENDS`` in ``tests/conftest.py`` and teach
+its ``ledger_url`` how to
 give each test a fresh, empty store of that kind. That is the only place to change.
 """
 
@@ -12,41 +13,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from pgsupport import private_schema
 
 from ratchet import open_ledger
 from ratchet.app import new_task_id
 from ratchet.ledger.base import Ledger, NewTask
 from ratchet.serde import digest, dumps
 
-BACKENDS = ["sqlite", "postgresql"]
-
 TASK = "contract.task"
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    """The backend under test."""
-    return str(request.param)
-
-
-@pytest.fixture
-def ledger_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    """A URL of a fresh, empty store for this test: a SQLite file, or a private PostgreSQL
-    schema (dropped afterwards; skipped with a message when no server is reachable, a
-    failure under ``CI=true``)."""
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path}/l.db"
-        return
-    if backend == "postgresql":
-        with private_schema("rt_contract") as (url, _schema):
-            yield url
-        return
-    raise NotImplementedError(f"no store factory for backend {backend!r} yet")
 
 
 @pytest.fixture
