@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratchet.errors import (
+    ConfigError,
     IllegalTransition,
     LedgerUnavailable,
     OutcomeUnknownError,
@@ -134,10 +135,22 @@ def test_overload_hint_above_cap_is_capped() -> None:
         {"jitter": -0.01},
         {"jitter": 1.01},
         {"jitter": float("nan")},
+        {"max_attempts": float("nan")},
+        {"max_attempts": 1.5},
+        {"max_attempts": 2.0},
+        {"max_attempts": True},
+        {"max_attempts": "3"},
+        {"max_attempts": 10**12},
+        {"base_delay_s": float("inf")},
+        {"max_delay_s": "1"},
+        {"multiplier": float("inf")},
     ],
 )
-def test_policy_rejects_out_of_range_fields(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
+def test_policy_rejects_out_of_range_fields(kwargs: dict[str, object]) -> None:
+    # Refused at definition with a ConfigError naming the field, never a bare ValueError
+    # and never later at submit ("NOT NULL constraint failed" for max_attempts=NaN).
+    field = next(iter(kwargs))
+    with pytest.raises(ConfigError, match=f"RetryPolicy.{field}"):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
 
 
@@ -147,7 +160,7 @@ def test_policy_rejects_nan() -> None:
     for field in ("base_delay_s", "max_delay_s", "overload_min_delay_s", "multiplier"):
         try:
             RetryPolicy(**{field: float("nan")})  # type: ignore[arg-type]
-        except ValueError:
+        except ConfigError:
             continue
         accepted.append(field)
     assert accepted == [], f"RetryPolicy accepted NaN for {accepted}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .app import App, SubmitRequest, TaskDefinition, TaskHandle
 from .config import Durability
+from .control import Control, StatusReport, TaskTimeline, WorkerView
 from .errors import (
     ConfigError,
     EffectOutcomeUnknown,
@@ -31,6 +32,7 @@ from .errors import (
     TaskFailure,
     TaskNotFound,
     TransientError,
+    UndecodableData,
     UnknownTask,
     WaitTimeout,
 )
@@ -46,6 +48,7 @@ __all__ = [
     "NOT_FOUND",
     "App",
     "ConfigError",
+    "Control",
     "Durability",
     "EffectOutcomeUnknown",
     "FailureClass",
@@ -66,6 +69,7 @@ __all__ = [
     "SchemaTooNew",
     "StaleGeneration",
     "State",
+    "StatusReport",
     "SubmitError",
     "SubmitRequest",
     "TaskContext",
@@ -74,10 +78,13 @@ __all__ = [
     "TaskHandle",
     "TaskInfo",
     "TaskNotFound",
+    "TaskTimeline",
     "TransientError",
+    "UndecodableData",
     "UnknownTask",
     "WaitTimeout",
     "Worker",
+    "WorkerView",
     "__version__",
     "open_ledger",
 ]

@@ -26,21 +26,39 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+import tenacity
+
 from . import faults
-from .config import max_payload_bytes_from_env
-from .errors import ConfigError, InvalidArguments, PayloadTooLarge, UnknownTask, WaitTimeout
+from .config import max_payload_bytes_from_env, redact_url
+from .errors import (
+    ConfigError,
+    InvalidArguments,
+    PayloadTooLarge,
+    UnknownTask,
+    WaitTimeout,
+)
 from .ledger import open_ledger
 from .ledger.base import Ledger, NewTask, TaskInfo
 from .retry import RetryPolicy
 from .serde import digest, dumps
 from .states import State
+from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
 
-__all__ = ["App", "SubmitRequest", "TaskDefinition", "TaskHandle", "new_task_id"]
+__all__ = ["MIN_LEASE_S", "App", "SubmitRequest", "TaskDefinition", "TaskHandle", "new_task_id"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-MAX_IDEMPOTENCY_KEY_BYTES = 1024
-"""Longest accepted idempotency key, UTF-8 bytes."""
+MIN_LEASE_S = 1.0
+"""Shortest lease a task type may declare, in seconds.
+
+Where it comes from: a worker trusts a lease only until ``confirmed expiry - margin``
+(``worker.heartbeat.margin_for``: 20 % of the lease, at most 2 s) and renews it every third
+of the lease, each renewal one ledger round trip (a group-committed, fsynced transaction;
+tens of milliseconds on a busy disk or a remote PostgreSQL). At 1 s the worker has a 0.2 s
+margin and 0.33 s between renewals: a slow commit or a scheduling hiccup of a loaded host
+still fits. Far below that the lease expires before the claim's own commit returns, so a
+task is taken over again and again without ever running its effect (a 1 ms lease cycled
+through 15-19 generations a second)."""
 
 
 def new_task_id() -> str:
@@ -65,6 +83,20 @@ class TaskDefinition:
     version: int
     retry: RetryPolicy
     lease_s: float
+
+    def __post_init__(self) -> None:
+        check_lease_s(self.lease_s)
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigError(
+                f"retry must be a ratchet.RetryPolicy, got {type(self.retry).__name__}"
+            )
+        if isinstance(self.version, bool) or not isinstance(self.version, int) \
+                or not 1 <= self.version < 2**31:
+            raise ConfigError(
+                f"version must be an integer from 1 to 2**31 - 1, got {self.version!r}"
+            )
+        if not callable(self.fn):
+            raise ConfigError(f"task {self.name!r}: {self.fn!r} is not callable")
 
     def bind(self, params: Mapping[str, Any]) -> None:
         """Check ``params`` fit the function's signature (after ``ctx``).
@@ -116,6 +148,27 @@ class TaskHandle:
         return self.app.wait(self.task_id, timeout_s=timeout_s)
 
 
+def check_lease_s(lease_s: object) -> float:
+    """``lease_s`` as a float if it is a valid lease length, in seconds.
+
+    Raises:
+        ConfigError: not a finite number, or below :data:`MIN_LEASE_S`.
+    """
+    if (
+        isinstance(lease_s, bool)
+        or not isinstance(lease_s, int | float)
+        or not math.isfinite(lease_s)
+    ):
+        raise ConfigError(f"lease_s must be a finite number of seconds, got {lease_s!r}")
+    if lease_s < MIN_LEASE_S:
+        raise ConfigError(
+            f"lease_s must be at least {MIN_LEASE_S} s (ratchet.app.MIN_LEASE_S), got "
+            f"{lease_s!r}: a shorter lease expires before the worker can renew it, so the "
+            "task is taken over again and again without running"
+        )
+    return float(lease_s)
+
+
 class App:
     """A Ratchet application: the task registry plus a handle on the ledger.
 
@@ -164,6 +217,18 @@ class App:
                 self._durability = durability
 
     @property
+    def ledger_url(self) -> str | None:
+        """The configured ledger URL (``None``: ``RATCHET_LEDGER_URL`` or the default, or
+        an open ledger object was given). Holds any password: never print it; use
+        :func:`ratchet.config.redact_url`."""
+        return self._ledger_arg if isinstance(self._ledger_arg, str) else None
+
+    @property
+    def holds_ledger_object(self) -> bool:
+        """True when the App was given an open :class:`~ratchet.ledger.base.Ledger`."""
+        return self._ledger_arg is not None and not isinstance(self._ledger_arg, str)
+
+    @property
     def ledger(self) -> Ledger:
         """The ledger, opened (and migrated) on first use."""
         if self._ledger is None:
@@ -200,21 +265,24 @@ class App:
             name: registered name; default ``module.qualname``.
             version: definition version pinned by each instance.
             retry: retry policy; default ``RetryPolicy()``.
-            lease_s: lease length in seconds (> 0).
+            lease_s: lease length in seconds, at least :data:`MIN_LEASE_S` (1 s).
 
         Raises:
-            ConfigError: duplicate name, ``async def``, or a non-positive lease.
+            ConfigError: duplicate name, ``async def``, a lease below :data:`MIN_LEASE_S`,
+                a ``retry`` that is not a :class:`RetryPolicy`, a version below 1.
+            InvalidArguments: the name cannot be stored (not text, empty, a lone surrogate,
+                NUL, over :data:`~ratchet.validation.MAX_NAME_BYTES` bytes): checked here,
+                so a bad name never reaches a worker's claims.
         """
-        if (
-            isinstance(lease_s, bool)
-            or not isinstance(lease_s, int | float)
-            or not math.isfinite(lease_s)
-            or lease_s <= 0
-        ):
-            raise ConfigError(f"lease_s must be a finite number of seconds > 0, got {lease_s!r}")
+        check_lease_s(lease_s)
+        if name is not None:
+            check_identifier(name, "task name", MAX_NAME_BYTES)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigError(f"retry must be a ratchet.RetryPolicy, got {type(retry).__name__}")
 
         def decorator(fn: F) -> F:
             task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            check_identifier(task_name, "task name", MAX_NAME_BYTES)
             if inspect.iscoroutinefunction(fn):
                 raise ConfigError(
                     f"task {task_name!r} is async; this version runs plain def tasks only"
@@ -276,21 +344,8 @@ class App:
             raise InvalidArguments(
                 f"delay_s must be a finite number of seconds, got {request.delay_s!r}"
             )
-        key = request.idempotency_key
-        if key is not None:
-            if not isinstance(key, str) or not key:
-                raise InvalidArguments(
-                    f"idempotency_key must be a non-empty string or None, got {key!r}"
-                )
-            try:
-                encoded = key.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidArguments("idempotency_key is not valid Unicode text") from None
-            if len(encoded) > MAX_IDEMPOTENCY_KEY_BYTES:
-                raise InvalidArguments(
-                    f"idempotency_key is {len(encoded)} bytes, over the limit of "
-                    f"{MAX_IDEMPOTENCY_KEY_BYTES}; derive a shorter key (e.g. a hash)"
-                )
+        if request.idempotency_key is not None:
+            check_identifier(request.idempotency_key, "idempotency_key", MAX_KEY_BYTES)
         return NewTask(
             task_id=new_task_id(),
             name=definition.name,
@@ -362,7 +417,7 @@ class App:
 
     def get(self, task_id: str) -> TaskInfo:
         """A snapshot of one task. Raises :class:`~ratchet.errors.TaskNotFound`."""
-        return self.ledger.get(task_id)
+        return self.ledger.get(check_identifier(task_id, "task id", MAX_KEY_BYTES))
 
     def wait(
         self, task_id: str, timeout_s: float | None = None, poll_s: float = 0.05
@@ -379,24 +434,46 @@ class App:
         Raises:
             WaitTimeout: the timeout passed first.
             TaskNotFound: no such task.
+            InvalidArguments: ``timeout_s`` or ``poll_s`` is not a finite number >= 0.
         """
+        for label, value in (("timeout_s", timeout_s), ("poll_s", poll_s)):
+            if value is None and label == "timeout_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value) or value < 0:
+                raise InvalidArguments(f"{label} must be a finite number of seconds >= 0, "
+                                       f"got {value!r}")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        interval = poll_s
-        while True:
-            info = self.get(task_id)
-            if info.terminal or info.state is State.UNKNOWN:
-                return info
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(
-                    f"task {task_id} is still {info.state} after {timeout_s} s "
-                    "(is a worker running for it?)"
-                )
-            sleep = interval if deadline is None else min(interval, deadline - time.monotonic())
-            time.sleep(max(0.0, sleep))
-            interval = min(0.5, interval * 1.5)
+        backoff = tenacity.wait_exponential(multiplier=max(poll_s, 0.001), exp_base=1.5, max=0.5)
+
+        def until_deadline(state: tenacity.RetryCallState) -> float:
+            # the exponential poll interval, never past the deadline (one last look there)
+            pause = backoff(state)
+            return pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
+
+        def timed_out(state: tenacity.RetryCallState) -> TaskInfo:
+            info = state.outcome.result() if state.outcome is not None else None
+            where = f"still {info.state}" if info is not None else "not settled"
+            raise WaitTimeout(
+                f"task {task_id} is {where} after {timeout_s} s (is a worker running for it?)"
+            )
+
+        poller = tenacity.Retrying(
+            retry=tenacity.retry_if_result(
+                lambda info: not (info.terminal or info.state is State.UNKNOWN)
+            ),
+            wait=until_deadline,
+            stop=tenacity.stop_never if timeout_s is None else tenacity.stop_after_delay(timeout_s),
+            retry_error_callback=timed_out,
+        )
+        return poller(self.get, task_id)
 
     def __repr__(self) -> str:
-        where = self._ledger_arg if isinstance(self._ledger_arg, str) else os.environ.get(
-            "RATCHET_LEDGER_URL", "default"
-        )
+        """``<ratchet.App ledger='...' tasks=[...]>``, the ledger URL with its password
+        redacted."""
+        if self.holds_ledger_object:
+            where = f"<{type(self._ledger_arg).__name__}>"
+        else:
+            raw = self.ledger_url or os.environ.get("RATCHET_LEDGER_URL") or "default"
+            where = redact_url(raw)
         return f"<ratchet.App ledger={where!r} tasks={sorted(self.tasks)}>"

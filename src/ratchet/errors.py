@@ -25,6 +25,7 @@
     │   ├── OverloadError              downstream overloaded: back off harder
     │   └── OutcomeUnknownError        the call may or may not have happened: look up first
     ├── EffectOutcomeUnknown           lookup could not settle an effect; task goes UNKNOWN
+    ├── UndecodableData                stored or given JSON text cannot be decoded
     └── WaitTimeout                    ``App.wait`` gave up before a terminal state
 
 Driver errors (``sqlite3.Error``, ``psycopg.Error``) are converted at the ledger boundary with
@@ -55,6 +56,7 @@ __all__ = [
     "TaskFailure",
     "TaskNotFound",
     "TransientError",
+    "UndecodableData",
     "UnknownTask",
     "WaitTimeout",
     "WriteRejected",
@@ -92,7 +94,10 @@ class UnknownTask(SubmitError):
 
 
 class InvalidArguments(SubmitError):
-    """The params do not bind to the task function's signature."""
+    """Arguments of a Ratchet call are invalid: params that do not bind to the task
+    function's signature, a malformed task name or idempotency key
+    (:func:`ratchet.validation.check_identifier`), a bad ``run_at`` / ``delay_s``, an operator
+    verdict or reason that is not allowed."""
 
 
 class PayloadNotSerializable(SubmitError):
@@ -253,6 +258,14 @@ class EffectOutcomeUnknown(RatchetError):
         self.key = key
         self.reason = reason
         super().__init__(f"outcome of effect {effect!r} (key {key!r}) is unknown: {reason}")
+
+
+class UndecodableData(RatchetError):
+    """JSON text cannot be decoded: not JSON, not valid Unicode (a row whose bytes were not
+    valid UTF-8), or nested too deeply (:data:`ratchet.serde.MAX_JSON_DEPTH`).
+
+    Raised by :func:`ratchet.serde.loads`; the message names the value, never its text.
+    """
 
 
 class WaitTimeout(RatchetError):

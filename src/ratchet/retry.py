@@ -29,9 +29,21 @@ from .errors import (
     SubmitError,
     TaskFailure,
     TransientError,
+    UndecodableData,
 )
 
-__all__ = ["FailureClass", "RetryPolicy", "classify", "proves_not_executed", "retry_after_s"]
+__all__ = [
+    "MAX_ATTEMPTS_LIMIT",
+    "FailureClass",
+    "RetryPolicy",
+    "classify",
+    "proves_not_executed",
+    "retry_after_s",
+]
+
+MAX_ATTEMPTS_LIMIT = 1_000_000
+"""Largest ``RetryPolicy.max_attempts``: the ledger stores attempts as a 32-bit integer on
+PostgreSQL, and a task retried a million times is a configuration mistake."""
 
 
 class FailureClass(StrEnum):
@@ -58,7 +70,10 @@ class RetryPolicy:
         overload_min_delay_s: floor of the delay after an overload failure, in seconds.
 
     Raises:
-        ValueError: a field is out of range.
+        ConfigError: a field is out of range or of the wrong type (checked at definition, so
+            a bad policy never reaches a submit): ``max_attempts`` must be an ``int`` >= 1
+            (not a bool, not a float such as 1.5 or NaN); delays finite numbers >= 0
+            seconds; ``multiplier`` finite and >= 1; ``jitter`` within ``[0, 1]``.
     """
 
     max_attempts: int = 5
@@ -69,15 +84,31 @@ class RetryPolicy:
     overload_min_delay_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("RetryPolicy.max_attempts must be >= 1")
-        delays = (self.base_delay_s, self.max_delay_s, self.overload_min_delay_s)
-        if not all(math.isfinite(d) and d >= 0 for d in delays):
-            raise ValueError("RetryPolicy delays must be finite and >= 0 seconds")
-        if not math.isfinite(self.multiplier) or self.multiplier < 1:
-            raise ValueError("RetryPolicy.multiplier must be >= 1")
-        if not 0.0 <= self.jitter <= 1.0:  # also refuses NaN
-            raise ValueError("RetryPolicy.jitter must be within [0, 1]")
+        attempts = self.max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ConfigError(
+                f"RetryPolicy.max_attempts must be an integer >= 1 (runs allowed, the first "
+                f"included), got {attempts!r}"
+            )
+        if attempts > MAX_ATTEMPTS_LIMIT:
+            raise ConfigError(
+                f"RetryPolicy.max_attempts must be at most {MAX_ATTEMPTS_LIMIT}, got {attempts}"
+            )
+        for label in ("base_delay_s", "max_delay_s", "overload_min_delay_s", "multiplier",
+                      "jitter"):
+            value = getattr(self, label)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value):
+                raise ConfigError(f"RetryPolicy.{label} must be a finite number, got {value!r}")
+        for label in ("base_delay_s", "max_delay_s", "overload_min_delay_s"):
+            if getattr(self, label) < 0:
+                raise ConfigError(
+                    f"RetryPolicy.{label} must be >= 0 seconds, got {getattr(self, label)!r}"
+                )
+        if self.multiplier < 1:
+            raise ConfigError(f"RetryPolicy.multiplier must be >= 1, got {self.multiplier!r}")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ConfigError(f"RetryPolicy.jitter must be within [0, 1], got {self.jitter!r}")
 
     def ceiling_s(self, attempt: int) -> float:
         """Un-jittered delay after failed attempt number ``attempt`` (1-based), in seconds."""
@@ -169,8 +200,9 @@ def classify(exc: BaseException) -> FailureClass:
         return FailureClass.UNKNOWN_OUTCOME
     if isinstance(exc, TransientError | TaskFailure):
         return FailureClass.TRANSIENT
-    if isinstance(exc, SubmitError | ConfigError | IllegalTransition):
-        # bad input, bad settings, an illegal state change: retrying cannot fix them
+    if isinstance(exc, SubmitError | ConfigError | IllegalTransition | UndecodableData):
+        # bad input, bad settings, an illegal state change, undecodable data: retrying
+        # cannot fix them
         return FailureClass.PERMANENT
     if isinstance(exc, httpx.HTTPStatusError):
         status = exc.response.status_code

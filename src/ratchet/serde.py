@@ -1,71 +1,167 @@
-"""JSON encoding of user data and params digests. Ratchet never pickles user data."""
+"""JSON encoding of user data and params digests. Ratchet never pickles user data.
+
+Limits (both directions raise a Ratchet error, never ``RecursionError`` or a
+``json.JSONDecodeError``):
+
+* :data:`MAX_JSON_DEPTH` — values nested deeper than this (lists and dicts inside each
+  other) are refused by :func:`dumps` with :class:`~ratchet.errors.PayloadNotSerializable`.
+  Python's own JSON codec recurses once per level and gives up near the interpreter's
+  recursion limit (1,000 frames, minus the caller's stack), so the limit sits well below
+  it: anything :func:`dumps` accepts, :func:`loads` decodes again in any thread.
+* :func:`loads` of text that is not JSON (a corrupted row, invalid UTF-8 read back as
+  surrogate escapes, or nesting past the recursion limit) raises
+  :class:`~ratchet.errors.UndecodableData`; :func:`loads_stored` returns an
+  :class:`Undecodable` marker instead, for code that shows stored data (``ratchet inspect``).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from .errors import PayloadNotSerializable
+from .errors import PayloadNotSerializable, UndecodableData
 
-__all__ = ["canonical_json", "digest", "dumps", "loads"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "Undecodable",
+    "digest",
+    "dumps",
+    "loads",
+    "loads_stored",
+    "printable",
+]
+
+MAX_JSON_DEPTH = 200
+"""Deepest nesting of lists/dicts :func:`dumps` accepts (a scalar is depth 0)."""
 
 
 def dumps(value: Any, what: str = "value") -> str:
     """Encode ``value`` as compact JSON with sorted keys.
 
+    Args:
+        value: plain JSON data: ``str``, ``int``, ``float``, ``bool``, ``None``, and lists,
+            tuples and ``str``-keyed dicts of them, at most :data:`MAX_JSON_DEPTH` deep.
+        what: how to name the value in the error (``"params of task 'x'"``).
+
     Raises:
         PayloadNotSerializable: ``value`` holds something that is not plain JSON
-            (objects, bytes, sets, NaN/Infinity, non-string dict keys).
+            (objects, bytes, sets, NaN/Infinity, non-string dict keys, a cycle) or is
+            nested deeper than :data:`MAX_JSON_DEPTH`.
     """
-    bad_key = _non_string_key(value) if isinstance(value, dict | list | tuple) else _NONE
-    if bad_key is not _NONE:
-        raise PayloadNotSerializable(
-            f"{what} has a non-string dict key {bad_key!r}; JSON keys are strings, and Ratchet "
-            "refuses to convert them silently (it would change the params digest)"
-        )
+    problem = _structure_problem(value, what) if isinstance(value, dict | list | tuple) else None
+    if problem is not None:
+        raise PayloadNotSerializable(problem)
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadNotSerializable(
             f"{what} is not JSON-serialisable: {exc}. Ratchet stores JSON only (never pickle); "
             "pass str/int/float/bool/None and lists/dicts of them with string keys."
-        ) from exc
+        ) from None
 
 
-_NONE = object()
+def _structure_problem(value: Any, what: str) -> str | None:
+    """Why ``value`` cannot be stored (a non-string dict key, too deep), else ``None``.
 
-
-def _non_string_key(value: Any) -> object:
-    """The first dict key anywhere in ``value`` that is not a ``str``, else ``_NONE``."""
-    stack = [value]
+    Iterative, so it cannot itself overflow the stack.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
     seen: set[int] = set()
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return (
+                f"{what} is nested more than {MAX_JSON_DEPTH} levels deep; "
+                "Ratchet refuses deeper JSON (flatten it, or store it elsewhere and pass a "
+                "reference)"
+            )
         if id(item) in seen:
-            continue  # shared or circular: json.dumps reports a cycle below
+            continue  # shared or circular: json.dumps reports a cycle
         seen.add(id(item))
         if isinstance(item, dict):
             for key, sub in item.items():
                 if not isinstance(key, str):
-                    return key
+                    return (
+                        f"{what} has a non-string dict key {key!r}; JSON keys are strings, and "
+                        "Ratchet refuses to convert them silently (it would change the params "
+                        "digest)"
+                    )
                 if isinstance(sub, dict | list | tuple):
-                    stack.append(sub)
+                    stack.append((sub, depth + 1))
         elif isinstance(item, list | tuple):
-            stack.extend(x for x in item if isinstance(x, dict | list | tuple))
-    return _NONE
+            stack.extend((x, depth + 1) for x in item if isinstance(x, dict | list | tuple))
+    return None
 
 
-def loads(text: str | None) -> Any:
-    """Decode JSON produced by :func:`dumps` (``None`` stays ``None``)."""
+def loads(text: str | None, what: str = "value") -> Any:
+    """Decode JSON produced by :func:`dumps` (``None`` stays ``None``).
+
+    Args:
+        text: the JSON text.
+        what: how to name the value in the error (``"params"``, ``"step 'quote'"``).
+
+    Raises:
+        UndecodableData: ``text`` is not valid JSON, holds characters that are not valid
+            Unicode (surrogate escapes of invalid UTF-8), or is nested too deep to decode.
+            The message names ``what`` and the problem, never the text itself.
+    """
     if text is None:
         return None
-    return json.loads(text)
+    if not text.isascii():  # O(1) for ASCII text; else find lone surrogates before decoding
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise UndecodableData(
+                f"{what} is not valid UTF-8 text (character {exc.start})"
+            ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UndecodableData(
+            f"{what} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise UndecodableData(
+            f"{what} is nested too deeply to decode (Ratchet writes at most "
+            f"{MAX_JSON_DEPTH} levels)"
+        ) from None
+    except (TypeError, ValueError) as exc:
+        raise UndecodableData(f"{what} cannot be decoded: {type(exc).__name__}") from None
 
 
-def canonical_json(value: Any, what: str = "value") -> str:
-    """Canonical JSON (sorted keys, no spaces) used for digests; same as :func:`dumps`."""
-    return dumps(value, what)
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A stored value that could not be decoded, kept as text for people to look at.
+
+    Attributes:
+        text: the stored text, with characters that are not valid Unicode (surrogate
+            escapes of invalid UTF-8) replaced by ``\\udcXX`` escapes, so it can be printed.
+        error: why it could not be decoded (no part of the text).
+        undecodable: always ``True``; marks the record in JSON output
+            (``dataclasses.asdict``).
+    """
+
+    text: str
+    error: str
+    undecodable: bool = True
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates (invalid UTF-8 read back with surrogate escapes)
+    written as ``\\udcXX`` escapes, so it can be encoded as UTF-8 and printed."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def loads_stored(text: str | None, what: str = "value") -> Any:
+    """:func:`loads`, but an undecodable value becomes an :class:`Undecodable` marker instead
+    of an error (for showing stored data; never for running a task with it)."""
+    try:
+        return loads(text, what)
+    except UndecodableData as exc:
+        assert text is not None
+        return Undecodable(printable(text), str(exc))
 
 
 def digest(*parts: str) -> str:

@@ -1,0 +1,447 @@
+"""The control API: the one Python interface the operator faces call (the ``ratchet`` CLI
+today; an HTTP listing and a dashboard later).
+
+Example::
+
+    from ratchet import Control
+
+    with Control("sqlite:///ratchet.db") as control:       # or Control(app=my_app)
+        report = control.status()                          # StatusReport
+        view = control.inspect(task_id)                    # TaskTimeline
+        control.resolve(task_id, "done", result={"charge_id": "ch_1"},
+                        reason="seen in the PSP dashboard", by="alice")
+
+Every answer is a frozen dataclass: ``dataclasses.asdict(record)`` is its JSON form (the
+CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records.
+
+Read-only calls (:meth:`Control.status`, :meth:`Control.inspect`, :meth:`Control.workers`)
+open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
+schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
+change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
+older). :meth:`Control.migrate` creates or upgrades. :meth:`Control.submit` goes through
+the :class:`~ratchet.app.App` (its registry checks the task name and params).
+
+Later operations (list, cancel, retry, pause) are further methods of the same class on
+the same two ledger handles (:meth:`_reader`, :meth:`_writer`), each returning a record.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from .app import App, TaskHandle
+from .config import parse_ledger_url, redact_url
+from .errors import ConfigError, InvalidArguments
+from .ledger import open_ledger
+from .ledger.base import (
+    AuditEvent,
+    EffectRecord,
+    EffectState,
+    Ledger,
+    ResolveOutcome,
+    TaskInfo,
+)
+from .serde import Undecodable, dumps, loads_stored, printable
+from .validation import MAX_KEY_BYTES, check_identifier
+
+__all__ = [
+    "AuditEvent",
+    "Control",
+    "EffectRecord",
+    "EffectState",
+    "EffectView",
+    "ResolveOutcome",
+    "StatusReport",
+    "StepView",
+    "TaskInfo",
+    "TaskTimeline",
+    "Undecodable",
+    "WorkerView",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    """What ``ratchet status`` shows.
+
+    Attributes:
+        ledger: the ledger URL with any password redacted.
+        backend: ``sqlite`` or ``postgresql``.
+        counts: ``{task name: {state: count}}``.
+        oldest_pending_age_s: age of the oldest ready PENDING/RETRY_WAIT task, seconds
+            (``None`` when nothing is ready).
+        unknown: tasks in ``UNKNOWN`` (waiting for an operator: ``ratchet resolve``).
+        claims, takeovers, revocations, stale_rejections, lookup_hits,
+        idempotency_conflicts, operator_actions: counts from the audit log.
+        durability: the durability level (``fsync``, ``buffered``, ``replicated``).
+        backend_settings: what the level maps to (SQLite pragmas, PostgreSQL settings).
+        schema_version: the ledger's schema version.
+        ledger_now: the ledger clock, epoch seconds.
+    """
+
+    ledger: str
+    backend: str
+    counts: dict[str, dict[str, int]]
+    oldest_pending_age_s: float | None
+    unknown: int
+    claims: int
+    takeovers: int
+    revocations: int
+    stale_rejections: int
+    lookup_hits: int
+    idempotency_conflicts: int
+    operator_actions: int
+    durability: str
+    backend_settings: dict[str, str]
+    schema_version: int
+    ledger_now: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """A committed step of a task.
+
+    Attributes:
+        name: the step name.
+        result: the stored value, decoded (an :class:`~ratchet.serde.Undecodable` when the
+            stored text is not JSON).
+        generation: fencing generation of the claim that committed it.
+        committed_at: ledger clock, epoch seconds.
+    """
+
+    name: str
+    result: Any
+    generation: int
+    committed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class EffectView:
+    """An effect of a task, as the ledger records it.
+
+    Attributes:
+        name: effect name; key: its business idempotency key.
+        state: ``intent`` (outcome not recorded), ``done`` or ``not_done``.
+        result: the recorded result, decoded (``Undecodable`` when not JSON).
+        generation, attempt: the claim that wrote it last.
+        calls: how many times the call was made.
+        via_lookup: the result came from a lookup, not from a call.
+        updated_at: ledger clock, epoch seconds.
+    """
+
+    name: str
+    key: str
+    state: str
+    result: Any
+    generation: int
+    attempt: int
+    calls: int
+    via_lookup: bool
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTimeline:
+    """What ``ratchet inspect`` shows: the task and everything the ledger knows about it.
+
+    Attributes:
+        task: the task row (params and result decoded; ``Undecodable`` when not JSON).
+        events: audit events (claims, transitions, stale rejections, lookups, operator
+            actions), oldest first.
+        steps: committed steps.
+        effects: effect records.
+    """
+
+    task: TaskInfo
+    events: list[AuditEvent]
+    steps: list[StepView]
+    effects: list[EffectView]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker process in the registry (``ratchet workers``).
+
+    Attributes:
+        holder: lease-holder identity. host_id: host + PID-namespace identity.
+        hostname, pid: where it runs.
+        state: ``alive``, ``stopped`` (clean exit) or ``dead`` (revoked).
+        process: ``running`` / ``gone`` for an ``alive`` worker on this host (judged from
+            here), ``other host`` when it cannot be judged from here, ``-`` when not alive.
+        started_at, last_seen: ledger clock, epoch seconds.
+        last_seen_age_s: seconds between its last registry heartbeat and the ledger clock.
+    """
+
+    holder: str
+    host_id: str
+    hostname: str
+    pid: int
+    state: str
+    process: str
+    started_at: float
+    last_seen: float
+    last_seen_age_s: float
+
+
+def _where(url: str | None) -> str:
+    """The redacted URL a ledger argument resolves to (env / default included)."""
+    return redact_url(parse_ledger_url(url).url)
+
+
+class Control:
+    """Operator operations on one ledger.
+
+    Args:
+        ledger_url: a ledger URL, or ``None`` for ``RATCHET_LEDGER_URL`` (default
+            ``sqlite:///ratchet.db``). Ignored when ``app`` is given.
+        app: an :class:`~ratchet.app.App`; its ledger is used, and :meth:`submit` needs it.
+
+    Nothing is opened until the first call. Use as a context manager, or call
+    :meth:`close`.
+
+    Raises:
+        ConfigError: the URL is malformed (at construction).
+    """
+
+    def __init__(self, ledger_url: str | None = None, *, app: App | None = None) -> None:
+        self._app = app
+        self._url = app.ledger_url if app is not None else ledger_url
+        if app is None or app.ledger_url is not None or not app.holds_ledger_object:
+            parse_ledger_url(self._url)  # fail fast on a malformed URL (ConfigError)
+        self._read: Ledger | None = None
+        self._write: Ledger | None = None
+
+    # ------------------------------------------------------------------ ledgers
+
+    def _reader(self) -> Ledger:
+        """The ledger for read-only calls: must exist, never created or migrated."""
+        if self._app is not None and self._app.holds_ledger_object:
+            return self._app.ledger
+        if self._read is None:
+            self._read = open_ledger(self._url, migrate=False, must_exist=True)
+        return self._read
+
+    def _writer(self) -> Ledger:
+        """The ledger for operator writes: must exist; migrated if older."""
+        if self._app is not None and self._app.holds_ledger_object:
+            return self._app.ledger
+        if self._write is None:
+            self._write = open_ledger(self._url, migrate=True, must_exist=True)
+        return self._write
+
+    def close(self) -> None:
+        """Close the connections this object opened (not the App's)."""
+        for led in (self._read, self._write):
+            if led is not None:
+                led.close()
+        self._read = self._write = None
+
+    def __enter__(self) -> Control:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = "<ledger object>" if self._app is not None and self._app.holds_ledger_object \
+            else _where(self._url)
+        return f"<ratchet.Control ledger={where!r}>"
+
+    # ------------------------------------------------------------------ reads
+
+    def status(self) -> StatusReport:
+        """Counts per task type and state, oldest pending age, unknowns, audit counters,
+        durability.
+
+        Raises:
+            LedgerUnavailable: no ledger there (nothing is created), or unreachable.
+            ConfigError: malformed URL.
+        """
+        led = self._reader()
+        s = led.stats()
+        return StatusReport(
+            ledger=redact_url(led.config.url),
+            backend=led.config.scheme,
+            counts={name: dict(states) for name, states in s.counts.items()},
+            oldest_pending_age_s=s.oldest_pending_age_s,
+            unknown=s.unknown_count,
+            claims=s.claims,
+            takeovers=s.takeovers,
+            revocations=s.revocations,
+            stale_rejections=s.stale_rejections,
+            lookup_hits=s.lookup_hits,
+            idempotency_conflicts=s.idempotency_conflicts,
+            operator_actions=s.operator_actions,
+            durability=s.durability,
+            backend_settings=dict(s.backend_settings),
+            schema_version=s.schema_version,
+            ledger_now=s.ledger_now,
+        )
+
+    def get(self, task_id: str) -> TaskInfo:
+        """One task's row.
+
+        Raises:
+            TaskNotFound: no task with that id. LedgerUnavailable: no ledger there.
+        """
+        return self._reader().get(_task_id(task_id))
+
+    def inspect(self, task_id: str) -> TaskTimeline:
+        """The task with its audit events, steps and effects (``ratchet inspect``).
+
+        Values that cannot be decoded are returned as
+        :class:`~ratchet.serde.Undecodable` (their text and the reason), not raised.
+
+        Raises:
+            TaskNotFound: no task with that id. LedgerUnavailable: no ledger there.
+        """
+        tl = self._reader().timeline(_task_id(task_id))
+        return TaskTimeline(
+            task=tl.task,
+            events=list(tl.events),
+            steps=[
+                StepView(s.name, loads_stored(s.result_json, f"step {s.name!r}"),
+                         s.generation, s.committed_at)
+                for s in tl.steps
+            ],
+            effects=[
+                EffectView(e.name, e.key, e.state.value,
+                           loads_stored(e.result_json, f"effect {e.name!r} result"),
+                           e.generation, e.attempt, e.calls, e.via_lookup, e.updated_at)
+                for e in tl.effects
+            ],
+        )
+
+    def workers(self) -> list[WorkerView]:
+        """The worker registry, with whether each ``alive`` worker's process still runs
+        (judged only for workers on this host and PID namespace).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        from .worker.registry import host_identity, process_gone
+
+        led = self._reader()
+        now = led.now()
+        here = host_identity()
+        views = []
+        for w in led.list_workers(None):
+            if w.state != "alive":
+                process = "-"
+            elif w.host_id == here:
+                process = "gone" if process_gone(w.pid, w.pid_start) else "running"
+            else:
+                process = "other host"
+            views.append(
+                WorkerView(w.holder, w.host_id, w.hostname, w.pid, w.state, process,
+                           w.started_at, w.last_seen, max(0.0, now - w.last_seen))
+            )
+        return views
+
+    # ------------------------------------------------------------------ writes
+
+    def resolve(
+        self,
+        task_id: str,
+        outcome: str | ResolveOutcome,
+        result: Any = None,
+        *,
+        reason: str,
+        by: str | None = None,
+    ) -> TaskInfo:
+        """Settle an ``UNKNOWN`` task's open effect (audited); the task then resumes.
+
+        Args:
+            task_id: the task.
+            outcome: ``"done"`` (the effect happened; ``result`` is its return value) or
+                ``"not-done"`` (it did not; the task calls again with the same key).
+            result: for ``done``: the effect's result, plain JSON (``None`` is recorded as
+                null).
+            reason: why (kept in the audit log); must not be blank.
+            by: the operator's name (default: the login name).
+
+        Returns:
+            the task after the change.
+
+        Raises:
+            InvalidArguments: unknown outcome, blank reason, a malformed operator name.
+            PayloadNotSerializable: ``result`` is not plain JSON.
+            TaskNotFound: no such task. IllegalTransition: the task is not ``UNKNOWN``.
+            LedgerUnavailable: no ledger there.
+        """
+        try:
+            verdict = ResolveOutcome(outcome)
+        except ValueError:
+            raise InvalidArguments(
+                f"outcome must be 'done' or 'not-done', got {printable(str(outcome))!r}"
+            ) from None
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidArguments("reason must say why (it is kept in the audit log)")
+        check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
+        who = by if by is not None else (os.environ.get("USER") or _login())
+        check_identifier(who, "operator name", MAX_KEY_BYTES)
+        result_json = dumps(result, what="the effect's result")
+        return self._writer().resolve(_task_id(task_id), verdict, reason, who, result_json)
+
+    def migrate(self) -> int:
+        """Create the ledger or apply pending schema migrations; return the schema version.
+
+        Raises:
+            SchemaTooNew: the ledger is newer than this Ratchet (left untouched).
+            LedgerUnavailable: cannot be opened.
+        """
+        if self._app is not None and self._app.holds_ledger_object:
+            return self._app.ledger.migrate()
+        led = open_ledger(self._url, migrate=False, must_exist=False)
+        try:
+            return led.migrate()
+        finally:
+            led.close()
+
+    def submit(
+        self,
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        run_at: datetime | float | None = None,
+        delay_s: float = 0.0,
+    ) -> TaskHandle:
+        """Submit one task through the App (see :meth:`ratchet.App.submit`).
+
+        Raises:
+            ConfigError: this Control was made without an App.
+            UnknownTask, InvalidArguments, PayloadNotSerializable, PayloadTooLarge,
+            IdempotencyConflict: refused, nothing written. LedgerError: the ledger failed.
+        """
+        if self._app is None:
+            raise ConfigError(
+                "submit needs the application's task registry: use Control(app=...)"
+            )
+        return self._app.submit(
+            name, params, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s
+        )
+
+
+def _task_id(task_id: object) -> str:
+    """``task_id`` if it can name a task (a storable identifier), else InvalidArguments."""
+    return check_identifier(task_id, "task id", MAX_KEY_BYTES)
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no USER/LOGNAME and no passwd entry (containers)
+        return "unknown"
+
