@@ -1,0 +1,86 @@
+"""``ratchet.testing``: what your own test suite needs to prove a task runs exactly once.
+
+* process control of real ``ratchet worker`` subprocesses (:class:`ProcessGroup`,
+  :class:`WorkerProcess`: holder name, SIGKILL / SIGSTOP / SIGCONT / SIGTERM, logs) and
+  :func:`wait_for` (poll a condition with a deadline, never a fixed sleep);
+* a counting external service over real HTTP on loopback, in its own process with its own
+  SQLite file (:func:`start_counting_service`, :class:`CountingClient`): honours the
+  idempotency key or not, has a lookup endpoint, injects lost replies, 503 bursts and
+  slow replies, and counts every execution per key;
+* the checks (:func:`check_exactly_once`, :func:`check_ledger_consistent`): one
+  implementation on both ledgers, returning a report and raising :class:`CheckFailed`
+  (an ``AssertionError``) with every violation listed;
+* the in-process worker (``ratchet.testing.worker``), re-exported here when present.
+
+See README.md, "Testing your tasks".
+"""
+
+from __future__ import annotations
+
+from .checks import (
+    CheckFailed,
+    ConsistencyReport,
+    ExactlyOnceReport,
+    check_exactly_once,
+    check_ledger_consistent,
+    list_task_ids,
+)
+from .processes import (
+    ConditionTimeout,
+    ManagedProcess,
+    ProcessGroup,
+    WorkerProcess,
+    clean_env,
+    wait_for,
+)
+from .services import (
+    CountingClient,
+    CountingService,
+    FaultSettings,
+    ServiceError,
+    ServiceRecords,
+    read_records,
+    start_counting_service,
+)
+
+__all__ = [
+    "CheckFailed",
+    "ConditionTimeout",
+    "ConsistencyReport",
+    "CountingClient",
+    "CountingService",
+    "ExactlyOnceReport",
+    "FaultSettings",
+    "ManagedProcess",
+    "ProcessGroup",
+    "ServiceError",
+    "ServiceRecords",
+    "WorkerProcess",
+    "check_exactly_once",
+    "check_ledger_consistent",
+    "clean_env",
+    "list_task_ids",
+    "read_records",
+    "start_counting_service",
+    "wait_for",
+]
+
+
+def _reexport_worker() -> None:
+    """Re-export the in-process worker module's public names (written separately; the
+    package imports without it)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"{__name__}.worker")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.worker":
+            raise
+        return
+    for name in getattr(module, "__all__", ()):
+        globals()[name] = getattr(module, name)
+        if name not in __all__:
+            __all__.append(name)
+
+
+_reexport_worker()
