@@ -26,6 +26,13 @@ effect with the intent-before-call, lookup-first protocol:
 A call that times out or loses its reply (an unknown-outcome failure) goes straight to the
 same lookup, never to failure. Before every new effect the lease must be confirmed
 (``LeaseLost`` otherwise), and every write is fenced (``StaleGeneration``).
+
+Step and effect names and effect keys are checked where they enter
+(:func:`ratchet.validation.check_identifier`: ``InvalidArguments``, a permanent failure).
+Values read back from the ledger (params, stored step values, recorded effect results)
+that cannot be decoded raise :class:`~ratchet.worker.decode.UndecodableValue`. A write the
+database refuses raises :class:`~ratchet.errors.WriteRejected`; a pipelined step write
+refused in the background raises it at the task's next step or effect.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from ..errors import (
     PermanentError,
     StaleGeneration,
     TransientError,
+    WriteRejected,
 )
 from ..ledger.base import (
     Claim,
@@ -53,8 +61,11 @@ from ..ledger.base import (
 )
 from ..retry import FailureClass, classify, proves_not_executed
 from ..serde import digest, dumps, loads
+from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
+from .decode import UndecodableValue, decode_stored
 from .heartbeat import LeaseHandle
-from .writer import LedgerWriter
+from .hooks import EffectSettlement, Hooks
+from .writer import LedgerWriter, WriterStopped
 
 __all__ = ["NOT_FOUND", "NotFound", "Shutdown", "TaskContext"]
 
@@ -93,8 +104,11 @@ class TaskContext:
         name: task name.
         generation: fencing token of this claim.
         attempt: 1-based claim count.
-        params: the decoded params.
+        params: the decoded params (a dict of keyword arguments; None until the worker
+            decoded them, just before the task function is called).
         holder: the worker holding the lease.
+        exception: what the task body raised in this attempt, once it ended (None if it
+            returned); set by the worker for ``after_attempt`` hooks.
     """
 
     def __init__(
@@ -105,13 +119,17 @@ class TaskContext:
         lease: LeaseHandle,
         stopping: threading.Event,
         on_block: Callable[[], None] | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.task_id = claim.task_id
         self.name = claim.name
         self.generation = claim.generation
         self.attempt = claim.attempt
-        self.params: Any = loads(claim.params_json)
+        self.params: Any = None
+        self._params_json = claim.params_json
         self.holder = holder
+        self.exception: BaseException | None = None
+        self._hooks = hooks
         self._writer = writer
         self._lease = lease
         self._stopping = stopping
@@ -126,6 +144,21 @@ class TaskContext:
         self._sent = 0
         self._saved: set[str] = set()  # names a flush confirmed (set by the writer thread)
         self._flush_stale = False
+        self._flush_rejected: WriteRejected | None = None  # a flush the database refused
+
+    def load_params(self) -> dict[str, Any]:
+        """Decode the task's stored params (sets :attr:`params`) and return them.
+
+        Raises:
+            UndecodableValue: the stored params are not valid UTF-8 / JSON, or not an object.
+        """
+        params = decode_stored(self._params_json, "params")
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise UndecodableValue("params", f"a JSON {type(params).__name__}, not an object")
+        self.params = params
+        return params
 
     # ------------------------------------------------------------------ plumbing
 
@@ -139,12 +172,20 @@ class TaskContext:
             raise Shutdown()
         if self._flush_stale:
             raise StaleGeneration(self.task_id, self.generation, "step flush")
+        if self._flush_rejected is not None:
+            raise self._flush_rejected
 
     def unsaved_steps(self) -> list[tuple[str, str]]:
         """Steps of this attempt not yet confirmed durable: the task's next write carries
         them (again, if a flush is still in flight: rewriting a step is idempotent)."""
         saved = self._saved
         return [s for s in self._unsaved if s[0] not in saved]
+
+    def discard_unsaved_steps(self) -> None:
+        """Forget the steps not yet durable (a write carrying them was refused): the
+        task's failure write must not carry them again."""
+        self._unsaved = []
+        self._sent = 0
 
     def steps_saved(self, steps: list[tuple[str, str]]) -> None:
         """A write carrying ``steps`` committed: they are durable now."""
@@ -162,7 +203,11 @@ class TaskContext:
         write = TaskWrite(self.task_id, self.generation, self.holder, operation, **parts)
         if self._on_block is not None:
             self._on_block()
-        outcome = self._writer.commit(write)
+        try:
+            outcome = self._writer.commit(write)
+        except WriteRejected:
+            self.discard_unsaved_steps()  # one of them may be what was refused
+            raise
         if outcome.stale:
             raise StaleGeneration(self.task_id, self.generation, operation)
         self.steps_saved(carried)
@@ -178,6 +223,8 @@ class TaskContext:
 
         def done(outcome: CommitOutcome | None, error: BaseException | None) -> None:
             if outcome is None:
+                if isinstance(error, WriteRejected):
+                    self._flush_rejected = error  # raised at the next step or effect
                 return  # not durable: the task's next write carries these steps again
             if outcome.stale:
                 self._flush_stale = True
@@ -188,7 +235,7 @@ class TaskContext:
 
         try:
             self._writer.submit(write, done)
-        except RuntimeError:
+        except WriterStopped:
             self._sent = 0  # writer stopping: the next write carries them
 
     @property
@@ -224,20 +271,44 @@ class TaskContext:
             The JSON round-trip of ``fn``'s result.
 
         Raises:
+            InvalidArguments: ``name`` is not a storable identifier (empty, not valid
+                Unicode, NUL, over :data:`~ratchet.validation.MAX_NAME_BYTES`).
             PayloadNotSerializable: the result is not plain JSON (a permanent failure).
+            UndecodableValue: the value stored by an earlier attempt cannot be decoded.
             StaleGeneration: another worker took the task over; nothing was written.
+            WriteRejected: the database refused the step's write (``durable=True``, or a
+                pipelined write of an earlier step).
         """
         self._boundary()
+        check_identifier(name, "step name", MAX_NAME_BYTES)
+        hooks = self._hooks
+        if hooks is None:
+            return self._step(name, fn, args, kwargs, durable)[0]
+        hooks.before_step(self, name)
+        t0 = time.perf_counter()
+        try:
+            value, cached = self._step(name, fn, args, kwargs, durable)
+        except BaseException as exc:
+            hooks.after_step(self, name, False, time.perf_counter() - t0, exc)
+            raise
+        hooks.after_step(self, name, cached, time.perf_counter() - t0, None)
+        return value
+
+    def _step(
+        self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+        durable: bool,
+    ) -> tuple[Any, bool]:
+        """:meth:`step` without its checks and hooks; returns ``(value, cached)``."""
         stored = self._steps.get(name)
         if stored is not None:
-            return loads(stored)
+            return decode_stored(stored, f"step {name!r}"), True
         self._flush_steps()
         result_json = dumps(fn(*args, **kwargs), what=f"result of step {name!r}")
         self._steps[name] = result_json
         self._unsaved.append((name, result_json))
         if durable:
             self._commit(f"step:{name}")
-        return loads(result_json)
+        return loads(result_json), False
 
     # ------------------------------------------------------------------ effects
 
@@ -281,12 +352,48 @@ class TaskContext:
             The JSON round-trip of the call's (or the lookup's) result.
 
         Raises:
+            InvalidArguments: ``name`` or ``key`` is not a storable identifier (name up to
+                :data:`~ratchet.validation.MAX_NAME_BYTES`, key up to
+                :data:`~ratchet.validation.MAX_KEY_BYTES` UTF-8 bytes, no NUL or lone
+                surrogate).
             LeaseLost: the lease cannot be confirmed; the call was not made.
             StaleGeneration: another worker took the task over.
             EffectOutcomeUnknown: the outcome cannot be established; the task goes UNKNOWN.
+            UndecodableValue: the result recorded by an earlier attempt cannot be decoded.
+            WriteRejected: the database refused the intent or result write.
             Exception: what ``call`` raised, for the worker to classify.
         """
         self._boundary()
+        check_identifier(name, "effect name", MAX_NAME_BYTES)
+        check_identifier(key, "effect key", MAX_KEY_BYTES)
+        hooks = self._hooks
+        if hooks is None:
+            return self._effect(name, call, key, lookup, idempotent, params, in_flight_s)[0]
+        hooks.before_effect(self, name, key)
+        t0 = time.perf_counter()
+        try:
+            value, settled = self._effect(name, call, key, lookup, idempotent, params,
+                                          in_flight_s)
+        except BaseException as exc:
+            how: EffectSettlement = (
+                "unknown" if isinstance(exc, EffectOutcomeUnknown) else "failed"
+            )
+            hooks.after_effect(self, name, key, how, time.perf_counter() - t0, exc)
+            raise
+        hooks.after_effect(self, name, key, settled, time.perf_counter() - t0, None)
+        return value
+
+    def _effect(
+        self,
+        name: str,
+        call: Callable[[str], Any],
+        key: str,
+        lookup: Callable[[str], Any] | None,
+        idempotent: bool,
+        params: Any,
+        in_flight_s: float | None,
+    ) -> tuple[Any, EffectSettlement]:
+        """:meth:`effect` without its checks and hooks; returns ``(value, how settled)``."""
         params_digest = digest(name, key, dumps(params, what=f"params of effect {name!r}"))
         record = self._effects.get(name)
         if record is not None and record.key != key:
@@ -301,14 +408,14 @@ class TaskContext:
                 "must always carry the same request (DESIGN §5)"
             )
         if record is not None and record.state is EffectState.DONE:
-            return loads(record.result_json)
+            return decode_stored(record.result_json, f"effect {name!r} result"), "cached"
         if record is not None and record.state is EffectState.INTENT:
             # An earlier attempt recorded the intent but not the outcome: query first.
             found, value = self._settle(name, key, params_digest, lookup, idempotent,
                                         "intent without result from an earlier attempt",
                                         record.updated_at, in_flight_s)
             if found:
-                return value
+                return value, "lookup"
         self._lease.ensure()
         self._commit(
             f"effect_intent:{name}",
@@ -337,13 +444,13 @@ class TaskContext:
                                         f"call failed with unknown outcome: {exc!r}",
                                         sent_at, in_flight_s)
             if found:
-                return value
+                return value, "lookup"
             raise TransientError(
                 f"effect {name!r} (key {key!r}) had an unknown outcome and the target "
                 "confirmed it did not execute; retrying with the same key"
             ) from exc
         faults.point("effect.after_call")
-        return self._record_done(name, key, params_digest, result, via_lookup=False)
+        return self._record_done(name, key, params_digest, result, via_lookup=False), "call"
 
     def open_intents(self) -> list[str]:
         """Names of effects whose intent is recorded but whose outcome is not."""

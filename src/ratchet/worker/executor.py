@@ -66,10 +66,6 @@ class Executor(Generic[T]):
             if self._awake == 0:
                 self._wake_one()
 
-    def queued(self) -> int:
-        """Items waiting for a thread."""
-        return len(self._queue)
-
     def blocking(self) -> None:
         """The calling executor thread is about to block: wake a spare thread if work waits."""
         if self._queue:

@@ -123,22 +123,11 @@ class Heartbeat(threading.Thread):
         self.renewals = 0
         self.failures = 0
 
-    def add(
-        self, task_id: str, generation: int, lease_s: float, t_sent: float, ttl_s: float
-    ) -> LeaseHandle:
-        """Start tracking a claim made at monotonic ``t_sent`` with ``ttl_s`` seconds to run."""
-        until = t_sent + ttl_s - margin_for(lease_s)
-        handle = LeaseHandle(self, task_id, generation, lease_s, until)
-        handle.renew_due = t_sent + lease_s / 3.0
-        with self._lock:
-            self._leases[task_id] = handle
-        self._wake.set()  # the loop re-plans: this lease may be due before the current wait ends
-        return handle
-
     def add_many(
         self, leases: list[tuple[str, int, float, float, float]]
     ) -> list[LeaseHandle]:
-        """:meth:`add` for several ``(task_id, generation, lease_s, t_sent, ttl_s)`` at once.
+        """Start tracking claims, each ``(task_id, generation, lease_s, t_sent, ttl_s)``:
+        made at monotonic ``t_sent`` with ``ttl_s`` seconds to run (by the ledger's clock).
 
         Wakes the heartbeat thread only if one of them is due before its planned round.
         """

@@ -1,7 +1,8 @@
 """The worker: claim → execute → fenced commit, with the whole lifecycle in one place.
 
-Lifecycle of one task (each hook is a method on :class:`Worker` that does nothing but log
-by default; subclasses add metrics or tracing there, not branches in the loop):
+Lifecycle of one task (``on_claimed`` / ``on_finished`` / ``on_failure`` are methods on
+:class:`Worker` that only log by default; metrics and tracing plug in as
+:class:`~ratchet.worker.hooks.Middleware` passed as ``Worker(app, middleware=[...])``):
 
 ``on_claimed`` → task function runs (``ctx.step`` / ``ctx.effect``) → one of
 ``SUCCEEDED`` | ``RETRY_WAIT`` (transient/overload, attempts left) | ``FAILED``
@@ -23,6 +24,20 @@ Leases are renewed by one :class:`~ratchet.worker.heartbeat.Heartbeat`. An ``asy
 runner would replace only :meth:`Worker._run_body` with an event loop; the ledger, writer,
 heartbeat and context protocol stay as they are.
 
+How a task body can end, and what is recorded (DESIGN §7): a return is ``SUCCEEDED``; an
+``Exception`` is classified by :func:`~ratchet.retry.classify`. Every other
+``BaseException`` raised by task code also ends the attempt with a recorded outcome, the
+lease released and the slot freed, and the worker keeps running: ``SystemExit`` (e.g.
+argparse on bad arguments) and ``KeyboardInterrupt`` are permanent failures with
+``error_class`` ``"system_exit"`` / ``"keyboard_interrupt"`` (running again cannot
+change them); any other ``BaseException`` (``GeneratorExit``, a custom one) is transient.
+The worker's own :class:`~ratchet.worker.context.Shutdown` is the exception: it releases
+the task to ``PENDING`` at a step boundary. Params, step values or effect results that
+cannot be decoded fail the task permanently (``error_class`` ``"undecodable"``), and a
+write the database refuses (:class:`~ratchet.errors.WriteRejected`) fails it permanently
+(``"write_rejected"``). As everywhere, a failure while an effect's intent is open goes to
+``UNKNOWN`` instead of ``FAILED``.
+
 Signals: the first SIGTERM/SIGINT stops claiming; running tasks finish their current
 step, then are released at the next step/effect boundary (their committed steps stay).
 A second Ctrl-C (SIGINT) exits at once; repeated SIGTERMs (process managers, ``timeout``
@@ -40,27 +55,33 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from types import FrameType
+
+import tenacity
 
 from .. import faults
 from ..app import App, TaskDefinition
 from ..errors import (
+    ConfigError,
     EffectOutcomeUnknown,
     FenceError,
     LeaseLost,
     LedgerUnavailable,
     RatchetError,
     StaleGeneration,
+    WriteRejected,
 )
 from ..ledger.base import Claim, CommitOutcome, TaskWrite, Transition
 from ..retry import FailureClass, classify, retry_after_s
 from ..serde import dumps
 from ..states import State
 from .context import Shutdown, TaskContext
+from .decode import UNDECODABLE, UndecodableValue
 from .executor import Executor
 from .heartbeat import Heartbeat, LeaseHandle
+from .hooks import Hooks, Middleware
 from .registry import Registrar
 from .writer import LedgerWriter
 
@@ -98,9 +119,36 @@ class _Policy:
         self._worker._dispatch(claims, t_sent)
 
 
+WRITE_REJECTED = "write_rejected"
+"""``error_class`` of a task failed because the database refused one of its writes."""
+
+_BASE_EXCEPTION_CLASSES: dict[type[BaseException], str] = {
+    SystemExit: "system_exit",
+    KeyboardInterrupt: "keyboard_interrupt",
+}
+"""``BaseException`` types raised by task code that fail the task permanently, with the
+``error_class`` recorded. Any other ``BaseException`` from task code is transient."""
+
+
+class _StopWhenLost(tenacity.stop.stop_base):
+    """tenacity stop condition: the lease is known lost (a re-sent write would be stale)."""
+
+    def __init__(self, lease: LeaseHandle) -> None:
+        self._lease = lease
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self._lease.lost
+
+
 @dataclass
 class WorkerStats:
-    """Counters of one worker process (since start)."""
+    """Counters of one worker process (since start).
+
+    Task threads, the writer thread and the heartbeat all count, so every update goes
+    through :meth:`add` / :meth:`add_outcome`, which hold one lock (a ``+=`` on an
+    attribute is not atomic). Reading one counter needs no lock; :meth:`snapshot` reads
+    them all consistently.
+    """
 
     claimed: int = 0
     takeovers: int = 0
@@ -112,6 +160,28 @@ class WorkerStats:
     stale: int = 0
     lease_lost: int = 0
     by_outcome: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
+
+    def add(self, counter: str, n: int = 1) -> None:
+        """Add ``n`` to the integer counter named ``counter`` (e.g. ``"succeeded"``)."""
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + n)
+
+    def add_outcome(self, outcome: str) -> None:
+        """Count one attempt that ended with ``outcome`` in :attr:`by_outcome`."""
+        with self._lock:
+            self.by_outcome[outcome] = self.by_outcome.get(outcome, 0) + 1
+
+    def snapshot(self) -> dict[str, object]:
+        """Every counter at one instant: ``{name: int}`` plus ``by_outcome`` (a copy)."""
+        with self._lock:
+            out: dict[str, object] = {
+                f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"
+            }
+            out["by_outcome"] = dict(self.by_outcome)
+        return out
 
 
 class Worker:
@@ -130,6 +200,12 @@ class Worker:
             free slots are claimed anyway.
         fast_takeover: register in the ledger's worker registry and revoke the leases of
             same-host workers whose process is gone (:mod:`ratchet.worker.registry`).
+        middleware: lifecycle hooks (:class:`~ratchet.worker.hooks.Middleware`), called
+            in this order; none by default.
+
+    Raises:
+        ConfigError: ``concurrency`` is below 1.
+        UnknownTask: a name in ``names`` is not registered.
     """
 
     def __init__(
@@ -142,9 +218,10 @@ class Worker:
         max_batch: int = 256,
         claim_linger_s: float = 0.002,
         fast_takeover: bool = True,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
+            raise ConfigError(f"Worker concurrency must be >= 1, got {concurrency!r}")
         self.app = app
         self.concurrency = concurrency
         self.names = list(names) if names is not None else sorted(app.tasks)
@@ -159,6 +236,9 @@ class Worker:
         self.writer = LedgerWriter(self.ledger, max_batch=max_batch)
         self.heartbeat = Heartbeat(self.ledger, self.holder)
         self.stats = WorkerStats()
+        self.middleware: tuple[Middleware, ...] = tuple(middleware)
+        self._hooks: Hooks | None = Hooks(self, self.middleware) if self.middleware else None
+        self.writer.hooks = self._hooks
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._inflight = 0  # claimed and not finished (incl. completions not yet committed)
@@ -243,6 +323,9 @@ class Worker:
             The worker's counters.
         """
         self._max_tasks = max_tasks
+        hooks = self._hooks
+        if hooks is not None:
+            hooks.worker_start()
         self.writer.set_claim_policy(_Policy(self))
         self.writer.start()
         self.heartbeat.start()
@@ -300,6 +383,8 @@ class Worker:
                     registrar.stop(clean=True)
                 self.heartbeat.stop()
                 self.heartbeat.join(timeout=5)
+                if hooks is not None:
+                    hooks.worker_stop()
         return self.stats
 
     def _on_notify(self) -> None:
@@ -335,8 +420,10 @@ class Worker:
         )
         with self._lock:
             self._inflight += len(claims)
-        self.stats.claimed += len(claims)
-        self.stats.takeovers += sum(1 for c in claims if c.takeover)
+        self.stats.add("claimed", len(claims))
+        takeovers = sum(1 for c in claims if c.takeover)
+        if takeovers:
+            self.stats.add("takeovers", takeovers)
         self._last_claimed_at = time.monotonic()
         self._executor.push(zip(claims, handles, strict=True))
 
@@ -345,63 +432,83 @@ class Worker:
     def _execute(self, item: tuple[Claim, LeaseHandle]) -> None:
         claim, lease = item
         outcome: str | None = "abandoned"
+        ctx: TaskContext | None = None
+        hooks = self._hooks
         try:
             self.on_claimed(claim)
+            if hooks is not None:
+                hooks.before_attempt(claim)
             definition = self.app.definition(claim.name)
             ctx = TaskContext(
                 claim, self.holder, self.writer, lease, self._stopping,
-                on_block=self._executor.blocking,
+                on_block=self._executor.blocking, hooks=hooks,
             )
             outcome = self._run_body(definition, claim, ctx)
-        except Exception:  # never let one task kill the worker
+        except BaseException:  # never let one task kill the worker or leak its slot
             log.exception("internal error while running task %s", claim.task_id)
             outcome = "abandoned"
         if outcome is not None:  # None: a final write is on its way to the ledger
-            self._done(claim, lease, outcome)
+            self._done(claim, lease, outcome, ctx.exception if ctx is not None else None)
 
-    def _done(self, claim: Claim, lease: LeaseHandle, outcome: str) -> None:
+    def _done(
+        self, claim: Claim, lease: LeaseHandle, outcome: str,
+        exception: BaseException | None = None,
+    ) -> None:
         """The worker is done with ``claim``: free its lease and slot, fire on_finished."""
         try:
             self.heartbeat.remove(lease)
+            self.stats.add_outcome(outcome)
             with self._lock:
-                self.stats.by_outcome[outcome] = self.stats.by_outcome.get(outcome, 0) + 1
                 self._inflight -= 1
                 idle = self._inflight == 0
             if idle:
                 self._wake.set()
         finally:
-            self.on_finished(claim, outcome)
+            try:
+                self.on_finished(claim, outcome)
+            finally:
+                if self._hooks is not None:
+                    self._hooks.after_attempt(claim, outcome, exception)
 
     def _run_body(self, definition: TaskDefinition, claim: Claim, ctx: TaskContext) -> str | None:
         """Run the task function; return its outcome, or None when the final write was
-        handed to the writer (the outcome is reported when it commits)."""
+        handed to the writer (the outcome is reported when it commits).
+
+        Every way the body can end is turned into an outcome here (see the module
+        docstring for the classification of ``BaseException``)."""
         try:
-            result = definition.fn(ctx, **ctx.params)
+            params = ctx.load_params()
+            result = definition.fn(ctx, **params)
             transition = Transition(
                 State.SUCCEEDED, result_json=dumps(result, what=f"result of task {claim.name!r}")
             )
         except Shutdown:
             transition = Transition(State.PENDING, reason="shutdown")
-        except StaleGeneration:
-            self.stats.stale += 1
+        except StaleGeneration as exc:
+            ctx.exception = exc
+            self.stats.add("stale")
             return "stale"
         except LeaseLost as exc:
-            self.stats.lease_lost += 1
+            ctx.exception = exc
+            self.stats.add("lease_lost")
             log.warning("task %s: %s", claim.task_id, exc)
             # A fenced release is still safe: if our generation is current it frees the task
             # now instead of after expiry; if not, the ledger rejects it.
             return self._finish(
                 claim, ctx, Transition(State.PENDING, reason="lease_unconfirmed"), "lease_lost"
             )
-        except FenceError:
+        except FenceError as exc:
+            ctx.exception = exc
             return "abandoned"
         except EffectOutcomeUnknown as exc:
+            ctx.exception = exc
             transition = Transition(
                 State.UNKNOWN, error=_printable(str(exc)),
                 error_class=FailureClass.UNKNOWN_OUTCOME.value, reason="effect outcome unknown",
             )
             self.on_failure(claim, transition)
         except LedgerUnavailable as exc:
+            ctx.exception = exc
             # Not the task's fault: hand the attempt back (release to PENDING, after a
             # pause) instead of spending the retry budget on a database outage.
             transition = Transition(
@@ -409,28 +516,75 @@ class Worker:
                 error_class="ledger_unavailable", reason="ledger unavailable",
             )
             self.on_failure(claim, transition)
+        except UndecodableValue as exc:
+            # Stored data of this task cannot be read back: running again reads the same.
+            ctx.exception = exc
+            transition = self._failure_transition(
+                definition, claim, exc, ctx.open_intents(), error_class=UNDECODABLE,
+                error=str(exc),
+            )
+            self.on_failure(claim, transition)
+        except WriteRejected as exc:
+            # The database refused one of this task's writes for its content: sending it
+            # again cannot help. The failure write must not carry the refused steps.
+            ctx.exception = exc
+            ctx.discard_unsaved_steps()
+            transition = self._failure_transition(
+                definition, claim, exc, ctx.open_intents(), error_class=WRITE_REJECTED
+            )
+            self.on_failure(claim, transition)
         except Exception as exc:
+            ctx.exception = exc
             transition = self._failure_transition(definition, claim, exc, ctx.open_intents())
+            self.on_failure(claim, transition)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit, custom
+            ctx.exception = exc
+            base_class = next(
+                (c for t, c in _BASE_EXCEPTION_CLASSES.items() if isinstance(exc, t)), None
+            )
+            transition = self._failure_transition(
+                definition, claim, exc, ctx.open_intents(),
+                failure=FailureClass.TRANSIENT if base_class is None else FailureClass.PERMANENT,
+                error_class=base_class,
+            )
             self.on_failure(claim, transition)
         return self._finish(claim, ctx, transition)
 
     def _failure_transition(
-        self, definition: TaskDefinition, claim: Claim, exc: Exception, open_intents: list[str]
+        self,
+        definition: TaskDefinition,
+        claim: Claim,
+        exc: BaseException,
+        open_intents: list[str],
+        *,
+        failure: FailureClass | None = None,
+        error_class: str | None = None,
+        error: str | None = None,
     ) -> Transition:
-        failure = classify(exc)
-        error = _printable("".join(traceback.format_exception(exc, limit=-6))[-4000:])
+        """The transition after the body raised ``exc``: ``RETRY_WAIT`` while attempts
+        remain for a retryable failure, else ``FAILED`` (``UNKNOWN`` while an effect's
+        intent is open). ``failure`` overrides :func:`classify`; ``error_class`` the class
+        recorded (default the failure class); ``error`` the recorded text (default the
+        traceback's last 4,000 characters)."""
+        if failure is None:
+            failure = classify(exc)
+        recorded_class = error_class or failure.value
+        if error is None:
+            error = "".join(traceback.format_exception(exc, limit=-6))[-4000:]
+        error = _printable(error)
         if failure is FailureClass.PERMANENT or claim.attempt >= claim.max_attempts:
             reason = "permanent" if failure is FailureClass.PERMANENT else "attempts exhausted"
             if open_intents:
                 # The call may have happened: a dead-letter would hide a possible charge.
                 return Transition(
-                    State.UNKNOWN, error=error, error_class=failure.value,
+                    State.UNKNOWN, error=error, error_class=recorded_class,
                     reason=f"{reason} with open effect intent(s) {', '.join(open_intents)}",
                 )
-            return Transition(State.FAILED, error=error, error_class=failure.value, reason=reason)
+            return Transition(State.FAILED, error=error, error_class=recorded_class, reason=reason)
         delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc))
         return Transition(
-            State.RETRY_WAIT, delay_s=delay, error=error, error_class=failure.value, reason="retry"
+            State.RETRY_WAIT, delay_s=delay, error=error, error_class=recorded_class,
+            reason="retry",
         )
 
     def _finish(
@@ -438,48 +592,101 @@ class Worker:
     ) -> str | None:
         """Hand the final write (with the steps not yet durable) to the writer, without
         waiting. The lease and the slot stay held until it commits; then
-        :meth:`_finished` reports the outcome (``label`` overrides its name)."""
+        :meth:`_finished` reports the outcome (``label`` overrides its name).
+
+        If the ledger is unreachable (or the reply to COMMIT was lost), the same write is
+        sent again from a helper thread while the lease lasts (:meth:`_resend`). If the
+        database refuses the write for its content, a failure write without the task's
+        unsaved steps and result is sent instead (:meth:`_reject`)."""
         steps = ctx.unsaved_steps()
         write = TaskWrite(
             claim.task_id, claim.generation, self.holder, f"finish:{transition.to.value}",
             steps=steps, transition=transition,
         )
         lease = ctx.lease
-        first_failure: list[float] = []
 
         def done(outcome: CommitOutcome | None, error: BaseException | None) -> None:
             if outcome is None and isinstance(error, LedgerUnavailable) and not lease.lost:
-                # The ledger is unreachable (or the reply to COMMIT was lost): send the same
-                # write again while the lease lasts. Re-sending is safe — every write is
-                # fenced, and a transition already applied at this generation is
-                # acknowledged, not applied twice. Once the lease is gone, the write will
-                # be stale anyway and the task belongs to its next holder.
-                now = time.monotonic()
-                first_failure.append(now)
-                if now - first_failure[0] < claim.lease_s:
-                    delay = min(1.0, 0.05 * 2 ** min(len(first_failure), 5))
-                    log.warning("task %s: final commit failed (%s); sending it again in %.2f s",
-                                claim.task_id, error, delay)
-                    timer = threading.Timer(delay, self._resend, (write, done))
-                    timer.daemon = True
-                    timer.start()
-                    return
+                thread = threading.Thread(
+                    target=self._resend, args=(claim, lease, ctx, steps, transition, label, write),
+                    name=f"ratchet-resend-{claim.task_id}", daemon=True,
+                )
+                thread.start()
+                return
+            if outcome is None and isinstance(error, WriteRejected):
+                self._reject(claim, ctx, transition, error)
+                return
             self._finished(claim, lease, ctx, steps, transition, label, outcome, error)
 
         try:
             self.writer.submit(write, done)
-        except Exception as exc:
+        except RatchetError as exc:
             log.error("task %s: final commit failed (%s); lease will expire", claim.task_id, exc)
             return "abandoned"
         return None
 
     def _resend(
-        self, write: TaskWrite,
-        done: Callable[[CommitOutcome | None, BaseException | None], None],
+        self, claim: Claim, lease: LeaseHandle, ctx: TaskContext, steps: list[tuple[str, str]],
+        transition: Transition, label: str | None, write: TaskWrite,
     ) -> None:
+        """Send a final write again while the ledger is unreachable (helper thread).
+
+        Re-sending is safe: every write is fenced, and a transition already applied at
+        this generation is acknowledged, not applied twice. Exponential backoff from
+        0.1 s up to 1 s between tries (tenacity), for at most one lease length or until
+        the lease is known lost: after that the write would be stale anyway and the task
+        belongs to its next holder."""
+
+        def log_retry(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            delay = state.next_action.sleep if state.next_action is not None else 0.0
+            log.warning("task %s: final commit failed (%s); sending it again in %.2f s",
+                        claim.task_id, error, delay)
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(LedgerUnavailable),
+            wait=tenacity.wait_exponential(multiplier=0.1, max=1.0),
+            stop=tenacity.stop_after_delay(claim.lease_s) | _StopWhenLost(lease),
+            before_sleep=log_retry,
+            reraise=True,
+        )
+        outcome: CommitOutcome | None = None
+        error: BaseException | None = None
+        try:
+            # The first try waits like the failed send did: the ledger was just unreachable.
+            time.sleep(0.1)
+            outcome = retrying(self.writer.commit, write)
+        except Exception as exc:  # writer stopped, lease gone, or still unreachable
+            error = exc
+        self._finished(claim, lease, ctx, steps, transition, label, outcome, error)
+
+    def _reject(
+        self, claim: Claim, ctx: TaskContext, transition: Transition, error: BaseException
+    ) -> None:
+        """The database refused a final write: record a permanent failure instead, without
+        the unsaved steps or the result (writer thread). If that write is refused too, the
+        attempt is abandoned (the lease expires)."""
+        log.error("task %s: the ledger refused its final write (%s); failing it",
+                  claim.task_id, error)
+        ctx.exception = ctx.exception or error
+        ctx.discard_unsaved_steps()
+        failure = self._failure_transition(
+            self.app.definition(claim.name), claim, error, ctx.open_intents(),
+            failure=FailureClass.PERMANENT, error_class=WRITE_REJECTED,
+            error=f"{error}\n(refused write: {transition.to.value} of task {claim.task_id})",
+        )
+        self.on_failure(claim, failure)
+        write = TaskWrite(
+            claim.task_id, claim.generation, self.holder, f"finish:{failure.to.value}",
+            transition=failure,
+        )
+
+        def done(outcome: CommitOutcome | None, err: BaseException | None) -> None:
+            self._finished(claim, ctx.lease, ctx, [], failure, None, outcome, err)
+
         try:
             self.writer.submit(write, done)
-        except Exception as exc:  # writer stopped: report the failure as it is
+        except RatchetError as exc:
             done(None, exc)
 
     def _finished(
@@ -493,24 +700,24 @@ class Worker:
         outcome: CommitOutcome | None,
         error: BaseException | None,
     ) -> None:
-        """The final write's outcome is known (writer thread)."""
+        """The final write's outcome is known (writer thread, or the resend thread)."""
         result = "abandoned"
         try:
             if outcome is None:
                 log.error("task %s: final commit failed (%s); lease will expire",
                           claim.task_id, error)
             elif outcome.stale:
-                self.stats.stale += 1
+                self.stats.add("stale")
                 result = "stale"
             else:
                 ctx.steps_saved(steps)
                 faults.point("task.after_complete")
                 attr = _COUNTERS.get(transition.to)
                 if attr is not None:
-                    setattr(self.stats, attr, getattr(self.stats, attr) + 1)
+                    self.stats.add(attr)
                 result = transition.to.value
         finally:
-            self._done(claim, lease, label or result)
+            self._done(claim, lease, label or result, ctx.exception)
 
 
 _COUNTERS = {

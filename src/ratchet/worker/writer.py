@@ -14,6 +14,12 @@ Claims go through the same thread so one process holds one write connection. Wit
 claim policy installed (:meth:`LedgerWriter.set_claim_policy`), every transaction that
 commits writes also claims as many tasks as the policy allows, counting the slots its
 own completions free (:meth:`Ledger.commit_and_claim`: one fsync for both).
+
+A write the database refuses for its content (:class:`~ratchet.errors.WriteRejected`, or
+any error that is not an outage) fails only that write: the other writes of its batch are
+then committed one by one, and only the refused one's callback gets the error. An outage
+(:class:`~ratchet.errors.LedgerUnavailable`) fails the whole batch, since a transaction
+lost during COMMIT may have been applied and must not be applied again write by write.
 """
 
 from __future__ import annotations
@@ -23,13 +29,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ..errors import LedgerUnavailable
+from ..errors import LedgerError, LedgerUnavailable
 from ..ledger.base import Claim, CommitOutcome, Ledger, TaskWrite
 
-__all__ = ["ClaimPolicy", "LedgerWriter", "WriteCallback"]
+if TYPE_CHECKING:
+    from .hooks import Hooks
+
+__all__ = ["ClaimPolicy", "LedgerWriter", "WriteCallback", "WriterStopped"]
 
 log = logging.getLogger("ratchet.worker.writer")
 
@@ -37,11 +45,18 @@ WriteCallback = Callable[[CommitOutcome | None, BaseException | None], None]
 """Called in the writer thread with ``(outcome, None)`` or ``(None, error)``."""
 
 
-@dataclass(slots=True)
-class _ClaimRequest:
-    holder: str
-    names: Sequence[str]
-    limit: int
+class WriterStopped(LedgerError):
+    """A write was handed to a :class:`LedgerWriter` that has been stopped (the worker is
+    shutting down); nothing was written."""
+
+
+class _Sync:
+    """Marker: resolve its callback once everything queued before it was handled."""
+
+    __slots__ = ()
+
+
+_SYNC = _Sync()
 
 
 class _Poll:
@@ -111,7 +126,7 @@ class _Pending:
 
 _STOP = object()
 _Callback = Callable[[object, BaseException | None], None]
-_Item = tuple[TaskWrite | _ClaimRequest, _Callback]
+_Item = tuple[TaskWrite | _Sync, _Callback]
 _WriteItem = tuple[TaskWrite, _Callback]
 
 
@@ -138,6 +153,8 @@ class LedgerWriter(threading.Thread):
         self._queue: queue.SimpleQueue[_Item | _Poll | object] = queue.SimpleQueue()
         self._stopping = False
         self._policy: ClaimPolicy | None = None
+        self.hooks: Hooks | None = None
+        """Lifecycle hooks (claim and commit events), or None when no middleware is set."""
         self.transactions = 0
         self.writes = 0
         self.last_claim_at = float("-inf")
@@ -152,11 +169,13 @@ class LedgerWriter(threading.Thread):
 
         Raises:
             LedgerError: the transaction failed; nothing of it was written.
+            WriteRejected: the database refused this write (the batch's other writes
+                were committed without it).
             IllegalTransition: the transition is not allowed.
-            RuntimeError: the writer was stopped.
+            WriterStopped: the writer was stopped.
         """
         if self._stopping:
-            raise RuntimeError("ledger writer is stopped")
+            raise WriterStopped("ledger writer is stopped")
         pending = _Pending()
         self._queue.put((write, pending))
         result = pending.result()
@@ -169,19 +188,11 @@ class LedgerWriter(threading.Thread):
         they were queued.
 
         Raises:
-            RuntimeError: the writer was stopped.
+            WriterStopped: the writer was stopped.
         """
         if self._stopping:
-            raise RuntimeError("ledger writer is stopped")
+            raise WriterStopped("ledger writer is stopped")
         self._queue.put((write, callback))
-
-    def claim(self, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
-        """Run :meth:`Ledger.claim` on the writer's connection and wait for it."""
-        pending = _Pending()
-        self._queue.put((_ClaimRequest(holder, names, limit), pending))
-        result = pending.result()
-        assert isinstance(result, list)
-        return result
 
     def poll(self) -> None:
         """Ask the writer to claim per its policy now (without waiting for the result)."""
@@ -190,7 +201,7 @@ class LedgerWriter(threading.Thread):
     def sync(self) -> None:
         """Wait until everything queued before this call has been handled."""
         pending = _Pending()
-        self._queue.put((_ClaimRequest("", (), 0), pending))
+        self._queue.put((_SYNC, pending))
         pending.result()
 
     def stop(self) -> None:
@@ -231,7 +242,12 @@ class LedgerWriter(threading.Thread):
 
     def _dispatch(self, claims: list[Claim], t_sent: float) -> None:
         policy = self._policy
-        if policy is None or not claims:
+        if policy is None:
+            return
+        hooks = self.hooks
+        if hooks is not None:
+            hooks.after_claim(claims)
+        if not claims:
             return
         try:
             policy.dispatch(claims, t_sent)
@@ -242,8 +258,9 @@ class LedgerWriter(threading.Thread):
         writes: list[_WriteItem] = [
             (item, cb) for item, cb in batch if isinstance(item, TaskWrite)
         ]
-        claims = [(item, cb) for item, cb in batch if isinstance(item, _ClaimRequest)]
+        syncs = [cb for item, cb in batch if isinstance(item, _Sync)]
         policy = self._policy
+        hooks = self.hooks
         claimed_here = False
         while writes:
             chunk, writes = writes[: self._max_batch], writes[self._max_batch :]
@@ -251,8 +268,11 @@ class LedgerWriter(threading.Thread):
             if policy is not None:
                 freed = sum(1 for w, _ in chunk if w.transition is not None)
                 limit = self._policy_limit(freed, forced=poll and not claimed_here)
-            t_sent = time.monotonic()
             if limit > 0:
+                if hooks is not None:
+                    hooks.before_claim(limit)
+                    hooks.before_commit(len(chunk))
+                t_sent = time.monotonic()
                 self.last_claim_at = t_sent
                 claimed_here = True
                 assert policy is not None
@@ -263,14 +283,20 @@ class LedgerWriter(threading.Thread):
                 except LedgerUnavailable as exc:
                     # Unreachable, or lost during COMMIT (outcome unknown): never apply
                     # these writes a second time; each task handles the failure.
+                    if hooks is not None:
+                        hooks.after_commit(len(chunk), time.monotonic() - t_sent, exc)
                     for _, cb in chunk:
                         _resolve(cb, None, exc)
                     continue
-                except Exception:
+                except Exception as exc:
                     # Commit alone (below), so errors land where they belong.
+                    if hooks is not None:
+                        hooks.after_commit(len(chunk), time.monotonic() - t_sent, exc)
                     log.debug("commit_and_claim failed; committing without the claim",
                               exc_info=True)
                 else:
+                    if hooks is not None:
+                        hooks.after_commit(len(chunk), time.monotonic() - t_sent, None)
                     self.transactions += 1
                     self.writes += len(chunk)
                     self._dispatch(claimed, t_sent)
@@ -281,6 +307,8 @@ class LedgerWriter(threading.Thread):
         if poll and not claimed_here:
             limit = self._policy_limit(0, forced=True)
             if limit > 0 and policy is not None:
+                if hooks is not None:
+                    hooks.before_claim(limit)
                 t_sent = time.monotonic()
                 self.last_claim_at = t_sent
                 try:
@@ -289,20 +317,27 @@ class LedgerWriter(threading.Thread):
                     log.error("claim failed: %s", exc)
                 else:
                     self._dispatch(claimed, t_sent)
-        for request, cb in claims:
-            if request.limit <= 0:  # sync() marker
-                _resolve(cb, [], None)
-                continue
-            try:
-                result = self._ledger.claim(request.holder, request.names, request.limit)
-            except BaseException as exc:
-                _resolve(cb, None, exc)
-            else:
-                _resolve(cb, result, None)
+        for cb in syncs:
+            _resolve(cb, [], None)
+
+    def _ledger_commit(self, writes: list[TaskWrite]) -> list[CommitOutcome]:
+        """One :meth:`Ledger.commit` transaction, between the commit hooks."""
+        hooks = self.hooks
+        if hooks is None:
+            return self._ledger.commit(writes)
+        hooks.before_commit(len(writes))
+        t0 = time.monotonic()
+        try:
+            outcomes = self._ledger.commit(writes)
+        except Exception as exc:
+            hooks.after_commit(len(writes), time.monotonic() - t0, exc)
+            raise
+        hooks.after_commit(len(writes), time.monotonic() - t0, None)
+        return outcomes
 
     def _commit_chunk(self, chunk: list[_WriteItem]) -> None:
         try:
-            outcomes = self._ledger.commit([w for w, _ in chunk])
+            outcomes = self._ledger_commit([w for w, _ in chunk])
         except Exception as exc:
             if len(chunk) == 1 or isinstance(exc, LedgerUnavailable):
                 # Unavailable: the outcome may be unknown (lost during COMMIT), so the
@@ -312,11 +347,11 @@ class LedgerWriter(threading.Thread):
                 return
             # One bad write must not fail its neighbours: commit them one by one, so
             # only the write that fails on its own gets the error.
-            log.warning("group commit of %d writes failed (%s); retrying singly",
+            log.warning("group commit of %d writes failed (%s); committing them one by one",
                         len(chunk), exc)
             for write, cb in chunk:
                 try:
-                    outcome = self._ledger.commit([write])[0]
+                    outcome = self._ledger_commit([write])[0]
                 except Exception as single:
                     _resolve(cb, None, single)
                 else:

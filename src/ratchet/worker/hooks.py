@@ -1,0 +1,235 @@
+"""Worker lifecycle hooks: :class:`Middleware`, in the manner of dramatiq's middleware.
+
+Metrics, tracing and retry governance plug in here instead of in the claim loop. Subclass
+:class:`Middleware`, override the methods you need (each does nothing by default) and pass
+instances as ``Worker(app, middleware=[...])``; they are called in list order.
+
+Which thread calls what (the hook runs in the thread where the event happens, so keep it
+short: a slow hook slows that thread):
+
+=============================================  =========================================
+``worker_start`` / ``worker_stop``             the thread that called :meth:`Worker.run`
+``before_claim`` / ``after_claim``             the writer thread (claims ride on commits)
+``before_commit`` / ``after_commit``           the writer thread (one call per transaction)
+``before_attempt``                             the task thread, before the body runs
+``after_attempt``                              the thread that learns the outcome: the
+                                               writer thread once the final write committed,
+                                               or the task thread when nothing was written
+``before_step`` / ``after_step``               the task thread
+``before_effect`` / ``after_effect``           the task thread
+=============================================  =========================================
+
+A hook that raises is logged (``ratchet.worker.hooks`` logger, with its traceback) and
+otherwise ignored: it never stops the worker, fails a task or changes its outcome. Only
+``Exception`` is caught; a hook must not raise ``BaseException`` (``SystemExit`` ...).
+
+With no middleware installed the worker keeps ``None`` instead of a :class:`Hooks`
+dispatcher and every call site is one ``is None`` test, so hooks cost nothing then.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+from ..ledger.base import Claim
+
+if TYPE_CHECKING:
+    from .context import TaskContext
+    from .runner import Worker
+
+__all__ = ["EffectSettlement", "Hooks", "Middleware"]
+
+log = logging.getLogger("ratchet.worker.hooks")
+
+EffectSettlement = Literal["call", "lookup", "cached", "unknown", "failed"]
+"""How an effect was settled, as ``after_effect`` reports it:
+
+* ``"call"``: ``call(key)`` ran and its result was recorded;
+* ``"lookup"``: the lookup found an earlier execution (no new call);
+* ``"cached"``: a result recorded by an earlier attempt was returned (nothing asked);
+* ``"unknown"``: the outcome could not be established (``EffectOutcomeUnknown``: the task
+  goes to ``UNKNOWN``);
+* ``"failed"``: the call, lookup or a ledger write raised (the exception is passed).
+"""
+
+
+class Middleware:
+    """Base class of worker middleware; every hook does nothing unless overridden.
+
+    Durations are in seconds (``time.perf_counter`` differences). ``outcome`` of
+    :meth:`after_attempt` is the state written (``"SUCCEEDED"``, ``"RETRY_WAIT"``,
+    ``"FAILED"``, ``"UNKNOWN"``, ``"PENDING"``) or ``"stale"`` / ``"lease_lost"`` /
+    ``"abandoned"`` when the worker wrote nothing final.
+    """
+
+    def worker_start(self, worker: Worker) -> None:
+        """The worker is about to claim for the first time."""
+
+    def worker_stop(self, worker: Worker) -> None:
+        """The worker has stopped: every task ended and every final write was handled."""
+
+    def before_claim(self, worker: Worker, limit: int) -> None:
+        """A claim of at most ``limit`` tasks is about to be sent (``after_claim`` follows
+        only if its transaction commits)."""
+
+    def after_claim(self, worker: Worker, claims: list[Claim]) -> None:
+        """A claim committed with ``claims`` (possibly empty); their bodies have not run."""
+
+    def before_attempt(self, worker: Worker, claim: Claim) -> None:
+        """The task body of ``claim`` is about to run."""
+
+    def after_attempt(
+        self, worker: Worker, claim: Claim, outcome: str, exception: BaseException | None
+    ) -> None:
+        """The attempt ended with ``outcome``; ``exception`` is what the body raised, if any."""
+
+    def before_step(self, ctx: TaskContext, name: str) -> None:
+        """``ctx.step(name, ...)`` starts (after the name was validated)."""
+
+    def after_step(
+        self, ctx: TaskContext, name: str, cached: bool, duration_s: float,
+        exception: BaseException | None,
+    ) -> None:
+        """``ctx.step`` ended; ``cached``: the stored value was returned without running."""
+
+    def before_effect(self, ctx: TaskContext, name: str, key: str) -> None:
+        """``ctx.effect(name, key=key)`` starts (after name and key were validated)."""
+
+    def after_effect(
+        self, ctx: TaskContext, name: str, key: str, settled: EffectSettlement,
+        duration_s: float, exception: BaseException | None,
+    ) -> None:
+        """``ctx.effect`` ended, settled as ``settled`` (see :data:`EffectSettlement`)."""
+
+    def before_commit(self, worker: Worker, batch_size: int) -> None:
+        """A group commit of ``batch_size`` task writes is about to be sent."""
+
+    def after_commit(
+        self, worker: Worker, batch_size: int, duration_s: float, error: BaseException | None
+    ) -> None:
+        """That group commit ended; ``error`` is the ledger's error when it failed."""
+
+
+class Hooks:
+    """Calls every middleware's hook in order, logging (and swallowing) what one raises.
+
+    Bound to one worker, so callers that do not know the worker (the writer) need not pass
+    it. Used only when at least one middleware is installed.
+
+    Args:
+        worker: the worker the hooks report on.
+        middleware: the middleware, called in this order.
+    """
+
+    def __init__(self, worker: Worker, middleware: Sequence[Middleware]) -> None:
+        self.worker = worker
+        self.middleware = tuple(middleware)
+
+    def _failed(self, mw: Middleware, hook: str) -> None:
+        log.exception("middleware %s.%s failed (ignored)", type(mw).__name__, hook)
+
+    def worker_start(self) -> None:
+        """Call ``worker_start`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.worker_start(self.worker)
+            except Exception:
+                self._failed(mw, "worker_start")
+
+    def worker_stop(self) -> None:
+        """Call ``worker_stop`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.worker_stop(self.worker)
+            except Exception:
+                self._failed(mw, "worker_stop")
+
+    def before_claim(self, limit: int) -> None:
+        """Call ``before_claim`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.before_claim(self.worker, limit)
+            except Exception:
+                self._failed(mw, "before_claim")
+
+    def after_claim(self, claims: list[Claim]) -> None:
+        """Call ``after_claim`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.after_claim(self.worker, claims)
+            except Exception:
+                self._failed(mw, "after_claim")
+
+    def before_attempt(self, claim: Claim) -> None:
+        """Call ``before_attempt`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.before_attempt(self.worker, claim)
+            except Exception:
+                self._failed(mw, "before_attempt")
+
+    def after_attempt(self, claim: Claim, outcome: str, exception: BaseException | None) -> None:
+        """Call ``after_attempt`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.after_attempt(self.worker, claim, outcome, exception)
+            except Exception:
+                self._failed(mw, "after_attempt")
+
+    def before_step(self, ctx: TaskContext, name: str) -> None:
+        """Call ``before_step`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.before_step(ctx, name)
+            except Exception:
+                self._failed(mw, "before_step")
+
+    def after_step(
+        self, ctx: TaskContext, name: str, cached: bool, duration_s: float,
+        exception: BaseException | None,
+    ) -> None:
+        """Call ``after_step`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.after_step(ctx, name, cached, duration_s, exception)
+            except Exception:
+                self._failed(mw, "after_step")
+
+    def before_effect(self, ctx: TaskContext, name: str, key: str) -> None:
+        """Call ``before_effect`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.before_effect(ctx, name, key)
+            except Exception:
+                self._failed(mw, "before_effect")
+
+    def after_effect(
+        self, ctx: TaskContext, name: str, key: str, settled: EffectSettlement,
+        duration_s: float, exception: BaseException | None,
+    ) -> None:
+        """Call ``after_effect`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.after_effect(ctx, name, key, settled, duration_s, exception)
+            except Exception:
+                self._failed(mw, "after_effect")
+
+    def before_commit(self, batch_size: int) -> None:
+        """Call ``before_commit`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.before_commit(self.worker, batch_size)
+            except Exception:
+                self._failed(mw, "before_commit")
+
+    def after_commit(
+        self, batch_size: int, duration_s: float, error: BaseException | None
+    ) -> None:
+        """Call ``after_commit`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.after_commit(self.worker, batch_size, duration_s, error)
+            except Exception:
+                self._failed(mw, "after_commit")
