@@ -1,79 +1,37 @@
-"""A fake external payment service: a separate process, real HTTP on loopback, its own SQLite.
+"""The demo's payment service: :mod:`ratchet.testing.services` dressed as a payment API.
 
-It stands for the system outside Ratchet's trust boundary (DESIGN §2, §5). It keeps its
-own record of every execution, so a demo or a test can count at the *external* side
-whether each charge happened exactly once — nothing Ratchet records locally can prove it.
+The counting service does the work — its own process, real HTTP on loopback, its own
+SQLite file counting every execution per idempotency key, fault injection (lost replies,
+503 bursts, slow replies). This module only gives it the demo's vocabulary: a charge is an
+execution whose body is ``{"order_id": str, "amount_cents": int}``, and its record id
+(``ch_...``) is the ``charge_id``.
 
 Run it as::
 
     python -m ratchet.demo.payments --port 0 --db payments.db \\
         [--no-honour-keys] [--reply-lost P] [--burst-503 P] [--slow P] [--slow-s S] [--seed N]
 
-When it listens it prints exactly one line, ``READY <port>``, on stdout.
-
-HTTP API (JSON bodies):
-
-* ``POST /charges`` with header ``Idempotency-Key: K`` and body
-  ``{"order_id": str, "amount_cents": int}``.
-  Honouring keys (the default, like Stripe): a key already charged returns ``200`` with
-  the stored charge and ``"replayed": true`` and executes nothing (a row goes into
-  ``replays``); the same key with other params returns ``422``. Otherwise the charge
-  executes — one SQLite transaction inserts into ``executions`` and upserts ``charges`` —
-  and ``201 {"charge_id", "key", "order_id", "amount_cents", "replayed": false}`` is
-  returned. With ``--no-honour-keys`` every POST executes (a legacy API that records keys
-  but does not enforce them). A missing key or malformed body returns ``400``.
-* ``GET /charges/{key}`` — ``200`` with the stored charge, or ``404 {"error": "not found"}``.
-* ``GET /stats`` — ``{"executions", "keys", "duplicate_keys", "replays", "lookups",
-  "lookups_found", "injected": {...}}``.
-* ``GET /admin/faults`` / ``POST /admin/faults`` — read or change the fault settings.
-
-Fault injection (probabilities in ``[0, 1]``, drawn from one seeded RNG):
-
-* ``reply_lost`` — the charge executes and commits, then the connection is shut down
-  without a response (the client sees a dropped reply: an unknown outcome);
-* ``burst_503`` — a request starts a burst with this probability: it and the next
-  ``burst_len - 1`` requests to ``/charges`` get ``503`` with ``Retry-After: 0.2`` and
-  execute nothing;
-* ``slow`` — sleep ``slow_s`` seconds *before* executing and replying, so a client with a
-  shorter read timeout gives up while the charge is still to come;
-* ``latency_s`` — not a fault: every POST takes ``uniform(0.5, 1.5) * latency_s`` seconds
-  before executing, like a real payment API (default 0);
-* deterministic counterparts for tests: ``reply_lost_next`` (drop the reply of the next N
-  executing charges), ``fail_next_503`` (the next N requests to ``/charges`` — POST or
-  GET — get 503), ``slow_next`` (the next N POSTs are slow).
-
-Python helpers: :func:`start_payment_service` (spawn and wait for ``READY``),
-:class:`PaymentClient` (httpx; errors are raised unchanged for Ratchet's classifier) and
-:func:`read_executions` (executions per key, read straight from the service's SQLite file).
+(the options of ``python -m ratchet.testing.services``; it prints ``READY <port>``). The
+HTTP API is the counting service's (``POST /effects``, ``GET /effects/{key}``, ``GET
+/stats``, ``/admin/faults``); :class:`PaymentClient` speaks it.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import math
-import os
-import queue
-import random
-import secrets
-import select
-import signal
-import socket
-import sqlite3
-import subprocess
-import sys
-import threading
-import time
-from dataclasses import asdict, dataclass, fields
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import IO, Any, cast
-from urllib.parse import quote, unquote, urlsplit
+from types import TracebackType
+from typing import Any
 
-import httpx
-
+from ..testing.services import (
+    CountingClient,
+    CountingService,
+    FaultSettings,
+    ServiceError,
+    read_records,
+    read_stored,
+    start_counting_service,
+)
+from ..testing.services import main as _service_main
 from ..worker.context import NOT_FOUND, NotFound
 
 __all__ = [
@@ -81,773 +39,52 @@ __all__ = [
     "PaymentClient",
     "PaymentService",
     "PaymentServiceError",
-    "PaymentStore",
+    "charge_of",
     "main",
     "read_charges",
     "read_executions",
     "start_payment_service",
 ]
 
-RETRY_AFTER_S = 0.2
-"""``Retry-After`` sent with every injected 503, in seconds."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS executions (
-    id           INTEGER PRIMARY KEY AUTOINCREMENT,
-    key          TEXT NOT NULL,
-    order_id     TEXT NOT NULL,
-    amount_cents INTEGER NOT NULL,
-    at           REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS executions_key ON executions (key);
-CREATE TABLE IF NOT EXISTS charges (
-    key          TEXT PRIMARY KEY,
-    charge_id    TEXT NOT NULL,
-    order_id     TEXT NOT NULL,
-    amount_cents INTEGER NOT NULL,
-    created_at   REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS replays (
-    id  INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    at  REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS lookups (
-    id    INTEGER PRIMARY KEY AUTOINCREMENT,
-    key   TEXT NOT NULL,
-    found INTEGER NOT NULL,
-    at    REAL NOT NULL
-);
-"""
-
-
-class PaymentServiceError(RuntimeError):
-    """The payment service process could not be started or did not become ready."""
-
-
-# ---------------------------------------------------------------------------- faults
-
-
-@dataclass
-class FaultSettings:
-    """Fault-injection settings of a running service (all changeable at runtime).
-
-    Attributes:
-        honour_keys: deduplicate on ``Idempotency-Key`` (False: every POST executes).
-        reply_lost: probability that an executed charge's reply is dropped, in [0, 1].
-        burst_503: probability that a request to ``/charges`` starts a 503 burst, in [0, 1].
-        burst_len: requests answered 503 per burst (the starting one included).
-        slow: probability that a POST sleeps ``slow_s`` before executing, in [0, 1].
-        slow_s: the sleep of a slow request, seconds.
-        latency_s: mean processing time of every POST before it executes, seconds
-            (drawn uniformly from ``[0.5, 1.5] * latency_s``; 0 for none).
-        reply_lost_next: drop the replies of the next N executing charges.
-        fail_next_503: answer the next N requests to ``/charges`` with 503.
-        slow_next: make the next N POSTs slow.
-    """
-
-    honour_keys: bool = True
-    reply_lost: float = 0.0
-    burst_503: float = 0.0
-    burst_len: int = 5
-    slow: float = 0.0
-    slow_s: float = 2.0
-    latency_s: float = 0.0
-    reply_lost_next: int = 0
-    fail_next_503: int = 0
-    slow_next: int = 0
-
-    def update(self, changes: dict[str, Any]) -> None:
-        """Apply ``changes`` (field name → value), validating every value first.
-
-        Raises:
-            ValueError: an unknown field or a value out of range; nothing is changed.
-        """
-        known = {f.name: f for f in fields(self)}
-        staged: dict[str, Any] = {}
-        for name, value in changes.items():
-            if name not in known:
-                raise ValueError(f"unknown fault setting {name!r}; known: {sorted(known)}")
-            if name == "honour_keys":
-                if not isinstance(value, bool):
-                    raise ValueError("honour_keys must be true or false")
-            elif name in ("reply_lost", "burst_503", "slow"):
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ValueError(f"{name} must be a probability in [0, 1]")
-                if not 0.0 <= float(value) <= 1.0:
-                    raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
-                value = float(value)
-            elif name in ("slow_s", "latency_s"):
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise ValueError(f"{name} must be a number of seconds >= 0")
-                if not (float(value) >= 0.0 and math.isfinite(float(value))):
-                    raise ValueError(f"{name} must be a number of seconds >= 0")
-                value = float(value)
-            else:  # counters
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise ValueError(f"{name} must be an integer >= 0")
-                if name == "burst_len" and value < 1:
-                    raise ValueError("burst_len must be >= 1")
-            staged[name] = value
-        for name, value in staged.items():
-            setattr(self, name, value)
-
-
-# ---------------------------------------------------------------------------- store
-
-
-class PaymentStore:
-    """The service's state: its SQLite file, fault settings and counters. Thread-safe.
-
-    All database access goes through one connection under one lock, so "check the key,
-    then execute" is atomic with respect to concurrent requests.
-
-    Args:
-        db_path: the service's own SQLite file (created if missing).
-        faults: initial fault settings.
-        seed: seed of the fault RNG (None: random).
-    """
-
-    def __init__(self, db_path: str | Path, faults: FaultSettings, seed: int | None = None) -> None:
-        self.faults = faults
-        self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-        self._burst_left = 0
-        self.injected = {"reply_lost": 0, "503": 0, "slow": 0, "conflicts_422": 0}
-        self._conn = sqlite3.connect(
-            str(db_path), check_same_thread=False, isolation_level=None, timeout=30.0
-        )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(_SCHEMA)
-
-    def close(self) -> None:
-        """Close the database connection."""
-        with self._lock:
-            self._conn.close()
-
-    # -- fault decisions (each one draw from the seeded RNG, under the lock)
-
-    def gate_503(self) -> bool:
-        """True when this request to ``/charges`` must be answered 503 (executes nothing)."""
-        with self._lock:
-            f = self.faults
-            hit = False
-            if f.fail_next_503 > 0:
-                f.fail_next_503 -= 1
-                hit = True
-            elif self._burst_left > 0:
-                self._burst_left -= 1
-                hit = True
-            elif f.burst_503 > 0 and self._rng.random() < f.burst_503:
-                self._burst_left = max(0, f.burst_len - 1)
-                hit = True
-            if hit:
-                self.injected["503"] += 1
-            return hit
-
-    def _draw(self, next_field: str, probability: float, counter: str) -> bool:
-        """One fault decision (call under the lock): a deterministic ``*_next`` count first,
-        else a seeded draw with ``probability``; a hit is counted in ``injected[counter]``."""
-        pending = getattr(self.faults, next_field)
-        if pending > 0:
-            setattr(self.faults, next_field, pending - 1)
-            hit = True
-        else:
-            hit = probability > 0 and self._rng.random() < probability
-        if hit:
-            self.injected[counter] += 1
-        return hit
-
-    def delay_s(self) -> float:
-        """Seconds this POST sleeps before executing: its latency, or ``slow_s`` if slow."""
-        with self._lock:
-            f = self.faults
-            if self._draw("slow_next", f.slow, "slow"):
-                return f.slow_s
-            if f.latency_s > 0:
-                return f.latency_s * self._rng.uniform(0.5, 1.5)
-            return 0.0
-
-    def drop_reply(self) -> bool:
-        """True when the reply of the charge just executed must be dropped."""
-        with self._lock:
-            return self._draw("reply_lost_next", self.faults.reply_lost, "reply_lost")
-
-    def set_faults(self, changes: dict[str, Any]) -> dict[str, Any]:
-        """Change fault settings; return all of them. Raises ``ValueError`` (nothing changed)."""
-        with self._lock:
-            self.faults.update(changes)
-            if changes.get("burst_503") == 0:
-                self._burst_left = 0
-            return asdict(self.faults)
-
-    def get_faults(self) -> dict[str, Any]:
-        """The current fault settings."""
-        with self._lock:
-            return asdict(self.faults)
-
-    # -- the API
-
-    def charge(
-        self, key: str, order_id: str, amount_cents: int
-    ) -> tuple[int, dict[str, Any], bool]:
-        """Execute (or replay) a charge.
-
-        Returns:
-            ``(http status, body, executed)``: 201 and executed=True for a new execution,
-            200 for a replay, 422 for a key reused with other params.
-        """
-        with self._lock:
-            now = time.time()
-            if self.faults.honour_keys:
-                row = self._conn.execute(
-                    "SELECT charge_id, order_id, amount_cents, created_at FROM charges"
-                    " WHERE key = ?",
-                    (key,),
-                ).fetchone()
-                if row is not None:
-                    if (row[1], row[2]) != (order_id, amount_cents):
-                        self.injected["conflicts_422"] += 1
-                        return (
-                            422,
-                            {
-                                "error": "idempotency key reused with different parameters",
-                                "key": key,
-                                "stored": {"order_id": row[1], "amount_cents": row[2]},
-                            },
-                            False,
-                        )
-                    self._conn.execute("INSERT INTO replays (key, at) VALUES (?, ?)", (key, now))
-                    return (
-                        200,
-                        {
-                            "charge_id": row[0],
-                            "key": key,
-                            "order_id": row[1],
-                            "amount_cents": row[2],
-                            "created_at": row[3],
-                            "replayed": True,
-                        },
-                        False,
-                    )
-            charge_id = "ch_" + secrets.token_hex(8)
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.execute(
-                    "INSERT INTO executions (key, order_id, amount_cents, at) VALUES (?, ?, ?, ?)",
-                    (key, order_id, amount_cents, now),
-                )
-                self._conn.execute(
-                    "INSERT INTO charges (key, charge_id, order_id, amount_cents, created_at)"
-                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET"
-                    " charge_id = excluded.charge_id, order_id = excluded.order_id,"
-                    " amount_cents = excluded.amount_cents, created_at = excluded.created_at",
-                    (key, charge_id, order_id, amount_cents, now),
-                )
-                self._conn.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    self._conn.execute("ROLLBACK")
-                raise
-            return (
-                201,
-                {
-                    "charge_id": charge_id,
-                    "key": key,
-                    "order_id": order_id,
-                    "amount_cents": amount_cents,
-                    "replayed": False,
-                },
-                True,
-            )
-
-    def lookup(self, key: str) -> dict[str, Any] | None:
-        """The stored charge for ``key`` (None if never executed); the lookup is counted."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT charge_id, order_id, amount_cents, created_at FROM charges WHERE key = ?",
-                (key,),
-            ).fetchone()
-            self._conn.execute(
-                "INSERT INTO lookups (key, found, at) VALUES (?, ?, ?)",
-                (key, int(row is not None), time.time()),
-            )
-        if row is None:
-            return None
-        return {
-            "charge_id": row[0],
-            "key": key,
-            "order_id": row[1],
-            "amount_cents": row[2],
-            "created_at": row[3],
-        }
-
-    def stats(self) -> dict[str, Any]:
-        """Counts read from the database (plus the in-memory fault counters)."""
-        with self._lock:
-            c = self._conn
-            executions = c.execute("SELECT COUNT(*) FROM executions").fetchone()[0]
-            keys = c.execute("SELECT COUNT(DISTINCT key) FROM executions").fetchone()[0]
-            dups = c.execute(
-                "SELECT COUNT(*) FROM (SELECT key FROM executions GROUP BY key HAVING COUNT(*) > 1)"
-            ).fetchone()[0]
-            replays = c.execute("SELECT COUNT(*) FROM replays").fetchone()[0]
-            lookups, found = c.execute(
-                "SELECT COUNT(*), COALESCE(SUM(found), 0) FROM lookups"
-            ).fetchone()
-            injected = dict(self.injected)
-        return {
-            "executions": executions,
-            "keys": keys,
-            "duplicate_keys": dups,
-            "replays": replays,
-            "lookups": lookups,
-            "lookups_found": found,
-            "injected": injected,
-        }
-
-
-# ---------------------------------------------------------------------------- HTTP
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256
-
-    def __init__(self, address: tuple[str, int], store: PaymentStore) -> None:
-        super().__init__(address, _Handler)
-        self.store = store
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that gave up (timeout) or a connection we dropped on purpose is normal.
-        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
-            return
-        super().handle_error(request, client_address)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "FakePayments/1.0"
-
-    @property
-    def store(self) -> PaymentStore:
-        return cast(_Server, self.server).store
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Silence per-request logging (the demo's console belongs to the runner)."""
-
-    # -- plumbing
-
-    def _send(
-        self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
-    ) -> None:
-        data = json.dumps(body).encode("utf-8")
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
-        except (ConnectionError, TimeoutError):
-            self.close_connection = True
-
-    def _drop(self) -> None:
-        """Close the connection without sending anything: the reply is lost."""
-        self.close_connection = True
-        with contextlib.suppress(OSError):
-            self.connection.shutdown(socket.SHUT_RDWR)
-
-    def _read_json(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length > 0 else b""
-        if not raw:
-            return None
-        return json.loads(raw)
-
-    def _path(self) -> str:
-        return urlsplit(self.path).path
-
-    def _overloaded(self) -> None:
-        self._send(503, {"error": "overloaded, retry later"}, {"Retry-After": str(RETRY_AFTER_S)})
-
-    # -- routes
-
-    def do_POST(self) -> None:
-        path = self._path()
-        try:
-            body = self._read_json()
-        except (ValueError, UnicodeDecodeError):
-            self._send(400, {"error": "body is not valid JSON"})
-            return
-        if path == "/charges":
-            self._post_charge(body)
-        elif path == "/admin/faults":
-            if not isinstance(body, dict):
-                self._send(400, {"error": "expected a JSON object of fault settings"})
-                return
-            try:
-                self._send(200, self.store.set_faults(body))
-            except ValueError as exc:
-                self._send(400, {"error": str(exc)})
-        else:
-            self._send(404, {"error": "no such route", "path": path})
-
-    def do_GET(self) -> None:
-        path = self._path()
-        if path.startswith("/charges/"):
-            key = unquote(path[len("/charges/") :])
-            if self.store.gate_503():
-                self._overloaded()
-                return
-            charge = self.store.lookup(key)
-            if charge is None:
-                self._send(404, {"error": "not found", "key": key})
-            else:
-                self._send(200, charge)
-        elif path == "/stats":
-            self._send(200, self.store.stats())
-        elif path == "/admin/faults":
-            self._send(200, self.store.get_faults())
-        else:
-            self._send(404, {"error": "no such route", "path": path})
-
-    def _post_charge(self, body: Any) -> None:
-        key = self.headers.get("Idempotency-Key")
-        if not key:
-            self._send(400, {"error": "missing Idempotency-Key header"})
-            return
-        if not isinstance(body, dict):
-            self._send(400, {"error": 'expected {"order_id": str, "amount_cents": int}'})
-            return
-        order_id = body.get("order_id")
-        amount = body.get("amount_cents")
-        if (
-            not isinstance(order_id, str)
-            or not order_id
-            or isinstance(amount, bool)
-            or not isinstance(amount, int)
-            or amount < 0
-        ):
-            self._send(
-                400,
-                {"error": "order_id must be a non-empty string and amount_cents an integer >= 0"},
-            )
-            return
-        if self.store.gate_503():
-            self._overloaded()
-            return
-        delay = self.store.delay_s()
-        if delay > 0:
-            time.sleep(delay)
-        status, reply, executed = self.store.charge(key, order_id, amount)
-        if executed and self.store.drop_reply():
-            self._drop()
-            return
-        self._send(status, reply)
-
-
-# ---------------------------------------------------------------------------- process entry
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m ratchet.demo.payments",
-        description="Fake payment service with fault injection (prints 'READY <port>').",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    p.add_argument("--port", type=int, default=0, help="port (0: pick a free one)")
-    p.add_argument("--db", required=True, help="the service's own SQLite file")
-    p.add_argument(
-        "--no-honour-keys",
-        action="store_true",
-        help="execute every POST even when its Idempotency-Key was seen (legacy API)",
-    )
-    p.add_argument(
-        "--reply-lost",
-        type=float,
-        default=0.0,
-        metavar="P",
-        help="probability that an executed charge's reply is dropped",
-    )
-    p.add_argument(
-        "--burst-503",
-        type=float,
-        default=0.0,
-        metavar="P",
-        help="probability that a request starts a burst of 503s",
-    )
-    p.add_argument(
-        "--burst-len",
-        type=int,
-        default=5,
-        metavar="N",
-        help="requests answered 503 per burst (default 5)",
-    )
-    p.add_argument(
-        "--slow",
-        type=float,
-        default=0.0,
-        metavar="P",
-        help="probability that a charge sleeps --slow-s before executing",
-    )
-    p.add_argument(
-        "--slow-s",
-        type=float,
-        default=2.0,
-        metavar="S",
-        help="sleep of a slow charge, seconds (default 2.0)",
-    )
-    p.add_argument(
-        "--latency-s",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="mean processing time of every charge, seconds (default 0)",
-    )
-    p.add_argument("--seed", type=int, default=None, help="seed of the fault RNG")
-    p.add_argument(
-        "--exit-on-stdin-eof",
-        action="store_true",
-        help="stop when stdin closes (the parent that started us is gone)",
-    )
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the service until SIGTERM/SIGINT (or stdin EOF with ``--exit-on-stdin-eof``).
-
-    Returns:
-        The process exit status (0 on a clean stop, 2 on bad arguments).
-    """
-    args = _parse_args(argv)
-    faults = FaultSettings()
-    try:
-        faults.update(
-            {
-                "honour_keys": not args.no_honour_keys,
-                "reply_lost": args.reply_lost,
-                "burst_503": args.burst_503,
-                "burst_len": args.burst_len,
-                "slow": args.slow,
-                "slow_s": args.slow_s,
-                "latency_s": args.latency_s,
-            }
-        )
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    store = PaymentStore(args.db, faults, args.seed)
-    server = _Server((args.host, args.port), store)
-    stopping = threading.Event()
-
-    def stop() -> None:
-        if not stopping.is_set():
-            stopping.set()
-            threading.Thread(target=server.shutdown, daemon=True).start()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    watcher: threading.Thread | None = None
-    if args.exit_on_stdin_eof:
-
-        def watch_stdin() -> None:
-            fd = sys.stdin.fileno()
-            with contextlib.suppress(OSError, ValueError):
-                while not stopping.is_set():
-                    readable, _, _ = select.select([fd], [], [], 0.2)
-                    if readable and not os.read(fd, 4096):
-                        break
-            stop()
-
-        watcher = threading.Thread(target=watch_stdin, name="stdin-watch", daemon=True)
-        watcher.start()
-    port = server.server_address[1]
-    print(f"READY {port}", flush=True)
-    try:
-        server.serve_forever(poll_interval=0.2)
-    finally:
-        stopping.set()
-        if watcher is not None:
-            watcher.join(timeout=1.0)
-        server.server_close()
-        store.close()
-    return 0
-
-
-# ---------------------------------------------------------------------------- helpers
-
-
-class PaymentService:
-    """A running payment service process (see :func:`start_payment_service`).
-
-    Attributes:
-        port: the TCP port it listens on (loopback).
-        db_path: its SQLite file.
-        log_path: where its stderr goes.
-    """
-
-    def __init__(
-        self, proc: subprocess.Popen[bytes], port: int, db_path: Path, log_path: Path
-    ) -> None:
-        self._proc = proc
-        self.port = port
-        self.db_path = db_path
-        self.log_path = log_path
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:54321``."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        """The service's process id."""
-        return self._proc.pid
-
-    def alive(self) -> bool:
-        """True while the process runs."""
-        return self._proc.poll() is None
-
-    def stop(self, timeout_s: float = 5.0) -> int | None:
-        """Stop the service: SIGTERM, wait up to ``timeout_s`` seconds, then SIGKILL.
-
-        Returns:
-            The exit status (negative: killed by that signal), or None if it cannot be reaped.
-        """
-        proc = self._proc
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=timeout_s)
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        return proc.poll()
-
-    def __enter__(self) -> PaymentService:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"<PaymentService pid={self.pid} url={self.url} db={str(self.db_path)!r}>"
-
-
-def start_payment_service(
-    db_path: str | Path,
-    *,
-    honour_keys: bool = True,
-    reply_lost: float = 0.0,
-    burst_503: float = 0.0,
-    burst_len: int = 5,
-    slow: float = 0.0,
-    slow_s: float = 2.0,
-    latency_s: float = 0.0,
-    seed: int | None = None,
-    port: int = 0,
-    ready_timeout_s: float = 15.0,
-    log_path: str | Path | None = None,
-) -> PaymentService:
-    """Spawn ``python -m ratchet.demo.payments`` and wait until it prints ``READY <port>``.
-
-    The child stops by itself when this process goes away (its stdin is a pipe from us).
-
-    Args:
-        db_path: the service's own SQLite file.
-        honour_keys: deduplicate on ``Idempotency-Key`` (False: legacy, every POST executes).
-        reply_lost, burst_503, slow: fault probabilities in [0, 1].
-        burst_len: 503 answers per burst.
-        slow_s: sleep of a slow charge, seconds.
-        latency_s: mean processing time of every charge, seconds.
-        seed: fault RNG seed (None: random).
-        port: TCP port (0: a free one).
-        ready_timeout_s: how long to wait for ``READY``, seconds.
-        log_path: file for the service's stderr (default ``<db_path>.log``).
-
-    Returns:
-        The running :class:`PaymentService`.
+PaymentService = CountingService
+"""A running payment service process (a :class:`~ratchet.testing.CountingService`)."""
+
+PaymentServiceError = ServiceError
+"""The payment service could not be started (a :class:`~ratchet.testing.ServiceError`)."""
+
+CHARGE_ID_PREFIX = "ch_"
+
+
+def charge_of(record: dict[str, Any]) -> dict[str, Any]:
+    """A counting-service record as a charge: ``{"charge_id", "key", "order_id",
+    "amount_cents", "created_at"}`` (plus ``"replayed"`` when the record has it)."""
+    body = record.get("body") or {}
+    charge = {
+        "charge_id": record["id"],
+        "key": record["key"],
+        "order_id": body.get("order_id"),
+        "amount_cents": body.get("amount_cents"),
+        "created_at": record.get("created_at"),
+    }
+    if "replayed" in record:
+        charge["replayed"] = record["replayed"]
+    return charge
+
+
+def start_payment_service(db_path: str | Path, **options: Any) -> CountingService:
+    """Start the payment service (:func:`~ratchet.testing.start_counting_service` with
+    ``ch_`` record ids); ``options`` are that function's keyword arguments.
 
     Raises:
-        PaymentServiceError: it exited or did not print ``READY`` in time (it is killed).
+        PaymentServiceError: it did not become ready (it is killed).
     """
-    db = Path(db_path).resolve()
-    log = Path(log_path) if log_path is not None else db.with_name(db.name + ".log")
-    cmd = [
-        sys.executable,
-        "-m",
-        "ratchet.demo.payments",
-        "--port",
-        str(port),
-        "--db",
-        str(db),
-        "--reply-lost",
-        repr(float(reply_lost)),
-        "--burst-503",
-        repr(float(burst_503)),
-        "--burst-len",
-        str(burst_len),
-        "--slow",
-        repr(float(slow)),
-        "--slow-s",
-        repr(float(slow_s)),
-        "--latency-s",
-        repr(float(latency_s)),
-        "--exit-on-stdin-eof",
-    ]
-    if not honour_keys:
-        cmd.append("--no-honour-keys")
-    if seed is not None:
-        cmd += ["--seed", str(seed)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with open(log, "ab") as log_file:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            env=env,
-        )
-    lines: queue.Queue[bytes] = queue.Queue()
-    stdout = cast(IO[bytes], proc.stdout)
-    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-    try:
-        line = lines.get(timeout=ready_timeout_s)
-    except queue.Empty:
-        line = b""
-    text = line.decode("utf-8", "replace").strip()
-    if not text.startswith("READY "):
-        proc.kill()
-        proc.wait()
-        tail = log.read_text("utf-8", "replace")[-2000:] if log.exists() else ""
-        raise PaymentServiceError(
-            f"payment service did not become ready within {ready_timeout_s} s "
-            f"(first line {text!r}, exit status {proc.poll()}); its stderr ({log}):\n{tail}"
-        )
-    return PaymentService(proc, int(text.split()[1]), db, log)
+    return start_counting_service(
+        db_path, id_prefix=CHARGE_ID_PREFIX, module="ratchet.demo.payments", **options
+    )
 
 
 class PaymentClient:
-    """An httpx client for the payment service. Thread-safe (one pooled ``httpx.Client``).
+    """A client of the payment service. Thread-safe.
 
     Errors are raised unchanged so Ratchet's classifier sees them: ``HTTPStatusError`` 503
     is overload, 4xx permanent; ``ReadTimeout`` / ``RemoteProtocolError`` (dropped reply)
@@ -859,72 +96,50 @@ class PaymentClient:
         connect_timeout_s: TCP connect timeout, seconds.
     """
 
-    def __init__(self, base_url: str, timeout_s: float = 1.0, connect_timeout_s: float = 2.0):
+    def __init__(
+        self, base_url: str, timeout_s: float = 1.0, connect_timeout_s: float = 2.0
+    ) -> None:
         self.base_url = base_url
-        self._http = httpx.Client(
-            base_url=base_url,
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
-        )
+        self._client = CountingClient(base_url, timeout_s, connect_timeout_s)
 
     def charge(self, key: str, order_id: str, amount_cents: int) -> dict[str, Any]:
-        """``POST /charges`` with ``Idempotency-Key: key``.
+        """Charge ``amount_cents`` for ``order_id`` under idempotency key ``key``.
 
         Returns:
-            The charge: ``{"charge_id", "key", "order_id", "amount_cents", "replayed"}``.
+            The charge: ``{"charge_id", "key", "order_id", "amount_cents", "created_at",
+            "replayed"}``.
 
         Raises:
-            httpx.HTTPStatusError: 4xx/5xx (503 carries ``Retry-After``).
+            httpx.HTTPStatusError: 4xx/5xx (503 carries ``Retry-After``; 422 for a key
+                reused with another order or amount).
             httpx.TransportError: timeouts, dropped replies, refused connections.
         """
-        r = self._http.post(
-            "/charges",
-            json={"order_id": order_id, "amount_cents": amount_cents},
-            headers={"Idempotency-Key": key},
+        return charge_of(
+            self._client.execute(key, {"order_id": order_id, "amount_cents": amount_cents})
         )
-        r.raise_for_status()
-        return cast(dict[str, Any], r.json())
 
     def lookup(self, key: str) -> dict[str, Any] | NotFound:
-        """``GET /charges/{key}``: the stored charge, or ``NOT_FOUND`` when the service
-        confirms the key never executed.
+        """The stored charge for ``key``, or ``NOT_FOUND`` when the service confirms the
+        key never executed.
 
         Raises:
             httpx.HTTPStatusError: any other error status (the lookup is inconclusive).
             httpx.TransportError: the service could not answer.
         """
-        r = self._http.get(f"/charges/{quote(key, safe='')}")
-        if r.status_code == 404:
-            try:
-                body = r.json()
-            except ValueError:
-                body = None
-            if isinstance(body, dict) and body.get("error") == "not found":
-                return NOT_FOUND
-        r.raise_for_status()
-        return cast(dict[str, Any], r.json())
+        found = self._client.lookup(key)
+        return NOT_FOUND if isinstance(found, NotFound) else charge_of(found)
 
     def stats(self) -> dict[str, Any]:
-        """``GET /stats``: executions, keys, duplicate_keys, replays, lookups, lookups_found."""
-        r = self._http.get("/stats")
-        r.raise_for_status()
-        return cast(dict[str, Any], r.json())
+        """The service's counters (see :meth:`~ratchet.testing.CountingClient.stats`)."""
+        return self._client.stats()
 
     def set_faults(self, **changes: Any) -> dict[str, Any]:
-        """``POST /admin/faults``: change fault settings; returns all of them.
-
-        Keyword args are :class:`FaultSettings` fields, e.g. ``reply_lost_next=1``.
-
-        Raises:
-            httpx.HTTPStatusError: 400 for an unknown setting or a value out of range.
-        """
-        r = self._http.post("/admin/faults", json=changes)
-        r.raise_for_status()
-        return cast(dict[str, Any], r.json())
+        """Change fault settings (:class:`FaultSettings` fields); returns all of them."""
+        return self._client.set_faults(**changes)
 
     def close(self) -> None:
         """Close the connection pool."""
-        self._http.close()
+        self._client.close()
 
     def __enter__(self) -> PaymentClient:
         return self
@@ -938,47 +153,34 @@ class PaymentClient:
         self.close()
 
 
-def _read(db_path: str | Path, sql: str) -> list[tuple[Any, ...]]:
-    path = Path(db_path)
-    if not path.exists():
-        raise FileNotFoundError(f"payment service database {str(path)!r} does not exist")
-    conn = sqlite3.connect(str(path), timeout=30.0)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
-
-
 def read_executions(db_path: str | Path) -> dict[str, int]:
-    """Executions per idempotency key, read straight from the service's SQLite file.
-
-    Safe while the service runs (WAL mode). Keys never executed are absent.
+    """Charges executed per key, from the service's own SQLite file.
 
     Raises:
-        FileNotFoundError: no such file.
+        PaymentServiceError: no such file.
     """
-    return {
-        key: n for key, n in _read(db_path, "SELECT key, COUNT(*) FROM executions GROUP BY key")
-    }
+    return read_records(db_path).executions
 
 
 def read_charges(db_path: str | Path) -> dict[str, dict[str, Any]]:
-    """The stored charge per key (the latest execution's), straight from the SQLite file.
+    """The stored charge per key (the latest execution's), from the service's own file.
 
     Raises:
-        FileNotFoundError: no such file.
+        PaymentServiceError: no such file.
     """
-    rows = _read(db_path, "SELECT key, charge_id, order_id, amount_cents, created_at FROM charges")
-    return {
-        r[0]: {
-            "charge_id": r[1],
-            "key": r[0],
-            "order_id": r[2],
-            "amount_cents": r[3],
-            "created_at": r[4],
-        }
-        for r in rows
-    }
+    return {key: charge_of(record) for key, record in read_stored(db_path).items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the payment service (the counting service with ``ch_`` ids) until SIGTERM."""
+    args = list(argv) if argv is not None else None
+    if args is None:
+        import sys
+
+        args = sys.argv[1:]
+    if "--id-prefix" not in args:
+        args = [*args, "--id-prefix", CHARGE_ID_PREFIX]
+    return _service_main(args, prog="python -m ratchet.demo.payments")
 
 
 if __name__ == "__main__":

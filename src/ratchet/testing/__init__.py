@@ -40,6 +40,7 @@ from .services import (
     ServiceError,
     ServiceRecords,
     read_records,
+    read_stored,
     start_counting_service,
 )
 
@@ -61,6 +62,7 @@ __all__ = [
     "clean_env",
     "list_task_ids",
     "read_records",
+    "read_stored",
     "start_counting_service",
     "wait_for",
 ]

@@ -88,6 +88,7 @@ __all__ = [
     "ServiceRecords",
     "main",
     "read_records",
+    "read_stored",
     "start_counting_service",
 ]
 
@@ -658,7 +659,15 @@ def read_records(db_path: str | Path) -> ServiceRecords:
     return ServiceRecords(executions, ids, times)
 
 
-def _read_bodies(db_path: Path) -> dict[str, dict[str, Any]]:
+def read_stored(db_path: str | Path) -> dict[str, dict[str, Any]]:
+    """The stored record per key (``{"id", "key", "body", "created_at"}``, the latest
+    execution's), read from a counting service's SQLite file.
+
+    Raises:
+        ServiceError: there is no such file.
+    """
+    if not Path(db_path).exists():
+        raise ServiceError(f"counting service database {str(db_path)!r} does not exist")
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30.0)
     try:
         return {
@@ -719,9 +728,7 @@ class CountingService:
 
     def stored(self) -> dict[str, dict[str, Any]]:
         """The stored record per key (``{"id", "key", "body", "created_at"}``)."""
-        if not self.db_path.exists():
-            raise ServiceError(f"counting service database {str(self.db_path)!r} does not exist")
-        return _read_bodies(self.db_path)
+        return read_stored(self.db_path)
 
     def log(self) -> str:
         """The service's stderr so far."""
