@@ -30,7 +30,7 @@ same lookup, never to failure. Before every new effect the lease must be confirm
 Step and effect names and effect keys are checked where they enter
 (:func:`ratchet.validation.check_identifier`: ``InvalidArguments``, a permanent failure).
 Values read back from the ledger (params, stored step values, recorded effect results)
-that cannot be decoded raise :class:`~ratchet.worker.decode.UndecodableValue`. A write the
+that cannot be decoded raise :class:`~ratchet.errors.UndecodableData`. A write the
 database refuses raises :class:`~ratchet.errors.WriteRejected`; a pipelined step write
 refused in the background raises it at the task's next step or effect.
 """
@@ -49,6 +49,7 @@ from ..errors import (
     PermanentError,
     StaleGeneration,
     TransientError,
+    UndecodableData,
     WriteRejected,
 )
 from ..ledger.base import (
@@ -62,7 +63,6 @@ from ..ledger.base import (
 from ..retry import FailureClass, classify, proves_not_executed
 from ..serde import digest, dumps, loads
 from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
-from .decode import UndecodableValue, decode_stored
 from .heartbeat import LeaseHandle
 from .hooks import EffectSettlement, Hooks
 from .writer import LedgerWriter, WriterStopped
@@ -150,13 +150,13 @@ class TaskContext:
         """Decode the task's stored params (sets :attr:`params`) and return them.
 
         Raises:
-            UndecodableValue: the stored params are not valid UTF-8 / JSON, or not an object.
+            UndecodableData: the stored params are not valid UTF-8 / JSON, or not an object.
         """
-        params = decode_stored(self._params_json, "params")
+        params = loads(self._params_json, "params")
         if params is None:
             params = {}
         if not isinstance(params, dict):
-            raise UndecodableValue("params", f"a JSON {type(params).__name__}, not an object")
+            raise UndecodableData(f"params are a JSON {type(params).__name__}, not an object")
         self.params = params
         return params
 
@@ -274,7 +274,7 @@ class TaskContext:
             InvalidArguments: ``name`` is not a storable identifier (empty, not valid
                 Unicode, NUL, over :data:`~ratchet.validation.MAX_NAME_BYTES`).
             PayloadNotSerializable: the result is not plain JSON (a permanent failure).
-            UndecodableValue: the value stored by an earlier attempt cannot be decoded.
+            UndecodableData: the value stored by an earlier attempt cannot be decoded.
             StaleGeneration: another worker took the task over; nothing was written.
             WriteRejected: the database refused the step's write (``durable=True``, or a
                 pipelined write of an earlier step).
@@ -301,7 +301,7 @@ class TaskContext:
         """:meth:`step` without its checks and hooks; returns ``(value, cached)``."""
         stored = self._steps.get(name)
         if stored is not None:
-            return decode_stored(stored, f"step {name!r}"), True
+            return loads(stored, f"stored value of step {name!r}"), True
         self._flush_steps()
         result_json = dumps(fn(*args, **kwargs), what=f"result of step {name!r}")
         self._steps[name] = result_json
@@ -359,7 +359,7 @@ class TaskContext:
             LeaseLost: the lease cannot be confirmed; the call was not made.
             StaleGeneration: another worker took the task over.
             EffectOutcomeUnknown: the outcome cannot be established; the task goes UNKNOWN.
-            UndecodableValue: the result recorded by an earlier attempt cannot be decoded.
+            UndecodableData: the result recorded by an earlier attempt cannot be decoded.
             WriteRejected: the database refused the intent or result write.
             Exception: what ``call`` raised, for the worker to classify.
         """
@@ -408,7 +408,7 @@ class TaskContext:
                 "must always carry the same request (DESIGN §5)"
             )
         if record is not None and record.state is EffectState.DONE:
-            return decode_stored(record.result_json, f"effect {name!r} result"), "cached"
+            return loads(record.result_json, f"recorded result of effect {name!r}"), "cached"
         if record is not None and record.state is EffectState.INTENT:
             # An earlier attempt recorded the intent but not the outcome: query first.
             found, value = self._settle(name, key, params_digest, lookup, idempotent,

@@ -16,6 +16,8 @@ Rules:
   Holders elsewhere are taken over only when their lease expires by the ledger's clock.
 * "Gone" means no such pid, a zombie, or a pid whose start time differs from the
   registered one (the pid was recycled). A stopped (SIGSTOP) process is *not* gone.
+  Existence is asked of the kernel (``kill(pid, 0)``); status and start time come from
+  psutil.
 * Being wrong is safe: a revoked holder that was in fact alive is fenced like any stale
   holder — its next write carries an old generation and changes nothing.
 """
@@ -27,6 +29,8 @@ import os
 import socket
 import threading
 from pathlib import Path
+
+import psutil
 
 from ..errors import RatchetError
 from ..ledger.base import Ledger, WorkerInfo
@@ -58,45 +62,55 @@ def host_identity() -> str:
     return f"{machine}/{boot}/{pidns}"
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields 3.. of ``/proc/PID/stat`` (after the parenthesised command name)."""
-    raw = _read(f"/proc/{pid}/stat")
-    if not raw or ")" not in raw:
-        return None
-    return raw.rsplit(")", 1)[1].split()
-
-
 def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot), or None if unknown."""
-    fields = _stat_fields(pid)
-    if fields is None or len(fields) < 20:
+    """When process ``pid`` started, as psutil reports it (epoch seconds, ``"%.2f"``), or
+    None if unknown (no such process, or hidden from us)."""
+    try:
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except psutil.Error:
         return None
-    return fields[19]  # field 22 of proc(5): starttime
+
+
+def _exists(pid: int) -> bool:
+    """``kill(pid, 0)``: True when the process exists, even one we may not signal or see.
+
+    Not ``psutil.pid_exists``: on Linux it falls back to listing ``/proc``, which under
+    ``hidepid`` hides other users' live processes (they would look dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def process_gone(pid: int, start_time: str | None) -> bool:
     """True when process ``pid`` (started at ``start_time``, if known) no longer runs.
 
-    A zombie counts as gone (it will never write again); a stopped process does not.
+    A zombie counts as gone (it will never write again); a stopped process does not; a
+    process whose start time differs from ``start_time`` is another process on a recycled
+    pid. A process we cannot look at (``hidepid``, another user's) is judged alive. (A
+    start time registered by an older Ratchet, in kernel clock ticks, never matches: such a
+    holder is revoked, which is safe — a live holder is fenced like any stale one.)
     """
-    exists_for_sure = False
+    if not _exists(pid):
+        return True
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        proc = psutil.Process(pid)
+        status = proc.status()
+        created = f"{proc.create_time():.2f}"
+    except psutil.ZombieProcess:
         return True
-    except PermissionError:
-        exists_for_sure = True  # exists, owned by someone else
-    fields = _stat_fields(pid)
-    if fields is None:
-        # kill(0) said it exists. Unreadable /proc/PID/stat then means: no /proc (not
-        # Linux), /proc hidden from us (hidepid), or it vanished between the two looks —
-        # only the last is death, and only when /proc shows our own process.
-        if exists_for_sure:
-            return False
-        return Path(f"/proc/{os.getpid()}/stat").is_file() and not Path(f"/proc/{pid}").exists()
-    if fields[0] in ("Z", "X"):
+    except psutil.NoSuchProcess:
+        # kill(0) said it exists: either it died in between (look again) or psutil
+        # cannot see it in /proc (hidepid), which is not death.
+        return not _exists(pid)
+    except psutil.AccessDenied:
+        return False
+    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
         return True
-    return start_time is not None and len(fields) >= 20 and fields[19] != start_time
+    return start_time is not None and created != start_time
 
 
 class Registrar(threading.Thread):

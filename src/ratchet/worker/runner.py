@@ -71,14 +71,14 @@ from ..errors import (
     LedgerUnavailable,
     RatchetError,
     StaleGeneration,
+    UndecodableData,
     WriteRejected,
 )
 from ..ledger.base import Claim, CommitOutcome, TaskWrite, Transition
 from ..retry import FailureClass, classify, retry_after_s
-from ..serde import dumps
+from ..serde import dumps, printable
 from ..states import State
 from .context import Shutdown, TaskContext
-from .decode import UNDECODABLE, UndecodableValue
 from .executor import Executor
 from .heartbeat import Heartbeat, LeaseHandle
 from .hooks import Hooks, Middleware
@@ -88,11 +88,6 @@ from .writer import LedgerWriter
 __all__ = ["Worker", "WorkerStats", "default_holder"]
 
 log = logging.getLogger("ratchet.worker")
-
-
-def _printable(text: str) -> str:
-    """``text`` with anything UTF-8 cannot encode (lone surrogates) escaped."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def default_holder() -> str:
@@ -118,6 +113,10 @@ class _Policy:
     def dispatch(self, claims: list[Claim], t_sent: float) -> None:
         self._worker._dispatch(claims, t_sent)
 
+
+UNDECODABLE = "undecodable"
+"""``error_class`` of a task failed because a value stored for it (params, a step value, an
+effect result) cannot be decoded (:class:`~ratchet.errors.UndecodableData`)."""
 
 WRITE_REJECTED = "write_rejected"
 """``error_class`` of a task failed because the database refused one of its writes."""
@@ -503,7 +502,7 @@ class Worker:
         except EffectOutcomeUnknown as exc:
             ctx.exception = exc
             transition = Transition(
-                State.UNKNOWN, error=_printable(str(exc)),
+                State.UNKNOWN, error=printable(str(exc)),
                 error_class=FailureClass.UNKNOWN_OUTCOME.value, reason="effect outcome unknown",
             )
             self.on_failure(claim, transition)
@@ -512,16 +511,16 @@ class Worker:
             # Not the task's fault: hand the attempt back (release to PENDING, after a
             # pause) instead of spending the retry budget on a database outage.
             transition = Transition(
-                State.PENDING, delay_s=1.0, error=_printable(str(exc)),
+                State.PENDING, delay_s=1.0, error=printable(str(exc)),
                 error_class="ledger_unavailable", reason="ledger unavailable",
             )
             self.on_failure(claim, transition)
-        except UndecodableValue as exc:
+        except UndecodableData as exc:
             # Stored data of this task cannot be read back: running again reads the same.
             ctx.exception = exc
             transition = self._failure_transition(
-                definition, claim, exc, ctx.open_intents(), error_class=UNDECODABLE,
-                error=str(exc),
+                definition, claim, exc, ctx.open_intents(), failure=FailureClass.PERMANENT,
+                error_class=UNDECODABLE, error=str(exc),
             )
             self.on_failure(claim, transition)
         except WriteRejected as exc:
@@ -571,7 +570,7 @@ class Worker:
         recorded_class = error_class or failure.value
         if error is None:
             error = "".join(traceback.format_exception(exc, limit=-6))[-4000:]
-        error = _printable(error)
+        error = printable(error)
         if failure is FailureClass.PERMANENT or claim.attempt >= claim.max_attempts:
             reason = "permanent" if failure is FailureClass.PERMANENT else "attempts exhausted"
             if open_intents:
