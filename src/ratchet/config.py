@@ -74,18 +74,61 @@ class LedgerConfig:
     busy_timeout_s: float = 30.0
     options: dict[str, str] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        """The fields, with the password of ``url`` and of ``options`` redacted."""
+        options = {
+            k: ("***" if _SECRET_PARAM.search(k) else v) for k, v in self.options.items()
+        }
+        return (
+            f"LedgerConfig(url={redact_url(self.url)!r}, scheme={self.scheme!r}, "
+            f"path={self.path!r}, durability={self.durability.value!r}, "
+            f"busy_timeout_s={self.busy_timeout_s!r}, options={options!r})"
+        )
+
+    __str__ = __repr__
+
+
+_SECRET_PARAM = re.compile(r"pass|secret|token|key", re.IGNORECASE)
+"""Query parameter names whose values are secrets (``password``, ``sslpassword``, ...)."""
+_SECRET_QUERY = re.compile(r"(?i)([?&;][^=&#;]*(?:pass|secret|token|key)[^=&#;]*=)[^&#;]*")
+
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages and logs)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.netloc.rsplit("@", 1)[-1]
-        return parts._replace(netloc=f"{user}:***@{host}").geturl()
-    except ValueError:
-        return "<unparsable URL>"
+    """``url`` with every secret replaced by ``***``, for messages, logs and reprs.
+
+    Robust to URLs that do not parse: the user-info part is taken as everything between
+    ``scheme://`` and the *last* ``@`` of the whole string, so a password holding an
+    unencoded ``#``, ``/``, ``?`` or ``@`` is still hidden whole; everything from the first
+    ``:`` of that part to the ``@`` becomes ``***``. Query parameters whose name mentions
+    a password, secret, token or key (``password=``, ``sslpassword=``) are redacted too.
+    Over-redacting an odd URL is accepted; printing a secret is not.
+
+    Args:
+        url: any string (a ledger URL, usually).
+
+    Returns:
+        the redacted string (``url`` unchanged when it holds no secret).
+    """
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        at = rest.rfind("@")
+        if at >= 0:
+            userinfo = rest[:at]
+            if ":" in userinfo:
+                rest = f"{userinfo.split(':', 1)[0]}:***{rest[at:]}"
+        url = f"{scheme}{sep}{rest}"
+    return _SECRET_QUERY.sub(r"\1***", url)
+
+
+def _encoding_hint(raw: str) -> str:
+    """A hint to percent-encode the user-info part when ``raw`` has one (``user:...@``)."""
+    _, sep, rest = raw.partition("://")
+    if sep and ":" in rest[: max(0, rest.rfind("@"))]:
+        return (
+            "; if the password holds '#', '/', '?' or '@', percent-encode them "
+            "(%23, %2F, %3F, %40)"
+        )
+    return ""
 
 
 def _durability(raw: str) -> Durability:
@@ -114,7 +157,9 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         parts = urlsplit(raw)
         parts.port  # noqa: B018 - validates the port
     except ValueError as exc:
-        raise ConfigError(f"malformed ledger URL {redact_url(raw)!r}: {exc}") from None
+        raise ConfigError(
+            f"malformed ledger URL {redact_url(raw)!r}: {exc}{_encoding_hint(raw)}"
+        ) from None
     scheme = parts.scheme.lower()
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     level_raw = durability or query.pop("durability", None)
@@ -129,19 +174,24 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         raise ConfigError(f"busy_timeout_s must be a finite number >= 0 seconds, got {busy_raw!r}")
     if parts.fragment:
         raise ConfigError(
-            f"ledger URL {redact_url(raw)!r} contains '#'; percent-encode it as %23 in the path"
+            f"ledger URL {redact_url(raw)!r} contains '#'; percent-encode it as %23 (in the "
+            "path or the password)"
         )
     if scheme == "sqlite":
         if parts.netloc:
             raise ConfigError(
-                f"malformed SQLite URL {raw!r}: use sqlite:///relative.db or sqlite:////abs/path.db"
+                f"malformed SQLite URL {redact_url(raw)!r}: use sqlite:///relative.db or "
+                "sqlite:////abs/path.db"
             )
         path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
         if not path:
-            raise ConfigError(f"SQLite URL {raw!r} has no file path; e.g. sqlite:///ratchet.db")
+            raise ConfigError(
+                f"SQLite URL {redact_url(raw)!r} has no file path; e.g. sqlite:///ratchet.db"
+            )
         if query:
             raise ConfigError(
-                f"unknown SQLite ledger URL parameter(s) {', '.join(sorted(query))} in {raw!r}; "
+                f"unknown SQLite ledger URL parameter(s) {', '.join(sorted(query))} in "
+                f"{redact_url(raw)!r}; "
                 "known: durability, busy_timeout_s"
             )
         if level is Durability.REPLICATED:

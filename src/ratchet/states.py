@@ -48,11 +48,11 @@ CLAIMABLE: frozenset[State] = frozenset({State.PENDING, State.RETRY_WAIT})
 
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.PENDING: frozenset({State.RUNNING, State.PAUSED, State.CANCELLED}),
-    # RUNNING -> RUNNING is a takeover: same state, generation + 1, new holder.
+    # A takeover of an expired or revoked lease is a claim (generation + 1, new holder),
+    # not a transition: no write moves a task to RUNNING.
     # RUNNING -> PENDING is a release (graceful shutdown) or a revocation.
     State.RUNNING: frozenset(
         {
-            State.RUNNING,
             State.PENDING,
             State.RETRY_WAIT,
             State.UNKNOWN,

@@ -1,0 +1,111 @@
+"""Output of the ``ratchet`` command: stored data is always printed as text.
+
+Every value that comes from the ledger or from the user (task names, keys, params, errors,
+holder names, audit details) goes through :func:`plain` into a :class:`rich.text.Text`,
+which Rich never parses as markup: a key ``[bold red]X[/bold red]`` prints as those
+characters, ``[/]`` cannot crash the renderer, ``[link=...]`` is not a link. Characters a
+terminal would act on (escape sequences, other control characters) and lone surrogates
+(invalid UTF-8 read back from a SQLite row) are printed as ``\\x1b`` / ``\\udcff``
+escapes.
+
+When the output is not a terminal (a pipe, a file, a test), lines are not wrapped at 80
+columns: each record stays on one line for ``grep`` and scripts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from ..serde import Undecodable, printable
+
+__all__ = ["console", "echo_json", "err_console", "field", "line", "plain", "show_value"]
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_UNWRAPPED_WIDTH = 100_000
+"""Console width when the output is not a terminal: long enough never to wrap."""
+
+
+def _make(stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if tty:
+        return Console(stderr=stderr, highlight=False)
+    return Console(stderr=stderr, highlight=False, width=_UNWRAPPED_WIDTH, soft_wrap=True)
+
+
+def console() -> Console:
+    """A console on the current ``sys.stdout`` (made per call, so tests' captured streams and
+    a redirected stdout are honoured)."""
+    return _make(stderr=False)
+
+
+def err_console() -> Console:
+    """A console on the current ``sys.stderr``."""
+    return _make(stderr=True)
+
+
+def plain(value: object) -> str:
+    """``str(value)`` made safe to print: lone surrogates and control characters other than
+    newline and tab written as Python escapes."""
+    text = printable(str(value))
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def field(value: object, style: str = "") -> Text:
+    """One value as text (never markup), optionally styled."""
+    return Text(plain(value), style=style)
+
+
+def line(*parts: str | tuple[object, str]) -> Text:
+    """A line of output from ``parts``: a ``str`` is a fixed label written by Ratchet;
+    ``(value, style)`` is a value printed as text with that style (``""`` for none)."""
+    out = Text()
+    for part in parts:
+        if isinstance(part, tuple):
+            value, style = part
+            out.append(plain(value), style=style)
+        else:
+            out.append(part)
+    return out
+
+
+def show_value(value: Any) -> Text:
+    """A stored value for people: compact JSON, or the stored text with a note when it
+    could not be decoded."""
+    if isinstance(value, Undecodable):
+        return line((value.text, ""), (f"  (not decodable: {value.error}; shown as stored)",
+                                       "yellow"))
+    try:
+        encoded = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        encoded = repr(value)
+    return field(encoded)
+
+
+def _json_default(value: object) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)
+
+
+def echo_json(record: Any) -> None:
+    """Print ``record`` as indented JSON: a dataclass (or list of them) through
+    :func:`dataclasses.asdict`, so the JSON has exactly the record's fields. ASCII only
+    (``\\uXXXX`` escapes), so any stored text can be printed."""
+    def to_data(item: Any) -> Any:
+        is_record = dataclasses.is_dataclass(item) and not isinstance(item, type)
+        return dataclasses.asdict(item) if is_record else item
+
+    data = [to_data(r) for r in record] if isinstance(record, list) else to_data(record)
+    typer.echo(json.dumps(data, indent=2, default=_json_default))
