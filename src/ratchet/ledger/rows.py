@@ -15,7 +15,11 @@ __all__ = [
     "EFFECT_COLUMNS",
     "TASK_COLUMNS",
     "AuditRow",
+    "UndecodableText",
+    "decode_detail",
+    "decode_json",
     "effect_record",
+    "printable",
     "reschedules",
     "task_info",
     "transition_audit",
@@ -32,6 +36,62 @@ TASK_COLUMNS = (
 EFFECT_COLUMNS = (
     "name, key, params_digest, state, result, generation, attempt, calls, via_lookup, updated_at"
 )
+
+
+class UndecodableText(str):
+    """Stored JSON that cannot be decoded (invalid UTF-8 in a SQLite file, ``{oops``), as
+    read from the ledger: the string is a printable description, ``raw`` the stored text.
+
+    Reads hand such a value over in its field (``TaskInfo.params``, ``.result``) instead of
+    failing, so one bad row affects only itself.
+
+    Attributes:
+        raw: the stored text (SQLite: undecodable bytes as surrogate escapes).
+        error: why it could not be decoded.
+    """
+
+    raw: str
+    error: str
+
+    def __new__(cls, raw: str, error: str) -> UndecodableText:
+        shown = printable(raw)
+        if len(shown) > 200:
+            shown = shown[:200] + "..."
+        self = super().__new__(cls, f"<undecodable stored JSON ({error}): {shown}>")
+        self.raw = raw
+        self.error = error
+        return self
+
+
+def printable(text: str) -> str:
+    """``text`` with anything UTF-8 cannot encode (lone surrogates, e.g. undecodable bytes
+    read with ``surrogateescape``) replaced by ``\\uXXXX`` escapes: safe to store and print.
+    The ledger never writes such text back."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def decode_json(text: str | None) -> Any:
+    """Decode stored JSON; undecodable text becomes an :class:`UndecodableText`."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+        return loads(text)
+    except (ValueError, RecursionError, UnicodeEncodeError) as exc:
+        reason = "invalid UTF-8" if isinstance(exc, UnicodeEncodeError) else str(exc)
+        return UndecodableText(text, reason)
+
+
+def decode_detail(text: str | None) -> dict[str, Any]:
+    """An audit row's detail as a dict (``{"undecodable": ...}`` if it cannot be decoded)."""
+    value = decode_json(text)
+    if isinstance(value, UndecodableText):
+        return {"undecodable": str(value)}
+    return value if isinstance(value, dict) else {}
 
 
 def reschedules(target: State) -> bool:
@@ -55,10 +115,10 @@ def task_info(row: Sequence[Any]) -> TaskInfo:
         created_at=row[10],
         updated_at=row[11],
         idempotency_key=row[12],
-        params=loads(row[13]),
+        params=decode_json(row[13]),
         params_digest=row[14],
-        result=loads(row[15]),
-        last_error=row[16],
+        result=decode_json(row[15]),
+        last_error=None if row[16] is None else printable(row[16]),
         error_class=row[17],
     )
 
@@ -85,7 +145,7 @@ def transition_audit(write: TaskWrite, t: Transition, now: float) -> AuditRow:
     if t.reason:
         detail["reason"] = t.reason
     if t.error:
-        detail["error"] = t.error[:2000]
+        detail["error"] = printable(t.error[:2000])
     if t.error_class:
         detail["error_class"] = t.error_class
     if t.to in (State.RETRY_WAIT, State.PENDING) and t.delay_s:

@@ -1,0 +1,129 @@
+"""The dialect contract: what a SQL database supplies to the ledger engine.
+
+The engine (:mod:`ratchet.ledger.engine`) owns every rule of the ledger — fencing,
+transitions, audit, retire / revoke / resolve, submit dedupe, stats — once. A dialect
+supplies only what differs between databases:
+
+* **connections, transactions and locks** (:meth:`Dialect.run`): SQLite runs each write in
+  ``BEGIN IMMEDIATE`` on a per-thread connection; PostgreSQL takes pooled connections and
+  locks rows in its SQL (``FOR UPDATE [SKIP LOCKED]``, id order);
+* **the ledger clock**, read inside the transaction (:attr:`Tx.now`);
+* **its SQL**, a catalogue of named statements (``ledger/sql/<dialect>.sql``), and how
+  list parameters and batches are passed (SQLite: JSON arrays read with ``json_each`` and
+  ``executemany``; PostgreSQL: arrays and ``unnest``, one round trip per batch);
+* **wake-ups** (:meth:`Tx.wake`, :meth:`Dialect.subscribe`): PostgreSQL LISTEN/NOTIFY,
+  none on SQLite;
+* **retries and error mapping**: deadlock / serialization failures and a connection lost
+  before ``COMMIT`` are retried by the dialect; a connection lost *during* ``COMMIT``
+  raises :class:`CommitOutcomeUnknown` (the engine re-sends, see
+  :meth:`LedgerEngine.commit`); driver errors become :class:`LedgerUnavailable`
+  (connection problems), :class:`WriteRejected` (the database refused a write for what it
+  holds, naming the statement and the constraint or index) or :class:`LedgerError`;
+* **schema migrations** (:meth:`Dialect.migrate`).
+
+A third dialect is done when it passes ``tests/contract`` with the engine unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from ..errors import LedgerUnavailable
+from .base import Subscription
+
+__all__ = ["CommitOutcomeUnknown", "Dialect", "Tx"]
+
+T = TypeVar("T")
+
+
+class CommitOutcomeUnknown(LedgerUnavailable):
+    """The connection was lost while ``COMMIT`` was in flight: the transaction may or may
+    not have committed. Raised by a dialect's :meth:`Dialect.run`; the engine re-sends
+    fenced writes (which are idempotent at their generation) and acknowledges what had
+    been applied."""
+
+
+class Tx(Protocol):
+    """One open transaction of a dialect, handed to the engine's transaction bodies.
+
+    Attributes:
+        now: the ledger clock read inside this transaction, epoch seconds.
+    """
+
+    now: float
+
+    def rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run catalogue statement ``name`` and return its rows. A ``list`` value in
+        ``params`` is a list parameter (PostgreSQL array, SQLite JSON array)."""
+        ...
+
+    def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
+        """Run ``name`` and return its first row, or ``None``."""
+        ...
+
+    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
+        """Run ``name`` for its effect; return the number of rows it changed."""
+        ...
+
+    def batch(self, name: str, rows: Sequence[Mapping[str, Any]], **scalars: Any) -> None:
+        """Run ``name`` over many rows (same keys in every row) plus ``scalars`` shared by
+        all rows, as one multi-row statement where the dialect can (no rows: nothing)."""
+        ...
+
+    def wake(self) -> None:
+        """Tasks became ready in this transaction: wake subscribed workers at commit."""
+        ...
+
+
+class Dialect(Protocol):
+    """A database under the ledger engine (see the module docstring).
+
+    Attributes:
+        name: the catalogue name, ``"sqlite"`` or ``"postgresql"``.
+        where: where the ledger is, for messages (never a password).
+        probe_before_claim: run the lock-free ``claim_probe`` statement before a claim
+            transaction (SQLite: idle polling must not take the single write lock).
+    """
+
+    name: str
+    where: str
+    probe_before_claim: bool
+
+    def run(self, body: Callable[[Tx], T], *, write: bool = True, claims: bool = False) -> T:
+        """Run ``body`` in one transaction and commit (roll back if it raises).
+
+        ``write``: the transaction writes (SQLite takes the write lock at BEGIN).
+        ``claims``: the transaction claims ready tasks.
+
+        Raises:
+            CommitOutcomeUnknown: the connection was lost during COMMIT.
+            LedgerUnavailable: the database cannot be reached (after the dialect's retries).
+            WriteRejected: the database refused a write for its content.
+            LedgerError: any other database error; exceptions of ``body`` pass through.
+        """
+        ...
+
+    def probe(self) -> bool:
+        """Run ``claim_probe`` outside any write transaction: may anything be claimable?"""
+        ...
+
+    def schema_version(self) -> int:
+        """The ledger's schema version (0 for none)."""
+        ...
+
+    def migrate(self) -> int:
+        """Apply pending migrations; return the version. Raises ``SchemaTooNew``."""
+        ...
+
+    def backend_settings(self, tx: Tx) -> dict[str, str]:
+        """Backend facts for ``ratchet status`` (journal mode, synchronous_commit, ...)."""
+        ...
+
+    def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
+        """Call ``on_ready`` when tasks may have become ready (a hint; may never call)."""
+        ...
+
+    def close(self) -> None:
+        """Close every connection the dialect opened."""
+        ...

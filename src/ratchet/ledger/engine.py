@@ -1,0 +1,606 @@
+"""The ledger engine: every rule of the ledger, once, over any SQL dialect (DESIGN §10).
+
+:class:`LedgerEngine` implements the :class:`~ratchet.ledger.base.Ledger` protocol on top
+of a :class:`~ratchet.ledger.dialect.Dialect`. It owns the policy: the fence of every
+write (state and generation read in the write's own transaction), transitions checked
+against :mod:`ratchet.states`, the audit trail, retirement of a final attempt whose holder
+is gone (``FAILED``, or ``UNKNOWN`` with an open effect intent), revocation, operator
+resolution, submit dedupe (idempotency key + params digest), the re-send of writes whose
+``COMMIT`` reply was lost, and the aggregates of ``ratchet status``. It never holds SQL: it
+names statements of the dialect's catalogue (``ledger/sql/<dialect>.sql``). Adding a
+ledger operation is one engine method plus one named statement per dialect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..config import LedgerConfig
+from ..errors import IdempotencyConflict, IllegalTransition, TaskNotFound
+from ..serde import dumps
+from ..states import State, check_transition
+from .base import (
+    AuditEvent,
+    Claim,
+    CommitOutcome,
+    EffectRecord,
+    EffectState,
+    LedgerStats,
+    NewTask,
+    RenewResult,
+    ResolveOutcome,
+    StepRecord,
+    SubmitResult,
+    Subscription,
+    TaskInfo,
+    TaskWrite,
+    Timeline,
+    Transition,
+    WorkerInfo,
+)
+from .dialect import CommitOutcomeUnknown, Dialect, Tx
+from .rows import (
+    AuditRow,
+    decode_detail,
+    effect_record,
+    printable,
+    reschedules,
+    task_info,
+    transition_audit,
+)
+
+__all__ = ["LedgerEngine"]
+
+_AUDIT_KEYS = ("task_id", "at", "kind", "from_state", "to_state", "generation", "holder",
+               "detail")
+
+
+class _Conflict(Exception):
+    """Internal: roll the submit transaction back (an idempotency conflict)."""
+
+    def __init__(self, conflict: IdempotencyConflict) -> None:
+        super().__init__(str(conflict))
+        self.conflict = conflict
+
+
+def _audit(tx: Tx, rows: Sequence[AuditRow]) -> None:
+    """Insert audit rows (in order) in ``tx``."""
+    if rows:
+        tx.batch("audit_insert", [dict(zip(_AUDIT_KEYS, row, strict=True)) for row in rows])
+
+
+class LedgerEngine:
+    """The :class:`~ratchet.ledger.base.Ledger` contract over a :class:`Dialect`.
+
+    Thread-safe as far as the dialect is (both dialects are: per-thread SQLite connections,
+    a PostgreSQL pool). Every public method is one transaction of the dialect, except where
+    its docstring says otherwise.
+
+    Args:
+        config: the parsed ledger URL.
+        dialect: the database under the engine (it is closed by :meth:`close`).
+    """
+
+    def __init__(self, config: LedgerConfig, dialect: Dialect) -> None:
+        self.config = config
+        self.dialect = dialect
+
+    # ------------------------------------------------------------------ schema, clock
+
+    def migrate(self) -> int:
+        """See :meth:`Ledger.migrate`."""
+        return self.dialect.migrate()
+
+    def schema_version(self) -> int:
+        """See :meth:`Ledger.schema_version`."""
+        return self.dialect.schema_version()
+
+    def now(self) -> float:
+        """See :meth:`Ledger.now`: the ledger clock, epoch seconds."""
+        return self.dialect.run(lambda tx: tx.now, write=False)
+
+    # ------------------------------------------------------------------ submit
+
+    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+        """See :meth:`Ledger.submit`: one multi-row insert per batch, deduplicated per
+        idempotency key (``ON CONFLICT DO NOTHING``, then one read of the batch's keys).
+
+        All-or-nothing: an :class:`IdempotencyConflict` rolls the whole batch back, then the
+        conflict is counted in the audit log in a transaction of its own.
+        """
+        if not tasks:
+            return []
+        try:
+            return self.dialect.run(lambda tx: self._submit_in(tx, tasks))
+        except _Conflict as stop:
+            found = stop.conflict
+        detail = dumps({"key": found.key, "existing_digest": found.existing_digest,
+                        "new_digest": found.new_digest})
+        self.dialect.run(lambda tx: _audit(tx, [(
+            found.task_id, tx.now, "idempotency_conflict", None, None, None, None, detail)]))
+        raise found
+
+    def _submit_in(self, tx: Tx, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+        now = tx.now
+        rows = [
+            {
+                "id": t.task_id, "name": t.name, "version": t.version, "params": t.params_json,
+                "digest": t.params_digest, "key": t.idempotency_key,
+                "max_attempts": t.max_attempts, "lease_s": t.lease_s,
+                "run_at": t.run_at_epoch_s if t.run_at_epoch_s is not None
+                else now + max(0.0, t.delay_s),
+            }
+            for t in tasks
+        ]
+        # Key order: two batches sharing keys take their locks in the same order.
+        rows.sort(key=lambda r: (r["key"] is None, r["key"] or ""))
+        tx.batch("submit_insert", rows, now=now)
+        keys = sorted({t.idempotency_key for t in tasks if t.idempotency_key is not None})
+        existing: dict[str, tuple[str, str]] = {}
+        if keys:
+            existing = {r[0]: (r[1], r[2]) for r in tx.rows("submit_existing", {"keys": keys})}
+        results: list[SubmitResult] = []
+        for t in tasks:
+            if t.idempotency_key is None:
+                results.append(SubmitResult(t.task_id, created=True))
+                continue
+            task_id, stored_digest = existing[t.idempotency_key]
+            if task_id == t.task_id:
+                results.append(SubmitResult(task_id, created=True))
+            elif stored_digest != t.params_digest:
+                raise _Conflict(IdempotencyConflict(
+                    t.idempotency_key, stored_digest, t.params_digest, task_id))
+            else:
+                results.append(SubmitResult(task_id, created=False))
+        if any(r.created for r in results) and any(
+            t.run_at_epoch_s is None and t.delay_s <= 0 for t in tasks
+        ):
+            tx.wake()
+        return results
+
+    # ------------------------------------------------------------------ claim / renew
+
+    def claim(self, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
+        """See :meth:`Ledger.claim`. Expired leases are taken over before fresh work.
+
+        An expired lease on a task's final attempt is not taken over: the holder died or
+        hung on every attempt, so the task is retired (``FAILED``, or ``UNKNOWN`` when an
+        effect intent is open: the call may have happened).
+        """
+        if limit <= 0 or not names:
+            return []
+        if self.dialect.probe_before_claim and not self.dialect.probe():
+            return []
+        return self.dialect.run(lambda tx: self._claim_in(tx, holder, names, limit),
+                                claims=True)
+
+    def _claim_in(self, tx: Tx, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
+        """The claim, inside the caller's write transaction (see :meth:`claim`)."""
+        if limit <= 0 or not names:
+            return []
+        now = tx.now
+        name_list = list(names)
+        expired = tx.rows("claim_expired", {"now": now, "names": name_list, "limit": limit})
+        audit: list[AuditRow] = []
+        exhausted = [row for row in expired if row[3] >= row[4]]
+        if exhausted:
+            self._retire(tx, exhausted, audit, "lease expired on final attempt")
+            expired = [row for row in expired if row[3] < row[4]]
+        previous = {row[0]: (row[1], row[2]) for row in expired}
+        rows: list[tuple[Any, ...]] = []
+        if expired:
+            rows.extend(tx.rows("claim_takeover",
+                                {"holder": holder, "now": now, "ids": list(previous)}))
+        if limit > len(expired):
+            rows.extend(tx.rows("claim_ready", {"now": now, "names": name_list,
+                                                "limit": limit - len(expired),
+                                                "holder": holder}))
+        for row in rows:
+            prev = previous.get(row[0])
+            detail: dict[str, Any] = {"attempt": row[5], "lease_s": row[7]}
+            if prev is not None:
+                detail.update(previous_holder=prev[0], previous_generation=prev[1])
+            audit.append((row[0], now, "takeover" if prev is not None else "claim", row[9],
+                          "RUNNING", row[4], holder, dumps(detail)))
+        _audit(tx, audit)
+        # Steps and effects can only exist after an earlier claim: generation > 1.
+        # (Not attempt: a release hands its attempt back, the generation never goes back.)
+        resumed = [row[0] for row in rows if row[4] > 1]
+        steps: dict[str, dict[str, StepRecord]] = {}
+        effects: dict[str, dict[str, EffectRecord]] = {}
+        if resumed:
+            for s in tx.rows("claim_steps", {"ids": resumed}):
+                steps.setdefault(s[0], {})[s[1]] = StepRecord(s[1], s[2], s[3], s[4])
+            for e in tx.rows("claim_effects", {"ids": resumed}):
+                effects.setdefault(e[0], {})[e[1]] = effect_record(e[1:])
+        return [
+            Claim(
+                task_id=row[0], name=row[1], version=row[2], params_json=row[3],
+                generation=row[4], attempt=row[5], max_attempts=row[6], lease_s=row[7],
+                lease_until=row[8], ledger_now=now, takeover=row[0] in previous,
+                previous_holder=previous[row[0]][0] if row[0] in previous else None,
+                steps=steps.get(row[0], {}), effects=effects.get(row[0], {}),
+            )
+            for row in rows
+        ]
+
+    def _retire(
+        self, tx: Tx, rows: Sequence[tuple[Any, ...]], audit: list[AuditRow], reason: str
+    ) -> None:
+        """Retire locked RUNNING rows ``(id, holder, generation, attempt, max_attempts, ...)``
+        whose holder is gone on the final attempt: ``FAILED``, or ``UNKNOWN`` when an effect
+        intent is open (the call may have happened; an operator resolves it)."""
+        open_intents: dict[str, tuple[str, str]] = {}
+        for task_id, name, key in tx.rows("open_intents", {"ids": [r[0] for r in rows]}):
+            open_intents.setdefault(task_id, (name, key))
+        batch: list[dict[str, Any]] = []
+        for task_id, holder, generation, attempt, max_attempts, *_ in rows:
+            intent = open_intents.get(task_id)
+            target = State.UNKNOWN if intent else State.FAILED
+            check_transition(State.RUNNING, target)
+            error = (f"holder {holder} is gone ({reason}) during attempt {attempt} of "
+                     f"{max_attempts}")
+            if intent:
+                error += f"; effect {intent[0]!r} (key {intent[1]!r}) has an open intent"
+            batch.append({"id": task_id, "generation": generation, "state": target.value,
+                          "error": error})
+            audit.append((task_id, tx.now, "transition", State.RUNNING.value, target.value,
+                          generation + 1, None,
+                          dumps({"reason": reason, "previous_holder": holder, "error": error})))
+        tx.batch("retire", batch, now=tx.now)
+
+    def renew(self, holder: str, leases: Sequence[tuple[str, int]]) -> list[RenewResult]:
+        """See :meth:`Ledger.renew`. Expired leases are not renewed (the ledger clock
+        decides); the holder's registry heartbeat (``workers.last_seen``) moves with it."""
+        if not leases:
+            return []
+
+        def body(tx: Tx) -> list[RenewResult]:
+            renewed = {
+                (r[0], r[1]): r[2]
+                for r in tx.rows("renew", {
+                    "ids": [task_id for task_id, _ in leases],
+                    "generations": [generation for _, generation in leases],
+                    "holder": holder, "now": tx.now,
+                })
+            }
+            tx.execute("worker_seen", {"holder": holder, "now": tx.now})
+            return [
+                RenewResult(task_id, generation, (task_id, generation) in renewed,
+                            renewed.get((task_id, generation)), tx.now)
+                for task_id, generation in leases
+            ]
+
+        return self.dialect.run(body)
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self, writes: Sequence[TaskWrite]) -> list[CommitOutcome]:
+        """See :meth:`Ledger.commit`: one transaction, fenced per task.
+
+        When the connection is lost during ``COMMIT`` (outcome unknown), the writes are
+        sent again in a new transaction: a write already applied at its generation is
+        acknowledged (``ok``), not reported stale, and re-sent intents are not counted as
+        new calls. A write the database refuses raises
+        :class:`~ratchet.errors.WriteRejected` for the whole call (nothing is written); the
+        worker's writer then applies the writes one by one.
+        """
+        self._check_transitions(writes)
+        if not writes:
+            return []
+        try:
+            return self.dialect.run(lambda tx: self._commit_in(tx, writes))
+        except CommitOutcomeUnknown:
+            return self.dialect.run(lambda tx: self._commit_in(tx, writes, resend=True))
+
+    def commit_and_claim(
+        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
+    ) -> tuple[list[CommitOutcome], list[Claim]]:
+        """See :meth:`Ledger.commit_and_claim`: both in one transaction (one fsync).
+
+        After a lost ``COMMIT`` reply only the writes are re-sent; tasks the lost
+        transaction may have claimed stay leased, unseen, until their leases expire.
+        """
+        self._check_transitions(writes)
+
+        def body(tx: Tx) -> tuple[list[CommitOutcome], list[Claim]]:
+            outcomes = self._commit_in(tx, writes)
+            return outcomes, self._claim_in(tx, holder, names, limit)
+
+        try:
+            return self.dialect.run(body, claims=True)
+        except CommitOutcomeUnknown:
+            return self.dialect.run(lambda tx: self._commit_in(tx, writes, resend=True)), []
+
+    @staticmethod
+    def _check_transitions(writes: Sequence[TaskWrite]) -> None:
+        for write in writes:
+            if write.transition is not None:
+                check_transition(State.RUNNING, write.transition.to)
+
+    def _commit_in(
+        self, tx: Tx, writes: Sequence[TaskWrite], resend: bool = False
+    ) -> list[CommitOutcome]:
+        """The commit, inside the caller's transaction (see :meth:`commit`).
+
+        ``resend``: these writes were sent before in a transaction whose COMMIT reply was
+        lost. A write at the task's current generation whose task has already moved on
+        was applied then: it is acknowledged.
+        """
+        if not writes:
+            return []
+        now = tx.now
+        outcomes: dict[int, CommitOutcome] = {}
+        audit: list[AuditRow] = []
+        current: dict[str, tuple[str, int, int, str]] = {
+            r[0]: (r[1], r[2], r[3], r[4])
+            for r in tx.rows("fence_read", {"ids": sorted({w.task_id for w in writes})})
+        }
+        segment = _Segment()
+        ready = False
+        seen: set[str] = set()
+        for index, write in enumerate(writes):
+            if write.task_id in seen:
+                # A task written twice in one batch: apply what came before first, so the
+                # second write sees the first (as if committed one after the other).
+                segment.apply(tx, now, resend)
+                segment, seen = _Segment(), set()
+            seen.add(write.task_id)
+            row = current.get(write.task_id)
+            t = write.transition
+            if row is not None and row[1] == write.generation and (
+                (t is not None and t.to is not State.RUNNING and row[0] == t.to.value)
+                or (resend and row[0] != State.RUNNING.value)
+            ):
+                # Already applied at this generation (only the holder of a generation writes
+                # with it): a re-send after a lost COMMIT reply. Acknowledge; write nothing.
+                outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
+                continue
+            if row is None or row[0] != State.RUNNING.value or row[1] != write.generation:
+                state = State(row[0]) if row is not None else None
+                generation = row[1] if row is not None else None
+                audit.append((write.task_id, now, "stale_rejected", None, None,
+                              write.generation, write.holder,
+                              dumps({"operation": printable(write.operation),
+                                     "current_generation": generation,
+                                     "current_state": state.value if state else None})))
+                outcomes[index] = CommitOutcome(write.task_id, False, True, generation, state)
+                continue
+            attempt = row[2]
+            segment.add(write, attempt, audit, now)
+            if t is not None:
+                audit.append(transition_audit(write, t, now))
+                # Later writes of this batch for the same task see the new state.
+                current[write.task_id] = (t.to.value, row[1], row[2], row[3])
+                ready = ready or (reschedules(t.to) and t.delay_s <= 0)
+            outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
+        segment.apply(tx, now, resend)
+        _audit(tx, audit)
+        if ready:
+            tx.wake()
+        return [outcomes[i] for i in range(len(writes))]
+
+    # ------------------------------------------------------------------ operator
+
+    def resolve(
+        self,
+        task_id: str,
+        outcome: ResolveOutcome,
+        reason: str,
+        operator: str,
+        result_json: str | None = None,
+    ) -> TaskInfo:
+        """See :meth:`Ledger.resolve`."""
+
+        def body(tx: Tx) -> None:
+            row = tx.one("resolve_lock", {"id": task_id})
+            if row is None:
+                raise TaskNotFound(f"no task {task_id!r} in the ledger")
+            if row[0] != State.UNKNOWN.value:
+                raise IllegalTransition(
+                    f"task {task_id} is {row[0]}, not UNKNOWN; only UNKNOWN tasks can be resolved"
+                )
+            check_transition(State.UNKNOWN, State.PENDING)
+            open_effects = tx.rows("resolve_open_effects", {"id": task_id})
+            new_state = (
+                EffectState.DONE if outcome is ResolveOutcome.DONE else EffectState.NOT_DONE
+            )
+            tx.execute("resolve_effects", {
+                "state": new_state.value,
+                "result": result_json if new_state is EffectState.DONE else None,
+                "now": tx.now, "id": task_id,
+            })
+            tx.execute("resolve_task", {"now": tx.now, "id": task_id, "generation": row[1]})
+            _audit(tx, [(
+                task_id, tx.now, "operator_resolve", State.UNKNOWN.value, State.PENDING.value,
+                row[1], None,
+                dumps({"operator": operator, "reason": reason, "outcome": outcome.value,
+                       "effects": [{"name": e[0], "key": e[1]} for e in open_effects]}),
+            )])
+            tx.wake()
+
+        self.dialect.run(body)
+        return self.get(task_id)
+
+    def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:
+        """See :meth:`Ledger.revoke_holder`."""
+
+        def body(tx: Tx) -> list[str]:
+            rows = tx.rows("holder_running", {"holder": holder})
+            audit: list[AuditRow] = []
+            final = [r for r in rows if r[3] >= r[4]]
+            retry = [r for r in rows if r[3] < r[4]]
+            if final:
+                self._retire(tx, final, audit, f"holder revoked by {by}: {reason}")
+            if retry:
+                tx.execute("revoke_retry", {
+                    "now": tx.now, "error": f"holder {holder} revoked by {by}: {reason}",
+                    "ids": [r[0] for r in retry], "holder": holder,
+                })
+                for r in retry:
+                    audit.append((r[0], tx.now, "revoke", State.RUNNING.value,
+                                  State.RETRY_WAIT.value, r[2] + 1, by,
+                                  dumps({"previous_holder": holder, "previous_generation": r[2],
+                                         "reason": reason})))
+                tx.wake()
+            tx.execute("worker_dead", {"holder": holder})
+            _audit(tx, audit)
+            return [r[0] for r in rows]
+
+        return self.dialect.run(body)
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, task_id: str) -> TaskInfo:
+        """See :meth:`Ledger.get`. Stored JSON that cannot be decoded is returned as an
+        :class:`~ratchet.ledger.rows.UndecodableText` in its field, never raised."""
+        row = self.dialect.run(lambda tx: tx.one("task_get", {"id": task_id}), write=False)
+        if row is None:
+            raise TaskNotFound(f"no task {task_id!r} in the ledger")
+        return task_info(row)
+
+    def get_many(self, task_ids: Sequence[str]) -> list[TaskInfo]:
+        """See :meth:`Ledger.get_many`."""
+        ids = list(task_ids)
+        if not ids:
+            return []
+        rows = self.dialect.run(lambda tx: tx.rows("task_get_many", {"ids": ids}), write=False)
+        return [task_info(r) for r in rows]
+
+    def timeline(self, task_id: str) -> Timeline:
+        """See :meth:`Ledger.timeline`."""
+
+        def body(tx: Tx) -> Timeline:
+            row = tx.one("task_get", {"id": task_id})
+            if row is None:
+                raise TaskNotFound(f"no task {task_id!r} in the ledger")
+            events = [
+                AuditEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], decode_detail(r[8]))
+                for r in tx.rows("timeline_audit", {"id": task_id})
+            ]
+            steps = [StepRecord(r[0], r[1], r[2], r[3])
+                     for r in tx.rows("timeline_steps", {"id": task_id})]
+            effects = [effect_record(r) for r in tx.rows("timeline_effects", {"id": task_id})]
+            return Timeline(task_info(row), events, steps, effects)
+
+        return self.dialect.run(body, write=False)
+
+    def stats(self) -> LedgerStats:
+        """See :meth:`Ledger.stats` (decodes no stored JSON)."""
+
+        def body(tx: Tx) -> LedgerStats:
+            counts: dict[str, dict[str, int]] = {}
+            for name, state, n in tx.rows("stats_counts"):
+                counts.setdefault(name, {})[state] = int(n)
+            oldest_row = tx.one("stats_oldest", {"now": tx.now})
+            oldest = oldest_row[0] if oldest_row else None
+            kinds = {k: int(n) for k, n in tx.rows("stats_kinds")}
+            unknown_row = tx.one("stats_unknown")
+            return LedgerStats(
+                counts=counts,
+                oldest_pending_age_s=(tx.now - oldest) if oldest is not None else None,
+                unknown_count=int(unknown_row[0]) if unknown_row else 0,
+                claims=kinds.get("claim", 0) + kinds.get("takeover", 0),
+                takeovers=kinds.get("takeover", 0),
+                stale_rejections=kinds.get("stale_rejected", 0),
+                lookup_hits=kinds.get("lookup_hit", 0),
+                idempotency_conflicts=kinds.get("idempotency_conflict", 0),
+                operator_actions=kinds.get("operator_resolve", 0),
+                revocations=kinds.get("revoke", 0),
+                durability=self.config.durability.value,
+                backend_settings=self.dialect.backend_settings(tx),
+                schema_version=0,
+                ledger_now=tx.now,
+            )
+
+        stats = self.dialect.run(body, write=False)
+        return _with_version(stats, self.dialect.schema_version())
+
+    # ------------------------------------------------------------------ wake-ups, registry
+
+    def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
+        """See :meth:`Ledger.subscribe` (PostgreSQL: LISTEN/NOTIFY; SQLite: never calls)."""
+        return self.dialect.subscribe(on_ready)
+
+    def register_worker(self, info: WorkerInfo) -> None:
+        """See :meth:`Ledger.register_worker`."""
+        self.dialect.run(lambda tx: tx.execute("worker_register", {
+            "holder": info.holder, "host_id": info.host_id, "hostname": info.hostname,
+            "pid": info.pid, "pid_start": info.pid_start, "now": tx.now,
+        }))
+
+    def touch_worker(self, holder: str, state: str = "alive") -> None:
+        """See :meth:`Ledger.touch_worker`."""
+        self.dialect.run(lambda tx: tx.execute(
+            "worker_touch", {"now": tx.now, "state": state, "holder": holder}))
+
+    def list_workers(self, host_id: str | None = None) -> list[WorkerInfo]:
+        """See :meth:`Ledger.list_workers`."""
+        if host_id is None:
+            rows = self.dialect.run(lambda tx: tx.rows("workers_all"), write=False)
+        else:
+            rows = self.dialect.run(
+                lambda tx: tx.rows("workers_on_host", {"host_id": host_id}), write=False)
+        return [WorkerInfo(*r) for r in rows]
+
+    def close(self) -> None:
+        """See :meth:`Ledger.close`."""
+        self.dialect.close()
+
+
+def _with_version(stats: LedgerStats, version: int) -> LedgerStats:
+    return dataclasses.replace(stats, schema_version=version)
+
+
+class _Segment:
+    """Fenced rows of one commit segment (each task at most once), written set-wise: one
+    batch per kind of row, whatever the number of tasks."""
+
+    def __init__(self) -> None:
+        self.steps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.intents: dict[tuple[str, str], dict[str, Any]] = {}
+        self.outcomes: dict[tuple[str, str], dict[str, Any]] = {}
+        self.transitions: list[dict[str, Any]] = []
+
+    def add(self, write: TaskWrite, attempt: int, audit: list[AuditRow], now: float) -> None:
+        """Queue the rows of one fenced write (which passed its fence)."""
+        for name, result in write.steps:
+            self.steps[(write.task_id, name)] = {
+                "task_id": write.task_id, "name": name, "result": result,
+                "generation": write.generation}
+        for e in write.effects:
+            row = {"task_id": write.task_id, "name": e.name, "key": e.key,
+                   "digest": e.params_digest, "generation": write.generation,
+                   "attempt": attempt}
+            if e.state is EffectState.INTENT:
+                self.intents[(write.task_id, e.name)] = row
+                continue
+            row.update(state=e.state.value, result=e.result_json, via_lookup=e.via_lookup)
+            self.outcomes[(write.task_id, e.name)] = row
+            if e.via_lookup:
+                audit.append((write.task_id, now, "lookup_hit", None, None, write.generation,
+                              write.holder, dumps({"effect": e.name, "key": e.key})))
+        t = write.transition
+        if t is not None:
+            self.transitions.append(_transition_row(write, t, now))
+
+    def apply(self, tx: Tx, now: float, resend: bool) -> None:
+        """Write the queued rows in ``tx``."""
+        tx.batch("steps_upsert", list(self.steps.values()), now=now)
+        tx.batch("effects_intent", list(self.intents.values()), now=now, resend=resend)
+        tx.batch("effects_outcome", list(self.outcomes.values()), now=now)
+        tx.batch("transition", self.transitions, now=now)
+
+
+def _transition_row(write: TaskWrite, t: Transition, now: float) -> dict[str, Any]:
+    """Parameters of the ``transition`` statement for one fenced write."""
+    return {
+        "id": write.task_id, "generation": write.generation, "state": t.to.value,
+        "run_at": now + max(0.0, t.delay_s) if reschedules(t.to) else None,
+        "release": t.to is State.PENDING, "keep": t.to is State.RUNNING,
+        "result": t.result_json, "error": printable(t.error) if t.error else t.error,
+        "error_class": t.error_class,
+    }
+

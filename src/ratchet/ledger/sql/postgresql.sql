@@ -1,0 +1,260 @@
+-- Ratchet ledger statements, PostgreSQL dialect.
+--
+-- One block per statement, named by a "-- name: NAME" line (procrastinate's
+-- sql/queries.sql style); the engine (ledger/engine.py) refers to statements only by name
+-- and sqlite.sql names the same ones. Parameters are named (%(name)s). A list parameter
+-- arrives as an array (= ANY). A statement the engine runs as a batch gets each column as
+-- an array (%(column)s, one element per row) and reads the rows with unnest: one round trip
+-- per batch, whatever its size. Rows a transaction locks are locked in id order.
+-- Times are ledger-clock epoch seconds: the server's now(), read with the transaction's
+-- BEGIN.
+
+-- name: now
+SELECT extract(epoch FROM now())::float8;
+
+-- name: claim_probe
+-- Not needed on PostgreSQL (claims never block each other); kept for the catalogue.
+SELECT true;
+
+-- name: submit_insert
+-- Rows arrive in idempotency-key order (unnest keeps array order), so two batches sharing
+-- keys lock them in the same order: no deadlock.
+INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
+                   max_attempts, lease_s, run_at, created_at, updated_at)
+SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_attempts,
+       u.lease_s, u.run_at, %(now)s, %(now)s
+FROM unnest(%(id)s::text[], %(name)s::text[], %(version)s::int[], %(params)s::text[],
+            %(digest)s::text[], %(key)s::text[], %(max_attempts)s::int[],
+            %(lease_s)s::float8[], %(run_at)s::float8[])
+     AS u(id, name, version, params, digest, key, max_attempts, lease_s, run_at)
+ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: submit_existing
+SELECT idempotency_key, id, params_digest FROM tasks
+WHERE idempotency_key = ANY(%(keys)s::text[]);
+
+-- name: audit_insert
+INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder, detail)
+SELECT u.task_id, u.at, u.kind, u.from_state, u.to_state, u.generation, u.holder, u.detail
+FROM unnest(%(task_id)s::text[], %(at)s::float8[], %(kind)s::text[], %(from_state)s::text[],
+            %(to_state)s::text[], %(generation)s::bigint[], %(holder)s::text[],
+            %(detail)s::text[]) WITH ORDINALITY
+     AS u(task_id, at, kind, from_state, to_state, generation, holder, detail, n)
+ORDER BY n;
+
+-- name: claim_expired
+-- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
+-- holds exactly the RUNNING rows).
+SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+WHERE lease_until IS NOT NULL AND lease_until < %(now)s AND state = 'RUNNING'
+  AND name = ANY(%(names)s::text[])
+ORDER BY lease_until LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
+
+-- name: claim_takeover
+UPDATE tasks SET holder = %(holder)s, generation = generation + 1, attempt = attempt + 1,
+                 lease_until = %(now)s + lease_s, updated_at = %(now)s
+WHERE id = ANY(%(ids)s::text[]) AND state = 'RUNNING'
+RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
+          lease_until, 'RUNNING';
+
+-- name: claim_ready
+-- FOR UPDATE SKIP LOCKED on the ready set in run_at order: concurrent claimers never wait
+-- on each other and never get the same row. bench/ prints its EXPLAIN.
+WITH picked AS (
+    SELECT id, state FROM tasks
+    WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
+      AND name = ANY(%(names)s::text[])
+    ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
+                   attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
+                   updated_at = %(now)s
+FROM picked WHERE t.id = picked.id
+RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
+          t.lease_s, t.lease_until, picked.state;
+
+-- name: claim_steps
+SELECT task_id, name, result, generation, committed_at FROM steps
+WHERE task_id = ANY(%(ids)s::text[]);
+
+-- name: claim_effects
+SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
+       via_lookup, updated_at
+FROM effects WHERE task_id = ANY(%(ids)s::text[]);
+
+-- name: open_intents
+SELECT task_id, name, key FROM effects
+WHERE task_id = ANY(%(ids)s::text[]) AND state = 'intent'
+ORDER BY task_id, name;
+
+-- name: retire
+-- A holder gone on its final attempt: FAILED, or UNKNOWN with an open effect intent. The
+-- generation moves on, so whatever the old holder still writes is fenced out.
+UPDATE tasks t SET state = u.state, holder = NULL, lease_until = NULL,
+                   generation = t.generation + 1, last_error = u.error,
+                   error_class = 'lease_expired', updated_at = %(now)s
+FROM unnest(%(id)s::text[], %(generation)s::bigint[], %(state)s::text[], %(error)s::text[])
+     AS u(id, generation, state, error)
+WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING';
+
+-- name: renew
+-- Rows are locked in id order first, like every fenced write, so a renewal and a commit of
+-- the same worker never deadlock.
+WITH wanted AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(generations)s::bigint[]) AS w(id, gen)),
+locked AS (
+    SELECT t.id FROM tasks t JOIN wanted w ON t.id = w.id AND t.generation = w.gen
+    WHERE t.holder = %(holder)s AND t.state = 'RUNNING' AND t.lease_until >= %(now)s
+    ORDER BY t.id FOR UPDATE OF t)
+UPDATE tasks t SET lease_until = %(now)s + t.lease_s FROM locked
+WHERE t.id = locked.id
+RETURNING t.id, t.generation, t.lease_until;
+
+-- name: worker_seen
+UPDATE workers SET last_seen = %(now)s WHERE holder = %(holder)s AND state <> 'dead';
+
+-- name: fence_read
+-- The fence of a commit: every task row the batch writes, locked in id order.
+SELECT id, state, generation, attempt, name FROM tasks
+WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE;
+
+-- name: steps_upsert
+INSERT INTO steps (task_id, name, result, generation, committed_at)
+SELECT u.task_id, u.name, u.result, u.generation, %(now)s
+FROM unnest(%(task_id)s::text[], %(name)s::text[], %(result)s::text[],
+            %(generation)s::bigint[]) AS u(task_id, name, result, generation)
+ON CONFLICT (task_id, name) DO UPDATE SET result = excluded.result,
+    generation = excluded.generation, committed_at = excluded.committed_at;
+
+-- name: effects_intent
+-- A re-sent intent (after a lost COMMIT reply) is not counted as a new call.
+INSERT INTO effects (task_id, name, key, params_digest, state, result, generation, attempt,
+                     calls, via_lookup, updated_at)
+SELECT u.task_id, u.name, u.key, u.digest, 'intent', NULL, u.generation, u.attempt, 1,
+       false, %(now)s
+FROM unnest(%(task_id)s::text[], %(name)s::text[], %(key)s::text[], %(digest)s::text[],
+            %(generation)s::bigint[], %(attempt)s::int[])
+     AS u(task_id, name, key, digest, generation, attempt)
+ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent', key = excluded.key,
+    params_digest = excluded.params_digest, generation = excluded.generation,
+    attempt = excluded.attempt,
+    calls = effects.calls + CASE WHEN %(resend)s::bool AND effects.state = 'intent'
+        AND effects.generation = excluded.generation AND effects.key = excluded.key
+        THEN 0 ELSE 1 END,
+    updated_at = excluded.updated_at;
+
+-- name: effects_outcome
+INSERT INTO effects (task_id, name, key, params_digest, state, result, generation, attempt,
+                     calls, via_lookup, updated_at)
+SELECT u.task_id, u.name, u.key, u.digest, u.state, u.result, u.generation, u.attempt, 0,
+       u.via_lookup, %(now)s
+FROM unnest(%(task_id)s::text[], %(name)s::text[], %(key)s::text[], %(digest)s::text[],
+            %(state)s::text[], %(result)s::text[], %(generation)s::bigint[],
+            %(attempt)s::int[], %(via_lookup)s::bool[])
+     AS u(task_id, name, key, digest, state, result, generation, attempt, via_lookup)
+ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = excluded.result,
+    generation = excluded.generation, via_lookup = excluded.via_lookup,
+    updated_at = excluded.updated_at;
+
+-- name: transition
+-- A fenced RUNNING -> state change per row. run_at is set for RETRY_WAIT / PENDING
+-- (backoff, release delay); a release (to PENDING) hands its attempt back; only RUNNING
+-- keeps the lease. One primary-key probe per row: no index other than tasks_pkey matches
+-- these conditions (tasks_holder and tasks_leased are on "IS NOT NULL", not on state).
+UPDATE tasks t SET state = u.state, run_at = COALESCE(u.run_at, t.run_at),
+    attempt = CASE WHEN u.release THEN t.attempt - 1 ELSE t.attempt END,
+    holder = CASE WHEN u.keep THEN t.holder ELSE NULL END,
+    lease_until = CASE WHEN u.keep THEN t.lease_until ELSE NULL END,
+    result = COALESCE(u.result, t.result), last_error = COALESCE(u.error, t.last_error),
+    error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s
+FROM unnest(%(id)s::text[], %(generation)s::bigint[], %(state)s::text[],
+            %(run_at)s::float8[], %(release)s::bool[], %(keep)s::bool[], %(result)s::text[],
+            %(error)s::text[], %(error_class)s::text[])
+     AS u(id, generation, state, run_at, release, keep, result, error, error_class)
+WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING';
+
+-- name: resolve_lock
+SELECT state, generation, name FROM tasks WHERE id = %(id)s FOR UPDATE;
+
+-- name: resolve_open_effects
+SELECT name, key FROM effects WHERE task_id = %(id)s AND state = 'intent' ORDER BY name;
+
+-- name: resolve_effects
+UPDATE effects SET state = %(state)s, result = %(result)s, updated_at = %(now)s
+WHERE task_id = %(id)s AND state = 'intent';
+
+-- name: resolve_task
+UPDATE tasks SET state = 'PENDING', run_at = %(now)s, updated_at = %(now)s
+WHERE id = %(id)s AND state = 'UNKNOWN' AND generation = %(generation)s;
+
+-- name: holder_running
+SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+WHERE holder = %(holder)s AND state = 'RUNNING' ORDER BY id FOR UPDATE;
+
+-- name: revoke_retry
+UPDATE tasks SET state = 'RETRY_WAIT', holder = NULL, lease_until = NULL,
+    generation = generation + 1, run_at = LEAST(run_at, %(now)s), updated_at = %(now)s,
+    last_error = %(error)s, error_class = 'holder_gone'
+WHERE id = ANY(%(ids)s::text[]) AND state = 'RUNNING' AND holder = %(holder)s;
+
+-- name: worker_dead
+UPDATE workers SET state = 'dead' WHERE holder = %(holder)s;
+
+-- name: worker_register
+INSERT INTO workers (holder, host_id, hostname, pid, pid_start, started_at, last_seen, state)
+VALUES (%(holder)s, %(host_id)s, %(hostname)s, %(pid)s, %(pid_start)s, %(now)s, %(now)s,
+        'alive')
+ON CONFLICT (holder) DO UPDATE SET host_id = excluded.host_id,
+    hostname = excluded.hostname, pid = excluded.pid, pid_start = excluded.pid_start,
+    started_at = excluded.started_at, last_seen = excluded.last_seen, state = 'alive';
+
+-- name: worker_touch
+UPDATE workers SET last_seen = %(now)s, state = %(state)s
+WHERE holder = %(holder)s AND state <> 'dead';
+
+-- name: workers_all
+SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
+FROM workers ORDER BY started_at;
+
+-- name: workers_on_host
+SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
+FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at;
+
+-- name: task_get
+SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
+       run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
+       last_error, error_class
+FROM tasks WHERE id = %(id)s;
+
+-- name: task_get_many
+SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
+       run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
+       last_error, error_class
+FROM tasks WHERE id = ANY(%(ids)s::text[]);
+
+-- name: timeline_audit
+SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
+FROM audit WHERE task_id = %(id)s ORDER BY seq;
+
+-- name: timeline_steps
+SELECT name, result, generation, committed_at FROM steps
+WHERE task_id = %(id)s ORDER BY committed_at;
+
+-- name: timeline_effects
+SELECT name, key, params_digest, state, result, generation, attempt, calls, via_lookup,
+       updated_at
+FROM effects WHERE task_id = %(id)s ORDER BY updated_at;
+
+-- name: stats_counts
+SELECT name, state, count(*) FROM tasks GROUP BY name, state;
+
+-- name: stats_oldest
+SELECT min(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s;
+
+-- name: stats_kinds
+SELECT kind, count(*) FROM audit
+WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
+               'operator_resolve', 'revoke')
+GROUP BY kind;
+
+-- name: stats_unknown
+SELECT count(*) FROM tasks WHERE state = 'UNKNOWN';

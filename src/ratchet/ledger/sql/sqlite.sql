@@ -1,0 +1,228 @@
+-- Ratchet ledger statements, SQLite dialect.
+--
+-- One block per statement, named by a "-- name: NAME" line (procrastinate's
+-- sql/queries.sql style); the engine (ledger/engine.py) refers to statements only by name
+-- and postgresql.sql names the same ones. Parameters are named (:name). A list parameter
+-- (names, ids, keys) arrives as a JSON array and is read with json_each. A statement the
+-- engine runs as a batch is run once per row (executemany). A block may hold several
+-- statements separated by ";" at the end of a line: they run in order and the rows of the
+-- last one are returned.
+-- Times are ledger-clock epoch seconds; the clock is read inside the transaction ("now").
+
+-- name: now
+SELECT (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: claim_probe
+-- A lock-free look, so that idle polling does not take SQLite's write lock.
+SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
+               AND run_at <= (julianday('now') - 2440587.5) * 86400.0)
+    OR EXISTS (SELECT 1 FROM tasks WHERE lease_until IS NOT NULL AND state = 'RUNNING'
+               AND lease_until < (julianday('now') - 2440587.5) * 86400.0);
+
+-- name: submit_insert
+INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
+                   max_attempts, lease_s, run_at, created_at, updated_at)
+VALUES (:id, :name, :version, :params, :digest, :key, 'PENDING', :max_attempts, :lease_s,
+        :run_at, :now, :now)
+ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: submit_existing
+SELECT idempotency_key, id, params_digest FROM tasks
+WHERE idempotency_key IN (SELECT value FROM json_each(:keys));
+
+-- name: audit_insert
+INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder, detail)
+VALUES (:task_id, :at, :kind, :from_state, :to_state, :generation, :holder, :detail);
+
+-- name: claim_expired
+-- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
+-- holds exactly the RUNNING rows).
+SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+WHERE lease_until IS NOT NULL AND lease_until < :now AND state = 'RUNNING'
+  AND name IN (SELECT value FROM json_each(:names))
+ORDER BY lease_until LIMIT :limit;
+
+-- name: claim_takeover
+UPDATE tasks SET holder = :holder, generation = generation + 1, attempt = attempt + 1,
+                 lease_until = :now + lease_s, updated_at = :now
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'RUNNING'
+RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
+          lease_until, 'RUNNING';
+
+-- name: claim_ready
+-- The ready set in run_at order (tasks_ready holds only claimable rows), then the lease:
+-- holder, generation + 1 and lease_until from the ledger clock. The previous state goes
+-- through a temporary table because SQLite's RETURNING shows only new values.
+DELETE FROM temp.claim_pick;
+INSERT INTO temp.claim_pick (id, from_state)
+SELECT id, state FROM tasks
+WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
+  AND name IN (SELECT value FROM json_each(:names))
+ORDER BY run_at LIMIT :limit;
+UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 1,
+                 attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now
+WHERE id IN (SELECT id FROM temp.claim_pick)
+RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
+          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id);
+
+-- name: claim_steps
+SELECT task_id, name, result, generation, committed_at FROM steps
+WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: claim_effects
+SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
+       via_lookup, updated_at
+FROM effects WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: open_intents
+SELECT task_id, name, key FROM effects
+WHERE task_id IN (SELECT value FROM json_each(:ids)) AND state = 'intent'
+ORDER BY task_id, name;
+
+-- name: retire
+-- A holder gone on its final attempt: FAILED, or UNKNOWN with an open effect intent. The
+-- generation moves on, so whatever the old holder still writes is fenced out.
+UPDATE tasks SET state = :state, holder = NULL, lease_until = NULL,
+                 generation = generation + 1, last_error = :error,
+                 error_class = 'lease_expired', updated_at = :now
+WHERE id = :id AND generation = :generation AND state = 'RUNNING';
+
+-- name: renew
+UPDATE tasks SET lease_until = :now + lease_s
+WHERE (id, generation) IN (SELECT i.value, g.value FROM json_each(:ids) AS i
+                           JOIN json_each(:generations) AS g ON g.key = i.key)
+  AND holder = :holder AND state = 'RUNNING' AND lease_until >= :now
+RETURNING id, generation, lease_until;
+
+-- name: worker_seen
+UPDATE workers SET last_seen = :now WHERE holder = :holder AND state <> 'dead';
+
+-- name: fence_read
+-- The fence of a commit: state and generation of every task the batch writes.
+SELECT id, state, generation, attempt, name FROM tasks
+WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: steps_upsert
+INSERT INTO steps (task_id, name, result, generation, committed_at)
+VALUES (:task_id, :name, :result, :generation, :now)
+ON CONFLICT (task_id, name) DO UPDATE SET result = excluded.result,
+    generation = excluded.generation, committed_at = excluded.committed_at;
+
+-- name: effects_intent
+-- A re-sent intent (after a lost COMMIT reply) is not counted as a new call.
+INSERT INTO effects (task_id, name, key, params_digest, state, result, generation, attempt,
+                     calls, via_lookup, updated_at)
+VALUES (:task_id, :name, :key, :digest, 'intent', NULL, :generation, :attempt, 1, 0, :now)
+ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent', key = excluded.key,
+    params_digest = excluded.params_digest, generation = excluded.generation,
+    attempt = excluded.attempt,
+    calls = effects.calls + CASE WHEN :resend AND effects.state = 'intent'
+        AND effects.generation = excluded.generation AND effects.key = excluded.key
+        THEN 0 ELSE 1 END,
+    updated_at = excluded.updated_at;
+
+-- name: effects_outcome
+INSERT INTO effects (task_id, name, key, params_digest, state, result, generation, attempt,
+                     calls, via_lookup, updated_at)
+VALUES (:task_id, :name, :key, :digest, :state, :result, :generation, :attempt, 0,
+        :via_lookup, :now)
+ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = excluded.result,
+    generation = excluded.generation, via_lookup = excluded.via_lookup,
+    updated_at = excluded.updated_at;
+
+-- name: transition
+-- A fenced RUNNING -> state change. run_at is set for RETRY_WAIT / PENDING (backoff,
+-- release delay); a release (to PENDING) hands its attempt back; only RUNNING keeps the
+-- lease.
+UPDATE tasks SET state = :state, run_at = COALESCE(:run_at, run_at),
+    attempt = CASE WHEN :release THEN attempt - 1 ELSE attempt END,
+    holder = CASE WHEN :keep THEN holder ELSE NULL END,
+    lease_until = CASE WHEN :keep THEN lease_until ELSE NULL END,
+    result = COALESCE(:result, result), last_error = COALESCE(:error, last_error),
+    error_class = COALESCE(:error_class, error_class), updated_at = :now
+WHERE id = :id AND generation = :generation AND state = 'RUNNING';
+
+-- name: resolve_lock
+SELECT state, generation, name FROM tasks WHERE id = :id;
+
+-- name: resolve_open_effects
+SELECT name, key FROM effects WHERE task_id = :id AND state = 'intent' ORDER BY name;
+
+-- name: resolve_effects
+UPDATE effects SET state = :state, result = :result, updated_at = :now
+WHERE task_id = :id AND state = 'intent';
+
+-- name: resolve_task
+UPDATE tasks SET state = 'PENDING', run_at = :now, updated_at = :now
+WHERE id = :id AND state = 'UNKNOWN' AND generation = :generation;
+
+-- name: holder_running
+SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+WHERE holder = :holder AND state = 'RUNNING' ORDER BY id;
+
+-- name: revoke_retry
+UPDATE tasks SET state = 'RETRY_WAIT', holder = NULL, lease_until = NULL,
+    generation = generation + 1, run_at = MIN(run_at, :now), updated_at = :now,
+    last_error = :error, error_class = 'holder_gone'
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'RUNNING' AND holder = :holder;
+
+-- name: worker_dead
+UPDATE workers SET state = 'dead' WHERE holder = :holder;
+
+-- name: worker_register
+INSERT INTO workers (holder, host_id, hostname, pid, pid_start, started_at, last_seen, state)
+VALUES (:holder, :host_id, :hostname, :pid, :pid_start, :now, :now, 'alive')
+ON CONFLICT (holder) DO UPDATE SET host_id = excluded.host_id,
+    hostname = excluded.hostname, pid = excluded.pid, pid_start = excluded.pid_start,
+    started_at = excluded.started_at, last_seen = excluded.last_seen, state = 'alive';
+
+-- name: worker_touch
+UPDATE workers SET last_seen = :now, state = :state WHERE holder = :holder AND state <> 'dead';
+
+-- name: workers_all
+SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
+FROM workers ORDER BY started_at;
+
+-- name: workers_on_host
+SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
+FROM workers WHERE host_id = :host_id AND state = 'alive' ORDER BY started_at;
+
+-- name: task_get
+SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
+       run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
+       last_error, error_class
+FROM tasks WHERE id = :id;
+
+-- name: task_get_many
+SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
+       run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
+       last_error, error_class
+FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: timeline_audit
+SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
+FROM audit WHERE task_id = :id ORDER BY seq;
+
+-- name: timeline_steps
+SELECT name, result, generation, committed_at FROM steps
+WHERE task_id = :id ORDER BY committed_at;
+
+-- name: timeline_effects
+SELECT name, key, params_digest, state, result, generation, attempt, calls, via_lookup,
+       updated_at
+FROM effects WHERE task_id = :id ORDER BY updated_at;
+
+-- name: stats_counts
+SELECT name, state, COUNT(*) FROM tasks GROUP BY name, state;
+
+-- name: stats_oldest
+SELECT MIN(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now;
+
+-- name: stats_kinds
+SELECT kind, COUNT(*) FROM audit
+WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
+               'operator_resolve', 'revoke')
+GROUP BY kind;
+
+-- name: stats_unknown
+SELECT COUNT(*) FROM tasks WHERE state = 'UNKNOWN';
