@@ -30,7 +30,7 @@ from __future__ import annotations
 import getpass
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -63,6 +63,7 @@ __all__ = [
     "TaskTimeline",
     "Undecodable",
     "WorkerView",
+    "default_operator",
 ]
 
 
@@ -307,8 +308,9 @@ class Control:
             TaskNotFound: no task with that id. LedgerUnavailable: no ledger there.
         """
         tl = self._reader().timeline(_task_id(task_id))
+        task = replace(tl.task, params=_shown(tl.task.params), result=_shown(tl.task.result))
         return TaskTimeline(
-            task=tl.task,
+            task=task,
             events=list(tl.events),
             steps=[
                 StepView(s.name, loads_stored(s.result_json, f"step {s.name!r}"),
@@ -389,7 +391,7 @@ class Control:
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidArguments("reason must say why (it is kept in the audit log)")
         check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
-        who = by if by is not None else (os.environ.get("USER") or _login())
+        who = by if by is not None else default_operator()
         check_identifier(who, "operator name", MAX_KEY_BYTES)
         result_json = dumps(result, what="the effect's result")
         return self._writer().resolve(_task_id(task_id), verdict, reason, who, result_json)
@@ -434,14 +436,26 @@ class Control:
         )
 
 
+def _shown(value: Any) -> Any:
+    """``value``, or an :class:`~ratchet.serde.Undecodable` when the ledger handed over a
+    value it could not decode (a ``str`` carrying the stored text as ``raw`` and the reason
+    as ``error``), so every face shows such values one way."""
+    raw, error = getattr(value, "raw", None), getattr(value, "error", None)
+    if isinstance(value, str) and isinstance(raw, str) and isinstance(error, str):
+        return Undecodable(printable(raw), error)
+    return value
+
+
 def _task_id(task_id: object) -> str:
     """``task_id`` if it can name a task (a storable identifier), else InvalidArguments."""
     return check_identifier(task_id, "task id", MAX_KEY_BYTES)
 
 
-def _login() -> str:
+def default_operator() -> str:
+    """The operator name recorded when none is given: ``$USER``, else the login name, else
+    ``"unknown"`` (a container without a passwd entry)."""
     try:
-        return getpass.getuser()
-    except (OSError, KeyError):  # no USER/LOGNAME and no passwd entry (containers)
+        return os.environ.get("USER") or getpass.getuser()
+    except (OSError, KeyError):
         return "unknown"
 

@@ -260,11 +260,13 @@ class EffectOutcomeUnknown(RatchetError):
         super().__init__(f"outcome of effect {effect!r} (key {key!r}) is unknown: {reason}")
 
 
-class UndecodableData(RatchetError):
+class UndecodableData(RatchetError, ValueError):
     """JSON text cannot be decoded: not JSON, not valid Unicode (a row whose bytes were not
     valid UTF-8), or nested too deeply (:data:`ratchet.serde.MAX_JSON_DEPTH`).
 
     Raised by :func:`ratchet.serde.loads`; the message names the value, never its text.
+    Also a ``ValueError`` (as ``json.JSONDecodeError`` is), so code written against
+    ``json.loads`` keeps catching it.
     """
 
 
