@@ -1,10 +1,11 @@
 """App for the fast-takeover tests, run by real worker subprocesses.
 
-``takeover.hold`` appends one line per execution (pid, generation, attempt) to the file
-named by ``TAKEOVER_LOG`` — the external count — and then, on its first attempt only,
-sleeps far longer than the test waits, so its worker is holding the lease when it is
-killed. Leases are long (``TAKEOVER_LEASE_S``, default 60 s): a takeover within a couple
-of seconds can only come from revocation, not from lease expiry.
+``takeover.hold`` appends one line per execution (task, pid, generation, attempt) to the
+file named by ``TAKEOVER_LOG`` — the count kept outside the ledger — and then, on its
+first attempt only, waits until the file named by ``TAKEOVER_GATE`` exists (at most
+``TAKEOVER_HOLD_S`` seconds, default 120), so its worker holds the lease for as long as the
+test needs, without any timing assumption. Leases are long (``TAKEOVER_LEASE_S``, default
+60 s): a takeover before that can only come from revocation, not from lease expiry.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import ratchet
 from ratchet import RetryPolicy, TaskContext
@@ -19,6 +21,13 @@ from ratchet import RetryPolicy, TaskContext
 LEASE_S = float(os.environ.get("TAKEOVER_LEASE_S", "60"))
 
 app = ratchet.App()
+
+
+def _wait_for_gate() -> None:
+    gate = os.environ.get("TAKEOVER_GATE")
+    deadline = time.monotonic() + float(os.environ.get("TAKEOVER_HOLD_S", "120"))
+    while time.monotonic() < deadline and not (gate and Path(gate).exists()):
+        time.sleep(0.02)
 
 
 @app.task(
@@ -33,5 +42,6 @@ def hold(ctx: TaskContext, n: int) -> dict[str, int]:
         out.flush()
         os.fsync(out.fileno())
     if ctx.attempt == 1:
-        time.sleep(float(os.environ.get("TAKEOVER_HOLD_S", "120")))
+        _wait_for_gate()
+        ctx.step("after-gate", lambda: os.getpid())
     return {"n": n, "pid": os.getpid()}
