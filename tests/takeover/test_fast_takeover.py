@@ -80,15 +80,16 @@ def app(ledger_url: str) -> Iterator[App]:
 
 
 @pytest.fixture
-def rig(tmp_path: Path, ledger_url: str) -> Iterator[Rig]:
+def rig(request: pytest.FixtureRequest, tmp_path: Path, ledger_url: str) -> Iterator[Rig]:
+    """The test's worker processes; their logs are printed when the test fails."""
     made = Rig(tmp_path, ledger_url)
     try:
         yield made
-    except BaseException:
-        print(made.group.dump())
-        raise
     finally:
         made.group.cleanup()
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            print(made.group.dump())
 
 
 def _state(app: App, task_id: str, state: State) -> TaskInfo | None:
