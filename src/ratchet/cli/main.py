@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import tenacity
 import typer
 from rich.table import Table
+from typer.core import TyperArgument, TyperCommand
 
 from .. import __version__
 from ..control import Control, TaskTimeline, default_operator
@@ -58,6 +59,24 @@ TaskArg = Annotated[str, typer.Argument(metavar="TASK", help="The task id.")]
 
 T = TypeVar("T")
 log = logging.getLogger("ratchet.worker")
+
+
+class _Argument(TyperArgument):
+    """A positional argument whose help shows its metavar only (``MODULE:APP``), not Typer's
+    type label (``<str>``)."""
+
+    def display_type_rich(self, ctx: object) -> str | None:
+        return None
+
+
+class _Command(TyperCommand):
+    """Every ``ratchet`` command: arguments shown as :class:`_Argument`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if type(param) is TyperArgument:
+                param.__class__ = _Argument
 
 
 def _guard(fn: Callable[[], T]) -> T:
@@ -101,7 +120,7 @@ def _root(
     """Recoverable task execution: leases, fencing tokens, exactly-once effects."""
 
 
-@cli.command()
+@cli.command(cls=_Command)
 def worker(
     app_spec: AppArg,
     concurrency: Annotated[
@@ -191,7 +210,7 @@ def worker(
     _guard(run)
 
 
-@cli.command()
+@cli.command(cls=_Command)
 def submit(
     app_spec: AppArg,
     name: Annotated[str, typer.Argument(metavar="NAME", help="Registered task name.")],
@@ -233,7 +252,7 @@ def submit(
     _guard(run)
 
 
-@cli.command()
+@cli.command(cls=_Command)
 def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
     """Counts per task type and state, oldest pending age, unknowns, durability level."""
 
@@ -271,7 +290,7 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
     _guard(run)
 
 
-@cli.command()
+@cli.command(cls=_Command)
 def workers(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
     """The worker registry: holder, host, pid, state (alive / stopped / dead = revoked),
     whether its process still runs (judged only on its own host), time since its last
@@ -337,7 +356,7 @@ def _print_timeline(tl: TaskTimeline) -> None:
     out.print(table)
 
 
-@cli.command()
+@cli.command(cls=_Command)
 def inspect(task_id: TaskArg, ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
     """The task's timeline: claims, steps, effects, retries, stale rejections, operator actions."""
 
@@ -352,7 +371,7 @@ def inspect(task_id: TaskArg, ledger: LedgerOpt = None, as_json: JsonOpt = False
     _guard(run)
 
 
-@cli.command()
+@cli.command(cls=_Command)
 def resolve(
     task_id: TaskArg,
     outcome: Annotated[
@@ -393,7 +412,7 @@ def resolve(
     _guard(run)
 
 
-@cli.command()
+@cli.command(cls=_Command)
 def migrate(ledger: LedgerOpt = None) -> None:
     """Create the ledger or apply pending schema migrations (also done on first use)."""
 
@@ -405,7 +424,7 @@ def migrate(ledger: LedgerOpt = None) -> None:
     _guard(run)
 
 
-@cli.command()
+@cli.command(cls=_Command)
 def demo(
     ledger: Annotated[
         str | None,
