@@ -1,6 +1,8 @@
 """The worker in this process (no subprocesses): steps, retries, dead-letter, the effect
 protocol (intent, lookup first, same key, UNKNOWN and operator resolve) and lease loss.
 
+Every test runs on both ledgers (the ``ledger_url`` fixture of tests/conftest.py: a fresh
+SQLite file or a private PostgreSQL schema), and reads the ledger only through its API.
 External systems are plain dicts that count what "really happened" on the other side.
 """
 
@@ -10,7 +12,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,6 +29,7 @@ from ratchet import (
     Worker,
     open_ledger,
 )
+from ratchet.app import MIN_LEASE_S
 from ratchet.errors import LedgerUnavailable
 from ratchet.ledger.base import (
     EffectState,
@@ -44,11 +46,14 @@ from ratchet.worker import WorkerStats
 pytestmark = pytest.mark.timeout(30)
 
 FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.1, jitter=0.0)
+LEASE_S = MIN_LEASE_S
+"""The shortest lease a task may have (seconds): tests that wait for an expiry use it."""
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/l.db"
+def url(ledger_url: str) -> str:
+    """The ledger of this test, on each backend in turn."""
+    return ledger_url
 
 
 @pytest.fixture
@@ -394,7 +399,7 @@ def test_lookup_not_found_calls_again_with_the_same_key(app: App) -> None:
     assert record.key == "charge:o-2"
 
 
-def _ghost_left_an_intent(app: App, url: str, lease_s: float) -> tuple[str, Ledger]:
+def _ghost_left_an_intent(app: App, url: str) -> tuple[str, Ledger]:
     """A worker claimed the task, committed the effect's intent, then died silently."""
     handle = app.submit("t.charge", {"order_id": "o-3"})
     ghost = open_ledger(url)
@@ -422,8 +427,8 @@ def _ghost_left_an_intent(app: App, url: str, lease_s: float) -> tuple[str, Ledg
 
 def test_intent_without_result_call_happened_lookup_finds_it(app: App, url: str) -> None:
     bank = Bank()
-    register_charge(app, bank, lease_s=0.3)
-    task_id, ghost = _ghost_left_an_intent(app, url, 0.3)
+    register_charge(app, bank, lease_s=LEASE_S)
+    task_id, ghost = _ghost_left_an_intent(app, url)
     bank.executed["charge:o-3"] = {"charge_id": "ch_ghost"}  # the ghost's call went through
     _, stats = run(app)
     ghost.close()
@@ -439,8 +444,8 @@ def test_intent_without_result_call_happened_lookup_finds_it(app: App, url: str)
 
 def test_intent_without_result_call_lost_is_made_again(app: App, url: str) -> None:
     bank = Bank()
-    register_charge(app, bank, lease_s=0.3)
-    task_id, ghost = _ghost_left_an_intent(app, url, 0.3)
+    register_charge(app, bank, lease_s=LEASE_S)
+    task_id, ghost = _ghost_left_an_intent(app, url)
     run(app)
     ghost.close()
     info = app.get(task_id)
@@ -649,7 +654,7 @@ def _lease_scenario(
     calls: list[str] = []
     runs: Counter[str] = Counter()
 
-    @app.task(name="t.lease", lease_s=0.5, retry=FAST)
+    @app.task(name="t.lease", lease_s=LEASE_S, retry=FAST)
     def leased(ctx: TaskContext) -> str:
         ctx.step("prepare", lambda: runs.update(["prepare"]))
         if ctx.attempt == 1:
@@ -797,19 +802,23 @@ def test_short_leases_are_renewed_before_they_expire(url: str) -> None:
     app = App(url)
     try:
 
+        long_running = threading.Event()
+
         @app.task(name="t.long", lease_s=15.0)
         def long_lease(ctx: TaskContext) -> int:
-            return ctx.step("wait", lambda: time.sleep(1.5) or 1)
+            long_running.set()
+            return ctx.step("wait", lambda: time.sleep(3.0) or 1)
 
-        @app.task(name="t.short", lease_s=0.5, retry=RetryPolicy(max_attempts=1))
+        @app.task(name="t.short", lease_s=LEASE_S, retry=RetryPolicy(max_attempts=1))
         def short_lease(ctx: TaskContext) -> int:
-            return ctx.step("wait", lambda: time.sleep(1.2) or 2)
+            return ctx.step("wait", lambda: time.sleep(2.5 * LEASE_S) or 2)
 
         first = app.submit("t.long")
         worker = Worker(app, concurrency=4, poll_interval_s=0.01)
         thread = threading.Thread(target=worker.run, kwargs={"idle_exit_s": 0.5})
         thread.start()
-        time.sleep(0.2)  # the heartbeat now plans its next round 5 s away (15 s lease / 3)
+        # Once the long task runs, the heartbeat plans its next round 5 s away (15 s / 3).
+        assert long_running.wait(10)
         shorts = [app.submit("t.short", idempotency_key=f"s{i}") for i in range(3)]
         thread.join(20)
         assert not thread.is_alive()
@@ -825,8 +834,8 @@ def test_short_leases_are_renewed_before_they_expire(url: str) -> None:
 def test_same_effect_key_with_other_params_is_refused(app: App, url: str) -> None:
     """DESIGN §5: same key + different params is rejected, never silently re-sent."""
     bank = Bank()
-    register_charge(app, bank, lease_s=0.3)
-    task_id, ghost = _ghost_left_an_intent(app, url, 0.3)
+    register_charge(app, bank, lease_s=LEASE_S)
+    task_id, ghost = _ghost_left_an_intent(app, url)
     # Rewrite the recorded intent as if an earlier attempt had asked for something else.
     [claim] = ghost.claim("ghost2", ["t.charge"], 1)
     [ok] = ghost.commit([TaskWrite(claim.task_id, claim.generation, "ghost2", "intent",
