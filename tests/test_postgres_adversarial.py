@@ -305,10 +305,10 @@ def test_connection_killed_inside_a_transaction_is_retried(
     url, schema = pg
     ledger = open_ledger(with_params(url, pool_size="2"))
     armed = [0]
-    real_now = pg_module.PostgresLedger._now
+    real_begin = pg_module.PostgresDialect._begin
 
-    def now_then_kill(self: Any, cur: Any) -> float:
-        value = real_now(self, cur)
+    def now_then_kill(self: Any, cur: Any, claims: bool) -> float:
+        value = real_begin(self, cur, claims)
         if armed[0]:
             armed[0] -= 1
             with _raw() as conn:
@@ -317,7 +317,7 @@ def test_connection_killed_inside_a_transaction_is_retried(
             time.sleep(0.05)
         return value
 
-    monkeypatch.setattr(pg_module.PostgresLedger, "_now", now_then_kill)
+    monkeypatch.setattr(pg_module.PostgresDialect, "_begin", now_then_kill)
 
     def once(op: Any) -> Any:
         armed[0] = 1

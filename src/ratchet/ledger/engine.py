@@ -138,16 +138,19 @@ class LedgerEngine:
         rows.sort(key=lambda r: (r["key"] is None, r["key"] or ""))
         tx.batch("submit_insert", rows, now=now)
         keys = sorted({t.idempotency_key for t in tasks if t.idempotency_key is not None})
-        existing: dict[str, tuple[str, str]] = {}
+        existing: dict[str, tuple[str, str, float]] = {}
         if keys:
-            existing = {r[0]: (r[1], r[2]) for r in tx.rows("submit_existing", {"keys": keys})}
+            existing = {r[0]: (r[1], r[2], r[3])
+                        for r in tx.rows("submit_existing", {"keys": keys})}
         results: list[SubmitResult] = []
         for t in tasks:
             if t.idempotency_key is None:
                 results.append(SubmitResult(t.task_id, created=True))
                 continue
-            task_id, stored_digest = existing[t.idempotency_key]
-            if task_id == t.task_id:
+            task_id, stored_digest, created_at = existing[t.idempotency_key]
+            # Written by this transaction: our id, stamped with this transaction's clock (a
+            # re-submission of the same NewTask finds its older row: created=False).
+            if task_id == t.task_id and created_at == now:
                 results.append(SubmitResult(task_id, created=True))
             elif stored_digest != t.params_digest:
                 raise _Conflict(IdempotencyConflict(

@@ -265,7 +265,8 @@ class PostgresDialect:
             ) from exc
 
     def _begin(self, cur: Cursor, claims: bool) -> float:
-        """BEGIN and the transaction's clock in one round trip."""
+        """BEGIN and the transaction's clock in one round trip (no per-transaction planner
+        settings: the indexes fit the statements, see migration 0002)."""
         cur.execute("BEGIN; " + _NOW_SQL)
         cur.nextset()
         clock = cur.fetchone()

@@ -30,7 +30,7 @@ FROM unnest(%(id)s::text[], %(name)s::text[], %(version)s::int[], %(params)s::te
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_existing
-SELECT idempotency_key, id, params_digest FROM tasks
+SELECT idempotency_key, id, params_digest, created_at FROM tasks
 WHERE idempotency_key = ANY(%(keys)s::text[]);
 
 -- name: audit_insert
@@ -58,13 +58,20 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, 'RUNNING';
 
 -- name: claim_ready
--- FOR UPDATE SKIP LOCKED on the ready set in run_at order: concurrent claimers never wait
--- on each other and never get the same row. bench/ prints its EXPLAIN.
+-- FOR UPDATE SKIP LOCKED on the ready set: concurrent claimers never wait on each other and
+-- never get the same row. One ordered walk of tasks_ready (name, run_at) per claimed name,
+-- stopped at the limit, then the oldest of those (at most names x limit rows) are taken: an
+-- index scan whatever the statistics (tests/test_ledger_plans.py; a single ordered scan with
+-- "name = ANY" made the planner sort the whole ready set when it had no statistics). Rows
+-- locked but not taken are released at commit. bench/ prints its EXPLAIN.
 WITH picked AS (
-    SELECT id, state FROM tasks
-    WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
-      AND name = ANY(%(names)s::text[])
-    ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+    SELECT p.id, p.state FROM unnest(%(names)s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT id, state, run_at FROM tasks
+        WHERE tasks.name = n.name AND state IN ('PENDING', 'RETRY_WAIT')
+          AND run_at <= %(now)s
+        ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p
+    ORDER BY p.run_at LIMIT %(limit)s)
 UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
                    attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
                    updated_at = %(now)s
