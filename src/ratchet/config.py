@@ -157,9 +157,10 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         parts = urlsplit(raw)
         parts.port  # noqa: B018 - validates the port
     except ValueError as exc:
-        raise ConfigError(
-            f"malformed ledger URL {redact_url(raw)!r}: {exc}{_encoding_hint(raw)}"
-        ) from None
+        hint = _encoding_hint(raw)
+        # urllib's message quotes the text it choked on, which may be part of a password
+        reason = "the user name, password or port is malformed" if hint else str(exc)
+        raise ConfigError(f"malformed ledger URL {redact_url(raw)!r}: {reason}{hint}") from None
     scheme = parts.scheme.lower()
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     level_raw = durability or query.pop("durability", None)
