@@ -72,10 +72,12 @@ CLOCK_TICK_S = 0.0015
 resolution (SQLite: 1 ms), so no two steps share an instant."""
 
 SETTINGS = {
-    # ~3 s alone on 2 cores; ~60 examples of 40 steps.
-    "sqlite": settings(max_examples=60, stateful_step_count=40, deadline=None),
-    # Each step is a few dozen round trips: ~25 examples of 30 steps take ~15-25 s alone.
-    "postgresql": settings(max_examples=25, stateful_step_count=30, deadline=None),
+    # ~4 s alone on 2 cores, ~8 s while a second copy of the suite runs.
+    "sqlite": settings(max_examples=60, stateful_step_count=40, deadline=None, print_blob=True),
+    # A step is a few dozen round trips: ~15 s alone, ~35 s while a second copy runs.
+    "postgresql": settings(
+        max_examples=40, stateful_step_count=35, deadline=None, print_blob=True
+    ),
 }
 """Hypothesis budget per backend (the ``ratchet`` profile in conftest.py sets no deadline
 and no example database)."""
