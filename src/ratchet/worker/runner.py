@@ -529,7 +529,8 @@ class Worker:
             ctx.exception = exc
             ctx.discard_unsaved_steps()
             transition = self._failure_transition(
-                definition, claim, exc, ctx.open_intents(), error_class=WRITE_REJECTED
+                definition, claim, exc, ctx.open_intents(), failure=FailureClass.PERMANENT,
+                error_class=WRITE_REJECTED,
             )
             self.on_failure(claim, transition)
         except Exception as exc:
