@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ratchet import App, SubmitRequest, TaskContext, open_ledger
+from ratchet import App, RetryPolicy, SubmitRequest, TaskContext, open_ledger
 from ratchet.config import DEFAULT_MAX_PAYLOAD_BYTES
 from ratchet.errors import (
     ConfigError,
@@ -303,6 +303,88 @@ def test_one_bad_request_refuses_the_whole_batch(app: App, tmp_path: Path) -> No
                 ),
             ]
         )
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["k\udcff", "k\x00", "k" * 1025, 7, b"key"],
+    ids=["surrogate", "nul", "long", "int", "bytes"],
+)
+def test_bad_idempotency_keys_are_refused_before_the_ledger(
+    app: App, tmp_path: Path, key: Any
+) -> None:
+    with Unchanged(app, tmp_path), pytest.raises(InvalidArguments, match="idempotency_key"):
+        app.submit("mail.send", {"to": "a@b.c"}, idempotency_key=key)
+
+
+def test_deeply_nested_params_are_refused_with_a_ratchet_error(app: App, tmp_path: Path) -> None:
+    deep: Any = "leaf"
+    for _ in range(60_000):
+        deep = {"a": deep}
+    with Unchanged(app, tmp_path), pytest.raises(PayloadNotSerializable, match="levels deep"):
+        app.submit("blob.store", {"blob": deep})
+    ok: Any = "leaf"
+    for _ in range(150):
+        ok = [ok]
+    app.submit("blob.store", {"blob": ok})  # moderately deep JSON is fine
+
+
+# ---------------------------------------------------------------------- task definitions
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["bad\ud800", "bad\x00name", "", "n" * 201, 42],
+    ids=["surrogate", "nul", "empty", "too-long", "not-str"],
+)
+def test_task_names_the_ledger_cannot_store_are_refused_at_registration(
+    app: App, tmp_path: Path, name: Any
+) -> None:
+    known = dict(app.tasks)
+    with pytest.raises(InvalidArguments, match="task name"):
+
+        @app.task(name=name)
+        def task(ctx: TaskContext) -> None:
+            return None
+
+    assert app.tasks == known  # nothing registered: the worker's claims stay healthy
+
+
+@pytest.mark.parametrize("lease_s", [0.001, 0.5, 0.999, 0, -1, float("nan"), float("inf"), "15"])
+def test_leases_below_the_minimum_are_refused_at_definition(app: App, lease_s: Any) -> None:
+    from ratchet.app import MIN_LEASE_S
+
+    with pytest.raises(ConfigError, match="lease_s"):
+        app.task(name="t.short", lease_s=lease_s)
+    assert "t.short" not in app.tasks
+    assert MIN_LEASE_S == 1.0
+
+
+def test_minimum_lease_is_accepted(app: App) -> None:
+    @app.task(name="t.min", lease_s=1.0)
+    def short(ctx: TaskContext) -> None:
+        return None
+
+    assert app.definition("t.min").lease_s == 1.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_attempts": float("nan")}, "max_attempts"),
+        ({"max_attempts": 1.5}, "max_attempts"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"base_delay_s": float("nan")}, "base_delay_s"),
+        ({"jitter": 1.5}, "jitter"),
+    ],
+)
+def test_bad_retry_policies_never_reach_submit(
+    app: App, tmp_path: Path, kwargs: dict[str, Any], field: str
+) -> None:
+    # Today's fault: RetryPolicy(max_attempts=nan) was accepted and submit then failed with
+    # a raw "NOT NULL constraint failed". Refused where it is written, naming the field.
+    with pytest.raises(ConfigError, match=f"RetryPolicy.{field}"):
+        RetryPolicy(**kwargs)
 
 
 # ---------------------------------------------------------------------- ledger URLs
