@@ -40,7 +40,7 @@ from .ledger import open_ledger
 from .ledger.base import TaskInfo
 from .retry import FailureClass, RetryPolicy
 from .states import State
-from .worker import NOT_FOUND, TaskContext, Worker
+from .worker import NOT_FOUND, Middleware, TaskContext, Worker
 
 __version__ = "0.1.0"
 
@@ -59,6 +59,7 @@ __all__ = [
     "LeaseLost",
     "LedgerError",
     "LedgerUnavailable",
+    "Middleware",
     "OutcomeUnknownError",
     "OverloadError",
     "PayloadNotSerializable",

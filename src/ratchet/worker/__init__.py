@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .context import NOT_FOUND, NotFound, TaskContext
+from .hooks import Middleware
 from .runner import Worker, WorkerStats
 
-__all__ = ["NOT_FOUND", "NotFound", "TaskContext", "Worker", "WorkerStats"]
+__all__ = ["NOT_FOUND", "Middleware", "NotFound", "TaskContext", "Worker", "WorkerStats"]
