@@ -372,10 +372,15 @@ class Subscription(Protocol):
 
 @runtime_checkable
 class Ledger(Protocol):
-    """The storage contract every backend implements (SQLite now, PostgreSQL next).
+    """The storage contract every backend implements (:class:`~ratchet.ledger.engine.
+    LedgerEngine` over the SQLite and PostgreSQL dialects).
 
     Implementations must be safe to call from several threads; each method is one
-    transaction. Errors from the driver surface as :class:`~ratchet.errors.LedgerError`.
+    transaction. Errors from the driver surface as :class:`~ratchet.errors.LedgerError`:
+    ``LedgerUnavailable`` for connection trouble, ``WriteRejected`` for a write the
+    database refuses for its content. Reads never fail on stored JSON they cannot decode
+    (``TaskInfo.params`` / ``.result`` then hold an
+    :class:`~ratchet.ledger.rows.UndecodableText`).
     """
 
     config: LedgerConfig
@@ -404,6 +409,7 @@ class Ledger(Protocol):
         Raises:
             IdempotencyConflict: a key exists with another digest (nothing is written;
                 the conflict is counted in the audit log).
+            WriteRejected: the database refused a row for its content (nothing is written).
         """
         ...
 
@@ -419,7 +425,8 @@ class Ledger(Protocol):
         """Extend every ``(task_id, generation)`` lease that ``holder`` still holds.
 
         A lease renews only if the task is RUNNING at that generation for that holder and
-        ``lease_until`` has not passed by the ledger clock.
+        ``lease_until`` has not passed by the ledger clock. The holder's registry heartbeat
+        (``workers.last_seen``) moves to ledger-now in the same transaction.
         """
         ...
 
@@ -428,9 +435,17 @@ class Ledger(Protocol):
 
         Each task's writes are fenced on its generation; a stale task's writes change
         nothing and are audited (``stale_rejected``) without affecting the other tasks.
+        When the reply to ``COMMIT`` is lost, the writes are re-sent once; what the lost
+        transaction applied is acknowledged (``ok``), not reported stale.
 
         Raises:
             IllegalTransition: a transition is not in the table (nothing is written).
+            WriteRejected: the database refused a write of the batch for its content (a
+                value over an index row's limit, ...). Raised for the whole call and
+                nothing is written; the message names the statement and the batch's
+                writes. A caller isolates the bad write by committing the writes one by
+                one (the worker's writer does).
+            LedgerUnavailable: the ledger cannot be reached.
         """
         ...
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config import LedgerConfig
-from ..errors import IdempotencyConflict, IllegalTransition, TaskNotFound
+from ..errors import IdempotencyConflict, IllegalTransition, TaskNotFound, WriteRejected
 from ..serde import dumps
 from ..states import State, check_transition
 from .base import (
@@ -294,9 +294,12 @@ class LedgerEngine:
         if not writes:
             return []
         try:
-            return self.dialect.run(lambda tx: self._commit_in(tx, writes))
-        except CommitOutcomeUnknown:
-            return self.dialect.run(lambda tx: self._commit_in(tx, writes, resend=True))
+            try:
+                return self.dialect.run(lambda tx: self._commit_in(tx, writes))
+            except CommitOutcomeUnknown:
+                return self.dialect.run(lambda tx: self._commit_in(tx, writes, resend=True))
+        except WriteRejected as exc:
+            raise _naming(exc, writes) from exc
 
     def commit_and_claim(
         self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
@@ -313,9 +316,12 @@ class LedgerEngine:
             return outcomes, self._claim_in(tx, holder, names, limit)
 
         try:
-            return self.dialect.run(body, claims=True)
-        except CommitOutcomeUnknown:
-            return self.dialect.run(lambda tx: self._commit_in(tx, writes, resend=True)), []
+            try:
+                return self.dialect.run(body, claims=True)
+            except CommitOutcomeUnknown:
+                return self.dialect.run(lambda tx: self._commit_in(tx, writes, resend=True)), []
+        except WriteRejected as exc:
+            raise _naming(exc, writes) from exc
 
     @staticmethod
     def _check_transitions(writes: Sequence[TaskWrite]) -> None:
@@ -551,6 +557,13 @@ class LedgerEngine:
     def close(self) -> None:
         """See :meth:`Ledger.close`."""
         self.dialect.close()
+
+
+def _naming(exc: WriteRejected, writes: Sequence[TaskWrite]) -> WriteRejected:
+    """``exc`` with the writes of the refused batch named (operation and task, at most 5)."""
+    named = ", ".join(f"{printable(w.operation)[:80]!r} of task {w.task_id}" for w in writes[:5])
+    more = f" and {len(writes) - 5} more" if len(writes) > 5 else ""
+    return WriteRejected(f"{exc} (in the batch: {named}{more})")
 
 
 def _with_version(stats: LedgerStats, version: int) -> LedgerStats:

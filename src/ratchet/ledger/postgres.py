@@ -330,11 +330,13 @@ class PostgresDialect:
     def _rejected(self, exc: psycopg.Error, statement: str) -> WriteRejected:
         """WriteRejected naming the statement and the constraint or index refused."""
         diag = exc.diag
-        what = diag.constraint_name or ""
+        where = [f"{label} {value}" for label, value in (
+            ("table", diag.table_name), ("column", diag.column_name),
+            ("constraint", diag.constraint_name)) if value]
         primary = diag.message_primary or str(exc).splitlines()[0]
         return WriteRejected(
             f"PostgreSQL ledger {self.where} refused write {statement!r}"
-            + (f" (constraint {what})" if what else "")
+            + (f" ({', '.join(where)})" if where else "")
             + f": {primary} [{diag.sqlstate}]"
         )
 

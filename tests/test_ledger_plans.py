@@ -1,0 +1,145 @@
+"""Query plans of the ledger's hot statements, pinned with EXPLAIN on both dialects.
+
+The indexes are designed for the statements (migrations sqlite/0003, postgresql/0002), so
+no statement steers the planner. These tests hold that: each hot statement is planned on a
+ledger with a large backlog of finished tasks, of ready tasks and of running tasks, first
+with no planner statistics (a new ledger, or a burst of submissions before autovacuum's
+ANALYZE) and then after ANALYZE, and must use the index it was designed for.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pgsupport import private_schema
+from psycopg import sql
+
+from ratchet import open_ledger
+from ratchet.ledger.catalogue import load_catalogue
+
+FINISHED = 100_000
+READY = 20_000
+RUNNING = 2_000
+NAME = "plan.task"
+
+_FILL = (
+    "INSERT INTO tasks (id, name, version, params, params_digest, state, generation, attempt,"
+    " max_attempts, lease_s, holder, lease_until, run_at, created_at, updated_at)"
+)
+
+
+def _pg_plan(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> str:
+    (statement,) = load_catalogue("postgresql")[name]
+    with conn.transaction(force_rollback=True):
+        rows = conn.execute("EXPLAIN " + statement, params).fetchall()
+    return "\n".join(str(r[0]) for r in rows)
+
+
+@pytest.fixture(scope="module")
+def pg_backlog() -> Iterator[psycopg.Connection[Any]]:
+    """A PostgreSQL ledger with finished, ready and running tasks, no statistics yet."""
+    with private_schema("rt_plan") as (url, schema):
+        open_ledger(url).close()
+        base = url.split("?", 1)[0]
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            # No autovacuum ANALYZE behind the test's back: "no statistics" must stay so.
+            conn.execute("ALTER TABLE tasks SET (autovacuum_enabled = false)")
+            for prefix, state, holder, count in (
+                ("f", "SUCCEEDED", None, FINISHED),
+                ("r", "PENDING", None, READY),
+                ("x", "RUNNING", "h1", RUNNING),
+            ):
+                conn.execute(
+                    _FILL + " SELECT %s || g, %s, 1, '{}', 'd', %s, 1, 1, 3, 30, %s,"
+                    " CASE WHEN %s::text IS NULL THEN NULL ELSE 1e12 END, g, 0, 0"
+                    " FROM generate_series(1, %s) AS g",
+                    (prefix, NAME, state, holder, holder, count),
+                )
+            yield conn
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
+def test_pg_hot_statements_use_their_indexes(
+    pg_backlog: psycopg.Connection[Any], analyzed: bool
+) -> None:
+    conn = pg_backlog
+    if analyzed:
+        conn.execute("ANALYZE tasks")
+    now = 1e11
+    for names in ([NAME], [NAME, "other.task"]):
+        plan = _pg_plan(conn, "claim_ready",
+                        {"now": now, "names": names, "limit": 20, "holder": "h"})
+        # An ordered walk of tasks_ready per name that stops at the limit: never a bitmap
+        # scan of the ready set followed by a sort of all of it.
+        assert "Index Scan using tasks_ready" in plan, plan
+        assert "Bitmap" not in plan and "Seq Scan on tasks" not in plan, plan
+    ids = [f"x{i}" for i in range(1, 81)]
+    n = len(ids)
+    plan = _pg_plan(conn, "transition", {
+        "id": ids, "generation": [1] * n, "state": ["SUCCEEDED"] * n, "run_at": [None] * n,
+        "release": [False] * n, "keep": [False] * n, "result": ["1"] * n, "error": [None] * n,
+        "error_class": [None] * n, "now": now,
+    })
+    # One primary-key probe per written task, not a join against every running task.
+    assert "Index Scan using tasks_pkey" in plan, plan
+    assert "Hash" not in plan and "Merge" not in plan and "tasks_holder" not in plan, plan
+    plan = _pg_plan(conn, "fence_read", {"ids": ids})
+    assert "tasks_pkey" in plan and "Seq Scan" not in plan, plan
+    plan = _pg_plan(conn, "holder_running", {"holder": "h1"})
+    assert "tasks_holder" in plan, plan
+    plan = _pg_plan(conn, "claim_expired", {"now": now, "names": [NAME], "limit": 20})
+    assert "tasks_leased" in plan and "Seq Scan" not in plan, plan
+
+
+def _sqlite_plan(conn: sqlite3.Connection, name: str, params: dict[str, Any]) -> str:
+    return "\n".join(
+        " / ".join(str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + text, params))
+        for text in load_catalogue("sqlite")[name]
+    )
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
+def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool) -> None:
+    path = tmp_path / "l.db"
+    open_ledger(f"sqlite:///{path}").close()
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TEMP TABLE claim_pick (id TEXT PRIMARY KEY, from_state TEXT)")
+    for prefix, state, holder, count in (
+        ("f", "SUCCEEDED", None, FINISHED // 4),
+        ("r", "PENDING", None, READY // 4),
+        ("x", "RUNNING", "h1", RUNNING),
+    ):
+        conn.execute(
+            "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < ?) "
+            + _FILL + " SELECT ? || i, ?, 1, '{}', 'd', ?, 1, 1, 3, 30, ?,"
+            " CASE WHEN ? IS NULL THEN NULL ELSE 1e12 END, i, 0, 0 FROM g",
+            (count, prefix, NAME, state, holder, holder),
+        )
+    conn.commit()
+    if analyzed:
+        conn.execute("ANALYZE")
+    params: dict[str, Any] = {
+        "now": 1e11, "names": json.dumps([NAME]), "limit": 20, "holder": "h",
+        "ids": json.dumps(["x1", "x2"]), "generations": json.dumps([1, 1]),
+        "keys": json.dumps(["k1"]), "id": "x1", "generation": 1, "state": "SUCCEEDED",
+        "run_at": None, "release": 0, "keep": 0, "result": None, "error": None,
+        "error_class": None,
+    }
+    plan = _sqlite_plan(conn, "claim_ready", params)
+    assert "USING INDEX tasks_ready" in plan and "TEMP B-TREE" not in plan, plan
+    assert "SCAN tasks" not in plan, plan
+    plan = _sqlite_plan(conn, "claim_expired", params)
+    assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
+    plan = _sqlite_plan(conn, "transition", params)
+    assert "PRIMARY KEY" in plan and "tasks_holder" not in plan, plan
+    for name in ("fence_read", "task_get_many", "claim_takeover", "submit_existing"):
+        plan = _sqlite_plan(conn, name, params)
+        assert "SCAN tasks" not in plan and "SCAN t " not in plan + " ", (name, plan)
+    conn.close()
