@@ -328,3 +328,26 @@ def test_every_option_has_help_and_no_type_labels_leak() -> None:
         for param in command.params:
             if param.param_type_name == "option":
                 assert getattr(param, "help", None), f"ratchet {name} {param.opts}: no help"
+
+
+def test_the_cli_uses_only_the_public_api() -> None:
+    """cli/ goes through Control, App, Worker and loading: never the ledger modules or the
+    worker registry internals (so the CLI and a future HTTP face cannot drift apart)."""
+    import ast
+
+    import ratchet.cli
+
+    forbidden = ("ratchet.ledger", "ratchet.worker.registry", "ratchet.worker.runner")
+    for path in Path(ratchet.cli.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                # cli/*.py sit one package below ratchet: "..x" is ratchet.x, ".x" ratchet.cli.x
+                prefix = {0: "", 1: "ratchet.cli.", 2: "ratchet."}[node.level]
+                module = prefix + (node.module or "")
+                names = [module] + [f"{module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                assert not name.startswith(forbidden), f"{path.name} imports {name}"

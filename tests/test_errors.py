@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,12 @@ BAD_CALLS: dict[str, BadCall] = {
     "wait times out": lambda a, p: a.wait(a.submit("t.ok").task_id, timeout_s=0.05),
     # app and ledger configuration
     "app payload limit 0": lambda a, p: ratchet.App(max_payload_bytes=0),
+    "app payload limit str": lambda a, p: ratchet.App(max_payload_bytes="10"),  # type: ignore[arg-type]
+    "app ledger int": lambda a, p: ratchet.App(42),  # type: ignore[arg-type]
+    "app ledger bytes": lambda a, p: ratchet.App(b"sqlite:///x.db"),  # type: ignore[arg-type]
+    "app durability int": lambda a, p: ratchet.App(durability=1),  # type: ignore[arg-type]
+    "configure ledger int": lambda a, p: ratchet.App().configure(ledger=1),  # type: ignore[arg-type]
+    "crash skip env": lambda a, p: _crash_skip_garbage(),
     "app durability": lambda a, p: ratchet.App(f"sqlite:///{p}/x.db", durability="eventually")
     .ledger,
     "configure after open": lambda a, p: (a.ledger, a.configure(ledger="sqlite:///y.db")),
@@ -195,6 +202,19 @@ BAD_CALLS: dict[str, BadCall] = {
     "worker concurrency 0": lambda a, p: ratchet.Worker(a, concurrency=0),
     "worker unknown name": lambda a, p: ratchet.Worker(a, names=["t.nope"]),
 }
+
+
+def _crash_skip_garbage() -> None:
+    from ratchet import faults
+
+    os.environ["RATCHET_CRASH_AT"] = "never.reached"
+    os.environ["RATCHET_CRASH_SKIP"] = "two"
+    try:
+        faults.reset()
+        faults.point("never.reached")
+    finally:
+        del os.environ["RATCHET_CRASH_AT"], os.environ["RATCHET_CRASH_SKIP"]
+        faults.reset()
 
 
 async def _async_fn(ctx: ratchet.TaskContext) -> None:

@@ -148,6 +148,21 @@ class TaskHandle:
         return self.app.wait(self.task_id, timeout_s=timeout_s)
 
 
+def _check_ledger_arg(ledger: object) -> None:
+    """Refuse a ``ledger`` argument that is neither a URL, ``None`` nor a ledger object.
+
+    Raises:
+        ConfigError: e.g. a number, bytes or a dict was passed.
+    """
+    if ledger is None or isinstance(ledger, str):
+        return
+    if not all(hasattr(ledger, op) for op in ("submit", "claim", "commit", "get")):
+        raise ConfigError(
+            f"ledger must be a URL (e.g. 'sqlite:///ratchet.db'), None, or an open ledger; "
+            f"got {type(ledger).__name__}"
+        )
+
+
 def check_lease_s(lease_s: object) -> float:
     """``lease_s`` as a float if it is a valid lease length, in seconds.
 
@@ -190,13 +205,16 @@ class App:
         durability: str | None = None,
         max_payload_bytes: int | None = None,
     ) -> None:
+        _check_ledger_arg(ledger)
+        if durability is not None and not isinstance(durability, str):
+            raise ConfigError(f"durability must be a string, got {type(durability).__name__}")
         self._ledger_arg = ledger
         self._durability = durability
         self._ledger: Ledger | None = ledger if not isinstance(ledger, str | None) else None
         self._lock = threading.Lock()
         limit = max_payload_bytes if max_payload_bytes is not None else max_payload_bytes_from_env()
-        if limit <= 0:
-            raise ConfigError("max_payload_bytes must be > 0")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise ConfigError(f"max_payload_bytes must be an integer > 0 (bytes), got {limit!r}")
         self.max_payload_bytes = limit
         self.tasks: dict[str, TaskDefinition] = {}
 
@@ -211,6 +229,12 @@ class App:
         with self._lock:
             if self._ledger is not None and (ledger is not None or durability is not None):
                 raise ConfigError("App.configure() must be called before the ledger is opened")
+            if ledger is not None and not isinstance(ledger, str):
+                raise ConfigError(f"ledger must be a URL string, got {type(ledger).__name__}")
+            if durability is not None and not isinstance(durability, str):
+                raise ConfigError(
+                    f"durability must be a string, got {type(durability).__name__}"
+                )
             if ledger is not None:
                 self._ledger_arg = ledger
             if durability is not None:

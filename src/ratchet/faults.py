@@ -24,6 +24,8 @@ import os
 import signal
 import threading
 
+from .errors import ConfigError
+
 __all__ = ["point", "reset"]
 
 _lock = threading.Lock()
@@ -35,16 +37,28 @@ def _config() -> tuple[str | None, str | None, int]:
     """(crash point, pause point, skip), read from the environment once per process."""
     global _armed
     if _armed is None:
+        raw_skip = os.environ.get("RATCHET_CRASH_SKIP", "0")
+        try:
+            skip = int(raw_skip)
+        except ValueError:
+            raise ConfigError(
+                f"RATCHET_CRASH_SKIP must be an integer (times to pass the point first), "
+                f"got {raw_skip!r}"
+            ) from None
         _armed = (
             os.environ.get("RATCHET_CRASH_AT") or None,
             os.environ.get("RATCHET_PAUSE_AT") or None,
-            int(os.environ.get("RATCHET_CRASH_SKIP", "0")),
+            skip,
         )
     return _armed
 
 
 def point(name: str) -> None:
-    """Reach fault point ``name``: kill or stop this process if a test asked for it."""
+    """Reach fault point ``name``: kill or stop this process if a test asked for it.
+
+    Raises:
+        ConfigError: ``RATCHET_CRASH_SKIP`` is set but not an integer.
+    """
     crash, pause, skip = _config()
     if name != crash and name != pause:
         return
