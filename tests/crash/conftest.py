@@ -1,4 +1,6 @@
-"""Fixtures of the crash-point suite (DESIGN §6): a fresh rig per test, a control run."""
+"""Fixtures of the crash-point suite (DESIGN §6): a fresh rig per test and per ledger
+backend (the ``ledger_url`` fixture of tests/conftest.py: a SQLite file, or a private
+PostgreSQL schema), and a crash-free control run."""
 
 from __future__ import annotations
 
@@ -22,10 +24,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture
-def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
-    """A fresh ledger file, step log and (lazily) payment service; every process is killed
-    at the end, and on failure every process log is printed."""
-    r = Rig(tmp_path)
+def rig(request: pytest.FixtureRequest, tmp_path: Path, ledger_url: str) -> Iterator[Rig]:
+    """A fresh ledger (each backend), step log and (lazily) counting service; every process
+    is killed at the end, and on failure every process log is printed."""
+    r = Rig(tmp_path, ledger_url)
     try:
         yield r
     finally:

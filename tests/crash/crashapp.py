@@ -5,8 +5,8 @@ Everything that must be counted is counted *outside* Ratchet:
 * every execution of a step function appends one JSON line to the file named by
   ``CRASH_STEP_LOG`` (``{"task", "step", "pid", "generation", "attempt"}``) before it
   returns, so a step that ran but whose commit was lost still shows up;
-* every charge goes over real HTTP to the payment service at ``CRASH_PAY_URL``, which
-  counts executions in its own SQLite file.
+* every charge goes over real HTTP to the counting service (:mod:`ratchet.testing`) at
+  ``CRASH_PAY_URL``, which counts executions per key in its own SQLite file.
 
 The ledger comes from ``RATCHET_LEDGER_URL`` (the worker CLI's ``--ledger`` overrides it).
 Leases are short (``CRASH_LEASE_S``, default 1 s) and retries fast, so a crash test spends
@@ -22,7 +22,7 @@ from typing import Any
 
 import ratchet
 from ratchet import RetryPolicy, TaskContext
-from ratchet.demo.payments import PaymentClient
+from ratchet.testing import CountingClient
 
 __all__ = ["CHARGE", "LEASE_S", "app", "build_app"]
 
@@ -41,10 +41,10 @@ _client: Any = None
 
 
 def payment_client() -> Any:
-    """The payment-service client of this process (created on first use)."""
+    """The counting-service client of this process (created on first use)."""
     global _client
     if _client is None:
-        _client = PaymentClient(os.environ["CRASH_PAY_URL"])
+        _client = CountingClient(os.environ["CRASH_PAY_URL"])
     return _client
 
 
@@ -101,7 +101,7 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
         key = f"charge:{order_id}"
         receipt = ctx.effect(
             "charge",
-            lambda k: client.charge(k, order_id, amount_cents),
+            lambda k: client.execute(k, {"order_id": order_id, "amount_cents": amount_cents}),
             key=key,
             lookup=client.lookup,
             params={"order_id": order_id, "amount_cents": amount_cents},
@@ -127,11 +127,10 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
 
 
 def receipt_amount(receipt: Any) -> Any:
-    """The amount a receipt says was charged (the deterministic part of a receipt)."""
-    if isinstance(receipt, dict):
-        for field in ("amount_cents", "amount"):
-            if field in receipt:
-                return receipt[field]
+    """The amount a receipt says was charged (the deterministic part of a receipt: the
+    counting service's record is ``{"id", "key", "body", "created_at", ...}``)."""
+    if isinstance(receipt, dict) and isinstance(receipt.get("body"), dict):
+        return receipt["body"].get("amount_cents")
     return receipt
 
 

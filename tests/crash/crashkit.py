@@ -1,39 +1,40 @@
 """Harness for the crash-point tests: real worker processes, real signals, external counts.
 
-A :class:`Rig` owns one test's world: a fresh ledger file, the external payment service
-(its own process and SQLite file), the external step log, and every subprocess started.
-Nothing here trusts Ratchet's own records for "how often did it happen": executions are
-read from the payment service's file, step runs from the append-only step log.
+A :class:`Rig` owns one test's world: a ledger (a fresh SQLite file or a private PostgreSQL
+schema, by URL), the external counting service (its own process and SQLite file), the
+external step log, and every subprocess started. Process control, the service and the
+checks are :mod:`ratchet.testing`'s, the same ones users get. Nothing here trusts Ratchet's
+own records for "how often did it happen": executions are read from the service's file,
+step runs from the append-only step log.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import re
 import signal
-import sqlite3
-import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ratchet import App, State, TaskInfo
-from ratchet.demo.payments import (
-    PaymentClient,
-    PaymentService,
-    read_charges,
-    read_executions,
-    start_payment_service,
-)
-from ratchet.demo.runner import sqlite_write_locked
+from ratchet.config import parse_ledger_url
 from ratchet.ledger import open_ledger
 from ratchet.ledger.base import Ledger
+from ratchet.testing import (
+    ConditionTimeout,
+    CountingClient,
+    CountingService,
+    ManagedProcess,
+    ProcessGroup,
+    WorkerProcess,
+    check_ledger_consistent,
+    sqlite_write_locked,
+    start_counting_service,
+    wait_for,
+)
 
 CRASH_DIR = Path(__file__).resolve().parent
 if str(CRASH_DIR) not in sys.path:
@@ -41,123 +42,26 @@ if str(CRASH_DIR) not in sys.path:
 
 import crashapp  # noqa: E402
 
+__all__ = [
+    "KEY",
+    "PARAMS",
+    "SIGKILLED",
+    "TERMINAL",
+    "ConditionTimeout",
+    "Outcome",
+    "Rig",
+    "StepRun",
+    "WorkerProcess",
+    "check_ledger_consistent",
+    "wait_for",
+]
+
 SIGKILLED = -signal.SIGKILL
 PARAMS: dict[str, Any] = {"order_id": "o-1", "amount_cents": 1234}
 KEY = "charge:o-1"
 TERMINAL = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
 
-
-def migration_count() -> int:
-    """Write transactions a process runs when it opens the ledger (one per migration)."""
-    from ratchet.ledger.migrations import load_migrations
-
-    return len(load_migrations("sqlite"))
-
-
-def wait_for(
-    what: str, probe: Callable[[], Any], timeout_s: float = 20.0, interval_s: float = 0.05
-) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail with ``what`` after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
-
-
-class Proc:
-    """A subprocess whose stdout+stderr go to a file under the test's tmp dir."""
-
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.name = name
-        self.cmd = cmd
-        self.log_path = log_path
-        with open(log_path, "wb") as out:
-            self.popen = subprocess.Popen(
-                cmd,
-                env=env,
-                cwd=str(CRASH_DIR),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.pid = self.popen.pid
-        self.is_worker = "worker" in cmd
-
-    @property
-    def returncode(self) -> int | None:
-        return self.popen.poll()
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
-
-    def proc_state(self) -> str | None:
-        """Kernel state letter from /proc (``T`` = stopped), or None once reaped."""
-        if self.popen.poll() is not None:
-            return None
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except FileNotFoundError:
-            return None
-        return stat.rsplit(")", 1)[1].split()[0]
-
-    def wait(self, timeout_s: float = 20.0) -> int:
-        try:
-            return self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"{self.name} (pid {self.pid}) still running after {timeout_s} s"
-            ) from None
-
-    def wait_stopped(self, timeout_s: float = 20.0) -> None:
-        wait_for(
-            f"{self.name} to be stopped (SIGSTOP)",
-            lambda: self.proc_state() == "T",
-            timeout_s,
-            0.02,
-        )
-
-    def holder(self, timeout_s: float = 20.0) -> str:
-        """The worker's holder id, from its start-up log line."""
-
-        def probe() -> str | None:
-            m = re.search(r"worker (\S+): tasks", self.log())
-            return m.group(1) if m else None
-
-        return str(wait_for(f"{self.name} to log its start-up line", probe, timeout_s))
-
-    def signal(self, signum: int) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
-    def stop(self, timeout_s: float = 15.0) -> int:
-        """Graceful stop (SIGCONT first if paused, then SIGTERM); SIGKILL if it hangs.
-
-        A worker is first given time to install its SIGTERM handler (it logs its start-up
-        line right after), so a stop is never mistaken for a crash."""
-        if self.popen.poll() is None:
-            if self.is_worker:
-                self.signal(signal.SIGCONT)
-                self.holder()
-            self.signal(signal.SIGCONT)
-            self.signal(signal.SIGTERM)
-            try:
-                return self.popen.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout_s} s") from None
-        return self.popen.returncode
-
-    def kill(self) -> int:
-        self.signal(signal.SIGKILL)
-        return self.popen.wait(timeout=30)
+Proc = ManagedProcess  # the name the tests used before ratchet.testing
 
 
 @dataclass
@@ -179,35 +83,51 @@ class Outcome:
 
 
 class Rig:
-    """One test's world. Always call :meth:`cleanup` (the fixture does)."""
+    """One test's world. Always call :meth:`cleanup` (the fixture does).
 
-    def __init__(self, tmp: Path) -> None:
+    Args:
+        tmp: the test's directory (logs, step log, the service's file, a SQLite ledger).
+        ledger_url: the ledger (default: a fresh SQLite file under ``tmp``).
+    """
+
+    def __init__(self, tmp: Path, ledger_url: str | None = None) -> None:
         self.tmp = tmp
         self.lease_s: float | None = None  # lease of submitted tasks; set before submitting
-        self.ledger_path = tmp / "ledger.db"
-        self.ledger_url = f"sqlite:///{self.ledger_path}"
+        self.ledger_url = ledger_url or f"sqlite:///{tmp / 'ledger.db'}"
         self.step_log = tmp / "steps.jsonl"
-        self.procs: list[Proc] = []
-        self.service: PaymentService | None = None
+        self.procs = ProcessGroup(tmp / "procs", pythonpath=[CRASH_DIR], cwd=CRASH_DIR,
+                                  drop_prefixes=("RATCHET_", "CRASH_"))  # fmt: skip
+        self.service: CountingService | None = None
         self._app: App | None = None
         self._ledger: Ledger | None = None
-        self._client: PaymentClient | None = None
-        self._n = 0
+        self._client: CountingClient | None = None
+
+    @property
+    def backend(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return parse_ledger_url(self.ledger_url).scheme
+
+    @property
+    def ledger_path(self) -> Path:
+        """The SQLite ledger file (SQLite only)."""
+        config = parse_ledger_url(self.ledger_url)
+        assert config.scheme == "sqlite", "no ledger file on PostgreSQL"
+        return Path(config.path)
 
     # ------------------------------------------------------------------ parts
 
-    def start_service(self, honour_keys: bool = True) -> PaymentService:
+    def start_service(self, honour_keys: bool = True) -> CountingService:
         assert self.service is None
-        self.service = start_payment_service(
-            self.tmp / "payments.db", honour_keys=honour_keys, log_path=self.tmp / "payments.log"
+        self.service = start_counting_service(
+            self.tmp / "service.db", honour_keys=honour_keys, log_path=self.tmp / "service.log"
         )
         return self.service
 
     @property
-    def client(self) -> PaymentClient:
+    def client(self) -> CountingClient:
         assert self.service is not None
         if self._client is None:
-            self._client = PaymentClient(self.service.url)
+            self._client = self.service.client()
         return self._client
 
     @property
@@ -224,26 +144,15 @@ class Rig:
             self._ledger = open_ledger(self.ledger_url)
         return self._ledger
 
-    def env(self, **extra: str | None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "CRASH_"))}
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(CRASH_DIR), os.environ.get("PYTHONPATH")) if p
-        )
-        env["PYTHONUNBUFFERED"] = "1"
-        env["RATCHET_LEDGER_URL"] = self.ledger_url
-        env["CRASH_STEP_LOG"] = str(self.step_log)
-        if self.service is not None:
-            env["CRASH_PAY_URL"] = self.service.url
-        for k, v in extra.items():
-            if v is not None:
-                env[k] = v
+    def env(self, **extra: str | None) -> dict[str, str | None]:
+        """The variables a process of this rig gets on top of the clean environment."""
+        env: dict[str, str | None] = {
+            "RATCHET_LEDGER_URL": self.ledger_url,
+            "CRASH_STEP_LOG": str(self.step_log),
+            "CRASH_PAY_URL": self.service.url if self.service is not None else None,
+        }
+        env.update(extra)
         return env
-
-    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> Proc:
-        self._n += 1
-        proc = Proc(name, cmd, env, self.tmp / f"{self._n:02d}-{name}.log")
-        self.procs.append(proc)
-        return proc
 
     def worker(
         self,
@@ -254,41 +163,34 @@ class Rig:
         pause_at: str | None = None,
         concurrency: int = 1,
         env: dict[str, str] | None = None,
-        fast_takeover: bool = False,
-    ) -> Proc:
+        fast_takeover: bool | None = False,
+        url: str | None = None,
+        log_level: str = "INFO",
+    ) -> WorkerProcess:
         """Start ``python -m ratchet.cli.main worker crashapp:app`` as a subprocess.
 
         ``fast_takeover`` is off by default here: the crash-point matrix rows (DESIGN §6)
         exercise recovery by lease expiry, the path every host relies on; revocation of a
         dead same-host holder is exercised by the many-kills test and tests/takeover/.
+        ``None`` leaves the CLI's default. ``url`` overrides the rig's ledger URL for this
+        worker only.
         """
-        cmd = [
-            sys.executable,
-            "-m",
-            "ratchet.cli.main",
-            "worker",
-            "crashapp:app",
-            "--concurrency",
-            str(concurrency),
-            "--ledger",
-            self.ledger_url,
-            "--poll-interval-s",
-            "0.05",
-            "--log-level",
-            "INFO",
-            "--fast-takeover" if fast_takeover else "--no-fast-takeover",
-        ]
         full_env = self.env(
             RATCHET_CRASH_AT=crash_at,
             RATCHET_PAUSE_AT=pause_at,
             RATCHET_CRASH_SKIP=None if skip is None else str(skip),
             **(env or {}),
         )
-        return self._spawn(name, cmd, full_env)
+        ledger = url or self.ledger_url
+        full_env["RATCHET_LEDGER_URL"] = ledger
+        return self.procs.worker(
+            "crashapp:app", ledger, name=name, concurrency=concurrency,
+            fast_takeover=fast_takeover, env=full_env, log_level=log_level,
+        )  # fmt: skip
 
-    def python(self, name: str, code: str, *args: str, **extra: str | None) -> Proc:
+    def python(self, name: str, code: str, *args: str, **extra: str | None) -> ManagedProcess:
         """Run ``python -c code args...`` with the rig's environment."""
-        return self._spawn(name, [sys.executable, "-c", code, *args], self.env(**extra))
+        return self.procs.python(name, code, *args, env=self.env(**extra))
 
     # ------------------------------------------------------------------ reads
 
@@ -300,7 +202,7 @@ class Rig:
         return self.ledger.get(task_id)
 
     def wait_state(
-        self, task_id: str, states: Iterable[State] = TERMINAL, timeout_s: float = 30.0
+        self, task_id: str, states: Iterable[State] = TERMINAL, timeout_s: float = 45.0
     ) -> TaskInfo:
         wanted = tuple(states)
 
@@ -310,7 +212,7 @@ class Rig:
 
         try:
             return wait_for(f"task {task_id} to reach {wanted}", probe, timeout_s)
-        except AssertionError as exc:
+        except ConditionTimeout as exc:
             raise AssertionError(f"{exc}; task is {self.get(task_id)}") from None
 
     def step_runs(self, task_id: str | None = None) -> list[StepRun]:
@@ -324,19 +226,23 @@ class Rig:
         return Counter(r.step for r in self.step_runs(task_id))
 
     def executions(self) -> dict[str, int]:
-        """Executions per key, read from the payment service's own SQLite file."""
+        """Executions per key, read from the counting service's own SQLite file."""
         assert self.service is not None
-        return read_executions(self.service.db_path)
+        return self.service.executions()
 
-    def charges(self) -> dict[str, dict[str, Any]]:
+    def record_ids(self) -> dict[str, str]:
+        """The service's record id per key (what a recorded effect result must name)."""
         assert self.service is not None
-        return read_charges(self.service.db_path)
+        return self.service.records().ids
 
     def outcome(self, task_id: str) -> Outcome:
         return Outcome(self.get(task_id), self.step_counts(task_id), self.executions())
 
     def ledger_locked(self) -> bool:
-        """True if some process holds the ledger's write lock right now."""
+        """True if some process holds the SQLite ledger's write lock right now (always
+        False on PostgreSQL, whose locks are per row)."""
+        if self.backend != "sqlite":
+            return False
         return sqlite_write_locked(self.ledger_path, timeout_s=0.05)
 
     def wait_lease_expired(self, task_id: str, timeout_s: float = 20.0) -> TaskInfo:
@@ -349,27 +255,22 @@ class Rig:
 
         return wait_for(f"lease of {task_id} to expire", probe, timeout_s)
 
+    def check_consistent(self) -> None:
+        """The ledger's structural invariants (:func:`ratchet.testing.check_ledger_consistent`)."""
+        check_ledger_consistent(self.ledger_url)
+
     # ------------------------------------------------------------------ teardown
 
     def dump(self) -> str:
-        parts = []
-        for proc in self.procs:
-            parts.append(
-                f"===== {proc.name} pid={proc.pid} rc={proc.returncode} cmd={' '.join(proc.cmd)}\n"
-                f"{proc.log()}"
-            )
+        parts = [self.procs.dump()]
         if self.step_log.exists():
             parts.append(f"===== step log\n{self.step_log.read_text()}")
-        svc_log = self.tmp / "payments.log"
-        if svc_log.exists():
-            parts.append(f"===== payment service log\n{svc_log.read_text('utf-8', 'replace')}")
+        if self.service is not None:
+            parts.append(f"===== counting service log\n{self.service.log()}")
         return "\n".join(parts)
 
     def cleanup(self) -> None:
-        for proc in self.procs:
-            if proc.popen.poll() is None:
-                proc.signal(signal.SIGCONT)
-                proc.kill()
+        self.procs.cleanup()
         if self._client is not None:
             self._client.close()
         if self.service is not None:
@@ -378,55 +279,3 @@ class Rig:
             self._app.close()
         if self._ledger is not None:
             self._ledger.close()
-
-
-# ---------------------------------------------------------------------- ledger invariants
-
-
-def check_ledger_consistent(ledger_path: Path) -> None:
-    """Structural invariants of the ledger file, read with plain SQL (no Ratchet code).
-
-    * the file passes ``PRAGMA integrity_check``;
-    * a task's generation equals its number of claim/takeover/revoke audit rows, and those
-      rows carry generations 1..g in order (each claim or revocation bumps the fence once);
-    * every step and effect row was written by a generation that was claimed, never a
-      newer one than the task's;
-    * SUCCEEDED tasks hold no lease and have a result; RUNNING tasks have holder and lease;
-    * every stale_rejected audit row names an older generation than the task's current one.
-    """
-    conn = sqlite3.connect(f"file:{ledger_path}?mode=ro", uri=True, timeout=30)
-    try:
-        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        tasks = conn.execute(
-            "SELECT id, state, generation, holder, lease_until, result FROM tasks"
-        ).fetchall()
-        for task_id, state, generation, holder, lease_until, result in tasks:
-            claims = [
-                g
-                for (g,) in conn.execute(
-                    "SELECT generation FROM audit WHERE task_id = ? AND kind IN"
-                    " ('claim', 'takeover', 'revoke') ORDER BY seq",
-                    (task_id,),
-                )
-            ]
-            assert claims == list(range(1, generation + 1)), (task_id, generation, claims)
-            for table in ("steps", "effects"):
-                for name, g in conn.execute(
-                    f"SELECT name, generation FROM {table} WHERE task_id = ?", (task_id,)
-                ):
-                    assert 1 <= g <= generation, (table, task_id, name, g, generation)
-            if state == "SUCCEEDED":
-                assert holder is None and lease_until is None and result is not None, task_id
-            if state == "RUNNING":
-                assert holder is not None and lease_until is not None, task_id
-            for (g,) in conn.execute(
-                "SELECT generation FROM audit WHERE task_id = ? AND kind = 'stale_rejected'",
-                (task_id,),
-            ):
-                assert g < generation, (task_id, g, generation)
-        orphans = conn.execute(
-            "SELECT COUNT(*) FROM steps WHERE task_id NOT IN (SELECT id FROM tasks)"
-        ).fetchone()[0]
-        assert orphans == 0
-    finally:
-        conn.close()

@@ -11,7 +11,7 @@ from typing import Any
 
 import crashapp
 import pytest
-from crashkit import SIGKILLED, Rig, check_ledger_consistent, wait_for
+from crashkit import SIGKILLED, Rig, wait_for
 
 from ratchet import State, SubmitRequest
 
@@ -119,4 +119,4 @@ def test_many_kills_every_charge_exactly_once(rig: Rig, honour_keys: bool) -> No
         f"kills={kills} orphaned={len(orphaned)} takeovers={stats.takeovers} "
         f"claims={stats.claims} stale_rejections={stats.stale_rejections}"
     )
-    check_ledger_consistent(rig.ledger_path)
+    rig.check_consistent()

@@ -1,10 +1,10 @@
 """Harness for the PostgreSQL fault tests: the crash rig on a PostgreSQL ledger, raw SQL
 on the server, a private throw-away cluster, and a loopback TCP proxy.
 
-Reuses :mod:`crashkit` (tests/crash) for processes, the payment service and the step log;
-only what is SQLite-specific there is replaced here. As in the crash suite, "how often did
-it happen" is always counted outside Ratchet: charges in the payment service's own SQLite
-file, step runs in the append-only step log.
+Reuses :mod:`crashkit` (tests/crash) and through it :mod:`ratchet.testing` for processes,
+the counting service, the step log and the exactly-once / consistency checks. As in the
+crash suite, "how often did it happen" is always counted outside Ratchet: charges in the
+counting service's own SQLite file, step runs in the append-only step log.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import secrets
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -38,10 +37,11 @@ for _p in (str(CRASH_DIR), str(HERE.parent)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from crashkit import Proc, Rig, wait_for  # noqa: E402
+from crashkit import Proc, Rig, WorkerProcess, wait_for  # noqa: E402
 from pgsupport import with_params  # noqa: E402
 
 from ratchet import State  # noqa: E402
+from ratchet.testing import check_exactly_once, check_ledger_consistent  # noqa: E402
 
 PG_BIN = Path(os.environ.get("RATCHET_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
@@ -68,8 +68,7 @@ class PgRig(Rig):
     """
 
     def __init__(self, tmp: Path, ledger_url: str, schema: str) -> None:
-        super().__init__(tmp)
-        self.ledger_url = ledger_url
+        super().__init__(tmp, ledger_url)
         self.schema = schema
         self.cluster: PrivateCluster | None = None  # set when the ledger is on one
         self._raw: psycopg.Connection[Any] | None = None
@@ -116,18 +115,14 @@ class PgRig(Rig):
         crash_at: str | None = None,
         env: dict[str, str] | None = None,
         log_level: str = "INFO",
-    ) -> Proc:
+    ) -> WorkerProcess:
         """``python -m ratchet.cli.main worker crashapp:app`` on this rig's PostgreSQL ledger
         (or on ``url``), with an optional ``application_name``."""
-        ledger = self.worker_url(app_name, url)
-        cmd = [
-            sys.executable, "-m", "ratchet.cli.main", "worker", "crashapp:app",
-            "--concurrency", str(concurrency), "--ledger", ledger,
-            "--poll-interval-s", "0.05", "--log-level", log_level,
-        ]
-        full_env = self.env(RATCHET_CRASH_AT=crash_at, RATCHET_PAUSE_AT=pause_at, **(env or {}))
-        full_env["RATCHET_LEDGER_URL"] = ledger
-        return self._spawn(name, cmd, full_env)
+        return self.worker(
+            name, concurrency=concurrency, url=self.worker_url(app_name, url),
+            pause_at=pause_at, crash_at=crash_at, env=env, log_level=log_level,
+            fast_takeover=None,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ reads
 
@@ -182,71 +177,32 @@ def unique_app_name(prefix: str) -> str:
 
 
 def check_pg_ledger_consistent(rig: PgRig) -> None:
-    """Structural invariants of the ledger, with plain SQL (the PostgreSQL twin of
-    crashkit.check_ledger_consistent):
-
-    * every bump of a task's generation is audited: its claim, takeover and revoke rows
-      carry the generations 1..g in order (no retirement of a final attempt happens in
-      these tests, the one other bump);
-    * every step and effect row was written by a claimed generation, never a newer one;
-    * SUCCEEDED tasks hold no lease and have a result; RUNNING tasks have holder and lease;
-    * every stale_rejected row names an older generation than the task's current one.
-    """
-    bad_gen = rig.sql(
-        "SELECT t.id, t.generation, array_agg(a.generation ORDER BY a.seq)"
-        " FROM tasks t LEFT JOIN audit a ON a.task_id = t.id"
-        "  AND a.kind IN ('claim', 'takeover', 'revoke')"
-        " GROUP BY t.id, t.generation"
-        " HAVING array_agg(a.generation ORDER BY a.seq)"
-        "  IS DISTINCT FROM array(SELECT generate_series(1, t.generation)::bigint)"
-        " LIMIT 5"
-    )
-    assert bad_gen == [], f"generation does not match its claim audit rows: {bad_gen}"
-    for table in ("steps", "effects"):
-        bad = rig.sql(
-            f"SELECT x.task_id, x.name, x.generation, t.generation FROM {table} x"
-            " LEFT JOIN tasks t ON t.id = x.task_id"
-            " WHERE t.id IS NULL OR x.generation < 1 OR x.generation > t.generation LIMIT 5"
-        )
-        assert bad == [], (table, bad)
-    bad_done = rig.sql(
-        "SELECT id FROM tasks WHERE state = 'SUCCEEDED'"
-        " AND (holder IS NOT NULL OR lease_until IS NOT NULL OR result IS NULL) LIMIT 5"
-    )
-    assert bad_done == [], bad_done
-    bad_running = rig.sql(
-        "SELECT id FROM tasks WHERE state = 'RUNNING' AND (holder IS NULL OR lease_until IS NULL)"
-        " LIMIT 5"
-    )
-    assert bad_running == [], bad_running
-    bad_stale = rig.sql(
-        "SELECT a.task_id, a.generation, t.generation FROM audit a JOIN tasks t"
-        " ON t.id = a.task_id WHERE a.kind = 'stale_rejected' AND a.generation >= t.generation"
-        " LIMIT 5"
-    )
-    assert bad_stale == [], bad_stale
+    """The ledger's structural invariants (:func:`ratchet.testing.check_ledger_consistent`:
+    audited generations, fenced steps and effects, leases of finished and running tasks,
+    stale rejections older than the task)."""
+    check_ledger_consistent(rig.ledger_url)
 
 
 def assert_exactly_once(rig: PgRig, keys: set[str]) -> None:
-    """Every key executed exactly once at the payment service (its own count)."""
-    executions = rig.executions()
-    missing = keys - set(executions)
-    assert not missing, f"{len(missing)} charges never executed, e.g. {sorted(missing)[:5]}"
-    extra = set(executions) - keys
-    assert not extra, f"unexpected charges: {sorted(extra)[:5]}"
-    duplicated = {k: n for k, n in executions.items() if n != 1}
-    assert duplicated == {}, f"charges executed more than once: {duplicated}"
+    """Every task succeeded with its charge executed exactly once at the counting service
+    (its own count), the ledger recorded that very execution, and the executed keys are
+    exactly ``keys`` (:func:`ratchet.testing.check_exactly_once`)."""
+    assert rig.service is not None
+    report = check_exactly_once(
+        rig.ledger_url, rig.service.records(), effect="charge", result_id_field="id"
+    )
+    assert set(report.executions) == keys, (
+        f"{len(keys - set(report.executions))} charges never executed, "
+        f"unexpected: {sorted(set(report.executions) - keys)[:5]}"
+    )
+    assert report.succeeded == report.succeeded_once == report.tasks
     assert rig.client.stats()["duplicate_keys"] == 0
 
 
 def execution_times(rig: PgRig) -> list[tuple[float, str]]:
-    """``(wall-clock time, key)`` of every execution, from the payment service's own file."""
+    """``(wall-clock time, key)`` of every execution, from the service's own file."""
     assert rig.service is not None
-    conn = sqlite3.connect(f"file:{rig.service.db_path}?mode=ro", uri=True, timeout=30)
-    try:
-        return [(float(at), key) for key, at in conn.execute("SELECT key, at FROM executions")]
-    finally:
-        conn.close()
+    return rig.service.records().times
 
 
 # ---------------------------------------------------------------------------- private cluster

@@ -24,6 +24,7 @@ from .checks import (
     check_exactly_once,
     check_ledger_consistent,
     list_task_ids,
+    sqlite_write_locked,
 )
 from .processes import (
     ConditionTimeout,
@@ -63,6 +64,7 @@ __all__ = [
     "list_task_ids",
     "read_records",
     "read_stored",
+    "sqlite_write_locked",
     "start_counting_service",
     "wait_for",
 ]

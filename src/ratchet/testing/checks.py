@@ -21,6 +21,7 @@ import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..config import parse_ledger_url
@@ -37,6 +38,7 @@ __all__ = [
     "check_exactly_once",
     "check_ledger_consistent",
     "list_task_ids",
+    "sqlite_write_locked",
 ]
 
 _BUMPS = ("claim", "takeover", "revoke")
@@ -111,6 +113,25 @@ def list_task_ids(ledger_url: str) -> list[str]:
         except psycopg.Error as exc:
             raise LedgerUnavailable(f"cannot list the tasks of schema {schema!r}: {exc}") from exc
     raise ConfigError(f"unsupported ledger backend {config.scheme!r}")
+
+
+def sqlite_write_locked(path: str | Path, timeout_s: float) -> bool:
+    """True when some process holds the SQLite file's write lock for longer than
+    ``timeout_s`` seconds (probed with ``BEGIN IMMEDIATE`` and an immediate rollback).
+
+    A SQLite-only mechanic: a process frozen (SIGSTOP) *inside* a write transaction holds
+    the single write lock, stalling every other writer; tests and the demo use this probe
+    to avoid freezing a worker there. PostgreSQL locks rows, not the database.
+    """
+    conn = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        conn.close()
 
 
 def _sqlite_integrity(ledger_url: str) -> str | None:
