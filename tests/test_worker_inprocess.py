@@ -41,6 +41,7 @@ from ratchet.ledger.base import (
     TaskWrite,
 )
 from ratchet.serde import digest, dumps
+from ratchet.testing.worker import WorkerCrashed, running_worker, worker_fixture
 from ratchet.worker import WorkerStats
 
 pytestmark = pytest.mark.timeout(30)
@@ -853,3 +854,63 @@ def test_same_effect_key_with_other_params_is_refused(app: App, url: str) -> Non
     assert info.state is State.UNKNOWN
     assert "same key must always carry the same request" in (info.last_error or "")
     assert bank.calls == []
+
+
+# ---------------------------------------------------------------------- ratchet.testing.worker
+
+@pytest.fixture
+def fixture_app(url: str) -> Iterator[App]:
+    """An app whose tasks are registered before any worker starts (as at import time)."""
+    app = App(url)
+
+    @app.task(name="t.fixture")
+    def fixture_task(ctx: TaskContext, i: int) -> int:
+        return int(ctx.step("double", lambda: 2 * i))
+
+    yield app
+    app.close()
+
+
+ratchet_worker = worker_fixture("fixture_app", concurrency=2)
+"""The in-process worker fixture as a user's conftest would declare it."""
+
+
+def test_worker_fixture_runs_tasks_for_the_test(fixture_app: App, ratchet_worker: Worker) -> None:
+    app = fixture_app
+    handles = [app.submit("t.fixture", {"i": i}) for i in range(5)]
+    infos = [app.wait(h.task_id, timeout_s=20) for h in handles]
+    assert [i.state for i in infos] == [State.SUCCEEDED] * 5
+    assert [i.result for i in infos] == [0, 2, 4, 6, 8]
+    assert ratchet_worker.stats.succeeded == 5
+    assert {e.holder for h in handles for e in app.ledger.timeline(h.task_id).events} == {
+        ratchet_worker.holder
+    }
+
+
+class NoSubscriptions:
+    """A real ledger whose wake-up subscription fails: Worker.run raises at start."""
+
+    def __init__(self, inner: Ledger) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def subscribe(self, callback: Any) -> Any:
+        raise LedgerUnavailable("cannot subscribe (test)")
+
+
+def test_running_worker_reports_a_crashed_worker_thread(url: str) -> None:
+    app = App(NoSubscriptions(open_ledger(url)))  # type: ignore[arg-type]
+    try:
+        with (
+            pytest.raises(WorkerCrashed, match="crashed") as caught,
+            running_worker(app) as worker,
+        ):
+            pass
+        assert isinstance(caught.value.__cause__, LedgerUnavailable)
+        assert isinstance(caught.value, AssertionError)  # pytest shows it as a failure
+        # The threads the worker had started were stopped again.
+        assert not worker.writer.is_alive() and not worker.heartbeat.is_alive()
+    finally:
+        app.close()

@@ -22,7 +22,8 @@ Leaving the block stops the worker the way SIGTERM does (no new claims; running 
 released at their next step boundary), joins its thread, and raises
 :class:`WorkerCrashed` if the worker's thread raised or did not stop in time, so a broken
 worker fails the test instead of passing silently. Wait for the states you expect
-(``app.wait``) *inside* the block.
+(``app.wait``) *inside* the block. Register the tasks before the worker starts (as an
+import does): a worker claims the task names registered when it was created.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ from ..errors import (
     UndecodableData,
     WriteRejected,
 )
-from ..ledger.base import Claim, CommitOutcome, TaskWrite, Transition
+from ..ledger.base import Claim, CommitOutcome, Subscription, TaskWrite, Transition
 from ..retry import FailureClass, classify, retry_after_s
 from ..serde import dumps, printable
 from ..states import State
@@ -336,13 +336,14 @@ class Worker:
             except RatchetError as exc:  # the registrar thread tries again
                 log.warning("worker registry: %s", exc)
             registrar.start()
-        # Wake the claim loop as soon as the ledger says work may be ready (PostgreSQL
-        # LISTEN/NOTIFY); the poll interval stays the fallback.
-        subscription = self.ledger.subscribe(self._on_notify)
+        subscription: Subscription | None = None
         idle_since = time.monotonic()
         last_poll = float("-inf")
         linger = max(self.claim_linger_s, 0.0)
         try:
+            # Wake the claim loop as soon as the ledger says work may be ready (PostgreSQL
+            # LISTEN/NOTIFY); the poll interval stays the fallback.
+            subscription = self.ledger.subscribe(self._on_notify)
             while not self._stopping.is_set():
                 now = time.monotonic()
                 inflight = self._inflight
@@ -371,7 +372,8 @@ class Worker:
                 self._wake.clear()
         finally:
             self._stopping.set()
-            subscription.close()
+            if subscription is not None:
+                subscription.close()
             try:
                 self.writer.sync()  # a claim in progress has been handed to the executor
             finally:
