@@ -9,14 +9,16 @@ chosen tasks. Everything else really commits, on both ledgers.
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from ratchet import App, State, TaskContext, open_ledger
-from ratchet.errors import WriteRejected
+from ratchet.errors import LedgerUnavailable, WriteRejected
 from ratchet.ledger.base import Claim, CommitOutcome, Ledger, TaskWrite, Transition
 from ratchet.testing.worker import running_worker
 from ratchet.validation import MAX_KEY_BYTES, MAX_NAME_BYTES
@@ -202,3 +204,58 @@ def test_bad_effect_name_or_key_is_refused_before_any_call(
     assert info.error_class == "permanent"
     assert message in (info.last_error or "")
     assert app.ledger.timeline(handle.task_id).effects == []
+
+
+class UnreachableForFinalWrites:
+    """The real ledger, except that the first ``failures`` commits carrying a transition
+    fail as if the server were unreachable (nothing is applied)."""
+
+    def __init__(self, inner: Ledger, failures: int) -> None:
+        self._inner = inner
+        self.left = failures
+        self.refused_at: list[float] = []
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _check(self, writes: Sequence[TaskWrite]) -> None:
+        if any(w.transition is not None for w in writes):
+            with self._lock:
+                if self.left > 0:
+                    self.left -= 1
+                    self.refused_at.append(time.monotonic())
+                    raise LedgerUnavailable("server closed the connection (test)")
+
+    def commit(self, writes: Sequence[TaskWrite]) -> list[CommitOutcome]:
+        self._check(writes)
+        return self._inner.commit(writes)
+
+    def commit_and_claim(
+        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
+    ) -> tuple[list[CommitOutcome], list[Claim]]:
+        self._check(writes)
+        return self._inner.commit_and_claim(writes, holder, names, limit)
+
+
+def test_final_write_is_sent_again_while_the_ledger_is_unreachable(ledger_url: str) -> None:
+    flaky = UnreachableForFinalWrites(open_ledger(ledger_url), failures=3)
+    app = App(flaky)  # type: ignore[arg-type]
+    try:
+
+        @app.task(name="t.final", lease_s=10.0)
+        def final(ctx: TaskContext) -> int:
+            return int(ctx.step("one", lambda: 1))
+
+        handle = app.submit("t.final")
+        with running_worker(app, concurrency=1) as worker:
+            info = app.wait(handle.task_id, timeout_s=20)
+        assert info.state is State.SUCCEEDED and info.result == 1
+        assert info.attempt == 1 and info.generation == 1  # same claim: no takeover
+        assert flaky.left == 0 and len(flaky.refused_at) == 3
+        gaps = [b - a for a, b in itertools.pairwise(flaky.refused_at)]
+        assert all(g >= 0.05 for g in gaps), f"re-sends must back off, got gaps {gaps}"
+        assert worker.stats.succeeded == 1
+        assert [s.name for s in app.ledger.timeline(handle.task_id).steps] == ["one"]
+    finally:
+        app.close()
