@@ -89,9 +89,11 @@ def test_worker_started_while_the_database_is_down_waits_for_it(cluster_rig: PgR
     ])
     rig.cluster.stop("fast")
     worker = rig.pg_worker("early", concurrency=4)
-    time.sleep(2.5)
+    # It found the database down and kept trying: at least two failed attempts logged.
+    wait_for("the worker to retry the unreachable ledger twice",
+             lambda: worker.log().count("ledger unavailable") >= 2 or worker.returncode is not None,
+             timeout_s=25.0, interval_s=0.1)
     assert worker.returncode is None, "the worker gave up while the database was down"
-    assert "ledger unavailable" in worker.log()
     rig.cluster.start()
     rig.wait_all_succeeded(len(orders), timeout_s=60)
     assert worker.stop() == 0
