@@ -23,7 +23,10 @@ SECRET = "Sw0rd"
 """Part of every password below; must never be printed."""
 
 RAW_PASSWORDS = [f"{SECRET}#frag", f"{SECRET}/path", f"{SECRET}?q=1", f"{SECRET}@at",
-                 f"p#{SECRET}/x?y@z", f"{SECRET}:colon"]
+                 f"p#{SECRET}/x?y@z", f"{SECRET}:colon", f"1234/{SECRET}", f"99?{SECRET}",
+                 f"5#{SECRET}"]
+"""Passwords as a user might paste them; the last three make the URL parse as a numeric
+port followed by a path, a query or a fragment holding the rest of the password."""
 
 
 def with_password(url: str, password: str, *, encode: bool) -> str:

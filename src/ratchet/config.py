@@ -202,6 +202,15 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
             )
         return LedgerConfig(raw, "sqlite", path, level, busy, query)
     if scheme in ("postgresql", "postgres"):
+        after_host = raw.split("://", 1)[-1][len(parts.netloc):]
+        if "@" not in parts.netloc and "@" in after_host:
+            # "user:12/secret@host": parsers take "user" as the host and "12" as the port,
+            # and the rest of the password as path or query (printed, sent as an option).
+            raise ConfigError(
+                f"ledger URL {redact_url(raw)!r} has an '@' after the host; if the password "
+                "holds '/', '?' or '#', percent-encode them (%2F, %3F, %23), and an '@' "
+                "anywhere else as %40"
+            )
         if "busy_timeout_s" in parse_qs(parts.query, keep_blank_values=True):
             raise ConfigError(
                 "busy_timeout_s is a SQLite setting; PostgreSQL ledger URLs take durability, "
