@@ -351,3 +351,43 @@ def test_the_cli_uses_only_the_public_api() -> None:
                 continue
             for name in names:
                 assert not name.startswith(forbidden), f"{path.name} imports {name}"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("nocolon", "must look like MODULE:ATTRIBUTE"),
+        ("no_such_module_xyz:app", "cannot import module 'no_such_module_xyz'"),
+        ("raising_app:app", "raised RuntimeError: boom [/] (" ),
+        ("os:path", "not a ratchet.App"),
+        ("good_app:missing", "has no attribute 'missing'"),
+        ("good_app:", "must look like MODULE:ATTRIBUTE"),
+    ],
+)
+def test_app_specs_that_cannot_be_loaded_are_one_line(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, expected: str
+) -> None:
+    (tmp_path / "raising_app.py").write_text("raise RuntimeError('boom [/]')\n")
+    (tmp_path / "good_app.py").write_text("from ratchet import App\napp = App()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = invoke("submit", spec, "t", "--ledger", url)
+    assert code == 2
+    assert_one_error_line(err, "ConfigError")
+    assert expected in err
+    if spec.startswith("raising_app"):
+        assert "raising_app.py:1" in err
+
+
+def test_app_spec_with_a_dotted_attribute(url: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "nested_app.py").write_text(
+        "from types import SimpleNamespace\nfrom ratchet import App\n"
+        "registry = SimpleNamespace(app=App())\n"
+        "@registry.app.task(name='t')\ndef t(ctx) -> None:\n    return None\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = invoke("submit", "nested_app:registry.app", "t", "--ledger", url)
+    assert code == 0, err
+    assert out.strip().endswith(" submitted")
