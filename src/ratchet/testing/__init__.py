@@ -10,7 +10,8 @@
 * the checks (:func:`check_exactly_once`, :func:`check_ledger_consistent`): one
   implementation on both ledgers, returning a report and raising :class:`CheckFailed`
   (an ``AssertionError``) with every violation listed;
-* the in-process worker (``ratchet.testing.worker``), re-exported here when present.
+* an in-process worker for pytest (:func:`running_worker`, :func:`worker_fixture`, from
+  :mod:`ratchet.testing.worker`).
 
 See README.md, "Testing your tasks".
 """
@@ -44,6 +45,7 @@ from .services import (
     read_stored,
     start_counting_service,
 )
+from .worker import WorkerCrashed, running_worker, worker_fixture
 
 __all__ = [
     "CheckFailed",
@@ -57,6 +59,7 @@ __all__ = [
     "ProcessGroup",
     "ServiceError",
     "ServiceRecords",
+    "WorkerCrashed",
     "WorkerProcess",
     "check_exactly_once",
     "check_ledger_consistent",
@@ -66,25 +69,7 @@ __all__ = [
     "read_stored",
     "sqlite_write_locked",
     "start_counting_service",
+    "running_worker",
     "wait_for",
+    "worker_fixture",
 ]
-
-
-def _reexport_worker() -> None:
-    """Re-export the in-process worker module's public names (written separately; the
-    package imports without it)."""
-    import importlib
-
-    try:
-        module = importlib.import_module(f"{__name__}.worker")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.worker":
-            raise
-        return
-    for name in getattr(module, "__all__", ()):
-        globals()[name] = getattr(module, name)
-        if name not in __all__:
-            __all__.append(name)
-
-
-_reexport_worker()

@@ -217,6 +217,7 @@ def check_exactly_once(
     require_terminal: bool = True,
     allow_unexpected: bool = False,
     raise_on_violation: bool = True,
+    timelines: Mapping[str, Timeline] | None = None,
 ) -> ExactlyOnceReport:
     """Check that every effect happened exactly once, counted at the external service.
 
@@ -242,6 +243,8 @@ def check_exactly_once(
         require_terminal: unfinished tasks are a violation.
         allow_unexpected: executions of keys no checked task accounts for are allowed.
         raise_on_violation: raise :class:`CheckFailed` when a rule is broken.
+        timelines: task id → its :meth:`~ratchet.ledger.base.Ledger.timeline`, when the
+            caller has read them already (they are not read again).
 
     Returns:
         The :class:`ExactlyOnceReport`.
@@ -261,9 +264,12 @@ def check_exactly_once(
         found = {i.task_id for i in infos}
         absent = [t for t in task_ids if t not in found]
         need_timeline = keys is None or result_id_field is not None
-        timelines: dict[str, Timeline] = (
-            {i.task_id: led.timeline(i.task_id) for i in infos} if need_timeline else {}
-        )
+        known = dict(timelines or {})
+        if need_timeline:
+            for info in infos:
+                if info.task_id not in known:
+                    known[info.task_id] = led.timeline(info.task_id)
+        timelines = known
     if absent:
         report.violations.append(f"{len(absent)} task(s) not in the ledger: {_listed(absent)}")
     report.tasks = len(infos)
@@ -439,6 +445,7 @@ def check_ledger_consistent(
     *,
     task_ids: Sequence[str] | None = None,
     raise_on_violation: bool = True,
+    timelines: Mapping[str, Timeline] | None = None,
 ) -> ConsistencyReport:
     """Check the ledger's structural invariants, task by task (either backend).
 
@@ -454,6 +461,7 @@ def check_ledger_consistent(
         ledger_url: the ledger (opened read-only; it must exist).
         task_ids: tasks to check (default: every task).
         raise_on_violation: raise :class:`CheckFailed` when an invariant is broken.
+        timelines: task id → its timeline, when the caller has read them already.
 
     Returns:
         The :class:`ConsistencyReport`.
@@ -466,9 +474,11 @@ def check_ledger_consistent(
     if report.integrity not in (None, "ok"):
         report.violations.append(f"SQLite integrity_check: {report.integrity}")
     ids = list(task_ids) if task_ids is not None else list_task_ids(ledger_url)
+    known = timelines or {}
     with _ledger(ledger_url) as led:
         for tid in ids:
-            report.violations.extend(_task_violations(led.timeline(tid)))
+            tl = known.get(tid) or led.timeline(tid)
+            report.violations.extend(_task_violations(tl))
             report.tasks += 1
     if raise_on_violation and report.violations:
         raise CheckFailed(
