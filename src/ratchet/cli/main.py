@@ -159,7 +159,12 @@ def worker(
         ),
     ] = True,
 ) -> None:
-    """Run a worker: claim tasks, run them, commit fenced results. SIGTERM stops gracefully."""
+    """Run a worker for the app's tasks.
+
+    Claims ready tasks, runs them on --concurrency threads and commits fenced results.
+    SIGTERM or Ctrl-C stops gracefully: no new claims, running tasks are released at their
+    next step boundary.
+    """
     from ..worker import Worker
 
     level = log_level.upper()
@@ -232,7 +237,11 @@ def submit(
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Submit one task; resubmitting with the same --key returns the same task id."""
+    """Submit one task.
+
+    Resubmitting with the same --key and params returns the same task id and writes
+    nothing; the same key with other params is refused (IdempotencyConflict).
+    """
 
     def run() -> None:
         decoded = _json_arg(params, "--params")
@@ -254,7 +263,11 @@ def submit(
 
 @cli.command(cls=_Command)
 def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
-    """Counts per task type and state, oldest pending age, unknowns, durability level."""
+    """Task counts per type and state, and health.
+
+    Also: oldest pending age, tasks waiting for an operator (UNKNOWN), claims, takeovers,
+    revocations, stale-generation rejections, durability level and schema version.
+    """
 
     def run() -> None:
         with Control(ledger) as control:
@@ -292,9 +305,11 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
 
 @cli.command(cls=_Command)
 def workers(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
-    """The worker registry: holder, host, pid, state (alive / stopped / dead = revoked),
-    whether its process still runs (judged only on its own host), time since its last
-    heartbeat."""
+    """The worker registry.
+
+    Holder, host, pid, state (alive / stopped / dead = revoked), whether its process still
+    runs (judged only on its own host) and the time since its last heartbeat.
+    """
 
     def run() -> None:
         with Control(ledger) as control:
@@ -358,7 +373,11 @@ def _print_timeline(tl: TaskTimeline) -> None:
 
 @cli.command(cls=_Command)
 def inspect(task_id: TaskArg, ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
-    """The task's timeline: claims, steps, effects, retries, stale rejections, operator actions."""
+    """One task and its timeline.
+
+    Params, result, last error; claims, steps, effects, retries, stale rejections and
+    operator actions in order.
+    """
 
     def run() -> None:
         with Control(ledger) as control:
@@ -393,7 +412,11 @@ def resolve(
     ] = None,
     ledger: LedgerOpt = None,
 ) -> None:
-    """Settle an UNKNOWN task's open effect (audited); the task then resumes."""
+    """Settle an UNKNOWN task's open effect.
+
+    The verdict is audited with --reason and --operator; the task then resumes (done: the
+    effect returns --result; not-done: the call is made again with the same key).
+    """
 
     def run() -> None:
         value = _json_arg(result, "--result") if result is not None else None
@@ -414,7 +437,10 @@ def resolve(
 
 @cli.command(cls=_Command)
 def migrate(ledger: LedgerOpt = None) -> None:
-    """Create the ledger or apply pending schema migrations (also done on first use)."""
+    """Create the ledger or upgrade its schema.
+
+    Also done automatically when a worker or submit first uses the ledger.
+    """
 
     def run() -> None:
         with Control(ledger) as control:
@@ -450,7 +476,12 @@ def demo(
         typer.Option("--seed", metavar="N", help="Random seed (default: a fresh one)."),
     ] = None,
 ) -> None:
-    """The main job: billing tasks against a faulty payment service, workers killed at random."""
+    """Billing demo: workers killed at random.
+
+    Billing tasks against a faulty payment service in its own process; worker processes
+    killed with SIGKILL and one paused past its lease; a report checked from the ledger and
+    the service's own records (non-zero exit status when an invariant is broken).
+    """
     from ..demo.runner import run_demo
 
     code = _guard(lambda: run_demo(ledger, tasks=tasks, workers=workers, kills=kills, seed=seed))
