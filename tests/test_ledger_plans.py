@@ -81,12 +81,9 @@ def test_pg_hot_statements_use_their_indexes(
         assert "Index Scan using tasks_ready" in plan, plan
         assert "Bitmap" not in plan and "Seq Scan on tasks" not in plan, plan
     ids = [f"x{i}" for i in range(1, 81)]
-    n = len(ids)
-    plan = _pg_plan(conn, "transition", {
-        "id": ids, "generation": [1] * n, "state": ["SUCCEEDED"] * n, "run_at": [None] * n,
-        "release": [False] * n, "keep": [False] * n, "result": ["1"] * n, "error": [None] * n,
-        "error_class": [None] * n, "now": now,
-    })
+    rows = [{"id": i, "generation": 1, "state": "SUCCEEDED", "run_at": None, "release": False,
+             "keep": False, "result": "1", "error": None, "error_class": None} for i in ids]
+    plan = _pg_plan(conn, "transition", {"rows": json.dumps(rows), "now": now})
     # One primary-key probe per written task, not a join against every running task.
     assert "Index Scan using tasks_pkey" in plan, plan
     assert "Hash" not in plan and "Merge" not in plan and "tasks_holder" not in plan, plan

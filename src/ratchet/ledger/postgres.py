@@ -12,10 +12,11 @@ control (the SQL is in ``ledger/sql/postgresql.sql``):
 * **Fenced writes** lock the task rows they guard (``SELECT ... FOR UPDATE``, in id order so
   that two transactions of one worker cannot deadlock) and compare state and generation
   under that lock, then write; a stale write changes nothing and is audited.
-* **Batches** pass each column as an array and read the rows with ``unnest``: one statement
-  (one round trip) per batch whatever its size, and no pipeline mode (after a pipelined
-  ``executemany``, PostgreSQL 15 stops enforcing ``idle_in_transaction_session_timeout`` on
-  the session, which is what frees the row locks of a frozen worker).
+* **Batches** pass their rows as one JSON array read with ``json_to_recordset``: one
+  statement (one round trip) per batch whatever its size, and no pipeline mode (after a
+  pipelined ``executemany``, PostgreSQL 15 stops enforcing
+  ``idle_in_transaction_session_timeout`` on the session, which is what frees the row locks
+  of a frozen worker).
 * **The ledger clock** is the server's transaction timestamp, ``now()``, read with the
   transaction's ``BEGIN`` (one round trip) — never a worker's clock.
 * **Durability** maps to ``synchronous_commit`` per connection: ``buffered`` → ``off``,
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import random
 import threading
@@ -163,11 +165,16 @@ class _PgTx:
         return self._run(name, params).rowcount
 
     def batch(self, name: str, rows: Sequence[Mapping[str, Any]], **scalars: Any) -> None:
+        """All rows as one JSON parameter (``%(rows)s``, read with ``json_to_recordset``).
+        Text the encoding cannot hold (NUL, a lone surrogate) is refused by the server as a
+        DataError: WriteRejected."""
         if not rows:
             return
-        columns: dict[str, Any] = {key: [row[key] for row in rows] for key in rows[0]}
-        columns.update(scalars)
-        self._run(name, columns)
+        try:
+            encoded = json.dumps(rows, allow_nan=False)
+        except ValueError as exc:  # NaN / Infinity: no JSON, no column can hold it
+            raise WriteRejected(f"refused write {name!r}: {exc}") from exc
+        self._run(name, {"rows": encoded, **scalars})
 
     def wake(self) -> None:
         self.woken = True
@@ -201,6 +208,8 @@ class PostgresDialect:
         host = parts.netloc.rsplit("@", 1)[-1] or "localhost"
         self.where = f"postgresql://{host}{parts.path} schema {self.schema}"
         self._closed = False
+        self._notify_commit = sql.SQL("SELECT pg_notify({}, ''); COMMIT").format(
+            sql.Literal(self.channel))
         try:
             psycopg.conninfo.conninfo_to_dict(self._conninfo)
         except psycopg.ProgrammingError as exc:
@@ -286,15 +295,13 @@ class PostgresDialect:
                     tx = _PgTx(cur, self._catalogue, self._begin(cur, claims))
                     try:
                         result = body(tx)
-                        if tx.woken:
-                            # Wake listening workers at commit (the payload is not used).
-                            tx.statement = "notify"
-                            cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
                         if write:
                             faults.point("commit.before_commit")
                         committing = True
                         tx.statement = "commit"
-                        cur.execute("COMMIT")
+                        # Wake listening workers at commit (the payload is not used): the
+                        # NOTIFY travels with the COMMIT, one round trip.
+                        cur.execute(self._notify_commit if tx.woken else b"COMMIT")
                         return result
                     except BaseException:
                         if not committing and not conn.closed:

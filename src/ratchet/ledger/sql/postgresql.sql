@@ -3,9 +3,11 @@
 -- One block per statement, named by a "-- name: NAME" line (procrastinate's
 -- sql/queries.sql style); the engine (ledger/engine.py) refers to statements only by name
 -- and sqlite.sql names the same ones. Parameters are named (%(name)s). A list parameter
--- arrives as an array (= ANY). A statement the engine runs as a batch gets each column as
--- an array (%(column)s, one element per row) and reads the rows with unnest: one round trip
--- per batch, whatever its size. Rows a transaction locks are locked in id order.
+-- arrives as an array (= ANY). A statement the engine runs as a batch gets its rows as one
+-- JSON array, %(rows)s, read with json_to_recordset (the values shared by all rows are
+-- plain parameters): one round trip per batch whatever its size, and one json.dumps on the
+-- client instead of adapting an array per column (half the time per 100-row batch). Rows a
+-- transaction locks are locked in id order.
 -- Times are ledger-clock epoch seconds: the server's now(), read with the transaction's
 -- BEGIN.
 
@@ -17,16 +19,15 @@ SELECT extract(epoch FROM now())::float8;
 SELECT true;
 
 -- name: submit_insert
--- Rows arrive in idempotency-key order (unnest keeps array order), so two batches sharing
--- keys lock them in the same order: no deadlock.
+-- Rows arrive in idempotency-key order (and are inserted in that order), so two batches
+-- sharing keys lock them in the same order: no deadlock.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at)
 SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_attempts,
        u.lease_s, u.run_at, %(now)s, %(now)s
-FROM unnest(%(id)s::text[], %(name)s::text[], %(version)s::int[], %(params)s::text[],
-            %(digest)s::text[], %(key)s::text[], %(max_attempts)s::int[],
-            %(lease_s)s::float8[], %(run_at)s::float8[])
-     AS u(id, name, version, params, digest, key, max_attempts, lease_s, run_at)
+FROM json_to_recordset(%(rows)s::json)
+     AS u(id text, name text, version int, params text, digest text, key text,
+          max_attempts int, lease_s float8, run_at float8)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_existing
@@ -36,11 +37,11 @@ WHERE idempotency_key = ANY(%(keys)s::text[]);
 -- name: audit_insert
 INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder, detail)
 SELECT u.task_id, u.at, u.kind, u.from_state, u.to_state, u.generation, u.holder, u.detail
-FROM unnest(%(task_id)s::text[], %(at)s::float8[], %(kind)s::text[], %(from_state)s::text[],
-            %(to_state)s::text[], %(generation)s::bigint[], %(holder)s::text[],
-            %(detail)s::text[]) WITH ORDINALITY
-     AS u(task_id, at, kind, from_state, to_state, generation, holder, detail, n)
-ORDER BY n;
+FROM json_array_elements(%(rows)s::json) WITH ORDINALITY AS e(row, n)
+CROSS JOIN LATERAL json_to_record(e.row)
+     AS u(task_id text, at float8, kind text, from_state text, to_state text,
+          generation bigint, holder text, detail text)
+ORDER BY e.n;
 
 -- name: claim_expired
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
@@ -99,8 +100,8 @@ ORDER BY task_id, name;
 UPDATE tasks t SET state = u.state, holder = NULL, lease_until = NULL,
                    generation = t.generation + 1, last_error = u.error,
                    error_class = 'lease_expired', updated_at = %(now)s
-FROM unnest(%(id)s::text[], %(generation)s::bigint[], %(state)s::text[], %(error)s::text[])
-     AS u(id, generation, state, error)
+FROM json_to_recordset(%(rows)s::json)
+     AS u(id text, generation bigint, state text, error text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING';
 
 -- name: renew
@@ -127,8 +128,8 @@ WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE;
 -- name: steps_upsert
 INSERT INTO steps (task_id, name, result, generation, committed_at)
 SELECT u.task_id, u.name, u.result, u.generation, %(now)s
-FROM unnest(%(task_id)s::text[], %(name)s::text[], %(result)s::text[],
-            %(generation)s::bigint[]) AS u(task_id, name, result, generation)
+FROM json_to_recordset(%(rows)s::json)
+     AS u(task_id text, name text, result text, generation bigint)
 ON CONFLICT (task_id, name) DO UPDATE SET result = excluded.result,
     generation = excluded.generation, committed_at = excluded.committed_at;
 
@@ -138,9 +139,8 @@ INSERT INTO effects (task_id, name, key, params_digest, state, result, generatio
                      calls, via_lookup, updated_at)
 SELECT u.task_id, u.name, u.key, u.digest, 'intent', NULL, u.generation, u.attempt, 1,
        false, %(now)s
-FROM unnest(%(task_id)s::text[], %(name)s::text[], %(key)s::text[], %(digest)s::text[],
-            %(generation)s::bigint[], %(attempt)s::int[])
-     AS u(task_id, name, key, digest, generation, attempt)
+FROM json_to_recordset(%(rows)s::json)
+     AS u(task_id text, name text, key text, digest text, generation bigint, attempt int)
 ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent', key = excluded.key,
     params_digest = excluded.params_digest, generation = excluded.generation,
     attempt = excluded.attempt,
@@ -154,10 +154,9 @@ INSERT INTO effects (task_id, name, key, params_digest, state, result, generatio
                      calls, via_lookup, updated_at)
 SELECT u.task_id, u.name, u.key, u.digest, u.state, u.result, u.generation, u.attempt, 0,
        u.via_lookup, %(now)s
-FROM unnest(%(task_id)s::text[], %(name)s::text[], %(key)s::text[], %(digest)s::text[],
-            %(state)s::text[], %(result)s::text[], %(generation)s::bigint[],
-            %(attempt)s::int[], %(via_lookup)s::bool[])
-     AS u(task_id, name, key, digest, state, result, generation, attempt, via_lookup)
+FROM json_to_recordset(%(rows)s::json)
+     AS u(task_id text, name text, key text, digest text, state text, result text,
+          generation bigint, attempt int, via_lookup bool)
 ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = excluded.result,
     generation = excluded.generation, via_lookup = excluded.via_lookup,
     updated_at = excluded.updated_at;
@@ -173,10 +172,9 @@ UPDATE tasks t SET state = u.state, run_at = COALESCE(u.run_at, t.run_at),
     lease_until = CASE WHEN u.keep THEN t.lease_until ELSE NULL END,
     result = COALESCE(u.result, t.result), last_error = COALESCE(u.error, t.last_error),
     error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s
-FROM unnest(%(id)s::text[], %(generation)s::bigint[], %(state)s::text[],
-            %(run_at)s::float8[], %(release)s::bool[], %(keep)s::bool[], %(result)s::text[],
-            %(error)s::text[], %(error_class)s::text[])
-     AS u(id, generation, state, run_at, release, keep, result, error, error_class)
+FROM json_to_recordset(%(rows)s::json)
+     AS u(id text, generation bigint, state text, run_at float8, release bool, keep bool,
+          result text, error text, error_class text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING';
 
 -- name: resolve_lock
