@@ -26,6 +26,7 @@ MARKUP_KEYS = [
     "[link=https://evil.example]click me[/link]",
     "[/bold]",
     "x[",
+    ":warning: :smile:",  # emoji codes stay text
 ]
 
 
