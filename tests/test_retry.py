@@ -20,6 +20,7 @@ from ratchet.errors import (
     PermanentError,
     TaskFailure,
     TransientError,
+    UndecodableData,
 )
 from ratchet.retry import FailureClass, RetryPolicy, classify, retry_after_s
 
@@ -289,6 +290,16 @@ def test_classify_ratchet_class_wins_over_builtin_base() -> None:
 def test_classify_illegal_transition_is_permanent() -> None:
     # DESIGN §7: "permanent (fail now: bad parameters, permission, illegal transition)".
     assert classify(IllegalTransition("RUNNING -> SUCCEEDED refused")) is FailureClass.PERMANENT
+
+
+def test_classify_undecodable_data_is_permanent() -> None:
+    # Decoding the same stored text again gives the same error: retrying cannot fix it.
+    from ratchet.serde import loads
+
+    with pytest.raises(UndecodableData) as caught:
+        loads("{oops", "params")
+    assert classify(caught.value) is FailureClass.PERMANENT
+    assert "params" in str(caught.value) and "oops" not in str(caught.value)
 
 
 def test_classify_ledger_hiccup_is_retried() -> None:

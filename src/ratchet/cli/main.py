@@ -203,7 +203,7 @@ def worker(
         w = Worker(
             app,
             concurrency=concurrency,
-            names=names.split(",") if names else None,
+            names=[n.strip() for n in names.split(",") if n.strip()] if names else None,
             poll_interval_s=poll_interval_s,
             fast_takeover=fast_takeover,
         )
