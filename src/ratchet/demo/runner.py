@@ -24,10 +24,20 @@ one schema is dropped (``DROP SCHEMA ... CASCADE``) and created empty at the sta
 run, and only if it is absent or was made by an earlier demo (its comment says so); any
 other existing schema is refused, and nothing else in the database is touched.
 
+The run lasts as long as the workload needs: after the chaos, it drains while tasks keep
+settling, and gives up only when nothing has moved for :attr:`DemoSettings.stall_s`
+seconds (a stall), or at the optional hard cap :attr:`DemoSettings.deadline_s`.
+
+Process control and the checks are :mod:`ratchet.testing`'s (the same ones users get for
+their own suites): worker processes are :class:`~ratchet.testing.WorkerProcess`es, the
+payment service is the counting service, and the verdict comes from
+:func:`~ratchet.testing.check_exactly_once` and
+:func:`~ratchet.testing.check_ledger_consistent`.
+
 It exits 1 if an invariant is broken: a succeeded task whose key did not execute exactly
 once (or whose recorded charge is not the service's), any key executed more than once, a
-task not terminal by the deadline, fewer kills than asked, or a resubmission that was not
-deduplicated.
+charge no task accounts for, a task left unfinished (stall), an inconsistent ledger, fewer
+kills than asked, or a resubmission that was not deduplicated.
 """
 
 from __future__ import annotations
@@ -37,10 +47,7 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
 import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -57,15 +64,21 @@ from rich.text import Text
 from ..app import SubmitRequest
 from ..config import parse_ledger_url
 from ..errors import ConfigError, LedgerUnavailable, RatchetError
-from ..ledger.base import AuditEvent, EffectState, Ledger
-from ..serde import loads
+from ..ledger.base import AuditEvent, Ledger
 from ..states import State
+from ..testing import (
+    ConditionTimeout,
+    ProcessGroup,
+    WorkerProcess,
+    check_exactly_once,
+    check_ledger_consistent,
+    sqlite_write_locked,
+)
 from . import billing
 from .payments import (
+    PaymentClient,
     PaymentService,
     PaymentServiceError,
-    read_charges,
-    read_executions,
     start_payment_service,
 )
 
@@ -75,7 +88,6 @@ __all__ = [
     "demo_pg_url",
     "reset_pg_schema",
     "run_demo",
-    "sqlite_write_locked",
 ]
 
 _MARKER = ".ratchet-demo"
@@ -100,8 +112,11 @@ class DemoSettings:
         chaos_to: last progress fraction at which a kill may happen.
         min_kill_gap_s: least time between two kills, seconds.
         resubmits: keys resubmitted to show submit dedupe.
-        deadline_s: after this many seconds from the first submission, tasks that are not
-            terminal are an error.
+        stall_s: once every task is submitted, the run fails when no task has changed
+            state (and no claim happened) for this many seconds: the deadline follows the
+            workload, it is not fixed.
+        deadline_s: optional hard cap on the run, seconds from the first submission
+            (None: none; the stall window alone decides).
         reply_lost: payment-service probability of dropping a reply after charging.
         burst_503: payment-service probability of starting a burst of 503s.
         slow: payment-service probability of a slow charge.
@@ -122,7 +137,8 @@ class DemoSettings:
     chaos_to: float = 0.85
     min_kill_gap_s: float = 0.7
     resubmits: int = 5
-    deadline_s: float = 90.0
+    stall_s: float = 30.0
+    deadline_s: float | None = None
     reply_lost: float = 0.05
     burst_503: float = 0.02
     slow: float = 0.03
@@ -141,8 +157,7 @@ class _Slot:
     """One worker position: a process that is restarted after every kill."""
 
     index: int
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
+    proc: WorkerProcess | None = None
     started_mono: float = 0.0
     starts: int = 0
     stopped: bool = False
@@ -153,21 +168,7 @@ class _Slot:
         return self.proc.pid if self.proc is not None else None
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-
-def sqlite_write_locked(path: str | Path, timeout_s: float) -> bool:
-    """True when some process holds the SQLite file's write lock for longer than
-    ``timeout_s`` seconds (probed with ``BEGIN IMMEDIATE`` and an immediate rollback)."""
-    conn = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
-        return False
-    except sqlite3.OperationalError:
-        return True
-    finally:
-        conn.close()
+        return self.proc is not None and self.proc.alive()
 
 
 def demo_pg_url(url: str) -> tuple[str, str, bool]:
@@ -293,12 +294,6 @@ def _holder_pid(holder: str | None) -> int | None:
         return None
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Send ``sig`` to the worker's process group (it runs in its own session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
 @dataclass
 class _Snapshot:
     """What the ledger says about this run's tasks at one instant."""
@@ -363,7 +358,12 @@ class _DemoRun:
         self.app = billing.app
         self.lease_s = self.app.definition(_TASK).lease_s
         self.service: PaymentService | None = None
-        self.slots = [_Slot(i, workdir / f"worker-{i}.log") for i in range(workers)]
+        self.slots = [_Slot(i) for i in range(workers)]
+        # Fault points of a test running the demo must not leak into its workers.
+        self.procs = ProcessGroup(
+            workdir / "logs", cwd=workdir,
+            drop_prefixes=("RATCHET_CRASH_AT", "RATCHET_PAUSE_AT", "RATCHET_CRASH_SKIP"),
+        )  # fmt: skip
         self.events: list[tuple[float, str]] = []
         self.t0 = time.monotonic()
         self.run_tag = f"{seed:06d}-{os.getpid() % 10000:04d}"
@@ -379,6 +379,7 @@ class _DemoRun:
         self.unexpected_exits = 0
         self.pause: dict[str, Any] = {}
         self.pause_attempts = 0
+        self.stalled = False
         self.deadline_hit = False
         self.elapsed_s = 0.0
 
@@ -394,43 +395,21 @@ class _DemoRun:
     def log(self, message: str) -> None:
         self.events.append((self.now(), message))
 
-    def _worker_env(self) -> dict[str, str]:
-        assert self.service is not None
-        inherited = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("RATCHET_CRASH_AT", "RATCHET_PAUSE_AT", "RATCHET_CRASH_SKIP")
-        }  # the chaos here is ours; a test's fault points must not leak into the workers
-        return dict(
-            inherited,
-            RATCHET_LEDGER_URL=self.ledger_url,
-            RATCHET_DEMO_PAYMENTS_URL=self.service.url,
-            RATCHET_DEMO_LEASE_S=repr(self.lease_s),
-            PYTHONUNBUFFERED="1",
-        )
-
-    def _worker_cmd(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "ratchet.cli.main",
-            "worker",
-            "ratchet.demo.billing:app",
-            "--concurrency",
-            str(self.s.concurrency),
-        ]
-
     def start_worker(self, slot: _Slot) -> None:
-        with open(slot.log_path, "ab") as log_file:
-            slot.proc = subprocess.Popen(
-                self._worker_cmd(),
-                env=self._worker_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=self.workdir,
-            )
+        """Start (or restart) the worker of ``slot`` in a process group of its own."""
+        assert self.service is not None
+        slot.proc = self.procs.worker(
+            "ratchet.demo.billing:app",
+            self.ledger_url,
+            name=f"worker-{slot.index}",
+            concurrency=self.s.concurrency,
+            poll_interval_s=None,
+            new_session=True,
+            env={
+                "RATCHET_DEMO_PAYMENTS_URL": self.service.url,
+                "RATCHET_DEMO_LEASE_S": repr(self.lease_s),
+            },
+        )
         slot.started_mono = time.monotonic()
         slot.starts += 1
         slot.stopped = False
@@ -442,23 +421,17 @@ class _DemoRun:
         Only processes still running (not yet reaped) are signalled, so a recycled pid is
         never hit. Calling it again is a no-op.
         """
-        live = [s for s in self.slots if s.alive()]
-        for slot in live:
-            assert slot.proc is not None
-            _signal_group(slot.proc, signal.SIGCONT)
-            _signal_group(slot.proc, signal.SIGTERM)
-            slot.stopped = False
+        live = [s.proc for s in self.slots if s.proc is not None and s.alive()]
+        for proc in live:
+            proc.resume()
+            proc.signal(signal.SIGTERM)
         deadline = time.monotonic() + 5.0
-        for slot in live:
-            assert slot.proc is not None
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                slot.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for slot in live:
-            assert slot.proc is not None
-            if slot.proc.poll() is None:
-                _signal_group(slot.proc, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    slot.proc.wait(timeout=5.0)
+        for proc in live:
+            with contextlib.suppress(ConditionTimeout):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+        for slot in self.slots:
+            slot.stopped = False
+        self.procs.cleanup()
 
     # -- ledger reads
 
@@ -509,8 +482,7 @@ class _DemoRun:
         assert slot.proc is not None
         pid = slot.proc.pid
         held = len(snap.inflight.get(pid, []))
-        _signal_group(slot.proc, signal.SIGKILL)
-        slot.proc.wait()
+        slot.proc.kill()
         with contextlib.suppress(RatchetError):
             self.kill_times.append((pid, self.ledger.now()))
         self.kills_done += 1
@@ -537,13 +509,12 @@ class _DemoRun:
             return False  # nobody would be left to take its tasks over
         slot = self.rng.choice(candidates)
         assert slot.proc is not None
-        _signal_group(slot.proc, signal.SIGSTOP)
         slot.stopped = True
-        time.sleep(0.05)  # let the stop land
+        slot.proc.pause()  # SIGSTOP to its group; returns once the kernel says stopped
         held = self.snapshot().inflight.get(slot.proc.pid, [])
         self.pause_attempts += 1
         if not held or self.sqlite_write_lock_held():
-            _signal_group(slot.proc, signal.SIGCONT)
+            slot.proc.resume()
             slot.stopped = False
             return False
         until = self.now() + self.pause_s
@@ -558,9 +529,8 @@ class _DemoRun:
 
     def resume(self) -> None:
         slot = self.slots[int(self.pause["slot"])]
-        if slot.alive():
-            assert slot.proc is not None
-            _signal_group(slot.proc, signal.SIGCONT)
+        if slot.proc is not None:
+            slot.proc.resume()
         slot.stopped = False
         self.pause["end"] = self.now()
         taken = 0
@@ -669,6 +639,10 @@ class _DemoRun:
         self.t0 = time.monotonic()
         deadline = s.deadline_s
         snap = _Snapshot(Counter(), {})
+        # The deadline follows the workload: the run ends when every task settled, and
+        # fails only when nothing moved (no state change, no takeover) for stall_s.
+        last_fingerprint: tuple[Any, ...] = ()
+        last_change = 0.0
         with Live(
             self.progress(snap), console=self.console, refresh_per_second=4, transient=False
         ) as live:
@@ -738,9 +712,24 @@ class _DemoRun:
                     and (settled == len(self.task_ids))
                 ):
                     break
-                if t >= deadline:
+                fingerprint = (
+                    tuple(sorted((st.value, n) for st, n in snap.states.items())),
+                    snap.takeovers,
+                    snap.revocations,
+                )
+                if fingerprint != last_fingerprint:
+                    last_fingerprint, last_change = fingerprint, t
+                elif self.submitted >= self.n_tasks and t - last_change >= s.stall_s:
+                    self.stalled = True
+                    self.log(
+                        f"[red]stalled: no task changed state for {s.stall_s:.0f} s[/] "
+                        f"({_fmt_states(snap.states)})"
+                    )
+                    live.update(self.progress(snap))
+                    break
+                if deadline is not None and t >= deadline:
                     self.deadline_hit = True
-                    self.log(f"[red]deadline of {deadline:.0f} s reached[/]")
+                    self.log(f"[red]hard deadline of {deadline:.0f} s reached[/]")
                     live.update(self.progress(snap))
                     break
                 time.sleep(max(0.0, s.tick_s - (self.now() - t)))
@@ -775,36 +764,25 @@ class _DemoRun:
         assert self.service is not None
         infos = {i.task_id: i for i in self.ledger.get_many(self.task_ids)}
         stats = self.ledger.stats()
-        executions = read_executions(self.service.db_path)
-        charges = read_charges(self.service.db_path)
+        records = self.service.records()
+        executions = records.executions
         service_stats: dict[str, Any] = {}
-        with contextlib.suppress(Exception):
-            from .payments import PaymentClient
-
-            with PaymentClient(self.service.url, timeout_s=5.0) as client:
-                service_stats = client.stats()
+        with contextlib.suppress(Exception), PaymentClient(self.service.url, 5.0) as client:
+            service_stats = client.stats()
 
         states: Counter[State] = Counter(i.state for i in infos.values())
         key_of = {tid: f"charge:{i.params['order_id']}" for tid, i in infos.items()}
-        our_keys = set(key_of.values())
-        succeeded = [i for i in infos.values() if i.state is State.SUCCEEDED]
-        not_succeeded = [i for i in infos.values() if i.state is not State.SUCCEEDED]
-        ok_once = [i for i in succeeded if executions.get(key_of[i.task_id], 0) == 1]
-        bad_succeeded = [i for i in succeeded if executions.get(key_of[i.task_id], 0) != 1]
-        dup_keys = {k: n for k, n in executions.items() if n > 1}
-        stray = {k: n for k, n in executions.items() if k not in our_keys}
-        charged_not_succeeded = [i for i in not_succeeded if executions.get(key_of[i.task_id])]
 
         # Per-task records from the ledger: effects, retries, releases.
         via_lookup = 0
         calls = 0
-        mismatch: list[str] = []
         retry_classes: Counter[str] = Counter()
         released: Counter[str] = Counter()
         attempts: list[int] = []
+        timelines = {tid: self.ledger.timeline(tid) for tid in infos}
         events_of: dict[str, list[AuditEvent]] = {}
         for tid, info in infos.items():
-            tl = self.ledger.timeline(tid)
+            tl = timelines[tid]
             events_of[tid] = tl.events
             attempts.append(info.attempt)
             for ev in tl.events:
@@ -815,40 +793,44 @@ class _DemoRun:
             for eff in tl.effects:
                 calls += eff.calls
                 via_lookup += int(eff.via_lookup)
-                if info.state is State.SUCCEEDED:
-                    recorded = loads(eff.result_json) if eff.state is EffectState.DONE else None
-                    stored = charges.get(eff.key)
-                    if (
-                        not isinstance(recorded, dict)
-                        or stored is None
-                        or recorded.get("charge_id") != stored["charge_id"]
-                    ):
-                        mismatch.append(tid)
-            if info.state is State.SUCCEEDED and not tl.effects:
-                mismatch.append(tid)
 
+        # The verdict: ratchet.testing's checks, against the service's own records.
+        once = check_exactly_once(
+            self.ledger, records, task_ids=self.task_ids, keys=key_of, effect="charge",
+            result_id_field="charge_id", raise_on_violation=False, timelines=timelines,
+        )  # fmt: skip
+        consistent = check_ledger_consistent(
+            self.ledger_url, task_ids=list(infos), raise_on_violation=False,
+            timelines=timelines,
+        )  # fmt: skip
+        succeeded = once.succeeded
+        dup_keys = once.duplicated
+        charged_not_succeeded = once.executed_not_succeeded
         reclaims = self._reclaims(events_of)
-        not_terminal = [i for i in infos.values() if not i.terminal]
+        not_terminal = once.not_terminal
         resub_ok = all(want == got and not created for want, got, created in self.resubmit_checks)
+        why_unfinished = (
+            f"stalled {self.s.stall_s:.0f} s" if self.stalled
+            else "hard deadline" if self.deadline_hit else ""
+        )  # fmt: skip
 
         invariants: list[tuple[str, bool, str]] = [
             (
-                "every task terminal before the deadline",
-                not not_terminal and not self.deadline_hit and len(infos) == self.n_tasks,
+                "every task finished (drained, no stall)",
+                not not_terminal and not self.stalled and not self.deadline_hit
+                and len(infos) == self.n_tasks,
                 f"{len(not_terminal)} not terminal "
-                f"({_fmt_states(Counter(i.state for i in not_terminal))})"
-                if not_terminal
+                f"({_fmt_states(Counter(State(v) for v in not_terminal.values()))})"
+                + (f", {why_unfinished}" if why_unfinished else "")
+                if not_terminal or why_unfinished
                 else f"{len(infos)} of {self.n_tasks}",
             ),
             (
                 "every succeeded task's key executed exactly once",
-                not bad_succeeded,
-                f"{len(ok_once)} of {len(succeeded)}"
-                + (
-                    f"; violators: {', '.join(i.task_id for i in bad_succeeded[:3])}"
-                    if bad_succeeded
-                    else ""
-                ),
+                once.succeeded_once == succeeded and not once.missing,
+                f"{once.succeeded_once} of {succeeded}"
+                + (f"; never executed: {', '.join(list(once.missing)[:3])}"
+                   if once.missing else ""),
             ),
             (
                 "no key executed more than once",
@@ -858,10 +840,20 @@ class _DemoRun:
             ),
             (
                 "ledger's charge id = the service's charge id",
-                not mismatch,
-                f"{len(succeeded) - len(set(mismatch))} of {len(succeeded)} match",
+                not once.mismatched,
+                f"{succeeded - len(once.mismatched)} of {succeeded} match",
             ),
-            ("no charges for keys outside this run", not stray, f"{len(stray)} stray keys"),
+            (
+                "no charges for keys outside this run",
+                not once.unexpected,
+                f"{len(once.unexpected)} stray keys",
+            ),
+            (
+                "ledger consistent (every fencing generation audited)",
+                consistent.ok,
+                f"{consistent.tasks} tasks" if consistent.ok
+                else "; ".join(consistent.violations[:2]),
+            ),
             (
                 "resubmitted keys returned the same task id",
                 resub_ok,
@@ -873,7 +865,7 @@ class _DemoRun:
                 self.kills_done >= self.kills_asked,
                 f"{self.kills_done} done",
             ),
-        ]
+        ]  # fmt: skip
         broken = [name for name, ok, _ in invariants if not ok]
 
         # ---- print
@@ -925,7 +917,7 @@ class _DemoRun:
         ext.add_row("charges executed", str(sum(executions.values())))
         ext.add_row("distinct keys charged", str(len(executions)))
         ext.add_row("keys executed more than once", _bad(len(dup_keys)))
-        ext.add_row("succeeded tasks with exactly one charge", f"{len(ok_once)}/{len(succeeded)}")
+        ext.add_row("succeeded tasks with exactly one charge", f"{once.succeeded_once}/{succeeded}")
         ext.add_row("not-succeeded tasks that were charged", str(len(charged_not_succeeded)))
         ext.add_row("replays deduplicated by the service", str(service_stats.get("replays", "?")))
         ext.add_row(
