@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +22,15 @@ import pytest
 from takeover_app import app as template
 
 from ratchet import App, State, TaskInfo, open_ledger
+from ratchet.config import parse_ledger_url
 from ratchet.ledger.base import Ledger, TaskWrite, Transition, WorkerInfo
-from ratchet.testing import ProcessGroup, WorkerProcess, check_ledger_consistent, wait_for
+from ratchet.testing import (
+    ProcessGroup,
+    WorkerProcess,
+    check_ledger_consistent,
+    sqlite_write_locked,
+    wait_for,
+)
 from ratchet.worker.registry import (
     Registrar,
     host_identity,
@@ -60,6 +68,23 @@ class Rig:
         proc = self.group.worker("takeover_app:app", self.ledger_url, name=name, concurrency=2)
         proc.holder(DEADLINE_S)
         return proc
+
+    def freeze(self, proc: WorkerProcess) -> None:
+        """SIGSTOP ``proc`` outside a SQLite write transaction (frozen inside one, it would
+        hold the single write lock and stall every other writer: a SQLite mechanic, not
+        what these tests are about; PostgreSQL locks rows). Retried until it holds.
+
+        Raises:
+            AssertionError: every try froze it inside a transaction.
+        """
+        config = parse_ledger_url(self.ledger_url)
+        for _ in range(100):
+            proc.pause()
+            if config.scheme != "sqlite" or not sqlite_write_locked(config.path, 0.05):
+                return
+            proc.resume()
+            time.sleep(0.01)  # a retry of the freeze, not a wait before an assertion
+        raise AssertionError(f"could not freeze {proc.name} outside a ledger transaction")
 
     def runs(self) -> list[dict[str, int]]:
         """Executions so far, in order: ``{"task", "pid", "generation", "attempt"}``."""
@@ -140,7 +165,7 @@ def test_stopped_worker_is_not_revoked_and_a_killed_one_is(
     holder = worker.holder()
     handle = app.submit("takeover.hold", {"n": 1})
     wait_for("the first execution", rig.runs, DEADLINE_S)
-    worker.pause()
+    rig.freeze(worker)
     judge = Registrar(app.ledger, "judge")
     assert judge.scan_once() == {}
     held = app.get(handle.task_id)
@@ -166,7 +191,7 @@ def test_frozen_holder_revoked_by_an_operator_is_fenced_when_it_resumes(
     frozen_holder = frozen.holder()
     handle = app.submit("takeover.hold", {"n": 3})
     wait_for("the first execution", rig.runs, DEADLINE_S)
-    frozen.pause()
+    rig.freeze(frozen)
     assert app.ledger.revoke_holder(frozen_holder, by="operator", reason="test") == [
         handle.task_id
     ]
