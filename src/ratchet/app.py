@@ -75,7 +75,13 @@ class TaskDefinition:
         fn: the function, called as ``fn(ctx, **params)``.
         version: definition version pinned by every instance at submit.
         retry: the retry policy.
-        lease_s: lease length in seconds; renewed every ``lease_s / 3`` while running.
+        lease_s: lease length in seconds, at least :data:`MIN_LEASE_S`; renewed every
+            ``lease_s / 3`` while running.
+
+    Raises:
+        ConfigError: a lease below :data:`MIN_LEASE_S`, a ``retry`` that is not a
+            :class:`RetryPolicy`, a version outside 1 .. 2**31 - 1 (the ledger stores a
+            32-bit integer), or ``fn`` not callable.
     """
 
     name: str
@@ -105,11 +111,14 @@ class TaskDefinition:
             InvalidArguments: a missing or unexpected parameter.
         """
         try:
-            inspect.signature(self.fn).bind(None, **params)
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # no introspectable signature (a C function)
+            return
+        try:
+            signature.bind(None, **params)
         except TypeError as exc:
             raise InvalidArguments(
-                f"params for task {self.name!r} do not match its signature "
-                f"{inspect.signature(self.fn)}: {exc}"
+                f"params for task {self.name!r} do not match its signature {signature}: {exc}"
             ) from None
 
 
