@@ -329,6 +329,17 @@ def test_deeply_nested_params_are_refused_with_a_ratchet_error(app: App, tmp_pat
     app.submit("blob.store", {"blob": ok})  # moderately deep JSON is fine
 
 
+def test_submit_many_takes_a_generator_once(app: App) -> None:
+    # A generator is read once: every request is submitted, none silently dropped.
+    handles = app.submit_many(
+        SubmitRequest("mail.send", {"to": f"u{i}@b.c"}) for i in range(3)
+    )
+    assert len(handles) == 3
+    assert sorted(app.get(h.task_id).params["to"] for h in handles) == [
+        "u0@b.c", "u1@b.c", "u2@b.c"
+    ]
+
+
 # ---------------------------------------------------------------------- task definitions
 
 

@@ -147,6 +147,8 @@ BAD_CALLS: dict[str, BadCall] = {
     "delay NaN": lambda a, p: a.submit("t.ok", delay_s=math.nan),
     "delay str": lambda a, p: a.submit("t.ok", delay_s="1"),  # type: ignore[arg-type]
     "submit_many item": lambda a, p: a.submit_many([("t.ok", {})]),  # type: ignore[list-item]
+    "submit_many not iterable": lambda a, p: a.submit_many(5),  # type: ignore[arg-type]
+    "submit_many one request": lambda a, p: a.submit_many(ratchet.SubmitRequest("t.ok")),  # type: ignore[arg-type]
     "idempotency conflict": lambda a, p: (
         a.submit("t.ok", {"n": 1}, idempotency_key="same"),
         a.submit("t.ok", {"n": 2}, idempotency_key="same"),

@@ -21,7 +21,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -420,17 +420,28 @@ class App:
             [SubmitRequest(name, params, idempotency_key, run_at, delay_s)]
         )[0]
 
-    def submit_many(self, requests: Sequence[SubmitRequest]) -> list[TaskHandle]:
+    def submit_many(self, requests: Iterable[SubmitRequest]) -> list[TaskHandle]:
         """Submit several tasks in one ledger transaction, all-or-nothing.
 
         Args:
             requests: :class:`SubmitRequest` items (name, params, idempotency_key, run_at /
-                delay_s).
+                delay_s): a list, or any iterable (read once).
 
         Raises:
-            InvalidArguments: an item is not a :class:`SubmitRequest`.
+            InvalidArguments: ``requests`` is not iterable, or an item is not a
+                :class:`SubmitRequest`.
             Same as :meth:`submit`; on any error nothing of the batch is written.
         """
+        if isinstance(requests, str | bytes | Mapping | SubmitRequest):
+            raise InvalidArguments(
+                f"submit_many takes a list of ratchet.SubmitRequest, got {type(requests).__name__}"
+            )
+        try:
+            requests = list(requests)
+        except TypeError:
+            raise InvalidArguments(
+                f"submit_many takes a list of ratchet.SubmitRequest, got {type(requests).__name__}"
+            ) from None
         for index, request in enumerate(requests):
             if not isinstance(request, SubmitRequest):
                 raise InvalidArguments(
