@@ -192,6 +192,10 @@ BAD_CALLS: dict[str, BadCall] = {
     "identifier": lambda a, p: check_identifier(b"x", "name", 10),
     # control
     "control url": lambda a, p: ratchet.Control("ftp://x"),
+    "control url int": lambda a, p: ratchet.Control(5),  # type: ignore[arg-type]
+    "open_ledger url int": lambda a, p: ratchet.open_ledger(5),  # type: ignore[arg-type]
+    "open_ledger durability int": lambda a, p: ratchet.open_ledger(
+        f"sqlite:///{p}/d.db", durability=3),  # type: ignore[arg-type]
     "control status no ledger": lambda a, p: ratchet.Control(f"sqlite:///{p}/none.db").status(),
     "control inspect missing": lambda a, p: ratchet.Control(app=a).inspect("0" * 32),
     "control inspect bad id": lambda a, p: ratchet.Control(app=a).inspect(None),  # type: ignore[arg-type]

@@ -150,6 +150,10 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         ConfigError: unknown scheme, missing path, bad durability or timeout value.
     """
     raw = url if url is not None else os.environ.get("RATCHET_LEDGER_URL", DEFAULT_LEDGER_URL)
+    if not isinstance(raw, str):
+        raise ConfigError(f"ledger URL must be a string, got {type(raw).__name__}")
+    if durability is not None and not isinstance(durability, str):
+        raise ConfigError(f"durability must be a string, got {type(durability).__name__}")
     raw = raw.strip()
     if not raw:
         raise ConfigError("ledger URL is empty; expected e.g. sqlite:///ratchet.db")
