@@ -218,3 +218,23 @@ def test_submit_needs_an_app(tmp_path: Path) -> None:
 def test_malformed_url_is_refused_at_construction() -> None:
     with pytest.raises(ConfigError):
         Control("mysql://x/y")
+
+
+def test_wait_gives_up_at_its_deadline_and_returns_at_unknown(ledger_url: str) -> None:
+    import time
+
+    from ratchet import WaitTimeout
+
+    app = make_app(ledger_url)
+    pending = app.submit("billing.charge", {"order_id": "o-w"})
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout, match=r"still PENDING after 0\.4 s"):
+        app.wait(pending.task_id, timeout_s=0.4, poll_s=0.05)
+    elapsed = time.monotonic() - started
+    assert elapsed >= 0.4  # never early
+    assert elapsed < 0.4 + 5.0  # one last look at the deadline, not a whole extra interval
+    app.close()
+    task_id = unknown_task(ledger_url, "o-u")
+    app = make_app(ledger_url)
+    assert app.wait(task_id, timeout_s=30).state is State.UNKNOWN  # a person, not time
+    app.close()
