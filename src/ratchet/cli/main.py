@@ -475,6 +475,22 @@ def demo(
         int | None,
         typer.Option("--seed", metavar="N", help="Random seed (default: a fresh one)."),
     ] = None,
+    concurrency: Annotated[
+        int,
+        typer.Option("--concurrency", min=1, metavar="N",
+                     help="Task threads per worker process."),
+    ] = 8,
+    stall_s: Annotated[
+        float,
+        typer.Option("--stall-s", min=1.0, metavar="SECONDS",
+                     help="Once every task is submitted, fail when no task changed state for "
+                     "this long (the deadline follows the workload)."),
+    ] = 30.0,
+    deadline_s: Annotated[
+        float | None,
+        typer.Option("--deadline-s", min=1.0, metavar="SECONDS",
+                     help="Optional hard cap on the whole run (default: none)."),
+    ] = None,
 ) -> None:
     """Billing demo: workers killed at random.
 
@@ -482,9 +498,11 @@ def demo(
     killed with SIGKILL and one paused past its lease; a report checked from the ledger and
     the service's own records (non-zero exit status when an invariant is broken).
     """
-    from ..demo.runner import run_demo
+    from ..demo.runner import DemoSettings, run_demo
 
-    code = _guard(lambda: run_demo(ledger, tasks=tasks, workers=workers, kills=kills, seed=seed))
+    settings = DemoSettings(concurrency=concurrency, stall_s=stall_s, deadline_s=deadline_s)
+    code = _guard(lambda: run_demo(ledger, tasks=tasks, workers=workers, kills=kills, seed=seed,
+                                   settings=settings))
     raise typer.Exit(int(code))
 
 
