@@ -307,8 +307,8 @@ def test_connection_killed_inside_a_transaction_is_retried(
     armed = [0]
     real_begin = pg_module.PostgresDialect._begin
 
-    def now_then_kill(self: Any, cur: Any, claims: bool) -> float:
-        value = real_begin(self, cur, claims)
+    def now_then_kill(self: Any, cur: Any) -> float:
+        value = real_begin(self, cur)
         if armed[0]:
             armed[0] -= 1
             with _raw() as conn:

@@ -90,11 +90,10 @@ class Dialect(Protocol):
     where: str
     probe_before_claim: bool
 
-    def run(self, body: Callable[[Tx], T], *, write: bool = True, claims: bool = False) -> T:
+    def run(self, body: Callable[[Tx], T], *, write: bool = True) -> T:
         """Run ``body`` in one transaction and commit (roll back if it raises).
 
         ``write``: the transaction writes (SQLite takes the write lock at BEGIN).
-        ``claims``: the transaction claims ready tasks.
 
         Raises:
             CommitOutcomeUnknown: the connection was lost during COMMIT.

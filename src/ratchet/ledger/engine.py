@@ -176,8 +176,7 @@ class LedgerEngine:
             return []
         if self.dialect.probe_before_claim and not self.dialect.probe():
             return []
-        return self.dialect.run(lambda tx: self._claim_in(tx, holder, names, limit),
-                                claims=True)
+        return self.dialect.run(lambda tx: self._claim_in(tx, holder, names, limit))
 
     def _claim_in(self, tx: Tx, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
         """The claim, inside the caller's write transaction (see :meth:`claim`)."""
@@ -317,7 +316,7 @@ class LedgerEngine:
 
         try:
             try:
-                return self.dialect.run(body, claims=True)
+                return self.dialect.run(body)
             except CommitOutcomeUnknown:
                 return self.dialect.run(lambda tx: self._commit_in(tx, writes, resend=True)), []
         except WriteRejected as exc:

@@ -43,14 +43,13 @@ import contextlib
 import hashlib
 import json
 import logging
-import random
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import psycopg
+import tenacity
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg_pool import PoolTimeout
@@ -86,6 +85,10 @@ CLAIM_READY_SQL = load_catalogue("postgresql")["claim_ready"][0]
 """The claim of ready tasks (parameters: now, names, limit, holder). ``bench/`` prints its
 ``EXPLAIN``: it must stay an index scan of ``tasks_ready`` whatever the number of finished
 tasks."""
+
+ATTEMPTS = 3
+"""Attempts of a transaction the server rolled back (deadlock, connection lost before
+COMMIT) before its error is raised."""
 
 _REJECTED = (pg_errors.DataError, pg_errors.ProgramLimitExceeded, pg_errors.IntegrityError)
 """Driver errors that refuse a write for its content (a value over an index row's limit, a
@@ -273,7 +276,7 @@ class PostgresDialect:
                 f"PostgreSQL ledger {self.where}: no connection available ({exc})"
             ) from exc
 
-    def _begin(self, cur: Cursor, claims: bool) -> float:
+    def _begin(self, cur: Cursor) -> float:
         """BEGIN and the transaction's clock in one round trip (no per-transaction planner
         settings: the indexes fit the statements, see migration 0002)."""
         cur.execute("BEGIN; " + _NOW_SQL)
@@ -282,57 +285,74 @@ class PostgresDialect:
         assert clock is not None
         return float(clock[0])
 
-    def run(self, body: Callable[[Any], T], *, write: bool = True, claims: bool = False) -> T:
-        """Run ``body`` in one transaction (see ``Dialect.run``); retried (up to 3 times)
-        when the connection died before COMMIT was sent, and on deadlock / serialization
-        failure (the server rolled it back)."""
-        attempts = 3
-        for attempt in range(1, attempts + 1):
-            committing = False
-            tx: _PgTx | None = None
-            try:
-                with self._connection() as conn, conn.cursor() as cur:
-                    tx = _PgTx(cur, self._catalogue, self._begin(cur, claims))
-                    try:
-                        result = body(tx)
-                        if write:
-                            faults.point("commit.before_commit")
-                        committing = True
-                        tx.statement = "commit"
-                        # Wake listening workers at commit (the payload is not used): the
-                        # NOTIFY travels with the COMMIT, one round trip.
-                        cur.execute(self._notify_commit if tx.woken else b"COMMIT")
-                        return result
-                    except BaseException:
-                        if not committing and not conn.closed:
-                            with contextlib.suppress(psycopg.Error):
-                                conn.execute("ROLLBACK")
-                        raise
-            except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
-                if attempt == attempts:
-                    raise LedgerError(f"PostgreSQL ledger {self.where}: {exc}") from exc
-                time.sleep(random.uniform(0.005, 0.05) * attempt)
-            except _REJECTED as exc:
-                raise self._rejected(exc, tx.statement if tx else "begin") from exc
-            except psycopg.OperationalError as exc:
-                if committing:
-                    raise CommitOutcomeUnknown(
-                        f"PostgreSQL ledger {self.where}: connection lost during COMMIT; the "
-                        f"outcome of this transaction is unknown ({exc})"
-                    ) from exc
-                if attempt == attempts:
-                    raise LedgerUnavailable(
-                        f"PostgreSQL ledger {self.where} is unreachable: {exc}"
-                    ) from exc
-                # The server dropped this connection, so it likely dropped its idle
-                # siblings too (restart, pg_terminate_backend): test them all before
-                # retrying, so the retry gets a live connection, not the next dead one.
-                with contextlib.suppress(Exception):
-                    self._pool.check()
-                time.sleep(0.05 * attempt)
-            except psycopg.Error as exc:
-                raise LedgerError(f"PostgreSQL ledger {self.where}: {exc}") from exc
-        raise AssertionError("unreachable")
+    def run(self, body: Callable[[Any], T], *, write: bool = True) -> T:
+        """Run ``body`` in one transaction (see ``Dialect.run``).
+
+        Up to :data:`ATTEMPTS` attempts (tenacity, jittered exponential wait) when the
+        server rolled the transaction back for us: a deadlock or serialization failure, or
+        a connection that died before ``COMMIT`` was sent (then the pool is checked first,
+        since the server likely dropped the idle siblings of that connection too).
+        """
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_RolledBack),
+            stop=tenacity.stop_after_attempt(ATTEMPTS),
+            wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.2),
+            before_sleep=self._before_retry,
+            reraise=True,
+        )
+        try:
+            result: T = retrying(self._attempt, body, write)
+            return result
+        except _RolledBack as gave_up:
+            raise gave_up.final from gave_up.__cause__
+
+    def _before_retry(self, state: tenacity.RetryCallState) -> None:
+        outcome = state.outcome
+        failed = outcome.exception() if outcome is not None else None
+        if isinstance(failed, _RolledBack) and failed.connection_lost:
+            with contextlib.suppress(Exception):
+                self._pool.check()
+
+    def _attempt(self, body: Callable[[Any], T], write: bool) -> T:
+        """One attempt of :meth:`run`; driver errors mapped (see the module docstring)."""
+        committing = False
+        tx: _PgTx | None = None
+        try:
+            with self._connection() as conn, conn.cursor() as cur:
+                tx = _PgTx(cur, self._catalogue, self._begin(cur))
+                try:
+                    result = body(tx)
+                    if write:
+                        faults.point("commit.before_commit")
+                    committing = True
+                    tx.statement = "commit"
+                    # Wake listening workers at commit (the payload is not used): the
+                    # NOTIFY travels with the COMMIT, one round trip.
+                    cur.execute(self._notify_commit if tx.woken else b"COMMIT")
+                    return result
+                except BaseException:
+                    if not committing and not conn.closed:
+                        with contextlib.suppress(psycopg.Error):
+                            conn.execute("ROLLBACK")
+                    raise
+        except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
+            raise _RolledBack(
+                LedgerError(f"PostgreSQL ledger {self.where}: {exc}"), connection_lost=False
+            ) from exc
+        except _REJECTED as exc:
+            raise self._rejected(exc, tx.statement if tx else "begin") from exc
+        except psycopg.OperationalError as exc:
+            if committing:
+                raise CommitOutcomeUnknown(
+                    f"PostgreSQL ledger {self.where}: connection lost during COMMIT; the "
+                    f"outcome of this transaction is unknown ({exc})"
+                ) from exc
+            raise _RolledBack(
+                LedgerUnavailable(f"PostgreSQL ledger {self.where} is unreachable: {exc}"),
+                connection_lost=True,
+            ) from exc
+        except psycopg.Error as exc:
+            raise LedgerError(f"PostgreSQL ledger {self.where}: {exc}") from exc
 
     def _rejected(self, exc: psycopg.Error, statement: str) -> WriteRejected:
         """WriteRejected naming the statement and the constraint or index refused."""
@@ -477,3 +497,12 @@ class PostgresLedger(LedgerEngine):
         except BaseException:
             dialect.close()
             raise
+
+
+class _RolledBack(Exception):
+    """Internal: the server rolled this attempt back; retry, or raise ``final``."""
+
+    def __init__(self, final: LedgerError, connection_lost: bool) -> None:
+        super().__init__(str(final))
+        self.final = final
+        self.connection_lost = connection_lost

@@ -40,8 +40,12 @@ __all__ = ["SQLiteDialect", "SQLiteLedger"]
 T = TypeVar("T")
 
 _SYNCHRONOUS = {Durability.FSYNC: "FULL", Durability.BUFFERED: "NORMAL"}
-_UNAVAILABLE = ("locked", "busy", "unable to open", "disk i/o", "readonly", "read-only",
-                "not a database", "malformed", "disk is full")
+_UNAVAILABLE = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN", "SQLITE_IOERR",
+                "SQLITE_READONLY", "SQLITE_FULL", "SQLITE_NOTADB", "SQLITE_CORRUPT",
+                "SQLITE_PERM", "SQLITE_PROTOCOL"}
+"""Primary result codes of a file that cannot be used now: LedgerUnavailable."""
+_REJECTED = {"SQLITE_TOOBIG", "SQLITE_CONSTRAINT", "SQLITE_MISMATCH", "SQLITE_RANGE"}
+"""Primary result codes of a write refused for its content: WriteRejected."""
 
 
 def _decode(data: bytes) -> str:
@@ -227,16 +231,17 @@ class SQLiteDialect:
         """Map a driver error: content refused → WriteRejected, file trouble →
         LedgerUnavailable, anything else → LedgerError."""
         text = str(exc)
-        if isinstance(exc, sqlite3.DataError | sqlite3.IntegrityError) or "too big" in text:
+        code = getattr(exc, "sqlite_errorname", None) or ""
+        primary = code.split("_")[0] + "_" + code.split("_")[1] if code.count("_") else code
+        if primary in _REJECTED or isinstance(exc, sqlite3.DataError | sqlite3.IntegrityError):
             return WriteRejected(
-                f"SQLite ledger {self.path!r} refused write {statement!r}: {text}")
-        if isinstance(exc, sqlite3.OperationalError) and any(
-            word in text.lower() for word in _UNAVAILABLE
-        ):
-            return LedgerUnavailable(f"SQLite ledger {self.path!r} is busy or gone: {text}")
-        return LedgerError(f"SQLite ledger {self.path!r} ({statement}): {text}")
+                f"SQLite ledger {self.path!r} refused write {statement!r}: {text} [{code}]")
+        if primary in _UNAVAILABLE:
+            return LedgerUnavailable(
+                f"SQLite ledger {self.path!r} is busy or gone: {text} [{code}]")
+        return LedgerError(f"SQLite ledger {self.path!r} ({statement}): {text} [{code}]")
 
-    def run(self, body: Callable[[Any], T], *, write: bool = True, claims: bool = False) -> T:
+    def run(self, body: Callable[[Any], T], *, write: bool = True) -> T:
         """One transaction; ``BEGIN IMMEDIATE`` for writes (see ``Dialect.run``)."""
         conn = self._conn()
         try:
