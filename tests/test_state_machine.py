@@ -67,6 +67,9 @@ KEYS = (None, "key-a", "key-b")
 MAX_TASKS = 6
 # "unknown_effect": an intent and the move to UNKNOWN in one commit (a lost reply).
 WRITE_KINDS: list[Any] = ["step", "intent", "effect_done", "unknown_effect", *State]
+EPOCH_TOLERANCE_S = 1e-3
+"""Tolerance when comparing ledger instants (epoch seconds): pytest.approx's default
+relative tolerance would accept half an hour at today's epoch."""
 CLOCK_TICK_S = 0.0015
 """Ledger-clock time (seconds) that passes between two steps: more than the ledger clock's
 resolution (SQLite: 1 ms), so no two steps share an instant."""
@@ -235,7 +238,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert a.holder == holder
             assert a.generation == c.generation
             assert a.attempt == c.attempt
-            assert a.lease_until == pytest.approx(c.ledger_now + c.lease_s)
+            assert a.lease_until == pytest.approx(c.ledger_now + c.lease_s, abs=EPOCH_TOLERANCE_S)
             self.tokens.append(Token(c.task_id, c.generation, holder))
         # An expired lease on the final attempt is retired, not taken over: FAILED, or
         # UNKNOWN when an effect intent is open; the generation moves on (fences the holder).
@@ -420,7 +423,7 @@ class LedgerMachine(RuleBasedStateMachine):
             event("renew: lease extended")
             assert b.lease_until is not None and a.lease_until is not None
             assert a.lease_until >= b.lease_until
-            assert a.lease_until == pytest.approx(result.lease_until)
+            assert a.lease_until == pytest.approx(result.lease_until, abs=EPOCH_TOLERANCE_S)
         # Renewal moves lease_until forward and touches nothing else.
         assert dataclasses.replace(a, lease_until=b.lease_until) == b
         assert after[token.task_id][1:] == before[token.task_id][1:]
