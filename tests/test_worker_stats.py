@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import asdict
 
 import pytest
 
@@ -53,6 +54,7 @@ def test_counters_from_many_threads_add_up(fine_switching: None) -> None:
     assert snap["succeeded"] == THREADS * PER_THREAD
     assert snap["by_outcome"] == stats.by_outcome and snap["by_outcome"] is not stats.by_outcome
     assert "_lock" not in snap
+    assert asdict(stats) == snap  # the lock is no field: asdict / == see counters only
 
 
 def test_a_busy_worker_counts_every_task(ledger_url: str) -> None:

@@ -56,8 +56,9 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from types import FrameType
+from typing import Any
 
 import tenacity
 
@@ -159,9 +160,10 @@ class WorkerStats:
     stale: int = 0
     lease_lost: int = 0
     by_outcome: dict[str, int] = field(default_factory=dict)
-    _lock: threading.Lock = field(
-        default_factory=threading.Lock, init=False, repr=False, compare=False
-    )
+
+    def __post_init__(self) -> None:
+        # Not a dataclass field: asdict(), repr and == see only the counters.
+        self._lock = threading.Lock()
 
     def add(self, counter: str, n: int = 1) -> None:
         """Add ``n`` to the integer counter named ``counter`` (e.g. ``"succeeded"``)."""
@@ -173,14 +175,11 @@ class WorkerStats:
         with self._lock:
             self.by_outcome[outcome] = self.by_outcome.get(outcome, 0) + 1
 
-    def snapshot(self) -> dict[str, object]:
-        """Every counter at one instant: ``{name: int}`` plus ``by_outcome`` (a copy)."""
+    def snapshot(self) -> dict[str, Any]:
+        """Every counter at one instant (``dataclasses.asdict``): ``{name: int}`` plus
+        ``by_outcome`` (a copy)."""
         with self._lock:
-            out: dict[str, object] = {
-                f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"
-            }
-            out["by_outcome"] = dict(self.by_outcome)
-        return out
+            return asdict(self)
 
 
 class Worker:
