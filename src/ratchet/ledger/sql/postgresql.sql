@@ -37,11 +37,11 @@ WHERE idempotency_key = ANY(%(keys)s::text[]);
 -- name: audit_insert
 INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder, detail)
 SELECT u.task_id, u.at, u.kind, u.from_state, u.to_state, u.generation, u.holder, u.detail
-FROM json_array_elements(%(rows)s::json) WITH ORDINALITY AS e(row, n)
-CROSS JOIN LATERAL json_to_record(e.row)
-     AS u(task_id text, at float8, kind text, from_state text, to_state text,
-          generation bigint, holder text, detail text)
-ORDER BY e.n;
+FROM ROWS FROM (json_to_recordset(%(rows)s::json)
+         AS (task_id text, at float8, kind text, from_state text, to_state text,
+             generation bigint, holder text, detail text)) WITH ORDINALITY
+     AS u(task_id, at, kind, from_state, to_state, generation, holder, detail, n)
+ORDER BY u.n;
 
 -- name: claim_expired
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
