@@ -1,0 +1,103 @@
+"""The engine's own policies, on both dialects: the re-send after a lost ``COMMIT`` reply.
+
+A lost reply is injected by a dialect wrapper that lets the real transaction commit on the
+real ledger and then raises :class:`CommitOutcomeUnknown`, as a dialect does when the
+connection drops while ``COMMIT`` is in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ratchet import open_ledger
+from ratchet.app import new_task_id
+from ratchet.ledger.base import EffectState, EffectWrite, NewTask, TaskWrite, Transition
+from ratchet.ledger.dialect import CommitOutcomeUnknown, Dialect
+from ratchet.ledger.engine import LedgerEngine
+from ratchet.serde import digest, dumps
+from ratchet.states import State
+
+T = TypeVar("T")
+NAME = "engine.task"
+
+
+class _LoseNextReply:
+    """Wraps a dialect: the next write transaction commits, then its reply is 'lost'."""
+
+    def __init__(self, inner: Dialect) -> None:
+        self.inner = inner
+        self.armed = False
+        self.lost = 0
+
+    def run(self, body: Callable[[Any], T], *, write: bool = True) -> T:
+        result = self.inner.run(body, write=write)
+        if self.armed and write:
+            self.armed = False
+            self.lost += 1
+            raise CommitOutcomeUnknown("injected: connection lost during COMMIT")
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _task() -> NewTask:
+    params = dumps({})
+    return NewTask(new_task_id(), NAME, 1, params, digest(NAME, params), None, 3, 30.0)
+
+
+def test_writes_whose_commit_reply_was_lost_are_resent_and_acknowledged(
+    ledger_url: str,
+) -> None:
+    ledger = open_ledger(ledger_url)
+    assert isinstance(ledger, LedgerEngine)
+    lossy = _LoseNextReply(ledger.dialect)
+    ledger.dialect = lossy
+    try:
+        ledger.submit([_task(), _task()])
+        a, b = ledger.claim("w", [NAME], 2)
+        writes = [
+            TaskWrite(a.task_id, a.generation, "w", "complete", steps=[("s", dumps(1))],
+                      transition=Transition(State.SUCCEEDED, result_json=dumps("ok"))),
+            TaskWrite(b.task_id, b.generation, "w", "effect:pay",
+                      effects=[EffectWrite("pay", "k-1", "d", EffectState.INTENT)]),
+            TaskWrite(b.task_id, b.generation, "w", "retry",
+                      transition=Transition(State.RETRY_WAIT, delay_s=60, error="later")),
+        ]
+        lossy.armed = True
+        outcomes = ledger.commit(writes)
+        assert lossy.lost == 1
+        # Applied by the "lost" transaction: acknowledged, not reported stale.
+        assert [(o.ok, o.stale) for o in outcomes] == [(True, False)] * 3
+        assert ledger.get(a.task_id).state is State.SUCCEEDED
+        assert ledger.get(a.task_id).result == "ok"
+        info_b = ledger.timeline(b.task_id)
+        assert info_b.task.state is State.RETRY_WAIT
+        [effect] = info_b.effects
+        assert effect.state is EffectState.INTENT and effect.calls == 1  # not counted twice
+        transitions = [e for e in ledger.timeline(a.task_id).events if e.kind == "transition"]
+        assert len(transitions) == 1
+        assert not [e for e in info_b.events if e.kind == "stale_rejected"]
+    finally:
+        ledger.close()
+
+
+def test_commit_and_claim_resends_the_writes_only(ledger_url: str) -> None:
+    ledger = open_ledger(ledger_url)
+    assert isinstance(ledger, LedgerEngine)
+    lossy = _LoseNextReply(ledger.dialect)
+    ledger.dialect = lossy
+    try:
+        ledger.submit([_task(), _task()])
+        [a] = ledger.claim("w", [NAME], 1)
+        lossy.armed = True
+        outcomes, claims = ledger.commit_and_claim(
+            [TaskWrite(a.task_id, a.generation, "w", "complete",
+                       transition=Transition(State.SUCCEEDED))], "w", [NAME], 1)
+        assert [o.ok for o in outcomes] == [True] and claims == []
+        # The lost transaction's claim stays leased to "w" (taken over once it expires).
+        running = [t for t in ledger.stats().counts[NAME].items() if t[0] == "RUNNING"]
+        assert running == [("RUNNING", 1)]
+    finally:
+        ledger.close()
