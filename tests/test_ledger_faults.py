@@ -240,3 +240,19 @@ def test_a_new_sqlite_ledger_is_readable_by_its_owner_only(tmp_path: Path) -> No
             ledger.close()
     finally:
         os.umask(old_umask)
+
+
+def test_sqlite_errors_never_show_a_password_of_the_url(tmp_path: Path) -> None:
+    from ratchet.config import LedgerConfig
+
+    url = f"sqlite://user:s3cret@localhost/{tmp_path}/missing.db"
+    config = LedgerConfig(url, "sqlite", str(tmp_path / "missing.db"))
+    with pytest.raises(LedgerUnavailable) as caught:
+        open_ledger(config, must_exist=True)
+    assert "s3cret" not in str(caught.value) and "missing.db" in str(caught.value)
+    (tmp_path / "foreign.db").write_bytes(b"")
+    sqlite3.connect(tmp_path / "foreign.db").execute("CREATE TABLE t (x)").connection.close()
+    config = LedgerConfig(url, "sqlite", str(tmp_path / "foreign.db"))
+    with pytest.raises(LedgerUnavailable) as caught:
+        open_ledger(config)
+    assert "s3cret" not in str(caught.value) and "holds no Ratchet ledger" in str(caught.value)
