@@ -183,7 +183,7 @@ class LedgerEngine:
         if limit <= 0 or not names:
             return []
         now = tx.now
-        name_list = list(names)
+        name_list = list(dict.fromkeys(names))  # each name once (PostgreSQL walks per name)
         expired = tx.rows("claim_expired", {"now": now, "names": name_list, "limit": limit})
         audit: list[AuditRow] = []
         exhausted = [row for row in expired if row[3] >= row[4]]
