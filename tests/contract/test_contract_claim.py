@@ -88,6 +88,23 @@ def test_claim_filters_by_name(ledger: Ledger, make_task: MakeTask) -> None:
     assert sorted(c.task_id for c in both) == sorted(theirs)
 
 
+def test_claim_takes_the_oldest_ready_tasks_across_names(
+    ledger: Ledger, make_task: MakeTask
+) -> None:
+    """Several names (one repeated): the oldest run_at first whatever the name, each task
+    once, up to the limit (the order of the returned claims is not part of the contract)."""
+    base = ledger.now() - 100.0
+    order = [(TASK, 5), (OTHER, 1), (TASK, 3), (OTHER, 4), (TASK, 2), (OTHER, 6)]
+    ids = {
+        at: ledger.submit([make_task({"at": at}, name=name, run_at_epoch_s=base + at)])[0].task_id
+        for name, at in order
+    }
+    claims = ledger.claim("a", [TASK, OTHER, TASK], 4)
+    assert sorted(c.task_id for c in claims) == sorted([ids[1], ids[2], ids[3], ids[4]])
+    rest = ledger.claim("a", [OTHER, TASK], 10)
+    assert sorted(c.task_id for c in rest) == sorted([ids[5], ids[6]])
+
+
 def test_future_run_at_is_not_claimable_until_then(
     ledger: Ledger, make_task: MakeTask, sleep_until: SleepUntil
 ) -> None:
