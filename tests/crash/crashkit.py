@@ -239,11 +239,24 @@ class Rig:
         return Outcome(self.get(task_id), self.step_counts(task_id), self.executions())
 
     def ledger_locked(self) -> bool:
-        """True if some process holds the SQLite ledger's write lock right now (always
-        False on PostgreSQL, whose locks are per row)."""
-        if self.backend != "sqlite":
-            return False
-        return sqlite_write_locked(self.ledger_path, timeout_s=0.05)
+        """True if a process frozen (or stuck) inside a ledger transaction holds locks
+        that stall the others: SQLite's single write lock; on PostgreSQL, a session idle
+        inside a transaction holding row locks on this schema's tables."""
+        if self.backend == "sqlite":
+            return sqlite_write_locked(self.ledger_path, timeout_s=0.05)
+        import psycopg
+
+        config = parse_ledger_url(self.ledger_url)
+        with psycopg.connect(self.ledger_url.split("?")[0], autocommit=True) as pg:
+            rows = pg.execute(
+                "SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE n.nspname = %s AND a.state LIKE 'idle in transaction%%'"
+                " AND l.mode IN ('RowShareLock', 'RowExclusiveLock')",
+                (config.options.get("schema", "ratchet"),),
+            ).fetchall()
+        return bool(rows)
 
     def wait_lease_expired(self, task_id: str, timeout_s: float = 20.0) -> TaskInfo:
         """Wait until the ledger clock is past the task's lease (a takeover is now allowed)."""

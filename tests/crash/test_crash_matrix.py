@@ -149,8 +149,9 @@ def test_row4_claimed_then_killed_lease_expiry_takeover(rig: Rig, control: Any) 
 
 
 def freeze_outside_a_transaction(rig: Rig, proc: Any) -> None:
-    """SIGSTOP ``proc``, retrying until it is not frozen holding SQLite's write lock (that
-    would stall every other process; PostgreSQL has no such lock)."""
+    """SIGSTOP ``proc``, retrying until it is not frozen inside a ledger transaction
+    (SQLite's write lock would stall every other process; on PostgreSQL, row locks held by
+    a frozen session would keep its tasks from being claimed until the server ends it)."""
     for _ in range(50):
         proc.pause()
         if not rig.ledger_locked():
@@ -394,7 +395,7 @@ def test_row8_paused_holder_is_fenced(rig: Rig, control: Any, pause_at: str) -> 
     a.wait_stopped()
     charged_by_a = pause_at == "effect.after_call"
     assert rig.executions() == ({KEY: 1} if charged_by_a else {})
-    assert not rig.ledger_locked(), "stopped worker holds the SQLite write lock"
+    assert not rig.ledger_locked(), "the stopped worker froze holding ledger locks"
     rig.wait_lease_expired(task_id)
 
     b = rig.worker("B")
@@ -429,7 +430,7 @@ def test_row8_sigstop_during_slow_step_is_fenced(rig: Rig, control: Any) -> None
     a_holder = a.holder()
     wait_for("A to start the slow step", lambda: rig.step_runs(task_id))
     # Stop A from outside while it is inside the step. Never leave it stopped while it holds
-    # the SQLite ledger's write lock (a heartbeat mid-commit): that would stall every worker.
+    # ledger locks (a heartbeat mid-commit): that would stall every worker.
     freeze_outside_a_transaction(rig, a)
     assert rig.get(task_id).generation == 1
     rig.wait_lease_expired(task_id)
