@@ -2,11 +2,12 @@
 
 Hypothesis drives a real ledger (a SQLite file, or a private PostgreSQL schema) with random
 submits (idempotency keys), claims (0 s leases, so takeovers happen), fenced writes with
-current, stale and future fencing generations (alone and in group-commit batches), lease
-renewals, revocations of a holder and operator resolutions of ``UNKNOWN`` tasks. After
-every command it compares the ledger with what the contract promises, and checks that
-everything that decides correctness only moves forward (generation, attempt) and that a
-terminal task never changes again.
+current, stale and future fencing generations (alone, in group-commit batches, and with the
+next claim in the same transaction as the worker does), lease renewals, revocations of a
+holder and operator resolutions of ``UNKNOWN`` tasks. After every command it compares the
+ledger with what the contract promises, and checks that everything that decides
+correctness only moves forward (generation, attempt) and that a terminal task never
+changes again.
 
 Determinism (so that hypothesis never reports a flaky strategy, whatever the load):
 
@@ -49,6 +50,7 @@ from pgsupport import pg_base_url, private_schema
 from ratchet import open_ledger
 from ratchet.errors import IdempotencyConflict, IllegalTransition
 from ratchet.ledger.base import (
+    Claim,
     EffectState,
     EffectWrite,
     Ledger,
@@ -215,13 +217,33 @@ class LedgerMachine(RuleBasedStateMachine):
         claims = self.ledger.claim(holder, [TASK], limit)
         now_after = self.ledger.now()
         after = self.snapshot()
+        ready = [tid for tid, snap in before.items() if snap[0].state in CLAIMABLE]
+        infos = {tid: snap[0] for tid, snap in before.items()}
+        moved = self._check_claims(infos, after, claims, holder, limit, now_after, len(ready))
+        self.assert_others_unchanged(before, after, *moved)
+
+    def _check_claims(
+        self,
+        infos: dict[str, TaskInfo],
+        after: dict[str, tuple[Any, ...]],
+        claims: list[Claim],
+        holder: str,
+        limit: int,
+        now_after: float,
+        ready: int,
+    ) -> list[str]:
+        """Check a claim against ``infos`` (the tasks as the claim found them) and return
+        the ids it moved: claimed, or retired (an expired final attempt).
+
+        ``ready``: how many tasks were certainly ready (the claim must take that many, up
+        to ``limit``).
+        """
         ids = [c.task_id for c in claims]
         assert len(ids) == len(set(ids)), "a task was handed out twice in one claim"
         assert len(claims) <= max(limit, 0)
-        ready = [tid for tid, snap in before.items() if snap[0].state in CLAIMABLE]
-        assert len(claims) >= min(limit, len(ready)), "ready work was left unclaimed"
+        assert len(claims) >= min(limit, ready), "ready work was left unclaimed"
         for c in claims:
-            b: TaskInfo = before[c.task_id][0]
+            b = infos[c.task_id]
             a: TaskInfo = after[c.task_id][0]
             assert b.state in CLAIMABLE or b.state is State.RUNNING
             if b.state is State.RUNNING:
@@ -243,18 +265,19 @@ class LedgerMachine(RuleBasedStateMachine):
         # An expired lease on the final attempt is retired, not taken over: FAILED, or
         # UNKNOWN when an effect intent is open; the generation moves on (fences the holder).
         retired = []
-        for tid, snap in before.items():
-            b, a = snap[0], after[tid][0]
-            if tid in ids or a == b:
+        for tid, b in infos.items():
+            a = after[tid][0]
+            if tid in ids or a.generation == b.generation:
                 continue
             assert b.state is State.RUNNING and b.attempt >= b.max_attempts
             assert b.lease_until is not None and b.lease_until < now_after
-            open_intent = any(e[3] == "intent" for e in snap[2])
+            open_intent = any(e[3] == "intent" for e in after[tid][2])
             assert a.state is (State.UNKNOWN if open_intent else State.FAILED)
             assert a.generation == b.generation + 1 and a.holder is None
+            assert a.attempt == b.attempt
             retired.append(tid)
             event(f"claim: expired final attempt retired to {a.state}")
-        self.assert_others_unchanged(before, after, *ids, *retired)
+        return [*ids, *retired]
 
     @rule(
         pick=st.integers(0, 10_000),
@@ -292,6 +315,26 @@ class LedgerMachine(RuleBasedStateMachine):
         ]
         self._commit_and_check(writes)
 
+    @rule(
+        pick=st.integers(0, 10_000),
+        shift=st.sampled_from([0, 0, -1]),
+        kind=st.sampled_from(WRITE_KINDS),
+        holder=st.sampled_from(HOLDERS),
+        limit=st.integers(0, 2),
+    )
+    def commit_and_claim(
+        self, pick: int, shift: int, kind: Any, holder: str, limit: int
+    ) -> None:
+        """The worker's group commit: a task's write and the next claim in one transaction.
+        The write is fenced as in :meth:`commit`; the claim sees the task as written."""
+        if not self.tokens:
+            return
+        token = self.tokens[pick % len(self.tokens)]
+        token = [t for t in self.tokens if t.task_id == token.task_id][-1]
+        self._commit_and_check(
+            [self._make_write(token, token.generation + shift, kind)], claim=(holder, limit)
+        )
+
     def _make_write(self, token: Token, generation: int, kind: Any) -> TaskWrite:
         self.counter += 1
         name = f"n{self.counter % 3}"
@@ -328,7 +371,71 @@ class LedgerMachine(RuleBasedStateMachine):
             token.task_id, generation, token.holder, f"finish:{target}", transition=transition
         )
 
-    def _commit_and_check(self, writes: list[TaskWrite]) -> None:
+    @staticmethod
+    def _verdict(b: TaskInfo, write: TaskWrite) -> str:
+        """What the ledger must do with ``write`` to a task now ``b``: ``"fresh"`` (apply
+        it), ``"resend"`` (a transition already applied at this generation, re-sent after a
+        lost reply: acknowledge, write nothing) or ``"stale"`` (reject, write nothing)."""
+        t = write.transition
+        if (
+            t is not None
+            and t.to is not State.RUNNING
+            and b.state is t.to
+            and b.generation == write.generation
+        ):
+            return "resend"
+        if b.state is State.RUNNING and b.generation == write.generation:
+            return "fresh"
+        return "stale"
+
+    @staticmethod
+    def _as_written(b: TaskInfo, write: TaskWrite) -> TaskInfo:
+        """The task ``b`` once the fresh ``write`` is applied (the fields a claim reads)."""
+        t = write.transition
+        if t is None:
+            return b
+        released = t.to is State.PENDING  # a release hands its attempt back
+        return dataclasses.replace(
+            b,
+            state=t.to,
+            attempt=b.attempt - 1 if released else b.attempt,
+            holder=b.holder if t.to is State.RUNNING else None,
+            lease_until=b.lease_until if t.to is State.RUNNING else None,
+        )
+
+    @staticmethod
+    def _check_parts(after: tuple[Any, ...], write: TaskWrite) -> None:
+        """A fresh write's steps and effects are in the ledger."""
+        steps = {s[0]: s[1] for s in after[1]}
+        for name, result_json in write.steps:
+            assert steps[name] == result_json
+        effects = {e[0]: e for e in after[2]}
+        for eff in write.effects:
+            assert effects[eff.name][3] is eff.state
+            assert effects[eff.name][1] == eff.key
+
+    @staticmethod
+    def _check_applied(b: TaskInfo, after: tuple[Any, ...], write: TaskWrite) -> None:
+        """A fresh write is in the ledger: its steps, effects and transition."""
+        LedgerMachine._check_parts(after, write)
+        a: TaskInfo = after[0]
+        assert a.generation == b.generation
+        expected = LedgerMachine._as_written(b, write)
+        assert a.attempt == expected.attempt
+        assert a.state is expected.state
+        assert a.holder == expected.holder
+        assert a.lease_until == expected.lease_until
+        t = write.transition
+        if t is not None and t.to is State.SUCCEEDED:
+            assert dumps(a.result) == t.result_json
+        if t is not None and t.error is not None:
+            assert a.last_error == t.error
+
+    def _commit_and_check(
+        self, writes: list[TaskWrite], claim: tuple[str, int] | None = None
+    ) -> None:
+        """Commit ``writes`` (with ``claim = (holder, limit)``: then claim, in the same
+        transaction) and check every outcome against the state before."""
         before = self.snapshot()
         stale_before = self.ledger.stats().stale_rejections
         illegal = any(
@@ -339,68 +446,63 @@ class LedgerMachine(RuleBasedStateMachine):
             # A move the transition table refuses out of RUNNING: the whole batch is
             # refused, whatever the fencing of each write.
             with pytest.raises(IllegalTransition):
-                self.ledger.commit(writes)
+                if claim is None:
+                    self.ledger.commit(writes)
+                else:
+                    self.ledger.commit_and_claim(writes, claim[0], [TASK], claim[1])
             assert self.snapshot() == before
             event("commit: illegal transition refused")
             return
-        outcomes = self.ledger.commit(writes)
+        claims: list[Claim] = []
+        if claim is None:
+            outcomes = self.ledger.commit(writes)
+        else:
+            outcomes, claims = self.ledger.commit_and_claim(writes, claim[0], [TASK], claim[1])
+        now_after = self.ledger.now()
         after = self.snapshot()
         assert [o.task_id for o in outcomes] == [w.task_id for w in writes]
+        written = {tid: snap[0] for tid, snap in before.items()}  # as the claim finds them
+        fresh: dict[str, TaskWrite] = {}
         expected_stale = 0
+        label = "commit" if claim is None else "commit_and_claim"
         for write, outcome in zip(writes, outcomes, strict=True):
             b: TaskInfo = before[write.task_id][0]
-            a: TaskInfo = after[write.task_id][0]
-            fresh = b.state is State.RUNNING and b.generation == write.generation
-            t = write.transition
-            if (
-                t is not None
-                and t.to is not State.RUNNING
-                and b.state is t.to
-                and b.generation == write.generation
-            ):
-                # A re-send of a transition already applied at this generation (a commit
-                # whose reply was lost): acknowledged, and nothing is written again.
+            verdict = self._verdict(b, write)
+            event(f"{label}: {verdict} write" + (" in a batch" if len(writes) > 1 else ""))
+            if verdict == "fresh":
                 assert outcome.ok and not outcome.stale
-                assert after[write.task_id] == before[write.task_id]
-                event("commit: re-sent transition acknowledged")
+                fresh[write.task_id] = write
+                written[write.task_id] = self._as_written(b, write)
                 continue
-            if not fresh:
+            assert outcome.ok is (verdict == "resend")
+            assert outcome.stale is (verdict == "stale")
+            if verdict == "stale":
                 expected_stale += 1
-                assert outcome.stale and not outcome.ok
                 assert outcome.current_generation == b.generation
-                assert after[write.task_id] == before[write.task_id], (
-                    "a write with a non-current generation changed the task"
-                )
-                event("commit: stale write rejected" + (" in a batch" if len(writes) > 1 else ""))
-                continue
-            assert outcome.ok and not outcome.stale
-            assert a.generation == b.generation
-            released = t is not None and t.to is State.PENDING
-            # A release hands its attempt back; every other write leaves it alone.
-            assert a.attempt == (b.attempt - 1 if released else b.attempt)
-            steps = {s[0]: s[1] for s in after[write.task_id][1]}
-            for name, result_json in write.steps:
-                assert steps[name] == result_json
-            effects = {e[0]: e for e in after[write.task_id][2]}
-            for eff in write.effects:
-                assert effects[eff.name][3] is eff.state
-                assert effects[eff.name][1] == eff.key
-            if t is None:
-                assert a.state is State.RUNNING
-                assert a.holder == b.holder
-                continue
-            assert a.state is t.to
-            if t.to is State.RUNNING:
-                assert a.holder == b.holder
-                assert a.lease_until == b.lease_until
+        moved: list[str] = []
+        if claim is not None:
+            ready = [
+                tid
+                for tid, snap in before.items()
+                if snap[0].state in CLAIMABLE and tid not in {w.task_id for w in writes}
+            ]
+            moved = self._check_claims(
+                written, after, claims, claim[0], claim[1], now_after, len(ready)
+            )
+        for write in writes:
+            tid = write.task_id
+            if tid in moved:  # claimed or retired after the write: its parts must stay
+                if tid in fresh:
+                    self._check_parts(after[tid], fresh[tid])
+                else:
+                    assert after[tid][1:] == before[tid][1:]
+            elif tid in fresh:
+                self._check_applied(before[tid][0], after[tid], fresh[tid])
             else:
-                assert a.holder is None
-                assert a.lease_until is None
-            if t.to is State.SUCCEEDED:
-                assert dumps(a.result) == t.result_json
-            if t.error is not None:
-                assert a.last_error == t.error
-        self.assert_others_unchanged(before, after, *(w.task_id for w in writes))
+                assert after[tid] == before[tid], (
+                    "a stale or re-sent write changed the task"
+                )
+        self.assert_others_unchanged(before, after, *(w.task_id for w in writes), *moved)
         assert self.ledger.stats().stale_rejections == stale_before + expected_stale
 
     @rule(pick=st.integers(0, 10_000), wrong_holder=st.booleans(), shift=st.sampled_from([0, -1]))
