@@ -111,13 +111,16 @@ class SQLiteDialect:
     Each thread uses its own connection (created on first use), so the worker's writer
     thread, its heartbeat thread and API readers never share one.
 
+    Opening is lazy: nothing touches the file until the first transaction (or
+    :meth:`create_private`, :meth:`tables`, :meth:`schema_version`), so
+    :class:`SQLiteLedger` can look at a file before deciding to use it.
+
     Args:
         config: the parsed ledger URL.
-        create: a missing file may be created (read-only use passes False).
 
-    Raises:
-        LedgerUnavailable: the file cannot be opened (missing directory, not a database,
-            or, with ``create`` False, no file).
+    Raises (from the first use):
+        LedgerUnavailable: the file cannot be opened (missing directory, not a database).
+        SchemaTooNew: the file has a newer schema.
     """
 
     name = "sqlite"
