@@ -32,8 +32,7 @@ from ratchet.ledger.base import (
     Transition,
     WorkerInfo,
 )
-from ratchet.ledger.rows import UndecodableText
-from ratchet.serde import digest, dumps
+from ratchet.serde import Undecodable, digest, dumps
 from ratchet.states import State
 
 NAME = "faults.task"
@@ -106,14 +105,14 @@ def test_undecodable_stored_data_affects_only_its_own_task(
 
         for info in (ledger.get(bad.task_id), *ledger.get_many([bad.task_id, good.task_id])):
             if info.task_id == bad.task_id:
-                assert isinstance(info.params, UndecodableText)
-                assert isinstance(info.result, UndecodableText)
-                str(info.params).encode("utf-8")  # printable
+                assert isinstance(info.params, Undecodable)
+                assert isinstance(info.result, Undecodable)
+                info.params.text.encode("utf-8")  # printable
             else:
                 assert info.params == {"n": 1}
         timeline = ledger.timeline(bad.task_id)
         assert [s.name for s in timeline.steps] == ["s"]
-        assert isinstance(timeline.task.params, UndecodableText)
+        assert isinstance(timeline.task.params, Undecodable)
         assert ledger.stats().counts[NAME] == {"RUNNING": 2}
 
         # The worker fails the task with an error quoting the bad text: stored printable.

@@ -30,7 +30,7 @@ from __future__ import annotations
 import getpass
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -308,7 +308,7 @@ class Control:
             TaskNotFound: no task with that id. LedgerUnavailable: no ledger there.
         """
         tl = self._reader().timeline(_task_id(task_id))
-        task = replace(tl.task, params=_shown(tl.task.params), result=_shown(tl.task.result))
+        task = tl.task
         return TaskTimeline(
             task=task,
             events=list(tl.events),
@@ -434,16 +434,6 @@ class Control:
         return self._app.submit(
             name, params, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s
         )
-
-
-def _shown(value: Any) -> Any:
-    """``value``, or an :class:`~ratchet.serde.Undecodable` when the ledger handed over a
-    value it could not decode (a ``str`` carrying the stored text as ``raw`` and the reason
-    as ``error``), so every face shows such values one way."""
-    raw, error = getattr(value, "raw", None), getattr(value, "error", None)
-    if isinstance(value, str) and isinstance(raw, str) and isinstance(error, str):
-        return Undecodable(printable(raw), error)
-    return value
 
 
 def _task_id(task_id: object) -> str:

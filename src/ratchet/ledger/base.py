@@ -380,7 +380,7 @@ class Ledger(Protocol):
     ``LedgerUnavailable`` for connection trouble, ``WriteRejected`` for a write the
     database refuses for its content. Reads never fail on stored JSON they cannot decode
     (``TaskInfo.params`` / ``.result`` then hold an
-    :class:`~ratchet.ledger.rows.UndecodableText`).
+    :class:`~ratchet.serde.Undecodable`).
     """
 
     config: LedgerConfig

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import LedgerConfig
 from ..errors import IdempotencyConflict, IllegalTransition, TaskNotFound, WriteRejected
-from ..serde import dumps
+from ..serde import dumps, printable
 from ..states import State, check_transition
 from .base import (
     AuditEvent,
@@ -45,7 +45,6 @@ from .rows import (
     AuditRow,
     decode_detail,
     effect_record,
-    printable,
     reschedules,
     task_info,
     transition_audit,
@@ -463,7 +462,7 @@ class LedgerEngine:
 
     def get(self, task_id: str) -> TaskInfo:
         """See :meth:`Ledger.get`. Stored JSON that cannot be decoded is returned as an
-        :class:`~ratchet.ledger.rows.UndecodableText` in its field, never raised."""
+        :class:`~ratchet.serde.Undecodable` in its field, never raised."""
         row = self.dialect.run(lambda tx: tx.one("task_get", {"id": task_id}), write=False)
         if row is None:
             raise TaskNotFound(f"no task {task_id!r} in the ledger")

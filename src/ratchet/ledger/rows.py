@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..serde import dumps, loads
+from ..serde import Undecodable, dumps, loads, printable
 from ..states import State
 from .base import EffectRecord, EffectState, TaskInfo, TaskWrite, Transition
 
@@ -15,11 +15,9 @@ __all__ = [
     "EFFECT_COLUMNS",
     "TASK_COLUMNS",
     "AuditRow",
-    "UndecodableText",
     "decode_detail",
     "decode_json",
     "effect_record",
-    "printable",
     "reschedules",
     "task_info",
     "transition_audit",
@@ -38,44 +36,10 @@ EFFECT_COLUMNS = (
 )
 
 
-class UndecodableText(str):
-    """Stored JSON that cannot be decoded (invalid UTF-8 in a SQLite file, ``{oops``), as
-    read from the ledger: the string is a printable description, ``raw`` the stored text.
-
-    Reads hand such a value over in its field (``TaskInfo.params``, ``.result``) instead of
-    failing, so one bad row affects only itself.
-
-    Attributes:
-        raw: the stored text (SQLite: undecodable bytes as surrogate escapes).
-        error: why it could not be decoded.
-    """
-
-    raw: str
-    error: str
-
-    def __new__(cls, raw: str, error: str) -> UndecodableText:
-        shown = printable(raw)
-        if len(shown) > 200:
-            shown = shown[:200] + "..."
-        self = super().__new__(cls, f"<undecodable stored JSON ({error}): {shown}>")
-        self.raw = raw
-        self.error = error
-        return self
-
-
-def printable(text: str) -> str:
-    """``text`` with anything UTF-8 cannot encode (lone surrogates, e.g. undecodable bytes
-    read with ``surrogateescape``) replaced by ``\\uXXXX`` escapes: safe to store and print.
-    The ledger never writes such text back."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
 def decode_json(text: str | None) -> Any:
-    """Decode stored JSON; undecodable text becomes an :class:`UndecodableText`."""
+    """Decode stored JSON; undecodable text becomes a :class:`~ratchet.serde.Undecodable`
+    (its printable text and the reason) instead of an error, so one bad row affects only
+    itself."""
     if text is None:
         return None
     try:
@@ -83,14 +47,14 @@ def decode_json(text: str | None) -> Any:
         return loads(text)
     except (ValueError, RecursionError, UnicodeEncodeError) as exc:
         reason = "invalid UTF-8" if isinstance(exc, UnicodeEncodeError) else str(exc)
-        return UndecodableText(text, reason)
+        return Undecodable(printable(text), reason)
 
 
 def decode_detail(text: str | None) -> dict[str, Any]:
     """An audit row's detail as a dict (``{"undecodable": ...}`` if it cannot be decoded)."""
     value = decode_json(text)
-    if isinstance(value, UndecodableText):
-        return {"undecodable": str(value)}
+    if isinstance(value, Undecodable):
+        return {"undecodable": value.text, "error": value.error}
     return value if isinstance(value, dict) else {}
 
 
