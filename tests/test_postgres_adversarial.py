@@ -248,17 +248,18 @@ def test_schemas_do_not_leak_into_each_other() -> None:
         try:
             deadline = time.monotonic() + 5
             while (not woke_a or not woke_b) and time.monotonic() < deadline:
-                time.sleep(0.05)  # both LISTENs are up
-            time.sleep(0.2)
-            seen_a = len(woke_a)
-            # Same key, other params, other schema: no conflict.
-            a.submit([_task(key="same", params={"x": 1})])
+                time.sleep(0.05)  # both LISTENs are up (one wake-up each on connect)
+            seen_a, seen_b = len(woke_a), len(woke_b)
+            # Same key, other params, other schema: no conflict. b's NOTIFY is sent first,
+            # so a leak into a's channel would reach a before a's own.
             b.submit([_task(key="same", params={"x": 2}), _task(), _task()])
-            deadline = time.monotonic() + 5
-            while len(woke_b) < 2 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.3)
-            assert len(woke_a) == seen_a + 1
+            a.submit([_task(key="same", params={"x": 1})])
+            deadline = time.monotonic() + 10
+            while (len(woke_a) <= seen_a or len(woke_b) <= seen_b) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(woke_b) == seen_b + 1, "b did not get its own notification"
+            assert len(woke_a) == seen_a + 1, "a got b's notification (or none of its own)"
             claims_a = a.claim("h", [NAME], 10)
             claims_b = b.claim("h", [NAME], 10)
             assert len(claims_a) == 1 and len(claims_b) == 3
