@@ -37,6 +37,10 @@ MAX_JSON_DEPTH = 200
 """Deepest nesting of lists/dicts :func:`dumps` accepts (a scalar is depth 0)."""
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+"""The canonical encoder, built once (``json.dumps`` with options builds one per call)."""
+
+
 def dumps(value: Any, what: str = "value") -> str:
     """Encode ``value`` as compact JSON with sorted keys.
 
@@ -50,11 +54,12 @@ def dumps(value: Any, what: str = "value") -> str:
             (objects, bytes, sets, NaN/Infinity, non-string dict keys, a cycle) or is
             nested deeper than :data:`MAX_JSON_DEPTH`.
     """
-    problem = _structure_problem(value, what) if isinstance(value, dict | list | tuple) else None
-    if problem is not None:
-        raise PayloadNotSerializable(problem)
+    if isinstance(value, dict | list | tuple) and value:
+        problem = _structure_problem(value, what)
+        if problem is not None:
+            raise PayloadNotSerializable(problem)
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadNotSerializable(
             f"{what} is not JSON-serialisable: {exc}. Ratchet stores JSON only (never pickle); "
