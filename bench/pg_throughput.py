@@ -740,8 +740,8 @@ def explain_claim(
     try:
         with conn.transaction(force_rollback=True):
             conn.execute(f'SET LOCAL search_path TO "{schema}"')
-            # As the ledger's claim transactions run it (PostgresLedger._run(claims=True)).
-            conn.execute("SET LOCAL enable_sort = off")
+            # The ledger sets no planner knobs (an older revision measured with --src-rev
+            # set enable_sort off per claim; its plan here is the one without that knob).
             (now,) = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()
             # CLAIM_READY_SQL's parameters: now, names, limit, holder
             params = {"now": now, "names": names, "limit": limit, "holder": holder}
