@@ -80,8 +80,10 @@ def _pg_conninfo(url: str) -> tuple[str, str]:
 
 
 def list_task_ids(ledger_url: str) -> list[str]:
-    """Every task id in the ledger at ``ledger_url``, oldest first (read-only SQL: the
-    ledger API has no listing yet).
+    """Every task id in the ledger at ``ledger_url``, oldest first by the ledger clock; tasks
+    created in the same clock tick (one transaction; SQLite's clock has 1 ms resolution)
+    come in id order, not submission order. Read-only SQL: the ledger API has no listing
+    yet.
 
     Raises:
         ConfigError: malformed URL or an unsupported backend.
