@@ -24,7 +24,7 @@ from typer.core import TyperArgument, TyperCommand
 from .. import __version__
 from ..control import Control, TaskTimeline, default_operator
 from ..errors import InvalidArguments, LedgerUnavailable, RatchetError, UndecodableData
-from ..loading import load_app
+from ..loading import load_app, load_middleware
 from ..serde import loads
 from ..states import State
 from .render import console, echo_json, err_console, field, line, plain, show_value
@@ -158,6 +158,14 @@ def worker(
             " whose process is gone (default), or rely on lease expiry alone.",
         ),
     ] = True,
+    middleware: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--middleware", metavar="MODULE:ATTR",
+            help="A ratchet.Middleware subclass (created without arguments) or instance to"
+            " install; repeat for several, called in order.",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker for the app's tasks.
 
@@ -198,10 +206,12 @@ def worker(
 
     def run() -> None:
         app = load_app(app_spec)
+        installed = [load_middleware(spec) for spec in middleware or []]
         app.configure(ledger=ledger)
         open_ledger_waiting(lambda: app.ledger)  # opens (and migrates) the ledger now
         w = Worker(
             app,
+            middleware=installed,
             concurrency=concurrency,
             names=[n.strip() for n in names.split(",") if n.strip()] if names else None,
             poll_interval_s=poll_interval_s,
@@ -499,10 +509,11 @@ def demo(
     the service's own records (non-zero exit status when an invariant is broken).
     """
     from ..demo.runner import DemoSettings, run_demo
+    from .render import report_console
 
     settings = DemoSettings(concurrency=concurrency, stall_s=stall_s, deadline_s=deadline_s)
     code = _guard(lambda: run_demo(ledger, tasks=tasks, workers=workers, kills=kills, seed=seed,
-                                   settings=settings))
+                                   settings=settings, console=report_console()))
     raise typer.Exit(int(code))
 
 

@@ -26,20 +26,38 @@ from rich.text import Text
 
 from ..serde import Undecodable, printable
 
-__all__ = ["console", "echo_json", "err_console", "field", "line", "plain", "show_value"]
+__all__ = [
+    "console", "echo_json", "err_console", "field", "line", "plain", "report_console", "show_value",
+]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _UNWRAPPED_WIDTH = 100_000
 """Console width when the output is not a terminal: long enough never to wrap."""
 
 
-def _make(stderr: bool) -> Console:
-    stream = sys.stderr if stderr else sys.stdout
+_REPORT_WIDTH = 160
+"""Console width of a piped report with panels and tables (the demo's): wide enough for
+its lines, not so wide that a panel spans a 100,000-column page."""
+
+
+def _is_tty(stream: object) -> bool:
     try:
-        tty = stream.isatty()
+        return bool(stream.isatty())  # type: ignore[attr-defined]
     except (AttributeError, ValueError):
-        tty = False
-    if tty:
+        return False
+
+
+def report_console() -> Console:
+    """A stdout console for reports with panels and live progress (``ratchet demo``): the
+    terminal's width on a terminal; piped, :data:`_REPORT_WIDTH` columns and text lines
+    never wrapped."""
+    if _is_tty(sys.stdout):
+        return Console(highlight=False)
+    return Console(highlight=False, width=_REPORT_WIDTH, soft_wrap=True)
+
+
+def _make(stderr: bool) -> Console:
+    if _is_tty(sys.stderr if stderr else sys.stdout):
         return Console(stderr=stderr, highlight=False)
     return Console(stderr=stderr, highlight=False, width=_UNWRAPPED_WIDTH, soft_wrap=True)
 
