@@ -236,3 +236,13 @@ def test_wait_gives_up_at_its_deadline_and_returns_at_unknown(ledger_url: str) -
     assert elapsed < 0.4 + 5.0  # one last look at the deadline, not a whole extra interval
     assert app.wait(unknown_id, timeout_s=30).state is State.UNKNOWN  # a person, not time
     app.close()
+
+
+@pytest.mark.parametrize(("args", "kwargs", "message"), [
+    ((), {"app": 5}, "app must be a ratchet.App"),
+    (("sqlite:///x.db",), {"app": App("sqlite:///y.db")}, "not both"),
+])
+def test_control_arguments_are_checked(args: tuple[str, ...], kwargs: dict[str, object],
+                                       message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Control(*args, **kwargs)  # type: ignore[arg-type]

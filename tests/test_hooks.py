@@ -156,22 +156,30 @@ def test_recording_middleware_sees_the_whole_lifecycle(app: App) -> None:
     assert worker.stats.succeeded == 1 and worker.stats.retried == 1
 
 
-class Exploding(Middleware):
-    """Raises from every hook."""
+class PluginExit(BaseException):
+    """A plugin's own BaseException (not an Exception)."""
 
-    def __init__(self) -> None:
+
+class Exploding(Middleware):
+    """Raises from every hook (``error``: the exception class to raise)."""
+
+    def __init__(self, error: type[BaseException] = RuntimeError) -> None:
         self.calls = 0
+        self.error = error
 
     def __getattribute__(self, name: str) -> Any:
         if name in Middleware.__dict__ and not name.startswith("_"):
             def explode(*args: Any, **kwargs: Any) -> None:
                 object.__setattr__(self, "calls", object.__getattribute__(self, "calls") + 1)
-                raise RuntimeError(f"middleware bug in {name}")
+                raise object.__getattribute__(self, "error")(f"middleware bug in {name}")
             return explode
         return object.__getattribute__(self, name)
 
 
-def test_a_raising_middleware_changes_nothing(app: App, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("error", [RuntimeError, SystemExit, PluginExit])
+def test_a_raising_middleware_changes_nothing(
+    app: App, caplog: pytest.LogCaptureFixture, error: type[BaseException]
+) -> None:
     runs: list[int] = []
 
     @app.task(name="t.fine", retry=FAST)
@@ -185,7 +193,7 @@ def test_a_raising_middleware_changes_nothing(app: App, caplog: pytest.LogCaptur
     def failing(ctx: TaskContext) -> None:
         raise ValueError("bad input")
 
-    exploding, recorder = Exploding(), Recorder()
+    exploding, recorder = Exploding(error), Recorder()
     handles = [app.submit("t.fine", {"i": i}) for i in range(5)]
     bad = app.submit("t.failing")
     with running_worker(app, concurrency=3, middleware=[exploding, recorder]) as worker:

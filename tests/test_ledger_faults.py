@@ -196,11 +196,17 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_sqlite_file_without_a_ledger_is_refused_untouched(tmp_path: Path) -> None:
+@pytest.mark.parametrize("user_version", [0, 1, 2, 3])
+def test_sqlite_file_without_a_ledger_is_refused_untouched(
+    tmp_path: Path, user_version: int
+) -> None:
+    """Also when the application numbers its own schema with a user_version Ratchet knows:
+    the file is not switched to WAL, migrated or reported as a ledger."""
     path = tmp_path / "app.db"
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
     conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+    conn.execute(f"PRAGMA user_version = {user_version}")
     conn.commit()
     conn.close()
     before = _digest(path)

@@ -24,9 +24,10 @@ SECRET = "Sw0rd"
 
 RAW_PASSWORDS = [f"{SECRET}#frag", f"{SECRET}/path", f"{SECRET}?q=1", f"{SECRET}@at",
                  f"p#{SECRET}/x?y@z", f"{SECRET}:colon", f"1234/{SECRET}", f"99?{SECRET}",
-                 f"5#{SECRET}"]
+                 f"5#{SECRET}", f"x@{SECRET}"]
 """Passwords as a user might paste them; the last three make the URL parse as a numeric
-port followed by a path, a query or a fragment holding the rest of the password."""
+port followed by a path, a query or a fragment holding the rest of the password; an '@' in
+the password makes libpq take the rest of it as the host name."""
 
 
 def with_password(url: str, password: str, *, encode: bool) -> str:
@@ -59,6 +60,7 @@ def test_redact_url_hides_the_whole_password(password: str, encode: bool) -> Non
         f"postgresql://app@db/jobs?sslmode=require&sslpassword={SECRET}&x=1",
         f"postgresql://app:{SECRET}@db/jobs?password={SECRET}",
         f"sqlite://user:{SECRET}@host/x.db",
+        f"postgresql://app@db/jobs?password=x#{SECRET}&schema=r",
     ],
 )
 def test_redact_url_hides_password_parameters(url: str) -> None:

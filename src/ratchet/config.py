@@ -90,7 +90,9 @@ class LedgerConfig:
 
 _SECRET_PARAM = re.compile(r"pass|secret|token|key", re.IGNORECASE)
 """Query parameter names whose values are secrets (``password``, ``sslpassword``, ...)."""
-_SECRET_QUERY = re.compile(r"(?i)([?&;][^=&#;]*(?:pass|secret|token|key)[^=&#;]*=)[^&#;]*")
+_SECRET_QUERY = re.compile(r"(?i)([?&;][^=&#;]*(?:pass|secret|token|key)[^=&#;]*=)[^&;]*")
+"""A secret query parameter's value runs to the next ``&`` or ``;`` (a ``#`` in it is part
+of the secret, not a fragment to show)."""
 
 
 def redact_url(url: str) -> str:
@@ -207,13 +209,15 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         return LedgerConfig(raw, "sqlite", path, level, busy, query)
     if scheme in ("postgresql", "postgres"):
         after_host = raw.split("://", 1)[-1][len(parts.netloc):]
-        if "@" not in parts.netloc and "@" in after_host:
+        if parts.netloc.count("@") > 1 or ("@" not in parts.netloc and "@" in after_host):
             # "user:12/secret@host": parsers take "user" as the host and "12" as the port,
             # and the rest of the password as path or query (printed, sent as an option).
+            # "user:s3cr@et@host": libpq splits at the first '@' and sends "et@host" as
+            # the host name (printed in its error).
             raise ConfigError(
-                f"ledger URL {redact_url(raw)!r} has an '@' after the host; if the password "
-                "holds '/', '?' or '#', percent-encode them (%2F, %3F, %23), and an '@' "
-                "anywhere else as %40"
+                f"ledger URL {redact_url(raw)!r} has an '@' other than the one before the "
+                "host; percent-encode an '@' in the user or password as %40, and '/', '?' "
+                "or '#' in the password as %2F, %3F, %23"
             )
         if "busy_timeout_s" in parse_qs(parts.query, keep_blank_values=True):
             raise ConfigError(

@@ -200,17 +200,24 @@ class Control:
 
     Args:
         ledger_url: a ledger URL, or ``None`` for ``RATCHET_LEDGER_URL`` (default
-            ``sqlite:///ratchet.db``). Ignored when ``app`` is given.
+            ``sqlite:///ratchet.db``). Not together with ``app``.
         app: an :class:`~ratchet.app.App`; its ledger is used, and :meth:`submit` needs it.
 
     Nothing is opened until the first call. Use as a context manager, or call
     :meth:`close`.
 
     Raises:
-        ConfigError: the URL is malformed (at construction).
+        ConfigError: the URL is malformed, ``app`` is not an App, or both were given (at
+            construction).
     """
 
     def __init__(self, ledger_url: str | None = None, *, app: App | None = None) -> None:
+        if app is not None and not isinstance(app, App):
+            raise ConfigError(f"app must be a ratchet.App, got {type(app).__name__}")
+        if app is not None and ledger_url is not None:
+            raise ConfigError(
+                "give Control a ledger_url or an app, not both (the app's ledger is used)"
+            )
         self._app = app
         self._url = app.ledger_url if app is not None else ledger_url
         if app is None or app.ledger_url is not None or not app.holds_ledger_object:

@@ -155,7 +155,10 @@ class Undecodable:
 
 def printable(text: str) -> str:
     """``text`` with lone surrogates (invalid UTF-8 read back with surrogate escapes)
-    written as ``\\udcXX`` escapes, so it can be encoded as UTF-8 and printed."""
+    written as ``\\udcXX`` escapes and NUL as ``\\x00``, so it can be encoded as UTF-8,
+    printed, and stored in a PostgreSQL ``text`` column (which cannot hold NUL)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 

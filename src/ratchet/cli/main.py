@@ -351,7 +351,9 @@ def _print_timeline(tl: TaskTimeline) -> None:
     if t.result is not None:
         out.print(line("result: ") + show_value(t.result))
     if t.last_error:
-        out.print(line("last error: ", (t.last_error.strip().splitlines()[-1], "")))
+        # The last line of a traceback names the exception; "\n" only (a "\r" is data).
+        lines = [ln for ln in t.last_error.split("\n") if ln.strip()]
+        out.print(line("last error: ", (lines[-1] if lines else repr(t.last_error), "")))
     table = Table(title="timeline")
     table.add_column("at (UTC)", no_wrap=True)
     table.add_column("event", overflow="fold")

@@ -338,6 +338,10 @@ class SQLiteDialect:
             self._connections.clear()
 
 
+_LEDGER_TABLES = frozenset({"tasks", "steps", "effects", "audit"})
+"""Tables every Ratchet SQLite ledger has, whatever its schema version."""
+
+
 class SQLiteLedger(LedgerEngine):
     """A :class:`~ratchet.ledger.base.Ledger` on one SQLite file (engine + SQLite dialect).
 
@@ -349,7 +353,9 @@ class SQLiteLedger(LedgerEngine):
 
     A file that exists but holds no Ratchet ledger (``user_version`` 0: an application's
     own database, a typo in the path) is refused untouched when ``must_exist`` is set or
-    ``migrate`` is not, and also by ``migrate`` unless it is empty (no tables).
+    ``migrate`` is not, and also by ``migrate`` unless it is empty (no tables); so is a file
+    whose ``user_version`` is one Ratchet knows but which lacks Ratchet's tables (an
+    application numbering its own schema).
 
     Raises:
         LedgerUnavailable: the file cannot be opened (missing directory, not a database,
@@ -377,13 +383,22 @@ class SQLiteLedger(LedgerEngine):
             raise SchemaTooNew(current, self.latest_version, dialect.path)
         if exists and current == 0:
             tables = dialect.tables()
-            if must_exist or not migrate or tables:
-                listed = ", ".join(tables) if tables else "none"
-                raise LedgerUnavailable(
-                    f"{dialect.path} (from {shown!r}) holds no Ratchet ledger (tables: "
-                    f"{listed}); it was left untouched. Point --ledger / RATCHET_LEDGER_URL "
-                    "at a Ratchet ledger file, or at a new path to create one."
-                )
+            foreign = must_exist or not migrate or bool(tables)
+        elif exists:
+            # Applications number their own schemas with user_version too: a version we
+            # know is only ours if our tables are there (checked read-only, before anything
+            # could switch the file to WAL).
+            tables = dialect.tables()
+            foreign = not _LEDGER_TABLES.issubset(tables)
+        else:
+            tables, foreign = [], False
+        if foreign:
+            listed = ", ".join(tables) if tables else "none"
+            raise LedgerUnavailable(
+                f"{dialect.path} (from {shown!r}) holds no Ratchet ledger (tables: "
+                f"{listed}); it was left untouched. Point --ledger / RATCHET_LEDGER_URL "
+                "at a Ratchet ledger file, or at a new path to create one."
+            )
         if not exists:
             dialect.create_private()
         if migrate:

@@ -38,6 +38,7 @@ refused in the background raises it at the task's next step or effect.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,8 @@ from typing import Any, Final, TypeVar
 from .. import faults
 from ..errors import (
     EffectOutcomeUnknown,
+    InvalidArguments,
+    LedgerUnavailable,
     PermanentError,
     StaleGeneration,
     TransientError,
@@ -131,6 +134,9 @@ class TaskContext:
         self.exception: BaseException | None = None
         self._hooks = hooks
         self._writer = writer
+        self.ledger_outage: LedgerUnavailable | None = None
+        """Set when this task's write to the worker's own ledger found it unreachable (the
+        runner then hands the attempt back instead of counting it)."""
         self._lease = lease
         self._stopping = stopping
         self._steps: dict[str, str] = {n: s.result_json for n, s in claim.steps.items()}
@@ -207,6 +213,9 @@ class TaskContext:
             outcome = self._writer.commit(write)
         except WriteRejected:
             self.discard_unsaved_steps()  # one of them may be what was refused
+            raise
+        except LedgerUnavailable as exc:
+            self.ledger_outage = exc  # the worker's own ledger, not the task's code
             raise
         if outcome.stale:
             raise StaleGeneration(self.task_id, self.generation, operation)
@@ -352,7 +361,8 @@ class TaskContext:
             The JSON round-trip of the call's (or the lookup's) result.
 
         Raises:
-            InvalidArguments: ``name`` or ``key`` is not a storable identifier (name up to
+            InvalidArguments: ``in_flight_s`` is not a finite number >= 0, or ``name`` or
+                ``key`` is not a storable identifier (name up to
                 :data:`~ratchet.validation.MAX_NAME_BYTES`, key up to
                 :data:`~ratchet.validation.MAX_KEY_BYTES` UTF-8 bytes, no NUL or lone
                 surrogate).
@@ -366,6 +376,14 @@ class TaskContext:
         self._boundary()
         check_identifier(name, "effect name", MAX_NAME_BYTES)
         check_identifier(key, "effect key", MAX_KEY_BYTES)
+        if in_flight_s is not None and (
+            isinstance(in_flight_s, bool) or not isinstance(in_flight_s, int | float)
+            or not math.isfinite(in_flight_s) or in_flight_s < 0
+        ):
+            raise InvalidArguments(
+                f"in_flight_s must be a finite number of seconds >= 0 or None, got "
+                f"{in_flight_s!r}"
+            )
         hooks = self._hooks
         if hooks is None:
             return self._effect(name, call, key, lookup, idempotent, params, in_flight_s)[0]

@@ -135,7 +135,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.worker_start(self.worker)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "worker_start")
 
     def worker_stop(self) -> None:
@@ -143,7 +143,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.worker_stop(self.worker)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "worker_stop")
 
     def before_claim(self, limit: int) -> None:
@@ -151,7 +151,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.before_claim(self.worker, limit)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "before_claim")
 
     def after_claim(self, claims: list[Claim]) -> None:
@@ -159,7 +159,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.after_claim(self.worker, claims)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "after_claim")
 
     def before_attempt(self, claim: Claim) -> None:
@@ -167,7 +167,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.before_attempt(self.worker, claim)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "before_attempt")
 
     def after_attempt(self, claim: Claim, outcome: str, exception: BaseException | None) -> None:
@@ -175,7 +175,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.after_attempt(self.worker, claim, outcome, exception)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "after_attempt")
 
     def before_step(self, ctx: TaskContext, name: str) -> None:
@@ -183,7 +183,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.before_step(ctx, name)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "before_step")
 
     def after_step(
@@ -194,7 +194,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.after_step(ctx, name, cached, duration_s, exception)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "after_step")
 
     def before_effect(self, ctx: TaskContext, name: str, key: str) -> None:
@@ -202,7 +202,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.before_effect(ctx, name, key)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "before_effect")
 
     def after_effect(
@@ -213,7 +213,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.after_effect(ctx, name, key, settled, duration_s, exception)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "after_effect")
 
     def before_commit(self, batch_size: int) -> None:
@@ -221,7 +221,7 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.before_commit(self.worker, batch_size)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "before_commit")
 
     def after_commit(
@@ -231,5 +231,5 @@ class Hooks:
         for mw in self.middleware:
             try:
                 mw.after_commit(self.worker, batch_size, duration_s, error)
-            except Exception:
+            except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "after_commit")

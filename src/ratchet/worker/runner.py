@@ -79,6 +79,7 @@ from ..ledger.base import Claim, CommitOutcome, Subscription, TaskWrite, Transit
 from ..retry import FailureClass, classify, retry_after_s
 from ..serde import dumps, printable
 from ..states import State
+from ..validation import MAX_NAME_BYTES, check_identifier
 from .context import Shutdown, TaskContext
 from .executor import Executor
 from .heartbeat import Heartbeat, LeaseHandle
@@ -190,7 +191,9 @@ class Worker:
         concurrency: task threads (>= 1).
         names: task names to claim; default all registered.
         poll_interval_s: sleep between claim attempts when idle, seconds.
-        holder: worker identity; default ``host:pid:random``.
+        holder: worker identity; default ``host:pid:random``. Must be a storable
+            identifier (no NUL or lone surrogate, at most 200 UTF-8 bytes), else
+            ``InvalidArguments``.
         max_batch: most task writes merged into one group commit.
         claim_linger_s: when fewer than a quarter of the slots are free but tasks are still
             running, claims wait for more slots to free (they ride on the commit of the
@@ -229,7 +232,10 @@ class Worker:
         self.claim_linger_s = claim_linger_s
         self.fast_takeover = fast_takeover
         self._claim_batch = max(1, concurrency // 4)
-        self.holder = holder or default_holder()
+        self.holder = (
+            default_holder() if holder is None
+            else check_identifier(holder, "worker holder", MAX_NAME_BYTES)
+        )
         self.ledger = app.ledger
         self.writer = LedgerWriter(self.ledger, max_batch=max_batch)
         self.heartbeat = Heartbeat(self.ledger, self.holder)
@@ -509,12 +515,20 @@ class Worker:
             self.on_failure(claim, transition)
         except LedgerUnavailable as exc:
             ctx.exception = exc
-            # Not the task's fault: hand the attempt back (release to PENDING, after a
-            # pause) instead of spending the retry budget on a database outage.
-            transition = Transition(
-                State.PENDING, delay_s=1.0, error=printable(str(exc)),
-                error_class="ledger_unavailable", reason="ledger unavailable",
-            )
+            if ctx.ledger_outage is exc:
+                # The worker's own ledger is unreachable: not the task's fault. Hand the
+                # attempt back (release to PENDING, after a pause) instead of spending the
+                # retry budget on a database outage.
+                transition = Transition(
+                    State.PENDING, delay_s=1.0, error=printable(str(exc)),
+                    error_class="ledger_unavailable", reason="ledger unavailable",
+                )
+            else:
+                # Raised by the task's own code (another App, another ledger): an ordinary
+                # failure that spends attempts like any other, so it ends.
+                transition = self._failure_transition(
+                    definition, claim, exc, ctx.open_intents()
+                )
             self.on_failure(claim, transition)
         except UndecodableData as exc:
             # Stored data of this task cannot be read back: running again reads the same.

@@ -134,7 +134,7 @@ def _resolve(callback: Callable[[object, BaseException | None], None], value: ob
              error: BaseException | None) -> None:
     try:
         callback(value, error)
-    except Exception:  # a callback must never kill the writer
+    except BaseException:  # a callback must never kill the writer (not even SystemExit)
         log.exception("ledger writer: write callback failed")
 
 
