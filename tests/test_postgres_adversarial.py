@@ -369,7 +369,10 @@ def test_registrar_judges_real_processes(pg: tuple[str, str]) -> None:
     reaped.wait()
     ledger = open_ledger(url)
     try:
-        time.sleep(0.2)
+        deadline = time.monotonic() + 5  # every child is up (its start time readable)
+        while any(process_start_time(p.pid) is None for p in (live, stopped, zombie)):
+            assert time.monotonic() < deadline, "child processes did not start"
+            time.sleep(0.01)
         starts = {p.pid: process_start_time(p.pid) for p in (live, stopped, zombie)}
         os.kill(stopped.pid, signal.SIGSTOP)
         os.kill(zombie.pid, signal.SIGKILL)  # not reaped yet: a zombie

@@ -142,10 +142,12 @@ def test_claim_is_audited_and_counted(ledger: Ledger, make_task: MakeTask) -> No
 # ---------------------------------------------------------------------- renew
 
 
-def test_renew_extends_the_holders_lease(ledger: Ledger, make_task: MakeTask) -> None:
+def test_renew_extends_the_holders_lease(
+    ledger: Ledger, make_task: MakeTask, sleep_until: SleepUntil
+) -> None:
     [task_id] = submit(ledger, make_task, lease_s=30.0)
     [claim] = ledger.claim("a", [TASK], 1)
-    time.sleep(0.02)
+    sleep_until(ledger, claim.ledger_now)  # the ledger clock moved on: a longer lease
     [result] = ledger.renew("a", [(task_id, claim.generation)])
     assert result.ok is True
     assert result.task_id == task_id

@@ -84,17 +84,8 @@ def start_payment_service(db_path: str | Path, **options: Any) -> CountingServic
 
 
 class PaymentClient:
-    """A client of the payment service. Thread-safe.
-
-    Errors are raised unchanged so Ratchet's classifier sees them: ``HTTPStatusError`` 503
-    is overload, 4xx permanent; ``ReadTimeout`` / ``RemoteProtocolError`` (dropped reply)
-    are unknown outcomes; connect errors are transient.
-
-    Args:
-        base_url: e.g. ``http://127.0.0.1:54321``.
-        timeout_s: read/write/pool timeout per request, seconds.
-        connect_timeout_s: TCP connect timeout, seconds.
-    """
+    """A client of the payment service: a :class:`~ratchet.testing.CountingClient` (same
+    arguments, thread safety and errors) speaking in charges."""
 
     def __init__(
         self, base_url: str, timeout_s: float = 1.0, connect_timeout_s: float = 2.0
