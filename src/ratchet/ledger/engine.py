@@ -128,8 +128,7 @@ class LedgerEngine:
                 "id": t.task_id, "name": t.name, "version": t.version, "params": t.params_json,
                 "digest": t.params_digest, "key": t.idempotency_key,
                 "max_attempts": t.max_attempts, "lease_s": t.lease_s,
-                "run_at": t.run_at_epoch_s if t.run_at_epoch_s is not None
-                else now + max(0.0, t.delay_s),
+                "run_at": t.run_at_epoch_s, "delay": max(0.0, t.delay_s),
             }
             for t in tasks
         ]

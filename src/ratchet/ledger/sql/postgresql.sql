@@ -19,15 +19,16 @@ SELECT extract(epoch FROM now())::float8;
 SELECT true;
 
 -- name: submit_insert
+-- run_at: the given time, else now + delay (delay >= 0, seconds).
 -- Rows arrive in idempotency-key order (and are inserted in that order), so two batches
 -- sharing keys lock them in the same order: no deadlock.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at)
 SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_attempts,
-       u.lease_s, u.run_at, %(now)s, %(now)s
+       u.lease_s, COALESCE(u.run_at, %(now)s + u.delay), %(now)s, %(now)s
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, name text, version int, params text, digest text, key text,
-          max_attempts int, lease_s float8, run_at float8)
+          max_attempts int, lease_s float8, run_at float8, delay float8)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_existing

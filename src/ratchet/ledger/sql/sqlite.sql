@@ -20,10 +20,11 @@ SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
                AND lease_until < (julianday('now') - 2440587.5) * 86400.0);
 
 -- name: submit_insert
+-- run_at: the given time, else now + delay (delay >= 0, seconds).
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at)
 VALUES (:id, :name, :version, :params, :digest, :key, 'PENDING', :max_attempts, :lease_s,
-        :run_at, :now, :now)
+        COALESCE(:run_at, :now + :delay), :now, :now)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_existing
