@@ -101,3 +101,29 @@ def test_commit_and_claim_resends_the_writes_only(ledger_url: str) -> None:
         assert running == [("RUNNING", 1)]
     finally:
         ledger.close()
+
+
+def test_a_submit_whose_commit_reply_was_lost_is_resent_once(ledger_url: str) -> None:
+    """Rows the lost transaction wrote are reported created and not inserted again (task
+    ids are unique per NewTask), with and without idempotency keys."""
+    ledger = open_ledger(ledger_url)
+    assert isinstance(ledger, LedgerEngine)
+    lossy = _LoseNextReply(ledger.dialect)
+    ledger.dialect = lossy
+    try:
+        params = dumps({})
+        keyed = NewTask(new_task_id(), NAME, 1, params, digest(NAME, params), "k-lost", 3, 30.0)
+        batch = [_task(), keyed, _task()]
+        lossy.armed = True
+        results = ledger.submit(batch)
+        assert lossy.lost == 1
+        assert [(r.task_id, r.created) for r in results] == [(t.task_id, True) for t in batch]
+        assert sorted(t.task_id for t in ledger.get_many([t.task_id for t in batch])) == sorted(
+            t.task_id for t in batch)
+        assert ledger.stats().counts[NAME]["PENDING"] == 3
+        # A later submit of the same key is a duplicate, as always.
+        again = ledger.submit([NewTask(new_task_id(), NAME, 1, params, digest(NAME, params),
+                                       "k-lost", 3, 30.0)])
+        assert [(r.task_id, r.created) for r in again] == [(keyed.task_id, False)]
+    finally:
+        ledger.close()

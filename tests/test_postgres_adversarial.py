@@ -301,24 +301,27 @@ def test_libpq_parameters_keep_spaces(pg: tuple[str, str]) -> None:
 def test_connection_killed_inside_a_transaction_is_retried(
     pg: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The backend is terminated after the transaction's first statement: the server
-    rolled it back, the operation runs again on another connection, once."""
+    """The backend is terminated after the transaction's first round trip (BEGIN, the
+    clock and the first statement): the server rolled it back, the operation runs again on
+    another connection, once. (Where that round trip was the last before COMMIT, the loss
+    shows at COMMIT: outcome unknown, and the engine re-sends.)"""
     url, schema = pg
     ledger = open_ledger(with_params(url, pool_size="2"))
     armed = [0]
-    real_begin = pg_module.PostgresDialect._begin
+    real_send = pg_module._PgTx._send
 
-    def now_then_kill(self: Any, cur: Any) -> float:
-        value = real_begin(self, cur)
-        if armed[0]:
+    def send_then_kill(self: Any, *args: Any, **kwargs: Any) -> Any:
+        first = not self.started
+        cur = real_send(self, *args, **kwargs)
+        if first and armed[0]:
             armed[0] -= 1
             with _raw() as conn:
                 conn.execute("SELECT pg_terminate_backend(%s)",
                              (cur.connection.info.backend_pid,))
             time.sleep(0.05)
-        return value
+        return cur
 
-    monkeypatch.setattr(pg_module.PostgresDialect, "_begin", now_then_kill)
+    monkeypatch.setattr(pg_module._PgTx, "_send", send_then_kill)
 
     def once(op: Any) -> Any:
         armed[0] = 1

@@ -48,7 +48,11 @@ class Tx(Protocol):
     """One open transaction of a dialect, handed to the engine's transaction bodies.
 
     Attributes:
-        now: the ledger clock read inside this transaction, epoch seconds.
+        now: the ledger clock read inside this transaction, epoch seconds. Every statement
+            gets it as its ``now`` parameter unless the caller passes one. A dialect may
+            send statements before it has read the clock (PostgreSQL sends ``BEGIN``,
+            the clock read and the first statements in one round trip), so read ``now``
+            only where its value is needed in Python.
     """
 
     now: float

@@ -108,11 +108,21 @@ class LedgerEngine:
 
         All-or-nothing: an :class:`IdempotencyConflict` rolls the whole batch back, then the
         conflict is counted in the audit log in a transaction of its own.
+
+        When the connection is lost during ``COMMIT`` (outcome unknown), the batch is sent
+        again: a task id is unique per :class:`NewTask`, so a row with one of the batch's
+        ids was written by the lost transaction and is reported ``created``, not inserted
+        twice.
         """
         if not tasks:
             return []
+        clock: list[float] = []  # the clock of the lost attempt, if it read one
         try:
-            return self.dialect.run(lambda tx: self._submit_in(tx, tasks))
+            try:
+                return self.dialect.run(lambda tx: self._submit_in(tx, tasks, clock))
+            except CommitOutcomeUnknown:
+                return self.dialect.run(
+                    lambda tx: self._submit_in(tx, tasks, [], resend=clock or [None]))
         except _Conflict as stop:
             found = stop.conflict
         detail = dumps({"key": found.key, "existing_digest": found.existing_digest,
@@ -121,8 +131,19 @@ class LedgerEngine:
             found.task_id, tx.now, "idempotency_conflict", None, None, None, None, detail)]))
         raise found
 
-    def _submit_in(self, tx: Tx, tasks: Sequence[NewTask]) -> list[SubmitResult]:
-        now = tx.now
+    def _submit_in(
+        self, tx: Tx, tasks: Sequence[NewTask], clock: list[float],
+        resend: Sequence[float | None] = (),
+    ) -> list[SubmitResult]:
+        """``clock`` receives this transaction's clock if it is read. ``resend``: the clock
+        of the lost attempt (``[None]`` if it read none): a key-less row with one of our ids
+        was written by it; a keyed row is ours if stamped with that clock."""
+        # The clock is read only where a keyed row must be told apart from an older one:
+        # a batch without keys is BEGIN + INSERT + COMMIT in one round trip on PostgreSQL.
+        present: set[str] = set()
+        if resend:
+            present = {r[0] for r in tx.rows("submit_present", {
+                "ids": [t.task_id for t in tasks if t.idempotency_key is None]})}
         rows = [
             {
                 "id": t.task_id, "name": t.name, "version": t.version, "params": t.params_json,
@@ -131,10 +152,11 @@ class LedgerEngine:
                 "run_at": t.run_at_epoch_s, "delay": max(0.0, t.delay_s),
             }
             for t in tasks
+            if t.task_id not in present
         ]
         # Key order: two batches sharing keys take their locks in the same order.
         rows.sort(key=lambda r: (r["key"] is None, r["key"] or ""))
-        tx.batch("submit_insert", rows, now=now)
+        tx.batch("submit_insert", rows)
         keys = sorted({t.idempotency_key for t in tasks if t.idempotency_key is not None})
         existing: dict[str, tuple[str, str, float]] = {}
         if keys:
@@ -146,9 +168,12 @@ class LedgerEngine:
                 results.append(SubmitResult(t.task_id, created=True))
                 continue
             task_id, stored_digest, created_at = existing[t.idempotency_key]
+            now = tx.now
+            if not clock:
+                clock.append(now)
             # Written by this transaction: our id, stamped with this transaction's clock (a
             # re-submission of the same NewTask finds its older row: created=False).
-            if task_id == t.task_id and created_at == now:
+            if task_id == t.task_id and (created_at == now or created_at in resend):
                 results.append(SubmitResult(task_id, created=True))
             elif stored_digest != t.params_digest:
                 raise _Conflict(IdempotencyConflict(
@@ -180,9 +205,9 @@ class LedgerEngine:
         """The claim, inside the caller's write transaction (see :meth:`claim`)."""
         if limit <= 0 or not names:
             return []
-        now = tx.now
         name_list = list(dict.fromkeys(names))  # each name once (PostgreSQL walks per name)
-        expired = tx.rows("claim_expired", {"now": now, "names": name_list, "limit": limit})
+        expired = tx.rows("claim_expired", {"names": name_list, "limit": limit})
+        now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
         audit: list[AuditRow] = []
         exhausted = [row for row in expired if row[3] >= row[4]]
         if exhausted:
@@ -263,7 +288,7 @@ class LedgerEngine:
                 for r in tx.rows("renew", {
                     "ids": [task_id for task_id, _ in leases],
                     "generations": [generation for _, generation in leases],
-                    "holder": holder, "now": tx.now,
+                    "holder": holder,
                 })
             }
             tx.execute("worker_seen", {"holder": holder, "now": tx.now})
@@ -337,13 +362,13 @@ class LedgerEngine:
         """
         if not writes:
             return []
-        now = tx.now
-        outcomes: dict[int, CommitOutcome] = {}
-        audit: list[AuditRow] = []
         current: dict[str, tuple[str, int, int, str]] = {
             r[0]: (r[1], r[2], r[3], r[4])
             for r in tx.rows("fence_read", {"ids": sorted({w.task_id for w in writes})})
         }
+        now = tx.now  # after the first read: BEGIN, clock and fence in one round trip
+        outcomes: dict[int, CommitOutcome] = {}
+        audit: list[AuditRow] = []
         segment = _Segment()
         ready = False
         seen: set[str] = set()

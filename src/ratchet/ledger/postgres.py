@@ -77,7 +77,6 @@ _SYNCHRONOUS_COMMIT = {
     Durability.FSYNC: "on",
     Durability.REPLICATED: "remote_apply",
 }
-_NOW_SQL = load_catalogue("postgresql")["now"][0]
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 3000
 """Server-side limit on a ledger transaction idling between statements, milliseconds."""
 
@@ -85,6 +84,8 @@ CLAIM_READY_SQL = load_catalogue("postgresql")["claim_ready"][0]
 """The claim of ready tasks (parameters: now, names, limit, holder). ``bench/`` prints its
 ``EXPLAIN``: it must stay an index scan of ``tasks_ready`` whatever the number of finished
 tasks."""
+
+_OPEN = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
 
 ATTEMPTS = 3
 """Attempts of a transaction the server rolled back (deadlock, connection lost before
@@ -141,35 +142,113 @@ class _PgSubscription:
         self._thread.join(timeout=2.0)
 
 
-class _PgTx:
-    """A transaction on one pooled connection (see :class:`~ratchet.ledger.dialect.Tx`)."""
+_NOW_EXPR = "(extract(epoch FROM now())::float8)"
+"""The ledger clock as SQL: the transaction's timestamp, the value ``SELECT now()`` reads."""
 
-    def __init__(self, cur: Cursor, catalogue: Mapping[str, tuple[str, ...]], now: float) -> None:
-        self.cur = cur
+
+class _PgTx:
+    """A transaction on one pooled connection (see :class:`~ratchet.ledger.dialect.Tx`),
+    sent in as few round trips as the engine's reads allow.
+
+    Nothing is sent until a result is needed. Statements whose result the engine does not
+    read (:meth:`batch`) are kept and sent in front of the next statement that returns
+    rows, or with ``COMMIT``; ``BEGIN`` and the clock read go in front of the first of
+    them. Each such group is one simple-protocol query string (parameters bound on the
+    client by psycopg, one message, one round trip): a commit of many tasks' writes plus a
+    claim is four round trips instead of nine. Not psycopg's pipeline mode: after a
+    pipeline, PostgreSQL 15 stops enforcing ``idle_in_transaction_session_timeout`` until
+    the next plain statement, and that timeout is what frees the row locks of a frozen
+    worker (tests/pg_faults).
+
+    ``now`` is known once the first group has run. A statement sent before that gets the
+    clock as SQL (``now()``, the same transaction timestamp), so a submit is one round trip.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any],
+                 catalogue: Mapping[str, tuple[str, ...]]) -> None:
+        self._conn = conn
+        self._raw = conn.cursor()
+        self._binder = psycopg.ClientCursor(conn)
         self.catalogue = catalogue
-        self.now = now
+        self._now: float | None = None
+        self._deferred: list[str] = []
+        self._names: list[str] = []
+        self.started = False
         self.statement = "begin"
         self.woken = False
 
-    def _run(self, name: str, params: Mapping[str, Any] | None) -> Cursor:
-        self.statement = name
-        *first, last = self.catalogue[name]
-        for text in first:
-            self.cur.execute(text, params or {})
-        return self.cur.execute(last, params or {})
+    # -- the clock and the raw cursor (migrations, settings) force BEGIN out
+
+    @property
+    def now(self) -> float:
+        if self._now is None:
+            self._send(None)
+        assert self._now is not None
+        return self._now
+
+    @property
+    def cur(self) -> Cursor:
+        """The raw cursor, with BEGIN and every kept statement sent first."""
+        if not self.started or self._deferred:
+            self._send(None)
+        return self._raw
+
+    # -- statements
+
+    def _bind(self, name: str, params: Mapping[str, Any] | None) -> list[str]:
+        values = dict(params or {})
+        texts = self.catalogue[name]
+        if "now" not in values:
+            if self._now is not None:
+                values["now"] = self._now
+            else:
+                texts = tuple(t.replace("%(now)s", _NOW_EXPR) for t in texts)
+        return [self._binder.mogrify(t, values) for t in texts]
+
+    def _send(self, name: str | None, params: Mapping[str, Any] | None = None,
+              tail: str | None = None) -> Cursor:
+        """Send BEGIN (first time), the kept statements, then ``name`` (or ``tail``) as one
+        query string; return the cursor positioned on the last statement's result."""
+        parts: list[str] = []
+        names = list(self._names)
+        if not self.started:
+            parts += ["BEGIN", "SELECT " + _NOW_EXPR]
+        parts += self._deferred
+        if name is not None:
+            names.append(name)
+            parts += self._bind(name, params)
+        if tail is not None:
+            names.append(tail)
+            parts.append(tail)
+        self.statement = "+".join(names) or ("begin" if not self.started else self.statement)
+        self._deferred, self._names = [], []
+        cur = self._raw
+        # Never server-prepared: every string differs (its parameters are bound in it).
+        cur.execute("; ".join(parts).encode("utf-8"), prepare=False)
+        if not self.started:
+            self.started = True
+            cur.nextset()  # BEGIN -> the clock
+            clock = cur.fetchone()
+            assert clock is not None
+            self._now = float(clock[0])
+        # Move to the last statement's result.
+        while cur.nextset():
+            pass
+        return cur
 
     def rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        return self._run(name, params).fetchall()
+        return self._send(name, params).fetchall()
 
     def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
-        return self._run(name, params).fetchone()
+        return self._send(name, params).fetchone()
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
-        return self._run(name, params).rowcount
+        return self._send(name, params).rowcount
 
     def batch(self, name: str, rows: Sequence[Mapping[str, Any]], **scalars: Any) -> None:
-        """All rows as one JSON parameter (``%(rows)s``, read with ``json_to_recordset``).
-        Text the encoding cannot hold (NUL, a lone surrogate) is refused by the server as a
+        """All rows as one JSON parameter (``%(rows)s``, read with ``json_to_recordset``),
+        kept and sent with the next statement that returns rows or with ``COMMIT``. Text
+        the encoding cannot hold (NUL, a lone surrogate) is refused by the server as a
         DataError: WriteRejected."""
         if not rows:
             return
@@ -177,7 +256,17 @@ class _PgTx:
             encoded = json.dumps(rows, allow_nan=False)
         except ValueError as exc:  # NaN / Infinity: no JSON, no column can hold it
             raise WriteRejected(f"refused write {name!r}: {exc}") from exc
-        self._run(name, {"rows": encoded, **scalars})
+        self._deferred += self._bind(name, {"rows": encoded, **scalars})
+        self._names.append(name)
+
+    def commit(self, notify: str | None) -> None:
+        """Send what is kept, the NOTIFY (if any) and COMMIT; nothing if nothing began."""
+        if not self.started and not self._deferred:
+            return
+        if notify is not None:
+            self._deferred.append(notify)
+            self._names.append("notify")
+        self._send(None, tail="COMMIT")
 
     def wake(self) -> None:
         self.woken = True
@@ -211,8 +300,7 @@ class PostgresDialect:
         host = parts.netloc.rsplit("@", 1)[-1] or "localhost"
         self.where = f"postgresql://{host}{parts.path} schema {self.schema}"
         self._closed = False
-        self._notify_commit = sql.SQL("SELECT pg_notify({}, ''); COMMIT").format(
-            sql.Literal(self.channel))
+        self._notify = "SELECT pg_notify(" + sql.Literal(self.channel).as_string(None) + ", '')"
         try:
             psycopg.conninfo.conninfo_to_dict(self._conninfo)
         except psycopg.ProgrammingError as exc:
@@ -276,15 +364,6 @@ class PostgresDialect:
                 f"PostgreSQL ledger {self.where}: no connection available ({exc})"
             ) from exc
 
-    def _begin(self, cur: Cursor) -> float:
-        """BEGIN and the transaction's clock in one round trip (no per-transaction planner
-        settings: the indexes fit the statements, see migration 0002)."""
-        cur.execute("BEGIN; " + _NOW_SQL)
-        cur.nextset()
-        clock = cur.fetchone()
-        assert clock is not None
-        return float(clock[0])
-
     def run(self, body: Callable[[Any], T], *, write: bool = True) -> T:
         """Run ``body`` in one transaction (see ``Dialect.run``).
 
@@ -318,20 +397,21 @@ class PostgresDialect:
         committing = False
         tx: _PgTx | None = None
         try:
-            with self._connection() as conn, conn.cursor() as cur:
-                tx = _PgTx(cur, self._catalogue, self._begin(cur))
+            with self._connection() as conn:
+                tx = _PgTx(conn, self._catalogue)
                 try:
                     result = body(tx)
                     if write:
                         faults.point("commit.before_commit")
                     committing = True
-                    tx.statement = "commit"
-                    # Wake listening workers at commit (the payload is not used): the
-                    # NOTIFY travels with the COMMIT, one round trip.
-                    cur.execute(self._notify_commit if tx.woken else b"COMMIT")
+                    # What is kept, the wake-up (NOTIFY, delivered at commit) and COMMIT:
+                    # one round trip.
+                    tx.commit(self._notify if tx.woken else None)
                     return result
                 except BaseException:
-                    if not committing and not conn.closed:
+                    # Also after a failed final group (a refused write): the server aborted
+                    # the transaction; roll it back before the pool takes the connection.
+                    if not conn.closed and conn.info.transaction_status in _OPEN:
                         with contextlib.suppress(psycopg.Error):
                             conn.execute("ROLLBACK")
                     raise

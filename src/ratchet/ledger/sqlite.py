@@ -79,6 +79,7 @@ class _SQLiteTx:
     def _run(self, name: str, params: Mapping[str, Any] | None) -> sqlite3.Cursor:
         self.statement = name
         args = _params(params)
+        args.setdefault("now", self.now)
         *first, last = self.catalogue[name]
         for sql in first:
             self.cur.execute(sql, args)
@@ -99,7 +100,8 @@ class _SQLiteTx:
             return
         self.statement = name
         (sql,) = self.catalogue[name]
-        self.cur.executemany(sql, [{**scalars, **row} for row in rows])
+        shared = {"now": self.now, **scalars}
+        self.cur.executemany(sql, [{**shared, **row} for row in rows])
 
     def wake(self) -> None:
         """SQLite has no server to notify; workers poll."""

@@ -27,6 +27,10 @@ VALUES (:id, :name, :version, :params, :digest, :key, 'PENDING', :max_attempts, 
         COALESCE(:run_at, :now + :delay), :now, :now)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
+-- name: submit_present
+-- Which of a re-sent batch's task ids the lost transaction wrote (ids are unique per task).
+SELECT t.id FROM json_each(:ids) AS k CROSS JOIN tasks AS t ON t.id = k.value;
+
 -- name: submit_existing
 -- The keys drive the join (one probe of the key index each). Written as an IN list, the
 -- planner scanned the table once statistics showed a column of NULL keys (no task of an
