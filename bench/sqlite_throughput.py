@@ -5,6 +5,7 @@ Run::
     .venv/bin/python bench/sqlite_throughput.py                 # everything, N = 20,000
     .venv/bin/python bench/sqlite_throughput.py --tasks 5000 --repeat 3
     .venv/bin/python bench/sqlite_throughput.py --profile       # + py-spy profile of a drain
+    .venv/bin/python bench/sqlite_throughput.py --prefetch 0,auto  # without / with prefetch
 
 What it measures (all in one run, on fresh SQLite files in one temp directory):
 
@@ -212,6 +213,7 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
     p.add_argument("--db", required=True)
     p.add_argument("--durability", required=True)
     p.add_argument("--concurrency", type=int, required=True)
+    p.add_argument("--prefetch", default="auto")
     p.add_argument("--tasks", type=int, required=True)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -326,7 +328,8 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
     switch = os.environ.get("RATCHET_BENCH_SWITCH_INTERVAL")  # GIL experiment, seconds
     if switch:
         sys.setswitchinterval(float(switch))
-    worker = BenchWorker(app, concurrency=args.concurrency)
+    prefetch = None if args.prefetch == "auto" else int(args.prefetch)
+    worker = BenchWorker(app, concurrency=args.concurrency, prefetch=prefetch)
     wall0 = time.perf_counter()
     stats = worker.run(max_tasks=args.tasks, idle_exit_s=10.0)
     wall = time.perf_counter() - wall0
@@ -379,9 +382,14 @@ def run_ratchet_drain(
     n: int,
     analyze: bool = False,
     profiler: list[str] | None = None,
+    prefetch: str = "auto",
 ) -> dict[str, Any]:
-    """Populate a fresh ledger, drain it with one worker subprocess, return the figures."""
-    stem = f"drain-{durability}-{variant}-c{concurrency}{'-analyze' if analyze else ''}"
+    """Populate a fresh ledger, drain it with one worker subprocess, return the figures.
+
+    ``prefetch``: the Worker's ``prefetch`` (an integer as text), or ``"auto"`` for its
+    default."""
+    stem = (f"drain-{durability}-{variant}-c{concurrency}-p{prefetch}"
+            f"{'-analyze' if analyze else ''}")
     path = _fresh(directory, stem)
     populate(path, durability, variant, n)
     if analyze:
@@ -392,7 +400,7 @@ def run_ratchet_drain(
     cmd = [
         sys.executable, str(Path(__file__).resolve()), "_ratchet_worker",
         "--db", path, "--durability", durability, "--concurrency", str(concurrency),
-        "--tasks", str(n), "--out", out,
+        "--prefetch", prefetch, "--tasks", str(n), "--out", out,
     ]
     if profiler:
         cmd = [*profiler, "--", *cmd]
@@ -782,6 +790,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--enqueue-tasks", type=int, default=None,
                    help="tasks per enqueue measurement (default: --tasks)")
     p.add_argument("--concurrency", default="1,8,32", help="worker concurrencies (default 1,8,32)")
+    p.add_argument("--prefetch", default="auto",
+                   help="worker prefetch values, e.g. 0,4,auto (default auto: the Worker's "
+                        "default; 0 = no prefetch, the behaviour before prefetch existed)")
     p.add_argument("--durability", default="fsync,buffered")
     p.add_argument("--variants", default="step,zero", help="step (1 ctx.step) and/or zero")
     p.add_argument("--huey-workers", default="1,8", help="huey thread workers (default 1,8)")
@@ -804,6 +815,10 @@ def main(argv: Sequence[str]) -> int:
     durabilities = [d for d in args.durability.split(",") if d]
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
     variants = [v for v in args.variants.split(",") if v]
+    prefetches = [x.strip() for x in args.prefetch.split(",") if x.strip()]
+    for x in prefetches:
+        if x != "auto" and not x.isdigit():
+            p.error(f"--prefetch: {x!r} is neither a non-negative integer nor 'auto'")
     huey_workers = [] if args.no_huey else [int(w) for w in args.huey_workers.split(",") if w]
     repeat = max(1, args.repeat)
     directory = tempfile.mkdtemp(prefix="ratchet-bench-", dir=args.dir)
@@ -863,13 +878,15 @@ def main(argv: Sequence[str]) -> int:
                      title=f"enqueue of {n_enq:,} tasks into a fresh ledger") + "\n", flush=True)
 
         # 3 + 4. drains, interleaved round by round (disk and CPU drift hit every system alike)
-        plans: list[tuple[str, str, int, bool]] = [
-            (d, v, c, False) for d in durabilities for v in variants for c in concurrencies
+        plans: list[tuple[str, str, int, str, bool]] = [
+            (d, v, c, pf, False) for d in durabilities for v in variants
+            for c in concurrencies for pf in prefetches
         ]
         if args.what_if_analyze and "fsync" in durabilities:
-            plans += [("fsync", v, c, True) for v in variants for c in concurrencies]
-        drains = [{"durability": d, "variant": v, "concurrency": c, "analyze": a, "runs": []}
-                  for d, v, c, a in plans]
+            plans += [("fsync", v, c, pf, True) for v in variants for c in concurrencies
+                      for pf in prefetches]
+        drains = [{"durability": d, "variant": v, "concurrency": c, "prefetch": pf,
+                   "analyze": a, "runs": []} for d, v, c, pf, a in plans]
         huey = [{"workers": w, "runs": []} for w in huey_workers]
         python = huey_python(install=True) if huey else None
         for round_no in range(repeat):
@@ -888,13 +905,15 @@ def main(argv: Sequence[str]) -> int:
             for e in drains:
                 before = probe(sync_of[e["durability"]])
                 r = run_ratchet_drain(directory, e["durability"], e["variant"],
-                                      e["concurrency"], n, e["analyze"])
+                                      e["concurrency"], n, e["analyze"],
+                                      prefetch=e["prefetch"])
                 after = probe(sync_of[e["durability"]])
                 r["commit_probe_per_s"] = (before + after) / 2
                 r["commit_probe_before_after"] = [before, after]
                 e["runs"].append(r)
                 print(f"  ratchet {e['durability']} {VARIANT_LABEL[e['variant']]} "
-                      f"C={e['concurrency']}{' (ANALYZEd file)' if e['analyze'] else ''}: "
+                      f"C={e['concurrency']} prefetch={e['prefetch']}"
+                      f"{' (ANALYZEd file)' if e['analyze'] else ''}: "
                       f"{r['tasks_per_s']:,.0f} tasks/s (commit probe before/after "
                       f"{before:,.0f}/{after:,.0f} per s)", flush=True)
         figures["drains"] = drains
@@ -917,7 +936,7 @@ def main(argv: Sequence[str]) -> int:
             label = f"{e['durability']} {VARIANT_LABEL[e['variant']]}" + (
                 " +ANALYZE" if e["analyze"] else "")
             rows.append([
-                label, str(e["concurrency"]), _fmt_rate(tps),
+                label, f"{e['concurrency']} p={e['prefetch']}", _fmt_rate(tps),
                 f"{_median([x['ledger_tasks_per_s'] for x in rs]):,.0f}",
                 f"{ratio(rs):.2f}",
                 f"{r['writer_writes'] / max(1, r['writer_transactions']):.1f}",
@@ -958,7 +977,8 @@ def main(argv: Sequence[str]) -> int:
             system = f"ratchet {VARIANT_LABEL[e['variant']]}" + (
                 " +ANALYZE (what-if)" if e["analyze"] else "")
             final.append([
-                system, e["durability"], f"C={e['concurrency']}", _fmt_rate(tps),
+                system, e["durability"], f"C={e['concurrency']} p={e['prefetch']}",
+                _fmt_rate(tps),
                 f"{_median([x['commit_probe_per_s'] for x in rs]):,.0f}", f"{ratio(rs):.2f}",
                 f"{_median(tps) / base:.2f}" if huey else "-",
                 f"{ratio(rs) / base_ratio:.2f}" if huey else "-",

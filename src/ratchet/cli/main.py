@@ -128,6 +128,15 @@ def worker(
         typer.Option("--concurrency", "-c", min=1, metavar="N",
                      help="Tasks run at the same time (threads)."),
     ] = 8,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(
+            "--prefetch", min=0, metavar="N",
+            help="Tasks claimed beyond --concurrency and held (leased, not started) so the"
+            " next task starts while the last completion commits (default: --concurrency,"
+            " at least 4, at most 32; 0 = none). Unstarted ones are released on stop.",
+        ),
+    ] = None,
     names: Annotated[
         str | None,
         typer.Option("--names", metavar="NAME,...",
@@ -213,12 +222,14 @@ def worker(
             app,
             middleware=installed,
             concurrency=concurrency,
+            prefetch=prefetch,
             names=[n.strip() for n in names.split(",") if n.strip()] if names else None,
             poll_interval_s=poll_interval_s,
             fast_takeover=fast_takeover,
         )
         w.install_signal_handlers()
-        log.info("worker %s: tasks %s, concurrency %d", w.holder, w.names, concurrency)
+        log.info("worker %s: tasks %s, concurrency %d, prefetch %d", w.holder, w.names,
+                 concurrency, w.prefetch)
         stats = w.run()
         log.info("worker %s stopped: %s", w.holder, stats)
 

@@ -122,6 +122,13 @@ class Executor(Generic[T]):
             except BaseException:  # run() must not raise; never lose the thread silently
                 log.exception("task executor: unexpected error")
 
+    def take_queued(self) -> list[T]:
+        """Remove and return every item not yet taken by a thread (in queue order)."""
+        with self._cond:
+            items = list(self._queue)
+            self._queue.clear()
+            return items
+
     def shutdown(self) -> None:
         """Run what is queued, then end every thread and wait for them."""
         with self._cond:
