@@ -18,7 +18,11 @@ What it measures, in one run, against one PostgreSQL server (``--pg-url``, defau
    (``app.submit`` one by one, ``app.submit_many`` x100), the drain of N no-op tasks (1 step
    and 0 steps) by 1 and 4 worker processes, ``fsync`` and ``buffered``; end-to-end latency of
    one task on an idle worker (p50 / p99); claim latency with 10k and with 1M tasks in the
-   ledger, with the claim query's ``EXPLAIN (ANALYZE, BUFFERS)``.
+   ledger, with the claim query's ``EXPLAIN (ANALYZE, BUFFERS)``; ``app.submit`` one by one
+   from T concurrent threads sharing one App (``--enqueue-threads``);
+3. memory: the resident set size of one worker process at C=128 (fsync, 1 step) draining
+   ``--rss-tasks`` tasks, sampled from a thread inside it, and of one pgqueuer consumer
+   draining as many jobs.
 
 Every schema the run creates is dropped at the end (``DROP SCHEMA ... CASCADE``); no other
 schema is touched. Figures are printed, never asserted: this is a measurement tool, not a
@@ -29,6 +33,7 @@ test. Children are this same file run with a private first argument (``_ratchet_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -301,6 +306,87 @@ def _watchdog(progress: Callable[[], Any], stall_s: float) -> None:
     threading.Thread(target=watch, name="bench-watchdog", daemon=True).start()
 
 
+MIB = 1048576.0
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident set size in bytes (``/proc/self/statm``), None off Linux."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _max_rss_mib() -> float | None:
+    """The kernel's high-water mark of this process's RSS since its ``exec`` (``VmHWM`` of
+    ``/proc/self/status``) in MiB, so also peaks between two samples; None off Linux.
+    (Not ``ru_maxrss``: Linux carries the parent's RSS at ``fork`` into it.)"""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class RssSampler:
+    """In a child: samples this process's RSS every ``interval_s`` seconds from a daemon
+    thread. ``start()`` records the RSS at READY, ``stop()`` the RSS at the end and returns
+    ``{"ready_mib", "peak_mib", "end_mib", "half_mib", "hwm_mib", "samples",
+    "interval_s", "series"}``; ``series`` is ``[seconds since start, progress, MiB]`` about
+    once a second; ``half_mib`` the first sample with ``progress() >= half``. MiB = 2**20
+    bytes."""
+
+    def __init__(self, interval_s: float, progress: Callable[[], int], half: int) -> None:
+        self.interval_s = interval_s
+        self.progress = progress
+        self.half = half
+        self.stopped = threading.Event()
+        self.peak = 0
+        self.count = 0
+        self.ready = 0
+        self.half_rss: int | None = None
+        self.series: list[list[float]] = []
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name="bench-rss", daemon=True)
+
+    def _sample(self) -> int:
+        rss = _rss_bytes() or 0
+        self.peak = max(self.peak, rss)
+        self.count += 1
+        if self.half_rss is None and self.progress() >= self.half:
+            self.half_rss = rss
+        return rss
+
+    def _run(self) -> None:
+        next_series = 0.0
+        while not self.stopped.wait(self.interval_s):
+            rss = self._sample()
+            elapsed = time.monotonic() - self.t0
+            if elapsed >= next_series:
+                self.series.append([round(elapsed, 2), self.progress(), round(rss / MIB, 2)])
+                next_series = elapsed + 1.0
+
+    def start(self) -> None:
+        self.ready = self._sample()
+        self.t0 = time.monotonic()
+        self.thread.start()
+
+    def stop(self) -> dict[str, Any]:
+        self.stopped.set()
+        self.thread.join()
+        end = self._sample()
+        return {
+            "ready_mib": self.ready / MIB, "peak_mib": self.peak / MIB, "end_mib": end / MIB,
+            "half_mib": (self.half_rss / MIB) if self.half_rss is not None else None,
+            "hwm_mib": _max_rss_mib(), "samples": self.count,
+            "interval_s": self.interval_s, "series": self.series,
+        }
+
+
 # ----------------------------------------------------------------------------- ratchet app
 
 
@@ -341,6 +427,56 @@ def enqueue_rate(url: str, n: int, batch: int) -> float:
         app.close()
 
 
+def enqueue_threads_rate(url: str, n: int, threads: int) -> dict[str, Any]:
+    """``app.submit`` one by one from ``threads`` threads sharing one App on a fresh ledger,
+    ``n`` tasks in all (each thread its own share). Every thread first submits one
+    untimed task, all together (so the pool has opened its connections), then all start at
+    one barrier; the clock stops when the last thread is done. Returns ``{"tasks_per_s",
+    "call_ms_p50", "call_ms_p99", "threads", "tasks"}``. Raises what a submit raised."""
+    app = make_app(url)
+    _ = app.ledger  # open and migrate outside the timed part
+    name = TASKS["step"]
+    shares = [n // threads + (1 if i < n % threads else 0) for i in range(threads)]
+    warm = threading.Barrier(threads)
+    start = threading.Barrier(threads + 1)
+    calls: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            warm.wait(timeout=60)
+            app.submit(name)
+            start.wait(timeout=60)
+            out = calls[i]
+            for _ in range(shares[i]):
+                t = time.perf_counter()
+                app.submit(name)
+                out.append(time.perf_counter() - t)
+        except BaseException as exc:  # reported by the parent thread below
+            errors.append(exc)
+            warm.abort()
+            start.abort()
+
+    pool = [threading.Thread(target=run, args=(i,), name=f"bench-submit-{i}")
+            for i in range(threads)]
+    try:
+        for th in pool:
+            th.start()
+        with contextlib.suppress(threading.BrokenBarrierError):  # a thread failed: below
+            start.wait(timeout=120)
+        t0 = time.perf_counter()
+        for th in pool:
+            th.join()
+        elapsed = time.perf_counter() - t0
+    finally:
+        app.close()
+    if errors:
+        raise errors[0]
+    ms = [1e3 * x for c in calls for x in c]
+    return {"threads": threads, "tasks": n, "tasks_per_s": n / elapsed,
+            "call_ms_p50": _pct(ms, 0.5), "call_ms_p99": _pct(ms, 0.99)}
+
+
 def populate(url: str, variant: str, n: int) -> None:
     """Fill a fresh ledger with ``n`` ready tasks of ``variant`` (not timed)."""
     from ratchet import SubmitRequest
@@ -364,6 +500,8 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
     p.add_argument("--max-tasks", type=int, default=0, help="0: no limit (use --idle-exit)")
     p.add_argument("--idle-exit", type=float, default=2.0)
     p.add_argument("--record-tasks", action="store_true", help="per-task claim/finish times")
+    p.add_argument("--rss-interval", type=float, default=0.0,
+                   help="sample this process's RSS every S seconds (0: off)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
 
@@ -428,11 +566,17 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
             super().on_finished(claim, outcome)
 
     worker = BenchWorker(app, concurrency=args.concurrency)
+    sampler = (RssSampler(args.rss_interval, lambda: int(fig["finished"]),
+                          max(1, args.max_tasks // 2)) if args.rss_interval > 0 else None)
+    if sampler:
+        sampler.start()
     _child_barrier()
     stmt.clear()
     _watchdog(lambda: (fig["claimed"], fig["finished"]), max(60.0, 3 * args.idle_exit))
     stats = worker.run(max_tasks=args.max_tasks or None, idle_exit_s=args.idle_exit)
+    rss = sampler.stop() if sampler else None
     out = {
+        "rss": rss,
         "drain_s": (fig["last_finish_perf"] or 0.0) - (fig["first_claim_perf"] or 0.0),
         "cpu_s": (fig["cpu_at_last_finish"] or 0.0) - (fig["cpu_at_first_claim"] or 0.0),
         "stats": {"claimed": stats.claimed, "succeeded": stats.succeeded,
@@ -503,29 +647,33 @@ def ledger_drain(conn: Any, schema: str) -> dict[str, Any]:
 
 
 def _worker_cmd(url: str, concurrency: int, out: str, max_tasks: int, idle_exit: float,
-                record: bool = False) -> list[str]:
+                record: bool = False, rss_interval: float = 0.0) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "_ratchet_worker", "--url", url,
            "--concurrency", str(concurrency), "--max-tasks", str(max_tasks),
            "--idle-exit", str(idle_exit), "--out", out]
+    if rss_interval > 0:
+        cmd += ["--rss-interval", str(rss_interval)]
     return [*cmd, "--record-tasks"] if record else cmd
 
 
 def run_ratchet_drain(
     ctx: RunContext, durability: str, variant: str, concurrency: int, processes: int, n: int,
-    profiler: list[str] | None = None, analyze: bool = False,
+    profiler: list[str] | None = None, analyze: bool = False, rss_interval: float = 0.0,
 ) -> dict[str, Any]:
     """Populate a fresh ledger schema, drain it with worker subprocesses, return figures.
-    ``analyze``: run ``ANALYZE`` on the tasks table before the drain (planner what-if)."""
+    ``analyze``: run ``ANALYZE`` on the tasks table before the drain (planner what-if).
+    ``rss_interval`` > 0: each worker samples its RSS every that many seconds (``"rss"`` of
+    the first process in the result, see :class:`RssSampler`)."""
     schema = ctx.schemas.new(f"drain_{durability[0]}{variant[0]}{concurrency}p{processes}"
-                             f"{'a' if analyze else ''}")
+                             f"{'a' if analyze else ''}{'m' if rss_interval > 0 else ''}")
     url = ratchet_url(ctx.base_url, schema, durability)
     try:
         populate(url, variant, n)
         if analyze:
             ctx.schemas.conn.execute(f'ANALYZE "{schema}".tasks')
         outs = [os.path.join(ctx.directory, f"{schema}-{i}.json") for i in range(processes)]
-        cmds = [_worker_cmd(url, concurrency, out, n if processes == 1 else 0, 2.0)
-                for out in outs]
+        cmds = [_worker_cmd(url, concurrency, out, n if processes == 1 else 0, 2.0,
+                            rss_interval=rss_interval) for out in outs]
         if profiler:
             cmds = [[*profiler, "--", *cmd] for cmd in cmds]
         kids = Children(cmds, ctx.directory, CHILD_ENV)
@@ -550,6 +698,7 @@ def run_ratchet_drain(
         "tasks_per_s": n / wall_s if wall_s > 0 else float("nan"),
         "ledger_tasks_per_s": (n / ledger["ledger_drain_s"]
                                if ledger["ledger_drain_s"] > 0 else float("nan")),
+        "rss": results[0].get("rss"),
         **ledger,
     }
     if ledger["succeeded"] != n:
@@ -767,6 +916,8 @@ def pgq_child(argv: Sequence[str]) -> int:
     p.add_argument("--one-by-one", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--spacing", type=float, default=0.02)
+    p.add_argument("--rss-interval", type=float, default=0.0,
+                   help="drain: sample this process's RSS every S seconds (0: off)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     return asyncio.run(_pgq_main(args))
@@ -834,10 +985,15 @@ async def _pgq_main(args: argparse.Namespace) -> int:
             if state["done"] >= args.tasks:
                 pgq.qm.shutdown.set()
 
+    sampler = (RssSampler(args.rss_interval, lambda: int(state["done"]),
+                          max(1, args.tasks // 2)) if args.rss_interval > 0 else None)
+    if sampler:
+        sampler.start()
     _child_barrier()
     t0 = time.perf_counter()
     mode = QueueExecutionMode.continuous if latency else QueueExecutionMode.drain
     await pgq.qm.run(batch_size=args.batch_size, mode=mode)
+    result["rss"] = sampler.stop() if sampler else None
     result.update(
         run_s=time.perf_counter() - t0,  # includes the final flush of completion logs
         done=state["done"],
@@ -911,10 +1067,12 @@ class PgqSchema:
 
 
 def run_pgqueuer(
-    ctx: RunContext, python: str, processes: int, n: int, batch: int, n_one: int
+    ctx: RunContext, python: str, processes: int, n: int, batch: int, n_one: int,
+    rss_interval: float = 0.0,
 ) -> dict[str, Any]:
-    """Enqueue N jobs (timed one by one and in batches), drain with consumer processes."""
-    s = PgqSchema(ctx, python, f"pgq{processes}")
+    """Enqueue N jobs (timed one by one and in batches), drain with consumer processes.
+    ``rss_interval`` > 0: each consumer samples its RSS (``"rss"`` of the first one)."""
+    s = PgqSchema(ctx, python, f"pgq{processes}{'m' if rss_interval > 0 else ''}")
     try:
         out_enq = os.path.join(ctx.directory, f"{s.name}-enqueue.json")
         proc = subprocess.run(
@@ -928,7 +1086,8 @@ def run_pgqueuer(
         outs = [os.path.join(ctx.directory, f"{s.name}-drain-{i}.json")
                 for i in range(processes)]
         kids = Children(
-            [s.cmd("--mode", "drain", "--batch-size", str(batch), "--out", o) for o in outs],
+            [s.cmd("--mode", "drain", "--batch-size", str(batch), "--tasks", str(n),
+                   "--rss-interval", str(rss_interval), "--out", o) for o in outs],
             ctx.directory, s.env,
         )
         try:
@@ -964,6 +1123,7 @@ def run_pgqueuer(
         "tasks_per_s_until_exit": n / (run_end - first) if run_end > first else float("nan"),
         "cpu_s": sum(r["cpu_s"] for r in results),
         "per_process_done": [r["done"] for r in results],
+        "rss": results[0].get("rss"),
     }
 
 
@@ -1038,6 +1198,19 @@ def main(argv: Sequence[str]) -> int:
                    help="run every drain R times, interleaved (median [min-max] reported)")
     p.add_argument("--enqueue-tasks", type=int, default=None,
                    help="tasks per enqueue measurement (default: min(--tasks, 5000))")
+    p.add_argument("--enqueue-threads", default="1,16",
+                   help="app.submit one by one from T threads sharing one App, "
+                        "--enqueue-tasks in all ('' = skip; default 1,16)")
+    p.add_argument("--rss-tasks", type=int, default=100_000,
+                   help="tasks drained by one fsync / 1 step / C=--rss-concurrency worker "
+                        "whose RSS is sampled (default 100000; 0 = skip)")
+    p.add_argument("--rss-concurrency", type=int, default=128,
+                   help="worker concurrency of the memory drain (128)")
+    p.add_argument("--rss-interval", type=float, default=0.05,
+                   help="RSS sampling interval in the worker, seconds (0.05)")
+    p.add_argument("--rss-pgqueuer", action="store_true",
+                   help="also sample a pgqueuer consumer draining --rss-tasks jobs (slow: "
+                        "pgqueuer drains a 100,000-job backlog at a few hundred jobs/s)")
     p.add_argument("--processes", default="1,4", help="worker / consumer processes (1,4)")
     p.add_argument("--concurrency", default="32", help="Ratchet worker concurrencies (32)")
     p.add_argument("--durability", default="fsync,buffered")
@@ -1079,6 +1252,9 @@ def main(argv: Sequence[str]) -> int:
     processes = [int(c) for c in args.processes.split(",") if c]
     variants = [v for v in args.variants.split(",") if v]
     claim_sizes = [int(c) for c in args.claim_sizes.split(",") if c]
+    enq_threads = [int(c) for c in args.enqueue_threads.split(",") if c]
+    if any(t < 1 for t in enq_threads):
+        p.error("--enqueue-threads: thread counts are >= 1")
     repeat = max(1, args.repeat)
     directory = tempfile.mkdtemp(prefix="ratchet-pgbench-")
     figures: dict[str, Any] = {"tasks": n, "repeat": repeat, "pg_url": libpq_url(args.pg_url)}
@@ -1154,11 +1330,26 @@ def main(argv: Sequence[str]) -> int:
                                     n_enq, 1) for _ in range(repeat)]
                 many = [enqueue_rate(ratchet_url(args.pg_url, schemas.new(f"enq100{dur[0]}"),
                                                  dur), n, 100) for _ in range(repeat)]
+                threaded: dict[int, list[dict[str, Any]]] = {t: [] for t in enq_threads}
+                for _ in range(repeat):  # interleaved: 1, 16, 1, 16, ...
+                    for t in enq_threads:
+                        url = ratchet_url(args.pg_url, schemas.new(f"enqt{t}{dur[0]}"), dur)
+                        try:
+                            threaded[t].append(enqueue_threads_rate(url, n_enq, t))
+                        except Exception as exc:  # report it, measure the rest
+                            print(f"  WARNING: enqueue from {t} threads ({dur}) failed: "
+                                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
                 for name in schemas.created:
                     if "_enq" in name:
                         schemas.drop(name)
-                figures["enqueue"][f"ratchet {dur}"] = {"submit": one, "submit_many_100": many}
-                enq_rows.append([f"Ratchet ({dur})", _fmt_rate(one), _fmt_rate(many)])
+                figures["enqueue"][f"ratchet {dur}"] = {
+                    "submit": one, "submit_many_100": many,
+                    "submit_threads": {str(t): v for t, v in threaded.items()},
+                }
+                enq_rows.append([f"Ratchet ({dur})", _fmt_rate(one), _fmt_rate(many), *[
+                    (f"{_fmt_rate([x['tasks_per_s'] for x in v])} "
+                     f"(p50 {_median([x['call_ms_p50'] for x in v]):.1f} ms)") if v else "error"
+                    for v in threaded.values()]])
 
         # 2. drains, interleaved round by round
         plans = [(d, v, c, pr, False) for d in durabilities for v in variants
@@ -1196,11 +1387,56 @@ def main(argv: Sequence[str]) -> int:
             enq = [x for h in pgq for x in h["runs"]]
             enq_rows.insert(0, [f"pgqueuer {enq[0]['version']} (asyncpg)",
                                 _fmt_rate([x["enqueue_one_per_s"] for x in enq]),
-                                _fmt_rate([x["enqueue_batch_per_s"] for x in enq])])
+                                _fmt_rate([x["enqueue_batch_per_s"] for x in enq]),
+                                *["-" for _ in enq_threads if run_ratchet]])
         if enq_rows:
-            print("\n" + _table(["enqueue (tasks/s)", f"1-by-1 ({n_enq:,})",
-                                 f"batches of 100 ({n:,})"], enq_rows,
-                                title="Enqueue into a fresh schema"), flush=True)
+            print("\n" + _table(
+                ["enqueue (tasks/s)", f"1-by-1 ({n_enq:,})", f"batches of 100 ({n:,})",
+                 *[f"1-by-1, {t} thread{'s' if t > 1 else ''} ({n_enq:,})"
+                   for t in enq_threads if run_ratchet]],
+                enq_rows,
+                title="Enqueue into a fresh schema (threads: app.submit from T threads "
+                      "sharing one App; p50 = one call's median wall time)"), flush=True)
+
+        # 2b. worker memory
+        rss_pgq = python if args.rss_pgqueuer else None
+        if args.rss_tasks > 0 and (run_ratchet or rss_pgq):
+            memory_rows, figures["memory"] = [], {}
+            n_rss, c_rss = args.rss_tasks, args.rss_concurrency
+
+            def mem_row(label: str, tps: float, rss: dict[str, Any] | None) -> list[str]:
+                if not rss:
+                    return [label, f"{n_rss:,}", f"{tps:,.0f}", *["-"] * 6]
+                half, hwm = rss.get("half_mib"), rss.get("hwm_mib")
+                return [label, f"{n_rss:,}", f"{tps:,.0f}", f"{rss['ready_mib']:.1f}",
+                        f"{half:.1f}" if half is not None else "-", f"{rss['end_mib']:.1f}",
+                        f"{rss['peak_mib']:.1f}", f"{hwm:.1f}" if hwm is not None else "-",
+                        f"{rss['samples']:,}"]
+
+            if run_ratchet:
+                r = run_ratchet_drain(ctx, "fsync", "step", c_rss, 1, n_rss,
+                                      rss_interval=args.rss_interval)
+                figures["memory"]["ratchet"] = {
+                    "tasks": n_rss, "concurrency": c_rss, "durability": "fsync",
+                    "variant": "step", "tasks_per_s": r["tasks_per_s"],
+                    "succeeded": r["succeeded"], "rss": r["rss"]}
+                memory_rows.append(mem_row(f"Ratchet worker fsync 1 step C={c_rss}",
+                                           r["tasks_per_s"], r["rss"]))
+            if rss_pgq:
+                r = run_pgqueuer(ctx, rss_pgq, 1, n_rss, args.pgq_batch_size, 0,
+                                 rss_interval=args.rss_interval)
+                figures["memory"]["pgqueuer"] = {
+                    "tasks": n_rss, "batch_size": args.pgq_batch_size,
+                    "tasks_per_s": r["tasks_per_s"], "done": r["done"], "rss": r["rss"]}
+                memory_rows.append(mem_row(
+                    f"pgqueuer consumer batch_size={args.pgq_batch_size}",
+                    r["tasks_per_s"], r["rss"]))
+            print("\n" + _table(
+                ["worker memory (RSS, MiB)", "tasks", "tasks/s", "at READY", "half done",
+                 "at end", "peak (sampled)", "VmHWM", "samples"], memory_rows,
+                title=(f"Worker memory: one process drains the tasks, its RSS sampled every "
+                       f"{args.rss_interval * 1e3:.0f} ms from a thread inside it (VmHWM: "
+                       "the kernel's high-water mark since the process started)")), flush=True)
 
         # 3. pickup latency
         latency_rows = []
