@@ -400,12 +400,14 @@ class Worker:
                 if idle_exit_s is not None and inflight == 0 and now - idle_since >= idle_exit_s:
                     break
                 # Busy: claims ride on the writer's commits. Poll only when nothing was
-                # tried for a while (idle, or a few slots free while long tasks run).
+                # tried for a while (idle, or a few threads free while long tasks run).
+                # Room for prefetch alone never polls: it is filled by the claims riding
+                # on completions (a worker whose threads are all busy adds no transaction).
                 wait_s = self.poll_interval_s
                 if self._claim_limit(0, forced=True) > 0:
                     last_try = max(self.writer.last_claim_at, last_poll)
                     due = last_try + (
-                        linger if 0 < inflight < self._capacity else self.poll_interval_s
+                        linger if 0 < inflight < self.concurrency else self.poll_interval_s
                     )
                     if self._notified or now >= due:
                         self._notified = False
@@ -458,6 +460,10 @@ class Worker:
         if self._max_tasks is not None:
             free = min(free, self._max_tasks - self.stats.claimed)
         if free <= 0:
+            return 0
+        if forced and inflight - freed >= self.concurrency:
+            # Every thread has a task: room left only for prefetch is filled by the claims
+            # riding on completions, never by a transaction of its own (a poll).
             return 0
         if not forced and free < self._claim_batch and inflight > freed:
             return 0  # let more finish: one bigger claim instead of many small ones
