@@ -7,10 +7,14 @@ submits one untimed task, then all start at one barrier; the clock stops when th
 thread is done.
 
 ``--before DIR`` compares another Ratchet tree in the same run: ``DIR`` is put on the
-child's ``PYTHONPATH`` (it holds the ``ratchet`` package), e.g. the last commit's::
+child's ``PYTHONPATH`` (it holds the ``ratchet`` package), e.g. the last commit's
+(``--after DIR`` likewise replaces the tree under test, default this checkout's ``src``)::
 
     mkdir -p /tmp/before && git archive HEAD src/ratchet | tar -x -C /tmp/before
     .venv/bin/python bench/submit_concurrency.py --before /tmp/before/src
+
+To isolate one file's change from others' commits, make both trees from one commit and
+put the old file in ``before`` (``git show REV:src/ratchet/app.py > /tmp/before/...``).
 
 Measurements of both trees are interleaved (before, after, before, after, ...) so a
 change of the machine's load moves both. Figures are printed, never asserted. Every
@@ -122,11 +126,14 @@ def main() -> None:
     p.add_argument("--threads", default="1,4,16")
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--before", help="a directory holding another ratchet package to compare")
+    p.add_argument("--after", default=str(SRC),
+                   help="the directory of the ratchet package under test (default: this "
+                        "checkout's src)")
     p.add_argument("--json", help="write every measurement to this file")
     args = p.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     trees = [("before", args.before)] if args.before else []
-    trees.append(("after", str(SRC)))
+    trees.append(("after", args.after))
 
     conn = None
     created: list[str] = []
