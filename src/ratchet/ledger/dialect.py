@@ -62,6 +62,13 @@ class Tx(Protocol):
         ``params`` is a list parameter (PostgreSQL array, SQLite JSON array)."""
         ...
 
+    def rows_many(
+        self, reads: Sequence[tuple[str, Mapping[str, Any] | None]]
+    ) -> list[list[tuple[Any, ...]]]:
+        """Run several catalogue statements in order and return each one's rows (a
+        dialect with a server sends them in one round trip)."""
+        ...
+
     def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
         """Run ``name`` and return its first row, or ``None``."""
         ...

@@ -201,12 +201,23 @@ class LedgerEngine:
             return []
         return self.dialect.run(lambda tx: self._claim_in(tx, holder, names, limit))
 
-    def _claim_in(self, tx: Tx, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
-        """The claim, inside the caller's write transaction (see :meth:`claim`)."""
+    @staticmethod
+    def _expired_read(names: Sequence[str], limit: int) -> tuple[str, dict[str, Any]]:
+        """The expired-lease scan of a claim, as a read to send with others."""
+        # Each name once (PostgreSQL walks per name).
+        return "claim_expired", {"names": list(dict.fromkeys(names)), "limit": limit}
+
+    def _claim_in(
+        self, tx: Tx, holder: str, names: Sequence[str], limit: int,
+        expired: list[tuple[Any, ...]] | None = None,
+    ) -> list[Claim]:
+        """The claim, inside the caller's write transaction (see :meth:`claim`).
+        ``expired``: the rows of :meth:`_expired_read`, if the caller already read them."""
         if limit <= 0 or not names:
             return []
-        name_list = list(dict.fromkeys(names))  # each name once (PostgreSQL walks per name)
-        expired = tx.rows("claim_expired", {"names": name_list, "limit": limit})
+        name_list = list(dict.fromkeys(names))
+        if expired is None:
+            [expired] = tx.rows_many([self._expired_read(names, limit)])
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
         audit: list[AuditRow] = []
         exhausted = [row for row in expired if row[3] >= row[4]]
@@ -317,9 +328,9 @@ class LedgerEngine:
             return []
         try:
             try:
-                return self.dialect.run(lambda tx: self._commit_in(tx, writes))
+                return self.dialect.run(lambda tx: self._commit_in(tx, writes)[0])
             except CommitOutcomeUnknown:
-                return self.dialect.run(lambda tx: self._commit_in(tx, writes, resend=True))
+                return self.dialect.run(lambda tx: self._commit_in(tx, writes, resend=True)[0])
         except WriteRejected as exc:
             raise _naming(exc, writes) from exc
 
@@ -333,15 +344,28 @@ class LedgerEngine:
         """
         self._check_transitions(writes)
 
+        claiming = limit > 0 and bool(names)
+
         def body(tx: Tx) -> tuple[list[CommitOutcome], list[Claim]]:
-            outcomes = self._commit_in(tx, writes)
-            return outcomes, self._claim_in(tx, holder, names, limit)
+            # The expired-lease scan travels with the fence read (one round trip).
+            also = [self._expired_read(names, limit)] if claiming else []
+            outcomes, expired = self._commit_in(tx, writes, also=also)
+            if not claiming:
+                return outcomes, []
+            # The scan ran before the writes: a lease this commit ended (its holder's own
+            # final write, e.g. a completion or a release) is not expired any more.
+            ended = {w.task_id for w, o in zip(writes, outcomes, strict=True)
+                     if o.ok and w.transition is not None
+                     and w.transition.to is not State.RUNNING}
+            still = [row for row in expired[0] if row[0] not in ended]
+            return outcomes, self._claim_in(tx, holder, names, limit, still)
 
         try:
             try:
                 return self.dialect.run(body)
             except CommitOutcomeUnknown:
-                return self.dialect.run(lambda tx: self._commit_in(tx, writes, resend=True)), []
+                return self.dialect.run(
+                    lambda tx: self._commit_in(tx, writes, resend=True)[0]), []
         except WriteRejected as exc:
             raise _naming(exc, writes) from exc
 
@@ -352,8 +376,9 @@ class LedgerEngine:
                 check_transition(State.RUNNING, write.transition.to)
 
     def _commit_in(
-        self, tx: Tx, writes: Sequence[TaskWrite], resend: bool = False
-    ) -> list[CommitOutcome]:
+        self, tx: Tx, writes: Sequence[TaskWrite], resend: bool = False,
+        also: Sequence[tuple[str, dict[str, Any]]] = (),
+    ) -> tuple[list[CommitOutcome], list[list[tuple[Any, ...]]]]:
         """The commit, inside the caller's transaction (see :meth:`commit`).
 
         ``resend``: these writes were sent before in a transaction whose COMMIT reply was
@@ -361,10 +386,11 @@ class LedgerEngine:
         was applied then: it is acknowledged.
         """
         if not writes:
-            return []
+            return [], tx.rows_many(also) if also else []
+        fence, *extra = tx.rows_many(
+            [("fence_read", {"ids": sorted({w.task_id for w in writes})}), *also])
         current: dict[str, tuple[str, int, int, str]] = {
-            r[0]: (r[1], r[2], r[3], r[4])
-            for r in tx.rows("fence_read", {"ids": sorted({w.task_id for w in writes})})
+            r[0]: (r[1], r[2], r[3], r[4]) for r in fence
         }
         now = tx.now  # after the first read: BEGIN, clock and fence in one round trip
         outcomes: dict[int, CommitOutcome] = {}
@@ -411,7 +437,7 @@ class LedgerEngine:
         _audit(tx, audit)
         if ready:
             tx.wake()
-        return [outcomes[i] for i in range(len(writes))]
+        return [outcomes[i] for i in range(len(writes))], extra
 
     # ------------------------------------------------------------------ operator
 

@@ -206,17 +206,23 @@ class _PgTx:
         return [self._binder.mogrify(t, values) for t in texts]
 
     def _send(self, name: str | None, params: Mapping[str, Any] | None = None,
-              tail: str | None = None) -> Cursor:
-        """Send BEGIN (first time), the kept statements, then ``name`` (or ``tail``) as one
-        query string; return the cursor positioned on the last statement's result."""
+              tail: str | None = None,
+              more: Sequence[tuple[str, Mapping[str, Any] | None]] = ()) -> Cursor:
+        """Send BEGIN (first time), the kept statements, then ``name`` and ``more`` (or
+        ``tail``) as one query string; return the cursor positioned on the result of
+        ``name`` (its last statement), followed by those of ``more``."""
         parts: list[str] = []
         names = list(self._names)
         if not self.started:
             parts += ["BEGIN", "SELECT " + _NOW_EXPR]
         parts += self._deferred
+        later: list[str] = []
         if name is not None:
             names.append(name)
             parts += self._bind(name, params)
+            for other, other_params in more:
+                names.append(other)
+                later += self._bind(other, other_params)
         if tail is not None:
             names.append(tail)
             parts.append(tail)
@@ -224,20 +230,36 @@ class _PgTx:
         self._deferred, self._names = [], []
         cur = self._raw
         # Never server-prepared: every string differs (its parameters are bound in it).
-        cur.execute("; ".join(parts).encode("utf-8"), prepare=False)
+        cur.execute("; ".join(parts + later).encode("utf-8"), prepare=False)
+        skip = len(parts) - 1
         if not self.started:
             self.started = True
             cur.nextset()  # BEGIN -> the clock
             clock = cur.fetchone()
             assert clock is not None
             self._now = float(clock[0])
-        # Move to the last statement's result.
-        while cur.nextset():
-            pass
+            skip -= 1
+        for _ in range(skip):  # to the result of the last part
+            cur.nextset()
         return cur
 
     def rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         return self._send(name, params).fetchall()
+
+    def rows_many(
+        self, reads: Sequence[tuple[str, Mapping[str, Any] | None]]
+    ) -> list[list[tuple[Any, ...]]]:
+        if not reads:
+            return []
+        (name, params), *more = reads
+        # Each catalogue entry here is one statement: one result set per read.
+        assert all(len(self.catalogue[n]) == 1 for n, _ in more), "multi-statement read"
+        cur = self._send(name, params, more=more)
+        results = [cur.fetchall()]
+        for _ in more:
+            cur.nextset()
+            results.append(cur.fetchall())
+        return results
 
     def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
         return self._send(name, params).fetchone()

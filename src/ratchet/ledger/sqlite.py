@@ -88,6 +88,11 @@ class _SQLiteTx:
     def rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         return self._run(name, params).fetchall()
 
+    def rows_many(
+        self, reads: Sequence[tuple[str, Mapping[str, Any] | None]]
+    ) -> list[list[tuple[Any, ...]]]:
+        return [self.rows(name, params) for name, params in reads]
+
     def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = self._run(name, params).fetchone()
         return row
