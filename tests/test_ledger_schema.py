@@ -35,6 +35,13 @@ def _engine_statement_names() -> set[str]:
             and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
         ):
             names.add(node.args[0].value)
+        # Reads sent together (Tx.rows_many) are ("name", {params}) pairs.
+        if (
+            isinstance(node, ast.Tuple) and len(node.elts) == 2
+            and isinstance(node.elts[0], ast.Constant) and isinstance(node.elts[0].value, str)
+            and isinstance(node.elts[1], ast.Dict)
+        ):
+            names.add(node.elts[0].value)
     return names
 
 

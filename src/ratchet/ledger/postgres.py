@@ -142,8 +142,9 @@ class _PgSubscription:
         self._thread.join(timeout=2.0)
 
 
-_NOW_EXPR = "(extract(epoch FROM now())::float8)"
-"""The ledger clock as SQL: the transaction's timestamp, the value ``SELECT now()`` reads."""
+_NOW_EXPR = "(" + load_catalogue("postgresql")["now"][0].removeprefix("SELECT ") + ")"
+"""The ledger clock as an SQL expression (the catalogue's ``now`` statement): the
+transaction's timestamp, the same value in every statement of a transaction."""
 
 
 class _PgTx:
