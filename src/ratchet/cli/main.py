@@ -137,6 +137,14 @@ def worker(
             " at least 4, at most 32; 0 = none). Unstarted ones are released on stop.",
         ),
     ] = None,
+    writers: Annotated[
+        int | None,
+        typer.Option(
+            "--writers", min=1, metavar="N",
+            help="Writer threads, each committing (and claiming) in transactions of its own"
+            " (default: 1 on SQLite, which has one write lock; 2 on PostgreSQL).",
+        ),
+    ] = None,
     names: Annotated[
         str | None,
         typer.Option("--names", metavar="NAME,...",
@@ -223,13 +231,14 @@ def worker(
             middleware=installed,
             concurrency=concurrency,
             prefetch=prefetch,
+            writers=writers,
             names=[n.strip() for n in names.split(",") if n.strip()] if names else None,
             poll_interval_s=poll_interval_s,
             fast_takeover=fast_takeover,
         )
         w.install_signal_handlers()
-        log.info("worker %s: tasks %s, concurrency %d, prefetch %d", w.holder, w.names,
-                 concurrency, w.prefetch)
+        log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
+                 w.names, concurrency, w.prefetch, w.writers)
         stats = w.run()
         log.info("worker %s stopped: %s", w.holder, stats)
 

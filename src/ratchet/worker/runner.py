@@ -11,8 +11,10 @@ established) | released to ``PENDING`` (graceful shutdown) | abandoned (lease lo
 generation: no write, another worker owns it) → ``on_finished``.
 
 Execution model: all writes go through one :class:`~ratchet.worker.writer.LedgerWriter`
-(group commit), which also claims: every transaction that commits writes claims as many
-tasks as the worker has room for (``concurrency + prefetch`` claimed and not finished),
+(group commit; ``writers`` threads, each with its own transactions, a task's writes always
+on the same one), which also claims: every transaction that commits writes claims as many
+tasks as the worker has room for (``concurrency + prefetch`` claimed and not finished,
+slots reserved while a claim is in flight so concurrent writers never exceed it),
 counting the slots its own completions free (one fsync for both). Prefetched tasks wait
 in the local queue, leased (the heartbeat renews them) but not started, so a thread that
 finishes a task starts the next at once while the completion commits; a task is started
@@ -94,7 +96,7 @@ from .hooks import Hooks, Middleware
 from .registry import Registrar
 from .writer import LedgerWriter
 
-__all__ = ["Worker", "WorkerStats", "default_holder", "default_prefetch"]
+__all__ = ["Worker", "WorkerStats", "default_holder", "default_prefetch", "default_writers"]
 
 log = logging.getLogger("ratchet.worker")
 
@@ -123,6 +125,26 @@ def default_prefetch(concurrency: int) -> int:
     return min(32, max(4, concurrency))
 
 
+def default_writers(ledger: object) -> int:
+    """Default :class:`Worker` ``writers`` for ``ledger``: its ``default_writers``
+    attribute if it has one (an int >= 1), else 2 on PostgreSQL and 1 elsewhere.
+
+    Why: SQLite has one write lock, so a second writer thread would only wait for it.
+    On PostgreSQL one writer thread is the bottleneck of a busy worker (most of each
+    transaction is server time, during which the worker's other threads are idle), and
+    two transactions in flight use the server's spare CPU. Measured with
+    ``bench/pg_throughput.py`` (see bench/README.md, "writers").
+    """
+    attr = getattr(ledger, "default_writers", None)
+    if isinstance(attr, int) and not isinstance(attr, bool) and attr >= 1:
+        return attr
+    dialect = getattr(ledger, "dialect", None)
+    return _PG_WRITERS if getattr(dialect, "name", None) == "postgresql" else 1
+
+
+_PG_WRITERS = 2
+"""Writer threads per worker on PostgreSQL (see :func:`default_writers`)."""
+
 _STALL_S = 0.005
 """Queued tasks not picked up for this long (s) while task threads are busy: wake another."""
 
@@ -136,10 +158,13 @@ class _Policy:
         self._worker = worker
 
     def limit(self, freed: int, forced: bool) -> int:
-        return self._worker._claim_limit(freed, forced)
+        return self._worker._reserve(freed, forced)
 
-    def dispatch(self, claims: list[Claim], t_sent: float) -> None:
-        self._worker._dispatch(claims, t_sent)
+    def dispatch(self, claims: list[Claim], t_sent: float, reserved: int) -> None:
+        self._worker._dispatch(claims, t_sent, reserved)
+
+    def release(self, reserved: int) -> None:
+        self._worker._release(reserved)
 
 
 UNDECODABLE = "undecodable"
@@ -229,6 +254,11 @@ class Worker:
             started when the worker stops is released (``PENDING``, attempt handed back)
             without running.
         max_batch: most task writes merged into one group commit.
+        writers: writer threads, each committing (and claiming) in transactions of its own
+            on its own ledger connection; a task's writes always go to the same one.
+            Default (None) :func:`default_writers`: 1 on SQLite (one write lock), 2 on
+            PostgreSQL. More than the ledger's connection pool (PostgreSQL ``pool_size``,
+            default 4, shared with the heartbeat and task threads' reads) only queues.
         claim_linger_s: when fewer than a quarter of the slots are free but tasks are still
             running, claims wait for more slots to free (they ride on the commit of the
             completions that free them); after this long (seconds) without a claim the
@@ -239,7 +269,8 @@ class Worker:
             in this order; none by default.
 
     Raises:
-        ConfigError: ``concurrency`` is below 1 or ``prefetch`` below 0.
+        ConfigError: ``concurrency`` is below 1, ``prefetch`` below 0 or ``writers``
+            below 1.
         UnknownTask: a name in ``names`` is not registered.
     """
 
@@ -255,6 +286,7 @@ class Worker:
         fast_takeover: bool = True,
         middleware: Sequence[Middleware] = (),
         prefetch: int | None = None,
+        writers: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigError(f"Worker concurrency must be >= 1, got {concurrency!r}")
@@ -262,6 +294,10 @@ class Worker:
             prefetch = default_prefetch(concurrency)
         if prefetch < 0:
             raise ConfigError(f"Worker prefetch must be >= 0, got {prefetch!r}")
+        if writers is None:
+            writers = default_writers(app.ledger)
+        if writers < 1:
+            raise ConfigError(f"Worker writers must be >= 1, got {writers!r}")
         self.app = app
         self.concurrency = concurrency
         self.prefetch = prefetch
@@ -278,7 +314,8 @@ class Worker:
             else check_identifier(holder, "worker holder", MAX_NAME_BYTES)
         )
         self.ledger = app.ledger
-        self.writer = LedgerWriter(self.ledger, max_batch=max_batch)
+        self.writers = writers
+        self.writer = LedgerWriter(self.ledger, max_batch=max_batch, writers=writers)
         self.heartbeat = Heartbeat(self.ledger, self.holder)
         self.stats = WorkerStats()
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
@@ -288,6 +325,8 @@ class Worker:
         self._wake = threading.Event()
         # Claimed and not finished: prefetched, running, completion not yet committed.
         self._inflight = 0
+        # Slots reserved by claims in flight (a writer thread asked, no answer yet).
+        self._reserved = 0
         self._lock = threading.Lock()
         self._signals = 0
         self._max_tasks: int | None = None
@@ -451,14 +490,17 @@ class Worker:
     # ------------------------------------------------------------------ claims
 
     def _claim_limit(self, freed: int, forced: bool) -> int:
-        """How many tasks to claim now (writer thread); ``freed``: completions in the
-        transaction being built, whose slots are free once it commits."""
+        """How many tasks to claim now; ``freed``: completions in the transaction being
+        built, whose slots are free once it commits. Slots reserved by claims in flight
+        count as taken. Exact under ``self._lock`` (:meth:`_reserve`); the main loop reads
+        it without the lock as a hint."""
         if self._stopping.is_set():
             return 0
-        inflight = self._inflight
+        reserved = self._reserved
+        inflight = self._inflight + reserved
         free = self._capacity - inflight + freed
         if self._max_tasks is not None:
-            free = min(free, self._max_tasks - self.stats.claimed)
+            free = min(free, self._max_tasks - self.stats.claimed - reserved)
         if free <= 0:
             return 0
         if forced and inflight - freed >= self.concurrency:
@@ -469,18 +511,40 @@ class Worker:
             return 0  # let more finish: one bigger claim instead of many small ones
         return free
 
-    def _dispatch(self, claims: list[Claim], t_sent: float) -> None:
-        """Claims committed (writer thread): track their leases, queue them for threads."""
-        faults.point("claim.after_commit")
-        handles = self.heartbeat.add_many(
-            [
-                (c.task_id, c.generation, c.lease_s, t_sent, c.lease_until - c.ledger_now)
-                for c in claims
-            ]
-        )
+    def _reserve(self, freed: int, forced: bool) -> int:
+        """:meth:`_claim_limit`, with the slots reserved until :meth:`_dispatch` or
+        :meth:`_release` (writer thread): writer threads claiming at once never ask for
+        more than the room left."""
         with self._lock:
-            self._inflight += len(claims)
-        self.stats.add("claimed", len(claims))
+            limit = self._claim_limit(freed, forced)
+            if limit > 0:
+                self._reserved += limit
+            return limit
+
+    def _release(self, reserved: int) -> None:
+        """A claim that reserved ``reserved`` slots ended without claims (writer thread)."""
+        with self._lock:
+            self._reserved -= reserved
+
+    def _dispatch(self, claims: list[Claim], t_sent: float, reserved: int) -> None:
+        """Claims committed (writer thread): track their leases, queue them for threads;
+        the reservation of ``reserved`` slots becomes ``len(claims)`` tasks in flight."""
+        try:
+            faults.point("claim.after_commit")
+            handles = self.heartbeat.add_many(
+                [
+                    (c.task_id, c.generation, c.lease_s, t_sent, c.lease_until - c.ledger_now)
+                    for c in claims
+                ]
+            )
+            with self._lock:
+                self._reserved -= reserved
+                reserved = 0
+                self._inflight += len(claims)
+                self.stats.add("claimed", len(claims))
+        finally:
+            if reserved:
+                self._release(reserved)
         takeovers = sum(1 for c in claims if c.takeover)
         if takeovers:
             self.stats.add("takeovers", takeovers)

@@ -1,19 +1,29 @@
-"""Group commit: one writer thread turns many tasks' writes into one ledger transaction.
+"""Group commit: writer threads turn many tasks' writes into few ledger transactions.
 
 Task threads hand their fenced :class:`~ratchet.ledger.base.TaskWrite` to the writer,
 either waiting until it is durable (:meth:`LedgerWriter.commit`: effect intents and
 results, durable steps) or not (:meth:`LedgerWriter.submit`: completions and pipelined
-steps, whose callback runs in the writer thread once the outcome is known). The writer
-takes everything queued so far (up to ``max_batch``) and calls :meth:`Ledger.commit`
-once: one transaction, one fsync, each task's rows still fenced on its own generation.
-The queue is FIFO and a batch keeps its order, so a task's later write always lands in the
-same or a later transaction than its earlier ones. No artificial delay is added: under
-load batches grow by themselves, when idle each write commits alone at once.
+steps, whose callback runs in a writer thread once the outcome is known). A writer thread
+takes everything queued to it so far (up to ``max_batch``) and calls
+:meth:`Ledger.commit` once: one transaction, one fsync, each task's rows still fenced on
+its own generation. No artificial delay is added: under load batches grow by themselves,
+when idle each write commits alone at once.
 
-Claims go through the same thread so one process holds one write connection. With a
-claim policy installed (:meth:`LedgerWriter.set_claim_policy`), every transaction that
-commits writes also claims as many tasks as the policy allows, counting the slots its
-own completions free (:meth:`Ledger.commit_and_claim`: one fsync for both).
+A :class:`LedgerWriter` runs ``writers`` such threads ("lanes"), each with a queue of its
+own; their transactions run at once, each on its own ledger connection (PostgreSQL: one
+pooled connection per transaction in flight). A task's writes always go to the same lane
+(chosen from its task id), whose queue is FIFO and whose batches keep their order, so a
+task's later write always lands in the same or a later transaction than its earlier ones.
+Two lanes never write the same task row; their fence reads lock rows in id order and
+claims skip locked rows, so they do not wait on each other. One lane (the default) is
+the right choice for SQLite, which has one write lock.
+
+Claims go through the same threads. With a claim policy installed
+(:meth:`LedgerWriter.set_claim_policy`), every transaction that commits writes also
+claims as many tasks as the policy allows, counting the slots its own completions free
+(:meth:`Ledger.commit_and_claim`: one fsync for both). The policy reserves the slots a
+claim asks for until its outcome is known, so two lanes claiming at once never take more
+than the worker has room for.
 
 A write the database refuses for its content (:class:`~ratchet.errors.WriteRejected`, or
 any error that is not an outage) fails only that write: the other writes of its batch are
@@ -42,7 +52,7 @@ __all__ = ["ClaimPolicy", "LedgerWriter", "WriteCallback", "WriterStopped"]
 log = logging.getLogger("ratchet.worker.writer")
 
 WriteCallback = Callable[[CommitOutcome | None, BaseException | None], None]
-"""Called in the writer thread with ``(outcome, None)`` or ``(None, error)``."""
+"""Called in a writer thread (the write's lane) with ``(outcome, None)`` or ``(None, error)``."""
 
 
 class WriterStopped(LedgerError):
@@ -71,11 +81,15 @@ _POLL = _Poll()
 class ClaimPolicy(Protocol):
     """How the writer claims on the worker's behalf (implemented by the worker).
 
-    ``limit(freed, forced)`` returns how many tasks to claim now, where ``freed`` is the
-    number of final writes (completions) in the transaction being built, whose slots are
-    free once it commits; ``forced`` is True for a poll from the main loop (claim even a
-    small batch). ``dispatch(claims, t_sent)`` receives what was claimed (``t_sent``:
-    monotonic time taken before the transaction started), in the writer thread.
+    Called from any writer thread, possibly from several at once.
+
+    ``limit(freed, forced)`` returns how many tasks to claim now and reserves that many
+    slots, where ``freed`` is the number of final writes (completions) in the transaction
+    being built, whose slots are free once it commits; ``forced`` is True for a poll from
+    the main loop (claim even a small batch). Every positive limit is followed by exactly
+    one ``dispatch(claims, t_sent, reserved)`` (something was claimed; ``t_sent``:
+    monotonic time taken before the transaction started) or ``release(reserved)``
+    (nothing was claimed, or the claim failed), with ``reserved`` the limit returned.
     """
 
     @property
@@ -89,11 +103,15 @@ class ClaimPolicy(Protocol):
         ...
 
     def limit(self, freed: int, forced: bool) -> int:
-        """How many tasks to claim in the transaction being built."""
+        """How many tasks to claim in the transaction being built (slots reserved)."""
         ...
 
-    def dispatch(self, claims: list[Claim], t_sent: float) -> None:
-        """Hand what was claimed to the worker (writer thread)."""
+    def dispatch(self, claims: list[Claim], t_sent: float, reserved: int) -> None:
+        """Hand what was claimed (non-empty) to the worker; the reservation ends."""
+        ...
+
+    def release(self, reserved: int) -> None:
+        """Nothing was claimed for a reservation of ``reserved`` slots: free them."""
         ...
 
 
@@ -138,31 +156,77 @@ def _resolve(callback: Callable[[object, BaseException | None], None], value: ob
         log.exception("ledger writer: write callback failed")
 
 
-class LedgerWriter(threading.Thread):
-    """The worker's single writer thread.
+class LedgerWriter:
+    """The worker's writer: ``writers`` threads, each committing (and claiming) in
+    transactions of its own. Started with :meth:`start`, ended with :meth:`stop` then
+    :meth:`join`.
 
     Args:
-        ledger: the ledger; this thread's ledger connection is the worker's write connection.
+        ledger: the ledger; each writer thread's transactions take a ledger connection of
+            their own (PostgreSQL: from the ledger's pool, ``pool_size`` URL option).
         max_batch: most task writes merged into one transaction.
+        writers: writer threads (>= 1). A task's writes always go to the same one.
+
+    Raises:
+        ValueError: ``writers`` is below 1.
     """
 
-    def __init__(self, ledger: Ledger, max_batch: int = 256) -> None:
-        super().__init__(name="ratchet-writer", daemon=True)
+    def __init__(self, ledger: Ledger, max_batch: int = 256, writers: int = 1) -> None:
+        if writers < 1:
+            raise ValueError(f"LedgerWriter writers must be >= 1, got {writers!r}")
         self._ledger = ledger
         self._max_batch = max_batch
-        self._queue: queue.SimpleQueue[_Item | _Poll | object] = queue.SimpleQueue()
         self._stopping = False
         self._policy: ClaimPolicy | None = None
         self.hooks: Hooks | None = None
         """Lifecycle hooks (claim and commit events), or None when no middleware is set."""
-        self.transactions = 0
-        self.writes = 0
-        self.last_claim_at = float("-inf")
-        """Monotonic time of the last claim attempt (any outcome) made by this writer."""
+        self._lanes = [_Lane(self, i) for i in range(writers)]
+        self._next_poll = 0
+
+    @property
+    def writers(self) -> int:
+        """Number of writer threads."""
+        return len(self._lanes)
+
+    @property
+    def transactions(self) -> int:
+        """Transactions committed so far, all writer threads together."""
+        return sum(lane.transactions for lane in self._lanes)
+
+    @property
+    def writes(self) -> int:
+        """Task writes committed so far, all writer threads together."""
+        return sum(lane.writes for lane in self._lanes)
+
+    @property
+    def last_claim_at(self) -> float:
+        """Monotonic time (seconds) of the last claim attempt (any outcome) made by any
+        writer thread; ``-inf`` before the first."""
+        return max(lane.last_claim_at for lane in self._lanes)
 
     def set_claim_policy(self, policy: ClaimPolicy | None) -> None:
         """Claim on ``policy``'s behalf with every commit (and on :meth:`poll`)."""
         self._policy = policy
+
+    def start(self) -> None:
+        """Start the writer threads."""
+        for lane in self._lanes:
+            lane.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for every writer thread to end (after :meth:`stop`), at most ``timeout``
+        seconds in all (None: no limit)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for lane in self._lanes:
+            lane.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def is_alive(self) -> bool:
+        """True while any writer thread runs."""
+        return any(lane.is_alive() for lane in self._lanes)
+
+    def _lane(self, task_id: str) -> _Lane:
+        lanes = self._lanes
+        return lanes[0] if len(lanes) == 1 else lanes[hash(task_id) % len(lanes)]
 
     def commit(self, write: TaskWrite) -> CommitOutcome:
         """Make ``write`` durable (fenced); block until its transaction committed.
@@ -177,45 +241,80 @@ class LedgerWriter(threading.Thread):
         if self._stopping:
             raise WriterStopped("ledger writer is stopped")
         pending = _Pending()
-        self._queue.put((write, pending))
+        self._lane(write.task_id).queue.put((write, pending))
         result = pending.result()
         assert isinstance(result, CommitOutcome)
         return result
 
     def submit(self, write: TaskWrite, callback: WriteCallback) -> None:
-        """Queue ``write`` without waiting; ``callback(outcome, error)`` runs in the writer
-        thread once its transaction committed (or failed). Writes are applied in the order
-        they were queued.
+        """Queue ``write`` without waiting; ``callback(outcome, error)`` runs in a writer
+        thread once its transaction committed (or failed). A task's writes are applied in
+        the order they were queued.
 
         Raises:
             WriterStopped: the writer was stopped.
         """
         if self._stopping:
             raise WriterStopped("ledger writer is stopped")
-        self._queue.put((write, callback))
+        self._lane(write.task_id).queue.put((write, callback))
 
     def poll(self) -> None:
-        """Ask the writer to claim per its policy now (without waiting for the result)."""
-        self._queue.put(_POLL)
+        """Ask the writer to claim per its policy now (without waiting for the result):
+        an idle writer thread if there is one."""
+        lanes = self._lanes
+        n = len(lanes)
+        first = self._next_poll % n
+        self._next_poll = first + 1
+        for k in range(n):
+            lane = lanes[(first + k) % n]
+            if not lane.busy and lane.queue.empty():
+                lane.queue.put(_POLL)
+                return
+        lanes[first].queue.put(_POLL)
 
     def sync(self) -> None:
-        """Wait until everything queued before this call has been handled."""
-        pending = _Pending()
-        self._queue.put((_SYNC, pending))
-        pending.result()
+        """Wait until everything queued (to any writer thread) before this call has been
+        handled."""
+        pendings = []
+        for lane in self._lanes:
+            pending = _Pending()
+            lane.queue.put((_SYNC, pending))
+            pendings.append(pending)
+        for pending in pendings:
+            pending.result()
 
     def stop(self) -> None:
-        """Finish what is queued, then end the thread."""
+        """Finish what is queued, then end the threads. A write queued after this call
+        fails with :class:`WriterStopped`."""
         self._stopping = True
-        self._queue.put(_STOP)
+        for lane in self._lanes:
+            lane.queue.put(_STOP)
+
+
+class _Lane(threading.Thread):
+    """One writer thread: its own queue, its own transactions."""
+
+    def __init__(self, owner: LedgerWriter, index: int) -> None:
+        # One name for every lane: hooks and profilers know "the writer thread" by it.
+        super().__init__(name="ratchet-writer", daemon=True)
+        self.index = index
+        self._owner = owner
+        self._ledger = owner._ledger
+        self._max_batch = owner._max_batch
+        self.queue: queue.SimpleQueue[_Item | _Poll | object] = queue.SimpleQueue()
+        self.busy = False
+        self.transactions = 0
+        self.writes = 0
+        self.last_claim_at = float("-inf")
 
     def run(self) -> None:
         stop = False
-        get_nowait = self._queue.get_nowait
+        get_nowait = self.queue.get_nowait
         while not stop:
             batch: list[_Item] = []
             poll = False
-            item = self._queue.get()
+            item = self.queue.get()
+            self.busy = True
             while True:
                 if item is _STOP:
                     stop = True
@@ -229,60 +328,80 @@ class LedgerWriter(threading.Thread):
                     break
             if batch or poll:
                 self._drain(batch, poll)
+            self.busy = False
+        # Queued after stop() (a race with its flag): never left waiting.
+        while True:
+            try:
+                item = get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, tuple):
+                what, cb = item
+                if isinstance(what, _Sync):
+                    _resolve(cb, [], None)
+                else:
+                    _resolve(cb, None, WriterStopped("ledger writer is stopped"))
 
-    def _policy_limit(self, freed: int, forced: bool) -> int:
-        policy = self._policy
-        if policy is None:
-            return 0
+    def _policy_limit(self, policy: ClaimPolicy, freed: int, forced: bool) -> int:
         try:
             return policy.limit(freed, forced)
         except Exception:
             log.exception("ledger writer: claim policy failed")
             return 0
 
-    def _dispatch(self, claims: list[Claim], t_sent: float) -> None:
-        policy = self._policy
-        if policy is None:
-            return
-        hooks = self.hooks
-        if hooks is not None:
-            hooks.after_claim(claims)
-        if not claims:
-            return
+    @staticmethod
+    def _release(policy: ClaimPolicy, reserved: int) -> None:
         try:
-            policy.dispatch(claims, t_sent)
+            policy.release(reserved)
         except Exception:
-            log.exception("ledger writer: dispatch of %d claims failed", len(claims))
+            log.exception("ledger writer: claim policy release failed")
+
+    def _dispatch(self, policy: ClaimPolicy, claims: list[Claim], t_sent: float,
+                  reserved: int) -> None:
+        """Hand ``claims`` to the policy; end the reservation of ``reserved`` slots."""
+        try:
+            hooks = self._owner.hooks
+            if hooks is not None:
+                hooks.after_claim(claims)
+        finally:
+            if not claims:
+                self._release(policy, reserved)
+            else:
+                try:
+                    policy.dispatch(claims, t_sent, reserved)
+                except Exception:
+                    log.exception("ledger writer: dispatch of %d claims failed", len(claims))
 
     def _drain(self, batch: list[_Item], poll: bool) -> None:
         writes: list[_WriteItem] = [
             (item, cb) for item, cb in batch if isinstance(item, TaskWrite)
         ]
         syncs = [cb for item, cb in batch if isinstance(item, _Sync)]
-        policy = self._policy
-        hooks = self.hooks
+        policy = self._owner._policy
+        hooks = self._owner.hooks
         claimed_here = False
         while writes:
             chunk, writes = writes[: self._max_batch], writes[self._max_batch :]
             limit = 0
             if policy is not None:
                 freed = sum(1 for w, _ in chunk if w.transition is not None)
-                limit = self._policy_limit(freed, forced=poll and not claimed_here)
+                limit = self._policy_limit(policy, freed, forced=poll and not claimed_here)
             if limit > 0:
-                if hooks is not None:
-                    hooks.before_claim(limit)
-                    hooks.before_commit(len(chunk))
+                assert policy is not None
                 t_sent = time.monotonic()
                 self.last_claim_at = t_sent
                 claimed_here = True
-                assert policy is not None
                 try:
+                    if hooks is not None:
+                        hooks.before_claim(limit)
+                        hooks.before_commit(len(chunk))
                     outcomes, claimed = self._ledger.commit_and_claim(
                         [w for w, _ in chunk], policy.holder, policy.names, limit
                     )
                 except LedgerUnavailable as exc:
                     # Unreachable, or lost during COMMIT (outcome unknown): never apply
                     # these writes a second time; each task handles the failure.
+                    self._release(policy, limit)
                     if hooks is not None:
                         hooks.after_commit(len(chunk), time.monotonic() - t_sent, exc)
                     for _, cb in chunk:
@@ -290,6 +409,7 @@ class LedgerWriter(threading.Thread):
                     continue
                 except Exception as exc:
                     # Commit alone (below), so errors land where they belong.
+                    self._release(policy, limit)
                     if hooks is not None:
                         hooks.after_commit(len(chunk), time.monotonic() - t_sent, exc)
                     log.debug("commit_and_claim failed; committing without the claim",
@@ -299,30 +419,31 @@ class LedgerWriter(threading.Thread):
                         hooks.after_commit(len(chunk), time.monotonic() - t_sent, None)
                     self.transactions += 1
                     self.writes += len(chunk)
-                    self._dispatch(claimed, t_sent)
+                    self._dispatch(policy, claimed, t_sent, limit)
                     for (_, cb), outcome in zip(chunk, outcomes, strict=True):
                         _resolve(cb, outcome, None)
                     continue
             self._commit_chunk(chunk)
-        if poll and not claimed_here:
-            limit = self._policy_limit(0, forced=True)
-            if limit > 0 and policy is not None:
-                if hooks is not None:
-                    hooks.before_claim(limit)
+        if poll and not claimed_here and policy is not None:
+            limit = self._policy_limit(policy, 0, forced=True)
+            if limit > 0:
                 t_sent = time.monotonic()
                 self.last_claim_at = t_sent
                 try:
+                    if hooks is not None:
+                        hooks.before_claim(limit)
                     claimed = self._ledger.claim(policy.holder, policy.names, limit)
                 except Exception as exc:  # keep the worker alive; the main loop polls again
+                    self._release(policy, limit)
                     log.error("claim failed: %s", exc)
                 else:
-                    self._dispatch(claimed, t_sent)
+                    self._dispatch(policy, claimed, t_sent, limit)
         for cb in syncs:
             _resolve(cb, [], None)
 
     def _ledger_commit(self, writes: list[TaskWrite]) -> list[CommitOutcome]:
         """One :meth:`Ledger.commit` transaction, between the commit hooks."""
-        hooks = self.hooks
+        hooks = self._owner.hooks
         if hooks is None:
             return self._ledger.commit(writes)
         hooks.before_commit(len(writes))
