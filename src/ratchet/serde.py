@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
+from typing import Any, Final
 
 from .errors import PayloadNotSerializable, UndecodableData
 
@@ -40,6 +43,24 @@ MAX_JSON_DEPTH = 200
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
 """The canonical encoder, built once (``json.dumps`` with options builds one per call)."""
 
+_FLAT_ENCODE: Callable[[Any, int], Any] | None = (
+    None if c_make_encoder is None else c_make_encoder(
+        None, _ENCODER.default, encode_basestring_ascii, None, ":", ",", True, False, False
+    )
+)
+"""The C encoder of :data:`_ENCODER`'s canonical form, built once, without cycle tracking
+(``markers=None``): used only for a list, tuple or dict whose items are all scalars (so it
+cannot hold a cycle, nor anything nested). ``JSONEncoder.encode`` builds one per call.
+Immutable, so threads share it. ``None`` where the C accelerator is missing."""
+
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+"""Exact types a flat container may hold for :data:`_FLAT_ENCODE` (subclasses take the
+general path)."""
+
+_CONSTANTS: Final[dict[str, Any]] = {"null": None, "true": True, "false": False}
+"""Texts :func:`loads` answers without the JSON decoder (what :func:`dumps` writes for
+``None``, ``True``, ``False``)."""
+
 
 def dumps(value: Any, what: str = "value") -> str:
     """Encode ``value`` as compact JSON with sorted keys.
@@ -54,6 +75,33 @@ def dumps(value: Any, what: str = "value") -> str:
             (objects, bytes, sets, NaN/Infinity, non-string dict keys, a cycle) or is
             nested deeper than :data:`MAX_JSON_DEPTH`.
     """
+    # Fast paths (the same text as the general path below): scalars, and flat containers.
+    cls = type(value)
+    if value is None:
+        return "null"
+    if cls is str:
+        return encode_basestring_ascii(value)
+    if cls is bool:
+        return "true" if value else "false"
+    if cls is int:
+        return int.__repr__(value)
+    if cls is float and math.isfinite(value):
+        return float.__repr__(value)
+    if (cls is dict or cls is list or cls is tuple) and value and _FLAT_ENCODE is not None:
+        scalars = _SCALARS
+        if cls is dict:
+            for key, item in value.items():
+                if type(key) is not str or type(item) not in scalars:
+                    break
+            else:
+                return _flat(value, what)
+        else:
+            for item in value:
+                if type(item) not in scalars:
+                    break
+            else:
+                return _flat(value, what)
+    # The general path: anything nested, empty, subclassed, or not JSON at all.
     if isinstance(value, dict | list | tuple) and value:
         problem = _structure_problem(value, what)
         if problem is not None:
@@ -61,10 +109,23 @@ def dumps(value: Any, what: str = "value") -> str:
     try:
         return _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise PayloadNotSerializable(
-            f"{what} is not JSON-serialisable: {exc}. Ratchet stores JSON only (never pickle); "
-            "pass str/int/float/bool/None and lists/dicts of them with string keys."
-        ) from None
+        raise _not_serialisable(what, exc) from None
+
+
+def _flat(value: Any, what: str) -> str:
+    """Encode a non-empty list, tuple or ``str``-keyed dict of scalars (nothing nested)."""
+    assert _FLAT_ENCODE is not None
+    try:
+        return "".join(_FLAT_ENCODE(value, 0))
+    except ValueError as exc:  # NaN / Infinity
+        raise _not_serialisable(what, exc) from None
+
+
+def _not_serialisable(what: str, exc: BaseException) -> PayloadNotSerializable:
+    return PayloadNotSerializable(
+        f"{what} is not JSON-serialisable: {exc}. Ratchet stores JSON only (never pickle); "
+        "pass str/int/float/bool/None and lists/dicts of them with string keys."
+    )
 
 
 def _structure_problem(value: Any, what: str) -> str | None:
@@ -114,6 +175,11 @@ def loads(text: str | None, what: str = "value") -> Any:
     """
     if text is None:
         return None
+    if type(text) is str and len(text) <= 5:  # what dumps writes for None, True, False, {}
+        if text in _CONSTANTS:
+            return _CONSTANTS[text]
+        if text == "{}":
+            return {}
     if not text.isascii():  # O(1) for ASCII text; else find lone surrogates before decoding
         try:
             text.encode("utf-8")

@@ -14,9 +14,9 @@ transaction, one fsync) never changes a caller.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..config import LedgerConfig
 from ..states import State
@@ -42,6 +42,64 @@ __all__ = [
     "Transition",
     "WorkerInfo",
 ]
+
+
+_R = TypeVar("_R")
+
+
+class _Factory:
+    """Default of a field with a ``default_factory`` in a :func:`_fast_init` signature."""
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY = _Factory()
+
+
+def _fast_init(cls: type[_R]) -> type[_R]:
+    """Give a frozen, slotted dataclass a faster ``__init__`` (records built per task).
+
+    The ``__init__`` dataclasses generates for a frozen class stores every field with
+    ``object.__setattr__`` (a global and an attribute lookup, then the generic setter);
+    this one calls each slot's own descriptor, about twice as fast. Same signature,
+    defaults and default factories; instances stay frozen (assignment still raises
+    ``FrozenInstanceError``) and compare and hash as before.
+
+    Raises:
+        TypeError: ``cls`` is not a frozen slotted dataclass with plain positional fields
+            and no ``__post_init__`` (checked at import).
+    """
+    params = getattr(cls, "__dataclass_params__", None)
+    if (params is None or not params.frozen or "__slots__" not in cls.__dict__
+            or hasattr(cls, "__post_init__")):
+        raise TypeError(f"_fast_init needs a frozen slotted dataclass, got {cls.__name__}")
+    namespace: dict[str, Any] = {"_FACTORY": _FACTORY}
+    args: list[str] = []
+    body: list[str] = []
+    for f in fields(cls):  # type: ignore[arg-type]
+        if not f.init or f.kw_only:
+            raise TypeError(f"_fast_init: field {cls.__name__}.{f.name} is not a plain one")
+        namespace[f"_set_{f.name}"] = cls.__dict__[f.name].__set__
+        value = f.name
+        if f.default is not MISSING:
+            namespace[f"_default_{f.name}"] = f.default
+            args.append(f"{f.name}=_default_{f.name}")
+        elif f.default_factory is not MISSING:
+            namespace[f"_factory_{f.name}"] = f.default_factory
+            args.append(f"{f.name}=_FACTORY")
+            value = f"_factory_{f.name}() if {f.name} is _FACTORY else {f.name}"
+        else:
+            args.append(f.name)
+        body.append(f"    _set_{f.name}(self, {value})")
+    source = f"def __init__(self, {', '.join(args)}):\n" + "\n".join(body) + "\n"
+    exec(source, namespace)  # built from the field names above only
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__annotations__ = dict(cls.__init__.__annotations__)
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
 
 
 class EffectState(StrEnum):
@@ -99,6 +157,7 @@ class SubmitResult:
     created: bool
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """A committed step: its JSON result and the generation that committed it."""
@@ -109,6 +168,7 @@ class StepRecord:
     committed_at: float
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class EffectRecord:
     """The ledger's record of one effect of a task."""
@@ -125,6 +185,7 @@ class EffectRecord:
     updated_at: float
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A task leased to a worker.
@@ -160,6 +221,7 @@ class Claim:
     effects: dict[str, EffectRecord] = field(default_factory=dict)
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class RenewResult:
     """Per-lease result of :meth:`Ledger.renew`; ``ok`` False means the lease is lost."""
@@ -171,6 +233,7 @@ class RenewResult:
     ledger_now: float
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class EffectWrite:
     """An effect row to write (intent, or outcome).
@@ -192,6 +255,7 @@ class EffectWrite:
     via_lookup: bool = False
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class Transition:
     """A state change of a running task, committed with its audit row.
@@ -213,6 +277,7 @@ class Transition:
     reason: str | None = None
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class TaskWrite:
     """Everything one worker writes for one task in one commit, fenced on ``generation``.
@@ -236,6 +301,7 @@ class TaskWrite:
     transition: Transition | None = None
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class CommitOutcome:
     """Per-task result of :meth:`Ledger.commit`: ``ok``, or ``stale`` and the current row."""

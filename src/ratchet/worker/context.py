@@ -139,7 +139,9 @@ class TaskContext:
         runner then hands the attempt back instead of counting it)."""
         self._lease = lease
         self._stopping = stopping
-        self._steps: dict[str, str] = {n: s.result_json for n, s in claim.steps.items()}
+        self._steps: dict[str, str] = (
+            {n: s.result_json for n, s in claim.steps.items()} if claim.steps else {}
+        )
         self._effects: dict[str, EffectRecord] = dict(claim.effects)
         self._ledger_t0 = claim.ledger_now
         self._mono_t0 = time.monotonic()
@@ -185,6 +187,8 @@ class TaskContext:
         """Steps of this attempt not yet confirmed durable: the task's next write carries
         them (again, if a flush is still in flight: rewriting a step is idempotent)."""
         saved = self._saved
+        if not saved:  # nothing confirmed by a flush (the common case): all of them
+            return self._unsaved[:]
         return [s for s in self._unsaved if s[0] not in saved]
 
     def discard_unsaved_steps(self) -> None:
@@ -311,7 +315,8 @@ class TaskContext:
         stored = self._steps.get(name)
         if stored is not None:
             return loads(stored, f"stored value of step {name!r}"), True
-        self._flush_steps()
+        if self._sent < len(self._unsaved):
+            self._flush_steps()
         result_json = dumps(fn(*args, **kwargs), what=f"result of step {name!r}")
         self._steps[name] = result_json
         self._unsaved.append((name, result_json))

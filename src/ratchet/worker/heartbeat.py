@@ -30,6 +30,12 @@ def margin_for(lease_s: float) -> float:
     return min(2.0, 0.2 * lease_s)
 
 
+_WINDOW_LOCK = threading.Lock()
+"""Orders the writers of every lease's safe window (:meth:`LeaseHandle.confirm`,
+:meth:`LeaseHandle.mark_lost`: the heartbeat thread, rarely at once); one lock for all
+handles instead of one built per claimed task."""
+
+
 class LeaseHandle:
     """A lease held by this worker on one task at one generation.
 
@@ -37,20 +43,27 @@ class LeaseHandle:
         task_id: the task.
         generation: fencing token of the claim.
         lease_s: lease length in seconds.
+        renew_due: monotonic instant (seconds) by which the next renewal should be sent;
+            a constructor argument, default a third of the lease from now.
     """
 
+    # No instance dict: one is built per claimed task.
+    __slots__ = ("_confirmed_until", "_heartbeat", "_lost", "generation", "lease_s",
+                 "renew_due", "task_id")
+
     def __init__(
-        self, heartbeat: Heartbeat, task_id: str, generation: int, lease_s: float, until_mono: float
+        self, heartbeat: Heartbeat, task_id: str, generation: int, lease_s: float,
+        until_mono: float, renew_due: float | None = None,
     ) -> None:
         self._heartbeat = heartbeat
         self.task_id = task_id
         self.generation = generation
         self.lease_s = lease_s
         self._confirmed_until = until_mono
-        # Monotonic instant by which the next renewal should be sent (a third of the lease).
-        self.renew_due = time.monotonic() + lease_s / 3.0
+        # Monotonic instant by which the next renewal should be sent (default: a third of
+        # the lease from now).
+        self.renew_due = time.monotonic() + lease_s / 3.0 if renew_due is None else renew_due
         self._lost = False
-        self._lock = threading.Lock()
 
     @property
     def lost(self) -> bool:
@@ -59,18 +72,18 @@ class LeaseHandle:
 
     def remaining_s(self) -> float:
         """Seconds left in the safe window (negative when closed)."""
-        with self._lock:
-            return self._confirmed_until - time.monotonic()
+        # One attribute read is atomic; the lock orders the writers (confirm, mark_lost).
+        return self._confirmed_until - time.monotonic()
 
     def confirm(self, until_mono: float) -> None:
         """Record a successful renewal (window ends at ``until_mono``, monotonic seconds)."""
-        with self._lock:
+        with _WINDOW_LOCK:
             if not self._lost:
                 self._confirmed_until = max(self._confirmed_until, until_mono)
 
     def mark_lost(self) -> None:
         """Record that the ledger refused the lease."""
-        with self._lock:
+        with _WINDOW_LOCK:
             self._lost = True
             self._confirmed_until = float("-inf")
 
@@ -131,19 +144,19 @@ class Heartbeat(threading.Thread):
 
         Wakes the heartbeat thread only if one of them is due before its planned round.
         """
-        handles = []
-        for task_id, generation, lease_s, t_sent, ttl_s in leases:
-            handle = LeaseHandle(
-                self, task_id, generation, lease_s, t_sent + ttl_s - margin_for(lease_s)
-            )
-            handle.renew_due = t_sent + lease_s / 3.0
-            handles.append(handle)
+        handles = [
+            LeaseHandle(self, task_id, generation, lease_s,
+                        t_sent + ttl_s - margin_for(lease_s),
+                        t_sent + lease_s / 3.0)
+            for task_id, generation, lease_s, t_sent, ttl_s in leases
+        ]
         if not handles:
             return handles
-        earliest = min(h.renew_due for h in handles)
+        earliest = min([h.renew_due for h in handles])
         with self._lock:
+            held = self._leases
             for handle in handles:
-                self._leases[handle.task_id] = handle
+                held[handle.task_id] = handle
             wake = earliest < self._planned
         if wake:
             self._wake.set()  # the loop re-plans: a lease is due before the current wait ends
