@@ -2,8 +2,8 @@
 --writers N``): each commits (and claims) in transactions of its own, a task's writes
 always on the same one.
 
-Every test runs on both ledgers (the ``ledger_url`` fixture of tests/conftest.py); SQLite
-defaults to one writer (one write lock) but must stay correct with several. What is
+Every test runs on both ledgers (the ``ledger_url`` fixture of tests/conftest.py); both
+default to one writer, and must stay correct with several. What is
 checked: a task's writes are committed in the order it made them (many steps per task,
 values read back); exactly-once over a few hundred tasks with two multi-writer workers;
 bodies never run more than ``concurrency`` at once and claims never take more than the
@@ -85,14 +85,13 @@ class RecordingLedger:
         return outcomes, claims
 
 
-def test_default_writers_and_bad_values(app: App, backend: str) -> None:
+def test_default_writers_and_bad_values(app: App) -> None:
     @app.task(name="t.noop")
     def noop(ctx: TaskContext) -> None:
         return None
 
-    expected = 2 if backend == "postgresql" else 1
-    assert default_writers(app.ledger) == expected
-    assert Worker(app).writers == expected
+    assert default_writers(app.ledger) == 1
+    assert Worker(app).writers == 1
     assert Worker(app, writers=3).writers == 3
     assert Worker(app, writers=3).writer.writers == 3
     with pytest.raises(ConfigError):
@@ -260,7 +259,7 @@ def test_concurrency_and_room_hold_with_writers_claiming_at_once(ledger_url: str
         assert len(holding.threads) > 1, "the writes were all committed by one thread"
         assert runs == Counter(range(n))
         assert all(h.get().state is State.SUCCEEDED for h in handles)
-        assert worker._reserved == 0 and worker._inflight == 0
+        assert (worker._reserved, worker._reserved_room, worker._inflight) == (0, 0, 0)
     finally:
         app.close()
 
@@ -277,10 +276,20 @@ def test_reservations_never_exceed_the_room(app: App) -> None:
     assert first == 4
     assert worker._reserve(0, forced=True) == 0
     assert worker._reserve(3, forced=False) == 3  # completions in its own transaction
-    worker._release(3)
-    worker._release(first)
+    worker._release(3, 3)
+    worker._release(first, 0)
     assert worker._reserve(0, forced=True) == 4
-    worker._release(4)
+    worker._release(4, 0)
+    # Every slot taken: two transactions each completing two tasks may each claim two
+    # (their own completions), and nothing more is left for a third asker.
+    worker._inflight = 4
+    assert worker._reserve(2, forced=False) == 2
+    assert worker._reserve(2, forced=False) == 2
+    assert worker._reserve(0, forced=True) == 0
+    worker._release(2, 2)
+    worker._release(2, 2)
+    worker._inflight = 0
+    assert (worker._reserved, worker._reserved_room) == (0, 0)
     # Concurrent askers never get more than the room in all.
     got: list[int] = []
     barrier = threading.Barrier(8)
@@ -295,7 +304,7 @@ def test_reservations_never_exceed_the_room(app: App) -> None:
     for t in threads:
         t.join(10)
     assert sum(got) == 4
-    assert worker._reserved == 4
+    assert worker._reserved == worker._reserved_room == 4
 
 
 def _claimed(ledger_url: str, n: int) -> tuple[App, Ledger, list[Claim]]:

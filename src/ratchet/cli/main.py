@@ -142,7 +142,8 @@ def worker(
         typer.Option(
             "--writers", min=1, metavar="N",
             help="Writer threads, each committing (and claiming) in transactions of its own"
-            " (default: 1 on SQLite, which has one write lock; 2 on PostgreSQL).",
+            " (default 1; more help on PostgreSQL only while the server has CPU to spare;"
+            " SQLite has one write lock).",
         ),
     ] = None,
     names: Annotated[

@@ -127,23 +127,28 @@ def default_prefetch(concurrency: int) -> int:
 
 def default_writers(ledger: object) -> int:
     """Default :class:`Worker` ``writers`` for ``ledger``: its ``default_writers``
-    attribute if it has one (an int >= 1), else 2 on PostgreSQL and 1 elsewhere.
+    attribute if it has one (an int >= 1), else 1.
 
-    Why: SQLite has one write lock, so a second writer thread would only wait for it.
-    On PostgreSQL one writer thread is the bottleneck of a busy worker (most of each
-    transaction is server time, during which the worker's other threads are idle), and
-    two transactions in flight use the server's spare CPU. Measured with
-    ``bench/pg_throughput.py`` (see bench/README.md, "writers").
+    Why 1 on both ledgers: SQLite has one write lock, so a second writer thread would only
+    wait for it. On PostgreSQL more writers overlap transactions, which pays only while
+    the database server has CPU to spare: N writers cut each writer's batches by about N,
+    so a task costs the server more (more BEGIN/fence/COMMIT/fsync per task). Measured on 2
+    shared cores (server and workers on one host) with ``bench/pg_throughput.py --repeat 1
+    --processes 1,4 --concurrency 32,128 --durability fsync --variants step --claim-sizes ''
+    --latency-count 0 --rss-tasks 0 --enqueue-threads '' --no-pgqueuer``, 20,000 no-op
+    tasks, three interleaved rounds at load ~1: 1 process C=128 8,580 / 8,826 / 8,025
+    tasks/s with 1 writer against 9,778 / 8,834 / 7,988 with 2 (eight more 1-process rounds
+    at C=128: 2 writers ahead by 0-25% when the host was quiet, behind when it was busy;
+    3 writers no better than 2); 4 processes C=32 12,862 / 12,736 / 11,686 with 1 against
+    8,855 / 8,753 / 8,226 with 2, C=128 14,128 / 14,944 / 13,324 against 12,065 / 12,316 /
+    11,159 (twice the transactions on a saturated server). Pass ``writers=2`` for one busy
+    worker process against a PostgreSQL server with cores to spare.
     """
     attr = getattr(ledger, "default_writers", None)
     if isinstance(attr, int) and not isinstance(attr, bool) and attr >= 1:
         return attr
-    dialect = getattr(ledger, "dialect", None)
-    return _PG_WRITERS if getattr(dialect, "name", None) == "postgresql" else 1
+    return 1
 
-
-_PG_WRITERS = 2
-"""Writer threads per worker on PostgreSQL (see :func:`default_writers`)."""
 
 _STALL_S = 0.005
 """Queued tasks not picked up for this long (s) while task threads are busy: wake another."""
@@ -160,11 +165,11 @@ class _Policy:
     def limit(self, freed: int, forced: bool) -> int:
         return self._worker._reserve(freed, forced)
 
-    def dispatch(self, claims: list[Claim], t_sent: float, reserved: int) -> None:
-        self._worker._dispatch(claims, t_sent, reserved)
+    def dispatch(self, claims: list[Claim], t_sent: float, reserved: int, freed: int) -> None:
+        self._worker._dispatch(claims, t_sent, reserved, freed)
 
-    def release(self, reserved: int) -> None:
-        self._worker._release(reserved)
+    def release(self, reserved: int, freed: int) -> None:
+        self._worker._release(reserved, freed)
 
 
 UNDECODABLE = "undecodable"
@@ -256,9 +261,10 @@ class Worker:
         max_batch: most task writes merged into one group commit.
         writers: writer threads, each committing (and claiming) in transactions of its own
             on its own ledger connection; a task's writes always go to the same one.
-            Default (None) :func:`default_writers`: 1 on SQLite (one write lock), 2 on
-            PostgreSQL. More than the ledger's connection pool (PostgreSQL ``pool_size``,
-            default 4, shared with the heartbeat and task threads' reads) only queues.
+            Default (None) :func:`default_writers`: 1 (SQLite has one write lock; on
+            PostgreSQL more pay only while the server has CPU to spare). More than the
+            ledger's connection pool (PostgreSQL ``pool_size``, default 4, shared with the
+            heartbeat and task threads' reads) only queues.
         claim_linger_s: when fewer than a quarter of the slots are free but tasks are still
             running, claims wait for more slots to free (they ride on the commit of the
             completions that free them); after this long (seconds) without a claim the
@@ -325,8 +331,10 @@ class Worker:
         self._wake = threading.Event()
         # Claimed and not finished: prefetched, running, completion not yet committed.
         self._inflight = 0
-        # Slots reserved by claims in flight (a writer thread asked, no answer yet).
+        # Claims in flight (a writer thread asked, no answer yet): tasks asked for, and
+        # the slots they take beyond those their own transaction's completions free.
         self._reserved = 0
+        self._reserved_room = 0
         self._lock = threading.Lock()
         self._signals = 0
         self._max_tasks: int | None = None
@@ -492,15 +500,15 @@ class Worker:
     def _claim_limit(self, freed: int, forced: bool) -> int:
         """How many tasks to claim now; ``freed``: completions in the transaction being
         built, whose slots are free once it commits. Slots reserved by claims in flight
-        count as taken. Exact under ``self._lock`` (:meth:`_reserve`); the main loop reads
-        it without the lock as a hint."""
+        count as taken, less the completions of their own transactions (free once those
+        commit; should one fail, its claim fails with it). Exact under ``self._lock``
+        (:meth:`_reserve`); the main loop reads it without the lock as a hint."""
         if self._stopping.is_set():
             return 0
-        reserved = self._reserved
-        inflight = self._inflight + reserved
+        inflight = self._inflight + self._reserved_room
         free = self._capacity - inflight + freed
         if self._max_tasks is not None:
-            free = min(free, self._max_tasks - self.stats.claimed - reserved)
+            free = min(free, self._max_tasks - self.stats.claimed - self._reserved)
         if free <= 0:
             return 0
         if forced and inflight - freed >= self.concurrency:
@@ -514,21 +522,31 @@ class Worker:
     def _reserve(self, freed: int, forced: bool) -> int:
         """:meth:`_claim_limit`, with the slots reserved until :meth:`_dispatch` or
         :meth:`_release` (writer thread): writer threads claiming at once never ask for
-        more than the room left."""
+        more than the room left.
+
+        A reservation of ``limit`` tasks made with ``freed`` completions takes
+        ``limit - min(freed, limit)`` slots of room: the completions' slots are free once
+        its transaction commits (they stay counted in flight until their callbacks run),
+        and if it fails, nothing is claimed either. So all writers claiming at once take
+        at most the room left plus their own completions."""
         with self._lock:
             limit = self._claim_limit(freed, forced)
             if limit > 0:
                 self._reserved += limit
+                self._reserved_room += limit - min(freed, limit)
             return limit
 
-    def _release(self, reserved: int) -> None:
-        """A claim that reserved ``reserved`` slots ended without claims (writer thread)."""
+    def _release(self, reserved: int, freed: int) -> None:
+        """A claim that reserved ``reserved`` tasks with ``freed`` completions ended
+        without claims (writer thread)."""
         with self._lock:
             self._reserved -= reserved
+            self._reserved_room -= reserved - min(freed, reserved)
 
-    def _dispatch(self, claims: list[Claim], t_sent: float, reserved: int) -> None:
+    def _dispatch(self, claims: list[Claim], t_sent: float, reserved: int, freed: int) -> None:
         """Claims committed (writer thread): track their leases, queue them for threads;
-        the reservation of ``reserved`` slots becomes ``len(claims)`` tasks in flight."""
+        the reservation (``reserved`` tasks asked with ``freed`` completions) becomes
+        ``len(claims)`` tasks in flight."""
         try:
             faults.point("claim.after_commit")
             handles = self.heartbeat.add_many(
@@ -539,12 +557,13 @@ class Worker:
             )
             with self._lock:
                 self._reserved -= reserved
+                self._reserved_room -= reserved - min(freed, reserved)
                 reserved = 0
                 self._inflight += len(claims)
                 self.stats.add("claimed", len(claims))
         finally:
             if reserved:
-                self._release(reserved)
+                self._release(reserved, freed)
         takeovers = sum(1 for c in claims if c.takeover)
         if takeovers:
             self.stats.add("takeovers", takeovers)

@@ -87,9 +87,10 @@ class ClaimPolicy(Protocol):
     slots, where ``freed`` is the number of final writes (completions) in the transaction
     being built, whose slots are free once it commits; ``forced`` is True for a poll from
     the main loop (claim even a small batch). Every positive limit is followed by exactly
-    one ``dispatch(claims, t_sent, reserved)`` (something was claimed; ``t_sent``:
-    monotonic time taken before the transaction started) or ``release(reserved)``
-    (nothing was claimed, or the claim failed), with ``reserved`` the limit returned.
+    one ``dispatch(claims, t_sent, reserved, freed)`` (something was claimed; ``t_sent``:
+    monotonic time taken before the transaction started) or ``release(reserved, freed)``
+    (nothing was claimed, or the claim failed), with ``reserved`` the limit returned and
+    ``freed`` the value it was asked with.
     """
 
     @property
@@ -106,11 +107,11 @@ class ClaimPolicy(Protocol):
         """How many tasks to claim in the transaction being built (slots reserved)."""
         ...
 
-    def dispatch(self, claims: list[Claim], t_sent: float, reserved: int) -> None:
+    def dispatch(self, claims: list[Claim], t_sent: float, reserved: int, freed: int) -> None:
         """Hand what was claimed (non-empty) to the worker; the reservation ends."""
         ...
 
-    def release(self, reserved: int) -> None:
+    def release(self, reserved: int, freed: int) -> None:
         """Nothing was claimed for a reservation of ``reserved`` slots: free them."""
         ...
 
@@ -350,14 +351,14 @@ class _Lane(threading.Thread):
             return 0
 
     @staticmethod
-    def _release(policy: ClaimPolicy, reserved: int) -> None:
+    def _release(policy: ClaimPolicy, reserved: int, freed: int) -> None:
         try:
-            policy.release(reserved)
+            policy.release(reserved, freed)
         except Exception:
             log.exception("ledger writer: claim policy release failed")
 
     def _dispatch(self, policy: ClaimPolicy, claims: list[Claim], t_sent: float,
-                  reserved: int) -> None:
+                  reserved: int, freed: int) -> None:
         """Hand ``claims`` to the policy; end the reservation of ``reserved`` slots."""
         try:
             hooks = self._owner.hooks
@@ -365,10 +366,10 @@ class _Lane(threading.Thread):
                 hooks.after_claim(claims)
         finally:
             if not claims:
-                self._release(policy, reserved)
+                self._release(policy, reserved, freed)
             else:
                 try:
-                    policy.dispatch(claims, t_sent, reserved)
+                    policy.dispatch(claims, t_sent, reserved, freed)
                 except Exception:
                     log.exception("ledger writer: dispatch of %d claims failed", len(claims))
 
@@ -382,7 +383,7 @@ class _Lane(threading.Thread):
         claimed_here = False
         while writes:
             chunk, writes = writes[: self._max_batch], writes[self._max_batch :]
-            limit = 0
+            limit = freed = 0
             if policy is not None:
                 freed = sum(1 for w, _ in chunk if w.transition is not None)
                 limit = self._policy_limit(policy, freed, forced=poll and not claimed_here)
@@ -401,7 +402,7 @@ class _Lane(threading.Thread):
                 except LedgerUnavailable as exc:
                     # Unreachable, or lost during COMMIT (outcome unknown): never apply
                     # these writes a second time; each task handles the failure.
-                    self._release(policy, limit)
+                    self._release(policy, limit, freed)
                     if hooks is not None:
                         hooks.after_commit(len(chunk), time.monotonic() - t_sent, exc)
                     for _, cb in chunk:
@@ -409,7 +410,7 @@ class _Lane(threading.Thread):
                     continue
                 except Exception as exc:
                     # Commit alone (below), so errors land where they belong.
-                    self._release(policy, limit)
+                    self._release(policy, limit, freed)
                     if hooks is not None:
                         hooks.after_commit(len(chunk), time.monotonic() - t_sent, exc)
                     log.debug("commit_and_claim failed; committing without the claim",
@@ -419,7 +420,7 @@ class _Lane(threading.Thread):
                         hooks.after_commit(len(chunk), time.monotonic() - t_sent, None)
                     self.transactions += 1
                     self.writes += len(chunk)
-                    self._dispatch(policy, claimed, t_sent, limit)
+                    self._dispatch(policy, claimed, t_sent, limit, freed)
                     for (_, cb), outcome in zip(chunk, outcomes, strict=True):
                         _resolve(cb, outcome, None)
                     continue
@@ -434,10 +435,10 @@ class _Lane(threading.Thread):
                         hooks.before_claim(limit)
                     claimed = self._ledger.claim(policy.holder, policy.names, limit)
                 except Exception as exc:  # keep the worker alive; the main loop polls again
-                    self._release(policy, limit)
+                    self._release(policy, limit, 0)
                     log.error("claim failed: %s", exc)
                 else:
-                    self._dispatch(policy, claimed, t_sent, limit)
+                    self._dispatch(policy, claimed, t_sent, limit, 0)
         for cb in syncs:
             _resolve(cb, [], None)
 
