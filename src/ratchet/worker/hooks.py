@@ -5,7 +5,8 @@ Metrics, tracing and retry governance plug in here instead of in the claim loop.
 instances as ``Worker(app, middleware=[...])``; they are called in list order.
 
 Which thread calls what (the hook runs in the thread where the event happens, so keep it
-short: a slow hook slows that thread):
+short: a slow hook slows that thread). Task threads run at once, and so do writer threads
+when the worker has more than one (``writers``): a middleware must be thread-safe.
 
 =============================================  =========================================
 ``worker_start`` / ``worker_stop``             the thread that called :meth:`Worker.run`
