@@ -48,7 +48,8 @@ def test_default_prefetch_and_bad_values(app: App) -> None:
         return None
 
     assert Worker(app, concurrency=1).prefetch == default_prefetch(1) == 4
-    assert Worker(app, concurrency=16).prefetch == 16
+    assert Worker(app, concurrency=4).prefetch == 16
+    assert Worker(app, concurrency=8).prefetch == 32
     assert Worker(app, concurrency=100).prefetch == 32
     assert Worker(app, concurrency=2, prefetch=0).prefetch == 0
     with pytest.raises(ConfigError):

@@ -133,8 +133,9 @@ def worker(
         typer.Option(
             "--prefetch", min=0, metavar="N",
             help="Tasks claimed beyond --concurrency and held (leased, not started) so the"
-            " next task starts while the last completion commits (default: --concurrency,"
-            " at least 4, at most 32; 0 = none). Unstarted ones are released on stop.",
+            " next task starts while the last completion commits (default: 4 per thread,"
+            " at least 4, at most 32; 0 = none; long tasks over several workers: 0)."
+            " Unstarted ones are released on stop.",
         ),
     ] = None,
     writers: Annotated[

@@ -108,7 +108,7 @@ def default_holder() -> str:
 
 def default_prefetch(concurrency: int) -> int:
     """Default :class:`Worker` ``prefetch`` for ``concurrency`` threads:
-    ``min(32, max(4, concurrency))``.
+    ``min(32, max(4, 4 * concurrency))`` (Celery's prefetch multiplier of 4, capped).
 
     Why: without prefetch a single-thread worker runs one task per transaction and its
     body never overlaps the commit. Measured with ``bench/sqlite_throughput.py --repeat 2
@@ -120,9 +120,12 @@ def default_prefetch(concurrency: int) -> int:
     per fsync at C=1); beyond that it flattens while more tasks sit leased and unstarted
     in one process, where another worker cannot take them (a graceful stop releases
     them; a crash leaves them to lease expiry, like running ones). Long tasks spread
-    over several workers want a small prefetch (``0``).
+    over several workers want a small prefetch (``0``). At the default concurrency (8) on
+    PostgreSQL, one process draining 20,000 one-step tasks: 3,627-3,990 tasks/s with
+    prefetch 8, 4,977 with 16, 5,693 with 32 (two interleaved runs, 2026-11-30): the claim
+    and completion batches grow with what a worker holds, hence 4 per thread up to 32.
     """
-    return min(32, max(4, concurrency))
+    return min(32, max(4, 4 * concurrency))
 
 
 def default_writers(ledger: object) -> int:
@@ -254,7 +257,7 @@ class Worker:
             heartbeat renews them) but not started, so a thread that finishes a task
             starts the next one at once while the previous completion commits, and the
             completions of several tasks share one transaction. At most ``concurrency``
-            bodies still run at once. Default :func:`default_prefetch` (``concurrency``,
+            bodies still run at once. Default :func:`default_prefetch` (4 per thread,
             at least 4, at most 32); 0 claims only for free threads. A prefetched task not
             started when the worker stops is released (``PENDING``, attempt handed back)
             without running.
