@@ -110,6 +110,7 @@ def main() -> None:
                   f" {spent / done * 1e6:11.1f}")
         print(f"{'all':16s} {total / txs * 1e3:9.2f} {'':8s} {total / done * 1e6:11.1f}")
     finally:
+        app.close()
         with psycopg.connect(args.pg_url, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
