@@ -238,3 +238,33 @@ def test_libpq_url_keeps_a_local_socket_url_intact() -> None:
 
     cfg = parse_ledger_url("postgresql:///test?host=127.0.0.1&user=postgres&schema=s&options=-c%20x%3D1")
     assert libpq_url(cfg) == "postgresql:///test?host=127.0.0.1&user=postgres&options=-c%20x%3D1"
+
+
+def test_non_ascii_names_and_keys_with_a_latin1_client_encoding(pg: tuple[str, str]) -> None:
+    """Statements travel with their parameters bound in, as UTF-8: a URL (or PGCLIENTENCODING)
+    asking for another client encoding must not garble names and keys (found by review: a
+    task named 'tâche' was never claimed and a keyed re-submit raised KeyError)."""
+    from ratchet import App, TaskContext
+    from ratchet.testing import running_worker, wait_for
+
+    url, _ = pg
+    app = App(with_params(url, client_encoding="LATIN1"))
+
+    @app.task(name="tâche")
+    def tache(ctx: TaskContext, n: int) -> int:
+        return ctx.step("double", lambda: n * 2)
+
+    try:
+        plain = app.submit("tâche", {"n": 1})
+        keyed = app.submit("tâche", {"n": 2}, idempotency_key="clé-€")
+        again = app.submit("tâche", {"n": 2}, idempotency_key="clé-€")
+        assert again.task_id == keyed.task_id and not again.created
+        with running_worker(app, concurrency=2):
+            wait_for("both tasks to succeed", lambda: all(
+                app.get(h.task_id).state is State.SUCCEEDED for h in (plain, keyed)),
+                timeout_s=30)
+        assert [app.get(h.task_id).result for h in (plain, keyed)] == [2, 4]
+        info = app.get(keyed.task_id)
+        assert (info.name, info.idempotency_key) == ("tâche", "clé-€")
+    finally:
+        app.close()

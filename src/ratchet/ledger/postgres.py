@@ -381,6 +381,10 @@ class PostgresDialect:
         conn.execute(
             sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema))
         )
+        # Statements travel as UTF-8 text with their parameters bound in (_PgTx), so the
+        # session must read UTF-8 whatever the database's or the URL's client_encoding
+        # (the server converts to the database's encoding, or refuses what it cannot hold).
+        conn.execute("SET client_encoding TO 'UTF8'")
         # A worker frozen inside a ledger transaction (SIGSTOP, VM pause) keeps the row
         # locks of the tasks it was writing, and SKIP LOCKED claims would skip those tasks
         # even after their leases expire. Ledger transactions last milliseconds; the server

@@ -29,7 +29,7 @@ SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_atte
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, name text, version int, params text, digest text, key text,
           max_attempts int, lease_s float8, run_at float8, delay float8)
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
 -- Which of a re-sent batch's task ids the lost transaction wrote (ids are unique per task).
