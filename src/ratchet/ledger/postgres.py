@@ -173,9 +173,10 @@ class _PgTx:
     Nothing is sent until a result is needed. Statements whose result the engine does not
     read (:meth:`batch`) are kept and sent in front of the next statement that returns
     rows, or with ``COMMIT``; ``BEGIN`` and the clock read go in front of the first of
-    them. Each such group is one simple-protocol query string (parameters bound on the
-    client by psycopg, one message, one round trip): a commit of many tasks' writes plus a
-    claim is four round trips instead of nine. Not psycopg's pipeline mode: after a
+    them, and reads that do not depend on each other go together (:meth:`rows_many`). Each
+    such group is one simple-protocol query string (parameters bound on the client by
+    psycopg, one message, one round trip): a commit of many tasks' writes plus a claim is
+    three round trips instead of nine. Not psycopg's pipeline mode: after a
     pipeline, PostgreSQL 15 stops enforcing ``idle_in_transaction_session_timeout`` until
     the next plain statement, and that timeout is what frees the row locks of a frozen
     worker (tests/pg_faults).
