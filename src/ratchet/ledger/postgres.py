@@ -13,12 +13,15 @@ control (the SQL is in ``ledger/sql/postgresql.sql``):
   that two transactions of one worker cannot deadlock) and compare state and generation
   under that lock, then write; a stale write changes nothing and is audited.
 * **Batches** pass their rows as one JSON array read with ``json_to_recordset``: one
-  statement (one round trip) per batch whatever its size, and no pipeline mode (after a
-  pipelined ``executemany``, PostgreSQL 15 stops enforcing
+  statement per batch whatever its size.
+* **Round trips**: a statement whose result is not read travels with the next read or with
+  ``COMMIT``, independent reads travel together, each group one simple-protocol string
+  (:class:`_PgTx`): commit + claim is three round trips, a submit without keys one. No
+  pipeline mode (after a pipeline, PostgreSQL 15 stops enforcing
   ``idle_in_transaction_session_timeout`` on the session, which is what frees the row locks
-  of a frozen worker).
+  of a frozen worker). Sessions read UTF-8 (parameters travel inside the statement text).
 * **The ledger clock** is the server's transaction timestamp, ``now()``, read with the
-  transaction's ``BEGIN`` (one round trip) — never a worker's clock.
+  transaction's first round trip — never a worker's clock.
 * **Durability** maps to ``synchronous_commit`` per connection: ``buffered`` → ``off``,
   ``fsync`` → ``on``, ``replicated`` → ``remote_apply`` (refused unless the server has a
   synchronous standby configured).
