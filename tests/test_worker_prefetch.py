@@ -156,40 +156,6 @@ def test_graceful_stop_releases_prefetched_tasks_unstarted(app: App, ledger_url:
         thief.close()
 
 
-def test_exactly_once_with_two_prefetching_workers(app: App) -> None:
-    lock = threading.Lock()
-    bodies: Counter[int] = Counter()
-    steps: Counter[int] = Counter()
-
-    @app.task(name="t.once")
-    def once(ctx: TaskContext, i: int) -> int:
-        with lock:
-            bodies[i] += 1
-
-        def effect() -> int:
-            with lock:
-                steps[i] += 1
-            return i
-
-        return int(ctx.step("record", effect))
-
-    n = 300
-    handles = app.submit_many([SubmitRequest("t.once", {"i": i}) for i in range(n)])
-    workers = [Worker(app, concurrency=c, prefetch=p, poll_interval_s=0.01)
-               for c, p in ((1, 8), (4, 4))]
-    threads = [threading.Thread(target=w.run, kwargs={"idle_exit_s": 0.5}) for w in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(45)
-        assert not t.is_alive()
-    assert sum(w.stats.succeeded for w in workers) == n
-    assert sum(w.stats.claimed for w in workers) == n
-    assert bodies == Counter(range(n))
-    assert steps == Counter(range(n))
-    assert all(h.get().state is State.SUCCEEDED for h in handles)
-
-
 def test_cli_worker_accepts_prefetch(app: App) -> None:
     result = CliRunner().invoke(cli, ["worker", "--help"])
     assert result.exit_code == 0

@@ -147,7 +147,15 @@ def test_a_tasks_writes_commit_in_order(ledger_url: str, writers: int, durable: 
         app.close()
 
 
-def test_exactly_once_with_two_multi_writer_workers(app: App) -> None:
+@pytest.mark.parametrize("configs", [
+    ((1, 8, 1), (4, 4, 1)),  # prefetch beyond the threads, one writer each
+    ((2, 8, 3), (6, 4, 2)),  # prefetch and several writers
+], ids=["prefetch", "writers"])
+def test_exactly_once_with_two_workers(
+    app: App, configs: tuple[tuple[int, int, int], ...]
+) -> None:
+    """Two workers (concurrency, prefetch, writers) drain 300 tasks: each body and each
+    step runs once, every claim succeeds."""
     lock = threading.Lock()
     bodies: Counter[int] = Counter()
     steps: Counter[int] = Counter()
@@ -168,7 +176,7 @@ def test_exactly_once_with_two_multi_writer_workers(app: App) -> None:
     n = 300
     handles = app.submit_many([SubmitRequest("t.once", {"i": i}) for i in range(n)])
     workers = [Worker(app, concurrency=c, prefetch=p, writers=w, poll_interval_s=0.01)
-               for c, p, w in ((2, 8, 3), (6, 4, 2))]
+               for c, p, w in configs]
     threads = [threading.Thread(target=w.run, kwargs={"idle_exit_s": 0.5}) for w in workers]
     for t in threads:
         t.start()
