@@ -140,6 +140,7 @@ class LedgerEngine:
         was written by it; a keyed row is ours if stamped with that clock."""
         # The clock is read only where a keyed row must be told apart from an older one:
         # a batch without keys is BEGIN + INSERT + COMMIT in one round trip on PostgreSQL.
+        clock.clear()  # a retried attempt (the dialect's) reads its own
         present: set[str] = set()
         if resend:
             present = {r[0] for r in tx.rows("submit_present", {
