@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from pgsupport import private_schema
 
-from ratchet import faults
+from ratchet import App, faults
 
 BACKENDS = ["sqlite", "postgresql"]
 """Every ledger backend. Tests that take the ``backend`` or ``ledger_url`` fixture run once
@@ -70,3 +70,12 @@ def ledger_url(backend: str, tmp_path: Path) -> Iterator[str]:
             yield url
         return
     raise NotImplementedError(f"no store factory for backend {backend!r} yet")
+
+
+@pytest.fixture
+def app(ledger_url: str) -> Iterator[App]:
+    """An :class:`App` on this test's fresh ledger (closed afterwards); tests register their
+    tasks on it."""
+    opened = App(ledger_url)
+    yield opened
+    opened.close()

@@ -4,7 +4,6 @@ that a middleware that raises changes nothing. Real worker in this process, both
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,13 +17,6 @@ from ratchet.worker.hooks import EffectSettlement, Middleware
 pytestmark = pytest.mark.timeout(60)
 
 FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.1, jitter=0.0)
-
-
-@pytest.fixture
-def app(ledger_url: str) -> Iterator[App]:
-    app = App(ledger_url)
-    yield app
-    app.close()
 
 
 class Recorder(Middleware):

@@ -6,7 +6,6 @@ whose recorded error is only white space."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from ratchet.testing.worker import running_worker
 pytestmark = pytest.mark.timeout(120)
 
 FAST = RetryPolicy(max_attempts=2, base_delay_s=0.02, max_delay_s=0.05, jitter=0.0)
-
-
-@pytest.fixture
-def app(ledger_url: str) -> Iterator[App]:
-    app = App(ledger_url)
-    yield app
-    app.close()
 
 
 def test_an_error_message_with_nul_is_recorded_and_retried(app: App) -> None:

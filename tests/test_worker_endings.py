@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -52,13 +52,6 @@ CASES = [
     pytest.param(raise_(CustomBase("custom stop")), State.FAILED, "transient", 3,
                  "CustomBase: custom stop", id="custom"),
 ]
-
-
-@pytest.fixture
-def app(ledger_url: str) -> Iterator[App]:
-    app = App(ledger_url)
-    yield app
-    app.close()
 
 
 @pytest.mark.parametrize(("body", "state", "error_class", "attempts", "text"), CASES)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 
 import pytest
 from typer.testing import CliRunner
@@ -22,24 +21,10 @@ from ratchet import App, State, SubmitRequest, TaskContext, Worker, open_ledger
 from ratchet.app import MIN_LEASE_S
 from ratchet.cli.main import cli
 from ratchet.errors import ConfigError
+from ratchet.testing import wait_for
 from ratchet.worker.runner import default_prefetch
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def app(ledger_url: str) -> Iterator[App]:
-    app = App(ledger_url)
-    yield app
-    app.close()
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    """Wait until ``condition()`` is true (polling), failing after ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def test_default_prefetch_and_bad_values(app: App) -> None:
@@ -114,11 +99,12 @@ def test_graceful_stop_releases_prefetched_tasks_unstarted(app: App, ledger_url:
     thief = open_ledger(ledger_url)
     try:
         assert first_in.wait(10)
-        wait_for(lambda: len(worker.heartbeat.held()) == 4, "four leases held")
+        wait_for("four leases held", lambda: len(worker.heartbeat.held()) == 4, timeout_s=10.0)
         # Three renewal rounds (one every third of a lease) span more than a full lease
         # since the claim: the prefetched leases were renewed, so none can be taken over.
         renewals = worker.heartbeat.renewals
-        wait_for(lambda: worker.heartbeat.renewals >= renewals + 4, "lease renewals")
+        wait_for("lease renewals", lambda: worker.heartbeat.renewals >= renewals + 4,
+                 timeout_s=10.0)
         assert thief.claim("thief", ["t.block"], 10) == []
         assert {h.get().state for h in handles} == {State.RUNNING}
         worker.stop()

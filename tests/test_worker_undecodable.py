@@ -11,7 +11,6 @@ would leave it.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -32,13 +31,6 @@ INVALID_UTF8 = "CAST(X'7B226E223AFF7D' AS TEXT)"
 
 DEEP = "[" * 60_000 + "]" * 60_000
 """Valid JSON that Python's decoder cannot decode (RecursionError)."""
-
-
-@pytest.fixture
-def app(ledger_url: str) -> Iterator[App]:
-    app = App(ledger_url)
-    yield app
-    app.close()
 
 
 def corrupt(url: str, table: str, column: str, where: dict[str, str], value: str | None,

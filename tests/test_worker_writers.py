@@ -17,7 +17,7 @@ import json
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -27,25 +27,11 @@ from ratchet import App, State, SubmitRequest, TaskContext, Worker, open_ledger
 from ratchet.cli.main import cli
 from ratchet.errors import ConfigError
 from ratchet.ledger.base import Claim, CommitOutcome, Ledger, TaskWrite, Transition
+from ratchet.testing import wait_for
 from ratchet.worker.runner import default_writers
 from ratchet.worker.writer import LedgerWriter, WriterStopped
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def app(ledger_url: str) -> Iterator[App]:
-    app = App(ledger_url)
-    yield app
-    app.close()
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    """Wait until ``condition()`` is true (polling), failing after ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 class RecordingLedger:
@@ -388,7 +374,7 @@ def test_worker_with_writers_stops_every_writer_thread(app: App) -> None:
     thread = threading.Thread(target=lambda: (worker.run(), done.set()))
     thread.start()
     try:
-        wait_for(lambda: worker.stats.succeeded == 20, "20 tasks done")
+        wait_for("20 tasks done", lambda: worker.stats.succeeded == 20, timeout_s=20.0)
         assert worker.writer.is_alive()
     finally:
         worker.stop()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -57,13 +57,6 @@ class RefusingLedger:
     ) -> tuple[list[CommitOutcome], list[Claim]]:
         self._check(writes)
         return self._inner.commit_and_claim(writes, holder, names, limit)
-
-
-@pytest.fixture
-def app(ledger_url: str) -> Iterator[App]:
-    app = App(ledger_url)
-    yield app
-    app.close()
 
 
 def test_group_commit_applies_the_other_writes_of_a_refused_batch(ledger_url: str) -> None:
