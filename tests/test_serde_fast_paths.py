@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratchet.errors import PayloadNotSerializable
-from ratchet.serde import dumps, loads
+from ratchet.serde import dumps, dumps_rows, loads
 
 _REFERENCE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
 
@@ -74,3 +74,13 @@ def test_non_string_keys_are_refused_on_every_path(value: Any) -> None:
     """Stricter than json (which would turn the key into a string: a different digest)."""
     with pytest.raises(PayloadNotSerializable):
         dumps(value)
+
+
+@given(st.lists(st.dictionaries(st.text(), _scalars, max_size=6), max_size=5))
+def test_dumps_rows_is_json_of_the_rows(rows: list[dict[str, Any]]) -> None:
+    assert json.loads(dumps_rows(rows)) == rows
+
+
+def test_dumps_rows_refuses_nan() -> None:
+    with pytest.raises(ValueError):
+        dumps_rows([{"x": math.nan}])

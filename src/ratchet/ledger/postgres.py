@@ -44,11 +44,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
@@ -61,6 +59,7 @@ from psycopg_pool import PoolTimeout
 from .. import faults
 from ..config import Durability, LedgerConfig, redact_url
 from ..errors import ConfigError, LedgerError, LedgerUnavailable, SchemaTooNew, WriteRejected
+from ..serde import dumps_rows
 from .base import Subscription
 from .catalogue import load_catalogue
 from .dialect import CommitOutcomeUnknown
@@ -144,24 +143,6 @@ class _PgSubscription:
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=2.0)
-
-
-def _no_default(value: Any) -> Any:
-    raise TypeError(f"{type(value).__name__} is not a ledger column value")
-
-
-_ROWS_ENCODER = None if c_make_encoder is None else c_make_encoder(
-    None, _no_default, encode_basestring_ascii, None, ":", ",", False, False, False)
-"""One C encoder for batch rows, built once (``json.dumps`` builds one per call): ASCII
-output, no NaN / Infinity (ValueError), no cycle check (the engine builds the rows: flat
-dicts of scalars)."""
-
-
-def _encode_rows(rows: Sequence[Mapping[str, Any]]) -> str:
-    """``rows`` as one JSON array (the ``%(rows)s`` of a batch statement)."""
-    if _ROWS_ENCODER is None:  # not CPython's C accelerator
-        return json.dumps(rows, allow_nan=False)
-    return "".join(_ROWS_ENCODER(rows, 0))
 
 
 _NOW_EXPR = "(" + load_catalogue("postgresql")["now"][0].removeprefix("SELECT ") + ")"
@@ -299,7 +280,7 @@ class _PgTx:
         if not rows:
             return
         try:
-            encoded = _encode_rows(rows)
+            encoded = dumps_rows(rows)
         except ValueError as exc:  # NaN / Infinity: no JSON, no column can hold it
             raise WriteRejected(f"refused write {name!r}: {exc}") from exc
         self._deferred += self._bind(name, {"rows": encoded, **scalars})
