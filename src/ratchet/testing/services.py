@@ -8,7 +8,8 @@ locally can prove that.
 Run it as::
 
     python -m ratchet.testing.services --port 0 --db service.db \\
-        [--no-honour-keys] [--reply-lost P] [--burst-503 P] [--slow P] [--slow-s S] [--seed N]
+        [--no-honour-keys] [--check-tokens] [--reply-lost P] [--burst-503 P] [--slow P] \\
+        [--slow-s S] [--seed N]
 
 When it listens it prints exactly one line, ``READY <port>``, on stdout.
 
@@ -25,7 +26,20 @@ HTTP API (JSON bodies):
 * ``GET /effects/{key}`` — ``200`` with the stored record, or ``404 {"error": "not found"}``.
 * ``GET /executions`` — ``{key: number of executions}``.
 * ``GET /stats`` — ``{"executions", "keys", "duplicate_keys", "replays", "lookups",
-  "lookups_found", "injected": {...}}``.
+  "lookups_found", "stale_tokens_rejected", "injected": {...}}``.
+
+Fenced mode (``--check-tokens``; Kleppmann's fencing token checked at the storage side):
+``POST /effects`` and ``GET /effects/{key}`` must carry a header ``Fencing-Token: T`` (a
+decimal integer >= 0; missing or malformed: ``400``). The service keeps, per key, the
+highest token it has seen, from executions *and* lookups alike. A request whose token is
+lower than that is refused with ``409 {"error": "stale fencing token", "key", "token",
+"highest"}``, executes (or answers) nothing, and is recorded in the ``stale_tokens``
+table. Otherwise its token becomes the key's highest and the request proceeds as usual
+(dedupe by key with honour_keys, or execute). Check, record and execution are one SQLite
+transaction under the store lock, and a POST is checked when it executes (after any
+processing delay). So once a lookup with token T has answered "not found", no request
+with a lower token can execute for that key: a frozen holder's late request is refused.
+Without ``--check-tokens`` the header is ignored.
 * ``GET /admin/faults`` / ``POST /admin/faults`` — read or change :class:`FaultSettings`.
 
 Fault injection (probabilities in ``[0, 1]``, drawn from one seeded RNG):
@@ -45,7 +59,8 @@ Fault injection (probabilities in ``[0, 1]``, drawn from one seeded RNG):
 
 Python side: :func:`start_counting_service` (spawn, wait for ``READY``; returns a
 :class:`CountingService` that reads the service's own file), :class:`CountingClient`
-(httpx; errors are raised unchanged, so Ratchet's classifier sees them).
+(httpx; errors are raised unchanged, so Ratchet's classifier sees them, except a 409
+stale-token reply, raised as ``ratchet.TokenRejected``).
 """
 
 from __future__ import annotations
@@ -66,7 +81,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -75,7 +90,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
-from ..errors import RatchetError
+from .. import errors as _errors
+from ..errors import FenceError, RatchetError
 from ..worker.context import NOT_FOUND, NotFound
 
 __all__ = [
@@ -86,6 +102,8 @@ __all__ = [
     "FaultSettings",
     "ServiceError",
     "ServiceRecords",
+    "TokenRejected",
+    "TokenRejection",
     "main",
     "read_records",
     "read_stored",
@@ -97,10 +115,11 @@ RETRY_AFTER_S = 0.2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
-    id   INTEGER PRIMARY KEY AUTOINCREMENT,
-    key  TEXT NOT NULL,
-    body TEXT NOT NULL,
-    at   REAL NOT NULL
+    id    INTEGER PRIMARY KEY AUTOINCREMENT,
+    key   TEXT NOT NULL,
+    body  TEXT NOT NULL,
+    at    REAL NOT NULL,
+    token INTEGER
 );
 CREATE INDEX IF NOT EXISTS executions_key ON executions (key);
 CREATE TABLE IF NOT EXISTS records (
@@ -120,12 +139,48 @@ CREATE TABLE IF NOT EXISTS lookups (
     found INTEGER NOT NULL,
     at    REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS tokens (
+    key     TEXT PRIMARY KEY,
+    highest INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS stale_tokens (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    key     TEXT NOT NULL,
+    token   INTEGER NOT NULL,
+    highest INTEGER NOT NULL,
+    op      TEXT NOT NULL,
+    at      REAL NOT NULL
+);
 """
+
+TOKEN_HEADER = "Fencing-Token"
+"""The request header that carries a fencing token (a decimal integer >= 0)."""
+
+STALE_TOKEN_ERROR = "stale fencing token"
+"""The ``error`` of a 409 reply to a request whose fencing token is stale."""
 
 
 class ServiceError(RatchetError):
     """The counting service could not be started, did not become ready, or its file is
     missing."""
+
+
+class _TokenRejectedPlaceholder(FenceError):
+    """Stand-in for ``ratchet.TokenRejected`` until ``ratchet.errors`` defines it."""
+
+    def __init__(self, key: str, token: int, highest: int | None) -> None:
+        self.key = key
+        self.token = token
+        self.highest = highest
+        super().__init__(
+            f"fencing token {token} for key {key!r} rejected by the target (highest seen: "
+            f"{highest})"
+        )
+
+
+TokenRejected: type[FenceError] = getattr(_errors, "TokenRejected", _TokenRejectedPlaceholder)
+"""``ratchet.TokenRejected``: what :class:`CountingClient` raises for a 409 stale-token
+reply, ``TokenRejected(key, token, highest)``."""
 
 
 # ---------------------------------------------------------------------------- faults
@@ -137,6 +192,10 @@ class FaultSettings:
 
     Attributes:
         honour_keys: deduplicate on ``Idempotency-Key`` (False: every POST executes).
+        check_tokens: fenced mode: every ``/effects`` request must carry a
+            ``Fencing-Token``; one lower than the highest token seen for its key (by an
+            execution or a lookup) is refused with 409 and executes nothing (False: the
+            header is ignored).
         reply_lost: probability that an executed request's reply is dropped, in [0, 1].
         burst_503: probability that a request to ``/effects`` starts a 503 burst, in [0, 1].
         burst_len: requests answered 503 per burst (the starting one included).
@@ -150,6 +209,7 @@ class FaultSettings:
     """
 
     honour_keys: bool = True
+    check_tokens: bool = False
     reply_lost: float = 0.0
     burst_503: float = 0.0
     burst_len: int = 5
@@ -178,9 +238,9 @@ class FaultSettings:
 
 
 def _validated(name: str, value: Any) -> Any:
-    if name == "honour_keys":
+    if name in ("honour_keys", "check_tokens"):
         if not isinstance(value, bool):
-            raise ValueError("honour_keys must be true or false")
+            raise ValueError(f"{name} must be true or false")
         return value
     number = not isinstance(value, bool) and isinstance(value, int | float)
     if name in ("reply_lost", "burst_503", "slow"):
@@ -237,6 +297,9 @@ class CountingStore:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(executions)")}
+        if "token" not in columns:  # a file written before fenced mode existed
+            self._conn.execute("ALTER TABLE executions ADD COLUMN token INTEGER")
 
     def close(self) -> None:
         """Close the database connection."""
@@ -306,65 +369,158 @@ class CountingStore:
 
     # -- the API
 
-    def execute(self, key: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], bool]:
+    def _fence(
+        self, key: str, token: int | None, op: str, now: float
+    ) -> tuple[int, dict[str, Any]] | None:
+        """The fencing check of one request (under the lock, inside its transaction).
+
+        Without ``check_tokens`` nothing is checked or recorded. Otherwise a missing token
+        is a 400; a token lower than the highest seen for ``key`` is a 409 whose rejection
+        is recorded in ``stale_tokens``; an accepted token is recorded as the key's highest
+        (an equal one is accepted: the same holder asking again).
+
+        Returns:
+            None when the request may proceed, else ``(http status, reply)``.
+        """
+        if not self.faults.check_tokens:
+            return None
+        if token is None:
+            return 400, {"error": f"missing {TOKEN_HEADER} header (the service checks tokens)",
+                         "key": key}
+        row = self._conn.execute("SELECT highest FROM tokens WHERE key = ?", (key,)).fetchone()
+        highest = None if row is None else int(row[0])
+        if highest is not None and token < highest:
+            self._conn.execute(
+                "INSERT INTO stale_tokens (key, token, highest, op, at) VALUES (?, ?, ?, ?, ?)",
+                (key, token, highest, op, now),
+            )
+            return 409, {"error": STALE_TOKEN_ERROR, "key": key, "token": token,
+                         "highest": highest}
+        if highest is None or token > highest:
+            self._conn.execute(
+                "INSERT INTO tokens (key, highest) VALUES (?, ?) ON CONFLICT (key)"
+                " DO UPDATE SET highest = excluded.highest",
+                (key, token),
+            )
+        return None
+
+    def execute(
+        self, key: str, body: dict[str, Any], token: int | None = None
+    ) -> tuple[int, dict[str, Any], bool]:
         """Execute (or replay) one request.
+
+        Args:
+            key: the idempotency key.
+            body: the request body (a JSON object).
+            token: the request's fencing token (checked only with ``check_tokens``).
 
         Returns:
             ``(http status, reply, executed)``: 201 and executed=True for a new execution,
-            200 for a replay, 422 for a key reused with another body.
+            200 for a replay, 422 for a key reused with another body, 409 for a stale
+            fencing token (``{"error", "key", "token", "highest"}``), 400 for a missing
+            token in fenced mode. The token check, its record and the execution are one
+            transaction under the store lock.
         """
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         with self._lock:
             now = time.time()
-            if self.faults.honour_keys:
-                row = self._conn.execute(
-                    "SELECT record_id, body, created_at FROM records WHERE key = ?", (key,)
-                ).fetchone()
-                if row is not None:
-                    if row[1] != canonical:
-                        self.injected["conflicts_422"] += 1
-                        return (
-                            422,
-                            {
-                                "error": "idempotency key reused with a different body",
-                                "key": key,
-                                "stored": json.loads(row[1]),
-                            },
-                            False,
-                        )
-                    self._conn.execute("INSERT INTO replays (key, at) VALUES (?, ?)", (key, now))
-                    return 200, {**_record(key, row[0], row[1], row[2]), "replayed": True}, False
-            record_id = self.id_prefix + secrets.token_hex(8)
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.execute(
-                    "INSERT INTO executions (key, body, at) VALUES (?, ?, ?)",
-                    (key, canonical, now),
-                )
-                self._conn.execute(
-                    "INSERT INTO records (key, record_id, body, created_at) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (key) DO UPDATE SET record_id = excluded.record_id,"
-                    " body = excluded.body, created_at = excluded.created_at",
-                    (key, record_id, canonical, now),
-                )
+                answer = self._execute(key, canonical, token, now)
                 self._conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.execute("ROLLBACK")
                 raise
-            return 201, {**_record(key, record_id, canonical, now), "replayed": False}, True
+            return answer
 
-    def lookup(self, key: str) -> dict[str, Any] | None:
-        """The stored record for ``key`` (None if never executed); the lookup is counted."""
-        with self._lock:
+    def _execute(
+        self, key: str, canonical: str, token: int | None, now: float
+    ) -> tuple[int, dict[str, Any], bool]:
+        """:meth:`execute` inside its transaction (lock held)."""
+        refused = self._fence(key, token, "execute", now)
+        if refused is not None:
+            return refused[0], refused[1], False
+        if self.faults.honour_keys:
             row = self._conn.execute(
                 "SELECT record_id, body, created_at FROM records WHERE key = ?", (key,)
             ).fetchone()
-            self._conn.execute(
-                "INSERT INTO lookups (key, found, at) VALUES (?, ?, ?)",
-                (key, int(row is not None), time.time()),
-            )
-        return None if row is None else _record(key, row[0], row[1], row[2])
+            if row is not None:
+                if row[1] != canonical:
+                    self.injected["conflicts_422"] += 1
+                    return (
+                        422,
+                        {
+                            "error": "idempotency key reused with a different body",
+                            "key": key,
+                            "stored": json.loads(row[1]),
+                        },
+                        False,
+                    )
+                self._conn.execute("INSERT INTO replays (key, at) VALUES (?, ?)", (key, now))
+                return 200, {**_record(key, row[0], row[1], row[2]), "replayed": True}, False
+        record_id = self.id_prefix + secrets.token_hex(8)
+        self._conn.execute(
+            "INSERT INTO executions (key, body, at, token) VALUES (?, ?, ?, ?)",
+            (key, canonical, now, token if self.faults.check_tokens else None),
+        )
+        self._conn.execute(
+            "INSERT INTO records (key, record_id, body, created_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (key) DO UPDATE SET record_id = excluded.record_id,"
+            " body = excluded.body, created_at = excluded.created_at",
+            (key, record_id, canonical, now),
+        )
+        return 201, {**_record(key, record_id, canonical, now), "replayed": False}, True
+
+    def lookup(self, key: str) -> dict[str, Any] | None:
+        """The stored record for ``key`` (None if never executed); the lookup is counted.
+
+        Unfenced: no token is checked or recorded (see :meth:`fenced_lookup`).
+        """
+        status, reply = self.fenced_lookup(key, None, check=False)
+        return reply if status == 200 else None
+
+    def fenced_lookup(
+        self, key: str, token: int | None, check: bool = True
+    ) -> tuple[int, dict[str, Any]]:
+        """Look ``key`` up, checking and recording ``token`` first (with ``check_tokens``).
+
+        The token check, its record and the read are one transaction under the store
+        lock, so once a lookup with token T answered "not found", no request with a token
+        below T can execute for that key.
+
+        Args:
+            key: the idempotency key.
+            token: the request's fencing token.
+            check: False skips the fencing check (the unfenced :meth:`lookup`).
+
+        Returns:
+            ``(http status, reply)``: 200 and the stored record, 404 ``{"error": "not
+            found", "key"}``, 409 for a stale token, 400 for a missing one in fenced mode.
+        """
+        with self._lock:
+            now = time.time()
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                refused = self._fence(key, token, "lookup", now) if check else None
+                if refused is None:
+                    row = self._conn.execute(
+                        "SELECT record_id, body, created_at FROM records WHERE key = ?", (key,)
+                    ).fetchone()
+                    self._conn.execute(
+                        "INSERT INTO lookups (key, found, at) VALUES (?, ?, ?)",
+                        (key, int(row is not None), now),
+                    )
+                self._conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("ROLLBACK")
+                raise
+        if refused is not None:
+            return refused
+        if row is None:
+            return 404, {"error": "not found", "key": key}
+        return 200, _record(key, row[0], row[1], row[2])
 
     def executions(self) -> dict[str, int]:
         """Executions per key."""
@@ -373,7 +529,9 @@ class CountingStore:
             return {k: int(n) for k, n in rows}
 
     def stats(self) -> dict[str, Any]:
-        """Counts read from the database (plus the in-memory fault counters)."""
+        """Counts read from the database (plus the in-memory fault counters): executions,
+        keys, duplicate_keys, replays, lookups, lookups_found, stale_tokens_rejected,
+        injected."""
         with self._lock:
             c = self._conn
             executions = c.execute("SELECT COUNT(*) FROM executions").fetchone()[0]
@@ -385,6 +543,7 @@ class CountingStore:
             lookups, found = c.execute(
                 "SELECT COUNT(*), COALESCE(SUM(found), 0) FROM lookups"
             ).fetchone()
+            stale = c.execute("SELECT COUNT(*) FROM stale_tokens").fetchone()[0]
             injected = dict(self.injected)
         return {
             "executions": executions,
@@ -393,6 +552,7 @@ class CountingStore:
             "replays": replays,
             "lookups": lookups,
             "lookups_found": found,
+            "stale_tokens_rejected": stale,
             "injected": injected,
         }
 
@@ -456,6 +616,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _path(self) -> str:
         return urlsplit(self.path).path
 
+    def _token(self) -> tuple[bool, int | None]:
+        """The request's ``Fencing-Token`` (None if absent). A malformed one is answered
+        400 here and ``(False, None)`` returned."""
+        raw = self.headers.get(TOKEN_HEADER)
+        if raw is None:
+            return True, None
+        text = raw.strip()
+        if not (text.isascii() and text.isdigit()) or len(text) > 19:
+            self._send(400, {"error": f"{TOKEN_HEADER} must be an integer >= 0, got {raw!r}"})
+            return False, None
+        return True, int(text)
+
     def _overloaded(self) -> None:
         self._send(503, {"error": "overloaded, retry later"}, {"Retry-After": str(RETRY_AFTER_S)})
 
@@ -483,14 +655,13 @@ class _Handler(BaseHTTPRequestHandler):
         path = self._path()
         if path.startswith("/effects/"):
             key = unquote(path[len("/effects/") :])
+            ok, token = self._token()
+            if not ok:
+                return
             if self.store.gate_503():
                 self._overloaded()
                 return
-            record = self.store.lookup(key)
-            if record is None:
-                self._send(404, {"error": "not found", "key": key})
-            else:
-                self._send(200, record)
+            self._send(*self.store.fenced_lookup(key, token))
         elif path == "/executions":
             self._send(200, self.store.executions())
         elif path == "/stats":
@@ -508,13 +679,18 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             self._send(400, {"error": "expected a JSON object body"})
             return
+        ok, token = self._token()
+        if not ok:
+            return
         if self.store.gate_503():
             self._overloaded()
             return
         delay = self.store.delay_s()
         if delay > 0:
             time.sleep(delay)
-        status, reply, executed = self.store.execute(key, body)
+        # The token is checked when the request executes (after its processing delay), as
+        # a storage-side fence does: a request that waited past a newer holder is refused.
+        status, reply, executed = self.store.execute(key, body, token)
         if executed and self.store.drop_reply():
             self._drop()
             return
@@ -536,6 +712,12 @@ def _parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
         "--no-honour-keys",
         action="store_true",
         help="execute every POST even when its Idempotency-Key was seen (legacy API)",
+    )
+    p.add_argument(
+        "--check-tokens",
+        action="store_true",
+        help=f"fenced mode: require a {TOKEN_HEADER} header on /effects requests and refuse "
+        "(409) one lower than the highest token seen for its key",
     )
     p.add_argument("--reply-lost", type=float, default=0.0, metavar="P",
                    help="probability that an executed request's reply is dropped")
@@ -568,6 +750,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m ratchet.testing.s
         faults.update(
             {
                 "honour_keys": not args.no_honour_keys,
+                "check_tokens": args.check_tokens,
                 "reply_lost": args.reply_lost,
                 "burst_503": args.burst_503,
                 "burst_len": args.burst_len,
@@ -623,6 +806,25 @@ def main(argv: list[str] | None = None, prog: str = "python -m ratchet.testing.s
 
 
 @dataclass(frozen=True, slots=True)
+class TokenRejection:
+    """One request the fenced service refused for a stale fencing token.
+
+    Attributes:
+        at: wall-clock time of the refusal, epoch seconds.
+        key: the idempotency key.
+        token: the request's token.
+        highest: the highest token seen for ``key`` then (> ``token``).
+        op: ``"execute"`` (a POST) or ``"lookup"`` (a GET).
+    """
+
+    at: float
+    key: str
+    token: int
+    highest: int
+    op: str
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceRecords:
     """What the service's own file says happened (the external truth of a test).
 
@@ -630,11 +832,18 @@ class ServiceRecords:
         executions: executions per key (keys never executed are absent).
         ids: the stored record id per key (the latest execution's).
         times: ``(wall-clock time, key)`` of every execution, in order, epoch seconds.
+        rejections: requests refused for a stale fencing token, in order (fenced mode).
+        tokens: the highest fencing token accepted per key (fenced mode).
+        execution_tokens: the fencing token of every execution, in the order of ``times``
+            (None for an execution outside fenced mode).
     """
 
     executions: dict[str, int]
     ids: dict[str, str]
     times: list[tuple[float, str]]
+    rejections: list[TokenRejection] = field(default_factory=list)
+    tokens: dict[str, int] = field(default_factory=dict)
+    execution_tokens: list[int | None] = field(default_factory=list)
 
 
 def read_records(db_path: str | Path) -> ServiceRecords:
@@ -648,15 +857,28 @@ def read_records(db_path: str | Path) -> ServiceRecords:
         raise ServiceError(f"counting service database {str(path)!r} does not exist")
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
     try:
-        times = [(float(at), str(k)) for k, at in conn.execute(
-            "SELECT key, at FROM executions ORDER BY id")]  # fmt: skip
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(executions)")}
+        token_col = "token" if "token" in columns else "NULL"
+        rows = conn.execute(f"SELECT key, at, {token_col} FROM executions ORDER BY id").fetchall()
+        times = [(float(at), str(k)) for k, at, _ in rows]
+        execution_tokens = [None if t is None else int(t) for _, _, t in rows]
         ids = {str(k): str(i) for k, i in conn.execute("SELECT key, record_id FROM records")}
+        try:
+            rejections = [
+                TokenRejection(float(at), str(k), int(t), int(h), str(op))
+                for at, k, t, h, op in conn.execute(
+                    "SELECT at, key, token, highest, op FROM stale_tokens ORDER BY id"
+                )
+            ]
+            tokens = {str(k): int(h) for k, h in conn.execute("SELECT key, highest FROM tokens")}
+        except sqlite3.OperationalError:  # a file written before fenced mode existed
+            rejections, tokens = [], {}
     finally:
         conn.close()
     executions: dict[str, int] = {}
     for _, key in times:
         executions[key] = executions.get(key, 0) + 1
-    return ServiceRecords(executions, ids, times)
+    return ServiceRecords(executions, ids, times, rejections, tokens, execution_tokens)
 
 
 def read_stored(db_path: str | Path) -> dict[str, dict[str, Any]]:
@@ -726,6 +948,10 @@ class CountingService:
         """Executions per key, from the service's own file."""
         return read_records(self.db_path).executions
 
+    def rejections(self) -> list[TokenRejection]:
+        """Requests refused for a stale fencing token, in order, from the service's own file."""
+        return read_records(self.db_path).rejections
+
     def stored(self) -> dict[str, dict[str, Any]]:
         """The stored record per key (``{"id", "key", "body", "created_at"}``)."""
         return read_stored(self.db_path)
@@ -779,6 +1005,7 @@ def start_counting_service(
     db_path: str | Path,
     *,
     honour_keys: bool = True,
+    check_tokens: bool = False,
     reply_lost: float = 0.0,
     burst_503: float = 0.0,
     burst_len: int = 5,
@@ -799,6 +1026,7 @@ def start_counting_service(
     Args:
         db_path: the service's own SQLite file.
         honour_keys: deduplicate on ``Idempotency-Key`` (False: legacy, every POST executes).
+        check_tokens: fenced mode (``--check-tokens``): refuse a stale ``Fencing-Token``.
         reply_lost, burst_503, slow: fault probabilities in [0, 1].
         burst_len: 503 answers per burst.
         slow_s: sleep of a slow request, seconds.
@@ -827,6 +1055,8 @@ def start_counting_service(
     ]  # fmt: skip
     if not honour_keys:
         cmd.append("--no-honour-keys")
+    if check_tokens:
+        cmd.append("--check-tokens")
     if seed is not None:
         cmd += ["--seed", str(seed)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -853,6 +1083,23 @@ def start_counting_service(
     return CountingService(proc, int(text.split()[1]), db, log)
 
 
+def _raise_if_stale(r: httpx.Response, key: str, token: int | None) -> None:
+    """Raise ``TokenRejected`` for a 409 stale-token reply (any other reply: nothing)."""
+    if r.status_code != 409:
+        return
+    try:
+        body = r.json()
+    except ValueError:
+        return
+    if isinstance(body, dict) and body.get("error") == STALE_TOKEN_ERROR:
+        highest = body.get("highest")
+        raise TokenRejected(
+            str(body.get("key", key)),
+            int(body.get("token", token if token is not None else -1)),
+            highest if isinstance(highest, int) else None,
+        )
+
+
 class CountingClient:
     """An httpx client of the counting service. Thread-safe (one pooled ``httpx.Client``).
 
@@ -876,29 +1123,53 @@ class CountingClient:
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
         )
 
-    def execute(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+    def execute(
+        self, key: str, body: dict[str, Any], token: int | None = None
+    ) -> dict[str, Any]:
         """``POST /effects`` with ``Idempotency-Key: key``: the effect.
+
+        Args:
+            key: the idempotency key.
+            body: the request (a JSON object).
+            token: fencing token sent as ``Fencing-Token`` (with ``ctx.effect(...,
+                fenced=True)`` the call gets it: ``lambda k, t: client.execute(k, body, t)``).
+                None sends no header.
 
         Returns:
             The record: ``{"id", "key", "body", "created_at", "replayed"}``.
 
         Raises:
-            httpx.HTTPStatusError: 4xx/5xx (503 carries ``Retry-After``).
+            ratchet.TokenRejected: the service (fenced mode) refused ``token`` as stale;
+                nothing executed.
+            httpx.HTTPStatusError: other 4xx/5xx (503 carries ``Retry-After``).
             httpx.TransportError: timeouts, dropped replies, refused connections.
         """
-        r = self._http.post("/effects", json=body, headers={"Idempotency-Key": key})
+        headers = {"Idempotency-Key": key}
+        if token is not None:
+            headers[TOKEN_HEADER] = str(token)
+        r = self._http.post("/effects", json=body, headers=headers)
+        _raise_if_stale(r, key, token)
         r.raise_for_status()
         return cast(dict[str, Any], r.json())
 
-    def lookup(self, key: str) -> dict[str, Any] | NotFound:
+    def lookup(self, key: str, token: int | None = None) -> dict[str, Any] | NotFound:
         """``GET /effects/{key}``: the stored record, or ``ratchet.NOT_FOUND`` when the
-        service confirms the key never executed (pass it as ``ctx.effect(lookup=...)``).
+        service confirms the key never executed (pass it as ``ctx.effect(lookup=...)``;
+        with ``fenced=True`` it is called as ``lookup(key, token)``).
+
+        Args:
+            key: the idempotency key.
+            token: fencing token sent as ``Fencing-Token``; a fenced service records it as
+                seen before answering, so no request with a lower token executes after.
 
         Raises:
+            ratchet.TokenRejected: the service (fenced mode) refused ``token`` as stale.
             httpx.HTTPStatusError: any other error status (the lookup is inconclusive).
             httpx.TransportError: the service could not answer.
         """
-        r = self._http.get(f"/effects/{quote(key, safe='')}")
+        headers = {TOKEN_HEADER: str(token)} if token is not None else None
+        r = self._http.get(f"/effects/{quote(key, safe='')}", headers=headers)
+        _raise_if_stale(r, key, token)
         if r.status_code == 404:
             try:
                 body = r.json()
@@ -917,7 +1188,7 @@ class CountingClient:
 
     def stats(self) -> dict[str, Any]:
         """``GET /stats``: executions, keys, duplicate_keys, replays, lookups, lookups_found,
-        injected (fault counts)."""
+        stale_tokens_rejected, injected (fault counts)."""
         r = self._http.get("/stats")
         r.raise_for_status()
         return cast(dict[str, Any], r.json())
