@@ -1,21 +1,39 @@
 """``ratchet demo``, shortened, on both ledgers: real worker processes killed with SIGKILL
-and restarted, one frozen with SIGSTOP past its lease, a faulty payment service.
+and restarted, one sender per kind of payment target frozen in the middle of a call
+(SIGSTOP at ``effect.before_call``) past its lease and resumed, four faulty payment
+services (one per kind of target).
 
 The demo's own verdict (exit status 0) is not taken on trust: the test reads the ledger
-and the payment service's own file itself, through :mod:`ratchet.testing`'s checks, and
-requires every task of the run to have succeeded with its charge executed exactly once
-and recorded in the ledger, and the ledger to be consistent.
+and each payment service's own file itself, through :mod:`ratchet.testing`'s checks and
+the control API, and requires each kind's guarantee, counted at the target:
+
+* idempotent (the service honours the key) and fenced (the service refuses stale
+  fencing tokens): every task succeeded with its charge executed exactly once and
+  recorded in the ledger; the fenced service refused the frozen sender's late charge;
+* lookup only: every task succeeded; exactly one key executed twice — the frozen
+  sender's — and that duplicate is recorded as a late effect of its generation; every
+  other key once;
+* neither: no key executed more than once; the frozen sender's task is UNKNOWN (the new
+  holder could not know its outcome), its late charge executed once and is recorded as a
+  late effect;
+
+and the ledger to be consistent.
 """
 
 from __future__ import annotations
 
 import io
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from ratchet import open_ledger
+from ratchet.demo.billing import TASKS
 from ratchet.demo.runner import DemoSettings, run_demo
+from ratchet.errors import ConfigError
+from ratchet.states import State
 from ratchet.testing import (
     check_exactly_once,
     check_ledger_consistent,
@@ -23,7 +41,7 @@ from ratchet.testing import (
     read_records,
 )
 
-TASKS = 120
+TASKS_N = 120
 KILLS = 2
 
 SHORT = DemoSettings(
@@ -37,31 +55,100 @@ SHORT = DemoSettings(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_demo_charges_every_task_exactly_once(ledger_url: str, tmp_path: Path) -> None:
+@pytest.mark.timeout(240)
+def test_demo_holds_each_kinds_guarantee(ledger_url: str, tmp_path: Path) -> None:
     out = io.StringIO()
     workdir = tmp_path / "demo"
     code = run_demo(
         ledger_url,
-        tasks=TASKS,
+        tasks=TASKS_N,
         workers=2,
         kills=KILLS,
         seed=7,
         workdir=workdir,
         settings=SHORT,
-        console=Console(file=out, width=140, color_system=None),
+        console=Console(file=out, width=160, color_system=None),
     )
     report = out.getvalue()
     assert code == 0, report
     assert f"{KILLS}/{KILLS}" in report, report  # the chaos happened
 
     # The external truth, read independently of the demo's report.
-    records = read_records(workdir / "payments.db")
     ids = list_task_ids(ledger_url)
-    assert len(ids) == TASKS, report
-    once = check_exactly_once(
-        ledger_url, records, effect="charge", result_id_field="charge_id"
-    )
-    assert once.states == {"SUCCEEDED": TASKS}, report
-    assert once.succeeded_once == TASKS and len(records.executions) == TASKS
-    assert check_ledger_consistent(ledger_url).tasks == TASKS
+    assert len(ids) == TASKS_N, report
+    led = open_ledger(ledger_url, migrate=False, must_exist=True)
+    try:
+        infos = {i.task_id: i for i in led.get_many(ids)}
+        late = [le for le in led.late_effects(None, 10_000) if le.task_id in infos]
+        assert led.stats().late_effects == len(late), report
+    finally:
+        led.close()
+    of_kind = {
+        kind: [tid for tid, i in infos.items() if i.name == name] for kind, name in TASKS.items()
+    }
+    assert sorted(len(v) for v in of_kind.values()) == [TASKS_N // 4] * 4, report
+    key_of = {tid: f"charge:{i.params['order_id']}" for tid, i in infos.items()}
+    late_keys = Counter(le.key for le in late)
+
+    # Honours the key / checks fencing tokens: exactly once, every task succeeded.
+    for kind in ("idempotent", "fenced"):
+        records = read_records(workdir / f"payments-{kind}.db")
+        once = check_exactly_once(
+            ledger_url, records, task_ids=of_kind[kind], effect="charge",
+            result_id_field="charge_id",
+        )  # fmt: skip
+        assert once.states == {"SUCCEEDED": TASKS_N // 4}, report
+        assert once.succeeded_once == TASKS_N // 4 and not once.duplicated, report
+    fenced = read_records(workdir / "payments-fenced.db")
+    assert fenced.rejections, report  # the frozen sender's late charge was refused
+    assert {r.key for r in fenced.rejections} <= {key_of[t] for t in of_kind["fenced"]}
+
+    # Lookup only: one duplicate (the frozen sender's), recorded as a late effect.
+    lookup = read_records(workdir / "payments-lookup.db")
+    assert all(infos[t].state is State.SUCCEEDED for t in of_kind["lookup"]), report
+    dups = {k: n for k, n in lookup.executions.items() if n > 1}
+    assert list(dups.values()) == [2], report
+    (dup_key,) = dups
+    assert late_keys[dup_key] >= 1, report
+    (dup_task,) = [t for t in of_kind["lookup"] if key_of[t] == dup_key]
+    dup_late = [le for le in late if le.key == dup_key]
+    assert all(le.generation < infos[dup_task].generation for le in dup_late), report
+    assert all(lookup.executions.get(key_of[t]) == 1 for t in of_kind["lookup"] if t != dup_task)
+
+    # Neither: at most once per key here; the frozen sender's task waits in UNKNOWN and its
+    # late charge (one execution) is recorded as a late effect.
+    neither = read_records(workdir / "payments-neither.db")
+    assert max(neither.executions.values()) == 1, report
+    unknown = [t for t in of_kind["neither"] if infos[t].state is State.UNKNOWN]
+    assert any(late_keys[key_of[t]] and neither.executions.get(key_of[t]) == 1 for t in unknown)
+    for tid in of_kind["neither"]:
+        assert infos[tid].state in (State.SUCCEEDED, State.UNKNOWN), report
+        if infos[tid].state is State.SUCCEEDED:
+            assert neither.executions.get(key_of[tid]) == 1, report
+
+    assert check_ledger_consistent(ledger_url).tasks == TASKS_N
+
+
+def test_billing_kinds_tasks_guarantees_and_service_urls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ratchet.demo import billing
+    from ratchet.demo.payments import KINDS, SERVICE_OPTIONS
+
+    assert set(billing.TASKS) == set(billing.GUARANTEES) == set(SERVICE_OPTIONS) == set(KINDS)
+    assert set(billing.TASKS.values()) <= set(billing.app.tasks)
+    monkeypatch.setattr(billing, "_clients", {})
+    monkeypatch.setenv("RATCHET_DEMO_PAYMENTS_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("RATCHET_DEMO_PAYMENTS_URL_FENCED", "http://127.0.0.1:2")
+    try:
+        assert billing.payment_client("fenced").base_url == "http://127.0.0.1:2"
+        assert billing.payment_client("lookup").base_url == "http://127.0.0.1:1"
+        assert billing.payment_client("fenced") is billing.payment_client("fenced")
+        with pytest.raises(ConfigError, match="unknown payment target kind"):
+            billing.payment_client("cheque")
+    finally:
+        for client in billing._clients.values():
+            client.close()
+    # in_flight_s of the lookup-only charge covers the slowest processing at the service.
+    assert DemoSettings(slow_s=1.5, latency_s=0.35).effective_in_flight_s == 2.5
+    assert DemoSettings(in_flight_s=7.0).effective_in_flight_s == 7.0

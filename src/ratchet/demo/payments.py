@@ -9,11 +9,24 @@ execution whose body is ``{"order_id": str, "amount_cents": int}``, and its reco
 Run it as::
 
     python -m ratchet.demo.payments --port 0 --db payments.db \\
-        [--no-honour-keys] [--reply-lost P] [--burst-503 P] [--slow P] [--slow-s S] [--seed N]
+        [--no-honour-keys] [--check-tokens] [--reply-lost P] [--burst-503 P] [--slow P] \\
+        [--slow-s S] [--seed N]
 
 (the options of ``python -m ratchet.testing.services``; it prints ``READY <port>``). The
 HTTP API is the counting service's (``POST /effects``, ``GET /effects/{key}``, ``GET
 /stats``, ``/admin/faults``); :class:`PaymentClient` speaks it.
+
+One service process is one kind of payment target (``ratchet demo`` runs one of each,
+see :data:`KINDS`):
+
+* ``idempotent`` — honours the ``Idempotency-Key`` (the default, like Stripe);
+* ``fenced`` — ``--no-honour-keys --check-tokens``: no key dedupe, but every charge and
+  lookup carries a fencing token (``Fencing-Token`` header) and a token lower than the
+  highest the service has seen for the key is refused (``409``, raised by the client as
+  :class:`ratchet.TokenRejected`);
+* ``lookup`` — ``--no-honour-keys``: no dedupe, but ``GET /effects/{key}`` answers whether
+  a key was charged;
+* ``neither`` — ``--no-honour-keys``, and the caller does not use the lookup either.
 """
 
 from __future__ import annotations
@@ -35,10 +48,12 @@ from ..testing.services import main as _service_main
 from ..worker.context import NOT_FOUND, NotFound
 
 __all__ = [
+    "KINDS",
     "FaultSettings",
     "PaymentClient",
     "PaymentService",
     "PaymentServiceError",
+    "SERVICE_OPTIONS",
     "charge_of",
     "main",
     "read_charges",
@@ -53,6 +68,20 @@ PaymentServiceError = ServiceError
 """The payment service could not be started (a :class:`~ratchet.testing.ServiceError`)."""
 
 CHARGE_ID_PREFIX = "ch_"
+
+KINDS: tuple[str, ...] = ("idempotent", "fenced", "lookup", "neither")
+"""The kinds of payment target, by what the target offers against a duplicate charge:
+it honours the idempotency key; it checks a fencing token; it answers lookups only;
+neither."""
+
+SERVICE_OPTIONS: dict[str, dict[str, bool]] = {
+    "idempotent": {"honour_keys": True, "check_tokens": False},
+    "fenced": {"honour_keys": False, "check_tokens": True},
+    "lookup": {"honour_keys": False, "check_tokens": False},
+    "neither": {"honour_keys": False, "check_tokens": False},
+}
+""":func:`start_payment_service` options of each kind's service (``neither`` and
+``lookup`` run the same service; they differ in what the task asks of it)."""
 
 
 def charge_of(record: dict[str, Any]) -> dict[str, Any]:
@@ -93,31 +122,44 @@ class PaymentClient:
         self.base_url = base_url
         self._client = CountingClient(base_url, timeout_s, connect_timeout_s)
 
-    def charge(self, key: str, order_id: str, amount_cents: int) -> dict[str, Any]:
+    def charge(
+        self, key: str, order_id: str, amount_cents: int, token: int | None = None
+    ) -> dict[str, Any]:
         """Charge ``amount_cents`` for ``order_id`` under idempotency key ``key``.
+
+        Args:
+            key: the idempotency key (``Idempotency-Key`` header).
+            order_id: the order; amount_cents: the amount, cents.
+            token: fencing token (``Fencing-Token`` header; ``ctx.fencing_token`` of a
+                ``fenced=True`` effect); None sends none.
 
         Returns:
             The charge: ``{"charge_id", "key", "order_id", "amount_cents", "created_at",
             "replayed"}``.
 
         Raises:
-            httpx.HTTPStatusError: 4xx/5xx (503 carries ``Retry-After``; 422 for a key
-                reused with another order or amount).
+            ratchet.TokenRejected: a fenced service refused ``token`` as stale (nothing
+                was charged).
+            httpx.HTTPStatusError: other 4xx/5xx (503 carries ``Retry-After``; 422 for a
+                key reused with another order or amount).
             httpx.TransportError: timeouts, dropped replies, refused connections.
         """
-        return charge_of(
-            self._client.execute(key, {"order_id": order_id, "amount_cents": amount_cents})
-        )
+        body = {"order_id": order_id, "amount_cents": amount_cents}
+        if token is None:
+            return charge_of(self._client.execute(key, body))
+        return charge_of(self._client.execute(key, body, token=token))
 
-    def lookup(self, key: str) -> dict[str, Any] | NotFound:
+    def lookup(self, key: str, token: int | None = None) -> dict[str, Any] | NotFound:
         """The stored charge for ``key``, or ``NOT_FOUND`` when the service confirms the
-        key never executed.
+        key never executed. A fenced service records ``token`` as seen before it answers,
+        so a ``NOT_FOUND`` to token T means no request with a lower token will execute.
 
         Raises:
+            ratchet.TokenRejected: a fenced service refused ``token`` as stale.
             httpx.HTTPStatusError: any other error status (the lookup is inconclusive).
             httpx.TransportError: the service could not answer.
         """
-        found = self._client.lookup(key)
+        found = self._client.lookup(key) if token is None else self._client.lookup(key, token)
         return NOT_FOUND if isinstance(found, NotFound) else charge_of(found)
 
     def stats(self) -> dict[str, Any]:

@@ -1,22 +1,37 @@
-"""``ratchet demo``: billing tasks against a faulty payment service while workers are killed.
+"""``ratchet demo``: billing tasks against four faulty payment services while workers are
+killed and frozen senders wake up late.
 
-:func:`run_demo` is the main job. In about half a minute it:
+:func:`run_demo` is the main job. In about a minute it:
 
-1. starts the fake payment service (:mod:`ratchet.demo.payments`) in its own process with
-   faults on — dropped replies after charging, bursts of 503, slow replies that outlast
-   the client's read timeout;
-2. submits ``tasks`` ``billing.charge`` tasks with idempotency keys, in batches spread over
-   the run, and resubmits a few keys to show that submit dedupe returns the same task id;
+1. starts four fake payment services (:mod:`ratchet.demo.payments`), one per kind of
+   target (:data:`~ratchet.demo.payments.KINDS`), each in its own process with its own
+   SQLite file and faults on — dropped replies after charging, bursts of 503, slow replies
+   that outlast the client's read timeout: one honours the idempotency key, one checks
+   fencing tokens, one only answers lookups, one offers neither;
+2. submits ``tasks`` billing tasks (:data:`~ratchet.demo.billing.TASKS`, the kinds in
+   turn) with idempotency keys, in batches spread over the run, and resubmits a few keys
+   to show that submit dedupe returns the same task id;
 3. runs ``workers`` real worker processes
    (``python -m ratchet.cli.main worker ratchet.demo.billing:app --concurrency 8``);
 4. kills a random worker with a real ``SIGKILL`` at random moments (at least ``kills``
-   times) and restarts it; freezes one worker that holds tasks with ``SIGSTOP`` for twice
-   its lease, so another worker takes its tasks over, then lets it resume (``SIGCONT``):
-   its late writes must be refused as stale generations;
-5. shows live progress, then a report read from the ledger *and* from the payment
-   service's own SQLite file, which is the only proof that each charge executed once —
-   including how fast the killed workers' tasks were claimed again (same-host peers
-   revoke a dead holder's leases instead of waiting for them to expire).
+   times) and restarts it;
+5. freezes one sender per kind in the middle of a call: a worker process for that kind's
+   task only, started with ``RATCHET_PAUSE_AT=effect.before_call``, stops itself with
+   ``SIGSTOP`` after its last lease check and before its charge leaves. It stays frozen
+   past its lease until another worker has taken its task over and settled it, then gets
+   ``SIGCONT`` and sends its charge late (the faults of that one service are paused for
+   that moment, so the report shows what the target does with a late charge, not an
+   injected fault): the idempotent service answers it as a replay, the fenced service
+   refuses its stale token, the lookup-only service executes it a second time (a duplicate
+   the ledger records as a late effect), the service with neither executes it once while
+   the task waits in ``UNKNOWN`` (the new holder could not know), again recorded as a late
+   effect;
+6. shows live progress, then a report read from the ledger *and* from each payment
+   service's own SQLite file, which is the only proof of how often each charge executed:
+   per kind of target, the executions, duplicates, late effects, refused tokens and
+   ``UNKNOWN`` tasks, against that kind's guarantee; and how fast the killed workers'
+   tasks were claimed again (same-host peers revoke a dead holder's leases instead of
+   waiting for them to expire).
 
 The ledger is a fresh SQLite file in the work directory, or a PostgreSQL schema
 (``--ledger postgresql://...``): the URL's ``schema=``, else :data:`DEMO_PG_SCHEMA`. That
@@ -30,19 +45,29 @@ seconds (a stall), or at the optional hard cap :attr:`DemoSettings.deadline_s`.
 
 Process control and the checks are :mod:`ratchet.testing`'s (the same ones users get for
 their own suites): worker processes are :class:`~ratchet.testing.WorkerProcess`es, the
-payment service is the counting service, and the verdict comes from
-:func:`~ratchet.testing.check_exactly_once` and
-:func:`~ratchet.testing.check_ledger_consistent`.
+payment services are counting services, and the verdict comes from
+:func:`~ratchet.testing.check_exactly_once` (per service) and
+:func:`~ratchet.testing.check_ledger_consistent`; operator reads (status, late effects)
+go through :class:`ratchet.Control`.
 
-It exits 1 if an invariant is broken: a succeeded task whose key did not execute exactly
-once (or whose recorded charge is not the service's), any key executed more than once, a
-charge no task accounts for, a task left unfinished (stall), an inconsistent ledger, fewer
-kills than asked, or a resubmission that was not deduplicated.
+It exits 1 if an invariant is broken. The checks follow each kind's guarantee:
+
+* idempotent and fenced: every succeeded task's key executed exactly once, no key more
+  than once, no task in ``UNKNOWN``; fenced: the frozen sender's late charge refused;
+* lookup only: no duplicate that the ledger did not record as a late effect (the frozen
+  sender's duplicate is expected *and* must be recorded); every other key exactly once;
+* neither: no key more than once; tasks in ``UNKNOWN`` allowed (a person settles them),
+  each with its key executed at most once;
+
+and for all: a charge no task accounts for, a task left unfinished (stall), an
+inconsistent ledger, fewer kills than asked, a frozen sender missing, or a resubmission
+that was not deduplicated.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -55,6 +80,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import psutil
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -63,12 +89,15 @@ from rich.text import Text
 
 from ..app import SubmitRequest
 from ..config import parse_ledger_url
+from ..control import Control
 from ..errors import ConfigError, LedgerUnavailable, RatchetError
-from ..ledger.base import AuditEvent, Ledger
+from ..ledger.base import AuditEvent, Ledger, TaskInfo
 from ..states import State
 from ..testing import (
     ConditionTimeout,
+    ExactlyOnceReport,
     ProcessGroup,
+    ServiceRecords,
     WorkerProcess,
     check_exactly_once,
     check_ledger_consistent,
@@ -76,6 +105,8 @@ from ..testing import (
 )
 from . import billing
 from .payments import (
+    KINDS,
+    SERVICE_OPTIONS,
     PaymentClient,
     PaymentService,
     PaymentServiceError,
@@ -94,15 +125,17 @@ _MARKER = ".ratchet-demo"
 DEMO_PG_SCHEMA = "ratchet_demo"
 """The demo's schema on a PostgreSQL ledger whose URL names none (dropped every run)."""
 _PG_SCHEMA_COMMENT = "created by ratchet demo; dropped and recreated at the start of every run"
-_TASK = "billing.charge"
+_FREEZE_POINT = "effect.before_call"
+_SETTLED = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.UNKNOWN)
+"""States in which a task no longer moves by itself (UNKNOWN waits for a person)."""
 
 
 @dataclass(frozen=True, slots=True)
 class DemoSettings:
-    """Knobs of one demo run (defaults sized for < 2 minutes on 2 cores).
+    """Knobs of one demo run (defaults sized for about a minute on 2 cores).
 
-    Kills and the pause are placed at random points of *progress* (fractions of tasks
-    settled), not of wall time, so they land on busy workers on a fast or a slow machine.
+    Kills are placed at random points of *progress* (fractions of tasks settled), not of
+    wall time, so they land on busy workers on a fast or a slow machine.
 
     Attributes:
         concurrency: task threads per worker process.
@@ -120,13 +153,19 @@ class DemoSettings:
         reply_lost: payment-service probability of dropping a reply after charging.
         burst_503: payment-service probability of starting a burst of 503s.
         slow: payment-service probability of a slow charge.
-        honour_keys: the payment service deduplicates on ``Idempotency-Key`` (set False
-            to watch the invariants catch duplicates: ``billing.charge`` declares the
-            target idempotent, and lookup-first alone cannot see a request still in flight).
+        honour_keys: the ``idempotent`` service deduplicates on ``Idempotency-Key`` (set
+            False to watch the invariants catch duplicates: ``billing.charge`` declares
+            the target idempotent, and lookup-first alone cannot see a request still in
+            flight).
         slow_s: how slow a slow charge is, seconds (above the client's 1 s read timeout).
-        latency_s: mean processing time of every charge at the service, seconds (keeps
+        latency_s: mean processing time of every charge at the services, seconds (keeps
             the workers' threads busy, so kills hit tasks in flight).
-        pause_factor: the SIGSTOP lasts this many leases.
+        in_flight_s: ``in_flight_s`` of the lookup-only charge, seconds (None: the
+            services' slowest processing, ``max(slow_s, 1.5 * latency_s)``, plus 1 s).
+        freeze: freeze one sender per kind of target in the middle of a call.
+        pause_factor: a frozen sender stays frozen at least this many leases, and until
+            another worker has settled its task.
+        freeze_max_s: ... but at most this long, seconds (then it is resumed anyway).
         tick_s: main-loop period (progress refresh, event scheduling), seconds.
     """
 
@@ -145,8 +184,18 @@ class DemoSettings:
     slow_s: float = 1.5
     honour_keys: bool = True
     latency_s: float = 0.35
-    pause_factor: float = 2.0
+    in_flight_s: float | None = None
+    freeze: bool = True
+    pause_factor: float = 1.0
+    freeze_max_s: float = 45.0
     tick_s: float = 0.2
+
+    @property
+    def effective_in_flight_s(self) -> float:
+        """The lookup-only charge's ``in_flight_s``, seconds (see :attr:`in_flight_s`)."""
+        if self.in_flight_s is not None:
+            return self.in_flight_s
+        return max(self.slow_s, 1.5 * self.latency_s) + 1.0
 
 
 # ---------------------------------------------------------------------------- workers
@@ -160,7 +209,6 @@ class _Slot:
     proc: WorkerProcess | None = None
     started_mono: float = 0.0
     starts: int = 0
-    stopped: bool = False
     pids: list[int] = field(default_factory=list)
 
     @property
@@ -169,6 +217,36 @@ class _Slot:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.alive()
+
+
+@dataclass
+class _Freeze:
+    """The frozen sender of one kind of target: a worker process for that kind's task only,
+    which stops itself at ``effect.before_call``.
+
+    ``state``: ``waiting`` (runs, not frozen yet), ``frozen``, ``resumed`` (SIGCONT sent,
+    its late charge awaited), ``done``, ``failed`` (never froze in the window).
+    """
+
+    kind: str
+    proc: WorkerProcess | None = None
+    attempts: int = 0
+    state: str = "waiting"
+    task_id: str | None = None
+    key: str | None = None
+    generation: int | None = None
+    frozen_at: float | None = None
+    resumed_at: float | None = None
+    done_at: float | None = None
+    settled_as: str | None = None
+    settled_generation: int | None = None
+    saved_faults: dict[str, Any] = field(default_factory=dict)
+    rejected_before: int = 0
+    note: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed")
 
 
 def demo_pg_url(url: str) -> tuple[str, str, bool]:
@@ -294,18 +372,6 @@ def _holder_pid(holder: str | None) -> int | None:
         return None
 
 
-@dataclass
-class _Snapshot:
-    """What the ledger says about this run's tasks at one instant."""
-
-    states: Counter[State]
-    inflight: dict[int, list[str]]
-    takeovers: int = 0
-    stale: int = 0
-    lookup_hits: int = 0
-    revocations: int = 0
-
-
 @dataclass(frozen=True, slots=True)
 class _Reclaims:
     """How fast the SIGKILLed workers' tasks came back (from the audit timelines).
@@ -327,6 +393,58 @@ class _Reclaims:
     claimed: list[float]
     revoked: int
     expired: int
+
+
+@dataclass
+class _Snapshot:
+    """What the ledger says about this run's tasks at one instant."""
+
+    states: Counter[State]
+    inflight: dict[int, list[str]]
+    settled_of: Counter[str] = field(default_factory=Counter)
+    takeovers: int = 0
+    stale: int = 0
+    lookup_hits: int = 0
+    revocations: int = 0
+    late_effects: int = 0
+
+
+@dataclass
+class _KindResult:
+    """The verdict on one kind of payment target, from its service's own file and the ledger.
+
+    Attributes:
+        kind: the kind (:data:`~ratchet.demo.payments.KINDS`).
+        task_ids: this run's tasks of that kind.
+        states: their states.
+        once: :func:`~ratchet.testing.check_exactly_once` against the kind's service.
+        records: the service's own records.
+        late: late effects the ledger recorded for these tasks, per key.
+        detected: duplicated keys whose extra executions all have a late-effect record.
+        undetected: duplicated keys with more executions than late effects explain.
+        exactly: succeeded tasks whose key executed exactly once, or once plus one
+            execution per recorded late effect where the kind allows that (lookup only).
+        problems: what breaks the kind's guarantee (empty: it held).
+    """
+
+    kind: str
+    task_ids: list[str]
+    states: Counter[State]
+    once: ExactlyOnceReport
+    records: ServiceRecords
+    late: dict[str, list[Any]]
+    detected: dict[str, int] = field(default_factory=dict)
+    undetected: dict[str, int] = field(default_factory=dict)
+    exactly: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def executions(self) -> int:
+        return sum(self.records.executions.values())
+
+    def rejected(self, key: str | None = None) -> int:
+        """Requests the service refused for a stale fencing token (for ``key``, or all)."""
+        return sum(1 for r in self.records.rejections if key is None or r.key == key)
 
 
 # ---------------------------------------------------------------------------- the run
@@ -356,9 +474,11 @@ class _DemoRun:
         self.s = settings
         self.rng = random.Random(seed)
         self.app = billing.app
-        self.lease_s = self.app.definition(_TASK).lease_s
-        self.service: PaymentService | None = None
+        self.control = Control(app=self.app)
+        self.lease_s = self.app.definition(billing.TASKS["idempotent"]).lease_s
+        self.services: dict[str, PaymentService] = {}
         self.slots = [_Slot(i) for i in range(workers)]
+        self.freezes = {kind: _Freeze(kind) for kind in KINDS} if settings.freeze else {}
         # Fault points of a test running the demo must not leak into its workers.
         self.procs = ProcessGroup(
             workdir / "logs", cwd=workdir,
@@ -368,17 +488,18 @@ class _DemoRun:
         self.t0 = time.monotonic()
         self.run_tag = f"{seed:06d}-{os.getpid() % 10000:04d}"
         self.orders = [
-            (f"ord-{self.run_tag}-{i:05d}", self.rng.randrange(500, 50_000)) for i in range(tasks)
+            (f"ord-{self.run_tag}-{i:05d}", self.rng.randrange(500, 50_000), KINDS[i % len(KINDS)])
+            for i in range(tasks)
         ]
+        self.total_of: Counter[str] = Counter(kind for _, _, kind in self.orders)
         self.task_ids: list[str] = []
+        self.kind_of: dict[str, str] = {}
         self.submitted = 0
         self.resubmit_checks: list[tuple[str, str, bool]] = []  # (expected id, got id, created)
         self.kills_done = 0
         self.kill_inflight: list[int] = []
         self.kill_times: list[tuple[int, float]] = []  # (pid, ledger clock just after death)
         self.unexpected_exits = 0
-        self.pause: dict[str, Any] = {}
-        self.pause_attempts = 0
         self.stalled = False
         self.deadline_hit = False
         self.elapsed_s = 0.0
@@ -395,9 +516,19 @@ class _DemoRun:
     def log(self, message: str) -> None:
         self.events.append((self.now(), message))
 
+    def worker_env(self) -> dict[str, str | None]:
+        """What every worker process needs: each kind's service URL, lease, in_flight_s."""
+        env: dict[str, str | None] = {
+            "RATCHET_DEMO_LEASE_S": repr(self.lease_s),
+            "RATCHET_DEMO_IN_FLIGHT_S": repr(self.s.effective_in_flight_s),
+            "RATCHET_DEMO_PAYMENTS_URL": None,
+        }
+        for kind, service in self.services.items():
+            env[f"RATCHET_DEMO_PAYMENTS_URL_{kind.upper()}"] = service.url
+        return env
+
     def start_worker(self, slot: _Slot) -> None:
         """Start (or restart) the worker of ``slot`` in a process group of its own."""
-        assert self.service is not None
         slot.proc = self.procs.worker(
             "ratchet.demo.billing:app",
             self.ledger_url,
@@ -405,15 +536,31 @@ class _DemoRun:
             concurrency=self.s.concurrency,
             poll_interval_s=None,
             new_session=True,
-            env={
-                "RATCHET_DEMO_PAYMENTS_URL": self.service.url,
-                "RATCHET_DEMO_LEASE_S": repr(self.lease_s),
-            },
+            env=self.worker_env(),
         )
         slot.started_mono = time.monotonic()
         slot.starts += 1
-        slot.stopped = False
         slot.pids.append(slot.proc.pid)
+
+    def start_freezer(self, fz: _Freeze) -> None:
+        """Start the would-be frozen sender of ``fz.kind``: one task thread, nothing
+        prefetched, only that kind's task, ``RATCHET_PAUSE_AT=effect.before_call``."""
+        fz.attempts += 1
+        fz.state = "waiting"
+        fz.proc = self.procs.worker(
+            "ratchet.demo.billing:app",
+            self.ledger_url,
+            name=f"frozen-sender-{fz.kind}-{fz.attempts}",
+            concurrency=1,
+            poll_interval_s=0.05,
+            new_session=True,
+            args=["--names", billing.TASKS[fz.kind], "--prefetch", "0"],
+            env={**self.worker_env(), "RATCHET_PAUSE_AT": _FREEZE_POINT},
+        )
+
+    def all_procs(self) -> list[WorkerProcess]:
+        procs = [s.proc for s in self.slots if s.proc is not None]
+        return procs + [f.proc for f in self.freezes.values() if f.proc is not None]
 
     def stop_workers(self) -> None:
         """SIGCONT + SIGTERM every live worker, wait up to 5 s, SIGKILL what is left.
@@ -421,7 +568,7 @@ class _DemoRun:
         Only processes still running (not yet reaped) are signalled, so a recycled pid is
         never hit. Calling it again is a no-op.
         """
-        live = [s.proc for s in self.slots if s.proc is not None and s.alive()]
+        live = [p for p in self.all_procs() if p.alive()]
         for proc in live:
             proc.resume()
             proc.signal(signal.SIGTERM)
@@ -429,38 +576,54 @@ class _DemoRun:
         for proc in live:
             with contextlib.suppress(ConditionTimeout):
                 proc.wait(max(0.1, deadline - time.monotonic()))
-        for slot in self.slots:
-            slot.stopped = False
         self.procs.cleanup()
+
+    def restore_faults(self, kind: str) -> None:
+        """Put ``kind``'s service back on the run's fault settings."""
+        s = self.s
+        with contextlib.suppress(Exception), PaymentClient(self.services[kind].url, 5.0) as c:
+            c.set_faults(reply_lost=s.reply_lost, burst_503=s.burst_503, slow=s.slow)
 
     # -- ledger reads
 
     def snapshot(self) -> _Snapshot:
         infos = self.ledger.get_many(self.task_ids) if self.task_ids else []
         states: Counter[State] = Counter(i.state for i in infos)
+        settled_of: Counter[str] = Counter(
+            self.kind_of[i.task_id] for i in infos if i.state in _SETTLED
+        )
         inflight: dict[int, list[str]] = {}
         for info in infos:
             if info.state is State.RUNNING:
                 pid = _holder_pid(info.holder)
                 if pid is not None:
                     inflight.setdefault(pid, []).append(info.task_id)
-        stats = self.ledger.stats()
+        st = self.control.status()
         return _Snapshot(
-            states,
-            inflight,
-            stats.takeovers,
-            stats.stale_rejections,
-            stats.lookup_hits,
-            stats.revocations,
-        )
+            states, inflight, settled_of, st.takeovers, st.stale_rejections, st.lookup_hits,
+            st.revocations, getattr(st, "late_effects", 0),
+        )  # fmt: skip
+
+    def late_effects(self, task_id: str | None = None) -> list[Any]:
+        """Late effects the ledger recorded (for ``task_id``, or all of this run's)."""
+        reader = getattr(self.control, "late_effects", None)  # TEMP until Control has it
+        if reader is None:
+            found = self.ledger.late_effects(task_id, 1_000_000)
+        else:
+            found = reader(task_id=task_id, limit=1_000_000)
+        if task_id is not None:
+            return list(found)
+        mine = set(self.task_ids)
+        return [le for le in found if le.task_id in mine]
 
     def sqlite_write_lock_held(self) -> bool:
         """True when another process holds the SQLite ledger's write lock for > 0.5 s.
 
-        Only used right after SIGSTOP: a process frozen *inside* a write transaction holds
-        SQLite's single write lock, so every other writer (claims, renewals) would wait for
-        the whole pause. That is a property of the embedded backend, not the scenario this
-        demo wants to show (a stale holder outliving its lease), so the pause is retried.
+        Only used right after a sender froze: a process frozen while one of its threads is
+        *inside* a write transaction (a lease renewal) holds SQLite's single write lock, so
+        every other writer would wait for the whole freeze. That is a property of the
+        embedded backend, not the scenario this demo wants to show (a sender outliving its
+        lease), so that freeze is retried.
         """
         try:
             config = parse_ledger_url(self.ledger_url)
@@ -470,11 +633,11 @@ class _DemoRun:
             return False
         return sqlite_write_locked(config.path, timeout_s=0.5)
 
-    # -- chaos
+    # -- chaos: kills
 
     def kill_one(self, snap: _Snapshot) -> bool:
-        """SIGKILL a random running (not paused) worker and restart it. False: none eligible."""
-        eligible = [s for s in self.slots if s.alive() and not s.stopped]
+        """SIGKILL a random running worker and restart it. False: none eligible."""
+        eligible = [s for s in self.slots if s.alive()]
         if not eligible:
             return False
         busy = [s for s in eligible if s.pid is not None and snap.inflight.get(s.pid)]
@@ -494,59 +657,112 @@ class _DemoRun:
         )
         return True
 
-    def try_pause(self, snap: _Snapshot) -> bool:
-        """SIGSTOP a worker that holds tasks, unless it froze inside a ledger write."""
-        candidates = [
-            s
-            for s in self.slots
-            if s.alive()
-            and s.pid is not None
-            and snap.inflight.get(s.pid)
-            and time.monotonic() - s.started_mono > 1.0
-        ]
-        others_alive = sum(1 for s in self.slots if s.alive()) >= 2
-        if not candidates or not others_alive:
-            return False  # nobody would be left to take its tasks over
-        slot = self.rng.choice(candidates)
-        assert slot.proc is not None
-        slot.stopped = True
-        slot.proc.pause()  # SIGSTOP to its group; returns once the kernel says stopped
-        held = self.snapshot().inflight.get(slot.proc.pid, [])
-        self.pause_attempts += 1
-        if not held or self.sqlite_write_lock_held():
-            slot.proc.resume()
-            slot.stopped = False
-            return False
-        until = self.now() + self.pause_s
-        self.pause.update(
-            slot=slot.index, pid=slot.proc.pid, tasks=list(held), start=self.now(), until=until
+    # -- chaos: frozen senders
+
+    def tend_freezes(self, snap: _Snapshot) -> None:
+        """Move each frozen sender along: waiting → frozen → resumed → done."""
+        for fz in self.freezes.values():
+            if fz.state == "waiting":
+                self._check_frozen(fz, snap)
+            elif fz.state == "frozen":
+                self._maybe_resume(fz)
+            elif fz.state == "resumed":
+                self._check_late(fz)
+
+    def _retry_freeze(self, fz: _Freeze, why: str) -> None:
+        if fz.proc is not None and fz.proc.alive():
+            fz.proc.resume()
+            fz.proc.signal(signal.SIGTERM)  # graceful: it finishes or releases its task
+        if fz.attempts >= 3:
+            fz.state, fz.note = "failed", why
+            self.log(f"[yellow]{fz.kind}: no frozen sender ({why}; gave up after 3 tries)[/]")
+        else:
+            self.log(f"[yellow]{fz.kind}: freeze retried ({why})[/]")
+            self.start_freezer(fz)
+
+    def _check_frozen(self, fz: _Freeze, snap: _Snapshot) -> None:
+        proc = fz.proc
+        if proc is None:
+            return
+        if not proc.alive():
+            self.unexpected_exits += 1
+            self._retry_freeze(fz, f"its worker exited with status {proc.returncode}")
+            return
+        if proc.status() != psutil.STATUS_STOPPED:
+            left = self.total_of[fz.kind] - snap.settled_of[fz.kind]
+            if self.submitted >= self.n_tasks and left == 0:
+                fz.state, fz.note = "failed", "no task of its kind was left to claim"
+                self.log(f"[yellow]{fz.kind}: no frozen sender ({fz.note})[/]")
+            return
+        held = self.snapshot().inflight.get(proc.pid, [])
+        if len(held) != 1:
+            self._retry_freeze(fz, f"it froze holding {len(held)} tasks")
+            return
+        if self.sqlite_write_lock_held():
+            self._retry_freeze(fz, "it froze inside a SQLite write")
+            return
+        info = self.ledger.get(held[0])
+        fz.task_id, fz.generation = info.task_id, info.generation
+        fz.key = f"charge:{info.params['order_id']}"
+        fz.state, fz.frozen_at = "frozen", self.now()
+        self.log(
+            f"[yellow]SIGSTOP[/] {fz.kind}: worker pid {proc.pid} froze itself at "
+            f"{_FREEZE_POINT} (lease checked, charge not sent): {fz.key}, generation "
+            f"{fz.generation}"
+        )
+
+    def _maybe_resume(self, fz: _Freeze) -> None:
+        assert fz.proc is not None and fz.task_id is not None and fz.frozen_at is not None
+        info = self.ledger.get(fz.task_id)
+        frozen_for = self.now() - fz.frozen_at
+        settled = info.state in _SETTLED and info.generation > (fz.generation or 0)
+        if frozen_for < self.s.pause_factor * self.lease_s:
+            return
+        if not settled and frozen_for < self.s.freeze_max_s:
+            return
+        fz.settled_as = info.state.value if settled else None
+        fz.settled_generation = info.generation
+        with contextlib.suppress(Exception):
+            fz.rejected_before = sum(
+                1 for r in self.services[fz.kind].records().rejections if r.key == fz.key
+            )
+        # The late charge must meet the target itself, not an injected fault.
+        with contextlib.suppress(Exception), PaymentClient(self.services[fz.kind].url, 5.0) as c:
+            c.set_faults(reply_lost=0.0, burst_503=0.0, slow=0.0)
+        fz.proc.resume()
+        fz.state, fz.resumed_at = "resumed", self.now()
+        what = (
+            f"its task was taken over and ended {info.state.value} (generation {info.generation})"
+            if settled
+            else f"[red]its task was not settled by another worker within "
+            f"{self.s.freeze_max_s:.0f} s[/]"
         )
         self.log(
-            f"[yellow]SIGSTOP[/] worker {slot.index} (pid {slot.proc.pid}) holding "
-            f"{len(held)} tasks, for {self.pause_s:.1f} s (lease {self.lease_s:.1f} s)"
-        )
-        return True
-
-    def resume(self) -> None:
-        slot = self.slots[int(self.pause["slot"])]
-        if slot.proc is not None:
-            slot.proc.resume()
-        slot.stopped = False
-        self.pause["end"] = self.now()
-        taken = 0
-        for info in self.ledger.get_many(self.pause["tasks"]):
-            if info.holder is None or _holder_pid(info.holder) != self.pause["pid"]:
-                taken += 1
-        self.pause["taken_over"] = taken
-        self.log(
-            f"[green]SIGCONT[/] worker {slot.index} (pid {self.pause['pid']}) after "
-            f"{self.pause['end'] - self.pause['start']:.1f} s; {taken} of its "
-            f"{len(self.pause['tasks'])} tasks were taken over meanwhile"
+            f"[green]SIGCONT[/] {fz.kind}: frozen sender resumed after {frozen_for:.1f} s "
+            f"(lease {self.lease_s:.1f} s); {what}; its charge leaves now"
         )
 
-    @property
-    def pause_s(self) -> float:
-        return self.s.pause_factor * self.lease_s
+    def _check_late(self, fz: _Freeze) -> None:
+        assert fz.resumed_at is not None and fz.task_id is not None
+        late = self.late_effects(fz.task_id)
+        rejected = 0
+        with contextlib.suppress(Exception):
+            rejected = (
+                sum(1 for r in self.services[fz.kind].records().rejections if r.key == fz.key)
+                - fz.rejected_before
+            )
+        waited = self.now() - fz.resumed_at
+        if not late and not rejected and waited < 15.0:
+            return
+        self.restore_faults(fz.kind)
+        fz.state, fz.done_at = "done", self.now()
+        if rejected:
+            seen = "the service refused its stale fencing token"
+        elif late:
+            seen = f"the ledger recorded a late effect ({late[0].outcome})"
+        else:
+            seen = "[yellow]no late outcome seen within 15 s[/]"
+        self.log(f"{fz.kind}: the frozen sender's late charge: {seen}")
 
     # -- display
 
@@ -573,66 +789,73 @@ class _DemoRun:
             f"kills [bold]{self.kills_done}/{self.kills_asked}[/]",
             f"takeovers [bold]{snap.takeovers}[/] revoked [bold]{snap.revocations}[/]",
             f"stale rejections [bold]{snap.stale}[/]",
-            f"lookup hits [bold]{snap.lookup_hits}[/]",
+            f"late effects [bold]{snap.late_effects}[/]",
         )
+        if self.freezes:
+            grid.add_row(*(f"frozen {f.kind}: [bold]{f.state}[/]" for f in self.freezes.values()))
         workers = "  ".join(
-            f"w{s.index}: pid {s.pid}{' [yellow]stopped[/]' if s.stopped else ''}"
-            f" ({len(snap.inflight.get(s.pid or -1, []))} held)"
+            f"w{s.index}: pid {s.pid} ({len(snap.inflight.get(s.pid or -1, []))} held)"
             for s in self.slots
         )
         lines = [Text.from_markup(f"[dim]{t:5.1f} s[/] {m}") for t, m in self.events[-5:]]
         return Group(
-            Panel(grid, title="ratchet demo: billing.charge", subtitle=workers, expand=False),
+            Panel(grid, title="ratchet demo: four kinds of payment target", subtitle=workers,
+                  expand=False),
             *lines,
-        )
+        )  # fmt: skip
 
     # -- main loop
 
     def run(self) -> int:
         s = self.s
         self.console.print(
-            f"[bold]ratchet demo[/]: {self.n_tasks} tasks, {self.n_workers} workers x "
-            f"{s.concurrency} threads, {self.kills_asked} kills, seed {self.seed}, "
+            f"[bold]ratchet demo[/]: {self.n_tasks} tasks over {len(KINDS)} kinds of payment "
+            f"target, {self.n_workers} workers x {s.concurrency} threads, {self.kills_asked} "
+            f"kills, {'a frozen sender per kind, ' if self.freezes else ''}seed {self.seed}, "
             f"lease {self.lease_s:.1f} s"
         )
         self.console.print(f"ledger  {_display_url(self.ledger_url)}\nworkdir {self.workdir}")
         for note in self.notes:
             self.console.print(note)
-        self.service = start_payment_service(
-            self.workdir / "payments.db",
-            reply_lost=s.reply_lost,
-            burst_503=s.burst_503,
-            slow=s.slow,
-            slow_s=s.slow_s,
-            latency_s=s.latency_s,
-            honour_keys=s.honour_keys,
-            seed=self.seed,
-        )
+        for i, kind in enumerate(KINDS):
+            self.services[kind] = start_payment_service(
+                self.workdir / f"payments-{kind}.db",
+                reply_lost=s.reply_lost,
+                burst_503=s.burst_503,
+                slow=s.slow,
+                slow_s=s.slow_s,
+                latency_s=s.latency_s,
+                honour_keys=SERVICE_OPTIONS[kind]["honour_keys"] and s.honour_keys,
+                check_tokens=SERVICE_OPTIONS[kind]["check_tokens"],
+                seed=self.seed * 10 + i,
+            )
+            self.console.print(
+                f"payment service [bold]{kind}[/] ({billing.TASKS[kind]}) pid "
+                f"{self.services[kind].pid} at {self.services[kind].url}: "
+                f"{billing.GUARANTEES[kind]}"
+            )
         self.console.print(
-            f"payment service pid {self.service.pid} at {self.service.url} "
-            f"(faults: reply lost {s.reply_lost:.0%}, 503 bursts {s.burst_503:.0%}, "
-            f"slow {s.slow:.0%} x {s.slow_s:.1f} s"
+            f"faults at every service: reply lost {s.reply_lost:.0%}, 503 bursts "
+            f"{s.burst_503:.0%}, slow {s.slow:.0%} x {s.slow_s:.1f} s"
             + ("" if s.honour_keys else ", [bold red]keys NOT honoured[/]")
-            + ")"
         )
         self.ledger.migrate()
+        # The would-be frozen senders start first, so each finds a task of its kind.
+        for fz in self.freezes.values():
+            self.start_freezer(fz)
         for slot in self.slots:
             self.start_worker(slot)
 
         batches = max(1, min(s.batches, self.n_tasks))
         per_batch = -(-self.n_tasks // batches)
         submit_at = [s.arrival_s * i / batches for i in range(batches)]
-        # Chaos at random points of progress: one kill in each of `kills` equal slices of
-        # [chaos_from, chaos_to], the pause somewhere in the first half of the run.
+        # Kills at random points of progress: one in each of `kills` equal slices of
+        # [chaos_from, chaos_to].
         span = s.chaos_to - s.chaos_from
         kill_at = sorted(
             s.chaos_from + span * (k + self.rng.uniform(0.1, 0.9)) / max(1, self.kills_asked)
             for k in range(self.kills_asked)
         )
-        pause_at = self.rng.uniform(0.2, 0.45)
-        pause_done = self.n_workers < 2  # a lone worker has nobody to take over from it
-        if pause_done:
-            self.log("[yellow]one worker only: no pause (nobody could take its tasks over)[/]")
         last_kill = -1e9
         resubmitted = False
 
@@ -655,14 +878,16 @@ class _DemoRun:
                     handles = self.app.submit_many(
                         [
                             SubmitRequest(
-                                _TASK,
+                                billing.TASKS[kind],
                                 {"order_id": o, "amount_cents": a},
                                 idempotency_key=f"order:{o}",
                             )
-                            for o, a in chunk
+                            for o, a, kind in chunk
                         ]
                     )
-                    self.task_ids.extend(h.task_id for h in handles)
+                    for h, (_, _, kind) in zip(handles, chunk, strict=True):
+                        self.task_ids.append(h.task_id)
+                        self.kind_of[h.task_id] = kind
                     self.submitted += len(chunk)
                 if not resubmitted and self.submitted >= min(self.n_tasks, s.resubmits):
                     resubmitted = True
@@ -677,9 +902,7 @@ class _DemoRun:
                         )
                         self.start_worker(slot)
                 snap = self.snapshot()
-                settled = sum(
-                    snap.states[x] for x in (State.SUCCEEDED, State.FAILED, State.CANCELLED)
-                )
+                settled = sum(snap.states[x] for x in _SETTLED)
                 progress = settled / self.n_tasks
                 # chaos
                 if (
@@ -691,31 +914,22 @@ class _DemoRun:
                     kill_at.pop(0)
                     last_kill = time.monotonic()
                     snap = self.snapshot()
-                if not self.pause and not pause_done and progress >= pause_at:
-                    if not self.try_pause(snap) and settled == self.n_tasks:
-                        pause_done = True  # never found a busy worker to freeze
-                        self.log("[yellow]could not pause a worker holding tasks[/]")
-                elif self.pause and "end" not in self.pause and t >= self.pause["until"]:
-                    self.resume()
-                    pause_done = True
+                self.tend_freezes(snap)
                 live.update(self.progress(snap))
                 # done?
-                chaos_over = (
-                    not kill_at
-                    and pause_done
-                    and ("end" not in self.pause or t >= self.pause["end"] + 1.0)
-                )
+                chaos_over = not kill_at and all(f.finished for f in self.freezes.values())
                 if (
                     self.submitted >= self.n_tasks
                     and not submit_at
                     and chaos_over
-                    and (settled == len(self.task_ids))
+                    and settled == len(self.task_ids)
                 ):
                     break
                 fingerprint = (
                     tuple(sorted((st.value, n) for st, n in snap.states.items())),
                     snap.takeovers,
                     snap.revocations,
+                    tuple(f.state for f in self.freezes.values()),
                 )
                 if fingerprint != last_fingerprint:
                     last_fingerprint, last_change = fingerprint, t
@@ -734,9 +948,9 @@ class _DemoRun:
                     break
                 time.sleep(max(0.0, s.tick_s - (self.now() - t)))
         self.elapsed_s = self.now()
-        if self.pause and "end" not in self.pause:
-            self.resume()
         self.stop_workers()
+        for kind in self.services:
+            self.restore_faults(kind)
         return self.report()
 
     def _resubmit(self) -> None:
@@ -744,7 +958,7 @@ class _DemoRun:
         handles = self.app.submit_many(
             [
                 SubmitRequest(
-                    _TASK,
+                    billing.TASKS[self.orders[i][2]],
                     {"order_id": self.orders[i][0], "amount_cents": self.orders[i][1]},
                     idempotency_key=f"order:{self.orders[i][0]}",
                 )
@@ -760,21 +974,121 @@ class _DemoRun:
 
     # -- report
 
-    def report(self) -> int:
-        assert self.service is not None
-        infos = {i.task_id: i for i in self.ledger.get_many(self.task_ids)}
-        stats = self.ledger.stats()
-        records = self.service.records()
+    def _judge_kind(
+        self,
+        kind: str,
+        infos: dict[str, TaskInfo],
+        key_of: dict[str, str],
+        timelines: dict[str, Any],
+        late_all: list[Any],
+    ) -> _KindResult:
+        """Check ``kind``'s guarantee against its service's own file (see the module doc)."""
+        ids = [tid for tid in infos if self.kind_of[tid] == kind]
+        records = self.services[kind].records()
+        once = check_exactly_once(
+            self.ledger, records, task_ids=ids, keys={t: key_of[t] for t in ids},
+            effect="charge", result_id_field="charge_id", require_terminal=False,
+            raise_on_violation=False, timelines=timelines,
+        )  # fmt: skip
+        mine = set(ids)
+        late: dict[str, list[Any]] = {}
+        for le in late_all:
+            if le.task_id in mine:
+                late.setdefault(le.key, []).append(le)
+        states: Counter[State] = Counter(infos[t].state for t in ids)
+        r = _KindResult(kind, ids, states, once, records, late)
         executions = records.executions
-        service_stats: dict[str, Any] = {}
-        with contextlib.suppress(Exception), PaymentClient(self.service.url, 5.0) as client:
-            service_stats = client.stats()
+        for key, n in once.duplicated.items():
+            explained = sum(1 for le in late.get(key, []) if le.outcome == "done") >= n - 1
+            (r.detected if explained else r.undetected)[key] = n
+        for tid in ids:
+            info = infos[tid]
+            n = executions.get(key_of[tid], 0)
+            if info.state is State.SUCCEEDED and (
+                n == 1 or (kind == "lookup" and key_of[tid] in r.detected)
+            ):
+                r.exactly += 1
+        succeeded = states[State.SUCCEEDED]
+        p = r.problems
+        if kind == "lookup":
+            if r.undetected:
+                p.append(f"{len(r.undetected)} duplicated keys not recorded as late effects: "
+                         + ", ".join(list(r.undetected)[:3]))  # fmt: skip
+        elif once.duplicated:
+            p.append(f"{len(once.duplicated)} keys executed more than once: "
+                     + ", ".join(list(once.duplicated)[:3]))  # fmt: skip
+        if r.exactly != succeeded or once.missing:
+            p.append(f"{succeeded - r.exactly} succeeded tasks without exactly one charge"
+                     + (f" (never charged: {', '.join(list(once.missing.values())[:3])})"
+                        if once.missing else ""))  # fmt: skip
+        mismatched = [
+            t for t in once.mismatched if not (kind == "lookup" and key_of[t] in r.detected)
+        ]
+        if mismatched:
+            p.append(f"{len(mismatched)} succeeded tasks whose recorded charge id is not the "
+                     "service's")  # fmt: skip
+        if kind != "neither" and states[State.UNKNOWN]:
+            p.append(f"{states[State.UNKNOWN]} tasks UNKNOWN, though the target can settle "
+                     "every outcome")  # fmt: skip
+        fz = self.freezes.get(kind)
+        if fz is not None and fz.state == "done" and fz.settled_as is not None:
+            assert fz.key is not None
+            n = executions.get(fz.key, 0)
+            late_here = late.get(fz.key, [])
+            if kind == "fenced" and r.rejected(fz.key) <= fz.rejected_before:
+                p.append("the frozen sender's late charge was not refused by the service")
+            if kind == "lookup" and not (n == 2 and fz.key in r.detected):
+                p.append(f"the frozen sender's late charge: {n} executions of {fz.key}, "
+                         f"{len(late_here)} late effects (expected 2, recorded)")  # fmt: skip
+            if kind == "neither" and not (
+                n == 1 and late_here and fz.settled_as == State.UNKNOWN.value
+            ):
+                p.append(f"the frozen sender's late charge: {n} executions of {fz.key}, "
+                         f"{len(late_here)} late effects, task {fz.settled_as} (expected 1, "
+                         "recorded, UNKNOWN)")  # fmt: skip
+        return r
+
+    def _late_send(self, fz: _Freeze, r: _KindResult) -> tuple[str, str]:
+        """``(at the target, in the ledger)``: what became of a frozen sender's late charge."""
+        if fz.key is None or fz.state != "done":
+            return "-", "-"
+        n = r.records.executions.get(fz.key, 0)
+        late = r.late.get(fz.key, [])
+        plural = "execution" if n == 1 else "executions"
+        replayed = False
+        for le in late:
+            with contextlib.suppress(ValueError, TypeError):
+                detail = json.loads(le.detail or "null")
+                replayed = replayed or (isinstance(detail, dict) and bool(detail.get("replayed")))
+        if r.rejected(fz.key) > fz.rejected_before:
+            target = f"[green]refused[/] (stale token {fz.generation}); {n} {plural} in all"
+        elif replayed:
+            target = f"[green]answered as a replay[/]; {n} {plural} in all"
+        elif n > 1:
+            target = f"[yellow]executed again[/]: {n} {plural}"
+        else:
+            target = f"executed; {n} {plural} in all"
+        ledger = (
+            f"late effect recorded (generation {late[0].generation}, {late[0].outcome})"
+            if late
+            else "no late effect (attempt abandoned)"
+        )
+        return target, ledger
+
+    def report(self) -> int:
+        infos = {i.task_id: i for i in self.ledger.get_many(self.task_ids)}
+        status = self.control.status()
+        late_all = self.late_effects()
+        service_stats: dict[str, dict[str, Any]] = {}
+        for kind, service in self.services.items():
+            service_stats[kind] = {}
+            with contextlib.suppress(Exception), PaymentClient(service.url, 5.0) as client:
+                service_stats[kind] = client.stats()
 
         states: Counter[State] = Counter(i.state for i in infos.values())
         key_of = {tid: f"charge:{i.params['order_id']}" for tid, i in infos.items()}
 
         # Per-task records from the ledger: effects, retries, releases.
-        via_lookup = 0
         calls = 0
         retry_classes: Counter[str] = Counter()
         released: Counter[str] = Counter()
@@ -792,22 +1106,20 @@ class _DemoRun:
                     released[str(ev.detail.get("reason", "?"))] += 1
             for eff in tl.effects:
                 calls += eff.calls
-                via_lookup += int(eff.via_lookup)
 
-        # The verdict: ratchet.testing's checks, against the service's own records.
-        once = check_exactly_once(
-            self.ledger, records, task_ids=self.task_ids, keys=key_of, effect="charge",
-            result_id_field="charge_id", raise_on_violation=False, timelines=timelines,
-        )  # fmt: skip
+        # The verdict: per kind, ratchet.testing's checks against that service's own file.
+        results = {k: self._judge_kind(k, infos, key_of, timelines, late_all) for k in KINDS}
         consistent = check_ledger_consistent(
             self.ledger_url, task_ids=list(infos), raise_on_violation=False,
             timelines=timelines,
         )  # fmt: skip
-        succeeded = once.succeeded
-        dup_keys = once.duplicated
-        charged_not_succeeded = once.executed_not_succeeded
         reclaims = self._reclaims(events_of)
-        not_terminal = once.not_terminal
+        unfinished = {
+            tid: i.state.value
+            for tid, i in infos.items()
+            if not i.terminal and not (i.state is State.UNKNOWN and self.kind_of[tid] == "neither")
+        }
+        stray = {k: n for r in results.values() for k, n in r.once.unexpected.items()}
         resub_ok = all(want == got and not created for want, got, created in self.resubmit_checks)
         why_unfinished = (
             f"stalled {self.s.stall_s:.0f} s" if self.stalled
@@ -816,38 +1128,37 @@ class _DemoRun:
 
         invariants: list[tuple[str, bool, str]] = [
             (
-                "every task finished (drained, no stall)",
-                not not_terminal and not self.stalled and not self.deadline_hit
+                "every task settled (UNKNOWN only where the target offers nothing)",
+                not unfinished and not self.stalled and not self.deadline_hit
                 and len(infos) == self.n_tasks,
-                f"{len(not_terminal)} not terminal "
-                f"({_fmt_states(Counter(State(v) for v in not_terminal.values()))})"
+                f"{len(unfinished)} unsettled "
+                f"({_fmt_states(Counter(State(v) for v in unfinished.values()))})"
                 + (f", {why_unfinished}" if why_unfinished else "")
-                if not_terminal or why_unfinished
+                if unfinished or why_unfinished
                 else f"{len(infos)} of {self.n_tasks}",
             ),
-            (
-                "every succeeded task's key executed exactly once",
-                once.succeeded_once == succeeded and not once.missing,
-                f"{once.succeeded_once} of {succeeded}"
-                + (f"; never executed: {', '.join(list(once.missing)[:3])}"
-                   if once.missing else ""),
-            ),
-            (
-                "no key executed more than once",
-                not dup_keys,
-                f"{len(dup_keys)} duplicated keys"
-                + (f": {', '.join(list(dup_keys)[:3])}" if dup_keys else ""),
-            ),
-            (
-                "ledger's charge id = the service's charge id",
-                not once.mismatched,
-                f"{succeeded - len(once.mismatched)} of {succeeded} match",
-            ),
-            (
-                "no charges for keys outside this run",
-                not once.unexpected,
-                f"{len(once.unexpected)} stray keys",
-            ),
+        ]  # fmt: skip
+        for kind, r in results.items():
+            invariants.append((
+                f"{kind}: {billing.GUARANTEES[kind]}",
+                not r.problems,
+                "; ".join(r.problems) if r.problems
+                else f"{r.exactly} of {r.states[State.SUCCEEDED]} succeeded exactly once"
+                + (f", {len(r.detected)} duplicate(s) recorded as late effects"
+                   if r.detected else "")
+                + (f", {r.states[State.UNKNOWN]} UNKNOWN" if r.states[State.UNKNOWN] else ""),
+            ))  # fmt: skip
+        if self.freezes:
+            missing = [f.kind for f in self.freezes.values()
+                       if f.state != "done" or f.settled_as is None]  # fmt: skip
+            invariants.append((
+                "a sender frozen mid-call per kind, resumed after its task was settled",
+                not missing,
+                f"not achieved for: {', '.join(missing)}" if missing
+                else f"{len(self.freezes)} of {len(self.freezes)}",
+            ))  # fmt: skip
+        invariants += [
+            ("no charges for keys outside this run", not stray, f"{len(stray)} stray keys"),
             (
                 "ledger consistent (every fencing generation audited)",
                 consistent.ok,
@@ -890,11 +1201,11 @@ class _DemoRun:
         tasks_t.add_row("succeeded", f"[green]{states[State.SUCCEEDED]}[/]")
         tasks_t.add_row("failed (dead-letter)", _warn(states[State.FAILED]))
         tasks_t.add_row("unknown (needs a person)", _warn(states[State.UNKNOWN]))
-        tasks_t.add_row("not terminal", _warn(len(not_terminal)))
-        tasks_t.add_row("claims / takeovers", f"{stats.claims} / {stats.takeovers}")
-        tasks_t.add_row("revocations (fast takeover of dead holders)", str(stats.revocations))
-        tasks_t.add_row("stale-generation rejections", str(stats.stale_rejections))
-        tasks_t.add_row("lookups that found an earlier charge", str(stats.lookup_hits))
+        tasks_t.add_row("claims / takeovers", f"{status.claims} / {status.takeovers}")
+        tasks_t.add_row("revocations (fast takeover of dead holders)", str(status.revocations))
+        tasks_t.add_row("stale-generation rejections", str(status.stale_rejections))
+        tasks_t.add_row("late effects (possible duplicates to reconcile)", str(len(late_all)))
+        tasks_t.add_row("lookups that found an earlier charge", str(status.lookup_hits))
         tasks_t.add_row(
             "retries: overload / unknown outcome / transient",
             f"{retry_classes['overload']} / {retry_classes['unknown_outcome']} / "
@@ -904,30 +1215,63 @@ class _DemoRun:
             "released: lease unconfirmed / shutdown",
             f"{released['lease_unconfirmed']} / {released['shutdown']}",
         )
-        tasks_t.add_row("charge intents recorded (calls started)", str(calls))
+        tasks_t.add_row("charge calls made", str(calls))
         tasks_t.add_row(
             "attempts per task: max / mean",
             f"{max(attempts, default=0)} / "
             f"{(sum(attempts) / len(attempts)) if attempts else 0:.2f}",
         )
 
-        ext = Table(title="payment service (its own SQLite file)", show_header=False)
-        ext.add_column()
-        ext.add_column(justify="right")
-        ext.add_row("charges executed", str(sum(executions.values())))
-        ext.add_row("distinct keys charged", str(len(executions)))
-        ext.add_row("keys executed more than once", _bad(len(dup_keys)))
-        ext.add_row("succeeded tasks with exactly one charge", f"{once.succeeded_once}/{succeeded}")
-        ext.add_row("not-succeeded tasks that were charged", str(len(charged_not_succeeded)))
-        ext.add_row("replays deduplicated by the service", str(service_stats.get("replays", "?")))
-        ext.add_row(
-            "lookups (found)",
-            f"{service_stats.get('lookups', '?')} ({service_stats.get('lookups_found', '?')})",
+        kinds_t = Table(title="payment targets: counted at each service (its own SQLite file)")
+        kinds_t.add_column()
+        for kind in KINDS:
+            kinds_t.add_column(kind, justify="right")
+
+        def row(label: str, cell: Any) -> None:
+            kinds_t.add_row(label, *(cell(results[k], service_stats[k]) for k in KINDS))
+
+        offers = {"idempotent": "key dedupe", "fenced": "fencing tokens",
+                  "lookup": "lookup only", "neither": "nothing"}  # fmt: skip
+        row("the target offers", lambda r, _: offers[r.kind])
+        row("tasks", lambda r, _: str(len(r.task_ids)))
+        row("succeeded", lambda r, _: f"[green]{r.states[State.SUCCEEDED]}[/]")
+        row("UNKNOWN (needs a person)", lambda r, _: _warn(r.states[State.UNKNOWN]))
+        row("failed", lambda r, _: _warn(r.states[State.FAILED]))
+        row("charges executed", lambda r, _: str(r.executions))
+        row("succeeded with exactly one charge", lambda r, _: str(r.exactly))
+        row("keys charged more than once", lambda r, _: (
+            _bad(len(r.undetected)) if not r.detected
+            else f"[yellow]{len(r.detected) + len(r.undetected)}[/]"))  # fmt: skip
+        row("  of which recorded as late effects", lambda r, _: str(len(r.detected)))
+        row("late effects recorded (ledger)",
+            lambda r, _: str(sum(len(v) for v in r.late.values())))  # fmt: skip
+        row("stale fencing tokens refused", lambda r, _: str(r.rejected()))
+        row("replays deduplicated by the service", lambda _, st: str(st.get("replays", "?")))
+        row("lookups (found)", lambda _, st: (
+            f"{st.get('lookups', '?')} ({st.get('lookups_found', '?')})"))  # fmt: skip
+        row(
+            "injected: lost replies / 503 / slow",
+            lambda _, st: "{} / {} / {}".format(
+                *(st.get("injected", {}).get(x, "?") for x in ("reply_lost", "503", "slow"))
+            ),
         )
-        injected = service_stats.get("injected", {})
-        ext.add_row("replies dropped after charging", str(injected.get("reply_lost", "?")))
-        ext.add_row("503 answers", str(injected.get("503", "?")))
-        ext.add_row("slow charges", str(injected.get("slow", "?")))
+
+        frozen_t = Table(title=f"frozen senders (SIGSTOP at {_FREEZE_POINT}, then SIGCONT)")
+        for col in ("target", "charge key (generation)", "frozen for", "meanwhile",
+                    "its late charge at the target", "ledger"):  # fmt: skip
+            frozen_t.add_column(col)
+        for kind, fz in self.freezes.items():
+            if fz.frozen_at is None:
+                frozen_t.add_row(kind, "-", "-", f"[yellow]not frozen: {fz.note}[/]", "-", "-")
+                continue
+            until = fz.resumed_at if fz.resumed_at is not None else self.elapsed_s
+            at_target, in_ledger = self._late_send(fz, results[kind])
+            frozen_t.add_row(
+                kind, f"{fz.key} ({fz.generation})", f"{until - fz.frozen_at:.1f} s",
+                f"taken over, {fz.settled_as} (generation {fz.settled_generation})"
+                if fz.settled_as else "[yellow]not settled by another worker[/]",
+                at_target, in_ledger,
+            )  # fmt: skip
 
         chaos = Table(title="chaos", show_header=False)
         chaos.add_column()
@@ -936,21 +1280,13 @@ class _DemoRun:
         chaos.add_row("tasks in flight at the kills", str(sum(self.kill_inflight)))
         for label, value in self._reclaim_rows(reclaims):
             chaos.add_row(label, value)
-        if "end" in self.pause:
-            chaos.add_row(
-                "worker paused (SIGSTOP)",
-                f"{self.pause['end'] - self.pause['start']:.1f} s, "
-                f"{len(self.pause['tasks'])} tasks held",
-            )
-            chaos.add_row("its tasks taken over meanwhile", str(self.pause.get("taken_over", 0)))
-        else:
-            chaos.add_row("worker paused (SIGSTOP)", "[yellow]not achieved[/]")
-        chaos.add_row("pause attempts", str(self.pause_attempts))
         chaos.add_row("unexpected worker exits", _warn(self.unexpected_exits))
         chaos.add_row("run time", f"{self.elapsed_s:.1f} s")
 
         c.print(tasks_t)
-        c.print(ext)
+        c.print(kinds_t)
+        if self.freezes:
+            c.print(frozen_t)
         c.print(chaos)
         inv = Table(title="invariants", show_header=False)
         inv.add_column()
@@ -959,11 +1295,6 @@ class _DemoRun:
         for name, ok, detail in invariants:
             inv.add_row("[green]PASS[/]" if ok else "[bold red]FAIL[/]", name, detail)
         c.print(inv)
-        if "end" in self.pause and stats.stale_rejections == 0:
-            c.print(
-                "[yellow]note:[/] the paused worker resumed without a stale-generation "
-                "rejection (it had no write pending for a task taken over)"
-            )
         if reclaims.claimed and reclaims.revoked:
             wait = statistics.median(reclaims.first_claim) - statistics.median(reclaims.freed)
             if wait > 1.0:
@@ -972,13 +1303,20 @@ class _DemoRun:
                     f"{wait:.1f} s (median) to be claimed again: they re-enter the ready queue "
                     "behind the whole backlog (revoke_holder sets run_at = now)"
                 )
+        if late_all:
+            c.print(
+                f"{len(late_all)} late effects are listed for reconciliation by "
+                f"`ratchet late-effects --ledger {_display_url(self.ledger_url)}`."
+            )
         if broken:
             c.print(f"[bold red]FAILED[/]: {len(broken)} invariant(s) broken. Logs: {self.workdir}")
             return 1
+        frozen = sum(1 for f in self.freezes.values() if f.state == "done")
         c.print(
-            f"[bold green]OK[/]: {states[State.SUCCEEDED]} charges, each executed exactly "
-            f"once at the payment service, despite {self.kills_done} SIGKILLs"
-            + (" and a paused holder" if "end" in self.pause else "")
+            f"[bold green]OK[/]: {states[State.SUCCEEDED]} charges over {len(KINDS)} kinds of "
+            f"payment target, each kind's guarantee held at its service, despite "
+            f"{self.kills_done} SIGKILLs"
+            + (f" and {frozen} senders frozen mid-call" if frozen else "")
             + f" ({self.elapsed_s:.1f} s)."
         )
         freed_median = statistics.median(reclaims.freed) if reclaims.freed else None
@@ -986,7 +1324,7 @@ class _DemoRun:
             c.print(
                 f"Killed workers' tasks were claimable again {freed_median:.2f} s"
                 f" after a kill (median), not after a {self.lease_s:.1f} s lease: "
-                f"{stats.revocations} leases revoked from dead holders."
+                f"{status.revocations} leases revoked from dead holders."
             )
         return 0
 
@@ -1110,19 +1448,19 @@ def run_demo(
             :func:`reset_pg_schema`: refused for a schema the demo did not create).
             Another SQLite URL is used as it is; order ids carry a per-run tag, so a shared
             ledger does not dedupe across runs.
-        tasks: ``billing.charge`` tasks to submit (>= 1).
-        workers: worker processes (>= 1; 2 or more to see takeovers of a paused holder).
+        tasks: billing tasks to submit (>= 1), the kinds of payment target in turn.
+        workers: worker processes (>= 1), besides one would-be frozen sender per kind.
         kills: SIGKILLs to deliver (at least).
         seed: seed for amounts, chaos timing and the service's faults (None: random,
             printed). Timing still varies between runs.
-        workdir: directory for the ledger, the service's database and the logs; default
+        workdir: directory for the ledger, the services' databases and the logs; default
             ``./ratchet-demo``. It is wiped on every run.
         settings: finer knobs (:class:`DemoSettings`).
         console: where to print (default: a new Rich console on stdout).
 
     Returns:
         0 when every invariant holds, 1 when one is broken, 2 when the demo could not run
-        (bad arguments, the payment service did not start).
+        (bad arguments, a payment service did not start).
     """
     console = console or Console()
     settings = settings or DemoSettings()
@@ -1165,12 +1503,13 @@ def run_demo(
         console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}")
         return 2
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: stopping workers and the payment service")
+        console.print("[yellow]interrupted[/]: stopping workers and the payment services")
         return 130
     finally:
         demo.stop_workers()
-        if demo.service is not None:
-            demo.service.stop()
+        for service in demo.services.values():
+            service.stop()
+        demo.control.close()
         app.close()
 
 
