@@ -27,6 +27,7 @@ A third dialect is done when it passes ``tests/contract`` with the engine unchan
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
 from ..errors import LedgerUnavailable
@@ -136,4 +137,27 @@ class Dialect(Protocol):
 
     def close(self) -> None:
         """Close every connection the dialect opened."""
+        ...
+
+    # -- transaction steps (ctx.transaction): the user's code inside a ledger transaction
+
+    def user_connection(self, tx: Tx) -> AbstractContextManager[Any]:
+        """The DB-API connection of ``tx``'s open transaction, for a transaction step's
+        user code (``sqlite3.Connection`` / ``psycopg.Connection``), as a context manager.
+
+        On entry every statement ``tx`` kept back is sent (the fence read and its lock
+        come first), and the session looks like a plain one to the database (PostgreSQL:
+        ``search_path`` at the database's default, not the ledger's schema); on a normal
+        exit with the transaction still open, the ledger's settings are put back for the
+        engine's statements that follow. The engine owns the transaction: user code must
+        not commit or roll it back.
+        """
+        ...
+
+    def transaction_status(self, tx: Tx) -> str:
+        """State of ``tx``'s transaction after user code ran on :meth:`user_connection`:
+        ``"open"``, ``"aborted"`` (a statement failed; PostgreSQL accepts nothing more
+        until a rollback), ``"ended"`` (committed or rolled back behind the engine) or
+        ``"lost"`` (the connection broke; the engine goes on and its next statement fails
+        the way a lost connection does in this dialect)."""
         ...

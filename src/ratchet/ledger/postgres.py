@@ -192,6 +192,11 @@ class _PgTx:
         return self._now
 
     @property
+    def conn(self) -> psycopg.Connection[Any]:
+        """The connection this transaction runs on (transaction steps' user code)."""
+        return self._conn
+
+    @property
     def cur(self) -> Cursor:
         """The raw cursor, with BEGIN and every kept statement sent first."""
         if not self.started or self._deferred:
@@ -569,6 +574,41 @@ class PostgresDialect:
         if not self._closed:
             self._closed = True
             self._pool.close()
+
+    # ------------------------------------------------------------------ transaction steps
+
+    @contextlib.contextmanager
+    def user_connection(self, tx: Any) -> Iterator[psycopg.Connection[Any]]:
+        """The pooled connection of ``tx`` (see ``Dialect.user_connection``): the kept
+        statements are sent first, and ``search_path`` is the database's default for the
+        user's code (``SET LOCAL ... TO DEFAULT``: the value without the ledger's session
+        setting), then the ledger's schema again.
+
+        The transaction holds the task's row lock while the user's code runs; a session
+        idle inside it longer than :data:`IDLE_IN_TRANSACTION_TIMEOUT_MS` (a frozen or
+        slow holder) is ended by the server, which rolls everything back.
+        """
+        tx.cur  # noqa: B018 - sends BEGIN and every kept statement
+        conn = tx.conn
+        conn.execute("SET LOCAL search_path TO DEFAULT")
+        yield conn
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            conn.execute(
+                sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(self.schema)))
+
+    def transaction_status(self, tx: Any) -> str:
+        """``"open"``, ``"aborted"`` (a failed statement), ``"ended"``, or ``"lost"`` (the
+        connection broke: the server rolled back; the engine's next statement fails like
+        any lost connection, and the transaction is retried)."""
+        conn = tx.conn
+        status = conn.info.transaction_status
+        if conn.closed or conn.broken or status == psycopg.pq.TransactionStatus.UNKNOWN:
+            return "lost"
+        if status == psycopg.pq.TransactionStatus.INTRANS:
+            return "open"
+        if status == psycopg.pq.TransactionStatus.INERROR:
+            return "aborted"
+        return "ended"
 
 
 class PostgresLedger(LedgerEngine):

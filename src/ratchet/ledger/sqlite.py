@@ -24,7 +24,7 @@ import os
 import sqlite3
 import threading
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .. import faults
@@ -343,6 +343,20 @@ class SQLiteDialect:
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
             self._connections.clear()
+
+    # ------------------------------------------------------------------ transaction steps
+
+    @contextlib.contextmanager
+    def user_connection(self, tx: Any) -> Iterator[sqlite3.Connection]:
+        """This thread's ledger connection, inside ``tx``'s ``BEGIN IMMEDIATE`` (see
+        ``Dialect.user_connection``). The user's code holds SQLite's single write lock
+        while it runs: every other writer of the file waits (keep it short)."""
+        yield tx.cur.connection
+
+    def transaction_status(self, tx: Any) -> str:
+        """``"open"`` or ``"ended"`` (SQLite has no aborted state: a failed statement
+        leaves the transaction usable, or rolls it back)."""
+        return "open" if tx.cur.connection.in_transaction else "ended"
 
 
 _LEDGER_TABLES = frozenset({"tasks", "steps", "effects", "audit"})
