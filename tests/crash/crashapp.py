@@ -24,7 +24,7 @@ import ratchet
 from ratchet import RetryPolicy, TaskContext
 from ratchet.testing import CountingClient
 
-__all__ = ["CHARGE", "LEASE_S", "app", "build_app"]
+__all__ = ["CHARGE", "LEASE_S", "TARGETS", "app", "build_app", "charge_effect"]
 
 CHARGE = "crash.charge"
 LEASE_S = float(os.environ.get("CRASH_LEASE_S", "1.0"))
@@ -86,8 +86,9 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
         amount_cents: int,
         slow_s: float = 0.0,
         work_s: float = 0.0,
-    ) -> dict:
-        def prepare() -> dict:
+        target: str = "lookup",
+    ) -> dict[str, Any]:
+        def prepare() -> dict[str, Any]:
             record_step(ctx, "prepare")
             if slow_s and ctx.attempt == 1:
                 # Only the first attempt is slow: the test pauses that worker in here.
@@ -99,16 +100,10 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
         quote = ctx.step("prepare", prepare)
         client = payment_client()
         key = f"charge:{order_id}"
-        receipt = ctx.effect(
-            "charge",
-            lambda k: client.execute(k, {"order_id": order_id, "amount_cents": amount_cents}),
-            key=key,
-            lookup=client.lookup,
-            params={"order_id": order_id, "amount_cents": amount_cents},
-            in_flight_s=IN_FLIGHT_S,
-        )
+        body = {"order_id": order_id, "amount_cents": amount_cents}
+        receipt = charge_effect(ctx, client, target, key, body)
 
-        def finalize() -> dict:
+        def finalize() -> dict[str, Any]:
             record_step(ctx, "finalize")
             return {"order_id": order_id, "status": "paid"}
 
@@ -124,6 +119,45 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
         }
 
     return app
+
+
+TARGETS = ("lookup", "idempotent", "fenced", "none")
+"""The kinds of target the ``target`` param of a charge selects (DESIGN §5, README):
+
+* ``"lookup"`` (the default): the target offers a lookup and does not dedupe
+  (``lookup=``, not idempotent);
+* ``"idempotent"``: the target honours the idempotency key (``idempotent=True``, no lookup);
+* ``"fenced"``: the target checks a fencing token (``fenced=True``: call and lookup get
+  ``ctx.fencing_token``; the service runs with ``--check-tokens``);
+* ``"none"``: neither (no lookup, not idempotent): at-least-once, UNKNOWN when unsure.
+"""
+
+
+def charge_effect(
+    ctx: TaskContext, client: Any, target: str, key: str, body: dict[str, Any]
+) -> Any:
+    """The charge as ``ctx.effect`` of the kind of target ``target`` (:data:`TARGETS`)."""
+    if target == "fenced":
+        return ctx.effect(
+            "charge",
+            lambda k, token: client.execute(k, body, token),
+            key=key,
+            lookup=client.lookup,
+            fenced=True,
+            params=body,
+            in_flight_s=IN_FLIGHT_S,
+        )
+    if target not in TARGETS:
+        raise ratchet.PermanentError(f"unknown target kind {target!r}; known: {TARGETS}")
+    return ctx.effect(
+        "charge",
+        lambda k: client.execute(k, body),
+        key=key,
+        lookup=client.lookup if target == "lookup" else None,
+        idempotent=target == "idempotent",
+        params=body,
+        in_flight_s=IN_FLIGHT_S,
+    )
 
 
 def receipt_amount(receipt: Any) -> Any:

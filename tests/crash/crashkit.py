@@ -116,11 +116,15 @@ class Rig:
 
     # ------------------------------------------------------------------ parts
 
-    def start_service(self, honour_keys: bool = True) -> CountingService:
+    def start_service(
+        self, honour_keys: bool = True, check_tokens: bool = False
+    ) -> CountingService:
+        """Start the counting service (``check_tokens``: fenced mode, ``--check-tokens``)."""
         assert self.service is None
         self.service = start_counting_service(
-            self.tmp / "service.db", honour_keys=honour_keys, log_path=self.tmp / "service.log"
-        )
+            self.tmp / "service.db", honour_keys=honour_keys, check_tokens=check_tokens,
+            log_path=self.tmp / "service.log",
+        )  # fmt: skip
         return self.service
 
     @property
