@@ -18,10 +18,12 @@
     │   └── IllegalTransition          the state machine (DESIGN §3) forbids the move
     ├── FenceError                     this worker may no longer act for a task
     │   ├── StaleGeneration            a newer claim exists; the write changed nothing
+    │   ├── TokenRejected              the target refused a lower fencing token
     │   └── LeaseLost                  the lease cannot be confirmed; no new effects
     ├── TaskFailure                    raised by task code to classify a failure (DESIGN §7)
     │   ├── TransientError             retry with backoff
     │   ├── PermanentError             fail now, no retry (dead-letter)
+    │   │   └── NonDeterministicReplay a replay called other checkpoints than recorded
     │   ├── OverloadError              downstream overloaded: back off harder
     │   └── OutcomeUnknownError        the call may or may not have happened: look up first
     ├── EffectOutcomeUnknown           lookup could not settle an effect; task goes UNKNOWN
@@ -44,6 +46,7 @@ __all__ = [
     "LeaseLost",
     "LedgerError",
     "LedgerUnavailable",
+    "NonDeterministicReplay",
     "OutcomeUnknownError",
     "OverloadError",
     "PayloadNotSerializable",
@@ -55,6 +58,7 @@ __all__ = [
     "SubmitError",
     "TaskFailure",
     "TaskNotFound",
+    "TokenRejected",
     "TransientError",
     "UndecodableData",
     "UnknownTask",
@@ -204,6 +208,31 @@ class StaleGeneration(FenceError):
         )
 
 
+class TokenRejected(FenceError):
+    """The target refused a request because its fencing token is lower than the highest it
+    has seen for the key (Kleppmann's fencing at the storage side; DESIGN §5).
+
+    An effect's ``call`` or ``lookup`` raises it (``ctx.effect(..., fenced=True)``): nothing
+    executed, and a newer claim of the task exists, so the worker abandons the attempt like
+    a :class:`StaleGeneration`.
+
+    Attributes:
+        key: the effect's idempotency key.
+        token: the token the request carried.
+        highest: the highest token the target has seen for ``key``, if it said.
+    """
+
+    def __init__(self, key: str, token: int, highest: int | None = None) -> None:
+        self.key = key
+        self.token = token
+        self.highest = highest
+        seen = f" (highest seen: {highest})" if highest is not None else ""
+        super().__init__(
+            f"the target rejected fencing token {token} for key {key!r}{seen}: a newer "
+            "holder of the task has reached it"
+        )
+
+
 class LeaseLost(FenceError):
     """The worker cannot confirm its lease (renewal failed or the safe window ran out).
 
@@ -229,6 +258,35 @@ class TransientError(TaskFailure):
 
 class PermanentError(TaskFailure):
     """A failure retrying cannot fix (bad parameters, permission): fail now, dead-letter."""
+
+
+class NonDeterministicReplay(PermanentError):
+    """A replay called steps and effects differently from the recorded history (DESIGN §5,
+    occurrences; Temporal calls it a non-determinism error).
+
+    Raised at the first checkpoint that differs: another kind or name at the same position
+    of the task's code path, or an effect occurrence with another idempotency key. A
+    permanent failure: running again replays the same history. The recorded value is never
+    reused for a different call.
+
+    Attributes:
+        task_id: the task.
+        position: 0-based position of the checkpoint in the task's code path.
+        recorded: what the history holds there (e.g. ``"step 'item' occurrence 2"``).
+        new: what this run called.
+    """
+
+    def __init__(self, task_id: str, position: int, recorded: str, new: str) -> None:
+        self.task_id = task_id
+        self.position = position
+        self.recorded = recorded
+        self.new = new
+        super().__init__(
+            f"non-deterministic replay of task {task_id} at checkpoint {position}: the "
+            f"recorded history has {recorded}, this run called {new}; the code between "
+            "checkpoints must make the same calls in the same order on every attempt (put "
+            "what varies inside a step)"
+        )
 
 
 class OverloadError(TaskFailure):

@@ -12,11 +12,14 @@ the caller's error there and never a failed ledger write later.
 
 from __future__ import annotations
 
+import re
+
 from .errors import InvalidArguments
 
 __all__ = [
     "MAX_KEY_BYTES",
     "MAX_NAME_BYTES",
+    "check_checkpoint_name",
     "check_identifier",
 ]
 
@@ -58,3 +61,24 @@ def check_identifier(value: object, what: str, max_bytes: int) -> str:
             " (use a shorter name, or a hash of a long key)"
         )
     return value
+
+
+_OCCURRENCE_SUFFIX = re.compile(r"#[0-9]+\Z")
+
+
+def check_checkpoint_name(value: object, what: str) -> str:
+    """:func:`check_identifier` for a step or effect name, which also may not end in
+    ``#<digits>``: the ledger stores the N-th call of a name as ``name#N`` (DESIGN §5,
+    occurrences), so such a name would collide with another checkpoint.
+
+    Raises:
+        InvalidArguments: as :func:`check_identifier` (limit :data:`MAX_NAME_BYTES`), or the
+            name ends in ``#<digits>``.
+    """
+    name = check_identifier(value, what, MAX_NAME_BYTES)
+    if _OCCURRENCE_SUFFIX.search(name):
+        raise InvalidArguments(
+            f"{what} {name!r} ends in '#<digits>', which is reserved for occurrences (the "
+            "N-th call of a name is stored as 'name#N'); choose another name"
+        )
+    return name

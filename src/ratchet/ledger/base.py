@@ -28,6 +28,7 @@ __all__ = [
     "EffectRecord",
     "EffectState",
     "EffectWrite",
+    "LateEffect",
     "Ledger",
     "LedgerStats",
     "NewTask",
@@ -160,12 +161,23 @@ class SubmitResult:
 @_fast_init
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """A committed step: its JSON result and the generation that committed it."""
+    """A committed step: its JSON result and the generation that committed it.
+
+    Attributes:
+        name: stored checkpoint name: the step's name for its first occurrence in the
+            task's code path, ``name#N`` for the N-th (DESIGN §5, occurrences).
+        result_json: the step's JSON result.
+        generation: fencing token of the claim that committed it.
+        committed_at: ledger clock, epoch seconds.
+        seq: 0-based position of the checkpoint among all steps and effects of the task
+            (None for rows written by a release that did not record it).
+    """
 
     name: str
     result_json: str
     generation: int
     committed_at: float
+    seq: int | None = None
 
 
 @_fast_init
@@ -183,6 +195,8 @@ class EffectRecord:
     calls: int
     via_lookup: bool
     updated_at: float
+    seq: int | None = None
+    """0-based position among the task's checkpoints (None: written without one)."""
 
 
 @_fast_init
@@ -245,6 +259,8 @@ class EffectWrite:
         state: ``INTENT`` before calling out, ``DONE`` with ``result_json`` after.
         result_json: the call's (or lookup's) result as JSON.
         via_lookup: the result came from a lookup, not from our call.
+        seq: the checkpoint's 0-based position in the task's code path (None: unknown;
+            an outcome write then keeps the position its intent recorded).
     """
 
     name: str
@@ -253,6 +269,7 @@ class EffectWrite:
     state: EffectState
     result_json: str | None = None
     via_lookup: bool = False
+    seq: int | None = None
 
 
 @_fast_init
@@ -287,7 +304,9 @@ class TaskWrite:
         generation: the writer's fencing token.
         holder: the writer's identity (for the audit of stale rejections).
         operation: short label for audit and errors (``"step:quote"``, ``"complete"``...).
-        steps: ``(name, result_json)`` pairs to record as done.
+        steps: ``(stored name, result_json, seq)`` triples to record as done (``seq``:
+            the step's position in the task's code path, or None; a ``(name,
+            result_json)`` pair means no position).
         effects: effect rows to write.
         transition: optional state change.
     """
@@ -296,7 +315,7 @@ class TaskWrite:
     generation: int
     holder: str
     operation: str
-    steps: Sequence[tuple[str, str]] = ()
+    steps: Sequence[tuple[str, str, int | None] | tuple[str, str]] = ()
     effects: Sequence[EffectWrite] = ()
     transition: Transition | None = None
 
@@ -365,6 +384,8 @@ class Timeline:
     events: list[AuditEvent]
     steps: list[StepRecord]
     effects: list[EffectRecord]
+    late_effects: list[LateEffect] = field(default_factory=list)
+    """Calls stale holders sent after a takeover (possible duplicates), newest first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +418,40 @@ class LedgerStats:
     schema_version: int
     ledger_now: float
     revocations: int = 0
+    late_effects: int = 0
+    """Calls sent by a holder after its claim was taken over (:class:`LateEffect` rows)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LateEffect:
+    """A call that a stale holder sent after its claim had been taken over (DESIGN §5).
+
+    Append-only evidence of a possible duplicate at a target that cannot deduplicate on
+    its own (a lookup-only target and a sender frozen between its lease check and its
+    send): no fence rejects these rows.
+
+    Attributes:
+        seq: ledger-assigned sequence number (0 before it is stored).
+        task_id: the task.
+        effect: stored checkpoint name of the effect (``name`` or ``name#N``).
+        key: the business idempotency key the call carried.
+        generation: the stale holder's fencing token.
+        holder: the stale holder.
+        at: ledger clock when it was recorded, epoch seconds.
+        outcome: ``"done"`` (the call returned) or ``"unknown"`` (it raised; it may have
+            executed).
+        detail: the call's JSON result, or the error text.
+    """
+
+    seq: int
+    task_id: str
+    effect: str
+    key: str
+    generation: int
+    holder: str
+    at: float
+    outcome: str
+    detail: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -554,6 +609,20 @@ class Ledger(Protocol):
         """Aggregates for ``ratchet status``."""
         ...
 
+    def record_late_effect(self, late: LateEffect) -> None:
+        """Append ``late`` (its ``seq`` and ``at`` are set by the ledger) and a
+        ``late_effect`` audit row, in one transaction. Unfenced: a stale holder's evidence
+        is always kept.
+
+        Raises:
+            LedgerUnavailable: the ledger cannot be reached.
+        """
+        ...
+
+    def late_effects(self, task_id: str | None = None, limit: int = 100) -> list[LateEffect]:
+        """Late effects, newest first: of ``task_id``, or of every task (at most ``limit``)."""
+        ...
+
     def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
         """Call ``on_ready()`` (from another thread) when a task may have become ready.
 
@@ -593,4 +662,46 @@ class Ledger(Protocol):
 
     def close(self) -> None:
         """Close every connection this object opened."""
+        ...
+
+    def transaction_step(
+        self, write: TaskWrite, fn: Callable[[Any], tuple[Any, ...]]
+    ) -> tuple[CommitOutcome, tuple[Any, ...] | None]:
+        """Run ``fn`` inside one fenced transaction of the ledger's own database and commit
+        its writes together with a step checkpoint (``ctx.transaction``, DESIGN §5).
+
+        In one transaction: read the task's fence under lock (PostgreSQL: the task row's
+        lock; SQLite: the write lock of ``BEGIN IMMEDIATE``); if ``write.generation`` is
+        not current or the task is not ``RUNNING``, write only the ``stale_rejected`` audit
+        row and return the stale outcome without calling ``fn``. Otherwise call
+        ``fn(conn)``, where ``conn`` is the DB-API connection of that same transaction
+        (``sqlite3.Connection`` / ``psycopg.Connection``, behind a guard that refuses
+        ``commit``, ``rollback``, ``close`` and ``with conn:``), then write ``write.steps``
+        plus the step entry ``fn`` returns (shaped like an item of ``TaskWrite.steps``) and
+        commit: the user's writes and the checkpoint commit together or not at all.
+
+        ``fn`` may be called again (never twice with both calls committed) when the
+        database rolled a transaction back for its own reasons (a deadlock, a connection
+        lost before ``COMMIT``) and after a lost ``COMMIT`` reply whose transaction turned
+        out not to have committed (decided by the step row at this generation). Its
+        ``conn`` sees the database's default ``search_path`` on PostgreSQL. While ``fn``
+        runs, SQLite's single write lock is held (every other writer waits) and PostgreSQL
+        holds the task row's lock and ends a session idle longer than the ledger's
+        ``idle_in_transaction_session_timeout`` (3 s), rolling it back.
+
+        Args:
+            write: the fence (``task_id``, ``generation``, ``holder``, ``operation``) and
+                pipelined steps to carry; no effects, no transition.
+            fn: the user's code, ``fn(conn) -> step entry``.
+
+        Returns:
+            ``(outcome, entry)``: ``entry`` is what ``fn`` returned, None when stale.
+
+        Raises:
+            ValueError: ``write`` has effects or a transition.
+            TransactionMisuse: ``fn`` ended the transaction, or left it aborted (nothing
+                was recorded; a permanent failure).
+            Exception: what ``fn`` raised, unchanged (everything was rolled back).
+            WriteRejected, LedgerUnavailable: as :meth:`commit`.
+        """
         ...

@@ -18,7 +18,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config import LedgerConfig
-from ..errors import IdempotencyConflict, IllegalTransition, TaskNotFound, WriteRejected
+from ..errors import (
+    IdempotencyConflict,
+    IllegalTransition,
+    PermanentError,
+    TaskNotFound,
+    WriteRejected,
+)
 from ..serde import dumps, printable
 from ..states import State, check_transition
 from .base import (
@@ -27,6 +33,7 @@ from .base import (
     CommitOutcome,
     EffectRecord,
     EffectState,
+    LateEffect,
     LedgerStats,
     NewTask,
     RenewResult,
@@ -249,7 +256,7 @@ class LedgerEngine:
         effects: dict[str, dict[str, EffectRecord]] = {}
         if resumed:
             for s in tx.rows("claim_steps", {"ids": resumed}):
-                steps.setdefault(s[0], {})[s[1]] = StepRecord(s[1], s[2], s[3], s[4])
+                steps.setdefault(s[0], {})[s[1]] = StepRecord(s[1], s[2], s[3], s[4], s[5])
             for e in tx.rows("claim_effects", {"ids": resumed}):
                 effects.setdefault(e[0], {})[e[1]] = effect_record(e[1:])
         return [
@@ -538,10 +545,12 @@ class LedgerEngine:
                 AuditEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], decode_detail(r[8]))
                 for r in tx.rows("timeline_audit", {"id": task_id})
             ]
-            steps = [StepRecord(r[0], r[1], r[2], r[3])
+            steps = [StepRecord(r[0], r[1], r[2], r[3], r[4])
                      for r in tx.rows("timeline_steps", {"id": task_id})]
             effects = [effect_record(r) for r in tx.rows("timeline_effects", {"id": task_id})]
-            return Timeline(task_info(row), events, steps, effects)
+            late = [LateEffect(*r) for r in tx.rows("late_effects_task",
+                                                     {"id": task_id, "limit": 1000})]
+            return Timeline(task_info(row), events, steps, effects, late)
 
         return self.dialect.run(body, write=False)
 
@@ -556,6 +565,7 @@ class LedgerEngine:
             oldest = oldest_row[0] if oldest_row else None
             kinds = {k: int(n) for k, n in tx.rows("stats_kinds")}
             unknown_row = tx.one("stats_unknown")
+            late_row = tx.one("stats_late")
             return LedgerStats(
                 counts=counts,
                 oldest_pending_age_s=(tx.now - oldest) if oldest is not None else None,
@@ -567,6 +577,7 @@ class LedgerEngine:
                 idempotency_conflicts=kinds.get("idempotency_conflict", 0),
                 operator_actions=kinds.get("operator_resolve", 0),
                 revocations=kinds.get("revoke", 0),
+                late_effects=int(late_row[0]) if late_row else 0,
                 durability=self.config.durability.value,
                 backend_settings=self.dialect.backend_settings(tx),
                 schema_version=0,
@@ -575,6 +586,36 @@ class LedgerEngine:
 
         stats = self.dialect.run(body, write=False)
         return _with_version(stats, self.dialect.schema_version())
+
+    # ------------------------------------------------------------------ late effects
+
+    def record_late_effect(self, late: LateEffect) -> None:
+        """See :meth:`Ledger.record_late_effect`."""
+
+        def body(tx: Tx) -> None:
+            now = tx.now
+            tx.execute("late_effect_insert", {
+                "task_id": late.task_id, "effect": late.effect, "key": late.key,
+                "generation": late.generation, "holder": late.holder, "now": now,
+                "outcome": late.outcome,
+                "detail": None if late.detail is None else printable(late.detail[:4000]),
+            })
+            _audit(tx, [(late.task_id, now, "late_effect", None, None, late.generation,
+                         late.holder, dumps({"effect": late.effect, "key": late.key,
+                                             "outcome": late.outcome}))])
+
+        self.dialect.run(body)
+
+    def late_effects(self, task_id: str | None = None, limit: int = 100) -> list[LateEffect]:
+        """See :meth:`Ledger.late_effects`."""
+        if task_id is None:
+            rows = self.dialect.run(
+                lambda tx: tx.rows("late_effects_all", {"limit": limit}), write=False)
+        else:
+            rows = self.dialect.run(
+                lambda tx: tx.rows("late_effects_task", {"id": task_id, "limit": limit}),
+                write=False)
+        return [LateEffect(*r) for r in rows]
 
     # ------------------------------------------------------------------ wake-ups, registry
 
@@ -607,6 +648,92 @@ class LedgerEngine:
         """See :meth:`Ledger.close`."""
         self.dialect.close()
 
+    # ------------------------------------------------------------------ transaction steps
+    # (issue 9: ctx.transaction; the user's writes commit with the step's checkpoint)
+
+    def transaction_step(
+        self, write: TaskWrite, fn: Callable[[Any], tuple[Any, ...]]
+    ) -> tuple[CommitOutcome, tuple[Any, ...] | None]:
+        """See :meth:`Ledger.transaction_step`: one transaction of the ledger's database
+        that reads the task's fence under lock (PostgreSQL: ``fence_read``'s row lock;
+        SQLite: ``BEGIN IMMEDIATE``), runs ``fn`` on a connection of that same transaction
+        if the fence holds, writes ``write``'s steps plus the step entry ``fn`` returned
+        (the commit's own code path, :class:`_Segment`) and commits.
+
+        A stale write (the generation is not current, or the task is not ``RUNNING``) never
+        calls ``fn``: the transaction holds only its ``stale_rejected`` audit row.
+
+        When the reply to ``COMMIT`` is lost (PostgreSQL), ``fn`` is not run again blindly:
+        a new transaction locks the fence (waiting for the lost one if its session still
+        holds the row), then looks for the step row at this generation; the step row
+        commits atomically with the user's writes, so if it is there everything was
+        committed (``ok``); if not, nothing was, and the step runs again under the fence.
+        """
+        if write.transition is not None or write.effects:
+            raise ValueError("a transaction step writes steps only (no effect, no transition)")
+        lost: list[tuple[Any, ...]] = []  # the step entry of an attempt whose COMMIT was lost
+        try:
+            return self.dialect.run(lambda tx: self._transaction_in(tx, write, fn, lost, None))
+        except _UserCodeFailed as failed:
+            raise failed.error from None
+        except CommitOutcomeUnknown:
+            if not lost:
+                raise
+        try:
+            return self.dialect.run(
+                lambda tx: self._transaction_in(tx, write, fn, [], lost[-1]))
+        except _UserCodeFailed as failed:
+            raise failed.error from None
+
+    def _transaction_in(
+        self, tx: Tx, write: TaskWrite, fn: Callable[[Any], tuple[Any, ...]],
+        made: list[tuple[Any, ...]], resend: tuple[Any, ...] | None,
+    ) -> tuple[CommitOutcome, tuple[Any, ...] | None]:
+        """The transaction step inside ``tx`` (see :meth:`transaction_step`). ``made``
+        receives the step entry once ``fn`` returned it; ``resend``: the entry of an
+        earlier attempt whose COMMIT reply was lost."""
+        row = tx.one("fence_read", {"ids": [write.task_id]})
+        now = tx.now
+        if resend is not None:
+            found = tx.one("transaction_step_read", {"task_id": write.task_id,
+                                                     "name": resend[0]})
+            if found is not None and found[0] == write.generation:
+                # The lost COMMIT went through: the user's writes with it.
+                return CommitOutcome(write.task_id, True, False, write.generation), resend
+        if row is None or row[1] != State.RUNNING.value or row[2] != write.generation:
+            state = State(row[1]) if row is not None else None
+            generation = row[2] if row is not None else None
+            _audit(tx, [(write.task_id, now, "stale_rejected", None, None, write.generation,
+                         write.holder,
+                         dumps({"operation": printable(write.operation),
+                                "current_generation": generation,
+                                "current_state": state.value if state else None}))])
+            return CommitOutcome(write.task_id, False, True, generation, state), None
+        with self.dialect.user_connection(tx) as conn:
+            try:
+                entry = fn(_GuardedConnection(conn))
+            except TransactionMisuse:
+                raise
+            except Exception as exc:
+                raise _UserCodeFailed(exc) from exc
+            status = self.dialect.transaction_status(tx)
+            if status not in ("open", "lost"):
+                raise TransactionMisuse(
+                    f"the function of transaction step {write.operation!r} "
+                    + ("ended the transaction it was given (COMMIT or ROLLBACK)"
+                       if status == "ended" else
+                       "caught a failed statement and went on; the transaction is aborted "
+                       "(use a savepoint, psycopg's conn.transaction(), to recover from a "
+                       "statement's error)")
+                    + "; nothing of the step was recorded")
+        made.append(entry)
+        audit: list[AuditRow] = []
+        segment = _Segment()
+        segment.add(dataclasses.replace(write, steps=[*write.steps, entry]), row[3], audit, now)
+        segment.apply(tx, now, False)
+        _audit(tx, audit)
+        return CommitOutcome(write.task_id, True, False, write.generation), entry
+
 
 def _naming(exc: WriteRejected, writes: Sequence[TaskWrite]) -> WriteRejected:
     """``exc`` with the writes of the refused batch named (operation and task, at most 5)."""
@@ -631,14 +758,15 @@ class _Segment:
 
     def add(self, write: TaskWrite, attempt: int, audit: list[AuditRow], now: float) -> None:
         """Queue the rows of one fenced write (which passed its fence)."""
-        for name, result in write.steps:
+        for step in write.steps:
+            name = step[0]
             self.steps[(write.task_id, name)] = {
-                "task_id": write.task_id, "name": name, "result": result,
-                "generation": write.generation}
+                "task_id": write.task_id, "name": name, "result": step[1],
+                "generation": write.generation, "seq": step[2] if len(step) > 2 else None}
         for e in write.effects:
             row = {"task_id": write.task_id, "name": e.name, "key": e.key,
                    "digest": e.params_digest, "generation": write.generation,
-                   "attempt": attempt}
+                   "attempt": attempt, "seq": e.seq}
             if e.state is EffectState.INTENT:
                 self.intents[(write.task_id, e.name)] = row
                 continue
@@ -669,3 +797,65 @@ def _transition_row(write: TaskWrite, t: Transition, now: float) -> dict[str, An
         "error_class": t.error_class,
     }
 
+
+class TransactionMisuse(PermanentError):
+    """The function of a transaction step ended the transaction it was given (``COMMIT``
+    or ``ROLLBACK`` sent through a cursor, ``executescript``), or left it aborted after a
+    failed statement it caught (PostgreSQL): its writes and the step's checkpoint could no
+    longer commit together. A permanent failure: the task's code must change."""
+
+
+class _UserCodeFailed(Exception):
+    """Internal: the user's function of a transaction step raised ``error``; the dialect
+    rolls back (without mapping or retrying it) and the engine re-raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
+_FORBIDDEN = frozenset({"commit", "rollback", "close", "executescript", "autocommit",
+                        "set_autocommit", "isolation_level", "set_isolation_level",
+                        "tpc_begin", "tpc_commit", "tpc_prepare", "tpc_rollback"})
+"""Connection attributes a transaction step's function may not use (they would end or
+reconfigure the ledger's transaction)."""
+
+
+class _GuardedConnection:
+    """The DB-API connection of a transaction step, minus what would end the transaction.
+
+    Everything is delegated to the real connection (``execute``, ``executemany``,
+    ``cursor``, psycopg's ``transaction()`` for a savepoint, ...) except ``commit``,
+    ``rollback``, ``close``, ``executescript`` (it commits first), ``autocommit`` /
+    ``isolation_level`` and two-phase commit, which raise :class:`TransactionMisuse`; a
+    ``with conn:`` block is refused too (on sqlite3 it commits, on psycopg it closes).
+    """
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Any) -> None:
+        object.__setattr__(self, "_conn", conn)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _FORBIDDEN:
+            raise TransactionMisuse(
+                f"a transaction step may not call {name!r} on its connection: Ratchet "
+                "commits the step's writes together with its checkpoint (or rolls them back)")
+        return getattr(self._conn, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FORBIDDEN:
+            raise TransactionMisuse(
+                f"a transaction step may not set {name!r} on its connection")
+        setattr(self._conn, name, value)
+
+    def __enter__(self) -> Any:
+        raise TransactionMisuse(
+            "a transaction step may not use its connection as a context manager (it would "
+            "commit or close it); use the connection directly, or a savepoint")
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<transaction step connection {self._conn!r}>"

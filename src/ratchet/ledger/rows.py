@@ -32,7 +32,8 @@ TASK_COLUMNS = (
     "last_error, error_class"
 )
 EFFECT_COLUMNS = (
-    "name, key, params_digest, state, result, generation, attempt, calls, via_lookup, updated_at"
+    "name, key, params_digest, state, result, generation, attempt, calls, via_lookup, updated_at, "
+    "seq"
 )
 
 
@@ -100,6 +101,7 @@ def effect_record(row: Sequence[Any]) -> EffectRecord:
         calls=row[7],
         via_lookup=bool(row[8]),
         updated_at=row[9],
+        seq=row[10] if len(row) > 10 else None,
     )
 
 

@@ -47,8 +47,11 @@ from typing import Any, Final, TypeVar
 from .. import faults
 from ..errors import (
     EffectOutcomeUnknown,
+    FenceError,
     InvalidArguments,
+    LedgerError,
     LedgerUnavailable,
+    NonDeterministicReplay,
     PermanentError,
     StaleGeneration,
     TransientError,
@@ -61,16 +64,17 @@ from ..ledger.base import (
     EffectRecord,
     EffectState,
     EffectWrite,
+    LateEffect,
     TaskWrite,
 )
 from ..retry import FailureClass, classify, proves_not_executed
-from ..serde import digest, dumps, loads
-from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
+from ..serde import digest, dumps, loads, printable
+from ..validation import MAX_KEY_BYTES, check_checkpoint_name, check_identifier
 from .heartbeat import LeaseHandle
 from .hooks import EffectSettlement, Hooks
 from .writer import LedgerWriter, WriterStopped
 
-__all__ = ["NOT_FOUND", "NotFound", "Shutdown", "TaskContext"]
+__all__ = ["NOT_FOUND", "Checkpoint", "NotFound", "Shutdown", "TaskContext"]
 
 log = logging.getLogger("ratchet.worker")
 
@@ -97,6 +101,49 @@ NOT_FOUND: Final = NotFound()
 
 class Shutdown(BaseException):
     """Raised at a step/effect boundary when the worker is stopping (task is released)."""
+
+
+StepKind = str
+"""``"step"`` (also transaction steps) or ``"effect"``."""
+
+
+def occurrence_name(name: str, occurrence: int) -> str:
+    """The stored checkpoint name of the ``occurrence``-th (1-based) call of ``name``:
+    ``name`` for the first, ``name#N`` for the N-th (DESIGN §5, occurrences)."""
+    return name if occurrence == 1 else f"{name}#{occurrence}"
+
+
+def describe_checkpoint(kind: StepKind, stored_name: str) -> str:
+    """``"step 'item' (occurrence 2)"`` for the stored name ``item#2`` (for errors)."""
+    base, sep, n = stored_name.rpartition("#")
+    if sep and n.isdigit() and base:
+        return f"{kind} {base!r} (occurrence {n})"
+    return f"{kind} {stored_name!r} (occurrence 1)"
+
+
+class Checkpoint:
+    """One step or effect call, identified by kind, name and occurrence (DESIGN §5).
+
+    Attributes:
+        kind: ``"step"`` or ``"effect"``.
+        name: the name the task code gave.
+        occurrence: 1-based: the N-th call of ``name`` (of this kind) in the code path.
+        stored_name: the name the ledger stores (:func:`occurrence_name`).
+        seq: 0-based position among all checkpoints of the task's code path.
+    """
+
+    __slots__ = ("kind", "name", "occurrence", "seq", "stored_name")
+
+    def __init__(self, kind: StepKind, name: str, occurrence: int, seq: int) -> None:
+        self.kind = kind
+        self.name = name
+        self.occurrence = occurrence
+        self.stored_name = occurrence_name(name, occurrence)
+        self.seq = seq
+
+    def describe(self) -> str:
+        """For errors: ``"effect 'charge' (occurrence 2)"``."""
+        return f"{self.kind} {self.name!r} (occurrence {self.occurrence})"
 
 
 class TaskContext:
@@ -143,12 +190,28 @@ class TaskContext:
             {n: s.result_json for n, s in claim.steps.items()} if claim.steps else {}
         )
         self._effects: dict[str, EffectRecord] = dict(claim.effects)
+        # The recorded order of checkpoints: position -> (kind, stored name). Rows written
+        # without a position (an older release) are matched by name only.
+        self._history: dict[int, tuple[StepKind, str]] = {}
+        self._recorded_seq: dict[tuple[StepKind, str], int] = {}
+        if claim.steps or claim.effects:
+            for n, st in claim.steps.items():
+                if st.seq is not None:
+                    self._history[st.seq] = ("step", n)
+                    self._recorded_seq[("step", n)] = st.seq
+            for n, ef in claim.effects.items():
+                if ef.seq is not None:
+                    self._history[ef.seq] = ("effect", n)
+                    self._recorded_seq[("effect", n)] = ef.seq
+        self._next_seq = 0
+        self._occurrences: dict[tuple[StepKind, str], int] = {}
         self._ledger_t0 = claim.ledger_now
         self._mono_t0 = time.monotonic()
         self._on_block = on_block
-        # Steps run in this attempt whose commit is not known yet (pipelined), in order;
-        # the first ``_sent`` of them were handed to the writer by a flush.
-        self._unsaved: list[tuple[str, str]] = []
+        # Steps run in this attempt whose commit is not known yet (pipelined), in order, as
+        # (stored name, result JSON, position); the first ``_sent`` of them were handed to
+        # the writer by a flush.
+        self._unsaved: list[tuple[str, str, int | None]] = []
         self._sent = 0
         self._saved: set[str] = set()  # names a flush confirmed (set by the writer thread)
         self._flush_stale = False
@@ -183,7 +246,41 @@ class TaskContext:
         if self._flush_rejected is not None:
             raise self._flush_rejected
 
-    def unsaved_steps(self) -> list[tuple[str, str]]:
+    @property
+    def fencing_token(self) -> int:
+        """This claim's fencing token (the task's generation): grows with every claim of
+        the task, so for a key that belongs to this task it only grows. Hand it to a target
+        that checks tokens (``ctx.effect(..., fenced=True)`` does) or to
+        :mod:`ratchet.fencing` for tables kept in another database."""
+        return self.generation
+
+    def _checkpoint(self, kind: StepKind, name: str) -> Checkpoint:
+        """Allocate the next checkpoint of the code path for ``kind``/``name`` and check it
+        against the recorded history.
+
+        Raises:
+            NonDeterministicReplay: the history holds another checkpoint at this position,
+                or this checkpoint was recorded at another position.
+        """
+        key = (kind, name)
+        occurrence = self._occurrences.get(key, 0) + 1
+        self._occurrences[key] = occurrence
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        cp = Checkpoint(kind, name, occurrence, seq)
+        if self._history:
+            recorded = self._history.get(seq)
+            if recorded is not None and recorded != (kind, cp.stored_name):
+                raise NonDeterministicReplay(
+                    self.task_id, seq, describe_checkpoint(*recorded), cp.describe())
+            at = self._recorded_seq.get((kind, cp.stored_name))
+            if at is not None and at != seq:
+                raise NonDeterministicReplay(
+                    self.task_id, seq, f"{cp.describe()} at checkpoint {at}",
+                    f"{cp.describe()} at checkpoint {seq}")
+        return cp
+
+    def unsaved_steps(self) -> list[tuple[str, str, int | None]]:
         """Steps of this attempt not yet confirmed durable: the task's next write carries
         them (again, if a flush is still in flight: rewriting a step is idempotent)."""
         saved = self._saved
@@ -197,7 +294,7 @@ class TaskContext:
         self._unsaved = []
         self._sent = 0
 
-    def steps_saved(self, steps: list[tuple[str, str]]) -> None:
+    def steps_saved(self, steps: list[tuple[str, str, int | None]]) -> None:
         """A write carrying ``steps`` committed: they are durable now."""
         # Everything unsaved was carried by that write or confirmed by a flush before it.
         self._unsaved = []
@@ -242,7 +339,7 @@ class TaskContext:
             if outcome.stale:
                 self._flush_stale = True
                 return
-            self._saved.update(n for n, _ in batch)
+            self._saved.update(s[0] for s in batch)
             for _ in batch:
                 faults.point("step.after_commit")
 
@@ -267,8 +364,11 @@ class TaskContext:
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` once per task and commit its result (fenced).
 
-        Names are unique within a task: a name already committed (in this or an earlier
-        attempt) returns the stored result without calling ``fn``.
+        Each call is its own checkpoint, identified by ``name`` and its occurrence (the
+        N-th call of ``name`` in the task's code path; a loop calling ``ctx.step("item",
+        ...)`` three times makes three checkpoints). A checkpoint committed by an earlier
+        attempt returns the stored result without calling ``fn``. The calls must come in
+        the recorded order (see :class:`~ratchet.errors.NonDeterministicReplay`).
 
         The commit is pipelined: it is made durable together with the task's next effect
         intent, effect result or completion (in the same transaction, before that write
@@ -285,7 +385,10 @@ class TaskContext:
 
         Raises:
             InvalidArguments: ``name`` is not a storable identifier (empty, not valid
-                Unicode, NUL, over :data:`~ratchet.validation.MAX_NAME_BYTES`).
+                Unicode, NUL, over :data:`~ratchet.validation.MAX_NAME_BYTES`, or ending in
+                ``#<digits>``, reserved for occurrences).
+            NonDeterministicReplay: an earlier attempt recorded another checkpoint at this
+                position of the code path (a permanent failure; nothing is reused).
             PayloadNotSerializable: the result is not plain JSON (a permanent failure).
             UndecodableData: the value stored by an earlier attempt cannot be decoded.
             StaleGeneration: another worker took the task over; nothing was written.
@@ -293,7 +396,7 @@ class TaskContext:
                 pipelined write of an earlier step).
         """
         self._boundary()
-        check_identifier(name, "step name", MAX_NAME_BYTES)
+        check_checkpoint_name(name, "step name")
         hooks = self._hooks
         if hooks is None:
             return self._step(name, fn, args, kwargs, durable)[0]
@@ -312,16 +415,18 @@ class TaskContext:
         durable: bool,
     ) -> tuple[Any, bool]:
         """:meth:`step` without its checks and hooks; returns ``(value, cached)``."""
-        stored = self._steps.get(name)
+        cp = self._checkpoint("step", name)
+        stored_name = cp.stored_name
+        stored = self._steps.get(stored_name)
         if stored is not None:
-            return loads(stored, f"stored value of step {name!r}"), True
+            return loads(stored, f"stored value of {cp.describe()}"), True
         if self._sent < len(self._unsaved):
             self._flush_steps()
-        result_json = dumps(fn(*args, **kwargs), what=f"result of step {name!r}")
-        self._steps[name] = result_json
-        self._unsaved.append((name, result_json))
+        result_json = dumps(fn(*args, **kwargs), what=f"result of {cp.describe()}")
+        self._steps[stored_name] = result_json
+        self._unsaved.append((stored_name, result_json, cp.seq))
         if durable:
-            self._commit(f"step:{name}")
+            self._commit(f"step:{stored_name}")
         return loads(result_json), False
 
     # ------------------------------------------------------------------ effects
@@ -329,28 +434,54 @@ class TaskContext:
     def effect(
         self,
         name: str,
-        call: Callable[[str], Any],
+        call: Callable[..., Any],
         *,
         key: str,
-        lookup: Callable[[str], Any] | None = None,
+        lookup: Callable[..., Any] | None = None,
         idempotent: bool = False,
+        fenced: bool = False,
         params: Any = None,
         in_flight_s: float | None = None,
     ) -> Any:
         """Perform an external side effect at most once per business ``key``.
 
+        Each call is its own checkpoint, identified by ``name`` and its occurrence (the
+        N-th call of ``name`` in the task's code path), like :meth:`step`.
+
+        What "once" means depends on the target (DESIGN §5, "a frozen sender"): a holder
+        frozen after its last lease check and before its request leaves can send it after
+        another holder took the task over.
+
+        * ``idempotent=True`` (the target honours the key): exactly once.
+        * ``fenced=True`` (the target checks fencing tokens): exactly once.
+        * ``lookup`` only: exactly once unless a sender was frozen past its lease; then its
+          late call is detected, never silent: recorded as a late effect
+          (:meth:`~ratchet.ledger.base.Ledger.late_effects`, ``ratchet status``,
+          ``ratchet inspect``) for reconciliation.
+        * neither: at least once; an outcome that cannot be established goes ``UNKNOWN``.
+
         Args:
-            name: effect name, unique within the task.
-            call: ``call(key) -> result``; sends the request with ``key`` as its
-                idempotency key. Its result must be plain JSON.
+            name: effect name (occurrences as for :meth:`step`).
+            call: ``call(key) -> result``, or ``call(key, token)`` with ``fenced=True``;
+                sends the request with ``key`` as its idempotency key. Its result must be
+                plain JSON.
             key: business idempotency key, derived from the intent (e.g.
                 ``f"charge:{order_id}"``), never from the attempt. It must not change
-                between attempts of the same task (``PermanentError`` if it does).
-            lookup: ``lookup(key) -> result | NOT_FOUND``; asks the target whether ``key``
-                already executed. Raising means "inconclusive".
+                between attempts of the same task (``NonDeterministicReplay`` if it does).
+            lookup: ``lookup(key) -> result | NOT_FOUND`` (``lookup(key, token)`` with
+                ``fenced=True``); asks the target whether ``key`` already executed.
+                Raising means "inconclusive".
             idempotent: the target itself deduplicates ``key`` (e.g. Stripe's
                 Idempotency-Key), so calling again with it is safe when a lookup cannot
                 settle the outcome.
+            fenced: the target checks fencing tokens (Kleppmann): it rejects a request whose
+                token (:attr:`fencing_token`, an int) is lower than the highest it has seen
+                for ``key``, and a lookup records its token before answering (check and
+                record atomic per key). ``call`` and ``lookup`` then get the token as their
+                second argument, and a lookup's ``NOT_FOUND`` proves absence at once (no
+                ``in_flight_s`` wait: an older request still in flight will be rejected).
+                A call or lookup the target refused raises
+                :class:`~ratchet.errors.TokenRejected`.
             params: what the call sends (for the params digest recorded with the intent).
             in_flight_s: how long a request of this effect can stay in flight at the target
                 (client timeout plus the target's processing bound), seconds. A lookup's
@@ -359,8 +490,8 @@ class TaskContext:
                 ``min(1, lease_s / 2)`` for the lease check before sending); before that, the
                 task retries later and looks up again. Leave None
                 only for targets that answer lookups for in-flight requests (or that honour
-                the key): otherwise a request still in flight from a dead holder can
-                execute after the lookup said "not found".
+                the key, or check tokens): otherwise a request still in flight from a dead
+                holder can execute after the lookup said "not found".
 
         Returns:
             The JSON round-trip of the call's (or the lookup's) result.
@@ -370,16 +501,19 @@ class TaskContext:
                 ``key`` is not a storable identifier (name up to
                 :data:`~ratchet.validation.MAX_NAME_BYTES`, key up to
                 :data:`~ratchet.validation.MAX_KEY_BYTES` UTF-8 bytes, no NUL or lone
-                surrogate).
+                surrogate; a name may not end in ``#<digits>``).
+            NonDeterministicReplay: the recorded history holds another checkpoint at this
+                position, or this occurrence was recorded with another key.
             LeaseLost: the lease cannot be confirmed; the call was not made.
             StaleGeneration: another worker took the task over.
+            TokenRejected: the (fenced) target refused this holder's token.
             EffectOutcomeUnknown: the outcome cannot be established; the task goes UNKNOWN.
             UndecodableData: the result recorded by an earlier attempt cannot be decoded.
             WriteRejected: the database refused the intent or result write.
             Exception: what ``call`` raised, for the worker to classify.
         """
         self._boundary()
-        check_identifier(name, "effect name", MAX_NAME_BYTES)
+        check_checkpoint_name(name, "effect name")
         check_identifier(key, "effect key", MAX_KEY_BYTES)
         if in_flight_s is not None and (
             isinstance(in_flight_s, bool) or not isinstance(in_flight_s, int | float)
@@ -389,14 +523,14 @@ class TaskContext:
                 f"in_flight_s must be a finite number of seconds >= 0 or None, got "
                 f"{in_flight_s!r}"
             )
+        target = _Target(call, lookup, idempotent, fenced, in_flight_s)
         hooks = self._hooks
         if hooks is None:
-            return self._effect(name, call, key, lookup, idempotent, params, in_flight_s)[0]
+            return self._effect(name, key, target, params)[0]
         hooks.before_effect(self, name, key)
         t0 = time.perf_counter()
         try:
-            value, settled = self._effect(name, call, key, lookup, idempotent, params,
-                                          in_flight_s)
+            value, settled = self._effect(name, key, target, params)
         except BaseException as exc:
             how: EffectSettlement = (
                 "unknown" if isinstance(exc, EffectOutcomeUnknown) else "failed"
@@ -407,113 +541,141 @@ class TaskContext:
         return value
 
     def _effect(
-        self,
-        name: str,
-        call: Callable[[str], Any],
-        key: str,
-        lookup: Callable[[str], Any] | None,
-        idempotent: bool,
-        params: Any,
-        in_flight_s: float | None,
+        self, name: str, key: str, target: _Target, params: Any,
     ) -> tuple[Any, EffectSettlement]:
         """:meth:`effect` without its checks and hooks; returns ``(value, how settled)``."""
+        cp = self._checkpoint("effect", name)
+        stored_name = cp.stored_name
         params_digest = digest(name, key, dumps(params, what=f"params of effect {name!r}"))
-        record = self._effects.get(name)
+        record = self._effects.get(stored_name)
         if record is not None and record.key != key:
-            raise PermanentError(
-                f"effect {name!r} changed its idempotency key from {record.key!r} to {key!r}; "
-                "keys must come from the business intent, not the attempt"
-            )
+            raise NonDeterministicReplay(
+                self.task_id, cp.seq, f"{cp.describe()} with idempotency key {record.key!r}",
+                f"{cp.describe()} with idempotency key {key!r} (keys must come from the "
+                "business intent, not the attempt)")
         if record is not None and record.params_digest != params_digest:
             raise PermanentError(
-                f"effect {name!r} (key {key!r}) was recorded with params digest "
+                f"{cp.describe()} (key {key!r}) was recorded with params digest "
                 f"{record.params_digest} and is now asked with {params_digest}: the same key "
                 "must always carry the same request (DESIGN §5)"
             )
         if record is not None and record.state is EffectState.DONE:
-            return loads(record.result_json, f"recorded result of effect {name!r}"), "cached"
+            return loads(record.result_json, f"recorded result of {cp.describe()}"), "cached"
         if record is not None and record.state is EffectState.INTENT:
             # An earlier attempt recorded the intent but not the outcome: query first.
-            found, value = self._settle(name, key, params_digest, lookup, idempotent,
+            found, value = self._settle(cp, key, params_digest, target,
                                         "intent without result from an earlier attempt",
-                                        record.updated_at, in_flight_s)
+                                        record.updated_at)
             if found:
                 return value, "lookup"
         self._lease.ensure()
         self._commit(
-            f"effect_intent:{name}",
-            effects=[EffectWrite(name, key, params_digest, EffectState.INTENT)],
+            f"effect_intent:{stored_name}",
+            effects=[EffectWrite(stored_name, key, params_digest, EffectState.INTENT,
+                                 seq=cp.seq)],
         )
-        self._effects[name] = EffectRecord(
-            name, key, params_digest, EffectState.INTENT, None, self.generation, self.attempt,
-            1, False, self._ledger_now(),
+        self._effects[stored_name] = EffectRecord(
+            stored_name, key, params_digest, EffectState.INTENT, None, self.generation,
+            self.attempt, 1, False, self._ledger_now(), cp.seq,
         )
         faults.point("effect.after_intent")
-        self._lease.ensure()
-        sent_at = self._ledger_now()
         if self._on_block is not None:
             self._on_block()
+        # The last check before the request leaves: the safe window (which keeps a margin
+        # of the lease, DESIGN §4) must still be open. A holder frozen after this line can
+        # still send late; what that means per kind of target is in the docstring.
+        self._lease.ensure()
+        faults.point("effect.before_call")
+        sent_at = self._ledger_now()
         try:
-            result = call(key)
+            result = target.send(key, self.generation)
         except Exception as exc:
+            if isinstance(exc, FenceError):
+                raise  # TokenRejected: the target refused us; nothing executed
             if proves_not_executed(exc):
                 # Evidence that nothing happened: the next attempt calls again (same key)
                 # without a lookup, even when the target cannot be asked.
-                self._record(name, key, params_digest, EffectState.NOT_DONE, None, False)
+                self._record(cp, key, params_digest, EffectState.NOT_DONE, None, False)
                 raise
             if classify(exc) is not FailureClass.UNKNOWN_OUTCOME:
                 raise
-            found, value = self._settle(name, key, params_digest, lookup, idempotent,
-                                        f"call failed with unknown outcome: {exc!r}",
-                                        sent_at, in_flight_s)
+            try:
+                found, value = self._settle(cp, key, params_digest, target,
+                                            f"call failed with unknown outcome: {exc!r}",
+                                            sent_at)
+            except StaleGeneration:
+                self._record_late(cp, key, "unknown", printable(repr(exc)))
+                raise
             if found:
                 return value, "lookup"
             raise TransientError(
-                f"effect {name!r} (key {key!r}) had an unknown outcome and the target "
+                f"{cp.describe()} (key {key!r}) had an unknown outcome and the target "
                 "confirmed it did not execute; retrying with the same key"
             ) from exc
         faults.point("effect.after_call")
-        return self._record_done(name, key, params_digest, result, via_lookup=False), "call"
+        try:
+            return self._record_done(cp, key, params_digest, result, via_lookup=False), "call"
+        except StaleGeneration:
+            # Our request left after another holder took the task over (we were frozen
+            # between the lease check and the send): keep the evidence, unfenced.
+            self._record_late(cp, key, "done", _json_or_repr(result))
+            raise
+
+    def _record_late(self, cp: Checkpoint, key: str, outcome: str, detail: str | None) -> None:
+        """Append a late-effect record for a call this stale holder sent (never raises:
+        a ledger failure here is logged; the stale rejection itself is audited anyway)."""
+        log.warning(
+            "task %s: %s (key %s) was sent by generation %d after a takeover; recording a "
+            "late effect (possible duplicate at a target that cannot deduplicate)",
+            self.task_id, cp.describe(), key, self.generation,
+        )
+        late = LateEffect(0, self.task_id, cp.stored_name, key, self.generation, self.holder,
+                          0.0, outcome, detail)
+        try:
+            self._writer.ledger.record_late_effect(late)
+        except (LedgerError, OSError) as exc:
+            log.error("task %s: could not record the late effect of %s: %s",
+                      self.task_id, cp.describe(), exc)
 
     def open_intents(self) -> list[str]:
         """Names of effects whose intent is recorded but whose outcome is not."""
         return [n for n, r in self._effects.items() if r.state is EffectState.INTENT]
 
     def _record_done(
-        self, name: str, key: str, params_digest: str, result: Any, via_lookup: bool
+        self, cp: Checkpoint, key: str, params_digest: str, result: Any, via_lookup: bool
     ) -> Any:
-        result_json = dumps(result, what=f"result of effect {name!r}")
-        self._record(name, key, params_digest, EffectState.DONE, result_json, via_lookup)
+        result_json = dumps(result, what=f"result of {cp.describe()}")
+        self._record(cp, key, params_digest, EffectState.DONE, result_json, via_lookup)
         return loads(result_json)
 
     def _record(
         self,
-        name: str,
+        cp: Checkpoint,
         key: str,
         params_digest: str,
         state: EffectState,
         result_json: str | None,
         via_lookup: bool,
     ) -> None:
+        name = cp.stored_name
         self._commit(
             f"effect_{state.value}:{name}",
-            effects=[EffectWrite(name, key, params_digest, state, result_json, via_lookup)],
+            effects=[EffectWrite(name, key, params_digest, state, result_json, via_lookup,
+                                 cp.seq)],
         )
         self._effects[name] = EffectRecord(
             name, key, params_digest, state, result_json, self.generation, self.attempt, 0,
-            via_lookup, 0.0,
+            via_lookup, 0.0, cp.seq,
         )
 
     def _settle(
         self,
-        name: str,
+        cp: Checkpoint,
         key: str,
         params_digest: str,
-        lookup: Callable[[str], Any] | None,
-        idempotent: bool,
+        target: _Target,
         why: str,
         intent_at: float,
-        in_flight_s: float | None,
     ) -> tuple[bool, Any]:
         """Resolve an unknown outcome. Returns ``(True, result)`` when the lookup found it,
         ``(False, None)`` when calling again with the same key is safe.
@@ -521,34 +683,74 @@ class TaskContext:
         Raises:
             TransientError: the lookup failed transiently, or said "not found" while a
                 request may still be in flight; try again later (lookup first).
+            TokenRejected: the fenced target refused this holder's token.
             EffectOutcomeUnknown: nothing can settle it and the target does not dedupe.
         """
         reason = f"{why}; no lookup given"
-        if lookup is not None:
+        what = cp.describe()
+        if target.lookup is not None:
             try:
-                answer = lookup(key)
+                answer = target.ask(key, self.generation)
+            except FenceError:
+                raise
             except Exception as exc:
                 cls = classify(exc)
                 reason = f"{why}; lookup inconclusive: {exc!r}"
-                if not idempotent and cls in (FailureClass.TRANSIENT, FailureClass.OVERLOAD):
+                if not target.idempotent and cls in (FailureClass.TRANSIENT,
+                                                     FailureClass.OVERLOAD):
                     raise TransientError(
-                        f"lookup for effect {name!r} (key {key!r}) failed: {exc!r}; will look up "
+                        f"lookup for {what} (key {key!r}) failed: {exc!r}; will look up "
                         "again before any new call"
                     ) from exc
             else:
                 if isinstance(answer, NotFound):
                     waited_s = self._ledger_now() - intent_at
-                    if in_flight_s is not None and waited_s < in_flight_s:
+                    in_flight_s = target.in_flight_s
+                    if (not target.fenced and in_flight_s is not None
+                            and waited_s < in_flight_s):
                         raise TransientError(
-                            f"lookup for effect {name!r} (key {key!r}) found nothing, but the "
+                            f"lookup for {what} (key {key!r}) found nothing, but the "
                             f"request sent {waited_s:.1f} s ago may still be in flight "
                             f"(in_flight_s={in_flight_s}); looking up again later",
                             retry_after_s=in_flight_s - waited_s,
                         )
-                    log.info("effect %s key %s: lookup confirms not executed", name, key)
+                    log.info("%s key %s: lookup confirms not executed", what, key)
                     return False, None
-                log.info("effect %s key %s: lookup found an earlier execution", name, key)
-                return True, self._record_done(name, key, params_digest, answer, via_lookup=True)
-        if idempotent:
+                log.info("%s key %s: lookup found an earlier execution", what, key)
+                return True, self._record_done(cp, key, params_digest, answer, via_lookup=True)
+        if target.idempotent:
             return False, None
-        raise EffectOutcomeUnknown(name, key, reason)
+        raise EffectOutcomeUnknown(cp.stored_name, key, reason)
+
+
+class _Target:
+    """How to reach one effect's target: its call, lookup and what it guarantees."""
+
+    __slots__ = ("call", "fenced", "idempotent", "in_flight_s", "lookup")
+
+    def __init__(
+        self, call: Callable[..., Any], lookup: Callable[..., Any] | None, idempotent: bool,
+        fenced: bool, in_flight_s: float | None,
+    ) -> None:
+        self.call = call
+        self.lookup = lookup
+        self.idempotent = idempotent
+        self.fenced = fenced
+        self.in_flight_s = in_flight_s
+
+    def send(self, key: str, token: int) -> Any:
+        """Call the target (with the fencing token when it checks tokens)."""
+        return self.call(key, token) if self.fenced else self.call(key)
+
+    def ask(self, key: str, token: int) -> Any:
+        """Ask the target's lookup (with the fencing token when it checks tokens)."""
+        assert self.lookup is not None
+        return self.lookup(key, token) if self.fenced else self.lookup(key)
+
+
+def _json_or_repr(value: Any) -> str:
+    """``value`` as JSON text for a late-effect record, or its repr if it is not JSON."""
+    try:
+        return dumps(value)
+    except Exception:
+        return printable(repr(value))

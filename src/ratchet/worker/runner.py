@@ -81,6 +81,7 @@ from ..errors import (
     LedgerUnavailable,
     RatchetError,
     StaleGeneration,
+    TokenRejected,
     UndecodableData,
     WriteRejected,
 )
@@ -634,7 +635,9 @@ class Worker:
             )
         except Shutdown:
             transition = Transition(State.PENDING, reason="shutdown")
-        except StaleGeneration as exc:
+        except (StaleGeneration, TokenRejected) as exc:
+            # TokenRejected: the target saw a newer claim's fencing token, so a newer
+            # generation exists; like a fenced-out write, nothing of ours counts.
             ctx.exception = exc
             self.stats.add("stale")
             return "stale"
@@ -785,8 +788,9 @@ class Worker:
         return None
 
     def _resend(
-        self, claim: Claim, lease: LeaseHandle, ctx: TaskContext, steps: list[tuple[str, str]],
-        transition: Transition, label: str | None, write: TaskWrite,
+        self, claim: Claim, lease: LeaseHandle, ctx: TaskContext,
+        steps: list[tuple[str, str, int | None]], transition: Transition, label: str | None,
+        write: TaskWrite,
     ) -> None:
         """Send a final write again while the ledger is unreachable (helper thread).
 
@@ -853,7 +857,7 @@ class Worker:
         claim: Claim,
         lease: LeaseHandle,
         ctx: TaskContext,
-        steps: list[tuple[str, str]],
+        steps: list[tuple[str, str, int | None]],
         transition: Transition,
         label: str | None,
         outcome: CommitOutcome | None,

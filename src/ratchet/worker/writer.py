@@ -185,6 +185,11 @@ class LedgerWriter:
         self._next_poll = 0
 
     @property
+    def ledger(self) -> Ledger:
+        """The ledger this writer commits to (for unfenced appends such as late effects)."""
+        return self._ledger
+
+    @property
     def writers(self) -> int:
         """Number of writer threads."""
         return len(self._lanes)

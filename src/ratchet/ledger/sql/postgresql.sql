@@ -86,12 +86,12 @@ RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_atte
           t.lease_s, t.lease_until, picked.state;
 
 -- name: claim_steps
-SELECT task_id, name, result, generation, committed_at FROM steps
+SELECT task_id, name, result, generation, committed_at, seq FROM steps
 WHERE task_id = ANY(%(ids)s::text[]);
 
 -- name: claim_effects
 SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
-       via_lookup, updated_at
+       via_lookup, updated_at, seq
 FROM effects WHERE task_id = ANY(%(ids)s::text[]);
 
 -- name: open_intents
@@ -132,24 +132,26 @@ SELECT id, state, generation, attempt, name FROM tasks
 WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE;
 
 -- name: steps_upsert
-INSERT INTO steps (task_id, name, result, generation, committed_at)
-SELECT u.task_id, u.name, u.result, u.generation, %(now)s
+INSERT INTO steps (task_id, name, result, generation, committed_at, seq)
+SELECT u.task_id, u.name, u.result, u.generation, %(now)s, u.seq
 FROM json_to_recordset(%(rows)s::json)
-     AS u(task_id text, name text, result text, generation bigint)
+     AS u(task_id text, name text, result text, generation bigint, seq int)
 ON CONFLICT (task_id, name) DO UPDATE SET result = excluded.result,
-    generation = excluded.generation, committed_at = excluded.committed_at;
+    generation = excluded.generation, committed_at = excluded.committed_at,
+    seq = excluded.seq;
 
 -- name: effects_intent
 -- A re-sent intent (after a lost COMMIT reply) is not counted as a new call.
 INSERT INTO effects (task_id, name, key, params_digest, state, result, generation, attempt,
-                     calls, via_lookup, updated_at)
+                     calls, via_lookup, updated_at, seq)
 SELECT u.task_id, u.name, u.key, u.digest, 'intent', NULL, u.generation, u.attempt, 1,
-       false, %(now)s
+       false, %(now)s, u.seq
 FROM json_to_recordset(%(rows)s::json)
-     AS u(task_id text, name text, key text, digest text, generation bigint, attempt int)
+     AS u(task_id text, name text, key text, digest text, generation bigint, attempt int,
+          seq int)
 ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent', key = excluded.key,
     params_digest = excluded.params_digest, generation = excluded.generation,
-    attempt = excluded.attempt,
+    attempt = excluded.attempt, seq = excluded.seq,
     calls = effects.calls + CASE WHEN %(resend)s::bool AND effects.state = 'intent'
         AND effects.generation = excluded.generation AND effects.key = excluded.key
         THEN 0 ELSE 1 END,
@@ -157,15 +159,15 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent', key = excluded.key,
 
 -- name: effects_outcome
 INSERT INTO effects (task_id, name, key, params_digest, state, result, generation, attempt,
-                     calls, via_lookup, updated_at)
+                     calls, via_lookup, updated_at, seq)
 SELECT u.task_id, u.name, u.key, u.digest, u.state, u.result, u.generation, u.attempt, 0,
-       u.via_lookup, %(now)s
+       u.via_lookup, %(now)s, u.seq
 FROM json_to_recordset(%(rows)s::json)
      AS u(task_id text, name text, key text, digest text, state text, result text,
-          generation bigint, attempt int, via_lookup bool)
+          generation bigint, attempt int, via_lookup bool, seq int)
 ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = excluded.result,
     generation = excluded.generation, via_lookup = excluded.via_lookup,
-    updated_at = excluded.updated_at;
+    updated_at = excluded.updated_at, seq = COALESCE(excluded.seq, effects.seq);
 
 -- name: transition
 -- A fenced RUNNING -> state change per row. run_at is set for RETRY_WAIT / PENDING
@@ -250,13 +252,13 @@ SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
 FROM audit WHERE task_id = %(id)s ORDER BY seq;
 
 -- name: timeline_steps
-SELECT name, result, generation, committed_at FROM steps
-WHERE task_id = %(id)s ORDER BY committed_at;
+SELECT name, result, generation, committed_at, seq FROM steps
+WHERE task_id = %(id)s ORDER BY seq NULLS FIRST, committed_at;
 
 -- name: timeline_effects
 SELECT name, key, params_digest, state, result, generation, attempt, calls, via_lookup,
-       updated_at
-FROM effects WHERE task_id = %(id)s ORDER BY updated_at;
+       updated_at, seq
+FROM effects WHERE task_id = %(id)s ORDER BY seq NULLS FIRST, updated_at;
 
 -- name: stats_counts
 SELECT name, state, count(*) FROM tasks GROUP BY name, state;
@@ -272,3 +274,25 @@ GROUP BY kind;
 
 -- name: stats_unknown
 SELECT count(*) FROM tasks WHERE state = 'UNKNOWN';
+
+-- name: late_effect_insert
+-- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
+INSERT INTO late_effects (task_id, effect, key, generation, holder, at, outcome, detail)
+VALUES (%(task_id)s, %(effect)s, %(key)s, %(generation)s, %(holder)s, %(now)s, %(outcome)s,
+        %(detail)s);
+
+-- name: late_effects_all
+SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
+ORDER BY seq DESC LIMIT %(limit)s;
+
+-- name: late_effects_task
+SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
+WHERE task_id = %(id)s ORDER BY seq DESC LIMIT %(limit)s;
+
+-- name: stats_late
+SELECT count(*) FROM late_effects;
+
+-- name: transaction_step_read
+-- A transaction step's checkpoint (ctx.transaction), read after a lost COMMIT reply: it
+-- commits atomically with the user's writes.
+SELECT generation FROM steps WHERE task_id = %(task_id)s AND name = %(name)s;

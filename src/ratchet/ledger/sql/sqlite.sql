@@ -74,12 +74,12 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id);
 
 -- name: claim_steps
-SELECT task_id, name, result, generation, committed_at FROM steps
+SELECT task_id, name, result, generation, committed_at, seq FROM steps
 WHERE task_id IN (SELECT value FROM json_each(:ids));
 
 -- name: claim_effects
 SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
-       via_lookup, updated_at
+       via_lookup, updated_at, seq
 FROM effects WHERE task_id IN (SELECT value FROM json_each(:ids));
 
 -- name: open_intents
@@ -111,19 +111,21 @@ SELECT id, state, generation, attempt, name FROM tasks
 WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: steps_upsert
-INSERT INTO steps (task_id, name, result, generation, committed_at)
-VALUES (:task_id, :name, :result, :generation, :now)
+INSERT INTO steps (task_id, name, result, generation, committed_at, seq)
+VALUES (:task_id, :name, :result, :generation, :now, :seq)
 ON CONFLICT (task_id, name) DO UPDATE SET result = excluded.result,
-    generation = excluded.generation, committed_at = excluded.committed_at;
+    generation = excluded.generation, committed_at = excluded.committed_at,
+    seq = excluded.seq;
 
 -- name: effects_intent
 -- A re-sent intent (after a lost COMMIT reply) is not counted as a new call.
 INSERT INTO effects (task_id, name, key, params_digest, state, result, generation, attempt,
-                     calls, via_lookup, updated_at)
-VALUES (:task_id, :name, :key, :digest, 'intent', NULL, :generation, :attempt, 1, 0, :now)
+                     calls, via_lookup, updated_at, seq)
+VALUES (:task_id, :name, :key, :digest, 'intent', NULL, :generation, :attempt, 1, 0, :now,
+        :seq)
 ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent', key = excluded.key,
     params_digest = excluded.params_digest, generation = excluded.generation,
-    attempt = excluded.attempt,
+    attempt = excluded.attempt, seq = excluded.seq,
     calls = effects.calls + CASE WHEN :resend AND effects.state = 'intent'
         AND effects.generation = excluded.generation AND effects.key = excluded.key
         THEN 0 ELSE 1 END,
@@ -131,12 +133,12 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = 'intent', key = excluded.key,
 
 -- name: effects_outcome
 INSERT INTO effects (task_id, name, key, params_digest, state, result, generation, attempt,
-                     calls, via_lookup, updated_at)
+                     calls, via_lookup, updated_at, seq)
 VALUES (:task_id, :name, :key, :digest, :state, :result, :generation, :attempt, 0,
-        :via_lookup, :now)
+        :via_lookup, :now, :seq)
 ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = excluded.result,
     generation = excluded.generation, via_lookup = excluded.via_lookup,
-    updated_at = excluded.updated_at;
+    updated_at = excluded.updated_at, seq = COALESCE(excluded.seq, effects.seq);
 
 -- name: transition
 -- A fenced RUNNING -> state change. run_at is set for RETRY_WAIT / PENDING (backoff,
@@ -212,13 +214,13 @@ SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
 FROM audit WHERE task_id = :id ORDER BY seq;
 
 -- name: timeline_steps
-SELECT name, result, generation, committed_at FROM steps
-WHERE task_id = :id ORDER BY committed_at;
+SELECT name, result, generation, committed_at, seq FROM steps
+WHERE task_id = :id ORDER BY seq NULLS FIRST, committed_at;
 
 -- name: timeline_effects
 SELECT name, key, params_digest, state, result, generation, attempt, calls, via_lookup,
-       updated_at
-FROM effects WHERE task_id = :id ORDER BY updated_at;
+       updated_at, seq
+FROM effects WHERE task_id = :id ORDER BY seq NULLS FIRST, updated_at;
 
 -- name: stats_counts
 SELECT name, state, COUNT(*) FROM tasks GROUP BY name, state;
@@ -234,3 +236,25 @@ GROUP BY kind;
 
 -- name: stats_unknown
 SELECT COUNT(*) FROM tasks WHERE state = 'UNKNOWN';
+
+-- name: late_effect_insert
+-- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
+INSERT INTO late_effects (task_id, effect, key, generation, holder, at, outcome, detail)
+VALUES (:task_id, :effect, :key, :generation, :holder, :now, :outcome,
+        :detail);
+
+-- name: late_effects_all
+SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
+ORDER BY seq DESC LIMIT :limit;
+
+-- name: late_effects_task
+SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
+WHERE task_id = :id ORDER BY seq DESC LIMIT :limit;
+
+-- name: stats_late
+SELECT COUNT(*) FROM late_effects;
+
+-- name: transaction_step_read
+-- A transaction step's checkpoint (ctx.transaction), read after a lost COMMIT reply: it
+-- commits atomically with the user's writes.
+SELECT generation FROM steps WHERE task_id = :task_id AND name = :name;

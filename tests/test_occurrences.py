@@ -1,0 +1,395 @@
+"""Occurrences: the same step or effect name called more than once (DESIGN §5).
+
+Each call is its own checkpoint, identified by kind, name and occurrence (the N-th call of
+that name in the task's code path) and by its position among all checkpoints. A replay
+reuses exactly the checkpoints it reaches in the recorded order; a replay that diverges
+(another name at a position, another key at an occurrence) stops with
+``NonDeterministicReplay`` and never reuses another occurrence's value.
+
+Every test runs on both ledgers; external targets are counted on their side (a dict here,
+the counting service over HTTP in the crash test).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ratchet import (
+    NOT_FOUND,
+    App,
+    NonDeterministicReplay,
+    PermanentError,
+    RetryPolicy,
+    State,
+    TaskContext,
+    TransientError,
+    Worker,
+    open_ledger,
+)
+from ratchet.ledger.base import EffectState, TaskWrite
+from ratchet.serde import dumps
+from ratchet.testing import ProcessGroup, start_counting_service, wait_for
+from ratchet.testing.worker import running_worker
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.1, jitter=0.0)
+
+
+def drain(app: App) -> None:
+    Worker(app, concurrency=2, poll_interval_s=0.01).run(idle_exit_s=0.4)
+
+
+def test_loop_step_gives_each_call_its_own_checkpoint(app: App) -> None:
+    """The issue's ``loop_step``: ``[0, 10, 20]``, not ``[0, 0, 0]``."""
+
+    @app.task(name="loop_step")
+    def loop_step(ctx: TaskContext) -> list[int]:
+        return [ctx.step("item", lambda i=i: i * 10) for i in range(3)]
+
+    handle = app.submit("loop_step", {})
+    drain(app)
+    info = handle.get()
+    assert info.state is State.SUCCEEDED, info.last_error
+    assert info.result == [0, 10, 20]
+    steps = app.ledger.timeline(handle.task_id).steps
+    assert [(s.name, s.seq, s.result_json) for s in steps] == [
+        ("item", 0, "0"), ("item#2", 1, "10"), ("item#3", 2, "20")]
+
+
+def test_loop_effect_runs_each_occurrence_once_with_its_own_key(app: App) -> None:
+    """The issue's ``loop_effect``: three charges, each with its key, each once."""
+    charged: Counter[str] = Counter()
+
+    def charge(key: str) -> dict[str, str]:
+        charged[key] += 1
+        return {"charged": key}
+
+    @app.task(name="loop_effect")
+    def loop_effect(ctx: TaskContext) -> list[Any]:
+        return [ctx.effect("charge", charge, key=f"loop:{i}", lookup=lambda key: NOT_FOUND)
+                for i in range(3)]
+
+    handle = app.submit("loop_effect", {})
+    drain(app)
+    info = handle.get()
+    assert info.state is State.SUCCEEDED, info.last_error
+    assert info.result == [{"charged": f"loop:{i}"} for i in range(3)]
+    assert charged == Counter({"loop:0": 1, "loop:1": 1, "loop:2": 1})
+    effects = app.ledger.timeline(handle.task_id).effects
+    assert sorted((e.name, e.key, e.seq, e.state) for e in effects) == [
+        ("charge", "loop:0", 0, EffectState.DONE),
+        ("charge#2", "loop:1", 1, EffectState.DONE),
+        ("charge#3", "loop:2", 2, EffectState.DONE),
+    ]
+
+
+def test_replay_resumes_after_iteration_two_and_runs_three_once(app: App) -> None:
+    """Attempt 1 fails after iteration 2; attempt 2 reuses iterations 1-2 (step values and
+    charges) and runs iteration 3 once."""
+    charged: Counter[str] = Counter()
+    computed: Counter[int] = Counter()
+
+    def charge(key: str) -> str:
+        charged[key] += 1
+        return f"ch-{key}"
+
+    def price(i: int) -> int:
+        computed[i] += 1
+        return 100 + i
+
+    @app.task(name="t.loop_resume", retry=FAST)
+    def loop_resume(ctx: TaskContext) -> list[Any]:
+        out = []
+        for i in range(3):
+            amount = ctx.step("price", price, i)
+            out.append(ctx.effect("charge", charge, key=f"order-7:{i}",
+                                  lookup=lambda key: NOT_FOUND, params=amount))
+            if i == 1 and ctx.attempt == 1:
+                raise TransientError("crash after iteration 2")
+        return out
+
+    handle = app.submit("t.loop_resume", {})
+    drain(app)
+    info = handle.get()
+    assert info.state is State.SUCCEEDED, info.last_error
+    assert info.attempt == 2
+    assert info.result == ["ch-order-7:0", "ch-order-7:1", "ch-order-7:2"]
+    assert charged == Counter({"order-7:0": 1, "order-7:1": 1, "order-7:2": 1})
+    assert computed == Counter({0: 1, 1: 1, 2: 1})
+    tl = app.ledger.timeline(handle.task_id)
+    assert [(e.name, e.generation) for e in tl.effects] == [
+        ("charge", 1), ("charge#2", 1), ("charge#3", 2)]
+
+
+def test_replay_in_another_order_is_a_non_determinism_error(app: App) -> None:
+    """Attempt 1 records steps a then b; attempt 2 calls b first: it fails permanently,
+    naming the position, the recorded and the new checkpoint, and b's value is not reused
+    for a."""
+    ran: list[str] = []
+
+    @app.task(name="t.reorder", retry=FAST)
+    def reorder(ctx: TaskContext) -> str:
+        order = ("a", "b") if ctx.attempt == 1 else ("b", "a")
+        def run_step(n: str) -> str:
+            ran.append(n)
+            return n
+
+        for name in order:
+            ctx.step(name, run_step, name, durable=True)
+        if ctx.attempt == 1:
+            raise TransientError("fail once")
+        return "done"
+
+    handle = app.submit("t.reorder", {})
+    drain(app)
+    info = handle.get()
+    assert info.state is State.FAILED
+    assert info.error_class == "permanent"
+    error = info.last_error or ""
+    assert "non-deterministic replay" in error and "checkpoint 0" in error
+    assert "step 'a' (occurrence 1)" in error and "step 'b' (occurrence 1)" in error
+    assert ran == ["a", "b"], "attempt 2 ran or reused nothing"
+
+
+def test_changed_key_at_an_occurrence_is_a_non_determinism_error(app: App) -> None:
+    """Occurrence 2 of ``charge`` was recorded with key k:1; a replay asking occurrence 2
+    with k:9 fails naming the occurrence and both keys, and charges nothing more."""
+    charged: Counter[str] = Counter()
+
+    def charge(key: str) -> str:
+        charged[key] += 1
+        return key
+
+    @app.task(name="t.rekey", retry=FAST)
+    def rekey(ctx: TaskContext) -> list[Any]:
+        keys = ["k:0", "k:1"] if ctx.attempt == 1 else ["k:0", "k:9"]
+        out = [ctx.effect("charge", charge, key=k, lookup=lambda key: NOT_FOUND) for k in keys]
+        if ctx.attempt == 1:
+            raise TransientError("fail once")
+        return out
+
+    handle = app.submit("t.rekey", {})
+    drain(app)
+    info = handle.get()
+    assert info.state is State.FAILED
+    error = info.last_error or ""
+    assert "effect 'charge' (occurrence 2)" in error, error
+    assert "'k:1'" in error and "'k:9'" in error, error
+    assert charged == Counter({"k:0": 1, "k:1": 1})
+
+
+def test_a_call_beyond_the_history_runs_and_a_shorter_replay_is_fine(app: App) -> None:
+    """Only differences are errors: a replay may stop earlier or go further than the
+    recorded history (attempt 1 failed part-way)."""
+
+    @app.task(name="t.grow", retry=FAST)
+    def grow(ctx: TaskContext) -> list[int]:
+        n = 2 if ctx.attempt == 1 else 4
+        values = [ctx.step("n", lambda i=i: i, durable=True) for i in range(n)]
+        if ctx.attempt == 1:
+            raise TransientError("fail once")
+        return values
+
+    handle = app.submit("t.grow", {})
+    drain(app)
+    info = handle.get()
+    assert info.state is State.SUCCEEDED, info.last_error
+    assert info.result == [0, 1, 2, 3]
+
+
+def test_a_name_ending_in_hash_digits_is_refused(app: App) -> None:
+    @app.task(name="t.badname", retry=FAST)
+    def badname(ctx: TaskContext) -> int:
+        return int(ctx.step("item#2", lambda: 1))
+
+    handle = app.submit("t.badname", {})
+    drain(app)
+    info = handle.get()
+    assert info.state is State.FAILED
+    assert "reserved for occurrences" in (info.last_error or "")
+
+
+def test_rows_without_a_position_are_reused_by_name(app: App, ledger_url: str) -> None:
+    """A step written by a release that recorded no position (a ``(name, result)`` pair)
+    is still reused for the first occurrence of its name (rolling upgrade)."""
+    ran: Counter[str] = Counter()
+
+    @app.task(name="t.legacy", retry=FAST)
+    def legacy(ctx: TaskContext) -> list[Any]:
+        ran["body"] += 1
+        return [ctx.step("s", lambda: ran.update(["s"]) or "new"),
+                ctx.step("s", lambda: "second")]
+
+    handle = app.submit("t.legacy", {})
+    ledger = open_ledger(ledger_url)
+    try:
+        [claim] = ledger.claim("old-release", ["t.legacy"], 1)
+        [ok] = ledger.commit([TaskWrite(claim.task_id, claim.generation, "old-release",
+                                        "step:s", steps=[("s", dumps("old"))])])
+        assert ok.ok
+        ledger.revoke_holder("old-release", "test", "simulated old worker gone")
+    finally:
+        ledger.close()
+    drain(app)
+    info = handle.get()
+    assert info.state is State.SUCCEEDED, info.last_error
+    assert info.result == ["old", "second"]
+    assert ran["s"] == 0
+
+
+def test_fenced_effect_hands_the_token_to_call_and_lookup(app: App) -> None:
+    """``fenced=True``: call and lookup get the claim's fencing token (the generation), and
+    a fenced lookup's NOT_FOUND is proof at once (no in_flight_s wait)."""
+    seen: list[tuple[str, str, int]] = []
+    lost_reply = {"left": 1}
+
+    def call(key: str, token: int) -> str:
+        seen.append(("call", key, token))
+        if lost_reply["left"]:
+            lost_reply["left"] -= 1
+            raise TimeoutError("reply lost")  # unknown outcome: look up first
+        return f"ok-{token}"
+
+    def lookup(key: str, token: int) -> Any:
+        seen.append(("lookup", key, token))
+        return NOT_FOUND
+
+    @app.task(name="t.fenced", retry=FAST)
+    def fenced(ctx: TaskContext) -> Any:
+        assert ctx.fencing_token == ctx.generation
+        return ctx.effect("pay", call, key="pay:1", lookup=lookup, fenced=True,
+                          in_flight_s=3600.0)
+
+    handle = app.submit("t.fenced", {})
+    drain(app)
+    info = handle.get()
+    assert info.state is State.SUCCEEDED, info.last_error
+    assert info.result == "ok-2"
+    # Attempt 1: the reply is lost, the fenced lookup proves absence at once (despite
+    # in_flight_s=3600) and the attempt retries; attempt 2 looks up first, then calls.
+    assert seen == [("call", "pay:1", 1), ("lookup", "pay:1", 1),
+                    ("lookup", "pay:1", 2), ("call", "pay:1", 2)]
+
+
+def test_token_rejected_by_the_target_abandons_the_attempt(app: App) -> None:
+    """A call the target refuses for a stale token (``TokenRejected``) is not retried by
+    this holder and records no late effect: nothing executed."""
+    from ratchet import TokenRejected
+
+    @app.task(name="t.rejected", retry=RetryPolicy(max_attempts=1))
+    def rejected(ctx: TaskContext) -> Any:
+        def call(key: str, token: int) -> str:
+            raise TokenRejected(key, token, token + 1)
+        return ctx.effect("pay", call, key="pay:2", fenced=True)
+
+    handle = app.submit("t.rejected", {})
+    with running_worker(app, concurrency=1) as worker:
+        wait_for("the attempt to end as stale", lambda: worker.stats.stale >= 1)
+        assert worker.stats.by_outcome.get("stale") == 1
+        info = handle.get()
+        assert info.state is State.RUNNING and info.generation == 1, "no retry by this holder"
+    assert worker.stats.failed == 0 and worker.stats.retried == 0
+    assert app.ledger.late_effects(handle.task_id) == []
+
+
+def test_a_stale_holders_sent_call_is_recorded_as_a_late_effect(app: App) -> None:
+    """The holder's claim is revoked while its call is out (as if it had been frozen past
+    its lease): its result write is fenced out and the call it sent is kept, unfenced, as a
+    late effect (listed, counted in stats, shown in the timeline, audited)."""
+    charged: Counter[str] = Counter()
+
+    @app.task(name="t.late", retry=FAST)
+    def late(ctx: TaskContext) -> Any:
+        def call(key: str) -> str:
+            charged[key] += 1
+            if ctx.generation == 1:
+                app.ledger.revoke_holder(ctx.holder, "test", "simulated takeover")
+            return f"charge-{ctx.generation}"
+
+        def lookup(key: str) -> Any:
+            return f"charge-found-{charged[key]}" if charged[key] else NOT_FOUND
+
+        return ctx.effect("charge", call, key="late:1", lookup=lookup)
+
+    handle = app.submit("t.late", {})
+    drain(app)
+    info = handle.get()
+    assert info.state is State.SUCCEEDED, info.last_error
+    assert info.result == "charge-found-1", "generation 2 found the stale holder's charge"
+    assert charged == Counter({"late:1": 1})
+    [record] = app.ledger.late_effects(handle.task_id)
+    assert (record.task_id, record.effect, record.key, record.generation, record.outcome) == (
+        handle.task_id, "charge", "late:1", 1, "done")
+    assert record.detail == dumps("charge-1") and record.seq > 0 and record.at > 0
+    assert app.ledger.late_effects() == [record]
+    assert app.ledger.stats().late_effects == 1
+    tl = app.ledger.timeline(handle.task_id)
+    assert tl.late_effects == [record]
+    assert [e.generation for e in tl.events if e.kind == "late_effect"] == [1]
+
+
+def test_occurrences_survive_a_real_crash_after_iteration_two(tmp_path: Path,
+                                                              ledger_url: str) -> None:
+    """A worker process is SIGKILLed right after the target executed iteration 2's charge
+    (before its result was recorded). A new worker resumes: iteration 1 from the ledger,
+    iteration 2 found by lookup, iteration 3 charged once. Counted at the target."""
+    service = start_counting_service(tmp_path / "svc", honour_keys=False)
+    try:
+        (tmp_path / "occapp.py").write_text(textwrap.dedent(f"""
+            from ratchet import App, RetryPolicy
+            from ratchet.testing import CountingClient
+
+            app = App({ledger_url!r})
+            client = CountingClient({service.url!r}, timeout_s=5.0)
+
+            @app.task(name="occ.loop", lease_s=2.0,
+                      retry=RetryPolicy(max_attempts=5, base_delay_s=0.05, jitter=0.0))
+            def loop(ctx):
+                out = []
+                for i in range(3):
+                    amount = ctx.step("price", lambda i=i: 100 + i)
+                    record = ctx.effect(
+                        "charge", lambda key, a=amount: client.execute(key, {{"a": a}}),
+                        key=f"occ:{{i}}", lookup=client.lookup, params=amount)
+                    out.append(record["key"])
+                return out
+        """))
+        spec = importlib.util.spec_from_file_location("occapp_submitter", tmp_path / "occapp.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        app: App = module.app
+        try:
+            handle = app.submit("occ.loop", {})
+            with ProcessGroup(tmp_path / "procs", pythonpath=[tmp_path]) as group:
+                crashing = group.worker("occapp:app", ledger_url, name="A", env={
+                    "RATCHET_CRASH_AT": "effect.after_call", "RATCHET_CRASH_SKIP": "1"})
+                wait_for("worker A to die at the crash point",
+                         lambda: crashing.returncode is not None, timeout_s=30.0)
+                assert service.executions() == {"occ:0": 1, "occ:1": 1}
+                group.worker("occapp:app", ledger_url, name="B", fast_takeover=True)
+                info = app.wait(handle.task_id, timeout_s=40.0)
+            assert info.state is State.SUCCEEDED, info.last_error
+            assert info.result == ["occ:0", "occ:1", "occ:2"]
+            assert service.executions() == {"occ:0": 1, "occ:1": 1, "occ:2": 1}
+            effects = {e.name: e for e in app.ledger.timeline(handle.task_id).effects}
+            assert effects["charge#2"].via_lookup and not effects["charge#3"].via_lookup
+        finally:
+            app.close()
+    finally:
+        service.stop()
+
+
+def test_permanent_error_base_class_is_kept() -> None:
+    """``NonDeterministicReplay`` is a ``PermanentError``: code that catches the latter
+    keeps working."""
+    assert issubclass(NonDeterministicReplay, PermanentError)
+    assert sys.modules["ratchet"].NonDeterministicReplay is NonDeterministicReplay
