@@ -15,10 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ratchet import NOT_FOUND
-from ratchet.errors import FenceError
+from ratchet import NOT_FOUND, FenceError, TokenRejected
 from ratchet.testing import CountingClient, CountingService, start_counting_service, wait_for
-from ratchet.testing.services import TokenRejected, TokenRejection
+from ratchet.testing.services import TokenRejection
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,9 +36,9 @@ def client(fenced: CountingService) -> Iterator[CountingClient]:
         yield c
 
 
-def _rejected(exc: pytest.ExceptionInfo[FenceError]) -> tuple[str, int, int | None]:
+def _rejected(exc: pytest.ExceptionInfo[TokenRejected]) -> tuple[str, int, int | None]:
     err = exc.value
-    return err.key, err.token, err.highest  # type: ignore[attr-defined]
+    return err.key, err.token, err.highest
 
 
 def test_a_lower_token_is_refused_after_a_lookup_saw_a_higher_one(

@@ -90,8 +90,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
-from .. import errors as _errors
-from ..errors import FenceError, RatchetError
+from ..errors import RatchetError, TokenRejected
 from ..worker.context import NOT_FOUND, NotFound
 
 __all__ = [
@@ -163,24 +162,6 @@ STALE_TOKEN_ERROR = "stale fencing token"
 class ServiceError(RatchetError):
     """The counting service could not be started, did not become ready, or its file is
     missing."""
-
-
-class _TokenRejectedPlaceholder(FenceError):
-    """Stand-in for ``ratchet.TokenRejected`` until ``ratchet.errors`` defines it."""
-
-    def __init__(self, key: str, token: int, highest: int | None) -> None:
-        self.key = key
-        self.token = token
-        self.highest = highest
-        super().__init__(
-            f"fencing token {token} for key {key!r} rejected by the target (highest seen: "
-            f"{highest})"
-        )
-
-
-TokenRejected: type[FenceError] = getattr(_errors, "TokenRejected", _TokenRejectedPlaceholder)
-"""``ratchet.TokenRejected``: what :class:`CountingClient` raises for a 409 stale-token
-reply, ``TokenRejected(key, token, highest)``."""
 
 
 # ---------------------------------------------------------------------------- faults
