@@ -300,10 +300,16 @@ def test_token_rejected_by_the_target_abandons_the_attempt(app: App) -> None:
     assert app.ledger.late_effects(handle.task_id) == []
 
 
-def test_a_stale_holders_sent_call_is_recorded_as_a_late_effect(app: App) -> None:
-    """The holder's claim is revoked while its call is out (as if it had been frozen past
-    its lease): its result write is fenced out and the call it sent is kept, unfenced, as a
-    late effect (listed, counted in stats, shown in the timeline, audited)."""
+@pytest.mark.parametrize("window_closed", [True, False], ids=["frozen", "in_window"])
+def test_a_stale_holders_sent_call_is_recorded_as_a_late_effect(
+    app: App, window_closed: bool
+) -> None:
+    """The holder's claim is taken over while its call is out. ``frozen``: the reply comes
+    after the holder's safe window closed (what a holder frozen past its lease sees when it
+    wakes): its result write is fenced out and the call it sent is kept, unfenced, as a
+    late effect (listed, counted in stats, shown in the timeline, audited). ``in_window``:
+    the reply came while the lease was still confirmed, so the request executed before any
+    takeover by expiry could happen: no late effect, only the stale rejection."""
     charged: Counter[str] = Counter()
 
     @app.task(name="t.late", retry=FAST)
@@ -312,6 +318,8 @@ def test_a_stale_holders_sent_call_is_recorded_as_a_late_effect(app: App) -> Non
             charged[key] += 1
             if ctx.generation == 1:
                 app.ledger.revoke_holder(ctx.holder, "test", "simulated takeover")
+                if window_closed:
+                    ctx.lease.mark_lost()
             return f"charge-{ctx.generation}"
 
         def lookup(key: str) -> Any:
@@ -325,14 +333,19 @@ def test_a_stale_holders_sent_call_is_recorded_as_a_late_effect(app: App) -> Non
     assert info.state is State.SUCCEEDED, info.last_error
     assert info.result == "charge-found-1", "generation 2 found the stale holder's charge"
     assert charged == Counter({"late:1": 1})
+    tl = app.ledger.timeline(handle.task_id)
+    stale = [e.detail["operation"] for e in tl.events if e.kind == "stale_rejected"]
+    assert stale == ["effect_done:charge"]
+    if not window_closed:
+        assert app.ledger.late_effects() == [] and app.ledger.stats().late_effects == 0
+        return
     [record] = app.ledger.late_effects(handle.task_id)
     assert (record.task_id, record.effect, record.key, record.generation, record.outcome) == (
         handle.task_id, "charge", "late:1", 1, "done")
     assert record.detail == dumps("charge-1") and record.seq > 0 and record.at > 0
     assert app.ledger.late_effects() == [record]
     assert app.ledger.stats().late_effects == 1
-    tl = app.ledger.timeline(handle.task_id)
-    assert tl.late_effects == [record]
+    assert app.ledger.timeline(handle.task_id).late_effects == [record]
     assert [e.generation for e in tl.events if e.kind == "late_effect"] == [1]
 
 

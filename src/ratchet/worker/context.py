@@ -590,6 +590,7 @@ class TaskContext:
         try:
             result = target.send(key, self.generation)
         except Exception as exc:
+            in_window = self._lease.remaining_s() > 0
             if isinstance(exc, FenceError):
                 raise  # TokenRejected: the target refused us; nothing executed
             if proves_not_executed(exc):
@@ -604,7 +605,8 @@ class TaskContext:
                                             f"call failed with unknown outcome: {exc!r}",
                                             sent_at)
             except StaleGeneration:
-                self._record_late(cp, key, "unknown", printable(repr(exc)))
+                if not in_window and not target.idempotent:
+                    self._record_late(cp, key, "unknown", printable(repr(exc)))
                 raise
             if found:
                 return value, "lookup"
@@ -612,18 +614,25 @@ class TaskContext:
                 f"{cp.describe()} (key {key!r}) had an unknown outcome and the target "
                 "confirmed it did not execute; retrying with the same key"
             ) from exc
+        # A reply that arrived inside the safe window proves the request executed before
+        # the lease could expire, so before any takeover: the next holder's lookup sees it.
+        in_window = self._lease.remaining_s() > 0
         faults.point("effect.after_call")
         try:
             return self._record_done(cp, key, params_digest, result, via_lookup=False), "call"
         except StaleGeneration:
-            # Our request left after another holder took the task over (we were frozen
-            # between the lease check and the send): keep the evidence, unfenced.
-            self._record_late(cp, key, "done", _json_or_repr(result))
+            # The reply came after our safe window closed and another holder took the task
+            # over: the request may have executed after the new holder looked up (we were
+            # frozen between the lease check and the send). Keep the evidence, unfenced,
+            # unless the target deduplicates the key itself (then it was a replay).
+            if not in_window and not target.idempotent:
+                self._record_late(cp, key, "done", _json_or_repr(result))
             raise
 
     def _record_late(self, cp: Checkpoint, key: str, outcome: str, detail: str | None) -> None:
-        """Append a late-effect record for a call this stale holder sent (never raises:
-        a ledger failure here is logged; the stale rejection itself is audited anyway)."""
+        """Append a late-effect record for a call this stale holder sent after its safe
+        window closed, to a target that does not deduplicate keys (never raises: a ledger
+        failure here is logged; the stale rejection itself is audited anyway)."""
         log.warning(
             "task %s: %s (key %s) was sent by generation %d after a takeover; recording a "
             "late effect (possible duplicate at a target that cannot deduplicate)",
