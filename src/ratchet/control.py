@@ -14,7 +14,8 @@ Example::
 Every answer is a frozen dataclass: ``dataclasses.asdict(record)`` is its JSON form (the
 CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records.
 
-Read-only calls (:meth:`Control.status`, :meth:`Control.inspect`, :meth:`Control.workers`)
+Read-only calls (:meth:`Control.status`, :meth:`Control.inspect`, :meth:`Control.workers`,
+:meth:`Control.late_effects`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -30,19 +31,20 @@ from __future__ import annotations
 import getpass
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 from .app import App, TaskHandle
 from .config import parse_ledger_url, redact_url
-from .errors import ConfigError, InvalidArguments
+from .errors import ConfigError, InvalidArguments, TaskNotFound
 from .ledger import open_ledger
 from .ledger.base import (
     AuditEvent,
     EffectRecord,
     EffectState,
+    LateEffect,
     Ledger,
     ResolveOutcome,
     TaskInfo,
@@ -56,6 +58,7 @@ __all__ = [
     "EffectRecord",
     "EffectState",
     "EffectView",
+    "LateEffectView",
     "ResolveOutcome",
     "StatusReport",
     "StepView",
@@ -84,6 +87,8 @@ class StatusReport:
         backend_settings: what the level maps to (SQLite pragmas, PostgreSQL settings).
         schema_version: the ledger's schema version.
         ledger_now: the ledger clock, epoch seconds.
+        late_effects: calls sent by holders after their claim was taken over (possible
+            duplicates at targets that cannot deduplicate; :meth:`Control.late_effects`).
     """
 
     ledger: str
@@ -102,6 +107,41 @@ class StatusReport:
     backend_settings: dict[str, str]
     schema_version: int
     ledger_now: float
+    late_effects: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LateEffectView:
+    """A call a stale holder sent after its claim was taken over (DESIGN §5): a possible
+    duplicate at a target that cannot deduplicate, for reconciliation.
+
+    Attributes:
+        seq: the record's sequence number in the ledger.
+        task_id, task_name: the task (``task_name`` None if the task row is gone).
+        effect: the effect's stored name (``name`` or ``name#N`` for its N-th occurrence).
+        key: the business idempotency key the late call carried.
+        generation: the stale holder's fencing token; holder: the stale holder.
+        at: ledger clock when it was recorded, epoch seconds.
+        outcome: ``done`` (the call returned) or ``unknown`` (it raised; it may have
+            executed).
+        detail: the call's result (decoded JSON) or the error text.
+        recorded_key: the key the ledger recorded for this effect (what the current
+            holder settled), None if none.
+        recorded_generation: the generation that recorded the effect's outcome, if any.
+    """
+
+    seq: int
+    task_id: str
+    task_name: str | None
+    effect: str
+    key: str
+    generation: int
+    holder: str
+    at: float
+    outcome: str
+    detail: Any
+    recorded_key: str | None
+    recorded_generation: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,14 +195,17 @@ class TaskTimeline:
         task: the task row (params and result decoded; ``Undecodable`` when not JSON).
         events: audit events (claims, transitions, stale rejections, lookups, operator
             actions), oldest first.
-        steps: committed steps.
-        effects: effect records.
+        steps: committed steps, in code-path order.
+        effects: effect records, in code-path order.
+        late_effects: calls stale holders sent after a takeover (possible duplicates),
+            newest first.
     """
 
     task: TaskInfo
     events: list[AuditEvent]
     steps: list[StepView]
     effects: list[EffectView]
+    late_effects: list[LateEffectView] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +338,7 @@ class Control:
             backend_settings=dict(s.backend_settings),
             schema_version=s.schema_version,
             ledger_now=s.ledger_now,
+            late_effects=s.late_effects,
         )
 
     def get(self, task_id: str) -> TaskInfo:
@@ -330,7 +374,38 @@ class Control:
                            e.generation, e.attempt, e.calls, e.via_lookup, e.updated_at)
                 for e in tl.effects
             ],
+            late_effects=[_late_view(le, task.name, tl.effects) for le in tl.late_effects],
         )
+
+    def late_effects(self, task_id: str | None = None, limit: int = 100) -> list[LateEffectView]:
+        """Calls that stale holders sent after their claim was taken over, newest first:
+        possible duplicates at targets that cannot deduplicate (a lookup-only target and a
+        sender frozen between its lease check and its send; DESIGN §5). Each is listed with
+        what the ledger recorded for that effect, for reconciliation against the target.
+
+        Args:
+            task_id: only this task's (default: every task's).
+            limit: at most this many records (1-10000).
+
+        Raises:
+            InvalidArguments: ``limit`` out of range. LedgerUnavailable: no ledger there.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10000:
+            raise InvalidArguments(f"limit must be an integer from 1 to 10000, got {limit!r}")
+        led = self._reader()
+        records = led.late_effects(None if task_id is None else _task_id(task_id), limit)
+        views: list[LateEffectView] = []
+        timelines: dict[str, Any] = {}
+        for le in records:
+            if le.task_id not in timelines:
+                try:
+                    timelines[le.task_id] = led.timeline(le.task_id)
+                except TaskNotFound:
+                    timelines[le.task_id] = None
+            tl = timelines[le.task_id]
+            views.append(_late_view(le, tl.task.name if tl else None,
+                                    tl.effects if tl else []))
+        return views
 
     def workers(self) -> list[WorkerView]:
         """The worker registry, with whether each ``alive`` worker's process still runs
@@ -441,6 +516,18 @@ class Control:
         return self._app.submit(
             name, params, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s
         )
+
+
+def _late_view(le: LateEffect, task_name: str | None,
+               effects: list[EffectRecord]) -> LateEffectView:
+    recorded = next((e for e in effects if e.name == le.effect), None)
+    return LateEffectView(
+        le.seq, le.task_id, task_name, le.effect, le.key, le.generation, le.holder, le.at,
+        le.outcome, loads_stored(le.detail, f"late effect {le.effect!r} detail")
+        if le.outcome == "done" and le.detail is not None else le.detail,
+        recorded.key if recorded else None,
+        recorded.generation if recorded and recorded.state is not EffectState.INTENT else None,
+    )
 
 
 def _task_id(task_id: object) -> str:

@@ -297,8 +297,9 @@ def submit(
 def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
     """Task counts per type and state, and health.
 
-    Also: oldest pending age, tasks waiting for an operator (UNKNOWN), claims, takeovers,
-    revocations, stale-generation rejections, durability level and schema version.
+    Also: oldest pending age, tasks waiting for an operator (UNKNOWN), late effects
+    (possible duplicates sent by stale holders), claims, takeovers, revocations,
+    stale-generation rejections, durability level and schema version.
     """
 
     def run() -> None:
@@ -322,6 +323,9 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
         age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
         out.print(line(f"oldest pending age: {age}"))
         out.print(line(f"unknown (waiting for an operator): {s.unknown}"))
+        late_style = "bold yellow" if s.late_effects else ""
+        out.print(line("late effects (possible duplicates, see ratchet late-effects): ",
+                       (str(s.late_effects), late_style)))
         out.print(line(
             f"claims: {s.claims}  takeovers: {s.takeovers}  revocations of dead holders: "
             f"{s.revocations}  stale-generation rejections: {s.stale_rejections}  "
@@ -400,9 +404,16 @@ def _print_timeline(tl: TaskTimeline) -> None:
                      str(eff.generation), "-",
                      f"key={eff.key} calls={eff.calls}"
                      + (" via lookup" if eff.via_lookup else "")))
+    for le in tl.late_effects:
+        rows.append((le.at, 2, f"LATE effect {le.effect} ({le.outcome})", str(le.generation),
+                     le.holder, f"key={le.key} possible duplicate; sent after a takeover"))
     for at, _, label, gen, holder, detail in sorted(rows, key=lambda r: (r[0], r[1])):
         table.add_row(field(_when(at)), field(label), field(gen), field(holder), field(detail))
     out.print(table)
+    if tl.late_effects:
+        out.print(line(("warning: ", "yellow"), f"{len(tl.late_effects)} late effect(s): a "
+                       "holder sent a call after its claim was taken over; check the target "
+                       "for a duplicate (ratchet late-effects)"))
 
 
 @cli.command(cls=_Command)
@@ -420,6 +431,49 @@ def inspect(task_id: TaskArg, ledger: LedgerOpt = None, as_json: JsonOpt = False
             echo_json(tl)
         else:
             _print_timeline(tl)
+
+    _guard(run)
+
+
+@cli.command("late-effects", cls=_Command)
+def late_effects(
+    task: Annotated[
+        str | None, typer.Option("--task", metavar="TASK_ID", help="Only this task's.")
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=10000, metavar="N", help="At most N, newest first.")
+    ] = 100,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Possible duplicates: calls stale holders sent after a takeover.
+
+    A holder frozen between its lease check and its send (SIGSTOP, GC pause, VM migration)
+    can send after another holder took the task over. Targets that honour the key or check
+    fencing tokens absorb it; at a lookup-only target it may have executed twice. Each
+    record shows the late call's key and generation and what the ledger recorded, for
+    reconciliation against the target.
+    """
+
+    def run() -> None:
+        with Control(ledger) as control:
+            found = control.late_effects(task, limit)
+        if as_json:
+            echo_json(found)
+            return
+        table = Table(title="late effects (possible duplicates)")
+        for column in ("at (UTC)", "task", "effect", "key", "gen", "holder", "outcome",
+                       "ledger recorded"):
+            table.add_column(column, overflow="fold")
+        for le in found:
+            recorded = (f"key={le.recorded_key} gen={le.recorded_generation}"
+                        if le.recorded_key is not None else "-")
+            table.add_row(field(_when(le.at)), field(f"{le.task_name} {le.task_id}"),
+                          field(le.effect), field(le.key), field(le.generation),
+                          field(le.holder), field(le.outcome), field(recorded))
+        if not found:
+            table.add_row("(none)", "", "", "", "", "", "", "")
+        console().print(table)
 
     _guard(run)
 
@@ -498,7 +552,8 @@ def demo(
         int, typer.Option("--tasks", min=1, metavar="N", help="Billing tasks to submit.")
     ] = 500,
     workers: Annotated[
-        int, typer.Option("--workers", min=1, metavar="N", help="Worker processes.")
+        int, typer.Option("--workers", min=1, metavar="N",
+                          help="Worker processes (the frozen senders come on top).")
     ] = 2,
     kills: Annotated[
         int,
@@ -526,11 +581,13 @@ def demo(
                      help="Optional hard cap on the whole run (default: none)."),
     ] = None,
 ) -> None:
-    """Billing demo: workers killed at random.
+    """Billing demo: workers killed at random, senders frozen mid-call.
 
-    Billing tasks against a faulty payment service in its own process; worker processes
-    killed with SIGKILL and one paused past its lease; a report checked from the ledger and
-    the service's own records (non-zero exit status when an invariant is broken).
+    Billing tasks against four kinds of payment target (key dedupe, fencing tokens, lookup
+    only, neither), each its own faulty service process; worker processes killed with
+    SIGKILL and one sender per kind frozen mid-call past its lease; a report per kind
+    counted at the services' own files (non-zero exit status when a kind's guarantee is
+    broken).
     """
     from ..demo.runner import DemoSettings, run_demo
     from .render import report_console
