@@ -582,7 +582,8 @@ class PostgresDialect:
         """The pooled connection of ``tx`` (see ``Dialect.user_connection``): the kept
         statements are sent first, and ``search_path`` is the database's default for the
         user's code (``SET LOCAL ... TO DEFAULT``: the value without the ledger's session
-        setting), then the ledger's schema again.
+        setting), then the ledger's schema again. User code must not change other session
+        settings (``SET LOCAL`` is fine: it ends with the transaction).
 
         The transaction holds the task's row lock while the user's code runs; a session
         idle inside it longer than :data:`IDLE_IN_TRANSACTION_TIMEOUT_MS` (a frozen or
@@ -593,8 +594,11 @@ class PostgresDialect:
         conn.execute("SET LOCAL search_path TO DEFAULT")
         yield conn
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            # Session-level, not LOCAL: it also undoes a session-level SET search_path of
+            # the user's code, which would otherwise outlive the commit on this pooled
+            # connection.
             conn.execute(
-                sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(self.schema)))
+                sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
 
     def transaction_status(self, tx: Any) -> str:
         """``"open"``, ``"aborted"`` (a failed statement), ``"ended"``, or ``"lost"`` (the
