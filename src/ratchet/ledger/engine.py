@@ -827,8 +827,9 @@ class _GuardedConnection:
     Everything is delegated to the real connection (``execute``, ``executemany``,
     ``cursor``, psycopg's ``transaction()`` for a savepoint, ...) except ``commit``,
     ``rollback``, ``close``, ``executescript`` (it commits first), ``autocommit`` /
-    ``isolation_level`` and two-phase commit, which raise :class:`TransactionMisuse`; a
-    ``with conn:`` block is refused too (on sqlite3 it commits, on psycopg it closes).
+    ``isolation_level`` and two-phase commit, which raise :class:`TransactionMisuse`, as
+    does setting any attribute (it would stay on the ledger's connection); a ``with
+    conn:`` block is refused too (on sqlite3 it commits, on psycopg it closes).
     """
 
     __slots__ = ("_conn",)
@@ -844,10 +845,11 @@ class _GuardedConnection:
         return getattr(self._conn, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FORBIDDEN:
-            raise TransactionMisuse(
-                f"a transaction step may not set {name!r} on its connection")
-        setattr(self._conn, name, value)
+        # Any attribute set here would stay on the ledger's own connection (row_factory,
+        # text_factory, autocommit...) after the step.
+        raise TransactionMisuse(
+            f"a transaction step may not set {name!r} on its connection (it is the "
+            "ledger's own; set row factories on a cursor instead)")
 
     def __enter__(self) -> Any:
         raise TransactionMisuse(
