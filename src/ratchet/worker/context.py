@@ -216,6 +216,7 @@ class TaskContext:
         self._saved: set[str] = set()  # names a flush confirmed (set by the writer thread)
         self._flush_stale = False
         self._flush_rejected: WriteRejected | None = None  # a flush the database refused
+        self._in_transaction = False  # inside a transaction step's fn (worker/transaction.py)
 
     def load_params(self) -> dict[str, Any]:
         """Decode the task's stored params (sets :attr:`params`) and return them.
@@ -428,6 +429,35 @@ class TaskContext:
         if durable:
             self._commit(f"step:{stored_name}")
         return loads(result_json), False
+
+    # ------------------------------------------------------------------ transaction steps
+
+    def transaction(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(conn, *args, **kwargs)`` once per task in a ledger transaction that also
+        checks this claim's generation and commits ``fn``'s JSON result as the step's
+        checkpoint: the writes ``fn`` makes on ``conn`` commit together with the checkpoint
+        or not at all, and a stale holder's transaction rolls back as a whole. For tables
+        in the ledger's own database (the same SQLite file, or the same PostgreSQL
+        database); tables elsewhere use :mod:`ratchet.fencing`.
+
+        ``conn`` is a ``sqlite3.Connection`` or a ``psycopg.Connection``; ``fn`` must not
+        commit, roll back or close it, and must not call ``ctx.step`` / ``ctx.effect`` /
+        ``ctx.transaction``. Occurrences as for :meth:`step` (shared namespace with
+        steps). Full rules and errors: :func:`ratchet.worker.transaction.run_transaction`.
+
+        Returns:
+            The JSON round-trip of ``fn``'s result (the stored value on a replay).
+
+        Raises:
+            StaleGeneration: another worker holds the task; ``fn`` was not called.
+            TransactionMisuse: ``fn`` ended the transaction or nested a checkpoint.
+            NonDeterministicReplay, InvalidArguments, PayloadNotSerializable,
+            UndecodableData, WriteRejected, LedgerUnavailable: as for :meth:`step`.
+            Exception: what ``fn`` raised, after everything was rolled back.
+        """
+        from .transaction import run_transaction
+
+        return run_transaction(self, name, fn, args, kwargs)
 
     # ------------------------------------------------------------------ effects
 
