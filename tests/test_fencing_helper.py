@@ -28,7 +28,7 @@ from pgsupport import pg_base_url, require_pg
 from psycopg import sql
 
 from ratchet import App, State, TaskContext
-from ratchet.errors import FenceError, InvalidArguments, PayloadNotSerializable
+from ratchet.errors import FenceError, InvalidArguments, PayloadNotSerializable, TokenRejected
 from ratchet.fencing import (
     FENCED_STEPS_TABLE,
     FENCES_TABLE,
@@ -153,7 +153,8 @@ def test_stale_holder_changes_nothing_and_says_so(user_db: UserDb) -> None:
         old = Holder("t-1", 1)
         with pytest.raises(StaleFencingToken) as raised:
             fenced_step(conn, old, "other", _credit(user_db, calls), old)
-        assert isinstance(raised.value, FenceError)
+        assert isinstance(raised.value, TokenRejected) and isinstance(raised.value, FenceError)
+        assert raised.value.key == "t-1"
         assert (raised.value.task_id, raised.value.token, raised.value.highest) == ("t-1", 1, 2)
         assert "stale fencing token 1" in str(raised.value)
         assert calls["apply"] == 1, "the stale holder's function never ran"

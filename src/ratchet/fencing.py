@@ -66,7 +66,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from .errors import FenceError
+from .errors import TokenRejected
 from .serde import dumps, loads
 from .validation import check_checkpoint_name
 
@@ -126,27 +126,27 @@ _RECORD = (f"INSERT INTO {FENCED_STEPS_TABLE} (task_id, name, token, result)"
            " VALUES (?, ?, ?, ?)")
 
 
-class StaleFencingToken(FenceError):
+class StaleFencingToken(TokenRejected):
     """A fenced write carried a token lower than the highest the database has seen for
     the task: another worker took the task over (a newer claim wrote there). Nothing of
     the transaction may commit (:func:`fenced_step` rolled it back).
 
-    Raised in the stale worker; the worker abandons the attempt like a stale ledger write
-    (nothing more is written for it).
+    A :class:`~ratchet.errors.TokenRejected` (the user's database is the fenced target,
+    the task id its key): raised in the stale worker, which abandons the attempt like a
+    stale ledger write (counted as stale; nothing more is written for it).
 
     Attributes:
-        task_id: the task.
+        task_id: the task (also ``key``).
         token: the stale token (this worker's ``ctx.fencing_token``).
         highest: the highest token stored for the task.
     """
 
     def __init__(self, task_id: str, token: int, highest: int | None) -> None:
+        super().__init__(task_id, token, highest)
         self.task_id = task_id
-        self.token = token
-        self.highest = highest
-        super().__init__(
+        self.args = (
             f"stale fencing token {token} for task {task_id}: the database has seen token "
-            f"{highest} (another worker holds a newer claim); the write was not applied"
+            f"{highest} (another worker holds a newer claim); the write was not applied",
         )
 
 
@@ -344,8 +344,8 @@ def fenced_step(
 
     Raises:
         StaleFencingToken: another worker holds a newer claim of the task; nothing was
-            written (a :class:`~ratchet.errors.FenceError`: the worker abandons the
-            attempt).
+            written (a :class:`~ratchet.errors.TokenRejected`: the worker abandons the
+            attempt like a stale ledger write).
         InvalidArguments: ``name`` is not a storable step name.
         ValueError: ``conn`` is inside a transaction.
         TypeError: another kind of connection.
