@@ -53,7 +53,7 @@ class RecordingLedger:
             for w, o in zip(writes, outcomes, strict=True):
                 if not o.ok:
                     continue
-                names = [name for name, _ in w.steps]
+                names = [s[0] for s in w.steps]
                 if w.transition is not None:
                     names.append(w.transition.to.value)
                 self.committed[w.task_id].extend(names)
