@@ -1,11 +1,20 @@
-"""A holder SIGSTOPped past its lease on the PostgreSQL ledger (DESIGN §4, matrix row 8).
+"""A holder SIGSTOPped past its lease on the PostgreSQL ledger (DESIGN §4-§5, matrix row 8).
 
-Worker A stops itself (``RATCHET_PAUSE_AT``) inside the effect; its lease expires by the
-ledger's clock; worker B takes the task over and finishes it; then A gets SIGCONT. A's
-late writes must be rejected by generation and counted (audit ``stale_rejected``, ledger
-stats), B's result must stand, and the counting service must have executed the charge
-exactly once wherever the design guarantees it (see the test's docstring for the one case
-it does not: a lookup-only target and a holder frozen right before its send).
+Worker A stops itself (``RATCHET_PAUSE_AT``) inside the charge; its lease expires by the
+ledger's clock; worker B takes the task over and settles it; then A gets SIGCONT. Each row
+states one kind of target's guarantee and asserts it exactly, counted at the target
+(tests/crash/frozenkit.py has the table; tests/crash/test_frozen_sender.py runs the
+``effect.before_call`` rows on the SQLite ledger):
+
+* frozen at ``effect.before_call`` (after its last lease check, before its send: the
+  frozen sender): honours keys, exactly once (A's late request is a replay); checks fencing
+  tokens, exactly once (A's late request refused, A abandons); lookup only, B's charge and
+  A's late one (2 executions), the duplicate detected as a late effect; neither, at least
+  once, the task UNKNOWN and A's late execution recorded as a late effect;
+* frozen at ``effect.after_call`` (charged inside its lease): B reuses the charge by
+  lookup, exactly once, A's result write rejected;
+* frozen at ``effect.after_intent`` (before its last lease check): A never sends once
+  resumed (it cannot confirm its lease), exactly once, its release rejected.
 
 A second test freezes a holder *inside* a ledger transaction (row locks held, COMMIT not
 sent): on PostgreSQL the frozen session keeps its row locks, and ``SKIP LOCKED`` claims
@@ -14,12 +23,12 @@ skip the row, so nothing may take the task over until the server ends that sessi
 
 from __future__ import annotations
 
-import json
 import signal
 import time
+from typing import Any
 
 import pytest
-from crashkit import KEY, wait_for
+from frozenkit import assert_guarantee, run_frozen_sender
 from pgkit import (
     PgRig,
     assert_exactly_once,
@@ -28,17 +37,11 @@ from pgkit import (
 )
 
 from ratchet import State
-from ratchet.ledger.base import EffectState
+from ratchet.testing import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(120)]
 
 LEASE_S = 2.0
-RESULT = {
-    "quote": {"order_id": "o-1", "amount_cents": 1234, "currency": "EUR"},
-    "final": {"order_id": "o-1", "status": "paid"},
-    "charged_key": KEY,
-    "charged": 1234,
-}
 
 
 def _backend_states(rig: PgRig, app_name: str) -> list[str]:
@@ -48,99 +51,48 @@ def _backend_states(rig: PgRig, app_name: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("pause_at", "honour_keys"),
+    ("pause_at", "target"),
     [
-        ("effect.after_call", False),
-        ("effect.after_intent", True),
-        ("effect.after_intent", False),
+        ("effect.before_call", "idempotent"),
+        ("effect.before_call", "fenced"),
+        ("effect.before_call", "lookup"),
+        ("effect.before_call", "none"),
+        ("effect.after_call", "lookup"),
+        ("effect.after_intent", "lookup"),
+        ("effect.after_intent", "idempotent"),
     ],
-    ids=["after_call-lookup_only", "after_intent-honours_keys", "after_intent-lookup_only"],
+    ids=[
+        "before_call-honours_keys-exactly_once",
+        "before_call-checks_tokens-exactly_once",
+        "before_call-lookup_only-duplicate_detected",
+        "before_call-neither-at_least_once_unknown",
+        "after_call-lookup_only-exactly_once",
+        "after_intent-lookup_only-exactly_once",
+        "after_intent-honours_keys-exactly_once",
+    ],
 )
-def test_pg_paused_holder_is_fenced(pg_rig: PgRig, pause_at: str, honour_keys: bool) -> None:
-    """A freezes itself inside the effect past its lease; B takes over and finishes; A is
-    resumed. A's late writes are rejected by generation and B's outcome stands.
-
-    ``after_call``: A had charged before freezing; B finds the charge by lookup and reuses
-    it: exactly one execution even at a target that does not honour the key.
-    ``after_intent``: A had not called; B's lookup says not found and B charges. A, resumed
-    between its lease check and its send, may still send (a limit of the design today: a
-    later issue adds fencing tokens at the target). What is guaranteed: at a target that
-    honours the idempotency key, exactly one execution; at a lookup-only target, at most
-    one more, sent by A only after it was resumed, and the ledger records B's."""
+def test_pg_paused_holder_is_fenced(pg_rig: PgRig, pause_at: str, target: str) -> None:
+    """A freezes itself inside the charge past its lease; B takes over and settles the
+    task; A is resumed. The row's guarantee holds exactly at the target, B's outcome
+    stands, and what A did late is either refused (stale generation, stale token) or kept
+    as evidence (a late effect), never silent."""
     rig = pg_rig
-    rig.lease_s = LEASE_S
-    rig.start_service(honour_keys=honour_keys)
-    task_id = rig.submit()
     a_app = unique_app_name("rt_stop_a")
-    a = rig.pg_worker("A", concurrency=1, pause_at=pause_at, app_name=a_app)
-    a_holder = a.holder()
-    a.wait_stopped()
-    charged_by_a = pause_at == "effect.after_call"
-    assert rig.executions() == ({KEY: 1} if charged_by_a else {})
-    held = rig.get(task_id)
-    assert held.state is State.RUNNING and held.holder == a_holder and held.generation == 1
-    # A is frozen between transactions: it holds no open transaction (no row locks).
-    assert _backend_states(rig, a_app), "A's connections are gone"
-    assert "idle in transaction" not in _backend_states(rig, a_app)
-    rig.wait_lease_expired(task_id)
 
-    b = rig.pg_worker("B", concurrency=1)
-    b_holder = b.holder()
-    info = rig.wait_state(task_id)
-    assert info.state is State.SUCCEEDED and info.generation == 2 and info.holder is None
-    assert info.result == RESULT
-    timeline = rig.ledger.timeline(task_id)
-    (takeover,) = [e for e in timeline.events if e.kind == "takeover"]
-    assert takeover.holder == b_holder and takeover.detail["previous_holder"] == a_holder
-    assert takeover.at >= held.lease_until, "taken over before the lease expired"
-    assert not [e for e in timeline.events if e.kind == "revoke"], "A is alive: no revoke"
-    (effect,) = timeline.effects
-    assert effect.generation == 2 and effect.state is EffectState.DONE
-    assert effect.via_lookup is charged_by_a, "B reuses A's charge only if A made it"
-    assert rig.ledger.stats().stale_rejections == 0
-    assert rig.executions() == {KEY: 1}
-    b_record = rig.record_ids()[KEY]
+    def start(name: str, pause_at: str | None = None) -> WorkerProcess:
+        return rig.pg_worker(name, concurrency=1, pause_at=pause_at,
+                             app_name=a_app if name == "A" else None)  # fmt: skip
 
-    resumed_at = time.time()
-    a.resume()
-    wait_for(
-        "the stale holder's late write to be rejected",
-        lambda: rig.ledger.stats().stale_rejections >= 1,
-    )
-    assert a.returncode is None, "the stale holder must survive its rejected write"
-    # A graceful stop lets A write whatever it still had to; everything is read after.
-    assert a.stop() == 0 and b.stop() == 0
-    timeline = rig.ledger.timeline(task_id)
-    stale = [e for e in timeline.events if e.kind == "stale_rejected"]
-    assert stale and all(e.holder == a_holder and e.generation == 1 for e in stale), stale
-    assert all(e.detail["current_generation"] == 2 for e in stale), stale
-    operation = stale[0].detail["operation"]
-    if charged_by_a:
-        assert operation == "effect_done:charge", stale
-    else:  # A released its attempt, or (sent late) tried to record its result
-        assert operation.startswith("finish:") or operation == "effect_done:charge", stale
-    # The late writes changed nothing: B's outcome stands.
-    after = rig.get(task_id)
-    assert (after.state, after.generation, after.result) == (State.SUCCEEDED, 2, RESULT)
-    (effect_after,) = timeline.effects
-    assert effect_after == effect
-    stats = rig.ledger.stats()
-    assert stats.stale_rejections == len(stale) and stats.takeovers == 1
-    assert stats.lookup_hits == (1 if charged_by_a else 0)
+    def frozen_between_transactions(a: Any) -> None:
+        # A is frozen between transactions: it holds no open transaction (no row locks).
+        states = _backend_states(rig, a_app)
+        assert states, "A's connections are gone"
+        assert "idle in transaction" not in states, states
+
+    run = run_frozen_sender(rig, target, start, pause_at=pause_at,
+                            on_frozen=frozen_between_transactions)  # fmt: skip
+    assert_guarantee(rig, run)
     check_pg_ledger_consistent(rig)
-    records = rig.service.records() if rig.service is not None else None
-    assert records is not None
-    if charged_by_a or honour_keys:
-        assert records.executions == {KEY: 1}, "the charge executed more than once"
-        assert_exactly_once(rig, {KEY})
-        return
-    # Lookup-only target, A frozen before its send: a second execution is possible, but
-    # only A's, sent after A was resumed; the ledger keeps the one B recorded.
-    assert records.executions[KEY] in (1, 2), records.executions
-    late = [at for at, key in records.times[1:] if key == KEY]
-    assert all(at >= resumed_at for at in late), (late, resumed_at)
-    assert json.loads(effect_after.result_json or "null")["id"] == b_record
-    print(f"lookup-only target: {records.executions[KEY]} execution(s) of {KEY}")
 
 
 def test_pg_holder_frozen_inside_a_transaction_does_not_block_takeover(pg_rig: PgRig) -> None:
@@ -152,9 +104,9 @@ def test_pg_holder_frozen_inside_a_transaction_does_not_block_takeover(pg_rig: P
 
     The target honours the idempotency key: A is frozen at an arbitrary moment, and
     another of its task threads may be between its lease check and its send (a frozen
-    sender). At a lookup-only target that sender may execute once more after it is
-    resumed, the design's limit today (test_pg_paused_holder_is_fenced asserts exactly
-    that bound; issue 9 takes it on); this test is about row locks, not that limit."""
+    sender), which only such a target (or a fencing one) absorbs exactly once
+    (test_pg_paused_holder_is_fenced asserts each kind of target's guarantee); this test
+    is about row locks, not frozen senders."""
     rig = pg_rig
     rig.lease_s = LEASE_S
     rig.start_service(honour_keys=True)
