@@ -127,14 +127,14 @@ def _transaction(
 
     def body(conn: Any) -> tuple[Any, ...]:
         nested = ctx._next_seq
-        ctx._in_transaction = True  # type: ignore[attr-defined]  # see _boundary
+        ctx._in_transaction = True  # see TaskContext._boundary
         try:
             value = fn(conn, *args, **kwargs)
         except BaseException as exc:
             raised.append(exc)
             raise
         finally:
-            ctx._in_transaction = False  # type: ignore[attr-defined]
+            ctx._in_transaction = False
         if ctx._next_seq != nested:
             # ctx.step / ctx.effect / ctx.transaction inside fn: their checkpoints would not
             # be part of this transaction (and an effect's write would wait for this
