@@ -10,9 +10,9 @@ the control API, and requires each kind's guarantee, counted at the target:
 * idempotent (the service honours the key) and fenced (the service refuses stale
   fencing tokens): every task succeeded with its charge executed exactly once and
   recorded in the ledger; the fenced service refused the frozen sender's late charge;
-* lookup only: every task succeeded; exactly one key executed twice — the frozen
-  sender's — and that duplicate is recorded as a late effect of its generation; every
-  other key once;
+* lookup only: every task succeeded; a key executed twice only where a sender froze
+  past its lease (the demo's frozen sender at least), each such duplicate recorded as a
+  late effect of an older generation; every other key once;
 * neither: no key executed more than once; the frozen sender's task is UNKNOWN (the new
   holder could not know its outcome), its late charge executed once and is recorded as a
   late effect;
@@ -103,17 +103,19 @@ def test_demo_holds_each_kinds_guarantee(ledger_url: str, tmp_path: Path) -> Non
     assert fenced.rejections, report  # the frozen sender's late charge was refused
     assert {r.key for r in fenced.rejections} <= {key_of[t] for t in of_kind["fenced"]}
 
-    # Lookup only: one duplicate (the frozen sender's), recorded as a late effect.
+    # Lookup only: a duplicate only where a sender was frozen past its lease (the demo's
+    # frozen sender, at least), and every one recorded as late effects of older generations.
     lookup = read_records(workdir / "payments-lookup.db")
     assert all(infos[t].state is State.SUCCEEDED for t in of_kind["lookup"]), report
     dups = {k: n for k, n in lookup.executions.items() if n > 1}
-    assert list(dups.values()) == [2], report
-    (dup_key,) = dups
-    assert late_keys[dup_key] >= 1, report
-    (dup_task,) = [t for t in of_kind["lookup"] if key_of[t] == dup_key]
-    dup_late = [le for le in late if le.key == dup_key]
-    assert all(le.generation < infos[dup_task].generation for le in dup_late), report
-    assert all(lookup.executions.get(key_of[t]) == 1 for t in of_kind["lookup"] if t != dup_task)
+    assert dups, report
+    task_of = {key_of[t]: t for t in of_kind["lookup"]}
+    for key, n in dups.items():
+        recorded = [le for le in late if le.key == key and le.outcome == "done"]
+        assert len(recorded) >= n - 1, report
+        assert all(le.generation < infos[task_of[key]].generation for le in recorded), report
+    assert all(lookup.executions.get(key_of[t]) == 1 for t in of_kind["lookup"]
+               if key_of[t] not in dups), report  # fmt: skip
 
     # Neither: at most once per key here; the frozen sender's task waits in UNKNOWN and its
     # late charge (one execution) is recorded as a late effect.

@@ -2,8 +2,9 @@
 
 The demo drops and recreates its schema on every run; these tests check that the reset
 (``DROP SCHEMA ... CASCADE``) touches only a schema the demo made, and that a URL without
-``schema=`` never runs in the workers' default schema. The shortened chaos run itself is in
-tests/test_demo.py, on both ledgers.
+``schema=`` never runs in the workers' default schema. The shortened chaos run itself (four
+kinds of payment target, SIGKILLs, a sender per kind frozen mid-call, each kind's guarantee
+checked at its service) is in tests/test_demo.py, on both ledgers.
 """
 
 from __future__ import annotations

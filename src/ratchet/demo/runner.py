@@ -67,7 +67,6 @@ that was not deduplicated.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -89,7 +88,7 @@ from rich.text import Text
 
 from ..app import SubmitRequest
 from ..config import parse_ledger_url
-from ..control import Control
+from ..control import Control, LateEffectView
 from ..errors import ConfigError, LedgerUnavailable, RatchetError
 from ..ledger.base import AuditEvent, Ledger, TaskInfo
 from ..states import State
@@ -432,7 +431,7 @@ class _KindResult:
     states: Counter[State]
     once: ExactlyOnceReport
     records: ServiceRecords
-    late: dict[str, list[Any]]
+    late: dict[str, list[LateEffectView]]
     detected: dict[str, int] = field(default_factory=dict)
     undetected: dict[str, int] = field(default_factory=dict)
     exactly: int = 0
@@ -601,16 +600,12 @@ class _DemoRun:
         st = self.control.status()
         return _Snapshot(
             states, inflight, settled_of, st.takeovers, st.stale_rejections, st.lookup_hits,
-            st.revocations, getattr(st, "late_effects", 0),
+            st.revocations, st.late_effects,
         )  # fmt: skip
 
-    def late_effects(self, task_id: str | None = None) -> list[Any]:
+    def late_effects(self, task_id: str | None = None) -> list[LateEffectView]:
         """Late effects the ledger recorded (for ``task_id``, or all of this run's)."""
-        reader = getattr(self.control, "late_effects", None)  # TEMP until Control has it
-        if reader is None:
-            found = self.ledger.late_effects(task_id, 1_000_000)
-        else:
-            found = reader(task_id=task_id, limit=1_000_000)
+        found = self.control.late_effects(task_id=task_id, limit=10_000)
         if task_id is not None:
             return list(found)
         mine = set(self.task_ids)
@@ -980,7 +975,7 @@ class _DemoRun:
         infos: dict[str, TaskInfo],
         key_of: dict[str, str],
         timelines: dict[str, Any],
-        late_all: list[Any],
+        late_all: list[LateEffectView],
     ) -> _KindResult:
         """Check ``kind``'s guarantee against its service's own file (see the module doc)."""
         ids = [tid for tid in infos if self.kind_of[tid] == kind]
@@ -991,7 +986,7 @@ class _DemoRun:
             raise_on_violation=False, timelines=timelines,
         )  # fmt: skip
         mine = set(ids)
-        late: dict[str, list[Any]] = {}
+        late: dict[str, list[LateEffectView]] = {}
         for le in late_all:
             if le.task_id in mine:
                 late.setdefault(le.key, []).append(le)
@@ -1057,9 +1052,7 @@ class _DemoRun:
         plural = "execution" if n == 1 else "executions"
         replayed = False
         for le in late:
-            with contextlib.suppress(ValueError, TypeError):
-                detail = json.loads(le.detail or "null")
-                replayed = replayed or (isinstance(detail, dict) and bool(detail.get("replayed")))
+            replayed = replayed or (isinstance(le.detail, dict) and bool(le.detail.get("replayed")))
         if r.rejected(fz.key) > fz.rejected_before:
             target = f"[green]refused[/] (stale token {fz.generation}); {n} {plural} in all"
         elif replayed:
