@@ -35,7 +35,6 @@ from ratchet.ledger.dialect import CommitOutcomeUnknown
 from ratchet.ledger.engine import TransactionMisuse
 from ratchet.testing import ProcessGroup, wait_for
 from ratchet.testing.worker import running_worker
-from ratchet.worker.transaction import run_transaction
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -44,11 +43,8 @@ FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.1, jitter=0.
 
 def transaction(ctx: TaskContext, name: str, fn: Callable[..., Any], *args: Any,
                 **kwargs: Any) -> Any:
-    """``ctx.transaction`` (once the context has it), else the function behind it."""
-    method = getattr(ctx, "transaction", None)
-    if method is not None:
-        return method(name, fn, *args, **kwargs)
-    return run_transaction(ctx, name, fn, args, kwargs)
+    """``ctx.transaction`` (worker/transaction.py's ``run_transaction``)."""
+    return ctx.transaction(name, fn, *args, **kwargs)
 
 
 # ---------------------------------------------------------------------- the user's table
@@ -440,18 +436,10 @@ APP_SOURCE = textwrap.dedent('''
 
     import ratchet
     from ratchet import RetryPolicy, faults
-    from ratchet.worker.transaction import run_transaction
 
     TABLE = os.environ["TX_TABLE"]
     MARK = "?" if os.environ["TX_BACKEND"] == "sqlite" else "%s"
     app = ratchet.App()
-
-
-    def transaction(ctx, name, fn, *args):
-        method = getattr(ctx, "transaction", None)
-        if method is not None:
-            return method(name, fn, *args)
-        return run_transaction(ctx, name, fn, args, {})
 
 
     def book(conn, task_id, generation):
@@ -465,7 +453,7 @@ APP_SOURCE = textwrap.dedent('''
     @app.task(name="tx.book", retry=RetryPolicy(max_attempts=5, base_delay_s=0.05,
                                                  max_delay_s=0.5))
     def book_task(ctx):
-        return transaction(ctx, "book", book, ctx.task_id, ctx.generation)
+        return ctx.transaction("book", book, ctx.task_id, ctx.generation)
 ''')
 
 
