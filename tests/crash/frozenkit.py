@@ -72,6 +72,8 @@ class Guarantee:
         final_state: the task's state once B is done (and after A's late write).
         stale_operation: the first of A's ledger writes rejected as stale (None: A wrote
             nothing after resuming).
+        lookups: lookups the service answered (None: one for a target with a lookup).
+        late_outcome: the outcome of the late-effect records.
     """
 
     executions: int
@@ -82,6 +84,15 @@ class Guarantee:
     late_effects: int
     final_state: State
     stale_operation: str | None
+    lookups: int | None = None
+    late_outcome: str = "done"
+
+    def expected_lookups(self, target: str) -> int:
+        """Lookups the service answered: B's one at takeover (targets with a lookup)
+        unless the row says otherwise; A, refused or rejected, never asks again."""
+        if self.lookups is not None:
+            return self.lookups
+        return int(target in ("lookup", "fenced"))
 
 
 SERVICE: dict[str, dict[str, bool]] = {
@@ -94,13 +105,28 @@ SERVICE: dict[str, dict[str, bool]] = {
 the key (a fenced target does not also dedupe; a lookup-only one does not dedupe)."""
 
 
-def guarantee(target: str, pause_at: str = "effect.before_call") -> Guarantee:
-    """The row of the guarantee table for ``target`` with A frozen at ``pause_at``.
+def guarantee(
+    target: str, pause_at: str = "effect.before_call", a_reply_lost: bool = False
+) -> Guarantee:
+    """The row of the guarantee table for ``target`` with A frozen at ``pause_at``
+    (``a_reply_lost``: the reply to A's late request is lost on the way back).
 
     Raises:
         KeyError: a combination no test runs.
     """
     done = "effect_done:charge"
+    if a_reply_lost:
+        # A's late request executes but its reply is lost: A settles it by lookup (it
+        # finds a record), and its write of that is rejected: the late effect's outcome
+        # is "unknown" (A cannot know whether its own request executed), still detected.
+        if pause_at == "effect.before_call" and target == "lookup":
+            return Guarantee(2, True, True, 0, 0, 1, State.SUCCEEDED, done,
+                             lookups=2, late_outcome="unknown")
+        if pause_at == "effect.before_call" and target == "none":
+            # Nothing to settle by: A's attempt ends UNKNOWN, a write rejected as stale.
+            return Guarantee(1, False, True, 0, 0, 1, State.UNKNOWN, "finish:UNKNOWN",
+                             lookups=0, late_outcome="unknown")
+        raise KeyError((target, pause_at, a_reply_lost))
     if pause_at == "effect.before_call":
         return {
             "idempotent": Guarantee(1, True, True, 0, 1, 0, State.SUCCEEDED, done),
@@ -133,6 +159,7 @@ class FrozenRun:
     Attributes:
         target: the kind of target (:data:`crashapp.TARGETS`).
         pause_at: where A froze.
+        a_reply_lost: the reply to A's late request was dropped.
         task_id: the task.
         a_holder, b_holder: the two holders.
         held: the task while A was frozen (generation 1, A's lease).
@@ -151,6 +178,7 @@ class FrozenRun:
 
     target: str
     pause_at: str
+    a_reply_lost: bool
     task_id: str
     a_holder: str
     b_holder: str
@@ -180,6 +208,7 @@ def run_frozen_sender(
     start: StartWorker,
     *,
     pause_at: str = "effect.before_call",
+    a_reply_lost: bool = False,
     on_frozen: Callable[[WorkerProcess], None] | None = None,
 ) -> FrozenRun:
     """Freeze A at ``pause_at`` inside the charge of a task of kind ``target``, let its
@@ -191,12 +220,13 @@ def run_frozen_sender(
         target: kind of target (:data:`crashapp.TARGETS`).
         start: starts a worker: ``start(name)``, ``start(name, pause_at=...)``.
         pause_at: A's fault point.
+        a_reply_lost: drop the service's reply to A's late request (it executes).
         on_frozen: extra checks while A is frozen (before B starts).
 
     Returns:
         The run, for :func:`assert_guarantee` and backend-specific checks.
     """
-    expect = guarantee(target, pause_at)
+    expect = guarantee(target, pause_at, a_reply_lost)
     rig.lease_s = LEASE_S
     rig.start_service(**SERVICE[target])
     task_id = rig.submit({**PARAMS, "target": target})
@@ -223,6 +253,8 @@ def run_frozen_sender(
     assert before_resume is not None
     assert rig.ledger.stats().late_effects == 0
 
+    if a_reply_lost:
+        rig.client.set_faults(reply_lost_next=1)
     resumed_at = time.time()
     a.resume()
     _wait_for_late_request(rig, task_id, expect)
@@ -236,8 +268,8 @@ def run_frozen_sender(
     with rig.service.client(timeout_s=5.0) as c:
         service_stats = c.stats()
     return FrozenRun(
-        target=target, pause_at=pause_at, task_id=task_id, a_holder=a_holder,
-        b_holder=b_holder, held=held, by_b=by_b, b_effect=b_effect,
+        target=target, pause_at=pause_at, a_reply_lost=a_reply_lost, task_id=task_id,
+        a_holder=a_holder, b_holder=b_holder, held=held, by_b=by_b, b_effect=b_effect,
         before_resume=before_resume, resumed_at=resumed_at, final=rig.get(task_id),
         records=rig.service.records(), late=rig.ledger.late_effects(task_id),
         stale=[e for e in timeline.events if e.kind == "stale_rejected"],
@@ -274,8 +306,9 @@ def _wait_for_late_request(rig: Rig, task_id: str, expect: Guarantee) -> None:
 
 def assert_guarantee(rig: Rig, run: FrozenRun) -> None:
     """Assert the guarantee table's row of ``run.target`` exactly, at the target first."""
-    expect = guarantee(run.target, run.pause_at)
-    kind = f"{run.target} target, A frozen at {run.pause_at}"
+    expect = guarantee(run.target, run.pause_at, run.a_reply_lost)
+    kind = f"{run.target} target, A frozen at {run.pause_at}" + (
+        ", A's reply lost" if run.a_reply_lost else "")
 
     print(
         f"{kind} ({rig.backend}): executions {run.records.executions}, token rejections "
@@ -297,9 +330,9 @@ def assert_guarantee(rig: Rig, run: FrozenRun) -> None:
     ), f"{kind}: token rejections {run.records.rejections}"
     assert run.service_stats["stale_tokens_rejected"] == expect.token_rejections
     assert run.service_stats["replays"] == expect.replays, run.service_stats
-    # Only B looks up (once, at takeover): A, refused or rejected, never asks again.
-    has_lookup = run.target in ("lookup", "fenced")
-    assert run.service_stats["lookups"] == int(has_lookup), run.service_stats
+    assert run.service_stats["lookups"] == expect.expected_lookups(run.target), (
+        run.service_stats)  # fmt: skip
+    assert run.service_stats["injected"]["reply_lost"] == int(run.a_reply_lost)
     assert run.service_stats["duplicate_keys"] == (1 if expect.executions > 1 else 0)
 
     # ---- B took over after the lease expired, and its outcome stands
@@ -335,8 +368,13 @@ def assert_guarantee(rig: Rig, run: FrozenRun) -> None:
     assert len(run.late_events) == expect.late_effects, run.late_events
     for late in run.late:
         assert (late.task_id, late.effect, late.key) == (run.task_id, "charge", KEY), late
-        assert (late.generation, late.holder, late.outcome) == (1, run.a_holder, "done"), late
+        assert (late.generation, late.holder, late.outcome) == (
+            1, run.a_holder, expect.late_outcome,
+        ), late  # fmt: skip
         assert late.at >= takeover.at, (late, takeover)
+        if expect.late_outcome == "unknown":  # the error A's call raised
+            assert late.detail and "RemoteProtocolError" in late.detail, late
+            continue
         # The detail is A's own execution: the service's latest record for the key.
         detail = json.loads(late.detail or "null")
         assert detail["key"] == KEY and detail["replayed"] is False, detail

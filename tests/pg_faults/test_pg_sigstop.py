@@ -9,8 +9,9 @@ states one kind of target's guarantee and asserts it exactly, counted at the tar
 * frozen at ``effect.before_call`` (after its last lease check, before its send: the
   frozen sender): honours keys, exactly once (A's late request is a replay); checks fencing
   tokens, exactly once (A's late request refused, A abandons); lookup only, B's charge and
-  A's late one (2 executions), the duplicate detected as a late effect; neither, at least
-  once, the task UNKNOWN and A's late execution recorded as a late effect;
+  A's late one (2 executions), the duplicate detected as a late effect (also when the reply
+  to A's late request is lost: outcome "unknown"); neither, at least once, the task
+  UNKNOWN and A's late execution recorded as a late effect;
 * frozen at ``effect.after_call`` (charged inside its lease): B reuses the charge by
   lookup, exactly once, A's result write rejected;
 * frozen at ``effect.after_intent`` (before its last lease check): A never sends once
@@ -51,27 +52,31 @@ def _backend_states(rig: PgRig, app_name: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("pause_at", "target"),
+    ("pause_at", "target", "a_reply_lost"),
     [
-        ("effect.before_call", "idempotent"),
-        ("effect.before_call", "fenced"),
-        ("effect.before_call", "lookup"),
-        ("effect.before_call", "none"),
-        ("effect.after_call", "lookup"),
-        ("effect.after_intent", "lookup"),
-        ("effect.after_intent", "idempotent"),
+        ("effect.before_call", "idempotent", False),
+        ("effect.before_call", "fenced", False),
+        ("effect.before_call", "lookup", False),
+        ("effect.before_call", "lookup", True),
+        ("effect.before_call", "none", False),
+        ("effect.after_call", "lookup", False),
+        ("effect.after_intent", "lookup", False),
+        ("effect.after_intent", "idempotent", False),
     ],
     ids=[
         "before_call-honours_keys-exactly_once",
         "before_call-checks_tokens-exactly_once",
         "before_call-lookup_only-duplicate_detected",
+        "before_call-lookup_only-late_reply_lost-duplicate_detected",
         "before_call-neither-at_least_once_unknown",
         "after_call-lookup_only-exactly_once",
         "after_intent-lookup_only-exactly_once",
         "after_intent-honours_keys-exactly_once",
     ],
 )
-def test_pg_paused_holder_is_fenced(pg_rig: PgRig, pause_at: str, target: str) -> None:
+def test_pg_paused_holder_is_fenced(
+    pg_rig: PgRig, pause_at: str, target: str, a_reply_lost: bool
+) -> None:
     """A freezes itself inside the charge past its lease; B takes over and settles the
     task; A is resumed. The row's guarantee holds exactly at the target, B's outcome
     stands, and what A did late is either refused (stale generation, stale token) or kept
@@ -89,7 +94,7 @@ def test_pg_paused_holder_is_fenced(pg_rig: PgRig, pause_at: str, target: str) -
         assert states, "A's connections are gone"
         assert "idle in transaction" not in states, states
 
-    run = run_frozen_sender(rig, target, start, pause_at=pause_at,
+    run = run_frozen_sender(rig, target, start, pause_at=pause_at, a_reply_lost=a_reply_lost,
                             on_frozen=frozen_between_transactions)  # fmt: skip
     assert_guarantee(rig, run)
     check_pg_ledger_consistent(rig)
