@@ -31,6 +31,7 @@ see :data:`KINDS`):
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -58,6 +59,7 @@ __all__ = [
     "main",
     "read_charges",
     "read_executions",
+    "read_replays",
     "start_payment_service",
 ]
 
@@ -202,6 +204,24 @@ def read_charges(db_path: str | Path) -> dict[str, dict[str, Any]]:
         PaymentServiceError: no such file.
     """
     return {key: charge_of(record) for key, record in read_stored(db_path).items()}
+
+
+def read_replays(db_path: str | Path) -> dict[str, int]:
+    """Charges answered as replays per key (a key already executed, sent again to a service
+    that honours keys: nothing charged), from the service's own file.
+
+    Raises:
+        PaymentServiceError: no such file.
+    """
+    path = Path(db_path)
+    if not path.exists():
+        raise PaymentServiceError(f"payment service database {str(path)!r} does not exist")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+    try:
+        return {str(k): int(n) for k, n in conn.execute(
+            "SELECT key, COUNT(*) FROM replays GROUP BY key")}  # fmt: skip
+    finally:
+        conn.close()
 
 
 def main(argv: list[str] | None = None) -> int:

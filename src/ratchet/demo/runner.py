@@ -109,6 +109,7 @@ from .payments import (
     PaymentClient,
     PaymentService,
     PaymentServiceError,
+    read_replays,
     start_payment_service,
 )
 
@@ -224,7 +225,8 @@ class _Freeze:
     which stops itself at ``effect.before_call``.
 
     ``state``: ``waiting`` (runs, not frozen yet), ``frozen``, ``resumed`` (SIGCONT sent,
-    its late charge awaited), ``done``, ``failed`` (never froze in the window).
+    its late charge awaited), ``done``, ``failed`` (never froze in the window). ``before``:
+    the key's executions, refused tokens and replays at the service just before SIGCONT.
     """
 
     kind: str
@@ -239,8 +241,7 @@ class _Freeze:
     done_at: float | None = None
     settled_as: str | None = None
     settled_generation: int | None = None
-    saved_faults: dict[str, Any] = field(default_factory=dict)
-    rejected_before: int = 0
+    before: tuple[int, int, int] = (0, 0, 0)
     note: str = ""
 
     @property
@@ -717,10 +718,7 @@ class _DemoRun:
             return
         fz.settled_as = info.state.value if settled else None
         fz.settled_generation = info.generation
-        with contextlib.suppress(Exception):
-            fz.rejected_before = sum(
-                1 for r in self.services[fz.kind].records().rejections if r.key == fz.key
-            )
+        fz.before = self.at_target(fz)
         # The late charge must meet the target itself, not an injected fault.
         with contextlib.suppress(Exception), PaymentClient(self.services[fz.kind].url, 5.0) as c:
             c.set_faults(reply_lost=0.0, burst_503=0.0, slow=0.0)
@@ -737,26 +735,43 @@ class _DemoRun:
             f"(lease {self.lease_s:.1f} s); {what}; its charge leaves now"
         )
 
+    def at_target(self, fz: _Freeze) -> tuple[int, int, int]:
+        """``(executions, refused tokens, replays)`` of the frozen sender's key, counted in
+        its service's own file."""
+        service = self.services[fz.kind]
+        records = service.records()
+        return (
+            records.executions.get(fz.key or "", 0),
+            sum(1 for r in records.rejections if r.key == fz.key),
+            read_replays(service.db_path).get(fz.key or "", 0),
+        )
+
     def _check_late(self, fz: _Freeze) -> None:
         assert fz.resumed_at is not None and fz.task_id is not None
+        now = self.at_target(fz)
+        executed, refused, replayed = (a - b for a, b in zip(now, fz.before, strict=True))
         late = self.late_effects(fz.task_id)
-        rejected = 0
-        with contextlib.suppress(Exception):
-            rejected = (
-                sum(1 for r in self.services[fz.kind].records().rejections if r.key == fz.key)
-                - fz.rejected_before
-            )
         waited = self.now() - fz.resumed_at
-        if not late and not rejected and waited < 15.0:
+        # An execution is followed by the late-effect record (or not, at an idempotent
+        # target, which replays); give the ledger write a moment.
+        if executed and not late and waited < 3.0:
+            return
+        if not (executed or refused or replayed or late) and waited < 15.0:
             return
         self.restore_faults(fz.kind)
         fz.state, fz.done_at = "done", self.now()
-        if rejected:
+        if refused:
             seen = "the service refused its stale fencing token"
-        elif late:
-            seen = f"the ledger recorded a late effect ({late[0].outcome})"
+        elif replayed:
+            seen = "the service answered it as a replay (nothing charged)"
+        elif executed:
+            seen = "the service executed it" + (
+                f"; the ledger recorded a late effect ({late[0].outcome})"
+                if late
+                else "; [red]no late effect recorded[/]"
+            )
         else:
-            seen = "[yellow]no late outcome seen within 15 s[/]"
+            seen = "[yellow]nothing reached the service within 15 s[/]"
         self.log(f"{fz.kind}: the frozen sender's late charge: {seen}")
 
     # -- display
@@ -1030,7 +1045,7 @@ class _DemoRun:
             assert fz.key is not None
             n = executions.get(fz.key, 0)
             late_here = late.get(fz.key, [])
-            if kind == "fenced" and r.rejected(fz.key) <= fz.rejected_before:
+            if kind == "fenced" and r.rejected(fz.key) <= fz.before[1]:
                 p.append("the frozen sender's late charge was not refused by the service")
             if kind == "lookup" and not (n == 2 and fz.key in r.detected):
                 p.append(f"the frozen sender's late charge: {n} executions of {fz.key}, "
@@ -1048,24 +1063,27 @@ class _DemoRun:
         if fz.key is None or fz.state != "done":
             return "-", "-"
         n = r.records.executions.get(fz.key, 0)
-        late = r.late.get(fz.key, [])
         plural = "execution" if n == 1 else "executions"
-        replayed = False
-        for le in late:
-            replayed = replayed or (isinstance(le.detail, dict) and bool(le.detail.get("replayed")))
-        if r.rejected(fz.key) > fz.rejected_before:
+        executed, refused, replayed = (
+            a - b for a, b in zip(self.at_target(fz), fz.before, strict=True)
+        )
+        late = r.late.get(fz.key, [])
+        if refused:
             target = f"[green]refused[/] (stale token {fz.generation}); {n} {plural} in all"
         elif replayed:
             target = f"[green]answered as a replay[/]; {n} {plural} in all"
-        elif n > 1:
+        elif executed and n > 1:
             target = f"[yellow]executed again[/]: {n} {plural}"
-        else:
+        elif executed:
             target = f"executed; {n} {plural} in all"
-        ledger = (
-            f"late effect recorded (generation {late[0].generation}, {late[0].outcome})"
-            if late
-            else "no late effect (attempt abandoned)"
-        )
+        else:
+            target = f"[yellow]never arrived[/]; {n} {plural}"
+        if late:
+            ledger = f"late effect recorded (generation {late[0].generation}, {late[0].outcome})"
+        elif executed:
+            ledger = "[red]no late effect recorded[/]"
+        else:
+            ledger = "no late effect (nothing executed)"
         return target, ledger
 
     def report(self) -> int:
