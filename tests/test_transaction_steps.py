@@ -29,10 +29,9 @@ from pgsupport import pg_base_url
 
 from ratchet import App, PermanentError, RetryPolicy, State, TaskContext, TransientError
 from ratchet.config import parse_ledger_url
-from ratchet.errors import PayloadNotSerializable
+from ratchet.errors import PayloadNotSerializable, TransactionMisuse
 from ratchet.ledger.base import Ledger, TaskWrite, Transition
 from ratchet.ledger.dialect import CommitOutcomeUnknown
-from ratchet.ledger.engine import TransactionMisuse
 from ratchet.testing import ProcessGroup, wait_for
 from ratchet.testing.worker import running_worker
 

@@ -23,7 +23,8 @@
     ├── TaskFailure                    raised by task code to classify a failure (DESIGN §7)
     │   ├── TransientError             retry with backoff
     │   ├── PermanentError             fail now, no retry (dead-letter)
-    │   │   └── NonDeterministicReplay a replay called other checkpoints than recorded
+    │   │   ├── NonDeterministicReplay a replay called other checkpoints than recorded
+    │   │   └── TransactionMisuse      a transaction step's code ended its transaction
     │   ├── OverloadError              downstream overloaded: back off harder
     │   └── OutcomeUnknownError        the call may or may not have happened: look up first
     ├── EffectOutcomeUnknown           lookup could not settle an effect; task goes UNKNOWN
@@ -59,6 +60,7 @@ __all__ = [
     "TaskFailure",
     "TaskNotFound",
     "TokenRejected",
+    "TransactionMisuse",
     "TransientError",
     "UndecodableData",
     "UnknownTask",
@@ -287,6 +289,15 @@ class NonDeterministicReplay(PermanentError):
             "checkpoints must make the same calls in the same order on every attempt (put "
             "what varies inside a step)"
         )
+
+
+class TransactionMisuse(PermanentError):
+    """The function of a transaction step (``ctx.transaction``) ended the transaction it was
+    given (``commit()``/``rollback()``/``close()``, ``COMMIT`` or ``ROLLBACK`` sent as SQL,
+    ``executescript``), left it aborted after a failed statement it caught (PostgreSQL),
+    or called ``ctx.step`` / ``ctx.effect`` / ``ctx.transaction`` inside it: its writes and
+    the step's checkpoint could no longer commit together. A permanent failure: the task's
+    code must change."""
 
 
 class OverloadError(TaskFailure):

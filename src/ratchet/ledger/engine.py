@@ -21,8 +21,8 @@ from ..config import LedgerConfig
 from ..errors import (
     IdempotencyConflict,
     IllegalTransition,
-    PermanentError,
     TaskNotFound,
+    TransactionMisuse,
     WriteRejected,
 )
 from ..serde import dumps, printable
@@ -796,13 +796,6 @@ def _transition_row(write: TaskWrite, t: Transition, now: float) -> dict[str, An
         "result": t.result_json, "error": printable(t.error) if t.error else t.error,
         "error_class": t.error_class,
     }
-
-
-class TransactionMisuse(PermanentError):
-    """The function of a transaction step ended the transaction it was given (``COMMIT``
-    or ``ROLLBACK`` sent through a cursor, ``executescript``), or left it aborted after a
-    failed statement it caught (PostgreSQL): its writes and the step's checkpoint could no
-    longer commit together. A permanent failure: the task's code must change."""
 
 
 class _UserCodeFailed(Exception):

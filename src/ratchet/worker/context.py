@@ -54,6 +54,7 @@ from ..errors import (
     NonDeterministicReplay,
     PermanentError,
     StaleGeneration,
+    TransactionMisuse,
     TransientError,
     UndecodableData,
     WriteRejected,
@@ -240,6 +241,12 @@ class TaskContext:
         return self._ledger_t0 + (time.monotonic() - self._mono_t0)
 
     def _boundary(self) -> None:
+        if self._in_transaction:
+            # Inside a transaction step's fn: a checkpoint's write would wait for the row
+            # or file lock that the step's own transaction holds.
+            raise TransactionMisuse(
+                "ctx.step, ctx.effect and ctx.transaction cannot be called inside a "
+                "transaction step's function; call them before or after ctx.transaction")
         if self._stopping.is_set():
             raise Shutdown()
         if self._flush_stale:

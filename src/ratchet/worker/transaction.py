@@ -25,9 +25,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import faults
-from ..errors import LedgerUnavailable, StaleGeneration, WriteRejected
+from ..errors import LedgerUnavailable, StaleGeneration, TransactionMisuse, WriteRejected
 from ..ledger.base import TaskWrite
-from ..ledger.engine import TransactionMisuse
 from ..serde import dumps, loads
 from ..validation import check_checkpoint_name
 
@@ -58,7 +57,7 @@ def run_transaction(
 
     * Do not commit, roll back or close ``conn`` (nor use it as ``with conn:``): Ratchet
       does, with the checkpoint. These calls raise
-      :class:`~ratchet.ledger.engine.TransactionMisuse`; a ``COMMIT`` sent as SQL is
+      :class:`~ratchet.errors.TransactionMisuse`; a ``COMMIT`` sent as SQL is
       detected afterwards and raises it too (a permanent failure). On PostgreSQL,
       recover from a failed statement with a savepoint (``with conn.transaction():``).
     * Keep it short, and touch only the database: on SQLite it holds the ledger file's
