@@ -418,6 +418,9 @@ def test_row8_paused_holder_is_fenced(rig: Rig, control: Any, pause_at: str) -> 
     stats = rig.ledger.stats()
     assert stats.stale_rejections >= 1 and stats.takeovers == 1
     assert stats.lookup_hits == (1 if charged_by_a else 0)
+    # Not a late effect either way: A's reply came inside its lease (after_call), or A,
+    # unable to confirm its lease once resumed, never sent (after_intent).
+    assert stats.late_effects == 0 and rig.ledger.late_effects(task_id) == []
     assert_like_control(rig, task_id, ctl)
 
 
@@ -448,6 +451,7 @@ def test_row8_sigstop_during_slow_step_is_fenced(rig: Rig, control: Any) -> None
     _assert_stale_write_rejected(rig, task_id, a_holder, "finish:PENDING", info.result)
     assert a.returncode is None
     assert a.stop() == 0 and b.stop() == 0
+    assert rig.ledger.stats().late_effects == 0, "A never sent its charge"
     # A ran the step but its commit was rejected; B ran it again: two runs, one commit.
     runs = [(r.step, r.generation) for r in rig.step_runs(task_id)]
     assert sorted(runs) == [("finalize", 2), ("prepare", 1), ("prepare", 2)]
