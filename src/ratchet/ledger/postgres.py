@@ -457,6 +457,15 @@ class PostgresDialect:
             ) from exc
         except _REJECTED as exc:
             raise self._rejected(exc, tx.statement if tx else "begin") from exc
+        except pg_errors.IdleInTransactionSessionTimeout as exc:
+            # The server ended the session (this process was frozen inside the transaction
+            # past idle_in_transaction_session_timeout) before it read anything we sent
+            # after: the transaction is rolled back for certain, COMMIT included.
+            raise _RolledBack(
+                LedgerUnavailable(f"PostgreSQL ledger {self.where}: the server ended this "
+                                  f"session inside a transaction (rolled back): {exc}"),
+                connection_lost=True,
+            ) from exc
         except psycopg.OperationalError as exc:
             if committing:
                 raise CommitOutcomeUnknown(
