@@ -154,3 +154,40 @@ def test_billing_kinds_tasks_guarantees_and_service_urls(
     # in_flight_s of the lookup-only charge covers the slowest processing at the service.
     assert DemoSettings(slow_s=1.5, latency_s=0.35).effective_in_flight_s == 2.5
     assert DemoSettings(in_flight_s=7.0).effective_in_flight_s == 7.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_demo_fails_on_a_duplicate_its_kind_does_not_allow(ledger_url: str, tmp_path: Path) -> None:
+    """The checks follow each kind's guarantee, not a blanket "no duplicates": with the
+    ``idempotent`` service no longer honouring keys (``billing.charge`` still declares it
+    idempotent), the frozen sender's late charge executes a second time and, the target
+    being declared idempotent, no late effect explains it: the demo must fail on that kind
+    alone."""
+    out = io.StringIO()
+    workdir = tmp_path / "demo"
+    code = run_demo(
+        ledger_url,
+        tasks=40,
+        workers=2,
+        kills=0,
+        seed=3,
+        workdir=workdir,
+        settings=DemoSettings(
+            arrival_s=1.0,
+            batches=2,
+            stall_s=30.0,
+            honour_keys=False,
+            reply_lost=0.0,
+            burst_503=0.0,
+            slow=0.0,
+        ),
+        console=Console(file=out, width=200, color_system=None),
+    )
+    report = out.getvalue()
+    assert code == 1, report
+    failed = [line for line in report.splitlines() if "FAIL" in line]
+    assert any("idempotent:" in line and "executed more than once" in line for line in failed)
+    for kind in ("fenced", "lookup", "neither"):
+        assert not any(f"{kind}:" in line for line in failed), report
+    assert max(read_records(workdir / "payments-idempotent.db").executions.values()) == 2

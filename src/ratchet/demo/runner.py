@@ -508,6 +508,9 @@ class _DemoRun:
 
     @property
     def ledger(self) -> Ledger:
+        """The App's ledger, for what :class:`~ratchet.Control` does not offer: the bulk read
+        of the run's tasks (``get_many``) and the timelines :mod:`ratchet.testing`'s checks
+        take. Everything else goes through ``self.control``."""
         return self.app.ledger
 
     def now(self) -> float:
@@ -697,7 +700,7 @@ class _DemoRun:
         if self.sqlite_write_lock_held():
             self._retry_freeze(fz, "it froze inside a SQLite write")
             return
-        info = self.ledger.get(held[0])
+        info = self.control.get(held[0])
         fz.task_id, fz.generation = info.task_id, info.generation
         fz.key = f"charge:{info.params['order_id']}"
         fz.state, fz.frozen_at = "frozen", self.now()
@@ -709,7 +712,7 @@ class _DemoRun:
 
     def _maybe_resume(self, fz: _Freeze) -> None:
         assert fz.proc is not None and fz.task_id is not None and fz.frozen_at is not None
-        info = self.ledger.get(fz.task_id)
+        info = self.control.get(fz.task_id)
         frozen_for = self.now() - fz.frozen_at
         settled = info.state in _SETTLED and info.generation > (fz.generation or 0)
         if frozen_for < self.s.pause_factor * self.lease_s:
@@ -849,7 +852,7 @@ class _DemoRun:
             f"{s.burst_503:.0%}, slow {s.slow:.0%} x {s.slow_s:.1f} s"
             + ("" if s.honour_keys else ", [bold red]keys NOT honoured[/]")
         )
-        self.ledger.migrate()
+        self.control.migrate()
         # The would-be frozen senders start first, so each finds a task of its kind.
         for fz in self.freezes.values():
             self.start_freezer(fz)
