@@ -126,6 +126,8 @@ DEMO_PG_SCHEMA = "ratchet_demo"
 """The demo's schema on a PostgreSQL ledger whose URL names none (dropped every run)."""
 _PG_SCHEMA_COMMENT = "created by ratchet demo; dropped and recreated at the start of every run"
 _FREEZE_POINT = "effect.before_call"
+_FREEZE_HEAD_START_S = 15.0
+"""Seconds the would-be frozen senders run alone before the workers start (at most)."""
 _SETTLED = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.UNKNOWN)
 """States in which a task no longer moves by itself (UNKNOWN waits for a person)."""
 
@@ -853,11 +855,12 @@ class _DemoRun:
             + ("" if s.honour_keys else ", [bold red]keys NOT honoured[/]")
         )
         self.control.migrate()
-        # The would-be frozen senders start first, so each finds a task of its kind.
+        # The would-be frozen senders start first, and the workers only once each of them
+        # has frozen (or after FREEZE_HEAD_START_S): each finds a task of its kind however
+        # fast the workers would drain the queue.
         for fz in self.freezes.values():
             self.start_freezer(fz)
-        for slot in self.slots:
-            self.start_worker(slot)
+        workers_started = False
 
         batches = max(1, min(s.batches, self.n_tasks))
         per_batch = -(-self.n_tasks // batches)
@@ -905,6 +908,15 @@ class _DemoRun:
                 if not resubmitted and self.submitted >= min(self.n_tasks, s.resubmits):
                     resubmitted = True
                     self._resubmit()
+                if not workers_started and (
+                    all(f.state != "waiting" for f in self.freezes.values())
+                    or t >= _FREEZE_HEAD_START_S
+                ):
+                    workers_started = True
+                    for slot in self.slots:
+                        self.start_worker(slot)
+                    if self.freezes:
+                        self.log(f"{len(self.slots)} workers started (frozen senders in place)")
                 # liveness: a worker that died by itself is restarted (and reported)
                 for slot in self.slots:
                     if slot.proc is not None and not slot.alive():
