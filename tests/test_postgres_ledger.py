@@ -17,7 +17,7 @@ from psycopg import sql
 from ratchet import open_ledger
 from ratchet.app import new_task_id
 from ratchet.errors import ConfigError, SchemaTooNew
-from ratchet.ledger.base import Ledger, NewTask, WorkerInfo
+from ratchet.ledger.base import Ledger, NewTask, RenewResult, WorkerInfo
 from ratchet.serde import digest, dumps
 from ratchet.states import State
 
@@ -268,3 +268,41 @@ def test_non_ascii_names_and_keys_with_a_latin1_client_encoding(pg: tuple[str, s
         assert (info.name, info.idempotency_key) == ("tâche", "clé-€")
     finally:
         app.close()
+
+
+def test_renew_does_not_wait_for_a_locked_task_row(pg: tuple[str, str]) -> None:
+    """A task row locked by another transaction (a transaction step running its user code)
+    must not hold up the renewal of the worker's other leases: the locked lease is reported
+    held at its current lease_until, the others are extended, and the renewal returns
+    while the lock is still held. Once the lock is gone the next renewal extends it."""
+    url, schema = pg
+    ledger = open_ledger(url)
+    try:
+        ledger.submit([_task(), _task()])
+        claims = ledger.claim("w", ["pg.task"], 2)
+        assert len(claims) == 2
+        locked, free = sorted(claims, key=lambda c: c.task_id)
+        leases = [(c.task_id, c.generation) for c in (locked, free)]
+        with _raw(url) as holder_of_lock:
+            holder_of_lock.execute("BEGIN")
+            holder_of_lock.execute(sql.SQL("SELECT 1 FROM {}.tasks WHERE id = %s FOR UPDATE")
+                                   .format(sql.Identifier(schema)), (locked.task_id,))
+            done: list[list[RenewResult]] = []
+            renewer = threading.Thread(target=lambda: done.append(ledger.renew("w", leases)))
+            renewer.start()
+            renewer.join(timeout=20.0)
+            assert not renewer.is_alive(), "renew waited for another transaction's row lock"
+            results = {r.task_id: r for r in done[0]}
+            assert results[locked.task_id].ok and not results[locked.task_id].extended
+            assert results[locked.task_id].lease_until == pytest.approx(locked.lease_until)
+            assert results[free.task_id].ok and results[free.task_id].extended
+            assert (results[free.task_id].lease_until or 0.0) > free.lease_until
+            holder_of_lock.execute("ROLLBACK")
+        again = {r.task_id: r for r in ledger.renew("w", leases)}
+        assert again[locked.task_id].ok and again[locked.task_id].extended
+        assert (again[locked.task_id].lease_until or 0.0) > locked.lease_until
+        # A lease that is really gone is still reported lost.
+        lost = ledger.renew("w", [(locked.task_id, locked.generation + 1)])
+        assert [(r.ok, r.extended) for r in lost] == [(False, False)]
+    finally:
+        ledger.close()

@@ -238,13 +238,19 @@ class Claim:
 @_fast_init
 @dataclass(frozen=True, slots=True)
 class RenewResult:
-    """Per-lease result of :meth:`Ledger.renew`; ``ok`` False means the lease is lost."""
+    """Per-lease result of :meth:`Ledger.renew`; ``ok`` False means the lease is lost.
+
+    ``extended`` False (with ``ok``): still held, but not extended this time (its task row
+    was locked by another transaction); ``lease_until`` is the current expiry, and the
+    caller should renew again soon.
+    """
 
     task_id: str
     generation: int
     ok: bool
     lease_until: float | None
     ledger_now: float
+    extended: bool = True
 
 
 @_fast_init
@@ -547,7 +553,10 @@ class Ledger(Protocol):
 
         A lease renews only if the task is RUNNING at that generation for that holder and
         ``lease_until`` has not passed by the ledger clock. The holder's registry heartbeat
-        (``workers.last_seen``) moves to ledger-now in the same transaction.
+        (``workers.last_seen``) moves to ledger-now in the same transaction. A lease whose
+        task row another transaction holds locked (PostgreSQL: a transaction step running
+        its user code) is not waited for: it is reported ``ok`` at its current, unextended
+        ``lease_until``, and the next renewal extends it.
         """
         ...
 

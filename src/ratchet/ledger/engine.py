@@ -310,12 +310,28 @@ class LedgerEngine:
                     "holder": holder,
                 })
             }
+            held: dict[tuple[str, int], float] = {}
+            missing = [lease for lease in leases if lease not in renewed]
+            if missing:
+                # Not extended: expired or taken over (lost), or its row was locked by
+                # another transaction (PostgreSQL skips it): still ours until its current
+                # lease_until, extended by the next round.
+                for r in tx.rows("renew_held", {
+                    "ids": [task_id for task_id, _ in missing],
+                    "generations": [generation for _, generation in missing],
+                    "holder": holder,
+                }):
+                    held[(r[0], r[1])] = r[2]
             tx.execute("worker_seen", {"holder": holder, "now": tx.now})
-            return [
-                RenewResult(task_id, generation, (task_id, generation) in renewed,
-                            renewed.get((task_id, generation)), tx.now)
-                for task_id, generation in leases
-            ]
+            out = []
+            for lease in leases:
+                if lease in renewed:
+                    out.append(RenewResult(lease[0], lease[1], True, renewed[lease], tx.now))
+                else:
+                    until = held.get(lease)
+                    out.append(RenewResult(lease[0], lease[1], until is not None, until,
+                                           tx.now, False))
+            return out
 
         return self.dialect.run(body)
 

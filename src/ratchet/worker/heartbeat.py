@@ -241,7 +241,12 @@ class Heartbeat(threading.Thread):
                         handle.confirm(
                             t_sent + (r.lease_until - r.ledger_now) - margin_for(handle.lease_s)
                         )
-                        handle.renew_due = t_sent + handle.lease_s / 3.0
+                        # Not extended (its row was locked by another transaction,
+                        # e.g. a transaction step): still ours until lease_until; ask
+                        # again soon rather than a third of a lease later.
+                        handle.renew_due = t_sent + (
+                            handle.lease_s / 3.0 if r.extended
+                            else min(0.25, handle.lease_s / 10.0))
                     else:
                         handle.mark_lost()
                         handle.renew_due = float("inf")

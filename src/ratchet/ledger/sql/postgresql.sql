@@ -112,16 +112,26 @@ WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'
 
 -- name: renew
 -- Rows are locked in id order first, like every fenced write, so a renewal and a commit of
--- the same worker never deadlock.
+-- the same worker never deadlock. A row locked by another transaction (a transaction
+-- step of ours running its user code, a commit in flight) is skipped, not waited for:
+-- renew_held reports it still held at its current lease_until, and the next renewal
+-- round extends it. So one slow transaction step cannot hold up every other lease.
 WITH wanted AS (
     SELECT * FROM unnest(%(ids)s::text[], %(generations)s::bigint[]) AS w(id, gen)),
 locked AS (
     SELECT t.id FROM tasks t JOIN wanted w ON t.id = w.id AND t.generation = w.gen
     WHERE t.holder = %(holder)s AND t.state = 'RUNNING' AND t.lease_until >= %(now)s
-    ORDER BY t.id FOR UPDATE OF t)
+    ORDER BY t.id FOR UPDATE OF t SKIP LOCKED)
 UPDATE tasks t SET lease_until = %(now)s + t.lease_s FROM locked
 WHERE t.id = locked.id
 RETURNING t.id, t.generation, t.lease_until;
+
+-- name: renew_held
+-- Leases a renewal did not extend (their row was locked) that are still ours and unexpired.
+SELECT t.id, t.generation, t.lease_until FROM tasks t
+JOIN unnest(%(ids)s::text[], %(generations)s::bigint[]) AS w(id, gen)
+  ON t.id = w.id AND t.generation = w.gen
+WHERE t.holder = %(holder)s AND t.state = 'RUNNING' AND t.lease_until >= %(now)s;
 
 -- name: worker_seen
 UPDATE workers SET last_seen = %(now)s WHERE holder = %(holder)s AND state <> 'dead';

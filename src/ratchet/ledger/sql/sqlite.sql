@@ -102,6 +102,14 @@ WHERE (id, generation) IN (SELECT i.value, g.value FROM json_each(:ids) AS i
   AND holder = :holder AND state = 'RUNNING' AND lease_until >= :now
 RETURNING id, generation, lease_until;
 
+-- name: renew_held
+-- Leases a renewal did not extend that are still ours and unexpired (none on SQLite: the
+-- write lock serialises everything, so renew extends every valid lease it is asked for).
+SELECT id, generation, lease_until FROM tasks
+WHERE (id, generation) IN (SELECT i.value, g.value FROM json_each(:ids) AS i
+                           JOIN json_each(:generations) AS g ON g.key = i.key)
+  AND holder = :holder AND state = 'RUNNING' AND lease_until >= :now;
+
 -- name: worker_seen
 UPDATE workers SET last_seen = :now WHERE holder = :holder AND state <> 'dead';
 
