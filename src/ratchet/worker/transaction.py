@@ -62,7 +62,8 @@ def run_transaction(
       recover from a failed statement with a savepoint (``with conn.transaction():``).
     * Keep it short, and touch only the database: on SQLite it holds the ledger file's
       single write lock (every other worker's ledger writes wait); on PostgreSQL it holds
-      the task row's lock (this worker's lease renewals wait), and the server ends a
+      the task row's lock (renewals skip it until it commits: its lease is not extended
+      meanwhile), and the server ends a
       session idle inside a transaction for more than 3 s (rolling everything back).
     * It may run more than once when the database rolled the transaction back (a deadlock,
       a connection lost before ``COMMIT``, a lost ``COMMIT`` reply whose transaction did not
