@@ -8,6 +8,10 @@ Everything that must be counted is counted *outside* Ratchet:
 * every charge goes over real HTTP to the counting service (:mod:`ratchet.testing`) at
   ``CRASH_PAY_URL``, which counts executions per key in its own SQLite file.
 
+The charge task's ``target`` param picks the kind of target its effect assumes
+(:data:`TARGETS`: lookup only, honours keys, checks fencing tokens, neither); the default
+is the lookup-only charge every crash-matrix row uses.
+
 The ledger comes from ``RATCHET_LEDGER_URL`` (the worker CLI's ``--ledger`` overrides it).
 Leases are short (``CRASH_LEASE_S``, default 1 s) and retries fast, so a crash test spends
 its time on recovery, not on waiting.
