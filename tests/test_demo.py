@@ -187,7 +187,9 @@ def test_demo_fails_on_a_duplicate_its_kind_does_not_allow(ledger_url: str, tmp_
     report = out.getvalue()
     assert code == 1, report
     failed = [line for line in report.splitlines() if "FAIL" in line]
-    assert any("idempotent:" in line and "executed more than once" in line for line in failed)
+    assert any("idempotent:" in line and "executed more than once" in line for line in failed), (
+        report
+    )
     for kind in ("fenced", "lookup", "neither"):
         assert not any(f"{kind}:" in line for line in failed), report
     assert max(read_records(workdir / "payments-idempotent.db").executions.values()) == 2

@@ -16,8 +16,9 @@ killed and frozen senders wake up late.
 4. kills a random worker with a real ``SIGKILL`` at random moments (at least ``kills``
    times) and restarts it;
 5. freezes one sender per kind in the middle of a call: a worker process for that kind's
-   task only, started with ``RATCHET_PAUSE_AT=effect.before_call``, stops itself with
-   ``SIGSTOP`` after its last lease check and before its charge leaves. It stays frozen
+   task only, started with ``RATCHET_PAUSE_AT=effect.before_call`` (before the workers of
+   step 3, so it finds a task of its kind), stops itself with ``SIGSTOP`` after its last
+   lease check and before its charge leaves. It stays frozen
    past its lease until another worker has taken its task over and settled it, then gets
    ``SIGCONT`` and sends its charge late (the faults of that one service are paused for
    that moment, so the report shows what the target does with a late charge, not an
@@ -480,7 +481,6 @@ class _DemoRun:
         self.lease_s = self.app.definition(billing.TASKS["idempotent"]).lease_s
         self.services: dict[str, PaymentService] = {}
         self.slots = [_Slot(i) for i in range(workers)]
-        self.freezes = {kind: _Freeze(kind) for kind in KINDS} if settings.freeze else {}
         # Fault points of a test running the demo must not leak into its workers.
         self.procs = ProcessGroup(
             workdir / "logs", cwd=workdir,
@@ -494,6 +494,9 @@ class _DemoRun:
             for i in range(tasks)
         ]
         self.total_of: Counter[str] = Counter(kind for _, _, kind in self.orders)
+        self.freezes = {
+            kind: _Freeze(kind) for kind in KINDS if settings.freeze and self.total_of[kind]
+        }
         self.task_ids: list[str] = []
         self.kind_of: dict[str, str] = {}
         self.submitted = 0
