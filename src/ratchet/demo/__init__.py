@@ -1,12 +1,16 @@
-"""The ``ratchet demo`` main job: a faulty payment service, a billing app, a chaos runner.
+"""The ``ratchet demo`` main job: four faulty payment services, a billing app, a chaos runner.
 
 * :mod:`ratchet.demo.payments` — a fake payment API: :mod:`ratchet.testing`'s counting
   service (its own process, real HTTP on loopback, its own SQLite file counting every
-  execution, fault injection) with charges as its executions;
-* :mod:`ratchet.demo.billing` — the demo's Ratchet app (``billing.charge``);
+  execution, fault injection) with charges as its executions, in one of four kinds of
+  target (:data:`~ratchet.demo.payments.KINDS`: honours the idempotency key, checks
+  fencing tokens, answers lookups only, neither);
+* :mod:`ratchet.demo.billing` — the demo's Ratchet app, one task per kind of target
+  (:data:`~ratchet.demo.billing.TASKS`, ``billing.charge`` for the idempotent one);
 * :mod:`ratchet.demo.runner` — :func:`~ratchet.demo.runner.run_demo`: submits the work,
-  runs worker processes, kills and pauses them (:class:`ratchet.testing.ProcessGroup`),
-  and checks the result at the external side (:func:`ratchet.testing.check_exactly_once`).
+  runs worker processes, kills them, freezes one sender per kind mid-call past its lease
+  (:class:`ratchet.testing.ProcessGroup`), and checks each kind's guarantee at its service
+  (:func:`ratchet.testing.check_exactly_once`, late effects through :class:`ratchet.Control`).
 """
 
 from __future__ import annotations
