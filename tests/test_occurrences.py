@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -406,3 +407,87 @@ def test_permanent_error_base_class_is_kept() -> None:
     keeps working."""
     assert issubclass(NonDeterministicReplay, PermanentError)
     assert sys.modules["ratchet"].NonDeterministicReplay is NonDeterministicReplay
+
+
+def _fail_once(app: App, operation: str) -> list[str]:
+    """Make the ledger's next commit that carries ``operation`` fail as an outage
+    (``LedgerUnavailable``), once; returns the list the injection appends to."""
+    from ratchet.errors import LedgerUnavailable
+
+    ledger = app.ledger
+    failed: list[str] = []
+    for method in ("commit", "commit_and_claim"):
+        original = getattr(ledger, method)
+
+        def wrapped(writes: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            if not failed and any(w.operation == operation for w in writes):
+                failed.append(operation)
+                raise LedgerUnavailable("injected outage")
+            return _original(writes, *args, **kwargs)
+
+        setattr(ledger, method, wrapped)
+    return failed
+
+
+def test_a_flush_lost_to_an_outage_leaves_no_hole_in_the_history(app: App) -> None:
+    """Step a's pipelined write is lost to an outage; the next flush must carry a again
+    with b, so the durable history is always a prefix of the code path (never b without
+    a: a crash then would re-run a and reuse a b computed from the old a)."""
+    import threading
+
+    release = threading.Event()
+    observed: list[list[str]] = []
+
+    @app.task(name="t.prefix")
+    def prefix(ctx: TaskContext) -> int:
+        ctx.step("a", lambda: 1)
+        ctx.step("b", lambda: 2)  # starting b hands a's write to the writer: it fails
+        wait_for("the injected outage", lambda: failed)
+        for _ in range(20):  # each step start hands the pending steps to the writer
+            ctx.step("c", time.sleep, 0.01)
+        release.wait(20)
+        return 0
+
+    failed = _fail_once(app, "step:a")
+    handle = app.submit("t.prefix", {})
+    with running_worker(app, concurrency=1):
+        def durable() -> list[str] | None:
+            names = [s.name for s in app.ledger.timeline(handle.task_id).steps]
+            observed.append(names)
+            return names if len(names) >= 2 else None
+
+        names = wait_for("steps a and b to be durable", durable)
+        release.set()
+        wait_for("the task to finish", lambda: handle.get().state is State.SUCCEEDED)
+    assert failed == ["step:a"], "the outage was injected"
+    assert names[:2] == ["a", "b"]
+    expected = ["a", "b", "c", *[f"c#{n}" for n in range(2, 21)]]
+    assert all(seen == expected[: len(seen)] for seen in observed), observed
+
+
+def test_a_late_call_is_recorded_when_the_result_write_meets_an_outage(app: App) -> None:
+    """The stale holder's result write fails with an outage instead of a stale rejection:
+    the late call is still recorded once the ledger answers (it reads whether the task was
+    taken over, then appends the record)."""
+    charged: Counter[str] = Counter()
+
+    @app.task(name="t.late_outage", retry=FAST)
+    def late_outage(ctx: TaskContext) -> Any:
+        def call(key: str) -> str:
+            charged[key] += 1
+            if ctx.generation == 1:
+                app.ledger.revoke_holder(ctx.holder, "test", "simulated takeover")
+                ctx.lease.mark_lost()
+            return f"charge-{ctx.generation}"
+
+        return ctx.effect("charge", call, key="late:2", lookup=lambda key: NOT_FOUND)
+
+    failed = _fail_once(app, "effect_done:charge")
+    handle = app.submit("t.late_outage", {})
+    drain(app)
+    assert failed == ["effect_done:charge"]
+    info = handle.get()
+    assert info.state is State.SUCCEEDED, info.last_error
+    assert charged == Counter({"late:2": 2}), "the lookup-only target executed twice"
+    [record] = app.ledger.late_effects(handle.task_id)
+    assert (record.key, record.generation, record.outcome) == ("late:2", 1, "done")

@@ -66,12 +66,6 @@ def test_frozen_sender_lookup_only_late_reply_lost_still_detected(rig: Rig) -> N
     assert_guarantee(rig, run_frozen_sender(rig, "lookup", _start(rig), a_reply_lost=True))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not detected yet: at a target with neither lookup nor dedupe, a late request "
-    "whose reply is lost ends A's attempt in EffectOutcomeUnknown, whose UNKNOWN write is "
-    "rejected as stale, and no late effect is recorded (requests-sigstop.md, item 5)",
-)
 def test_frozen_sender_neither_late_reply_lost_still_detected(rig: Rig) -> None:
     """Neither lookup nor dedupe, and the reply to A's late request is lost: A's request
     executed (the only execution; B made none), and must be kept as a late effect with

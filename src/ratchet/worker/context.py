@@ -82,6 +82,12 @@ log = logging.getLogger("ratchet.worker")
 T = TypeVar("T")
 
 
+LATE_EVIDENCE_WAIT_S: Final = 30.0
+"""How long a stale holder keeps trying to reach the ledger to record a late effect (or to
+learn whether it was taken over), seconds: the evidence of a possible duplicate outlives a
+short outage instead of being lost with it."""
+
+
 class NotFound:
     """Type of :data:`NOT_FOUND`, the answer of a lookup that confirms the key is absent."""
 
@@ -217,6 +223,8 @@ class TaskContext:
         self._saved: set[str] = set()  # names a flush confirmed (set by the writer thread)
         self._flush_stale = False
         self._flush_rejected: WriteRejected | None = None  # a flush the database refused
+        self._flush_inflight = False  # a pipelined flush awaits its outcome (one at a time)
+        self._flush_failed = False  # a flush was lost to an outage: resend from the first
         self._in_transaction = False  # inside a transaction step's fn (worker/transaction.py)
 
     def load_params(self) -> dict[str, Any]:
@@ -331,8 +339,20 @@ class TaskContext:
         self.steps_saved(carried)
 
     def _flush_steps(self) -> None:
-        """Hand the steps not yet sent to the writer without waiting (pipelined)."""
-        batch = self._unsaved[self._sent :]
+        """Hand the steps not yet sent to the writer without waiting (pipelined).
+
+        At most one flush per task is in flight: the next one is built only once the
+        previous one's outcome is known, so after a flush lost to an outage the next one
+        carries every step not confirmed, from the first. The durable history stays a
+        prefix of the code path (a later flush never commits without an earlier one).
+        """
+        if self._flush_inflight:
+            return  # these steps go with the next flush or the next durable write
+        if self._flush_failed:
+            self._flush_failed = False
+            batch = self.unsaved_steps()
+        else:
+            batch = self._unsaved[self._sent :]
         if not batch:
             return
         self._sent = len(self._unsaved)
@@ -340,20 +360,27 @@ class TaskContext:
                           f"step:{batch[-1][0]}", steps=batch)
 
         def done(outcome: CommitOutcome | None, error: BaseException | None) -> None:
-            if outcome is None:
-                if isinstance(error, WriteRejected):
-                    self._flush_rejected = error  # raised at the next step or effect
-                return  # not durable: the task's next write carries these steps again
-            if outcome.stale:
-                self._flush_stale = True
-                return
-            self._saved.update(s[0] for s in batch)
-            for _ in batch:
-                faults.point("step.after_commit")
+            try:
+                if outcome is None:
+                    if isinstance(error, WriteRejected):
+                        self._flush_rejected = error  # raised at the next step or effect
+                    else:
+                        self._flush_failed = True  # the next flush starts from the first
+                    return  # not durable: the next flush or write carries them again
+                if outcome.stale:
+                    self._flush_stale = True
+                    return
+                self._saved.update(s[0] for s in batch)
+                for _ in batch:
+                    faults.point("step.after_commit")
+            finally:
+                self._flush_inflight = False
 
+        self._flush_inflight = True
         try:
             self._writer.submit(write, done)
         except WriterStopped:
+            self._flush_inflight = False
             self._sent = 0  # writer stopping: the next write carries them
 
     @property
@@ -635,6 +662,14 @@ class TaskContext:
                 # without a lookup, even when the target cannot be asked.
                 self._record(cp, key, params_digest, EffectState.NOT_DONE, None, False)
                 raise
+            late = (not in_window and not target.idempotent
+                    and self._taken_over(LATE_EVIDENCE_WAIT_S) is True)
+            if late:
+                # Sent after our safe window closed, and another holder has the task: the
+                # request may have executed after its lookup. Keep the evidence now: what
+                # this attempt writes next is fenced out (with no lookup the UNKNOWN
+                # write, which would otherwise be the only trace, is rejected too).
+                self._record_late(cp, key, "unknown", printable(repr(exc)))
             if classify(exc) is not FailureClass.UNKNOWN_OUTCOME:
                 raise
             try:
@@ -642,7 +677,7 @@ class TaskContext:
                                             f"call failed with unknown outcome: {exc!r}",
                                             sent_at)
             except StaleGeneration:
-                if not in_window and not target.idempotent:
+                if not late and not in_window and not target.idempotent:
                     self._record_late(cp, key, "unknown", printable(repr(exc)))
                 raise
             if found:
@@ -665,6 +700,31 @@ class TaskContext:
             if not in_window and not target.idempotent:
                 self._record_late(cp, key, "done", _json_or_repr(result))
             raise
+        except LedgerUnavailable:
+            # The result write did not reach the ledger; if another holder has the task,
+            # this late call is still evidence to keep (waiting for the ledger a while).
+            if (not in_window and not target.idempotent
+                    and self._taken_over(LATE_EVIDENCE_WAIT_S) is True):
+                self._record_late(cp, key, "done", _json_or_repr(result))
+            raise
+
+    def _taken_over(self, wait_s: float) -> bool | None:
+        """True when the ledger says another claim of this task exists (a read, not
+        fenced); None when the ledger could not be read within ``wait_s`` seconds."""
+        deadline = time.monotonic() + wait_s
+        delay_s = 0.05
+        while True:
+            try:
+                info = self._writer.ledger.get(self.task_id)
+            except (LedgerError, OSError) as exc:
+                if time.monotonic() + delay_s > deadline:
+                    log.error("task %s: cannot tell whether the task was taken over (%s)",
+                              self.task_id, exc)
+                    return None
+                time.sleep(delay_s)  # the ledger is down: back off, capped
+                delay_s = min(1.0, delay_s * 2)
+                continue
+            return info.generation != self.generation
 
     def _record_late(self, cp: Checkpoint, key: str, outcome: str, detail: str | None) -> None:
         """Append a late-effect record for a call this stale holder sent after its safe
@@ -677,11 +737,20 @@ class TaskContext:
         )
         late = LateEffect(0, self.task_id, cp.stored_name, key, self.generation, self.holder,
                           0.0, outcome, detail)
-        try:
-            self._writer.ledger.record_late_effect(late)
-        except (LedgerError, OSError) as exc:
-            log.error("task %s: could not record the late effect of %s: %s",
-                      self.task_id, cp.describe(), exc)
+        deadline = time.monotonic() + LATE_EVIDENCE_WAIT_S
+        delay_s = 0.05
+        while True:
+            try:
+                self._writer.ledger.record_late_effect(late)
+                return
+            except (LedgerError, OSError) as exc:
+                if time.monotonic() + delay_s > deadline:
+                    log.error("task %s: could not record the late effect of %s (key %s, "
+                              "generation %d): %s", self.task_id, cp.describe(), key,
+                              self.generation, exc)
+                    return
+                time.sleep(delay_s)  # the ledger is down: back off, capped
+                delay_s = min(1.0, delay_s * 2)
 
     def open_intents(self) -> list[str]:
         """Names of effects whose intent is recorded but whose outcome is not."""
