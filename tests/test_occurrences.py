@@ -280,25 +280,48 @@ def test_fenced_effect_hands_the_token_to_call_and_lookup(app: App) -> None:
                     ("lookup", "pay:1", 2), ("call", "pay:1", 2)]
 
 
-def test_token_rejected_by_the_target_abandons_the_attempt(app: App) -> None:
-    """A call the target refuses for a stale token (``TokenRejected``) is not retried by
-    this holder and records no late effect: nothing executed."""
+def test_token_rejected_while_the_claim_is_current_fails_clearly(app: App) -> None:
+    """The target refuses the token of the task's current claim (its tokens for the key
+    come from elsewhere: another task shares the key). Not a stale holder: the effect is
+    recorded as not done and the task fails at once, naming the token and the key, instead
+    of idling until its lease expires. (A refused token of a stale holder is the
+    frozen-sender tests' case: that attempt is dropped.)"""
     from ratchet import TokenRejected
 
-    @app.task(name="t.rejected", retry=RetryPolicy(max_attempts=1))
+    @app.task(name="t.rejected", retry=RetryPolicy(max_attempts=3))
     def rejected(ctx: TaskContext) -> Any:
         def call(key: str, token: int) -> str:
-            raise TokenRejected(key, token, token + 1)
+            raise TokenRejected(key, token, token + 5)
         return ctx.effect("pay", call, key="pay:2", fenced=True)
 
     handle = app.submit("t.rejected", {})
-    with running_worker(app, concurrency=1) as worker:
-        wait_for("the attempt to end as stale", lambda: worker.stats.stale >= 1)
-        assert worker.stats.by_outcome.get("stale") == 1
-        info = handle.get()
-        assert info.state is State.RUNNING and info.generation == 1, "no retry by this holder"
-    assert worker.stats.failed == 0 and worker.stats.retried == 0
+    drain(app)
+    info = handle.get()
+    assert info.state is State.FAILED and info.attempt == 1
+    assert info.error_class == "permanent"
+    assert "refused fencing token 1 for key 'pay:2'" in (info.last_error or "")
+    [effect] = app.ledger.timeline(handle.task_id).effects
+    assert effect.state is EffectState.NOT_DONE
     assert app.ledger.late_effects(handle.task_id) == []
+
+
+@pytest.mark.parametrize("fenced", [True, False])
+def test_a_call_of_the_wrong_shape_is_refused_before_the_intent(app: App, fenced: bool) -> None:
+    """``fenced=True`` calls ``call(key, token)``: a one-argument call is refused up front
+    (InvalidArguments, FAILED), not after its intent (which would need an operator)."""
+
+    @app.task(name="t.shape", retry=FAST)
+    def shape(ctx: TaskContext) -> Any:
+        call = (lambda key: key) if fenced else (lambda key, token: key)
+        return ctx.effect("pay", call, key="pay:3", fenced=fenced)
+
+    handle = app.submit("t.shape", {})
+    drain(app)
+    info = handle.get()
+    assert info.state is State.FAILED and info.attempt == 1
+    expected = "call(key, token)" if fenced else "call(key)"
+    assert expected in (info.last_error or ""), info.last_error
+    assert app.ledger.timeline(handle.task_id).effects == []
 
 
 @pytest.mark.parametrize("window_closed", [True, False], ids=["frozen", "in_window"])

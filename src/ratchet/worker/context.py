@@ -37,6 +37,7 @@ refused in the background raises it at the task's next step or effect.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import threading
@@ -54,6 +55,7 @@ from ..errors import (
     NonDeterministicReplay,
     PermanentError,
     StaleGeneration,
+    TokenRejected,
     TransactionMisuse,
     TransientError,
     UndecodableData,
@@ -587,6 +589,11 @@ class TaskContext:
                 f"in_flight_s must be a finite number of seconds >= 0 or None, got "
                 f"{in_flight_s!r}"
             )
+        _check_callable(call, 2 if fenced else 1, "call", "call(key, token)" if fenced
+                        else "call(key)")
+        if lookup is not None:
+            _check_callable(lookup, 2 if fenced else 1, "lookup",
+                            "lookup(key, token)" if fenced else "lookup(key)")
         target = _Target(call, lookup, idempotent, fenced, in_flight_s)
         hooks = self._hooks
         if hooks is None:
@@ -655,8 +662,10 @@ class TaskContext:
             result = target.send(key, self.generation)
         except Exception as exc:
             in_window = self._lease.remaining_s() > 0
+            if isinstance(exc, TokenRejected):
+                self._token_rejected(cp, key, params_digest, exc)
             if isinstance(exc, FenceError):
-                raise  # TokenRejected: the target refused us; nothing executed
+                raise
             if proves_not_executed(exc):
                 # Evidence that nothing happened: the next attempt calls again (same key)
                 # without a lookup, even when the target cannot be asked.
@@ -707,6 +716,31 @@ class TaskContext:
                     and self._taken_over(LATE_EVIDENCE_WAIT_S) is True):
                 self._record_late(cp, key, "done", _json_or_repr(result))
             raise
+
+    def _token_rejected(
+        self, cp: Checkpoint, key: str, params_digest: str, exc: TokenRejected
+    ) -> None:
+        """The target refused this claim's fencing token. Return (the caller re-raises
+        ``exc``: this holder is stale) when the ledger has a newer claim or cannot tell;
+        when this claim is still the current one, the target's tokens for ``key`` come from
+        elsewhere (another task uses the key, or the target counts its own): record the
+        effect as not done (the target refused it) and fail permanently instead of idling
+        until the lease expires.
+
+        Raises:
+            PermanentError: this claim is current, yet the target refused its token.
+        """
+        log.warning("task %s: %s", self.task_id, exc)
+        if self._taken_over(1.0) is not False:
+            return
+        self._record(cp, key, params_digest, EffectState.NOT_DONE, None, False)
+        raise PermanentError(
+            f"{cp.describe()}: the target refused fencing token {exc.token} for key {key!r}"
+            f" (highest it has seen: {exc.highest}), but this claim (generation "
+            f"{self.generation}) is the task's current one: another task uses the same key, "
+            "or the target's tokens do not come from this task's claims. Keys of a fenced "
+            "effect must belong to one task."
+        ) from exc
 
     def _taken_over(self, wait_s: float) -> bool | None:
         """True when the ledger says another claim of this task exists (a read, not
@@ -806,6 +840,9 @@ class TaskContext:
         if target.lookup is not None:
             try:
                 answer = target.ask(key, self.generation)
+            except TokenRejected as exc:
+                self._token_rejected(cp, key, params_digest, exc)
+                raise
             except FenceError:
                 raise
             except Exception as exc:
@@ -861,6 +898,32 @@ class _Target:
         """Ask the target's lookup (with the fencing token when it checks tokens)."""
         assert self.lookup is not None
         return self.lookup(key, token) if self.fenced else self.lookup(key)
+
+
+def _check_callable(fn: object, args: int, what: str, shape: str) -> None:
+    """Refuse a ``call``/``lookup`` that cannot take ``args`` positional arguments, before
+    any intent is recorded (a ``TypeError`` after the intent would send the task to
+    ``UNKNOWN`` although nothing was called).
+
+    Raises:
+        InvalidArguments: ``fn`` is not callable, or its signature cannot bind ``args``
+            positional arguments (signatures that cannot be read are not checked).
+    """
+    if not callable(fn):
+        raise InvalidArguments(f"ctx.effect {what} must be callable as {shape}, got {fn!r}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable without a readable signature: trust it
+    try:
+        signature.bind(*range(args))
+    except TypeError as exc:
+        raise InvalidArguments(
+            f"ctx.effect calls its {what} as {shape}, but {fn!r} cannot take {args} "
+            f"positional argument(s) ({exc})"
+            + ("; fenced=True passes the fencing token as the second argument" if args == 2
+               else "")
+        ) from None
 
 
 def _json_or_repr(value: Any) -> str:
