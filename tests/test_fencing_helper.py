@@ -27,8 +27,15 @@ import pytest
 from pgsupport import pg_base_url, require_pg
 from psycopg import sql
 
-from ratchet import App, State, TaskContext
-from ratchet.errors import FenceError, InvalidArguments, PayloadNotSerializable, TokenRejected
+from ratchet import App, State, TaskContext, fencing
+from ratchet.errors import (
+    ConfigError,
+    FenceError,
+    InvalidArguments,
+    PayloadNotSerializable,
+    TokenRejected,
+    TransactionMisuse,
+)
 from ratchet.fencing import (
     FENCED_STEPS_TABLE,
     FENCES_TABLE,
@@ -112,6 +119,16 @@ def _make_user_db(kind: str, tmp_path: Path) -> Iterator[UserDb]:
             with psycopg.connect(pg_base_url(), autocommit=True) as admin:
                 admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
                     sql.Identifier(db.where)))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_occurrence_counts() -> Iterator[None]:
+    """The tests reuse task ids ("t-1") with hand-made holders, whose fenced-step
+    occurrences are counted per (task id, token) for the process: start each test afresh
+    (real task ids are unique)."""
+    fencing._occurrences.clear()
+    yield
+    fencing._occurrences.clear()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -425,3 +442,84 @@ def test_frozen_holders_fenced_write_is_rejected_and_the_new_holder_stands(
     after = app.ledger.get(task_id)
     assert (after.state, after.generation, after.result) == (
         State.SUCCEEDED, 2, {"credited": 250, "token": token})
+
+
+# ---------------------------------------------------------------------- review fixes
+
+
+def test_a_holder_built_afresh_per_call_still_counts_occurrences(user_db: UserDb) -> None:
+    """Occurrences are counted per claim (task id and token), not per holder object: a loop
+    that builds its holder anew on every call still gets one marker per iteration."""
+    calls: Counter[str] = Counter()
+    conn = user_db.connect()
+    try:
+        got = [fenced_step(conn, Holder("t-9", 1), "credit",
+                           _credit(user_db, calls, cents), Holder("t-9", 1))
+               for cents in (1, 2, 3)]
+    finally:
+        conn.close()
+    assert [g["credited"] for g in got] == [1, 2, 3]
+    assert calls["apply"] == 3 and user_db.balance() == 6
+
+
+def test_a_function_that_commits_is_refused(user_db: UserDb) -> None:
+    """fn must not end the transaction: its writes and the done marker would no longer
+    commit together. Refused with TransactionMisuse; no done marker is written."""
+    conn = user_db.connect()
+    holder = Holder("t-10", 1)
+
+    def sneaky(conn: Any) -> int:
+        conn.execute("UPDATE accounts SET balance = balance + 5 WHERE id = 'acc-1'")
+        if user_db.kind == "sqlite":
+            conn.commit()
+        else:
+            conn.execute("COMMIT")
+        return 1
+
+    try:
+        with pytest.raises((TransactionMisuse, psycopg.Error)):
+            fenced_step(conn, holder, "sneaky", sneaky)
+        if user_db.kind == "postgresql" and not conn.closed:
+            conn.rollback()
+    finally:
+        conn.close()
+    assert user_db.query("SELECT count(*) FROM ratchet_fenced_steps") == [(0,)]
+
+
+def test_missing_fence_tables_say_how_to_create_them(tmp_path: Path) -> None:
+    conn = sqlite3.connect(str(tmp_path / "bare.db"))
+    try:
+        with pytest.raises(ConfigError, match="create_fence_tables"):
+            fenced_step(conn, Holder("t-11", 1), "x", lambda conn: 1)
+    finally:
+        conn.close()
+
+
+def test_fenced_step_inside_a_step_is_refused(tmp_path: Path) -> None:
+    """A replay returns a step's stored value without running its function, so a fenced
+    step (or any checkpoint) inside it would vanish from the replayed code path and shift
+    the numbering: refused, the task fails with TransactionMisuse."""
+    app = App(f"sqlite:///{tmp_path}/l.db")
+    accounts = str(tmp_path / "accounts.db")
+    setup = sqlite3.connect(accounts)
+    create_fence_tables(setup)
+    setup.close()
+
+    @app.task(name="t.nested")
+    def nested(ctx: TaskContext) -> Any:
+        conn = sqlite3.connect(accounts)
+        try:
+            return ctx.step("outer", lambda: fenced_step(conn, ctx, "inner", lambda c: 1))
+        finally:
+            conn.close()
+
+    try:
+        handle = app.submit("t.nested", {})
+        from ratchet import Worker
+
+        Worker(app, concurrency=1, poll_interval_s=0.01).run(idle_exit_s=0.4)
+        info = handle.get()
+        assert info.state is State.FAILED and info.error_class == "permanent"
+        assert "cannot be called inside a step's function" in (info.last_error or "")
+    finally:
+        app.close()

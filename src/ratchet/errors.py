@@ -292,12 +292,14 @@ class NonDeterministicReplay(PermanentError):
 
 
 class TransactionMisuse(PermanentError):
-    """The function of a transaction step (``ctx.transaction``) ended the transaction it was
-    given (``commit()``/``rollback()``/``close()``, ``COMMIT`` or ``ROLLBACK`` sent as SQL,
+    """The function of a transaction step (``ctx.transaction``) or fenced step
+    (``ratchet.fencing.fenced_step``) ended the transaction it was given
+    (``commit()``/``rollback()``/``close()``, ``COMMIT`` or ``ROLLBACK`` sent as SQL,
     ``executescript``), left it aborted after a failed statement it caught (PostgreSQL),
-    or called ``ctx.step`` / ``ctx.effect`` / ``ctx.transaction`` inside it: its writes and
-    the step's checkpoint could no longer commit together. A permanent failure: the task's
-    code must change."""
+    or a checkpoint (``ctx.step`` / ``ctx.effect`` / ``ctx.transaction`` / ``fenced_step``)
+    was called inside a step's or transaction step's function: its writes and the step's
+    checkpoint could no longer commit together, or a replay would skip it. A permanent
+    failure: the task's code must change."""
 
 
 class OverloadError(TaskFailure):

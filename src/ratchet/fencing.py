@@ -59,6 +59,7 @@ rows only once no holder of it can still be alive (long after it finished).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import sqlite3
 import threading
@@ -66,9 +67,10 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from .errors import TokenRejected
+from .errors import ConfigError, TokenRejected, TransactionMisuse
 from .serde import dumps, loads
 from .validation import check_checkpoint_name
+from .worker.context import TaskContext
 
 __all__ = [
     "FENCED_STEPS_TABLE",
@@ -192,6 +194,13 @@ def _in_transaction(conn: Any) -> bool:
     return bool(conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS)
 
 
+def _missing_table(exc: BaseException) -> bool:
+    """True for "no such table" (sqlite3) / undefined table (psycopg, SQLSTATE 42P01)."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return "no such table" in str(exc)
+    return getattr(exc, "sqlstate", None) == "42P01"
+
+
 def fence_tables_ddl(dialect: str) -> list[str]:
     """The ``CREATE TABLE IF NOT EXISTS`` statements of the convention.
 
@@ -244,13 +253,22 @@ def advance_fence(conn: Any, holder: FencingHolder) -> int:
 
     Raises:
         StaleFencingToken: the database has seen a higher token for the task.
+        ConfigError: the fence tables do not exist (:func:`create_fence_tables`).
         ValueError: ``conn`` is in autocommit mode (the fence would not be part of the
             transaction that writes).
         TypeError: another kind of connection.
     """
     task_id = str(holder.task_id)
     token = int(holder.fencing_token)
-    changed = _run(conn, _ADVANCE, (task_id, token)).rowcount
+    try:
+        changed = _run(conn, _ADVANCE, (task_id, token)).rowcount
+    except Exception as exc:
+        if _missing_table(exc):
+            raise ConfigError(
+                f"the fence tables are missing in this database ({exc}); create them once "
+                "with ratchet.fencing.create_fence_tables(conn), or from "
+                "fence_tables_ddl(...) in your migrations") from exc
+        raise
     if not _in_transaction(conn):
         raise ValueError(
             "advance_fence needs a transaction on conn (the connection is in autocommit "
@@ -261,18 +279,36 @@ def advance_fence(conn: Any, holder: FencingHolder) -> int:
     return token
 
 
-_occurrences: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+_OCCURRENCES_KEPT = 10_000
+"""Claims whose fenced-step occurrence counts are remembered (least recently used go)."""
+_occurrences: collections.OrderedDict[tuple[str, int], dict[str, int]] = (
+    collections.OrderedDict())
+_by_context: weakref.WeakKeyDictionary[TaskContext, dict[str, int]] = (
+    weakref.WeakKeyDictionary())
 _occurrences_lock = threading.Lock()
 
 
 def _stored_name(holder: Any, name: str) -> tuple[str, Callable[[], None]]:
-    """The stored name of the next call of ``name`` for ``holder`` (``name``, then
-    ``name#2``...), and a function that consumes that occurrence (called on success)."""
+    """The stored name of the next call of ``name`` in this claim of the task (``name``,
+    then ``name#2``...), and a function that consumes that occurrence (called on success).
+
+    Counted per claim: on the :class:`~ratchet.TaskContext` (one per claim), or for other
+    holders by task id and fencing token, so a holder built afresh for every call counts
+    the same; only calls that returned count, so a call
+    that raised and is tried again keeps its name."""
     with _occurrences_lock:
-        try:
-            counts = _occurrences.setdefault(holder, {})
-        except TypeError:  # not weak-referenceable: occurrences are not counted
-            return name, lambda: None
+        if isinstance(holder, TaskContext):  # one context per claim: count on it
+            counts = _by_context.setdefault(holder, {})
+        else:
+            claim = (str(holder.task_id), int(holder.fencing_token))
+            found = _occurrences.get(claim)
+            if found is None:
+                found = _occurrences[claim] = {}
+                while len(_occurrences) > _OCCURRENCES_KEPT:
+                    _occurrences.popitem(last=False)
+            else:
+                _occurrences.move_to_end(claim)
+            counts = found
         occurrence = counts.get(name, 0) + 1
 
     def consume() -> None:
@@ -331,8 +367,10 @@ def fenced_step(
             transaction. ``fn`` must not commit or roll it back.
         holder: the task's context (``task_id``, ``fencing_token``).
         name: the step name (unique with its occurrence: the N-th call of ``name`` in the
-            task's code path is stored as ``name#N``, counted per context, only for calls
-            that returned); no ``#<digits>`` suffix.
+            task's code path is stored as ``name#N``, counted per claim of the task, only
+            for calls that returned); no ``#<digits>`` suffix. Call it from the task's
+            code path, not inside a ``ctx.step`` function (refused: a replay returns the
+            step's stored value without running it, so the numbering would shift).
         fn: ``fn(conn, *args, **kwargs) -> JSON value``; it writes with ``conn``.
         idle_timeout_s: PostgreSQL only: ``idle_in_transaction_session_timeout`` of this
             transaction, seconds (a holder frozen inside it is disconnected and rolled
@@ -347,6 +385,10 @@ def fenced_step(
             written (a :class:`~ratchet.errors.TokenRejected`: the worker abandons the
             attempt like a stale ledger write).
         InvalidArguments: ``name`` is not a storable step name.
+        TransactionMisuse: ``fn`` committed or rolled back the transaction (what it
+            committed stays; the done marker was not written), or ``fenced_step`` was
+            called inside a ``ctx.step`` / ``ctx.transaction`` function.
+        ConfigError: the fence tables do not exist (:func:`create_fence_tables`).
         ValueError: ``conn`` is inside a transaction.
         TypeError: another kind of connection.
         PayloadNotSerializable: ``fn``'s result is not plain JSON (rolled back).
@@ -354,6 +396,9 @@ def fenced_step(
         Exception: what ``fn`` or the database raised (rolled back).
     """
     check_checkpoint_name(name, "fenced step name")
+    boundary = getattr(holder, "_boundary", None)
+    if callable(boundary):
+        boundary()  # a TaskContext: refused inside a step's or transaction's function
     stored_name, consume = _stored_name(holder, name)
     with _transaction(conn, idle_timeout_s):
         token = advance_fence(conn, holder)
@@ -363,6 +408,12 @@ def fenced_step(
         else:
             result_json = dumps(fn(conn, *args, **kwargs),
                                 what=f"result of fenced step {stored_name!r}")
+            if not _in_transaction(conn):
+                raise TransactionMisuse(
+                    f"fenced step {stored_name!r}: its function committed or rolled back "
+                    "the transaction it was given, so its writes and the step's done marker "
+                    "can no longer commit together (what it committed stays; nothing of "
+                    "the step was recorded); do not commit or roll back in fn")
             _run(conn, _RECORD, (holder.task_id, stored_name, token, result_json))
     consume()
     return loads(result_json, f"stored result of fenced step {stored_name!r}")

@@ -228,6 +228,7 @@ class TaskContext:
         self._flush_inflight = False  # a pipelined flush awaits its outcome (one at a time)
         self._flush_failed = False  # a flush was lost to an outage: resend from the first
         self._in_transaction = False  # inside a transaction step's fn (worker/transaction.py)
+        self._in_step = False  # inside a step's fn: checkpoints there are refused
 
     def load_params(self) -> dict[str, Any]:
         """Decode the task's stored params (sets :attr:`params`) and return them.
@@ -251,6 +252,13 @@ class TaskContext:
         return self._ledger_t0 + (time.monotonic() - self._mono_t0)
 
     def _boundary(self) -> None:
+        if self._in_step:
+            # A replay returns the step's stored value without running its function, so
+            # checkpoints made inside it would vanish from the replayed code path.
+            raise TransactionMisuse(
+                "ctx.step, ctx.effect, ctx.transaction and ratchet.fencing.fenced_step "
+                "cannot be called inside a step's function (a replay returns the step's "
+                "stored value without running it); call them one after the other")
         if self._in_transaction:
             # Inside a transaction step's fn: a checkpoint's write would wait for the row
             # or file lock that the step's own transaction holds.
@@ -459,7 +467,12 @@ class TaskContext:
             return loads(stored, f"stored value of {cp.describe()}"), True
         if self._sent < len(self._unsaved):
             self._flush_steps()
-        result_json = dumps(fn(*args, **kwargs), what=f"result of {cp.describe()}")
+        self._in_step = True
+        try:
+            value = fn(*args, **kwargs)
+        finally:
+            self._in_step = False
+        result_json = dumps(value, what=f"result of {cp.describe()}")
         self._steps[stored_name] = result_json
         self._unsaved.append((stored_name, result_json, cp.seq))
         if durable:
