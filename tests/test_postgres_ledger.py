@@ -306,3 +306,44 @@ def test_renew_does_not_wait_for_a_locked_task_row(pg: tuple[str, str]) -> None:
         assert [(r.ok, r.extended) for r in lost] == [(False, False)]
     finally:
         ledger.close()
+
+
+def test_transaction_steps_never_take_the_whole_pool(pg: tuple[str, str]) -> None:
+    """Transaction steps hold a pooled connection while user code runs; at most
+    ``pool_size - 2`` of them run at once, so the writer and the heartbeat always get a
+    connection (a starved heartbeat loses every lease of the worker)."""
+    from ratchet import App, RetryPolicy, State, TaskContext
+    from ratchet.testing import wait_for
+    from ratchet.testing.worker import running_worker
+
+    url, _schema = pg
+    app = App(with_params(url, pool_size="3"))  # one slot for user code
+    inside = [0]
+    most = [0]
+    lock = threading.Lock()
+
+    @app.task(name="t.slow_tx", retry=RetryPolicy(max_attempts=3), lease_s=3.0)
+    def slow_tx(ctx: TaskContext, i: int) -> int:
+        def fn(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            try:
+                conn.execute("SELECT pg_sleep(0.3)")
+            finally:
+                with lock:
+                    inside[0] -= 1
+            return i
+
+        return int(ctx.transaction("slow", fn))
+
+    try:
+        handles = [app.submit("t.slow_tx", {"i": i}) for i in range(4)]
+        with running_worker(app, concurrency=4, prefetch=0):
+            wait_for("every task to finish",
+                     lambda: all(h.get().state is State.SUCCEEDED for h in handles),
+                     timeout_s=60)
+        assert most[0] == 1, "more transaction steps at once than the pool leaves room for"
+        assert [h.get().result for h in handles] == [0, 1, 2, 3]
+    finally:
+        app.close()

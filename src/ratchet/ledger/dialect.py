@@ -154,6 +154,12 @@ class Dialect(Protocol):
         """
         ...
 
+    def user_transaction_slots(self) -> int | None:
+        """How many transaction steps may hold a connection at once (PostgreSQL: the pool's
+        size less two, at least one, so the writer and the heartbeat always get a
+        connection); None: no limit (SQLite: a connection per thread)."""
+        ...
+
     def transaction_status(self, tx: Tx) -> str:
         """State of ``tx``'s transaction after user code ran on :meth:`user_connection`:
         ``"open"``, ``"aborted"`` (a statement failed; PostgreSQL accepts nothing more

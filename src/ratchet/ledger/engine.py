@@ -14,6 +14,7 @@ ledger operation is one engine method plus one named statement per dialect.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -92,6 +93,10 @@ class LedgerEngine:
     def __init__(self, config: LedgerConfig, dialect: Dialect) -> None:
         self.config = config
         self.dialect = dialect
+        slots = dialect.user_transaction_slots()
+        # Transaction steps hold a connection while user code runs: never all of a pool's,
+        # so the writer and the heartbeat always get one (a starved heartbeat loses leases).
+        self._user_slots = threading.BoundedSemaphore(slots) if slots is not None else None
 
     # ------------------------------------------------------------------ schema, clock
 
@@ -687,6 +692,16 @@ class LedgerEngine:
         """
         if write.transition is not None or write.effects:
             raise ValueError("a transaction step writes steps only (no effect, no transition)")
+        slots = self._user_slots
+        if slots is None:
+            return self._transaction_step(write, fn)
+        with slots:
+            return self._transaction_step(write, fn)
+
+    def _transaction_step(
+        self, write: TaskWrite, fn: Callable[[Any], tuple[Any, ...]]
+    ) -> tuple[CommitOutcome, tuple[Any, ...] | None]:
+        """:meth:`transaction_step` once a connection slot for user code is held."""
         lost: list[tuple[Any, ...]] = []  # the step entry of an attempt whose COMMIT was lost
         try:
             return self.dialect.run(lambda tx: self._transaction_in(tx, write, fn, lost, None))

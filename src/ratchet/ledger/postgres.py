@@ -586,6 +586,10 @@ class PostgresDialect:
 
     # ------------------------------------------------------------------ transaction steps
 
+    def user_transaction_slots(self) -> int:
+        """See :meth:`Dialect.user_transaction_slots`: ``pool_size - 2``, at least 1."""
+        return max(1, int(self.config.options.get("pool_size", "4")) - 2)
+
     @contextlib.contextmanager
     def user_connection(self, tx: Any) -> Iterator[psycopg.Connection[Any]]:
         """The pooled connection of ``tx`` (see ``Dialect.user_connection``): the kept

@@ -346,6 +346,10 @@ class SQLiteDialect:
 
     # ------------------------------------------------------------------ transaction steps
 
+    def user_transaction_slots(self) -> None:
+        """See :meth:`Dialect.user_transaction_slots`: no limit (a connection per thread)."""
+        return None
+
     @contextlib.contextmanager
     def user_connection(self, tx: Any) -> Iterator[sqlite3.Connection]:
         """This thread's ledger connection, inside ``tx``'s ``BEGIN IMMEDIATE`` (see
