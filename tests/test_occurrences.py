@@ -155,7 +155,7 @@ def test_replay_in_another_order_is_a_non_determinism_error(app: App) -> None:
     assert info.state is State.FAILED
     assert info.error_class == "permanent"
     error = info.last_error or ""
-    assert "non-deterministic replay" in error and "checkpoint 0" in error
+    assert "non-deterministic replay" in error and "checkpoint 1 of its code path" in error
     assert "step 'a' (occurrence 1)" in error and "step 'b' (occurrence 1)" in error
     assert ran == ["a", "b"], "attempt 2 ran or reused nothing"
 

@@ -273,7 +273,8 @@ class NonDeterministicReplay(PermanentError):
 
     Attributes:
         task_id: the task.
-        position: 0-based position of the checkpoint in the task's code path.
+        position: 0-based position of the checkpoint in the task's code path (the message
+            counts from 1).
         recorded: what the history holds there (e.g. ``"step 'item' occurrence 2"``).
         new: what this run called.
     """
@@ -284,7 +285,8 @@ class NonDeterministicReplay(PermanentError):
         self.recorded = recorded
         self.new = new
         super().__init__(
-            f"non-deterministic replay of task {task_id} at checkpoint {position}: the "
+            f"non-deterministic replay of task {task_id} at checkpoint {position + 1} of its "
+            "code path: the "
             f"recorded history has {recorded}, this run called {new}; the code between "
             "checkpoints must make the same calls in the same order on every attempt (put "
             "what varies inside a step)"

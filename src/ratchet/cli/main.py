@@ -204,6 +204,10 @@ def worker(
         level=level,
         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
     )
+    if level != "DEBUG":
+        # HTTP clients log every request at INFO: the task's own chatter, not the worker's.
+        for chatty in ("httpx", "httpcore"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
 
     def open_ledger_waiting(app_ledger: Callable[[], object]) -> None:
         # A worker often starts before its database (boot order, a restart, maintenance):

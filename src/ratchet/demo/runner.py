@@ -70,6 +70,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shlex
 import shutil
 import signal
 import statistics
@@ -1335,15 +1336,15 @@ class _DemoRun:
         if late_all:
             c.print(
                 f"{len(late_all)} late effects are listed for reconciliation by "
-                f"`ratchet late-effects --ledger {_display_url(self.ledger_url)}`."
+                f"`ratchet late-effects --ledger {shlex.quote(_display_url(self.ledger_url))}`."
             )
         if broken:
             c.print(f"[bold red]FAILED[/]: {len(broken)} invariant(s) broken. Logs: {self.workdir}")
             return 1
         frozen = sum(1 for f in self.freezes.values() if f.state == "done")
         c.print(
-            f"[bold green]OK[/]: {states[State.SUCCEEDED]} charges over {len(KINDS)} kinds of "
-            f"payment target, each kind's guarantee held at its service, despite "
+            f"[bold green]OK[/]: {states[State.SUCCEEDED]} tasks succeeded over {len(KINDS)} "
+            f"kinds of payment target, each kind's guarantee held at its service, despite "
             f"{self.kills_done} SIGKILLs"
             + (f" and {frozen} senders frozen mid-call" if frozen else "")
             + f" ({self.elapsed_s:.1f} s)."

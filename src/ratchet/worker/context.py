@@ -442,6 +442,9 @@ class TaskContext:
         """
         self._boundary()
         check_checkpoint_name(name, "step name")
+        if not callable(fn):
+            raise InvalidArguments(f"ctx.step({name!r}, fn, ...): fn must be callable, got "
+                                   f"{type(fn).__name__} {fn!r}")
         hooks = self._hooks
         if hooks is None:
             return self._step(name, fn, args, kwargs, durable)[0]
