@@ -445,13 +445,21 @@ class TaskContext:
         if not callable(fn):
             raise InvalidArguments(f"ctx.step({name!r}, fn, ...): fn must be callable, got "
                                    f"{type(fn).__name__} {fn!r}")
+        if self._hooks is None:
+            return self._step(name, fn, args, kwargs, durable)[0]
+        return self.hooked_step(name, lambda: self._step(name, fn, args, kwargs, durable))
+
+    def hooked_step(self, name: str, run: Callable[[], tuple[Any, bool]]) -> Any:
+        """``run()`` (a step's body, returning ``(value, cached)``) between the middleware's
+        ``before_step`` and ``after_step`` hooks (timed, with the exception if it raised);
+        returns the value. Also used by transaction steps."""
         hooks = self._hooks
         if hooks is None:
-            return self._step(name, fn, args, kwargs, durable)[0]
+            return run()[0]
         hooks.before_step(self, name)
         t0 = time.perf_counter()
         try:
-            value, cached = self._step(name, fn, args, kwargs, durable)
+            value, cached = run()
         except BaseException as exc:
             hooks.after_step(self, name, False, time.perf_counter() - t0, exc)
             raise

@@ -20,7 +20,6 @@ resumed) rolls back as a whole.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -96,18 +95,7 @@ def run_transaction(
     """
     ctx._boundary()
     check_checkpoint_name(name, "transaction step name")
-    hooks = ctx._hooks
-    if hooks is None:
-        return _transaction(ctx, name, fn, args, kwargs)[0]
-    hooks.before_step(ctx, name)
-    t0 = time.perf_counter()
-    try:
-        value, cached = _transaction(ctx, name, fn, args, kwargs)
-    except BaseException as exc:
-        hooks.after_step(ctx, name, False, time.perf_counter() - t0, exc)
-        raise
-    hooks.after_step(ctx, name, cached, time.perf_counter() - t0, None)
-    return value
+    return ctx.hooked_step(name, lambda: _transaction(ctx, name, fn, args, kwargs))
 
 
 def _transaction(
