@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import tenacity
 
@@ -48,6 +48,9 @@ from .retry import RetryPolicy
 from .serde import digest, dumps
 from .states import State
 from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
+
+if TYPE_CHECKING:
+    from .control import TaskPage
 
 __all__ = ["MIN_LEASE_S", "App", "SubmitRequest", "TaskDefinition", "TaskHandle", "new_task_id"]
 
@@ -744,6 +747,20 @@ class App:
     def get(self, task_id: str) -> TaskInfo:
         """A snapshot of one task. Raises :class:`~ratchet.errors.TaskNotFound`."""
         return self.ledger.get(check_identifier(task_id, "task id", MAX_KEY_BYTES))
+
+    def list_tasks(self, **filters: Any) -> TaskPage:
+        """Tasks of this App's ledger, newest first, filtered and paginated: the same as
+        :meth:`ratchet.Control.list_tasks` (``state=``, ``name=``, ``key=``,
+        ``older_than_s=``, ``newer_than_s=``, ``limit=``, ``cursor=``), which documents the
+        arguments and errors.
+
+        Returns:
+            A :class:`~ratchet.control.TaskPage` (``tasks``, ``next_cursor``).
+        """
+        from .control import Control
+
+        with Control(app=self) as control:
+            return control.list_tasks(**filters)
 
     def wait(
         self, task_id: str, timeout_s: float | None = None, poll_s: float = 0.05

@@ -29,8 +29,9 @@ the same two ledger handles (:meth:`_reader`, :meth:`_writer`), each returning a
 from __future__ import annotations
 
 import getpass
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -48,8 +49,10 @@ from .ledger.base import (
     Ledger,
     ResolveOutcome,
     TaskInfo,
+    TaskQuery,
 )
 from .serde import Undecodable, dumps, loads_stored, printable
+from .states import State
 from .validation import MAX_KEY_BYTES, check_identifier
 
 __all__ = [
@@ -63,6 +66,7 @@ __all__ = [
     "StatusReport",
     "StepView",
     "TaskInfo",
+    "TaskPage",
     "TaskTimeline",
     "Undecodable",
     "WorkerView",
@@ -206,6 +210,20 @@ class TaskTimeline:
     steps: list[StepView]
     effects: list[EffectView]
     late_effects: list[LateEffectView] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPage:
+    """A page of ``ratchet tasks`` / :meth:`Control.list_tasks`.
+
+    Attributes:
+        tasks: the tasks, newest first (params and results decoded).
+        next_cursor: pass it as ``cursor=`` (``--cursor``) for the next page; None when
+            this page is the last.
+    """
+
+    tasks: list[TaskInfo]
+    next_cursor: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +425,66 @@ class Control:
                                     tl.effects if tl else []))
         return views
 
+    def list_tasks(
+        self,
+        *,
+        state: str | State | Sequence[str | State] | None = None,
+        name: str | Sequence[str] | None = None,
+        key: str | None = None,
+        older_than_s: float | None = None,
+        newer_than_s: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        """Tasks, newest first, filtered and paginated (``ratchet tasks``).
+
+        Args:
+            state: one state or several (``"UNKNOWN"``, ``State.FAILED``; case-insensitive).
+            name: one task type or several.
+            key: the submit idempotency key.
+            older_than_s, newer_than_s: only tasks created more / less than this many
+                seconds ago (by the ledger clock).
+            limit: tasks per page, 1-1000.
+            cursor: ``next_cursor`` of the previous page.
+
+        Returns:
+            A :class:`TaskPage`; keyset-paginated on (created time, id), so tasks added
+            meanwhile neither shift nor repeat pages.
+
+        Raises:
+            InvalidArguments: an unknown state, a negative or non-finite age, ``limit`` out
+                of range, a malformed cursor.
+            LedgerUnavailable: no ledger there.
+        """
+        states = _states(state)
+        names = (None if name is None else
+                 (name,) if isinstance(name, str) else tuple(name))
+        if names is not None:
+            for n in names:
+                check_identifier(n, "task name", MAX_KEY_BYTES)
+        if key is not None:
+            check_identifier(key, "idempotency key", MAX_KEY_BYTES)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidArguments(f"limit must be an integer from 1 to 1000, got {limit!r}")
+        for label, age in (("older_than_s", older_than_s), ("newer_than_s", newer_than_s)):
+            if age is not None and (isinstance(age, bool) or not isinstance(age, int | float)
+                                    or not math.isfinite(age) or age < 0):
+                raise InvalidArguments(f"{label} must be a finite number of seconds >= 0, "
+                                       f"got {age!r}")
+        led = self._reader()
+        now = led.now() if older_than_s is not None or newer_than_s is not None else 0.0
+        query = TaskQuery(
+            states=states, names=names, key=key,
+            created_from=None if newer_than_s is None else now - newer_than_s,
+            created_to=None if older_than_s is None else now - older_than_s,
+            limit=limit + 1, after=_parse_cursor(cursor),
+        )
+        found = led.list_tasks(query)
+        page = found[:limit]
+        more = len(found) > limit and page
+        next_cursor = f"{page[-1].created_at!r}:{page[-1].task_id}" if more else None
+        return TaskPage(page, next_cursor)
+
     def workers(self) -> list[WorkerView]:
         """The worker registry, with whether each ``alive`` worker's process still runs
         (judged only for workers on this host and PID namespace).
@@ -528,6 +606,40 @@ def _late_view(le: LateEffect, task_name: str | None,
         recorded.key if recorded else None,
         recorded.generation if recorded and recorded.state is not EffectState.INTENT else None,
     )
+
+
+def _states(state: str | State | Sequence[str | State] | None) -> tuple[State, ...] | None:
+    """``state`` (one or several names or :class:`State` values) as states, or None."""
+    if state is None:
+        return None
+    items: list[str | State] = [state] if isinstance(state, str | State) else list(state)
+    out: list[State] = []
+    for item in items:
+        if isinstance(item, State):
+            out.append(item)
+            continue
+        try:
+            out.append(State(str(item).upper()))
+        except ValueError:
+            raise InvalidArguments(
+                f"unknown state {item!r}; states are "
+                f"{', '.join(s.value for s in State)}") from None
+    return tuple(out)
+
+
+def _parse_cursor(cursor: str | None) -> tuple[float, str] | None:
+    """A ``next_cursor`` back into ``(created_at, task_id)``."""
+    if cursor is None:
+        return None
+    at, sep, task_id = str(cursor).partition(":")
+    try:
+        value = float(at)
+        if not sep or not task_id or not math.isfinite(value):
+            raise ValueError
+    except ValueError:
+        raise InvalidArguments(f"malformed cursor {cursor!r}: pass the next_cursor of the "
+                               "previous page") from None
+    return value, task_id
 
 
 def _task_id(task_id: object) -> str:

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "check_checkpoint_name",
     "check_identifier",
+    "parse_duration_s",
 ]
 
 MAX_NAME_BYTES = 200
@@ -82,3 +83,21 @@ def check_checkpoint_name(value: object, what: str) -> str:
             "N-th call of a name is stored as 'name#N'); choose another name"
         )
     return name
+
+
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(s|m|h|d)?\s*\Z")
+_UNIT_S = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration_s(text: str, what: str) -> float:
+    """``"90"``, ``"90s"``, ``"5m"``, ``"1.5h"``, ``"7d"`` as seconds (a float >= 0).
+
+    Raises:
+        InvalidArguments: anything else (named by ``what``, e.g. ``"--older-than"``).
+    """
+    match = _DURATION.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidArguments(
+            f"{what} must be a duration like 90s, 5m, 1.5h or 7d (seconds if no unit), "
+            f"got {text!r}")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]

@@ -27,6 +27,7 @@ from ..errors import InvalidArguments, LedgerUnavailable, RatchetError, Undecoda
 from ..loading import load_app, load_middleware
 from ..serde import loads
 from ..states import State
+from ..validation import parse_duration_s
 from .render import console, echo_json, err_console, field, line, plain, show_value
 
 __all__ = ["cli", "load_app", "main"]
@@ -339,6 +340,80 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
         settings = ", ".join(f"{k}={v}" for k, v in s.backend_settings.items())
         out.print(line("durability: ", (s.durability, "bold"), " (", (settings, ""),
                        f"); schema v{s.schema_version}; ledger ", (s.ledger, "")))
+
+    _guard(run)
+
+
+@cli.command(cls=_Command)
+def tasks(
+    state: Annotated[
+        list[str] | None,
+        typer.Option("--state", metavar="STATE",
+                     help="Only this state (repeat for several): PENDING, RUNNING, "
+                     "RETRY_WAIT, UNKNOWN, PAUSED, SUCCEEDED, FAILED, CANCELLED."),
+    ] = None,
+    task_type: Annotated[
+        list[str] | None,
+        typer.Option("--type", metavar="NAME", help="Only this task type (repeatable)."),
+    ] = None,
+    key: Annotated[
+        str | None, typer.Option("--key", metavar="KEY", help="The submit idempotency key.")
+    ] = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option("--older-than", metavar="AGE",
+                     help="Created more than AGE ago (90s, 5m, 1.5h, 7d)."),
+    ] = None,
+    newer_than: Annotated[
+        str | None,
+        typer.Option("--newer-than", metavar="AGE", help="Created less than AGE ago."),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=1000, metavar="N", help="Tasks per page.")
+    ] = 50,
+    cursor: Annotated[
+        str | None,
+        typer.Option("--cursor", metavar="CURSOR",
+                     help="The next page: the cursor the previous page printed."),
+    ] = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List tasks, newest first: filter by state, type, key and age; paginated.
+
+    E.g. the tasks waiting for an operator: ratchet tasks --state UNKNOWN.
+    """
+
+    def run() -> None:
+        with Control(ledger) as control:
+            page = control.list_tasks(
+                state=state or None, name=task_type or None, key=key,
+                older_than_s=parse_duration_s(older_than, "--older-than")
+                if older_than is not None else None,
+                newer_than_s=parse_duration_s(newer_than, "--newer-than")
+                if newer_than is not None else None,
+                limit=limit, cursor=cursor,
+            )
+        if as_json:
+            echo_json(page)
+            return
+        table = Table(title="tasks (newest first)")
+        for column in ("task", "type", "state", "attempt", "created (UTC)", "key",
+                       "last error"):
+            table.add_column(column, overflow="fold")
+        for t in page.tasks:
+            error = ""
+            if t.last_error:
+                lines = [ln for ln in t.last_error.split("\n") if ln.strip()]
+                error = lines[-1][:120] if lines else ""
+            table.add_row(field(t.task_id), field(t.name), field(t.state),
+                          field(f"{t.attempt}/{t.max_attempts}"), field(_when(t.created_at)),
+                          field(t.idempotency_key or "-"), field(error))
+        if not page.tasks:
+            table.add_row("(none)", "", "", "", "", "", "")
+        console().print(table)
+        if page.next_cursor is not None:
+            console().print(line("more: ratchet tasks ... --cursor ", (page.next_cursor, "")))
 
     _guard(run)
 

@@ -38,6 +38,7 @@ __all__ = [
     "SubmitResult",
     "Subscription",
     "TaskInfo",
+    "TaskQuery",
     "TaskWrite",
     "Timeline",
     "Transition",
@@ -383,6 +384,29 @@ class AuditEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskQuery:
+    """A filter and page of :meth:`Ledger.list_tasks`; None means "any".
+
+    Attributes:
+        states: task states to include.
+        names: task types to include.
+        key: the submit idempotency key.
+        created_from, created_to: ``created_from <= created_at < created_to``, ledger-clock
+            epoch seconds.
+        limit: at most this many tasks (>= 1).
+        after: ``(created_at, task_id)`` of the last task of the previous page.
+    """
+
+    states: tuple[State, ...] | None = None
+    names: tuple[str, ...] | None = None
+    key: str | None = None
+    created_from: float | None = None
+    created_to: float | None = None
+    limit: int = 50
+    after: tuple[float, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Timeline:
     """Everything the ledger knows about one task (``ratchet inspect``)."""
 
@@ -608,6 +632,11 @@ class Ledger(Protocol):
 
     def get_many(self, task_ids: Sequence[str]) -> list[TaskInfo]:
         """Read several tasks (missing ids are skipped)."""
+        ...
+
+    def list_tasks(self, query: TaskQuery) -> list[TaskInfo]:
+        """Tasks matching ``query``, newest first (``created_at``, then id, descending), at
+        most ``query.limit``; the next page starts after the last one returned."""
         ...
 
     def timeline(self, task_id: str) -> Timeline:

@@ -43,6 +43,7 @@ from .base import (
     SubmitResult,
     Subscription,
     TaskInfo,
+    TaskQuery,
     TaskWrite,
     Timeline,
     Transition,
@@ -553,6 +554,19 @@ class LedgerEngine:
         if not ids:
             return []
         rows = self.dialect.run(lambda tx: tx.rows("task_get_many", {"ids": ids}), write=False)
+        return [task_info(r) for r in rows]
+
+    def list_tasks(self, query: TaskQuery) -> list[TaskInfo]:
+        """See :meth:`Ledger.list_tasks`."""
+        params = {
+            "states": None if query.states is None else [s.value for s in query.states],
+            "names": None if query.names is None else list(query.names),
+            "key": query.key, "created_from": query.created_from,
+            "created_to": query.created_to, "limit": query.limit,
+            "cursor_at": query.after[0] if query.after else None,
+            "cursor_id": query.after[1] if query.after else None,
+        }
+        rows = self.dialect.run(lambda tx: tx.rows("tasks_list", params), write=False)
         return [task_info(r) for r in rows]
 
     def timeline(self, task_id: str) -> Timeline:

@@ -306,3 +306,22 @@ SELECT count(*) FROM late_effects;
 -- A transaction step's checkpoint (ctx.transaction), read after a lost COMMIT reply: it
 -- commits atomically with the user's writes.
 SELECT generation FROM steps WHERE task_id = %(task_id)s AND name = %(name)s;
+
+-- name: tasks_list
+-- ratchet tasks / Control.list_tasks: newest first, filters optional (NULL: no filter),
+-- keyset pagination on (created_at, id) so pages neither skip nor repeat rows while tasks
+-- are added. A scan of the tasks table ordered by created_at (an operator's query, not a
+-- hot path).
+SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
+       run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
+       last_error, error_class
+FROM tasks
+WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+  AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+  AND (%(created_from)s::float8 IS NULL OR created_at >= %(created_from)s::float8)
+  AND (%(created_to)s::float8 IS NULL OR created_at < %(created_to)s::float8)
+  AND (%(cursor_at)s::float8 IS NULL OR created_at < %(cursor_at)s::float8
+       OR (created_at = %(cursor_at)s::float8 AND id < %(cursor_id)s::text))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;

@@ -266,3 +266,22 @@ SELECT COUNT(*) FROM late_effects;
 -- A transaction step's checkpoint (ctx.transaction), read after a lost COMMIT reply: it
 -- commits atomically with the user's writes.
 SELECT generation FROM steps WHERE task_id = :task_id AND name = :name;
+
+-- name: tasks_list
+-- ratchet tasks / Control.list_tasks: newest first, filters optional (NULL: no filter),
+-- keyset pagination on (created_at, id) so pages neither skip nor repeat rows while tasks
+-- are added. A scan of the tasks table ordered by created_at (an operator's query, not a
+-- hot path).
+SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
+       run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
+       last_error, error_class
+FROM tasks
+WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:names IS NULL OR name IN (SELECT value FROM json_each(:names)))
+  AND (:key IS NULL OR idempotency_key = :key)
+  AND (:created_from IS NULL OR created_at >= :created_from)
+  AND (:created_to IS NULL OR created_at < :created_to)
+  AND (:cursor_at IS NULL OR created_at < :cursor_at
+       OR (created_at = :cursor_at AND id < :cursor_id))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
