@@ -63,14 +63,12 @@ import collections
 import contextlib
 import sqlite3
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from .errors import ConfigError, TokenRejected, TransactionMisuse
 from .serde import dumps, loads
 from .validation import check_checkpoint_name
-from .worker.context import TaskContext
 
 __all__ = [
     "FENCED_STEPS_TABLE",
@@ -283,8 +281,6 @@ _OCCURRENCES_KEPT = 10_000
 """Claims whose fenced-step occurrence counts are remembered (least recently used go)."""
 _occurrences: collections.OrderedDict[tuple[str, int], dict[str, int]] = (
     collections.OrderedDict())
-_by_context: weakref.WeakKeyDictionary[TaskContext, dict[str, int]] = (
-    weakref.WeakKeyDictionary())
 _occurrences_lock = threading.Lock()
 
 
@@ -292,23 +288,18 @@ def _stored_name(holder: Any, name: str) -> tuple[str, Callable[[], None]]:
     """The stored name of the next call of ``name`` in this claim of the task (``name``,
     then ``name#2``...), and a function that consumes that occurrence (called on success).
 
-    Counted per claim: on the :class:`~ratchet.TaskContext` (one per claim), or for other
-    holders by task id and fencing token, so a holder built afresh for every call counts
-    the same; only calls that returned count, so a call
-    that raised and is tried again keeps its name."""
+    Counted per claim (task id and fencing token: a TaskContext is one claim), not per
+    holder object, so a holder built afresh for every call counts the same; only calls
+    that returned count, so a call that raised and is tried again keeps its name."""
+    claim = (str(holder.task_id), int(holder.fencing_token))
     with _occurrences_lock:
-        if isinstance(holder, TaskContext):  # one context per claim: count on it
-            counts = _by_context.setdefault(holder, {})
+        counts = _occurrences.get(claim)
+        if counts is None:
+            counts = _occurrences[claim] = {}
+            while len(_occurrences) > _OCCURRENCES_KEPT:
+                _occurrences.popitem(last=False)
         else:
-            claim = (str(holder.task_id), int(holder.fencing_token))
-            found = _occurrences.get(claim)
-            if found is None:
-                found = _occurrences[claim] = {}
-                while len(_occurrences) > _OCCURRENCES_KEPT:
-                    _occurrences.popitem(last=False)
-            else:
-                _occurrences.move_to_end(claim)
-            counts = found
+            _occurrences.move_to_end(claim)
         occurrence = counts.get(name, 0) + 1
 
     def consume() -> None:

@@ -45,6 +45,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
+import tenacity
+
 from .. import faults
 from ..errors import (
     EffectOutcomeUnknown,
@@ -769,20 +771,13 @@ class TaskContext:
     def _taken_over(self, wait_s: float) -> bool | None:
         """True when the ledger says another claim of this task exists (a read, not
         fenced); None when the ledger could not be read within ``wait_s`` seconds."""
-        deadline = time.monotonic() + wait_s
-        delay_s = 0.05
-        while True:
-            try:
-                info = self._writer.ledger.get(self.task_id)
-            except (LedgerError, OSError) as exc:
-                if time.monotonic() + delay_s > deadline:
-                    log.error("task %s: cannot tell whether the task was taken over (%s)",
-                              self.task_id, exc)
-                    return None
-                time.sleep(delay_s)  # the ledger is down: back off, capped
-                delay_s = min(1.0, delay_s * 2)
-                continue
-            return info.generation != self.generation
+        try:
+            info = _until_ledger_answers(lambda: self._writer.ledger.get(self.task_id), wait_s)
+        except (LedgerError, OSError) as exc:
+            log.error("task %s: cannot tell whether the task was taken over (%s)",
+                      self.task_id, exc)
+            return None
+        return info.generation != self.generation
 
     def _record_late(self, cp: Checkpoint, key: str, outcome: str, detail: str | None) -> None:
         """Append a late-effect record for a call this stale holder sent after its safe
@@ -795,20 +790,13 @@ class TaskContext:
         )
         late = LateEffect(0, self.task_id, cp.stored_name, key, self.generation, self.holder,
                           0.0, outcome, detail)
-        deadline = time.monotonic() + LATE_EVIDENCE_WAIT_S
-        delay_s = 0.05
-        while True:
-            try:
-                self._writer.ledger.record_late_effect(late)
-                return
-            except (LedgerError, OSError) as exc:
-                if time.monotonic() + delay_s > deadline:
-                    log.error("task %s: could not record the late effect of %s (key %s, "
-                              "generation %d): %s", self.task_id, cp.describe(), key,
-                              self.generation, exc)
-                    return
-                time.sleep(delay_s)  # the ledger is down: back off, capped
-                delay_s = min(1.0, delay_s * 2)
+        try:
+            _until_ledger_answers(lambda: self._writer.ledger.record_late_effect(late),
+                                  LATE_EVIDENCE_WAIT_S)
+        except (LedgerError, OSError) as exc:
+            log.error("task %s: could not record the late effect of %s (key %s, "
+                      "generation %d): %s", self.task_id, cp.describe(), key,
+                      self.generation, exc)
 
     def open_intents(self) -> list[str]:
         """Names of effects whose intent is recorded but whose outcome is not."""
@@ -922,6 +910,22 @@ class _Target:
         """Ask the target's lookup (with the fencing token when it checks tokens)."""
         assert self.lookup is not None
         return self.lookup(key, token) if self.fenced else self.lookup(key)
+
+
+def _until_ledger_answers(call: Callable[[], T], wait_s: float) -> T:
+    """``call()``, tried again while the ledger is unreachable (``LedgerError``,
+    ``OSError``), backing off from 0.05 s to at most 1 s, for up to ``wait_s`` seconds.
+
+    Raises:
+        LedgerError, OSError: the last failure, once ``wait_s`` has passed.
+    """
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type((LedgerError, OSError)),
+        wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+        stop=tenacity.stop_after_delay(wait_s),
+        reraise=True,
+    )
+    return retrying(call)
 
 
 def _check_callable(fn: object, args: int, what: str, shape: str) -> None:
