@@ -50,6 +50,7 @@ from .ledger.base import (
     ResolveOutcome,
     TaskInfo,
     TaskQuery,
+    Timeline,
 )
 from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
@@ -366,6 +367,33 @@ class Control:
             TaskNotFound: no task with that id. LedgerUnavailable: no ledger there.
         """
         return self._reader().get(_task_id(task_id))
+
+    def get_many(self, task_ids: Sequence[str]) -> list[TaskInfo]:
+        """The rows of ``task_ids`` (those that exist, in no particular order): one read,
+        for a face or a harness that follows many tasks at once (the demo's progress).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        return self._reader().get_many([_task_id(t) for t in task_ids])
+
+    def history(self, task_id: str) -> Timeline:
+        """The ledger's own record of one task (its row, audit events, step and effect
+        records, late effects), undecoded: what :mod:`ratchet.testing`'s checks take.
+        :meth:`inspect` is the same with the stored values decoded, for people.
+
+        Raises:
+            TaskNotFound: no task with that id. LedgerUnavailable: no ledger there.
+        """
+        return self._reader().timeline(_task_id(task_id))
+
+    def ledger_now(self) -> float:
+        """The ledger clock (epoch seconds), the clock every lease and audit row uses.
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        return self._reader().now()
 
     def inspect(self, task_id: str) -> TaskTimeline:
         """The task with its audit events, steps and effects (``ratchet inspect``).

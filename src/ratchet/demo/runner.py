@@ -92,7 +92,7 @@ from ..app import SubmitRequest
 from ..config import parse_ledger_url
 from ..control import Control, LateEffectView
 from ..errors import ConfigError, LedgerUnavailable, RatchetError
-from ..ledger.base import AuditEvent, Ledger, TaskInfo
+from ..ledger.base import AuditEvent, TaskInfo
 from ..states import State
 from ..testing import (
     ConditionTimeout,
@@ -512,13 +512,6 @@ class _DemoRun:
 
     # -- plumbing
 
-    @property
-    def ledger(self) -> Ledger:
-        """The App's ledger, for what :class:`~ratchet.Control` does not offer: the bulk read
-        of the run's tasks (``get_many``) and the timelines :mod:`ratchet.testing`'s checks
-        take. Everything else goes through ``self.control``."""
-        return self.app.ledger
-
     def now(self) -> float:
         return time.monotonic() - self.t0
 
@@ -596,7 +589,7 @@ class _DemoRun:
     # -- ledger reads
 
     def snapshot(self) -> _Snapshot:
-        infos = self.ledger.get_many(self.task_ids) if self.task_ids else []
+        infos = self.control.get_many(self.task_ids) if self.task_ids else []
         states: Counter[State] = Counter(i.state for i in infos)
         settled_of: Counter[str] = Counter(
             self.kind_of[i.task_id] for i in infos if i.state in _SETTLED
@@ -652,7 +645,7 @@ class _DemoRun:
         held = len(snap.inflight.get(pid, []))
         slot.proc.kill()
         with contextlib.suppress(RatchetError):
-            self.kill_times.append((pid, self.ledger.now()))
+            self.kill_times.append((pid, self.control.ledger_now()))
         self.kills_done += 1
         self.kill_inflight.append(held)
         self.start_worker(slot)
@@ -1015,7 +1008,7 @@ class _DemoRun:
         ids = [tid for tid in infos if self.kind_of[tid] == kind]
         records = self.services[kind].records()
         once = check_exactly_once(
-            self.ledger, records, task_ids=ids, keys={t: key_of[t] for t in ids},
+            self.ledger_url, records, task_ids=ids, keys={t: key_of[t] for t in ids},
             effect="charge", result_id_field="charge_id", require_terminal=False,
             raise_on_violation=False, timelines=timelines,
         )  # fmt: skip
@@ -1106,7 +1099,7 @@ class _DemoRun:
         return target, ledger
 
     def report(self) -> int:
-        infos = {i.task_id: i for i in self.ledger.get_many(self.task_ids)}
+        infos = {i.task_id: i for i in self.control.get_many(self.task_ids)}
         status = self.control.status()
         late_all = self.late_effects()
         service_stats: dict[str, dict[str, Any]] = {}
@@ -1123,7 +1116,7 @@ class _DemoRun:
         retry_classes: Counter[str] = Counter()
         released: Counter[str] = Counter()
         attempts: list[int] = []
-        timelines = {tid: self.ledger.timeline(tid) for tid in infos}
+        timelines = {tid: self.control.history(tid) for tid in infos}
         events_of: dict[str, list[AuditEvent]] = {}
         for tid, info in infos.items():
             tl = timelines[tid]
