@@ -73,6 +73,16 @@ def test_keys_that_look_like_markup_are_printed_literally(url: str, key: str) ->
     assert "\x1b" not in out  # no style, no OSC 8 hyperlink
 
 
+def test_a_task_without_key_says_so_instead_of_none(url: str) -> None:
+    app = make_app(url)
+    handle = app.submit("t.echo", {"text": "x"})
+    app.close()
+    code, out, err = invoke("inspect", handle.task_id, "--ledger", url)
+    assert code == 0, err
+    assert "None" not in out
+    assert "key=-" in out and "no key" in out
+
+
 def test_task_names_that_look_like_markup_in_status(url: str) -> None:
     name = "[red]billing[/red].charge[/]"
     app = make_app(url, name=name)

@@ -451,7 +451,7 @@ def _print_timeline(tl: TaskTimeline) -> None:
     t = tl.task
     out.print(line((t.name, "bold"), " ", (t.task_id, ""), "  state=", (t.state, "bold"),
                    f" generation={t.generation} attempt={t.attempt}/{t.max_attempts} key=",
-                   (t.idempotency_key, "")))
+                   (t.idempotency_key if t.idempotency_key is not None else "-", "")))
     out.print(line("params: ") + show_value(t.params))
     if t.result is not None:
         out.print(line("result: ") + show_value(t.result))
@@ -468,7 +468,8 @@ def _print_timeline(tl: TaskTimeline) -> None:
     # (time, order within the same instant, ...): submitted, claims, steps and effects,
     # then transitions, so a same-millisecond completion sorts after its last step.
     rows: list[tuple[float, int, str, str, str, str]] = [
-        (t.created_at, 0, "submitted", "-", "-", f"key={t.idempotency_key}")
+        (t.created_at, 0, "submitted", "-", "-",
+         f"key={t.idempotency_key}" if t.idempotency_key is not None else "no key")
     ]
     for e in tl.events:
         label = e.kind if e.kind != "transition" else f"{e.from_state} -> {e.to_state}"
@@ -545,7 +546,8 @@ def late_effects(
                        "ledger recorded"):
             table.add_column(column, overflow="fold")
         for le in found:
-            recorded = (f"key={le.recorded_key} gen={le.recorded_generation}"
+            gen = le.recorded_generation if le.recorded_generation is not None else "-"
+            recorded = (f"key={le.recorded_key} gen={gen}"
                         if le.recorded_key is not None else "-")
             table.add_row(field(_when(le.at)), field(f"{le.task_name} {le.task_id}"),
                           field(le.effect), field(le.key), field(le.generation),
