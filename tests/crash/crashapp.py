@@ -42,6 +42,12 @@ IN_FLIGHT_S = (
     float(os.environ["CRASH_IN_FLIGHT_S"]) if os.environ.get("CRASH_IN_FLIGHT_S") else None
 )
 
+# Time limit of the hang task in this process (a definition setting: the worker's own
+# app decides); unset: no limit.
+TIME_LIMIT_S = (
+    float(os.environ["CRASH_TIME_LIMIT_S"]) if os.environ.get("CRASH_TIME_LIMIT_S") else None
+)
+
 _client: Any = None
 
 
@@ -123,7 +129,8 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
             "charged": receipt_amount(receipt),
         }
 
-    @app.task(name=HANG, retry=FAST_RETRY, lease_s=lease_s or LEASE_S)
+    @app.task(name=HANG, retry=FAST_RETRY, lease_s=lease_s or LEASE_S,
+              time_limit_s=TIME_LIMIT_S)
     def hang(
         ctx: TaskContext,
         order_id: str,

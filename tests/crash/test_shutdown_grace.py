@@ -1,9 +1,9 @@
-"""``ratchet worker --shutdown-grace-s`` with real processes and real signals (issue 10):
-a task stuck in task code (25 s, no step boundary) no longer keeps a stopping worker
-alive. After SIGTERM the worker waits for the grace, hands the task's lease back (a fenced
-release to PENDING, attempt not counted) and exits; a second signal does it at once. A
-second worker then runs the task to completion, and its charge is executed exactly once,
-counted by the external service. Both ledgers.
+"""``ratchet worker --shutdown-grace-s`` (and ``--max-stuck-threads``) with real processes
+and real signals (issue 10): a task stuck in task code (25 s, no step boundary) no longer
+keeps a stopping worker alive. After SIGTERM the worker waits for the grace, hands the
+task's lease back (a fenced release to PENDING, attempt not counted) and exits; a second
+signal does it at once. A second worker then runs the task to completion, and its charge
+is executed exactly once, counted by the external service. Both ledgers.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 from crashkit import Rig, wait_for
 
 from ratchet import State
-from ratchet.worker.runner import EXIT_HANDED_BACK
+from ratchet.retry import TIME_LIMIT
+from ratchet.worker.runner import EXIT_HANDED_BACK, EXIT_STUCK_THREADS
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(120)]
 
@@ -112,3 +113,26 @@ def test_a_repeated_signal_is_one_stop(rig: Rig) -> None:
     assert code == EXIT_HANDED_BACK, a.log()
     assert time.monotonic() - sent >= GRACE_S - 0.1
     finish_elsewhere(rig, task_id)
+
+
+def test_a_time_limited_worker_exits_for_a_restart_at_max_stuck_threads(rig: Rig) -> None:
+    """The worker's app gives the task a 0.5 s time limit: the stuck attempt is ended
+    (RETRY_WAIT, error_class time_limit) and, with --max-stuck-threads 1, the worker exits
+    with status 4 for a restart; a second worker completes the task, one charge."""
+    rig.start_service(honour_keys=False)
+    task_id = submit_hang(rig, "after_effect")
+    a = rig.worker("a", args=["--max-stuck-threads", "1", "--shutdown-grace-s", "5"],
+                   env={"CRASH_TIME_LIMIT_S": "0.5"})
+    code = a.wait(timeout_s=30)
+    assert code == EXIT_STUCK_THREADS, a.log()
+    assert "max_stuck_threads=1" in a.log()
+    [limited] = [e for e in rig.ledger.timeline(task_id).events
+                 if e.kind == "transition" and e.to_state == "RETRY_WAIT"]
+    assert limited.generation == 1 and limited.detail["error_class"] == TIME_LIMIT
+    assert "attempt 1 of 30 ran past its time limit of 0.5 s" in limited.detail["error"]
+    b = rig.worker("b")
+    done = rig.wait_state(task_id, timeout_s=45)
+    assert done.state is State.SUCCEEDED and done.generation == 2 and done.attempt == 2
+    assert rig.executions() == {KEY: 1}
+    assert b.stop() == 0
+    rig.check_consistent()

@@ -44,14 +44,28 @@ write the database refuses (:class:`~ratchet.errors.WriteRejected`) fails it per
 (``"write_rejected"``). As everywhere, a failure while an effect's intent is open goes to
 ``UNKNOWN`` instead of ``FAILED``.
 
+Time limits (DESIGN §7): an attempt of a task type with ``time_limit_s`` that runs longer
+is ended by the watchdog thread (:mod:`ratchet.worker.timelimit`) as a failed attempt
+(``error_class`` ``"time_limit"``: ``RETRY_WAIT`` with backoff, ``FAILED`` on the last
+attempt, ``UNKNOWN`` then if an effect's intent is open), written by this holder at the
+attempt's generation. Its lease is no longer trusted (no new effect call can start) nor
+renewed, its slot is freed, and its task thread, which Python cannot kill, is replaced by
+a fresh one; the stuck thread's next ``ctx.step`` / ``ctx.effect`` raises
+:class:`~ratchet.errors.TimeLimitExceeded`, and whatever it writes later is fenced out.
+Stuck threads are counted (``stats.stuck_threads``); at ``max_stuck_threads`` the worker
+stops itself, for a restart.
+
 Signals: the first SIGTERM/SIGINT stops claiming; running tasks finish their current
 step, then are released at the next step/effect boundary (their committed steps stay);
 claimed tasks not started yet (prefetched) are released at once without running (to
 ``PENDING``, attempt handed back; ``on_claimed``, ``before_attempt`` and
-``after_attempt`` still fire for them, with outcome ``"PENDING"``).
-A second Ctrl-C (SIGINT) exits at once; repeated SIGTERMs (process managers, ``timeout``
-signalling the whole group) change nothing. SIGKILL loses nothing: leases expire and are
-taken over.
+``after_attempt`` still fire for them, with outcome ``"PENDING"``). Tasks still in task
+code when ``shutdown_grace_s`` ends have their leases handed back (a fenced release to
+``PENDING``, attempt handed back) and :meth:`Worker.run` returns although their threads are
+stuck. A second SIGTERM/SIGINT ends the grace at once (warm, then cold shutdown); one
+within :data:`SIGNAL_REPEAT_S` of the previous is the same signal delivered twice (process
+managers, ``timeout`` signalling the whole group) and changes nothing; a third exits at
+once. SIGKILL loses nothing: leases expire and are taken over.
 """
 
 from __future__ import annotations

@@ -111,10 +111,18 @@ class Attempts(threading.Thread):
         False if the watchdog or the shutdown ended it first: the caller is stuck past
         that end and must leave the attempt alone."""
         with self._cond:
-            attempt = self._running.pop((claim.task_id, claim.generation), None)
+            running = self._running
+            attempt = running.pop((claim.task_id, claim.generation), None)
             if attempt is None:
                 return False
             attempt.ended_by = ENDED_BY_BODY
+            heap = self._deadlines
+            if len(heap) > 2 * len(running) + 64:
+                # Ended attempts stay in the heap until their deadline (lazy deletion);
+                # drop them now and then, so it holds at most about twice the running ones
+                # (amortised O(1) per attempt) instead of every attempt of a time limit.
+                self._deadlines = [e for e in heap if e[2].ended_by is None]
+                heapq.heapify(self._deadlines)
             return True
 
     def is_running(self, claim: Claim) -> bool:
