@@ -169,6 +169,11 @@ def test_an_effect_open_at_the_limit_executes_once(
         release.set()
         wait_for("the stuck thread to come back", lambda: worker.stats.stuck_threads == 0)
     assert service.executions() == {"charge:o-1": 1}
+    # The stuck call's reply came back after the attempt was ended: its result write was
+    # fenced out, and the existing late-effect evidence applies (a possible duplicate to
+    # reconcile; here the service counted one execution).
+    [late] = app.ledger.late_effects(handle.task_id)
+    assert late.generation == 1 and late.key == "charge:o-1"
     if final:
         assert info.state is State.UNKNOWN and info.error_class == TIME_LIMIT
     else:
