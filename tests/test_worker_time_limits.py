@@ -14,9 +14,24 @@ from typing import Any
 
 import pytest
 
-from ratchet import App, ConfigError, RetryPolicy, State, TaskContext, Worker
+from ratchet import (
+    App,
+    ConfigError,
+    Middleware,
+    RetryPolicy,
+    State,
+    TaskContext,
+    TimeLimitExceeded,
+    Worker,
+)
+from ratchet.ledger.base import Claim
 from ratchet.retry import TIME_LIMIT
-from ratchet.testing import CountingService, start_counting_service, wait_for
+from ratchet.testing import (
+    CountingService,
+    check_ledger_consistent,
+    start_counting_service,
+    wait_for,
+)
 from ratchet.testing.worker import running_worker
 from ratchet.worker.runner import EXIT_HANDED_BACK, EXIT_STUCK_THREADS
 
@@ -246,3 +261,51 @@ def test_time_limit_s_is_checked_at_definition(app: App, bad: Any) -> None:
 def test_worker_limits_are_checked(app: App, option: str, bad: Any) -> None:
     with pytest.raises(ConfigError, match=option):
         Worker(app, **{option: bad})
+
+
+class _Attempts(Middleware):
+    """Counts after_attempt per claim (task id, generation): each attempt ends once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ends: dict[tuple[str, int], list[str]] = {}
+        self.errors: list[BaseException | None] = []
+
+    def after_attempt(self, worker: Worker, claim: Claim, outcome: str,
+                      exception: BaseException | None) -> None:
+        with self.lock:
+            self.ends.setdefault((claim.task_id, claim.generation), []).append(outcome)
+            if outcome == "RETRY_WAIT":
+                self.errors.append(exception)
+
+
+def test_bodies_ending_right_at_their_limit_end_each_attempt_once(
+    app: App, ledger_url: str
+) -> None:
+    """Race the watchdog: first attempts end within a few milliseconds of their limit,
+    either way. Each attempt is reported once, every task succeeds, no stuck thread is left
+    and the worker's slots all come back."""
+    limit = 0.2
+
+    @app.task(name="t.close_call", retry=FAST, time_limit_s=limit)
+    def close_call(ctx: TaskContext, n: int) -> int:
+        if ctx.attempt == 1:
+            threading.Event().wait(limit + (n % 7 - 3) * 0.004)  # 12 ms either side
+            ctx.step("after", lambda: n)
+        return n
+
+    n = 40
+    handles = [app.submit("t.close_call", {"n": i}) for i in range(n)]
+    counter = _Attempts()
+    with running_worker(app, concurrency=4, middleware=[counter]) as worker:
+        infos = [app.wait(h.task_id, timeout_s=60) for h in handles]
+        wait_for("stuck threads to come back", lambda: worker.stats.stuck_threads == 0)
+        wait_for("every slot to be free", lambda: worker._inflight == 0)
+    assert [i.state for i in infos] == [State.SUCCEEDED] * n
+    assert sorted(i.result for i in infos) == list(range(n))
+    assert all(len(ends) == 1 for ends in counter.ends.values()), counter.ends
+    limited = worker.stats.time_limited
+    assert limited == sum(1 for i in infos if i.attempt == 2) == len(counter.errors)
+    assert all(isinstance(e, TimeLimitExceeded) for e in counter.errors)
+    assert worker.stats.succeeded == n
+    check_ledger_consistent(ledger_url, task_ids=[h.task_id for h in handles])

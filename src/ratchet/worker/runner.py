@@ -843,6 +843,9 @@ class Worker:
             self.writer.submit(write, done)
         except RatchetError as exc:
             done(None, exc)
+        finally:
+            if attempt.end_sent is not None:
+                attempt.end_sent.set()
 
     def _stuck_returned(self, claim: Claim, late: tuple[TaskContext, Any] | None) -> None:
         """A task thread came back from task code after its attempt was ended without it
@@ -852,10 +855,15 @@ class Worker:
         it and rejects it as stale (audited) since the attempt's transition was written (a
         later claim may have run the task again). Nothing else is reported: the attempt's
         outcome was reported when it was ended."""
+        attempt = self._attempts.came_back(claim)
         self.stats.add("stuck_threads", -1)
         log.warning("task %s gen=%d: its task thread came back from the task's code after "
                     "the attempt was ended without it", claim.task_id, claim.generation)
-        if late is None:
+        if late is None or attempt is None or attempt.end_sent is None:
+            return
+        # The attempt's own end goes first (its writes are applied in order): the watchdog
+        # may still be building it. Without it, the late result could land first.
+        if not attempt.end_sent.wait(10.0):
             return
         ctx, result = late
         try:

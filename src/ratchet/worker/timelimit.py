@@ -56,8 +56,8 @@ class Attempt:
             ``"shutdown_grace"``).
     """
 
-    __slots__ = ("claim", "ctx", "deadline", "ended_by", "lease", "started", "thread",
-                 "time_limit_s")
+    __slots__ = ("claim", "ctx", "deadline", "end_sent", "ended_by", "lease", "started",
+                 "thread", "time_limit_s")
 
     def __init__(
         self, claim: Claim, lease: LeaseHandle, ctx: Any, time_limit_s: float | None
@@ -70,6 +70,9 @@ class Attempt:
         self.time_limit_s = time_limit_s
         self.deadline = None if time_limit_s is None else self.started + time_limit_s
         self.ended_by: str | None = None
+        self.end_sent: threading.Event | None = None
+        """For an attempt ended without its thread: set once its ending write was handed
+        to the writer (anything its thread writes later is queued behind it)."""
 
 
 class Attempts(threading.Thread):
@@ -86,6 +89,7 @@ class Attempts(threading.Thread):
         self._on_time_limit = on_time_limit
         self._cond = threading.Condition(threading.Lock())
         self._running: dict[tuple[str, int], Attempt] = {}
+        self._stuck: dict[tuple[str, int], Attempt] = {}  # ended without their thread
         self._deadlines: list[tuple[float, int, Attempt]] = []  # heap
         self._seq = itertools.count()
         self._halt = False
@@ -138,7 +142,15 @@ class Attempts(threading.Thread):
                 return False
             del self._running[key]
             attempt.ended_by = by
+            attempt.end_sent = threading.Event()
+            self._stuck[key] = attempt
             return True
+
+    def came_back(self, claim: Claim) -> Attempt | None:
+        """The task thread of ``claim``'s attempt, ended without it by :meth:`take`, came
+        back from task code: forget it and return it (None if it was not ended so)."""
+        with self._cond:
+            return self._stuck.pop((claim.task_id, claim.generation), None)
 
     def running(self) -> list[Attempt]:
         """The attempts still running, oldest first."""
