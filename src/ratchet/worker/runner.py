@@ -786,12 +786,18 @@ class Worker:
         # Read after the lease was marked lost: an intent not recorded in the context yet
         # is one whose call cannot start any more (the call needs a confirmed lease).
         open_intents = ctx.open_intents()
-        transition = self._failure_transition(
-            self.app.definition(claim.name), claim, exc, open_intents,
-            error_class=TIME_LIMIT, error=f"{_where(attempt.thread)}TimeLimitExceeded: {exc}",
-        )
-        self.on_failure(claim, transition)
-        self._write_ended(attempt, transition, "time_limit")
+        try:
+            transition = self._failure_transition(
+                self.app.definition(claim.name), claim, exc, open_intents,
+                error_class=TIME_LIMIT,
+                error=f"{_where(attempt.thread)}TimeLimitExceeded: {exc}",
+            )
+            self.on_failure(claim, transition)
+        except BaseException:  # e.g. an overridden on_failure: never leak the slot
+            log.exception("internal error at the time limit of task %s", claim.task_id)
+            self._done(claim, attempt.lease, "abandoned", exc)  # the lease will expire
+        else:
+            self._write_ended(attempt, transition, "time_limit")
         stuck = self.stats.stuck_threads
         if stuck >= self.max_stuck_threads and not self._stopping.is_set():
             log.error("%d task threads are stuck in task code past their attempt's end "
