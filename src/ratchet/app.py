@@ -85,9 +85,12 @@ class TaskDefinition:
         retry: the retry policy.
         lease_s: lease length in seconds, at least :data:`MIN_LEASE_S`; renewed every
             ``lease_s / 3`` while running.
+        time_limit_s: most seconds one attempt may run (None: no limit, the default);
+            see :func:`check_time_limit_s` and DESIGN §7 (time limits).
 
     Raises:
-        ConfigError: a lease below :data:`MIN_LEASE_S`, a ``retry`` that is not a
+        ConfigError: a lease below :data:`MIN_LEASE_S`, a time limit that is not a finite
+            number of seconds > 0 (or None), a ``retry`` that is not a
             :class:`RetryPolicy`, a version outside 1 .. 2**31 - 1 (the ledger stores a
             32-bit integer), or ``fn`` not callable.
     """
@@ -97,10 +100,12 @@ class TaskDefinition:
     version: int
     retry: RetryPolicy
     lease_s: float
+    time_limit_s: float | None = None
     _shape: _Shape | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_lease_s(self.lease_s)
+        check_time_limit_s(self.time_limit_s)
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError(
                 f"retry must be a ratchet.RetryPolicy, got {type(self.retry).__name__}"
@@ -237,6 +242,30 @@ def check_lease_s(lease_s: object) -> float:
             "task is taken over again and again without running"
         )
     return float(lease_s)
+
+
+def check_time_limit_s(time_limit_s: object) -> float | None:
+    """``time_limit_s`` as a float (or None: no limit) if it is a valid time limit of one
+    attempt, in seconds (DESIGN §7, time limits: the worker ends an attempt that runs
+    longer, as a failed attempt with ``error_class`` ``"time_limit"``).
+
+    Raises:
+        ConfigError: not None and not a finite number > 0 (a bool, NaN, infinity, 0 or a
+            negative number; "no limit" is None).
+    """
+    if time_limit_s is None:
+        return None
+    if (
+        isinstance(time_limit_s, bool)
+        or not isinstance(time_limit_s, int | float)
+        or not math.isfinite(time_limit_s)
+        or time_limit_s <= 0
+    ):
+        raise ConfigError(
+            f"time_limit_s must be a finite number of seconds > 0, or None for no limit; "
+            f"got {time_limit_s!r}"
+        )
+    return float(time_limit_s)
 
 
 SUBMIT_GROUP_MAX = 256
@@ -563,6 +592,7 @@ class App:
         version: int = 1,
         retry: RetryPolicy | None = None,
         lease_s: float = 15.0,
+        time_limit_s: float | None = None,
     ) -> Callable[[F], F]:
         """Register a function as a task type.
 
@@ -575,15 +605,21 @@ class App:
             version: definition version pinned by each instance.
             retry: retry policy; default ``RetryPolicy()``.
             lease_s: lease length in seconds, at least :data:`MIN_LEASE_S` (1 s).
+            time_limit_s: most seconds one attempt may run, a finite number > 0; default
+                None (no limit). An attempt past it is ended by the worker as a failed
+                attempt (``error_class`` ``"time_limit"``; retried while attempts remain)
+                and its slot is freed; the thread itself cannot be killed (DESIGN §7).
 
         Raises:
             ConfigError: duplicate name, ``async def``, a lease below :data:`MIN_LEASE_S`,
+                a ``time_limit_s`` that is not a finite number > 0 or None,
                 a ``retry`` that is not a :class:`RetryPolicy`, a version below 1.
             InvalidArguments: the name cannot be stored (not text, empty, a lone surrogate,
                 NUL, over :data:`~ratchet.validation.MAX_NAME_BYTES` bytes): checked here,
                 so a bad name never reaches a worker's claims.
         """
         check_lease_s(lease_s)
+        check_time_limit_s(time_limit_s)
         if name is not None:
             check_identifier(name, "task name", MAX_NAME_BYTES)
         if retry is not None and not isinstance(retry, RetryPolicy):
@@ -599,7 +635,7 @@ class App:
             if task_name in self.tasks:
                 raise ConfigError(f"task name {task_name!r} is registered twice")
             self.tasks[task_name] = TaskDefinition(
-                task_name, fn, version, retry or RetryPolicy(), lease_s
+                task_name, fn, version, retry or RetryPolicy(), lease_s, time_limit_s
             )
             return fn
 

@@ -22,6 +22,7 @@
     │   └── LeaseLost                  the lease cannot be confirmed; no new effects
     ├── TaskFailure                    raised by task code to classify a failure (DESIGN §7)
     │   ├── TransientError             retry with backoff
+    │   │   └── TimeLimitExceeded      an attempt ran past its task type's time_limit_s
     │   ├── PermanentError             fail now, no retry (dead-letter)
     │   │   ├── NonDeterministicReplay a replay called other checkpoints than recorded
     │   │   └── TransactionMisuse      a transaction step's code ended its transaction
@@ -59,6 +60,7 @@ __all__ = [
     "SubmitError",
     "TaskFailure",
     "TaskNotFound",
+    "TimeLimitExceeded",
     "TokenRejected",
     "TransactionMisuse",
     "TransientError",
@@ -256,6 +258,35 @@ class TransientError(TaskFailure):
     def __init__(self, message: str = "transient failure", retry_after_s: float | None = None):
         self.retry_after_s = retry_after_s
         super().__init__(message)
+
+
+class TimeLimitExceeded(TransientError):
+    """An attempt ran past its task type's time limit (``@app.task(time_limit_s=...)``).
+
+    The worker's watchdog ends the attempt at the limit (DESIGN §7, time limits): a failed
+    attempt with ``error_class`` ``"time_limit"`` (:data:`ratchet.retry.TIME_LIMIT`),
+    retried with backoff while attempts remain, else ``FAILED`` (``UNKNOWN`` while an
+    effect's intent is open). The task thread cannot be killed; this is raised in it at its
+    next ``ctx.step`` / ``ctx.effect`` / ``ctx.transaction`` so it stops there.
+
+    Attributes:
+        task_id: the task.
+        attempt: the attempt (1-based) that ran out of time.
+        max_attempts: attempts the task may make.
+        time_limit_s: the limit, seconds.
+    """
+
+    def __init__(
+        self, task_id: str, attempt: int, max_attempts: int, time_limit_s: float
+    ) -> None:
+        self.task_id = task_id
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.time_limit_s = time_limit_s
+        super().__init__(
+            f"task {task_id}: attempt {attempt} of {max_attempts} ran past its time limit "
+            f"of {time_limit_s:g} s (time_limit_s)"
+        )
 
 
 class PermanentError(TaskFailure):

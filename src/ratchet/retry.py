@@ -35,6 +35,7 @@ from .errors import (
 __all__ = [
     "MAX_ATTEMPTS_LIMIT",
     "FailureClass",
+    "TIME_LIMIT",
     "RetryPolicy",
     "classify",
     "proves_not_executed",
@@ -44,6 +45,14 @@ __all__ = [
 MAX_ATTEMPTS_LIMIT = 1_000_000
 """Largest ``RetryPolicy.max_attempts``: the ledger stores attempts as a 32-bit integer on
 PostgreSQL, and a task retried a million times is a configuration mistake."""
+
+
+TIME_LIMIT = "time_limit"
+"""``error_class`` recorded for an attempt the worker ended at its task type's time limit
+(:class:`~ratchet.errors.TimeLimitExceeded`). Its failure class is ``TRANSIENT``: backoff
+and retry while attempts remain, then ``FAILED`` (``UNKNOWN`` with an open effect intent),
+like any transient failure; the error class tells it apart in ``ratchet inspect`` /
+``ratchet tasks``."""
 
 
 class FailureClass(StrEnum):
@@ -184,7 +193,9 @@ def proves_not_executed(exc: BaseException) -> bool:
 def classify(exc: BaseException) -> FailureClass:
     """Put an exception in its failure class (DESIGN §7).
 
-    Ratchet's own :class:`~ratchet.errors.TaskFailure` subclasses say their class. httpx
+    Ratchet's own :class:`~ratchet.errors.TaskFailure` subclasses say their class (an
+    attempt past its time limit, :class:`~ratchet.errors.TimeLimitExceeded`, is a
+    ``TransientError``: transient, recorded with ``error_class`` :data:`TIME_LIMIT`). httpx
     errors are classified by what they prove about the request: not sent (connect errors,
     pool timeout) is transient; sent without a reply (read/write timeouts, dropped
     connection) is an unknown outcome; 429/503 is overload; other 5xx transient; other 4xx

@@ -28,9 +28,10 @@ import ratchet
 from ratchet import RetryPolicy, TaskContext
 from ratchet.testing import CountingClient
 
-__all__ = ["CHARGE", "LEASE_S", "TARGETS", "app", "build_app", "charge_effect"]
+__all__ = ["CHARGE", "HANG", "LEASE_S", "TARGETS", "app", "build_app", "charge_effect"]
 
 CHARGE = "crash.charge"
+HANG = "crash.hang"
 LEASE_S = float(os.environ.get("CRASH_LEASE_S", "1.0"))
 FAST_RETRY = RetryPolicy(
     max_attempts=30, base_delay_s=0.05, max_delay_s=2.0, jitter=0.5, overload_min_delay_s=0.2
@@ -39,6 +40,12 @@ FAST_RETRY = RetryPolicy(
 # service's processing bound), seconds; unset: the service answers at once (no slow faults).
 IN_FLIGHT_S = (
     float(os.environ["CRASH_IN_FLIGHT_S"]) if os.environ.get("CRASH_IN_FLIGHT_S") else None
+)
+
+# Time limit of the hang task in this process (a definition setting: the worker's own
+# app decides); unset: no limit.
+TIME_LIMIT_S = (
+    float(os.environ["CRASH_TIME_LIMIT_S"]) if os.environ.get("CRASH_TIME_LIMIT_S") else None
 )
 
 _client: Any = None
@@ -121,6 +128,39 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
             "charged_key": key,
             "charged": receipt_amount(receipt),
         }
+
+    @app.task(name=HANG, retry=FAST_RETRY, lease_s=lease_s or LEASE_S,
+              time_limit_s=TIME_LIMIT_S)
+    def hang(
+        ctx: TaskContext,
+        order_id: str,
+        amount_cents: int,
+        hang_s: float = 25.0,
+        where: str = "in_call",
+    ) -> dict[str, Any]:
+        """A charge whose first claim (generation 1) hangs in task code without a step
+        boundary: inside the effect's call after the service executed it (``in_call``: the
+        intent stays open) or after the effect (``after_effect``). Logs a ``hang`` step
+        run when it starts hanging."""
+        client = payment_client()
+        key = f"charge:{order_id}"
+        body = {"order_id": order_id, "amount_cents": amount_cents}
+        stuck = ctx.generation == 1
+
+        def hang_here() -> None:
+            record_step(ctx, "hang")
+            time.sleep(hang_s)
+
+        def call(k: str) -> Any:
+            record = client.execute(k, body)
+            if stuck and where == "in_call":
+                hang_here()
+            return record
+
+        receipt = ctx.effect("charge", call, key=key, lookup=client.lookup, params=body)
+        if stuck and where == "after_effect":
+            hang_here()
+        return {"charged_key": key, "charged": receipt_amount(receipt)}
 
     return app
 

@@ -14,7 +14,7 @@ import json
 import signal
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,7 @@ class Rig:
         fast_takeover: bool | None = False,
         url: str | None = None,
         log_level: str = "INFO",
+        args: Sequence[str] = (),
     ) -> WorkerProcess:
         """Start ``python -m ratchet.cli.main worker crashapp:app`` as a subprocess.
 
@@ -177,7 +178,7 @@ class Rig:
         exercise recovery by lease expiry, the path every host relies on; revocation of a
         dead same-host holder is exercised by the many-kills test and tests/takeover/.
         ``None`` leaves the CLI's default. ``url`` overrides the rig's ledger URL for this
-        worker only.
+        worker only; ``args`` are more CLI arguments.
         """
         full_env = self.env(
             RATCHET_CRASH_AT=crash_at,
@@ -189,7 +190,7 @@ class Rig:
         full_env["RATCHET_LEDGER_URL"] = ledger
         return self.procs.worker(
             "crashapp:app", ledger, name=name, concurrency=concurrency,
-            fast_takeover=fast_takeover, env=full_env, log_level=log_level,
+            fast_takeover=fast_takeover, env=full_env, log_level=log_level, args=args,
         )  # fmt: skip
 
     def python(self, name: str, code: str, *args: str, **extra: str | None) -> ManagedProcess:

@@ -11,7 +11,10 @@ input printed as text, never as markup; passwords redacted) and exit with status
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
@@ -186,12 +189,33 @@ def worker(
             " install; repeat for several, called in order.",
         ),
     ] = None,
+    shutdown_grace_s: Annotated[
+        float,
+        typer.Option(
+            "--shutdown-grace-s", min=0.0, metavar="SECONDS",
+            help="After SIGTERM/Ctrl-C, how long running tasks get to reach their end or a"
+            " step boundary; then their leases are handed back (released to PENDING, attempt"
+            " not counted) and the worker exits (status 3). A second signal: at once. Keep it"
+            " below your process manager's kill timeout.",
+        ),
+    ] = 25.0,
+    max_stuck_threads: Annotated[
+        int | None,
+        typer.Option(
+            "--max-stuck-threads", min=1, metavar="N",
+            help="Task threads stuck in task code past their attempt's time limit at which"
+            " the worker stops and exits with status 4, for a restart (default: --concurrency,"
+            " at least 4).",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker for the app's tasks.
 
     Claims ready tasks, runs them on --concurrency threads and commits fenced results.
-    SIGTERM or Ctrl-C stops gracefully: no new claims, running tasks are released at their
-    next step boundary.
+    SIGTERM or Ctrl-C stops gracefully: no new claims, prefetched tasks released at once,
+    running tasks released at their next step boundary, or their leases handed back when
+    --shutdown-grace-s ends. Exit status: 0 stopped cleanly, 3 leases handed back (grace
+    ended or second signal), 4 stopped at --max-stuck-threads, 2 a Ratchet error.
     """
     from ..worker import Worker
 
@@ -242,12 +266,26 @@ def worker(
             names=[n.strip() for n in names.split(",") if n.strip()] if names else None,
             poll_interval_s=poll_interval_s,
             fast_takeover=fast_takeover,
+            shutdown_grace_s=shutdown_grace_s,
+            max_stuck_threads=max_stuck_threads,
         )
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
                  w.names, concurrency, w.prefetch, w.writers)
         stats = w.run()
         log.info("worker %s stopped: %s", w.holder, stats)
+        code = w.exit_code
+        if stats.stuck_threads:
+            # Threads stuck in task code cannot be joined, and one may hold a lock the
+            # interpreter's shutdown needs: leave at once (everything is committed).
+            log.warning("worker %s: exiting with %d task thread(s) still stuck in task code",
+                        w.holder, stats.stuck_threads)
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code)
+        if code:
+            raise typer.Exit(code)
 
     _guard(run)
 

@@ -19,7 +19,8 @@ Or as a fixture, in your ``conftest.py`` (``app`` being your own fixture that yi
     ratchet_worker = worker_fixture("app", concurrency=4)
 
 Leaving the block stops the worker the way SIGTERM does (no new claims; running tasks are
-released at their next step boundary), joins its thread, and raises
+released at their next step boundary, or their leases handed back when the shutdown grace
+ends: 5 s here unless ``shutdown_grace_s`` is given), joins its thread, and raises
 :class:`WorkerCrashed` if the worker's thread raised or did not stop in time, so a broken
 worker fails the test instead of passing silently. Wait for the states you expect
 (``app.wait``) *inside* the block. Register the tasks before the worker starts (as an
@@ -65,7 +66,9 @@ def running_worker(
         poll_interval_s: seconds between claim polls when idle (short: tests wait less).
         stop_timeout_s: seconds to wait, on leaving the block, for the worker to stop.
         **options: any other :class:`~ratchet.Worker` argument (``names``,
-            ``middleware``, ``fast_takeover``, ``holder``, ...).
+            ``middleware``, ``fast_takeover``, ``holder``, ...); ``shutdown_grace_s``
+            defaults to ``min(5, stop_timeout_s / 2)`` seconds here, so that a body stuck
+            in task code is handed back before the stop times out.
 
     Yields:
         The running worker (``worker.stats`` holds its counters).
@@ -75,6 +78,7 @@ def running_worker(
             the cause) or was still running after ``stop_timeout_s``.
         ConfigError, UnknownTask: the worker's arguments are invalid (raised at once).
     """
+    options.setdefault("shutdown_grace_s", min(5.0, stop_timeout_s / 2))
     worker = Worker(app, concurrency=concurrency, poll_interval_s=poll_interval_s, **options)
     failures: list[BaseException] = []
 

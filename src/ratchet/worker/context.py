@@ -231,6 +231,7 @@ class TaskContext:
         self._flush_failed = False  # a flush was lost to an outage: resend from the first
         self._in_transaction = False  # inside a transaction step's fn (worker/transaction.py)
         self._in_step = False  # inside a step's fn: checkpoints there are refused
+        self._interrupt: BaseException | None = None  # raised at the next boundary
 
     def load_params(self) -> dict[str, Any]:
         """Decode the task's stored params (sets :attr:`params`) and return them.
@@ -267,6 +268,8 @@ class TaskContext:
             raise TransactionMisuse(
                 "ctx.step, ctx.effect and ctx.transaction cannot be called inside a "
                 "transaction step's function; call them before or after ctx.transaction")
+        if self._interrupt is not None:
+            raise self._interrupt
         if self._stopping.is_set():
             raise Shutdown()
         if self._flush_stale:
@@ -394,6 +397,11 @@ class TaskContext:
         except WriterStopped:
             self._flush_inflight = False
             self._sent = 0  # writer stopping: the next write carries them
+
+    def interrupt(self, exc: BaseException) -> None:
+        """Make the task's next ``ctx.step`` / ``ctx.effect`` / ``ctx.transaction`` raise
+        ``exc`` (any thread; e.g. the worker ended the attempt at its time limit)."""
+        self._interrupt = exc
 
     @property
     def lease(self) -> LeaseHandle:
@@ -799,8 +807,9 @@ class TaskContext:
                       self.generation, exc)
 
     def open_intents(self) -> list[str]:
-        """Names of effects whose intent is recorded but whose outcome is not."""
-        return [n for n, r in self._effects.items() if r.state is EffectState.INTENT]
+        """Names of effects whose intent is recorded but whose outcome is not (safe to call
+        from another thread than the task's: it reads a copy)."""
+        return [n for n, r in list(self._effects.items()) if r.state is EffectState.INTENT]
 
     def _record_done(
         self, cp: Checkpoint, key: str, params_digest: str, result: Any, via_lookup: bool

@@ -12,7 +12,10 @@ threads, and more threads are woken only when the queued work is not being picke
   milliseconds while tasks wait) wakes another thread when the queue has made no progress
   for ``stall_s``: the awake threads are stuck in long task code.
 
-At most ``size`` threads exist, so at most ``size`` task bodies run at once.
+At most ``size`` threads exist, so at most ``size`` task bodies run at once. A thread
+whose task the worker gave up on (past its time limit, or at the end of the shutdown grace:
+Python cannot kill a thread) is *detached* (:meth:`Executor.detach`): it no longer counts
+toward ``size``, so another thread takes its place, and it ends once its task returns.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Executor(Generic[T]):
         self._queue: collections.deque[T] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._threads: list[threading.Thread] = []
+        self._detached: set[threading.Thread] = set()  # given up on; end after their item
         self._idle = 0  # threads waiting on the condition
         self._awake = 0  # threads running or about to take work
         self._shutdown = False
@@ -121,6 +125,31 @@ class Executor(Generic[T]):
                 self._run(item)
             except BaseException:  # run() must not raise; never lose the thread silently
                 log.exception("task executor: unexpected error")
+            if self._detached:
+                with cond:
+                    me = threading.current_thread()
+                    if me in self._detached:  # replaced while stuck: end, take no more work
+                        self._detached.discard(me)
+                        return
+
+    def detach(self, thread: threading.Thread) -> bool:
+        """Stop counting ``thread`` (an executor thread stuck in the item it runs) toward
+        ``size``: another thread may start in its place, and ``thread`` ends once its item
+        returns, without taking another. Returns False if ``thread`` is not one of ours."""
+        with self._cond:
+            if thread not in self._threads:
+                return False
+            self._threads.remove(thread)
+            self._detached.add(thread)
+            self._awake -= 1  # it was running its item
+            if self._queue and self._awake < len(self._queue):
+                self._wake_one()
+            return True
+
+    def detached(self) -> int:
+        """Detached threads still running their item."""
+        with self._cond:
+            return len(self._detached)
 
     def take_queued(self) -> list[T]:
         """Remove and return every item not yet taken by a thread (in queue order)."""
@@ -130,11 +159,29 @@ class Executor(Generic[T]):
             return items
 
     def shutdown(self) -> None:
-        """Run what is queued, then end every thread and wait for them."""
+        """Run what is queued, then end every thread and wait for them (detached threads
+        excepted: see :meth:`join`)."""
+        self.close()
+        self.join()
+
+    def close(self) -> None:
+        """Run what is queued, then let every thread end (without waiting for them)."""
         with self._cond:
             if self._queue and self._awake == 0:
                 self._wake_one()
             self._shutdown = True
             self._cond.notify_all()
-        for thread in list(self._threads):
-            thread.join()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """After :meth:`close`: wait for every thread that is not detached, at most
+        ``timeout_s`` seconds in all (None: no limit). Returns True when they all ended."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self._cond:
+                alive = [t for t in self._threads if t.is_alive()]
+            if not alive:
+                return True
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            alive[0].join(remaining)

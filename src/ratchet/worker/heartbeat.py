@@ -82,7 +82,9 @@ class LeaseHandle:
                 self._confirmed_until = max(self._confirmed_until, until_mono)
 
     def mark_lost(self) -> None:
-        """Record that the ledger refused the lease."""
+        """Record that the ledger refused the lease, or that this worker gave it up (an
+        attempt ended at its time limit or handed back at the end of the shutdown grace,
+        DESIGN §4): either way no new effect may start under it."""
         with _WINDOW_LOCK:
             self._lost = True
             self._confirmed_until = float("-inf")

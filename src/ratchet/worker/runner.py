@@ -44,23 +44,40 @@ write the database refuses (:class:`~ratchet.errors.WriteRejected`) fails it per
 (``"write_rejected"``). As everywhere, a failure while an effect's intent is open goes to
 ``UNKNOWN`` instead of ``FAILED``.
 
+Time limits (DESIGN §7): an attempt of a task type with ``time_limit_s`` that runs longer
+is ended by the watchdog thread (:mod:`ratchet.worker.timelimit`) as a failed attempt
+(``error_class`` ``"time_limit"``: ``RETRY_WAIT`` with backoff, ``FAILED`` on the last
+attempt, ``UNKNOWN`` then if an effect's intent is open), written by this holder at the
+attempt's generation. Its lease is no longer trusted (no new effect call can start) nor
+renewed, its slot is freed, and its task thread, which Python cannot kill, is replaced by
+a fresh one; the stuck thread's next ``ctx.step`` / ``ctx.effect`` raises
+:class:`~ratchet.errors.TimeLimitExceeded`, and whatever it writes later is fenced out.
+Stuck threads are counted (``stats.stuck_threads``); at ``max_stuck_threads`` the worker
+stops itself, for a restart.
+
 Signals: the first SIGTERM/SIGINT stops claiming; running tasks finish their current
 step, then are released at the next step/effect boundary (their committed steps stay);
 claimed tasks not started yet (prefetched) are released at once without running (to
 ``PENDING``, attempt handed back; ``on_claimed``, ``before_attempt`` and
-``after_attempt`` still fire for them, with outcome ``"PENDING"``).
-A second Ctrl-C (SIGINT) exits at once; repeated SIGTERMs (process managers, ``timeout``
-signalling the whole group) change nothing. SIGKILL loses nothing: leases expire and are
-taken over.
+``after_attempt`` still fire for them, with outcome ``"PENDING"``). Tasks still in task
+code when ``shutdown_grace_s`` ends have their leases handed back (a fenced release to
+``PENDING``, attempt handed back) and :meth:`Worker.run` returns although their threads are
+stuck. A second SIGTERM/SIGINT ends the grace at once (warm, then cold shutdown); one
+within :data:`SIGNAL_REPEAT_S` of the previous is the same signal delivered twice (process
+managers, ``timeout`` signalling the whole group) and changes nothing; a third exits at
+once. SIGKILL loses nothing: leases expire and are taken over.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -81,12 +98,13 @@ from ..errors import (
     LedgerUnavailable,
     RatchetError,
     StaleGeneration,
+    TimeLimitExceeded,
     TokenRejected,
     UndecodableData,
     WriteRejected,
 )
 from ..ledger.base import Claim, CommitOutcome, Subscription, TaskWrite, Transition
-from ..retry import FailureClass, classify, retry_after_s
+from ..retry import TIME_LIMIT, FailureClass, classify, retry_after_s
 from ..serde import dumps, printable
 from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
@@ -95,9 +113,20 @@ from .executor import Executor
 from .heartbeat import Heartbeat, LeaseHandle
 from .hooks import Hooks, Middleware
 from .registry import Registrar
+from .timelimit import ENDED_BY_SHUTDOWN_GRACE, Attempt, Attempts
 from .writer import LedgerWriter
 
-__all__ = ["Worker", "WorkerStats", "default_holder", "default_prefetch", "default_writers"]
+__all__ = [
+    "DEFAULT_SHUTDOWN_GRACE_S",
+    "EXIT_HANDED_BACK",
+    "EXIT_STUCK_THREADS",
+    "Worker",
+    "WorkerStats",
+    "default_holder",
+    "default_max_stuck_threads",
+    "default_prefetch",
+    "default_writers",
+]
 
 log = logging.getLogger("ratchet.worker")
 
@@ -156,6 +185,38 @@ def default_writers(ledger: object) -> int:
 
 _STALL_S = 0.005
 """Queued tasks not picked up for this long (s) while task threads are busy: wake another."""
+
+DEFAULT_SHUTDOWN_GRACE_S = 25.0
+"""Default :class:`Worker` ``shutdown_grace_s``, seconds: how long running tasks get, after
+SIGTERM / Ctrl-C, to reach their end or a step boundary before the worker hands their
+leases back and exits. A few seconds below Kubernetes' default
+``terminationGracePeriodSeconds`` (30 s), after which it sends SIGKILL, so the hand-back
+(one ledger transaction) happens before the kill; set it below your process manager's
+own kill timeout (``docker stop``: 10 s, systemd ``TimeoutStopSec``: 90 s)."""
+
+SIGNAL_REPEAT_S = 0.5
+"""A SIGTERM / SIGINT within this many seconds of the previous one is the same stop
+delivered twice (to the process group and to the process, e.g. by ``timeout`` and a
+process manager), not a request to hurry."""
+
+EXIT_HANDED_BACK = 3
+"""``ratchet worker`` exit status when the shutdown grace ended (or a second signal came)
+while task threads were still inside task code: their leases were handed back."""
+
+EXIT_STUCK_THREADS = 4
+"""``ratchet worker`` exit status when the worker stopped itself because
+``max_stuck_threads`` task threads were stuck past their attempt's end: restart it."""
+
+
+def default_max_stuck_threads(concurrency: int) -> int:
+    """Default :class:`Worker` ``max_stuck_threads``: ``max(4, concurrency)``.
+
+    Why: a thread stuck in task code past its time limit cannot be killed; the worker
+    starts another in its place, so each stuck thread adds one thread, its stack and
+    whatever it holds (sockets, memory, CPU if it spins) to the process. Up to as many as
+    the worker runs (at least 4, so a one-thread worker survives a few hangs) the process
+    runs at most about twice its threads; past that only a restart frees them."""
+    return max(4, concurrency)
 
 
 class _Policy:
@@ -220,6 +281,14 @@ class WorkerStats:
     released: int = 0
     stale: int = 0
     lease_lost: int = 0
+    time_limited: int = 0
+    """Attempts ended at their task type's time limit (``time_limit_s``)."""
+    handed_back: int = 0
+    """Leases handed back (released to ``PENDING``) when the shutdown grace ended or a
+    second signal came, their task threads still in task code."""
+    stuck_threads: int = 0
+    """Task threads now inside the code of an attempt that was ended without them (time
+    limit, shutdown grace): a gauge, not a counter (DESIGN §7, time limits)."""
     by_outcome: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -277,10 +346,20 @@ class Worker:
             same-host workers whose process is gone (:mod:`ratchet.worker.registry`).
         middleware: lifecycle hooks (:class:`~ratchet.worker.hooks.Middleware`), called
             in this order; none by default.
+        shutdown_grace_s: seconds running tasks get, once the worker stops (SIGTERM,
+            Ctrl-C, :meth:`stop`), to reach their end or a step boundary (where they are
+            released); after it their leases are handed back (a fenced release to
+            ``PENDING``, attempt not counted) and :meth:`run` returns, even if a task thread
+            is still stuck in task code. Default :data:`DEFAULT_SHUTDOWN_GRACE_S` (25 s).
+        max_stuck_threads: when this many task threads are stuck inside the code of an
+            attempt the worker already ended (time limit), the worker stops (as on
+            SIGTERM) so that its process manager restarts it (``ratchet worker`` exits
+            with :data:`EXIT_STUCK_THREADS`). Default :func:`default_max_stuck_threads`.
 
     Raises:
-        ConfigError: ``concurrency`` is below 1, ``prefetch`` below 0 or ``writers``
-            below 1.
+        ConfigError: ``concurrency`` is below 1, ``prefetch`` below 0, ``writers``
+            below 1, ``shutdown_grace_s`` not a finite number >= 0 or
+            ``max_stuck_threads`` below 1.
         UnknownTask: a name in ``names`` is not registered.
     """
 
@@ -297,6 +376,8 @@ class Worker:
         middleware: Sequence[Middleware] = (),
         prefetch: int | None = None,
         writers: int | None = None,
+        shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
+        max_stuck_threads: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigError(f"Worker concurrency must be >= 1, got {concurrency!r}")
@@ -308,6 +389,24 @@ class Worker:
             writers = default_writers(app.ledger)
         if writers < 1:
             raise ConfigError(f"Worker writers must be >= 1, got {writers!r}")
+        if (isinstance(shutdown_grace_s, bool) or not isinstance(shutdown_grace_s, int | float)
+                or not math.isfinite(shutdown_grace_s) or shutdown_grace_s < 0):
+            raise ConfigError(
+                f"Worker shutdown_grace_s must be a finite number of seconds >= 0, got "
+                f"{shutdown_grace_s!r}"
+            )
+        if max_stuck_threads is None:
+            max_stuck_threads = default_max_stuck_threads(concurrency)
+        if isinstance(max_stuck_threads, bool) or not isinstance(max_stuck_threads, int) \
+                or max_stuck_threads < 1:
+            raise ConfigError(
+                f"Worker max_stuck_threads must be an integer >= 1, got {max_stuck_threads!r}"
+            )
+        self.shutdown_grace_s = float(shutdown_grace_s)
+        self.max_stuck_threads = max_stuck_threads
+        self.stop_reason: str | None = None
+        """Why :meth:`run` ended early, if it did: ``"stuck_threads"`` (the cap was
+        reached); None otherwise."""
         self.app = app
         self.concurrency = concurrency
         self.prefetch = prefetch
@@ -347,6 +446,10 @@ class Worker:
         self._executor: Executor[tuple[Claim, LeaseHandle]] = Executor(
             concurrency, self._execute
         )
+        self._attempts = Attempts(self._on_time_limit)
+        self._stop_began: float | None = None  # monotonic: the shutdown grace runs from it
+        self._last_signal_at = float("-inf")
+        self._cold = False  # a second signal: hand the leases back now
 
     # ------------------------------------------------------------------ hooks
 
@@ -383,27 +486,59 @@ class Worker:
     # ------------------------------------------------------------------ control
 
     def stop(self) -> None:
-        """Stop claiming; running tasks are released at their next boundary."""
+        """Stop claiming; running tasks are released at their next boundary, or their
+        leases handed back when the shutdown grace ends (``shutdown_grace_s``)."""
+        if self._stop_began is None:
+            self._stop_began = time.monotonic()
         self._stopping.set()
         self._wake.set()
 
+    @property
+    def exit_code(self) -> int:
+        """The ``ratchet worker`` exit status for how :meth:`run` ended: 0 (stopped, every
+        running attempt ended or was released at a step boundary),
+        :data:`EXIT_HANDED_BACK` (the grace ended or a second signal came: leases of
+        running tasks handed back), :data:`EXIT_STUCK_THREADS` (stopped itself at
+        ``max_stuck_threads``; restart it)."""
+        if self.stop_reason == "stuck_threads":
+            return EXIT_STUCK_THREADS
+        if self.stats.handed_back:
+            return EXIT_HANDED_BACK
+        return 0
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals += 1
-        if self._signals > 1:
-            if signum == signal.SIGINT:
-                log.warning("second Ctrl-C: exiting now (leases will expire and be taken over)")
-                os._exit(1)
+        # Only flags, never self._wake: the handler runs on the main thread, which may be
+        # inside self._wake.wait()/clear() holding the Event's (non-reentrant) lock;
+        # setting _wake here would deadlock the worker on its own SIGTERM. Nothing waits on
+        # _stopping, and every wait of the main loop is bounded (poll interval, 0.05 s in
+        # the shutdown grace).
+        now = time.monotonic()
+        if self._signals and now - self._last_signal_at < SIGNAL_REPEAT_S:
             log.info("signal %d: already stopping", signum)
             return
-        log.info("signal %d: stop claiming, release running tasks at their next step", signum)
-        # Only the stopping flag, never self._wake: the handler runs on the main thread,
-        # which may be inside self._wake.wait()/clear() holding the Event's (non-reentrant)
-        # lock; setting _wake here would deadlock the worker on its own SIGTERM. Nothing
-        # waits on _stopping, and every wait of the main loop is bounded (poll interval).
-        self._stopping.set()
+        self._signals += 1
+        self._last_signal_at = now
+        if self._signals == 1:
+            log.info("signal %d: stop claiming; running tasks are released at their next "
+                     "step, or their leases handed back in %g s (shutdown grace; a second "
+                     "signal: now)", signum, self.shutdown_grace_s)
+            if self._stop_began is None:
+                self._stop_began = now
+            self._stopping.set()
+        elif self._signals == 2:
+            log.warning("signal %d again: handing back the leases of running tasks now, "
+                        "then exiting", signum)
+            self._cold = True
+            self._stopping.set()
+        else:
+            log.warning("signal %d a third time: exiting now (leases will expire and be "
+                        "taken over)", signum)
+            os._exit(1)
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM and SIGINT stop the worker gracefully (main thread only)."""
+        """SIGTERM and SIGINT stop the worker gracefully; a second one (more than
+        :data:`SIGNAL_REPEAT_S` later) ends the grace at once; a third exits at once
+        (main thread only)."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
@@ -426,6 +561,7 @@ class Worker:
         self.writer.set_claim_policy(_Policy(self))
         self.writer.start()
         self.heartbeat.start()
+        self._attempts.start()
         registrar: Registrar | None = None
         if self.fast_takeover:
             registrar = Registrar(self.ledger, self.holder)
@@ -472,6 +608,9 @@ class Worker:
                 self._wake.clear()
         finally:
             self._stopping.set()
+            if self._stop_began is None:
+                self._stop_began = time.monotonic()
+            grace_ends = self._stop_began + self.shutdown_grace_s
             if subscription is not None:
                 subscription.close()
             try:
@@ -483,7 +622,16 @@ class Worker:
                 for item in self._executor.take_queued():
                     self._execute(item)
             finally:
-                self._executor.shutdown()  # every body ran; final writes are queued
+                # Running tasks get until the grace ends to reach their end or a step
+                # boundary (where they are released); then their leases are handed back.
+                self._executor.close()
+                while not self._executor.join(0.05):
+                    if self._cold or time.monotonic() >= grace_ends:
+                        self._hand_back(
+                            "second signal" if self._cold
+                            else f"shutdown grace of {self.shutdown_grace_s:g} s ended")
+                        break
+                self._attempts.stop()
                 self.writer.stop()
                 self.writer.join()  # final writes committed, on_finished fired
                 if registrar is not None:
@@ -581,6 +729,7 @@ class Worker:
         outcome: str | None = "abandoned"
         ctx: TaskContext | None = None
         hooks = self._hooks
+        attempt: Attempt | None = None
         try:
             self.on_claimed(claim)
             if hooks is not None:
@@ -590,12 +739,16 @@ class Worker:
                 claim, self.holder, self.writer, lease, self._stopping,
                 on_block=self._executor.blocking, hooks=hooks,
             )
+            attempt = self._attempts.begin(claim, lease, ctx, definition.time_limit_s)
             outcome = self._run_body(definition, claim, ctx)
         except BaseException:  # never let one task kill the worker or leak its slot
             log.exception("internal error while running task %s", claim.task_id)
             outcome = "abandoned"
         if outcome is not None:  # None: a final write is on its way to the ledger
-            self._done(claim, lease, outcome, ctx.exception if ctx is not None else None)
+            if attempt is None or self._attempts.end(claim):
+                self._done(claim, lease, outcome, ctx.exception if ctx is not None else None)
+            else:  # ended at its time limit or the shutdown grace: not ours any more
+                self._stuck_returned(claim, None)
 
     def _done(
         self, claim: Claim, lease: LeaseHandle, outcome: str,
@@ -617,6 +770,128 @@ class Worker:
                 if self._hooks is not None:
                     self._hooks.after_attempt(claim, outcome, exception)
 
+    # ------------------------------------------------------------------ ended without its thread
+
+    def _on_time_limit(self, attempt: Attempt) -> None:
+        """The watchdog ended ``attempt`` at its time limit (watchdog thread): a failed
+        attempt (``error_class`` ``"time_limit"``) written at its own generation, its slot
+        freed now although its thread is still in the task's code (DESIGN §7)."""
+        claim, ctx = attempt.claim, attempt.ctx
+        limit = attempt.time_limit_s or 0.0
+        exc = TimeLimitExceeded(claim.task_id, claim.attempt, claim.max_attempts, limit)
+        self._give_up(attempt)  # first: from here on the thread can start no effect call
+        ctx.exception = exc
+        ctx.interrupt(exc)  # its next ctx.step / ctx.effect raises it
+        self.stats.add("time_limited")
+        # Read after the lease was marked lost: an intent not recorded in the context yet
+        # is one whose call cannot start any more (the call needs a confirmed lease).
+        open_intents = ctx.open_intents()
+        try:
+            transition = self._failure_transition(
+                self.app.definition(claim.name), claim, exc, open_intents,
+                error_class=TIME_LIMIT,
+                error=f"{_where(attempt.thread)}TimeLimitExceeded: {exc}",
+            )
+            self.on_failure(claim, transition)
+        except BaseException:  # e.g. an overridden on_failure: never leak the slot
+            log.exception("internal error at the time limit of task %s", claim.task_id)
+            self._done(claim, attempt.lease, "abandoned", exc)  # the lease will expire
+        else:
+            self._write_ended(attempt, transition, "time_limit")
+        stuck = self.stats.stuck_threads
+        if stuck >= self.max_stuck_threads and not self._stopping.is_set():
+            log.error("%d task threads are stuck in task code past their attempt's end "
+                      "(max_stuck_threads=%d): stopping this worker so that it is restarted",
+                      stuck, self.max_stuck_threads)
+            self.stop_reason = "stuck_threads"
+            self.stop()
+
+    def _hand_back(self, reason: str) -> None:
+        """Hand back the lease of every attempt still running (the shutdown grace ended, or
+        a second signal came): a fenced release to ``PENDING`` each, so another worker can
+        claim the task at once. The attempt is handed back too (not counted), as for a
+        release at a step boundary: stopping is the worker's decision, not a failure of the
+        task (a hang is what ``time_limit_s`` is for)."""
+        running = self._attempts.running()
+        if running:
+            log.warning("%s: handing back the leases of %d running task(s) still in task "
+                        "code", reason, len(running))
+        for attempt in running:
+            if not self._attempts.take(attempt, ENDED_BY_SHUTDOWN_GRACE):
+                continue  # it ended meanwhile
+            self._give_up(attempt)
+            attempt.ctx.interrupt(Shutdown())
+            self.stats.add("handed_back")
+            self._write_ended(attempt, Transition(State.PENDING, reason=reason), "hand_back")
+
+    def _give_up(self, attempt: Attempt) -> None:
+        """Stop acting for ``attempt``, whose thread is still in task code: its lease is no
+        longer trusted (no new effect call can start) nor renewed, and its task thread is
+        replaced, so the worker's concurrency is kept."""
+        attempt.lease.mark_lost()
+        self.heartbeat.remove(attempt.lease)
+        self._executor.detach(attempt.thread)
+        self.stats.add("stuck_threads")
+
+    def _write_ended(self, attempt: Attempt, transition: Transition, operation: str) -> None:
+        """The fenced final write of an attempt ended without its thread (the holder's own
+        write at its generation); its outcome is reported, and its slot freed, once it
+        commits. If it fails, the lease (no longer renewed) expires and the task is taken
+        over or retired by the ledger as for a dead holder."""
+        claim, ctx, lease = attempt.claim, attempt.ctx, attempt.lease
+        write = TaskWrite(claim.task_id, claim.generation, self.holder,
+                          f"{operation}:{transition.to.value}", transition=transition)
+
+        def done(outcome: CommitOutcome | None, error: BaseException | None) -> None:
+            self._finished(claim, lease, ctx, [], transition, None, outcome, error)
+
+        try:
+            self.writer.submit(write, done)
+        except RatchetError as exc:
+            done(None, exc)
+        finally:
+            if attempt.end_sent is not None:
+                attempt.end_sent.set()
+
+    def _stuck_returned(self, claim: Claim, late: tuple[TaskContext, Any] | None) -> None:
+        """A task thread came back from task code after its attempt was ended without it
+        (time limit, shutdown grace). ``late``: ``(ctx, result)`` if the body returned.
+
+        A late result is still sent, fenced at the attempt's generation: the ledger judges
+        it and rejects it as stale (audited) since the attempt's transition was written (a
+        later claim may have run the task again). Nothing else is reported: the attempt's
+        outcome was reported when it was ended."""
+        attempt = self._attempts.came_back(claim)
+        self.stats.add("stuck_threads", -1)
+        log.warning("task %s gen=%d: its task thread came back from the task's code after "
+                    "the attempt was ended without it", claim.task_id, claim.generation)
+        if late is None or attempt is None or attempt.end_sent is None:
+            return
+        # The attempt's own end goes first (its writes are applied in order): the watchdog
+        # may still be building it. Without it, the late result could land first.
+        if not attempt.end_sent.wait(10.0):
+            return
+        ctx, result = late
+        try:
+            result_json = dumps(result, what=f"result of task {claim.name!r}")
+        except Exception:
+            return
+        write = TaskWrite(claim.task_id, claim.generation, self.holder, "finish:SUCCEEDED",
+                          steps=ctx.unsaved_steps(),
+                          transition=Transition(State.SUCCEEDED, result_json=result_json))
+
+        def done(outcome: CommitOutcome | None, error: BaseException | None) -> None:
+            if outcome is not None and outcome.stale:
+                self.stats.add("stale")
+                log.info("task %s gen=%d: late result rejected (stale)", claim.task_id,
+                         claim.generation)
+            elif outcome is not None:
+                log.warning("task %s gen=%d: late result accepted (the attempt's own end "
+                            "had not been written)", claim.task_id, claim.generation)
+
+        with contextlib.suppress(RatchetError):
+            self.writer.submit(write, done)
+
     def _run_body(self, definition: TaskDefinition, claim: Claim, ctx: TaskContext) -> str | None:
         """Run the task function; return its outcome, or None when the final write was
         handed to the writer (the outcome is reported when it commits).
@@ -624,12 +899,21 @@ class Worker:
         Every way the body can end is turned into an outcome here (see the module
         docstring for the classification of ``BaseException``)."""
         try:
-            if self._stopping.is_set():
-                raise Shutdown()  # claimed (perhaps prefetched) but not started: release it
-            # A prefetched task may have waited: start it only under a confirmed lease.
-            ctx.ensure_lease()
-            params = ctx.load_params()
-            result = definition.fn(ctx, **params)
+            try:
+                if self._stopping.is_set():
+                    raise Shutdown()  # claimed (perhaps prefetched), not started: release it
+                # A prefetched task may have waited: start it only under a confirmed lease.
+                ctx.ensure_lease()
+                params = ctx.load_params()
+                result = definition.fn(ctx, **params)
+            except BaseException:
+                if self._attempts.is_running(claim):
+                    raise
+                self._stuck_returned(claim, None)  # ended without us: nothing to say
+                return None
+            if not self._attempts.is_running(claim):
+                self._stuck_returned(claim, (ctx, result))
+                return None
             transition = Transition(
                 State.SUCCEEDED, result_json=dumps(result, what=f"result of task {claim.name!r}")
             )
@@ -760,6 +1044,11 @@ class Worker:
         sent again from a helper thread while the lease lasts (:meth:`_resend`). If the
         database refuses the write for its content, a failure write without the task's
         unsaved steps and result is sent instead (:meth:`_reject`)."""
+        if not self._attempts.end(claim):
+            # Ended at its time limit or the shutdown grace while this thread was in the
+            # task's code: its lease, slot and outcome are no longer this thread's.
+            self._stuck_returned(claim, None)
+            return None
         steps = ctx.unsaved_steps()
         write = TaskWrite(
             claim.task_id, claim.generation, self.holder, f"finish:{transition.to.value}",
@@ -881,6 +1170,15 @@ class Worker:
                 result = transition.to.value
         finally:
             self._done(claim, lease, label or result, ctx.exception)
+
+
+def _where(thread: threading.Thread) -> str:
+    """Where ``thread`` is now: its innermost frames, for the time-limit error."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return "(its thread has just ended)\n"
+    stack = "".join(traceback.format_stack(frame, limit=8))
+    return f"the task thread ({thread.name}) is at (innermost last):\n{stack}"[-1500:]
 
 
 _COUNTERS = {
