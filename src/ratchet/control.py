@@ -69,6 +69,7 @@ __all__ = [
     "TaskPage",
     "TaskTimeline",
     "Undecodable",
+    "VersionWaitView",
     "WorkerView",
     "default_operator",
 ]
@@ -112,6 +113,40 @@ class StatusReport:
     schema_version: int
     ledger_now: float
     late_effects: int = 0
+    versions: list[VersionWaitView] = field(default_factory=list)
+    """Ready tasks per pinned (name, version) with the live workers that have it; a
+    version no live worker has waits (DESIGN §8)."""
+
+
+LIVE_WORKER_S = 30.0
+"""A registered worker counts as live for the version view while it is ``alive`` in the
+registry and was seen (registry heartbeat every 5 s, lease renewals) within this many
+seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class VersionWaitView:
+    """Ready tasks (``PENDING`` / ``RETRY_WAIT``) of one pinned (name, version).
+
+    Attributes:
+        name, version: the task type and the definition version its tasks pinned.
+        ready: how many (including those scheduled for later).
+        oldest_run_at: the earliest ``run_at`` among them, epoch seconds.
+        live_workers: live registered workers that have this version
+            (:data:`LIVE_WORKER_S`; a ``--no-fast-takeover`` worker is not registered
+            and is not counted).
+        waiting: no live worker has this version: the tasks wait (never failed or
+            dropped) until a worker that has it starts.
+        note: ``"no live worker has version N"`` when waiting, else ``""``.
+    """
+
+    name: str
+    version: int
+    ready: int
+    oldest_run_at: float
+    live_workers: int
+    waiting: bool
+    note: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +366,8 @@ class Control:
 
     def status(self) -> StatusReport:
         """Counts per task type and state, oldest pending age, unknowns, audit counters,
-        durability.
+        durability, and ready tasks per pinned (name, version) with the live workers that
+        have it (``versions``: a version no live worker has waits).
 
         Raises:
             LedgerUnavailable: no ledger there (nothing is created), or unreachable.
@@ -357,6 +393,13 @@ class Control:
             schema_version=s.schema_version,
             ledger_now=s.ledger_now,
             late_effects=s.late_effects,
+            versions=[
+                VersionWaitView(b.name, b.version, b.ready, b.oldest_run_at, b.live_workers,
+                                b.live_workers == 0,
+                                f"no live worker has version {b.version}"
+                                if b.live_workers == 0 else "")
+                for b in led.version_backlog(LIVE_WORKER_S)
+            ],
         )
 
     def get(self, task_id: str) -> TaskInfo:
@@ -579,8 +622,10 @@ class Control:
         idempotency_key: str | None = None,
         run_at: datetime | float | None = None,
         delay_s: float = 0.0,
+        version: int | None = None,
     ) -> TaskHandle:
-        """Submit one task through the App (see :meth:`ratchet.App.submit`).
+        """Submit one task through the App (see :meth:`ratchet.App.submit`; ``version``
+        pins a definition version, default the newest the App defines).
 
         Raises:
             ConfigError: this Control was made without an App.
@@ -592,7 +637,8 @@ class Control:
                 "submit needs the application's task registry: use Control(app=...)"
             )
         return self._app.submit(
-            name, params, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s
+            name, params, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s,
+            version=version,
         )
 
 

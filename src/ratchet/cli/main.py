@@ -271,10 +271,19 @@ def submit(
         typer.Option("--delay-s", min=0.0, metavar="SECONDS",
                      help="Earliest start, seconds from now."),
     ] = 0.0,
+    task_version: Annotated[
+        int | None,
+        typer.Option("--task-version", min=1, metavar="N",
+                     help="Definition version to pin (default: the newest the app defines)."),
+    ] = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit one task.
+
+    The params are validated against the task function's signature (or its params model)
+    first: a missing, unknown or mistyped field is refused, naming it, and nothing is
+    written.
 
     Resubmitting with the same --key and params returns the same task id and writes
     nothing; the same key with other params is refused (IdempotencyConflict).
@@ -288,7 +297,8 @@ def submit(
             )
         app = load_app(app_spec)
         app.configure(ledger=ledger)
-        handle = Control(app=app).submit(name, decoded, idempotency_key=key, delay_s=delay_s)
+        handle = Control(app=app).submit(name, decoded, idempotency_key=key, delay_s=delay_s,
+                                         version=task_version)
         if as_json:
             echo_json({"task_id": handle.task_id, "name": handle.name, "created": handle.created})
             return
@@ -328,6 +338,11 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
         age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
         out.print(line(f"oldest pending age: {age}"))
         out.print(line(f"unknown (waiting for an operator): {s.unknown}"))
+        for v in s.versions:
+            if v.waiting:
+                out.print(line(("waiting: ", "bold yellow"), f"{v.ready} task(s) of ",
+                               (v.name, "bold"), f" version {v.version}: {v.note} (they "
+                               "run once a worker that has it starts)"))
         late_style = "bold yellow" if s.late_effects else ""
         out.print(line("late effects (possible duplicates, see ratchet late-effects): ",
                        (str(s.late_effects), late_style)))

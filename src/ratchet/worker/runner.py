@@ -85,7 +85,14 @@ from ..errors import (
     UndecodableData,
     WriteRejected,
 )
-from ..ledger.base import Claim, CommitOutcome, Subscription, TaskWrite, Transition
+from ..ledger.base import (
+    Claim,
+    CommitOutcome,
+    DefinitionSpec,
+    Subscription,
+    TaskWrite,
+    Transition,
+)
 from ..retry import FailureClass, classify, retry_after_s
 from ..serde import dumps, printable
 from ..states import State
@@ -163,7 +170,7 @@ class _Policy:
 
     def __init__(self, worker: Worker) -> None:
         self.holder = worker.holder
-        self.names = worker.names
+        self.names = worker.kinds
         self._worker = worker
 
     def limit(self, freed: int, forced: bool) -> int:
@@ -315,6 +322,11 @@ class Worker:
         self.names = list(names) if names is not None else sorted(app.tasks)
         for name in self.names:
             app.definition(name)
+        self.kinds: list[tuple[str, int]] = [
+            (name, version) for name in self.names for version in sorted(app.versions[name])
+        ]
+        """The (name, version) pairs this worker claims: every version its app defines of
+        each name in ``names``; a task pinned to another version is never claimed here."""
         self.poll_interval_s = poll_interval_s
         self.claim_linger_s = claim_linger_s
         self.fast_takeover = fast_takeover
@@ -426,6 +438,7 @@ class Worker:
         self.writer.set_claim_policy(_Policy(self))
         self.writer.start()
         self.heartbeat.start()
+        self._register_definitions()
         registrar: Registrar | None = None
         if self.fast_takeover:
             registrar = Registrar(self.ledger, self.holder)
@@ -493,6 +506,30 @@ class Worker:
                 if hooks is not None:
                     hooks.worker_stop()
         return self.stats
+
+    def _register_definitions(self) -> None:
+        """Record this worker's definitions in the ledger (DESIGN §8): each (name, version)
+        with its spec, and which pairs this holder has (``ratchet status`` shows tasks of a
+        version no live worker has). A stored spec that differs under the same version is
+        replaced and audited; it is logged here as a warning naming the differences. A
+        ledger error is logged and not retried: claims do not depend on it (they carry the
+        pairs), only the status view does."""
+        specs = [
+            DefinitionSpec(d.name, d.version, dumps(d.spec()))
+            for name in self.names for d in (self.app.definition(name, v)
+                                             for v in sorted(self.app.versions[name]))
+        ]
+        try:
+            changes = self.ledger.register_definitions(self.holder, specs)
+        except RatchetError as exc:
+            log.warning("could not register definitions in the ledger: %s", exc)
+            return
+        for change in changes:
+            log.warning(
+                "definition %s version %d registered with a different %s than stored; the "
+                "new spec replaces it (audited as definition_changed). Give a changed "
+                "definition a new version= so tasks pinned to the old one keep it",
+                change.name, change.version, ", ".join(change.differences))
 
     def _on_notify(self) -> None:
         """The ledger says work may be ready (e.g. PostgreSQL NOTIFY): poll now."""
@@ -585,7 +622,7 @@ class Worker:
             self.on_claimed(claim)
             if hooks is not None:
                 hooks.before_attempt(claim)
-            definition = self.app.definition(claim.name)
+            definition = self.app.definition(claim.name, claim.version)
             ctx = TaskContext(
                 claim, self.holder, self.writer, lease, self._stopping,
                 on_block=self._executor.blocking, hooks=hooks,
@@ -834,7 +871,7 @@ class Worker:
         ctx.exception = ctx.exception or error
         ctx.discard_unsaved_steps()
         failure = self._failure_transition(
-            self.app.definition(claim.name), claim, error, ctx.open_intents(),
+            self.app.definition(claim.name, claim.version), claim, error, ctx.open_intents(),
             failure=FailureClass.PERMANENT, error_class=WRITE_REJECTED,
             error=f"{error}\n(refused write: {transition.to.value} of task {claim.task_id})",
         )
