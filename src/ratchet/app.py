@@ -624,10 +624,11 @@ class App:
             newest = self.tasks[name]
         except KeyError:
             raise UnknownTask(name, sorted(self.tasks)) from None
-        if version is None or version == newest.version:
+        if version is None:
             return newest
-        found = self.versions[name].get(version) if isinstance(version, int) else None
-        if found is None or isinstance(version, bool):
+        valid = isinstance(version, int) and not isinstance(version, bool)
+        found = self.versions[name].get(version) if valid else None
+        if found is None:
             raise UnknownTask(
                 f"{name} version {version!r}",
                 [f"{name} version {v}" for v in sorted(self.versions[name])],

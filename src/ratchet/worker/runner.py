@@ -256,7 +256,9 @@ class Worker:
     Args:
         app: the application (its registered tasks are the ones claimed).
         concurrency: task threads (>= 1).
-        names: task names to claim; default all registered.
+        names: task names to claim; default all registered. The worker claims every
+            version its app defines of each (``kinds``), never another, and registers
+            those definitions in the ledger when it starts (DESIGN §8).
         poll_interval_s: sleep between claim attempts when idle, seconds.
         holder: worker identity; default ``host:pid:random``. Must be a storable
             identifier (no NUL or lone surrogate, at most 200 UTF-8 bytes), else
