@@ -215,3 +215,20 @@ def test_cli_submit_refuses_wrong_params(
     listed = runner.invoke(cli, ["tasks", "--ledger", ledger_url, "--json"])
     assert listed.output.count('"task_id"') == 1, listed.output
     sys.modules.pop("vapp", None)
+
+
+class _Order:
+    """Not JSON: pydantic has no validator for it."""
+
+
+def _arbitrary_class(ctx: TaskContext, n: int, order: _Order) -> None:
+    return None
+
+
+def test_annotation_pydantic_cannot_validate_is_a_config_error(tmp_path: Path) -> None:
+    app = App(f"sqlite:///{tmp_path / 'l.db'}")
+    with pytest.raises(ConfigError) as info:
+        app.task(name="v.order")(_arbitrary_class)
+    message = str(info.value)
+    assert "the annotation of parameter 'order' cannot be validated by pydantic" in message
+    assert "arbitrary_types_allowed" not in message and "annotate with JSON types" in message

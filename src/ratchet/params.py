@@ -177,8 +177,9 @@ def check_task_function(
     if params_model is not None:
         return _model_schema(where, params_model, keyword, var_keyword)
     fields: dict[str, Any] = {}
+    annotations: dict[str, Any] = {}
     for p in keyword:
-        annotation = _resolve(fn, p, task)
+        annotation = annotations[p.name] = _resolve(fn, p, task)
         marker = typing_extensions.NotRequired if p.default is not inspect.Parameter.empty \
             else typing_extensions.Required
         fields[p.name] = marker[annotation]
@@ -190,11 +191,25 @@ def check_task_function(
     try:
         adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(shape)
     except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError) as exc:
+        culprit = next((p for p in keyword if not _validatable(annotations[p.name])), None)
+        which = f"the annotation of parameter {culprit.name!r}" if culprit else \
+            "its parameter annotations"
+        first_line = str(exc).splitlines()[0].split(". Set `arbitrary_types_allowed")[0]
         raise ConfigError(
-            f"{where}: its parameter annotations cannot be validated by pydantic: "
-            f"{str(exc).splitlines()[0]}"
+            f"{where}: {which} cannot be validated by pydantic ({first_line}); params are "
+            "JSON, so annotate with JSON types (str, int, float, bool, list[...], "
+            "dict[str, ...]), a TypedDict or a pydantic model, or give @app.task(params=...)"
         ) from None
     return ParamsSchema(adapter, "signature")
+
+
+def _validatable(annotation: Any) -> bool:
+    """Whether pydantic can build a validator for ``annotation`` (to name the culprit)."""
+    try:
+        pydantic.TypeAdapter(annotation)
+    except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError):
+        return False
+    return True
 
 
 def _check_context_annotation(
