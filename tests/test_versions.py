@@ -102,8 +102,16 @@ def test_a_version_no_worker_has_waits_and_is_shown(ledger_url: str) -> None:
         shown = CliRunner().invoke(cli, ["status", "--ledger", ledger_url])
         assert shown.exit_code == 0, shown.output
         assert "1 task(s) of ver.run version 2: no live worker has version 2" in shown.output
-        definitions = open_ledger(ledger_url).definitions(30.0)
-        assert [(d.name, d.version, d.live_workers) for d in definitions] == [(NAME, 1, 1)]
+        with Control(ledger_url) as control:
+            views = control.definitions()
+        assert [(d.name, d.version, d.live_workers) for d in views] == [(NAME, 1, 1)]
+        assert views[0].spec["lease_s"] == 60.0 and views[0].last_registered_age_s >= 0
+        listed = CliRunner().invoke(cli, ["definitions", "--ledger", ledger_url, "--json"])
+        assert listed.exit_code == 0, listed.output
+        [row] = json.loads(listed.output)
+        assert (row["name"], row["version"], row["live_workers"]) == (NAME, 1, 1)
+        text = CliRunner().invoke(cli, ["definitions", "--ledger", ledger_url])
+        assert text.exit_code == 0 and "ver.run" in text.output, text.output
     with running_worker(new, holder="w-new"):
         info = new.wait(waiting.task_id, timeout_s=DEADLINE_S)
         assert info.state is State.SUCCEEDED and info.result["version"] == 2
@@ -130,6 +138,7 @@ def test_a_subprocess_v2_worker_beside_an_in_process_v1_worker(
     with _group(tmp_path, log, gate, "2") as group:
         proc = group.worker("versions_app:app", ledger_url, name="v2", concurrency=2)
         proc.holder(DEADLINE_S)
+        assert "tasks ['ver.run v2']" in proc.log()
         with running_worker(app1):
             wait_for("every task to succeed", lambda: _settled(app1, ids[1] + ids[2]),
                      DEADLINE_S)

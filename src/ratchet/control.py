@@ -58,6 +58,7 @@ from .validation import MAX_KEY_BYTES, check_identifier
 __all__ = [
     "AuditEvent",
     "Control",
+    "DefinitionView",
     "EffectRecord",
     "EffectState",
     "EffectView",
@@ -147,6 +148,28 @@ class VersionWaitView:
     live_workers: int
     waiting: bool
     note: str
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionView:
+    """One definition registered by workers (``ratchet definitions``, DESIGN §8).
+
+    Attributes:
+        name, version: the task type and its definition version.
+        spec: the stored spec (retry policy, ``lease_s``, ``params_schema``, ...), decoded
+            (an :class:`~ratchet.serde.Undecodable` if it cannot be).
+        first_registered_at, last_registered_at: ledger clock, epoch seconds.
+        live_workers: live registered workers that have it (:data:`LIVE_WORKER_S`).
+        last_registered_age_s: seconds since ``last_registered_at`` by the ledger clock.
+    """
+
+    name: str
+    version: int
+    spec: Any
+    first_registered_at: float
+    last_registered_at: float
+    live_workers: int
+    last_registered_age_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,6 +576,23 @@ class Control:
                            w.started_at, w.last_seen, max(0.0, now - w.last_seen))
             )
         return views
+
+    def definitions(self) -> list[DefinitionView]:
+        """The definitions workers registered when they started, by (name, version), with
+        how many live workers have each (DESIGN §8).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        led = self._reader()
+        now = led.now()
+        return [
+            DefinitionView(d.name, d.version,
+                           loads_stored(d.spec_json, f"definition {d.name!r} spec"),
+                           d.first_registered_at, d.last_registered_at, d.live_workers,
+                           max(0.0, now - d.last_registered_at))
+            for d in led.definitions(LIVE_WORKER_S)
+        ]
 
     # ------------------------------------------------------------------ writes
 

@@ -245,7 +245,7 @@ def worker(
         )
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
-                 w.names, concurrency, w.prefetch, w.writers)
+                 [f"{n} v{v}" for n, v in w.kinds], concurrency, w.prefetch, w.writers)
         stats = w.run()
         log.info("worker %s stopped: %s", w.holder, stats)
 
@@ -453,6 +453,38 @@ def workers(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
         for w in found:
             table.add_row(field(w.holder), field(w.hostname), field(w.pid), field(w.state),
                           field(w.process), field(f"{w.last_seen_age_s:.1f} s ago"))
+        if not found:
+            table.add_row("(none registered)", "", "", "", "", "")
+        console().print(table)
+
+    _guard(run)
+
+
+@cli.command(cls=_Command)
+def definitions(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
+    """Task definitions workers registered when they started.
+
+    Name, version, lease, retry attempts, live workers that have it (alive in the registry,
+    seen within 30 s) and when it was last registered. A version no live worker has is
+    not claimed by anyone: its tasks wait (ratchet status).
+    """
+
+    def run() -> None:
+        with Control(ledger) as control:
+            found = control.definitions()
+        if as_json:
+            echo_json(found)
+            return
+        table = Table(title="definitions")
+        for column in ("task", "version", "lease", "attempts", "live workers", "registered"):
+            table.add_column(column, overflow="fold")
+        for d in found:
+            spec: dict[str, Any] = d.spec if isinstance(d.spec, dict) else {}
+            retry = spec["retry"] if isinstance(spec.get("retry"), dict) else {}
+            table.add_row(field(d.name), field(d.version), field(spec.get("lease_s", "?")),
+                          field(retry.get("max_attempts", "?")),
+                          field(d.live_workers, "" if d.live_workers else "yellow"),
+                          field(f"{d.last_registered_age_s:.1f} s ago"))
         if not found:
             table.add_row("(none registered)", "", "", "", "", "")
         console().print(table)
