@@ -101,6 +101,9 @@ def test_pg_hot_statements_use_their_indexes(
     plan = _pg_plan(conn, "claim_expired",
                     {"now": now, **claim_kinds([(NAME, 1)]), "limit": 20})
     assert "tasks_leased" in plan and "Seq Scan" not in plan, plan
+    # ratchet status' per-version backlog reads the ready set only, never the finished.
+    plan = _pg_plan(conn, "ready_by_version", {})
+    assert "tasks_ready" in plan and "Seq Scan on tasks" not in plan, plan
 
 
 def test_pg_fenced_writes_probe_the_primary_key_while_draining() -> None:
@@ -171,6 +174,8 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
         assert "SCAN tasks" not in plan, plan
     plan = _sqlite_plan(conn, "claim_expired", params)
     assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
+    plan = _sqlite_plan(conn, "ready_by_version", params)
+    assert "SCAN tasks USING INDEX tasks_ready" in plan, plan
     plan = _sqlite_plan(conn, "transition", params)
     assert "PRIMARY KEY" in plan and "tasks_holder" not in plan, plan
     for name in ("fence_read", "task_get_many", "claim_takeover", "submit_existing"):
