@@ -221,3 +221,27 @@ def test_definitions_are_registered_and_a_changed_spec_is_audited(
         ledger.close()
     app.close()
     changed.close()
+
+
+def test_cli_submit_pins_the_given_version(
+    ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "vcli_app.py").write_text(
+        "from versions_app import make_app\napp = make_app(None, [1, 2])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("vcli_app", None)
+    runner = CliRunner()
+    ids = {}
+    for extra, version in (([], 2), (["--task-version", "1"], 1)):
+        sys.modules.pop("vcli_app", None)  # each command loads (and configures) the app
+        out = runner.invoke(cli, ["submit", "vcli_app:app", NAME, "--ledger", ledger_url,
+                                  "--params", '{"i": 1}', "--json", *extra])
+        assert out.exit_code == 0, out.output
+        ids[version] = json.loads(out.output)["task_id"]
+    sys.modules.pop("vcli_app", None)
+    bad = runner.invoke(cli, ["submit", "vcli_app:app", NAME, "--ledger", ledger_url,
+                              "--params", '{"i": 1}', "--task-version", "9"])
+    assert bad.exit_code == 2 and "ver.run version 9" in bad.output, bad.output
+    with Control(ledger_url) as control:
+        assert {v: control.get(i).version for v, i in ids.items()} == {1: 1, 2: 2}
+    sys.modules.pop("vcli_app", None)
