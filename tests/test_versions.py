@@ -245,3 +245,50 @@ def test_cli_submit_pins_the_given_version(
     with Control(ledger_url) as control:
         assert {v: control.get(i).version for v, i in ids.items()} == {1: 1, 2: 2}
     sys.modules.pop("vcli_app", None)
+
+
+def _before_definitions(backend: str) -> list[Any]:
+    from ratchet.ledger.migrations import load_migrations
+
+    migrations = load_migrations(backend)
+    cut = next(i for i, m in enumerate(migrations) if m.name.endswith("_definitions.sql"))
+    return migrations[:cut]
+
+
+def test_status_of_a_ledger_not_yet_migrated_to_definitions(
+    backend: str, ledger_url: str, tmp_path: Path
+) -> None:
+    """A newer ``ratchet status`` / ``definitions`` (read-only: it never migrates) on a
+    ledger that only processes of the previous release have used: no version view, no
+    error."""
+    import sqlite3
+
+    import psycopg
+    from psycopg import sql
+
+    from ratchet.config import parse_ledger_url
+    from ratchet.ledger.migrations import split_statements
+
+    older = _before_definitions(backend)
+    if backend == "sqlite":
+        conn = sqlite3.connect(parse_ledger_url(ledger_url).path)
+        for migration in older:
+            for statement in split_statements(migration.sql):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {migration.version}")
+        conn.commit()
+        conn.close()
+    else:
+        schema = parse_ledger_url(ledger_url).options["schema"]
+        with psycopg.connect(ledger_url.split("?", 1)[0], autocommit=True) as pg:
+            pg.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+            pg.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            for migration in older:
+                pg.execute(migration.sql.encode("utf-8"))
+            pg.execute("INSERT INTO schema_version (version) VALUES (%s)", (older[-1].version,))
+    with Control(ledger_url) as control:
+        report = control.status()
+        assert report.versions == [] and report.schema_version == older[-1].version
+        assert control.definitions() == []
+    shown = CliRunner().invoke(cli, ["status", "--ledger", ledger_url])
+    assert shown.exit_code == 0, shown.output

@@ -100,6 +100,7 @@ class LedgerEngine:
     def __init__(self, config: LedgerConfig, dialect: Dialect) -> None:
         self.config = config
         self.dialect = dialect
+        self._definitions_ready = False  # see _has_definitions
         slots = dialect.user_transaction_slots()
         # Transaction steps hold a connection while user code runs: never all of a pool's,
         # so the writer and the heartbeat always get one (a starved heartbeat loses leases).
@@ -719,12 +720,27 @@ class LedgerEngine:
 
         return self.dialect.run(body)
 
+    def _has_definitions(self) -> bool:
+        """Whether this ledger's schema has the definition tables: a read-only caller
+        (``ratchet status`` of a newer release) may open a ledger no process of this
+        release has migrated yet. Found by the migration's file name, so renumbering
+        migrations changes nothing; remembered once true (schemas only move up)."""
+        if not self._definitions_ready:
+            from .migrations import load_migrations
+
+            needed = next((m.version for m in load_migrations(self.config.scheme)
+                           if m.name.split("_", 1)[1] == "definitions.sql"), None)
+            self._definitions_ready = needed is not None and self.schema_version() >= needed
+        return self._definitions_ready
+
     def _live(self, tx: Tx, live_within_s: float) -> dict[tuple[str, int], int]:
         return {(r[0], r[1]): r[2]
                 for r in tx.rows("live_definitions", {"since": tx.now - live_within_s})}
 
     def definitions(self, live_within_s: float) -> list[DefinitionRecord]:
-        """See :meth:`Ledger.definitions`."""
+        """See :meth:`Ledger.definitions` (none on a ledger not yet migrated to them)."""
+        if not self._has_definitions():
+            return []
 
         def body(tx: Tx) -> list[DefinitionRecord]:
             live = self._live(tx, live_within_s)
@@ -734,7 +750,10 @@ class LedgerEngine:
         return self.dialect.run(body, write=False)
 
     def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
-        """See :meth:`Ledger.version_backlog`."""
+        """See :meth:`Ledger.version_backlog` (none on a ledger not yet migrated to the
+        definition tables: no worker of this release has run on it)."""
+        if not self._has_definitions():
+            return []
 
         def body(tx: Tx) -> list[VersionBacklog]:
             live = self._live(tx, live_within_s)
