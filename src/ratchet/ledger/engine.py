@@ -31,7 +31,11 @@ from ..states import State, check_transition
 from .base import (
     AuditEvent,
     Claim,
+    ClaimKind,
     CommitOutcome,
+    DefinitionChange,
+    DefinitionRecord,
+    DefinitionSpec,
     EffectRecord,
     EffectState,
     LateEffect,
@@ -47,7 +51,9 @@ from .base import (
     TaskWrite,
     Timeline,
     Transition,
+    VersionBacklog,
     WorkerInfo,
+    claim_kinds,
 )
 from .dialect import CommitOutcomeUnknown, Dialect, Tx
 from .rows import (
@@ -94,6 +100,7 @@ class LedgerEngine:
     def __init__(self, config: LedgerConfig, dialect: Dialect) -> None:
         self.config = config
         self.dialect = dialect
+        self._definitions_ready = False  # see _has_definitions
         slots = dialect.user_transaction_slots()
         # Transaction steps hold a connection while user code runs: never all of a pool's,
         # so the writer and the heartbeat always get one (a starved heartbeat loses leases).
@@ -202,7 +209,7 @@ class LedgerEngine:
 
     # ------------------------------------------------------------------ claim / renew
 
-    def claim(self, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
+    def claim(self, holder: str, names: Sequence[ClaimKind], limit: int) -> list[Claim]:
         """See :meth:`Ledger.claim`. Expired leases are taken over before fresh work.
 
         An expired lease on a task's final attempt is not taken over: the holder died or
@@ -216,20 +223,19 @@ class LedgerEngine:
         return self.dialect.run(lambda tx: self._claim_in(tx, holder, names, limit))
 
     @staticmethod
-    def _expired_read(names: Sequence[str], limit: int) -> tuple[str, dict[str, Any]]:
+    def _expired_read(names: Sequence[ClaimKind], limit: int) -> tuple[str, dict[str, Any]]:
         """The expired-lease scan of a claim, as a read to send with others."""
-        # Each name once (PostgreSQL walks per name).
-        return "claim_expired", {"names": list(dict.fromkeys(names)), "limit": limit}
+        return "claim_expired", {**claim_kinds(names), "limit": limit}
 
     def _claim_in(
-        self, tx: Tx, holder: str, names: Sequence[str], limit: int,
+        self, tx: Tx, holder: str, names: Sequence[ClaimKind], limit: int,
         expired: list[tuple[Any, ...]] | None = None,
     ) -> list[Claim]:
         """The claim, inside the caller's write transaction (see :meth:`claim`).
         ``expired``: the rows of :meth:`_expired_read`, if the caller already read them."""
         if limit <= 0 or not names:
             return []
-        name_list = list(dict.fromkeys(names))
+        kinds = claim_kinds(names)
         if expired is None:
             [expired] = tx.rows_many([self._expired_read(names, limit)])
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
@@ -244,7 +250,7 @@ class LedgerEngine:
             rows.extend(tx.rows("claim_takeover",
                                 {"holder": holder, "now": now, "ids": list(previous)}))
         if limit > len(expired):
-            rows.extend(tx.rows("claim_ready", {"now": now, "names": name_list,
+            rows.extend(tx.rows("claim_ready", {"now": now, **kinds,
                                                 "limit": limit - len(expired),
                                                 "holder": holder}))
         for row in rows:
@@ -365,7 +371,7 @@ class LedgerEngine:
             raise _naming(exc, writes) from exc
 
     def commit_and_claim(
-        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
+        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[ClaimKind], limit: int
     ) -> tuple[list[CommitOutcome], list[Claim]]:
         """See :meth:`Ledger.commit_and_claim`: both in one transaction (one fsync).
 
@@ -679,6 +685,85 @@ class LedgerEngine:
                 lambda tx: tx.rows("workers_on_host", {"host_id": host_id}), write=False)
         return [WorkerInfo(*r) for r in rows]
 
+    # ------------------------------------------------------------------ definitions (DESIGN §8)
+
+    def register_definitions(
+        self, holder: str, definitions: Sequence[DefinitionSpec]
+    ) -> list[DefinitionChange]:
+        """See :meth:`Ledger.register_definitions`."""
+
+        def body(tx: Tx) -> list[DefinitionChange]:
+            names = sorted({d.name for d in definitions})
+            stored = {(r[0], r[1]): r[2]
+                      for r in tx.rows("definitions_of", {"names": names})} if names else {}
+            changes: list[DefinitionChange] = []
+            audit: list[AuditRow] = []
+            for d in sorted(definitions, key=lambda d: (d.name, d.version)):
+                old = stored.get((d.name, d.version))
+                if old is not None and old != d.spec_json:
+                    change = DefinitionChange(d.name, d.version, _spec_differences(
+                        old, d.spec_json), old, d.spec_json)
+                    changes.append(change)
+                    audit.append((f"definition:{d.name}:{d.version}", tx.now,
+                                  "definition_changed", None, None, None, holder,
+                                  dumps({"name": d.name, "version": d.version,
+                                         "differences": list(change.differences),
+                                         "old_spec": old, "new_spec": d.spec_json})))
+                tx.execute("definition_upsert", {"name": d.name, "version": d.version,
+                                                 "spec": d.spec_json, "now": tx.now})
+            tx.execute("worker_definitions_clear", {"holder": holder})
+            for d in definitions:
+                tx.execute("worker_definition_insert",
+                           {"holder": holder, "name": d.name, "version": d.version})
+            _audit(tx, audit)
+            return changes
+
+        return self.dialect.run(body)
+
+    def _has_definitions(self) -> bool:
+        """Whether this ledger's schema has the definition tables: a read-only caller
+        (``ratchet status`` of a newer release) may open a ledger no process of this
+        release has migrated yet. Found by the migration's file name, so renumbering
+        migrations changes nothing; remembered once true (schemas only move up)."""
+        if not self._definitions_ready:
+            from .migrations import load_migrations
+
+            needed = next((m.version for m in load_migrations(self.config.scheme)
+                           if m.name.split("_", 1)[1] == "definitions.sql"), None)
+            self._definitions_ready = needed is not None and self.schema_version() >= needed
+        return self._definitions_ready
+
+    def _live(self, tx: Tx, live_within_s: float) -> dict[tuple[str, int], int]:
+        return {(r[0], r[1]): r[2]
+                for r in tx.rows("live_definitions", {"since": tx.now - live_within_s})}
+
+    def definitions(self, live_within_s: float) -> list[DefinitionRecord]:
+        """See :meth:`Ledger.definitions` (none on a ledger not yet migrated to them)."""
+        if not self._has_definitions():
+            return []
+
+        def body(tx: Tx) -> list[DefinitionRecord]:
+            live = self._live(tx, live_within_s)
+            return [DefinitionRecord(r[0], r[1], r[2], r[3], r[4], live.get((r[0], r[1]), 0))
+                    for r in tx.rows("definitions_all")]
+
+        return self.dialect.run(body, write=False)
+
+    def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
+        """See :meth:`Ledger.version_backlog` (none on a ledger not yet migrated to the
+        definition tables: no worker of this release has run on it)."""
+        if not self._has_definitions():
+            return []
+
+        def body(tx: Tx) -> list[VersionBacklog]:
+            live = self._live(tx, live_within_s)
+            return sorted(
+                (VersionBacklog(r[0], r[1], r[2], r[3], live.get((r[0], r[1]), 0))
+                 for r in tx.rows("ready_by_version")),
+                key=lambda b: (b.name, b.version))
+
+        return self.dialect.run(body, write=False)
+
     def close(self) -> None:
         """See :meth:`Ledger.close`."""
         self.dialect.close()
@@ -778,6 +863,20 @@ class LedgerEngine:
         segment.apply(tx, now, False)
         _audit(tx, audit)
         return CommitOutcome(write.task_id, True, False, write.generation), entry
+
+
+def _spec_differences(old_json: str, new_json: str) -> tuple[str, ...]:
+    """The top-level keys whose values differ between two definition specs (``("spec",)``
+    when one of them is not a JSON object)."""
+    import json
+
+    try:
+        old, new = json.loads(old_json), json.loads(new_json)
+    except ValueError:
+        return ("spec",)
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return ("spec",)
+    return tuple(sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)))
 
 
 def _naming(exc: WriteRejected, writes: Sequence[TaskWrite]) -> WriteRejected:
