@@ -32,6 +32,7 @@ __all__ = [
     "Ledger",
     "LedgerStats",
     "NewTask",
+    "PruneReport",
     "RenewResult",
     "ResolveOutcome",
     "StepRecord",
@@ -407,6 +408,38 @@ class TaskQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What a prune deleted, or would delete (``ratchet prune``, DESIGN §10.2).
+
+    Attributes:
+        older_than_s: the age asked for, seconds: tasks finished (``SUCCEEDED``,
+            ``FAILED``, ``CANCELLED``) longer ago than this are pruned.
+        cutoff: ``ledger now - older_than_s``, ledger-clock epoch seconds: tasks whose
+            finish time is before it.
+        dry_run: nothing was deleted; the counts are what a prune would delete now.
+        tasks, steps, effects, late_effects, audit: rows deleted (or, in a dry run, that
+            would be); ``audit`` includes rows older than the cutoff whose task was gone.
+        batches: transactions that deleted something (0 in a dry run).
+        exported: tasks written to the export before their deletion (0 without one).
+        by: who pruned (an operator's name, or a worker's holder identity).
+        elapsed_s: wall-clock seconds the prune took.
+    """
+
+    older_than_s: float
+    cutoff: float
+    dry_run: bool
+    tasks: int
+    steps: int
+    effects: int
+    late_effects: int
+    audit: int
+    batches: int
+    exported: int
+    by: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Timeline:
     """Everything the ledger knows about one task (``ratchet inspect``)."""
 
@@ -645,6 +678,27 @@ class Ledger(Protocol):
 
     def stats(self) -> LedgerStats:
         """Aggregates for ``ratchet status``."""
+        ...
+
+    def prune(
+        self,
+        older_than_s: float,
+        *,
+        by: str,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        export: Callable[[list[dict[str, Any]]], None] | None = None,
+        audit_empty: bool = True,
+    ) -> PruneReport:
+        """Delete finished tasks older than ``older_than_s`` with their steps, effects,
+        late effects and audit rows, in batches of ``batch_size`` tasks, each its own
+        short transaction; then audit rows older than the age whose task is gone. A dry
+        run only counts. ``export(records)`` is called in each batch's transaction before
+        its delete, with one JSON-ready record per task (row and history); if it raises,
+        the batch is rolled back and the prune stops. The prune is audited (kind
+        ``prune``) unless it is a dry run, or deleted nothing and ``audit_empty`` is off.
+        Never deletes a task that is not terminal. See DESIGN §10.2.
+        """
         ...
 
     def record_late_effect(self, late: LateEffect) -> None:

@@ -271,19 +271,40 @@ SELECT name, key, params_digest, state, result, generation, attempt, calls, via_
 FROM effects WHERE task_id = %(id)s ORDER BY seq NULLS FIRST, updated_at;
 
 -- name: stats_counts
-SELECT name, state, count(*) FROM tasks GROUP BY name, state;
+-- Counts per (name, state) without reading the history (DESIGN §9): the non-terminal tasks
+-- exactly (tasks_active), plus the finished ones: the rollup (finished before the counts
+-- mark) and what finished since (tasks_finished from the mark on). %(upto)s is the mark,
+-- read first by counts_read_mark and bound as a constant, so the planner sees how recent
+-- it is (a parameter of an InitPlan would be estimated as a third of the table).
+SELECT name, state, sum(n)::bigint FROM (
+    SELECT name, state, count(*) AS n FROM tasks
+    WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') GROUP BY name, state
+    UNION ALL
+    SELECT name, state, count(*) FROM tasks
+    WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(upto)s::float8
+    GROUP BY name, state
+    UNION ALL
+    SELECT name, state, n FROM finished_counts) AS c
+GROUP BY name, state HAVING sum(n) > 0;
 
 -- name: stats_oldest
 SELECT min(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s;
 
 -- name: stats_kinds
-SELECT kind, count(*) FROM audit
+-- Audit rows ever written, per kind: the rollup (before the counts mark, kept when prune
+-- deletes the rows) plus the rows since the mark (audit_at).
+SELECT kind, sum(n)::bigint FROM (
+    SELECT kind, n FROM audit_counts
+    UNION ALL
+    SELECT kind, count(*) FROM audit WHERE at >= %(upto)s::float8 GROUP BY kind) AS k
 WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
                'operator_resolve', 'revoke')
 GROUP BY kind;
 
 -- name: stats_unknown
-SELECT count(*) FROM tasks WHERE state = 'UNKNOWN';
+-- Written with tasks_active's predicate, so the partial index serves it.
+SELECT count(*) FROM tasks
+WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN';
 
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
@@ -325,3 +346,110 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
        OR (created_at = %(cursor_at)s::float8 AND id < %(cursor_id)s::text))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
+
+-- name: counts_read_mark
+-- The counts mark (see stats_counts, migration 0004).
+SELECT upto FROM counts_mark;
+
+-- name: counts_lock
+-- Advancing the counts: the mark, locked (one advance at a time; prune batches hold it
+-- FOR SHARE), and the horizon up to which every finished task and audit row is committed.
+-- A row's time is its transaction's now(), i.e. the transaction's start, so a transaction
+-- still running may yet commit rows stamped with its start: the horizon is the earliest
+-- start of the transactions running in this database (pg_stat_activity.xact_start, read
+-- before the window is counted), and at most now - 1 s.
+SELECT upto, LEAST(%(now)s::float8 - 1.0, COALESCE(
+    (SELECT extract(epoch FROM min(xact_start))::float8 FROM pg_stat_activity
+     WHERE datname = current_database() AND pid <> pg_backend_pid()
+       AND xact_start IS NOT NULL),
+    %(now)s::float8))
+FROM counts_mark FOR UPDATE;
+
+-- name: counts_window_tasks
+SELECT name, state, count(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(from_at)s::float8
+  AND updated_at < %(to_at)s::float8
+GROUP BY name, state;
+
+-- name: counts_window_audit
+SELECT kind, count(*) FROM audit
+WHERE at >= %(from_at)s::float8 AND at < %(to_at)s::float8 GROUP BY kind;
+
+-- name: counts_add_tasks
+INSERT INTO finished_counts (name, state, n)
+SELECT u.name, u.state, u.n FROM json_to_recordset(%(rows)s::json)
+     AS u(name text, state text, n bigint)
+ORDER BY u.name, u.state
+ON CONFLICT (name, state) DO UPDATE SET n = finished_counts.n + excluded.n;
+
+-- name: counts_add_audit
+INSERT INTO audit_counts (kind, n)
+SELECT u.kind, u.n FROM json_to_recordset(%(rows)s::json) AS u(kind text, n bigint)
+ORDER BY u.kind
+ON CONFLICT (kind) DO UPDATE SET n = audit_counts.n + excluded.n;
+
+-- name: counts_set_mark
+UPDATE counts_mark SET upto = %(upto)s::float8;
+
+-- name: counts_mark_share
+-- The mark, read by a prune batch: FOR SHARE, so an advance of the counts (FOR UPDATE)
+-- never runs between the batch's reads and its commit; prune batches share it.
+SELECT upto FROM counts_mark FOR SHARE;
+
+-- name: prune_count
+-- Dry run: what a prune at %(cutoff)s would delete (finished tasks, their rows, and audit
+-- rows older than the cutoff whose task is gone).
+WITH old AS (SELECT id FROM tasks
+             WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+               AND updated_at < %(cutoff)s::float8)
+SELECT (SELECT count(*) FROM old),
+       (SELECT count(*) FROM steps WHERE task_id IN (SELECT id FROM old)),
+       (SELECT count(*) FROM effects WHERE task_id IN (SELECT id FROM old)),
+       (SELECT count(*) FROM late_effects WHERE task_id IN (SELECT id FROM old)),
+       (SELECT count(*) FROM audit WHERE task_id IN (SELECT id FROM old))
+       + (SELECT count(*) FROM audit AS a WHERE a.at < %(cutoff)s::float8
+          AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id));
+
+-- name: prune_pick
+-- One batch: the oldest finished tasks, an ordered walk of tasks_finished stopped at the
+-- batch size. SKIP LOCKED: a row another transaction holds (a stale holder's fenced write,
+-- another prune) is left for later, so neither waits for the other.
+SELECT id FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at < %(cutoff)s::float8
+ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
+
+-- name: prune_tasks
+-- Finished only, whatever was picked: a non-terminal task is never pruned.
+DELETE FROM tasks WHERE id = ANY(%(ids)s::text[])
+  AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+RETURNING id, name, state, updated_at;
+
+-- name: prune_steps
+DELETE FROM steps WHERE task_id = ANY(%(ids)s::text[]);
+
+-- name: prune_effects
+DELETE FROM effects WHERE task_id = ANY(%(ids)s::text[]);
+
+-- name: prune_late_effects
+DELETE FROM late_effects WHERE task_id = ANY(%(ids)s::text[]);
+
+-- name: prune_audit
+DELETE FROM audit WHERE task_id = ANY(%(ids)s::text[]) RETURNING kind, at;
+
+-- name: prune_audit_orphans
+-- Audit rows older than the cutoff whose task is gone (ledger-wide records such as
+-- prune's own, rows of tasks deleted before), oldest first from %(from_at)s, one batch.
+DELETE FROM audit WHERE seq IN (
+    SELECT a.seq FROM audit AS a
+    WHERE a.at >= %(from_at)s::float8 AND a.at < %(cutoff)s::float8
+      AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id)
+    ORDER BY a.at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING kind, at;
+
+-- name: prune_export_audit
+SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail FROM audit
+WHERE task_id = ANY(%(ids)s::text[]) ORDER BY task_id, seq;
+
+-- name: prune_export_late
+SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
+WHERE task_id = ANY(%(ids)s::text[]) ORDER BY task_id, seq;
