@@ -186,6 +186,19 @@ def worker(
             " install; repeat for several, called in order.",
         ),
     ] = None,
+    prune_older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--prune-older-than", metavar="AGE",
+            help="Prune tasks finished more than AGE ago (30d) in the background, as"
+            " `ratchet prune` does (default: never).",
+        ),
+    ] = None,
+    prune_every: Annotated[
+        str,
+        typer.Option("--prune-every", metavar="AGE",
+                     help="Time between those prunes (jittered)."),
+    ] = "1h",
 ) -> None:
     """Run a worker for the app's tasks.
 
@@ -229,6 +242,11 @@ def worker(
         retrying(app_ledger)
 
     def run() -> None:
+        prune_age = (parse_duration_s(prune_older_than, "--prune-older-than")
+                     if prune_older_than is not None else None)
+        prune_every_s = parse_duration_s(prune_every, "--prune-every")
+        if prune_every_s <= 0:
+            raise InvalidArguments(f"--prune-every must be longer than 0, got {prune_every!r}")
         app = load_app(app_spec)
         installed = [load_middleware(spec) for spec in middleware or []]
         app.configure(ledger=ledger)
@@ -242,6 +260,8 @@ def worker(
             names=[n.strip() for n in names.split(",") if n.strip()] if names else None,
             poll_interval_s=poll_interval_s,
             fast_takeover=fast_takeover,
+            prune_older_than_s=prune_age,
+            prune_every_s=prune_every_s,
         )
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
