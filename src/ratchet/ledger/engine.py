@@ -720,15 +720,15 @@ class LedgerEngine:
                 break
             if single:
                 time.sleep(max(time.monotonic() - t0, 0.002))
-        from_at = 0.0
+        after: tuple[float, int] = (0.0, 0)  # the walk's position: (at, seq)
         while True:
             t0 = time.monotonic()
-            rows = self.dialect.run(functools.partial(
-                self._prune_orphans, cutoff=cutoff, from_at=from_at, limit=batch_size))
+            walked, rows = self.dialect.run(functools.partial(
+                self._prune_orphans, cutoff=cutoff, after=after, limit=batch_size))
             totals.update(audit=len(rows), batches=1 if rows else 0)
-            if len(rows) < batch_size:
+            if walked is None:
                 break
-            from_at = max(r[1] for r in rows)
+            after = walked
             if single:
                 time.sleep(max(time.monotonic() - t0, 0.002))
         report = PruneReport(
@@ -777,16 +777,21 @@ class LedgerEngine:
         return len(picked), batch
 
     def _prune_orphans(
-        self, tx: Tx, cutoff: float, from_at: float, limit: int
-    ) -> list[tuple[Any, ...]]:
-        """One batch of audit rows older than ``cutoff`` whose task is gone (from
-        ``from_at`` on); returns the deleted ``(kind, at)`` rows."""
+        self, tx: Tx, cutoff: float, after: tuple[float, int], limit: int
+    ) -> tuple[tuple[float, int] | None, list[tuple[Any, ...]]]:
+        """One step of the walk over audit rows older than ``cutoff`` (after ``after``):
+        delete those whose task is gone. Returns where the walk goes on (None: at its end)
+        and the deleted ``(kind, at)`` rows."""
+        walked = tx.rows("prune_audit_walk", {"cutoff": cutoff, "from_at": after[0],
+                                              "from_seq": after[1], "limit": limit})
+        if not walked:
+            return None, []
         mark = tx.one("counts_mark_share")
         upto = float(mark[0]) if mark else 0.0
-        rows = tx.rows("prune_audit_orphans",
-                       {"cutoff": cutoff, "from_at": from_at, "limit": limit})
+        rows = tx.rows("prune_audit_gone", {"seqs": [int(r[0]) for r in walked]})
         self._keep_audit_counts(tx, rows, upto)
-        return rows
+        last = walked[-1]
+        return ((float(last[2]), int(last[0])) if len(walked) == limit else None), rows
 
     @staticmethod
     def _keep_audit_counts(tx: Tx, rows: Sequence[tuple[Any, ...]], upto: float) -> None:

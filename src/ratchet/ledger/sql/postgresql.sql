@@ -292,13 +292,13 @@ SELECT min(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_a
 
 -- name: stats_kinds
 -- Audit rows ever written, per kind: the rollup (before the counts mark, kept when prune
--- deletes the rows) plus the rows since the mark (audit_at).
+-- deletes the rows) plus the rows since the mark (audit_at). Every kind (a few dozen rows;
+-- the engine picks the ones it reports): a kind filter here would be pushed into the
+-- window and let the planner walk an index of kinds, i.e. every claim ever audited.
 SELECT kind, sum(n)::bigint FROM (
     SELECT kind, n FROM audit_counts
     UNION ALL
     SELECT kind, count(*) FROM audit WHERE at >= %(upto)s::float8 GROUP BY kind) AS k
-WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
-               'operator_resolve', 'revoke')
 GROUP BY kind;
 
 -- name: stats_unknown
@@ -419,37 +419,51 @@ WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at < %(cutoff)s:
 ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
 
 -- name: prune_tasks
--- Finished only, whatever was picked: a non-terminal task is never pruned.
-DELETE FROM tasks WHERE id = ANY(%(ids)s::text[])
-  AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
-RETURNING id, name, state, updated_at;
+-- Finished only, whatever was picked: a non-terminal task is never pruned. Driven by the
+-- ids (a primary-key probe each).
+DELETE FROM tasks AS t USING unnest(%(ids)s::text[]) AS u(id)
+WHERE t.id = u.id AND t.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+RETURNING t.id, t.name, t.state, t.updated_at;
 
 -- name: prune_steps
-DELETE FROM steps WHERE task_id = ANY(%(ids)s::text[]);
+-- Driven by the ids (a nested loop of index probes per task); written as
+-- "task_id = ANY(ids)" the planner estimated a share of the table per id and scanned it
+-- (tests/test_ledger_plans.py).
+DELETE FROM steps AS s USING unnest(%(ids)s::text[]) AS u(id) WHERE s.task_id = u.id;
 
 -- name: prune_effects
-DELETE FROM effects WHERE task_id = ANY(%(ids)s::text[]);
+DELETE FROM effects AS e USING unnest(%(ids)s::text[]) AS u(id) WHERE e.task_id = u.id;
 
 -- name: prune_late_effects
-DELETE FROM late_effects WHERE task_id = ANY(%(ids)s::text[]);
+DELETE FROM late_effects AS l USING unnest(%(ids)s::text[]) AS u(id)
+WHERE l.task_id = u.id;
 
 -- name: prune_audit
-DELETE FROM audit WHERE task_id = ANY(%(ids)s::text[]) RETURNING kind, at;
+DELETE FROM audit AS a USING unnest(%(ids)s::text[]) AS u(id) WHERE a.task_id = u.id
+RETURNING a.kind, a.at;
 
--- name: prune_audit_orphans
--- Audit rows older than the cutoff whose task is gone (ledger-wide records such as
--- prune's own, rows of tasks deleted before), oldest first from %(from_at)s, one batch.
-DELETE FROM audit WHERE seq IN (
-    SELECT a.seq FROM audit AS a
-    WHERE a.at >= %(from_at)s::float8 AND a.at < %(cutoff)s::float8
-      AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id)
-    ORDER BY a.at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING kind, at;
+-- name: prune_audit_walk
+-- Audit rows older than the cutoff, oldest first after (from_at, from_seq): one bounded
+-- step of an ordered walk of audit_at (the rows of tasks still in the ledger are left).
+SELECT seq, task_id, at FROM audit
+WHERE at >= %(from_at)s::float8 AND (at > %(from_at)s::float8 OR seq > %(from_seq)s)
+  AND at < %(cutoff)s::float8
+ORDER BY at LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
+
+-- name: prune_audit_gone
+-- Of the walked rows, those whose task is gone (ledger-wide records such as prune's own,
+-- rows of tasks deleted before): a primary-key probe per row and per task.
+DELETE FROM audit AS a WHERE a.seq = ANY(%(seqs)s::bigint[])
+  AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id)
+RETURNING a.kind, a.at;
 
 -- name: prune_export_audit
-SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail FROM audit
-WHERE task_id = ANY(%(ids)s::text[]) ORDER BY task_id, seq;
+SELECT a.seq, a.task_id, a.at, a.kind, a.from_state, a.to_state, a.generation, a.holder,
+       a.detail
+FROM unnest(%(ids)s::text[]) AS u(id) JOIN audit AS a ON a.task_id = u.id
+ORDER BY a.task_id, a.seq;
 
 -- name: prune_export_late
-SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
-WHERE task_id = ANY(%(ids)s::text[]) ORDER BY task_id, seq;
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
+FROM unnest(%(ids)s::text[]) AS u(id) JOIN late_effects AS l ON l.task_id = u.id
+ORDER BY l.task_id, l.seq;

@@ -251,13 +251,13 @@ SELECT MIN(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_a
 
 -- name: stats_kinds
 -- Audit rows ever written, per kind: the rollup (before the counts mark, kept when prune
--- deletes the rows) plus the rows since the mark (audit_at).
+-- deletes the rows) plus the rows since the mark (audit_at). Every kind (a few dozen rows;
+-- the engine picks the ones it reports): a kind filter here would be pushed into the
+-- window and make it walk an index of kinds, i.e. every claim ever audited.
 SELECT kind, SUM(n) FROM (
     SELECT kind, n FROM audit_counts
     UNION ALL
     SELECT kind, COUNT(*) FROM audit WHERE at >= :upto GROUP BY kind)
-WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
-               'operator_resolve', 'revoke')
 GROUP BY kind;
 
 -- name: stats_unknown
@@ -380,14 +380,18 @@ DELETE FROM late_effects WHERE task_id IN (SELECT value FROM json_each(:ids));
 DELETE FROM audit WHERE task_id IN (SELECT value FROM json_each(:ids))
 RETURNING kind, at;
 
--- name: prune_audit_orphans
--- Audit rows older than :cutoff whose task is gone (ledger-wide records such as prune's
--- own, rows of tasks deleted before), oldest first from :from_at, one batch.
-DELETE FROM audit WHERE seq IN (
-    SELECT a.seq FROM audit AS a
-    WHERE a.at >= :from_at AND a.at < :cutoff
-      AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id)
-    ORDER BY a.at LIMIT :limit)
+-- name: prune_audit_walk
+-- Audit rows older than the cutoff, oldest first after (from_at, from_seq): one bounded
+-- step of an ordered walk of audit_at (the rows of tasks still in the ledger are left).
+SELECT seq, task_id, at FROM audit
+WHERE at >= :from_at AND (at > :from_at OR seq > :from_seq) AND at < :cutoff
+ORDER BY at LIMIT :limit;
+
+-- name: prune_audit_gone
+-- Of the walked rows, those whose task is gone (ledger-wide records such as prune's own,
+-- rows of tasks deleted before): a primary-key probe per row and per task.
+DELETE FROM audit WHERE seq IN (SELECT value FROM json_each(:seqs))
+  AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = audit.task_id)
 RETURNING kind, at;
 
 -- name: prune_export_audit

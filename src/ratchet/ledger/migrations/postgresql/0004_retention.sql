@@ -10,7 +10,10 @@
 -- * tasks_active: the non-terminal tasks by (name, state), for status's exact counts of
 --   everything that is not finished.
 -- * audit_at: audit rows by time, for status's count of what happened since the counts
---   mark and for prune's pass over audit rows whose task is gone.
+--   mark and for prune's pass over audit rows whose task is gone. audit_kind goes: only the
+--   old whole-table count of status read it (an older process's status still answers,
+--   by a scan), and a planner walked it for status's GROUP BY kind instead of reading
+--   the few rows since the mark; every audit row written costs one index entry less.
 -- * finished_counts, audit_counts, counts_mark: a rollup maintained outside the hot path
 --   (by status and prune, never by a claim or a commit, so no worker ever waits on a
 --   counter row): finished_counts holds, per task name and terminal state, how many tasks
@@ -24,6 +27,7 @@ CREATE INDEX tasks_finished ON tasks (updated_at)
 CREATE INDEX tasks_active ON tasks (name, state)
     WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
 CREATE INDEX audit_at ON audit (at);
+DROP INDEX audit_kind;
 
 CREATE TABLE finished_counts (
     name  text NOT NULL,

@@ -12,7 +12,10 @@
 --   everything that is not finished (the claim cannot use it: its WHERE clause does not
 --   name this predicate).
 -- * audit_at: audit rows by time, for status's count of what happened since the counts
---   mark and for prune's pass over audit rows whose task is gone.
+--   mark and for prune's pass over audit rows whose task is gone. audit_kind goes: only the
+--   old whole-table count of status read it (an older process's status still answers,
+--   by a scan), and a planner walked it for status's GROUP BY kind instead of reading
+--   the few rows since the mark; every audit row written costs one index entry less.
 -- * finished_counts, audit_counts, counts_mark: a rollup maintained outside the hot path
 --   (by status and prune, never by a claim or a commit): finished_counts holds, per task
 --   name and terminal state, how many tasks in the ledger finished before counts_mark.upto;
@@ -25,6 +28,7 @@ CREATE INDEX tasks_finished ON tasks (updated_at, name, state)
 CREATE INDEX tasks_active ON tasks (name, state)
     WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
 CREATE INDEX audit_at ON audit (at);
+DROP INDEX audit_kind;
 
 CREATE TABLE finished_counts (
     name  TEXT NOT NULL,
