@@ -272,13 +272,22 @@ FROM effects WHERE task_id = %(id)s ORDER BY seq NULLS FIRST, updated_at;
 
 -- name: stats_counts
 -- Counts per (name, state) without reading the history (DESIGN §9): the non-terminal tasks
--- exactly (tasks_active), plus the finished ones: the rollup (finished before the counts
--- mark) and what finished since (tasks_finished from the mark on). %(upto)s is the mark,
--- read first by counts_read_mark and bound as a constant, so the planner sees how recent
--- it is (a parameter of an InitPlan would be estimated as a third of the table).
+-- exactly (ready: tasks_ready; running: tasks_leased; the others: tasks_parked), plus the
+-- finished ones: the rollup (finished before the counts mark) and what finished since
+-- (tasks_finished from the mark on). %(upto)s is the mark, read first by counts_read_mark
+-- and bound as a constant, so the planner sees how recent it is (a parameter of an
+-- InitPlan would be estimated as a third of the table).
 SELECT name, state, sum(n)::bigint FROM (
     SELECT name, state, count(*) AS n FROM tasks
-    WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') GROUP BY name, state
+    WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name, state
+    UNION ALL
+    SELECT name, 'RUNNING', count(*) FROM tasks
+    WHERE lease_until IS NOT NULL AND state = 'RUNNING' GROUP BY name
+    UNION ALL
+    SELECT name, state, count(*) FROM tasks
+    WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED',
+                        'CANCELLED')
+    GROUP BY name, state
     UNION ALL
     SELECT name, state, count(*) FROM tasks
     WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(upto)s::float8
@@ -302,9 +311,10 @@ SELECT kind, sum(n)::bigint FROM (
 GROUP BY kind;
 
 -- name: stats_unknown
--- Written with tasks_active's predicate, so the partial index serves it.
+-- Written with tasks_parked's predicate, so the partial index serves it.
 SELECT count(*) FROM tasks
-WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN';
+WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
+  AND state = 'UNKNOWN';
 
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.

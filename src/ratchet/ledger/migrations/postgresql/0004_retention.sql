@@ -7,8 +7,11 @@
 -- * tasks_finished: finished tasks by finish time (updated_at never changes once a task is
 --   terminal), for prune's oldest-first batches (an ordered walk stopped at the batch size)
 --   and for status's count of what finished since the counts mark.
--- * tasks_active: the non-terminal tasks by (name, state), for status's exact counts of
---   everything that is not finished.
+-- * tasks_parked: the tasks neither ready, running nor finished (UNKNOWN, PAUSED) by
+--   (name, state), for status's exact counts; ready and running tasks are counted from
+--   tasks_ready and tasks_leased. (A partial index of every non-terminal task was tried:
+--   its predicate is implied by "state = 'RUNNING'", and the planner took it for the
+--   claim's expired-lease scan instead of tasks_leased: tests/test_ledger_plans.py.)
 -- * audit_at: audit rows by time, for status's count of what happened since the counts
 --   mark and for prune's pass over audit rows whose task is gone. audit_kind goes: only the
 --   old whole-table count of status read it (an older process's status still answers,
@@ -24,8 +27,9 @@
 CREATE INDEX tasks_created ON tasks (created_at, id);
 CREATE INDEX tasks_finished ON tasks (updated_at)
     WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
-CREATE INDEX tasks_active ON tasks (name, state)
-    WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
+CREATE INDEX tasks_parked ON tasks (name, state)
+    WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED',
+                        'CANCELLED');
 CREATE INDEX audit_at ON audit (at);
 DROP INDEX audit_kind;
 
