@@ -22,9 +22,11 @@ N, one run:
    their completions (SUCCEEDED), p50 / p99 of the round;
 4. status again, now that the rounds finished tasks since the mark;
 5. on the largest size only: a prune of the oldest ``--prune-tasks`` finished tasks
-   (``Control.prune``) while a thread keeps doing claim + commit rounds (of
-   ``--prune-ready`` tasks submitted for them): the prune's throughput (tasks/s, with
-   their steps and audit rows) and the rounds' p50 / p99 during it.
+   (``Control.prune``, as ``ratchet prune`` runs it) while a thread keeps doing claim +
+   commit rounds (of ``--prune-ready`` tasks submitted for them, more submitted untimed
+   when they run out): the prune's throughput (tasks/s, with their steps and audit rows)
+   and the rounds' p50 / p99 during it; then the same for the next ``--prune-tasks`` with
+   the worker's paced prune (``pace=1``: it sleeps as long as each batch took).
 
 It prints each figure and, per dialect, the large/small ratios. Figures only: this is a
 measurement tool, not a test. Every schema and file it makes is removed at the end.
@@ -139,17 +141,22 @@ def make_app(url: str) -> App:
     return app
 
 
-def claim_rounds(ledger: Ledger, holder: str, batch: int, rounds: int,
+def claim_rounds(app: App, holder: str, batch: int, rounds: int,
                  stop: threading.Event | None = None) -> list[float]:
     """Claim ``batch`` ready tasks and commit their completions, ``rounds`` times (or
-    until ``stop``); each round's milliseconds."""
+    until ``stop``, submitting more ready tasks, untimed, when they run out); each round's
+    milliseconds."""
+    ledger: Ledger = app.ledger
     times: list[float] = []
     done = Transition(to=State.SUCCEEDED, result_json="1")
     while (stop is None and len(times) < rounds) or (stop is not None and not stop.is_set()):
         t = time.perf_counter()
         claims = ledger.claim(holder, [NAME], batch)
         if not claims:
-            break
+            if stop is None:
+                break
+            submit_ready(app, 5000)
+            continue
         ledger.commit([TaskWrite(c.task_id, c.generation, holder, "complete", transition=done)
                        for c in claims])
         times.append(1e3 * (time.perf_counter() - t))
@@ -189,8 +196,8 @@ def measure(url: str, fill: Any, n: int, args: argparse.Namespace,
         out["status_ms"] = (_pct(steady, 0.5), _pct(steady, 0.99))
         submit_ready(app, 2 * args.rounds * args.batch)
         holder = f"bench-{os.getpid()}"
-        claim_rounds(app.ledger, holder, args.batch, 5)  # warm-up
-        times = claim_rounds(app.ledger, holder, args.batch, args.rounds)
+        claim_rounds(app, holder, args.batch, 5)  # warm-up
+        times = claim_rounds(app, holder, args.batch, args.rounds)
         out["claim_ms"] = (_pct(times, 0.5), _pct(times, 0.99))
         _, steady = time_status(url, args.status_calls)
         out["status_after_ms"] = (_pct(steady, 0.5), _pct(steady, 0.99))
@@ -199,7 +206,7 @@ def measure(url: str, fill: Any, n: int, args: argparse.Namespace,
             stop = threading.Event()
             during: list[float] = []
             thread = threading.Thread(target=lambda: during.extend(
-                claim_rounds(app.ledger, holder, args.batch, 0, stop)))
+                claim_rounds(app, holder, args.batch, 0, stop)))
             age = span * (1.0 - min(1.0, args.prune_tasks / n)) + 60.0
             thread.start()
             with Control(url) as control:
@@ -209,6 +216,18 @@ def measure(url: str, fill: Any, n: int, args: argparse.Namespace,
             out["prune"] = report
             out["prune_tasks_per_s"] = report.tasks / report.elapsed_s if report.elapsed_s else 0
             out["claim_during_prune_ms"] = (_pct(during, 0.5), _pct(during, 0.99), len(during))
+            # The worker's background prune (pace=1: it sleeps as long as each batch took).
+            stop.clear()
+            during = []
+            thread = threading.Thread(target=lambda: during.extend(
+                claim_rounds(app, holder, args.batch, 0, stop)))
+            thread.start()
+            paced = app.ledger.prune(age - span * args.prune_tasks / n, by="bench",
+                                     batch_size=args.prune_batch, pace=1.0)
+            stop.set()
+            thread.join()
+            out["paced"] = paced
+            out["claim_during_paced_ms"] = (_pct(during, 0.5), _pct(during, 0.99), len(during))
             _, steady = time_status(url, args.status_calls)
             out["status_after_prune_ms"] = (_pct(steady, 0.5), _pct(steady, 0.99))
     finally:
@@ -231,6 +250,10 @@ def show(dialect: str, r: dict[str, Any]) -> None:
               f"({r['claim_during_prune_ms'][2]} rounds); status after "
               f"{r['status_after_prune_ms'][0]:.2f}/{r['status_after_prune_ms'][1]:.2f} ms",
               flush=True)
+        q, d = r["paced"], r["claim_during_paced_ms"]
+        print(f"  {dialect} paced prune (the worker's, pace=1) of {q.tasks:,} tasks in "
+              f"{q.elapsed_s:.1f} s = {q.tasks / max(q.elapsed_s, 1e-9):,.0f} tasks/s; rounds "
+              f"meanwhile p50/p99 {d[0]:.2f}/{d[1]:.2f} ms ({d[2]} rounds)", flush=True)
 
 
 def main() -> None:
@@ -247,7 +270,7 @@ def main() -> None:
     parser.add_argument("--status-calls", type=int, default=20)
     parser.add_argument("--prune-tasks", type=int, default=100_000)
     parser.add_argument("--prune-batch", type=int, default=500)
-    parser.add_argument("--prune-ready", type=int, default=50_000,
+    parser.add_argument("--prune-ready", type=int, default=10_000,
                         help="ready tasks submitted for the claim rounds during the prune")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -302,6 +325,11 @@ def main() -> None:
                   f"{large['claim_during_prune_ms'][1]:.2f} ms (x"
                   f"{large['claim_during_prune_ms'][0] / large['claim_ms'][0]:.2f} / x"
                   f"{large['claim_during_prune_ms'][1] / large['claim_ms'][1]:.2f} of without)",
+                  flush=True)
+            q, d = large["paced"], large["claim_during_paced_ms"]
+            print(f"  {dialect}: paced prune (worker) {q.tasks / max(q.elapsed_s, 1e-9):,.0f}"
+                  f" tasks/s; claim+commit p50/p99 during it {d[0]:.2f}/{d[1]:.2f} ms (x"
+                  f"{d[0] / large['claim_ms'][0]:.2f} / x{d[1] / large['claim_ms'][1]:.2f})",
                   flush=True)
 
 

@@ -689,6 +689,7 @@ class Ledger(Protocol):
         batch_size: int = 500,
         export: Callable[[list[dict[str, Any]]], None] | None = None,
         audit_empty: bool = True,
+        pace: float | None = None,
     ) -> PruneReport:
         """Delete finished tasks older than ``older_than_s`` with their steps, effects,
         late effects and audit rows, in batches of ``batch_size`` tasks, each its own
@@ -697,7 +698,9 @@ class Ledger(Protocol):
         its delete, with one JSON-ready record per task (row and history); if it raises,
         the batch is rolled back and the prune stops. The prune is audited (kind
         ``prune``) unless it is a dry run, or deleted nothing and ``audit_empty`` is off.
-        Never deletes a task that is not terminal. See DESIGN §10.2.
+        Between batches it sleeps ``pace`` times the batch's duration (default: 1 where one
+        writer holds the whole database, SQLite; else 0). Never deletes a task that is not
+        terminal. See DESIGN §10.2.
         """
         ...
 

@@ -676,6 +676,7 @@ class LedgerEngine:
         batch_size: int = 500,
         export: Callable[[list[dict[str, Any]]], None] | None = None,
         audit_empty: bool = True,
+        pace: float | None = None,
     ) -> PruneReport:
         """See :meth:`Ledger.prune` (DESIGN §10.2).
 
@@ -685,8 +686,10 @@ class LedgerEngine:
         their records to ``export``, delete them (terminal ones only), then their steps,
         effects (the idempotency records of their keys go with the task row that
         deduplicates them), late effects and audit rows, and settle the counts rollup.
-        On a single-writer database (SQLite) the prune pauses between batches as long as
-        the batch took, so waiting writers (claims, commits) get the lock in between.
+        Between batches the prune sleeps ``pace`` times as long as the batch took (default:
+        1 on a single-writer database, SQLite, so waiting writers get the lock in between;
+        0 on PostgreSQL, where nothing waits for it but it shares the server's CPU and
+        disk: the worker's background prune passes 1).
 
         Raises:
             ValueError: ``older_than_s`` below 0 or not finite, ``batch_size`` below 1.
@@ -697,6 +700,8 @@ class LedgerEngine:
             raise ValueError(f"older_than_s must be a finite number >= 0, got {older_than_s!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        if pace is None:
+            pace = 1.0 if self.dialect.single_writer else 0.0
         started = time.monotonic()
         cutoff = self.now() - older_than_s
         if dry_run:
@@ -707,7 +712,6 @@ class LedgerEngine:
                                0, by, time.monotonic() - started)
         self._advance_counts()
         totals: Counter[str] = Counter()
-        single = self.dialect.single_writer
         while True:
             t0 = time.monotonic()
             try:
@@ -718,8 +722,8 @@ class LedgerEngine:
                 picked = batch_size  # the next batch finds out (deletes are idempotent)
             if picked < batch_size:
                 break
-            if single:
-                time.sleep(max(time.monotonic() - t0, 0.002))
+            if pace > 0:
+                time.sleep(pace * max(time.monotonic() - t0, 0.002))
         after: tuple[float, int] = (0.0, 0)  # the walk's position: (at, seq)
         while True:
             t0 = time.monotonic()
@@ -729,8 +733,8 @@ class LedgerEngine:
             if walked is None:
                 break
             after = walked
-            if single:
-                time.sleep(max(time.monotonic() - t0, 0.002))
+            if pace > 0:
+                time.sleep(pace * max(time.monotonic() - t0, 0.002))
         report = PruneReport(
             older_than_s, cutoff, False, totals["tasks"], totals["steps"], totals["effects"],
             totals["late_effects"], totals["audit"], totals["batches"], totals["exported"],

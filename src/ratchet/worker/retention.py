@@ -5,8 +5,11 @@
 :meth:`~ratchet.ledger.base.Ledger.prune` about every ``every_s`` seconds on its own ledger
 connection. The prune runs in small batches, each its own short transaction, so the
 worker's claims and commits are never held up by it; on PostgreSQL its batches skip rows
-that other transactions hold (``FOR UPDATE SKIP LOCKED``), on SQLite it pauses between
-batches so the writers get the single write lock in between.
+that other transactions hold (``FOR UPDATE SKIP LOCKED``). It pauses after each batch as
+long as the batch took (``pace=1``): on SQLite so the writers get the single write lock
+in between, on PostgreSQL so that it takes at most about half of what one connection
+can do of the server's CPU and disk (an operator's ``ratchet prune`` does not pause
+there).
 
 Many workers may have it on at once: the first run waits a random part of the interval
 (at most a minute) and every later one a jittered interval, so they do not all prune at
@@ -60,7 +63,7 @@ class Pruner(threading.Thread):
     def prune_once(self) -> PruneReport:
         """One prune now (audited only if it deleted something)."""
         report = self.ledger.prune(self.older_than_s, by=self.holder,
-                                   batch_size=self.batch_size, audit_empty=False)
+                                   batch_size=self.batch_size, audit_empty=False, pace=1.0)
         self.runs += 1
         self.last = report
         if report.tasks or report.audit:
