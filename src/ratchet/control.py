@@ -89,7 +89,8 @@ class StatusReport:
             (``None`` when nothing is ready).
         unknown: tasks in ``UNKNOWN`` (waiting for an operator: ``ratchet resolve``).
         claims, takeovers, revocations, stale_rejections, lookup_hits,
-        idempotency_conflicts, operator_actions: counts from the audit log.
+        idempotency_conflicts, operator_actions: counts from the audit log, ever (kept
+            when ``prune`` deletes the rows).
         durability: the durability level (``fsync``, ``buffered``, ``replicated``).
         backend_settings: what the level maps to (SQLite pragmas, PostgreSQL settings).
         schema_version: the ledger's schema version.
@@ -334,7 +335,9 @@ class Control:
 
     def status(self) -> StatusReport:
         """Counts per task type and state, oldest pending age, unknowns, audit counters,
-        durability.
+        durability. Reads no history (DESIGN §9): milliseconds with millions of finished
+        tasks; it first moves the counts mark forward in a short write transaction of its
+        own (skipped if the ledger refuses the write).
 
         Raises:
             LedgerUnavailable: no ledger there (nothing is created), or unreachable.

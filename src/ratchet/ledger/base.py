@@ -456,11 +456,13 @@ class LedgerStats:
     """Aggregates for ``ratchet status``.
 
     Attributes:
-        counts: ``{task name: {state: count}}``.
+        counts: ``{task name: {state: count}}``, what the ledger holds (DESIGN §9: exact,
+            without reading the history).
         oldest_pending_age_s: age of the oldest ready PENDING/RETRY_WAIT task, seconds.
         unknown_count: tasks in ``UNKNOWN``.
         claims, takeovers, stale_rejections, lookup_hits, idempotency_conflicts,
-        operator_actions: counts from the audit log.
+        operator_actions: audit rows of each kind ever written (kept when a prune
+            deletes the rows).
         durability: the durability level this connection runs with.
         backend_settings: backend-specific facts (journal mode, synchronous, ...).
         schema_version: the ledger's schema version.
