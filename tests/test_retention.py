@@ -377,3 +377,9 @@ def test_cli_prune(app: App, ledger_url: str, tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "--older-than must be a duration" in bad.output
     missing = runner.invoke(cli, ["prune", "--ledger", ledger_url])
     assert missing.exit_code != 0
+    # The worker's options are checked before the app is loaded.
+    for option, value, message in (("--prune-every", "0s", "--prune-every must be longer"),
+                                   ("--prune-older-than", "soon", "--prune-older-than must")):
+        bad = runner.invoke(cli, ["worker", "no_such_module:app", option, value,
+                                  "--ledger", ledger_url])
+        assert bad.exit_code == 2 and message in bad.output, bad.output
