@@ -209,10 +209,12 @@ def measure(url: str, fill: Any, n: int, args: argparse.Namespace,
                 claim_rounds(app, holder, args.batch, 0, stop)))
             age = span * (1.0 - min(1.0, args.prune_tasks / n)) + 60.0
             thread.start()
-            with Control(url) as control:
-                report = control.prune(age, batch_size=args.prune_batch, by="bench")
-            stop.set()
-            thread.join()
+            try:
+                with Control(url) as control:
+                    report = control.prune(age, batch_size=args.prune_batch, by="bench")
+            finally:
+                stop.set()
+                thread.join()
             out["prune"] = report
             out["prune_tasks_per_s"] = report.tasks / report.elapsed_s if report.elapsed_s else 0
             out["claim_during_prune_ms"] = (_pct(during, 0.5), _pct(during, 0.99), len(during))
@@ -222,10 +224,12 @@ def measure(url: str, fill: Any, n: int, args: argparse.Namespace,
             thread = threading.Thread(target=lambda: during.extend(
                 claim_rounds(app, holder, args.batch, 0, stop)))
             thread.start()
-            paced = app.ledger.prune(age - span * args.prune_tasks / n, by="bench",
-                                     batch_size=args.prune_batch, pace=1.0)
-            stop.set()
-            thread.join()
+            try:
+                paced = app.ledger.prune(max(0.0, age - span * args.prune_tasks / n),
+                                         by="bench", batch_size=args.prune_batch, pace=1.0)
+            finally:
+                stop.set()
+                thread.join()
             out["paced"] = paced
             out["claim_during_paced_ms"] = (_pct(during, 0.5), _pct(during, 0.99), len(during))
             _, steady = time_status(url, args.status_calls)
