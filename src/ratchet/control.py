@@ -29,6 +29,7 @@ the same two ledger handles (:meth:`_reader`, :meth:`_writer`), each returning a
 from __future__ import annotations
 
 import getpass
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -47,6 +48,7 @@ from .ledger.base import (
     EffectState,
     LateEffect,
     Ledger,
+    PruneReport,
     ResolveOutcome,
     TaskInfo,
     TaskQuery,
@@ -64,6 +66,7 @@ __all__ = [
     "EffectState",
     "EffectView",
     "LateEffectView",
+    "PruneReport",
     "ResolveOutcome",
     "StatusReport",
     "StepView",
@@ -89,7 +92,8 @@ class StatusReport:
             (``None`` when nothing is ready).
         unknown: tasks in ``UNKNOWN`` (waiting for an operator: ``ratchet resolve``).
         claims, takeovers, revocations, stale_rejections, lookup_hits,
-        idempotency_conflicts, operator_actions: counts from the audit log.
+        idempotency_conflicts, operator_actions: counts from the audit log, ever (kept
+            when ``prune`` deletes the rows).
         durability: the durability level (``fsync``, ``buffered``, ``replicated``).
         backend_settings: what the level maps to (SQLite pragmas, PostgreSQL settings).
         schema_version: the ledger's schema version.
@@ -391,7 +395,10 @@ class Control:
     def status(self) -> StatusReport:
         """Counts per task type and state, oldest pending age, unknowns, audit counters,
         durability, and ready tasks per pinned (name, version) with the live workers that
-        have it (``versions``: a version no live worker has waits).
+        have it (``versions``: a version no live worker has waits). Reads no history
+        (DESIGN §9): milliseconds with millions of finished tasks; it first moves the
+        counts mark forward in a short write transaction of its own (skipped if the
+        ledger refuses the write).
 
         Raises:
             LedgerUnavailable: no ledger there (nothing is created), or unreachable.
@@ -666,6 +673,71 @@ class Control:
         check_identifier(who, "operator name", MAX_KEY_BYTES)
         result_json = dumps(result, what="the effect's result")
         return self._writer().resolve(_task_id(task_id), verdict, reason, who, result_json)
+
+    def prune(
+        self,
+        older_than_s: float,
+        *,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        export: str | os.PathLike[str] | None = None,
+        by: str | None = None,
+    ) -> PruneReport:
+        """Delete finished tasks (``SUCCEEDED``, ``FAILED``, ``CANCELLED``) that finished more
+        than ``older_than_s`` seconds ago (ledger clock), with their steps, effects, late
+        effects and audit rows, and audit rows older than that whose task is gone; in
+        batches of ``batch_size`` tasks, each its own short transaction that never makes a
+        claim or a commit wait (DESIGN §10.2). Non-terminal tasks are never deleted.
+        Audited (kind ``prune``: who, the age, the counts) unless ``dry_run``.
+
+        A task's idempotency key deduplicates submits only while its row exists, and its
+        effect records go with it: after the prune, the same key submits a new task (the
+        dedupe window is the retention age).
+
+        Args:
+            older_than_s: the age, seconds (``ratchet.validation.parse_duration_s("30d")``).
+            dry_run: only count what would be deleted; change nothing.
+            batch_size: tasks per transaction, 1-10000.
+            export: a file to append one JSON line per pruned task to (its row and history,
+                stored JSON as text), written and flushed to disk before the batch's
+                delete commits. A batch whose commit then fails is exported again by the
+                next prune (at least once).
+            by: the operator's name (default: the login name).
+
+        Returns:
+            a :class:`PruneReport` (what was deleted, or would be).
+
+        Raises:
+            InvalidArguments: a negative or non-finite age, ``batch_size`` out of range, a
+                malformed operator name, ``export`` with ``dry_run``.
+            OSError: the export file cannot be opened or written (the batch is rolled back).
+            LedgerUnavailable: no ledger there.
+        """
+        if (isinstance(older_than_s, bool) or not isinstance(older_than_s, int | float)
+                or not math.isfinite(older_than_s) or older_than_s < 0):
+            raise InvalidArguments(f"older_than_s must be a finite number of seconds >= 0, "
+                                   f"got {older_than_s!r}")
+        if (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                or not 1 <= batch_size <= 10000):
+            raise InvalidArguments(
+                f"batch_size must be an integer from 1 to 10000, got {batch_size!r}")
+        if dry_run and export is not None:
+            raise InvalidArguments("a dry run deletes nothing, so it exports nothing: "
+                                   "drop the export or the dry run")
+        who = by if by is not None else default_operator()
+        check_identifier(who, "operator name", MAX_KEY_BYTES)
+        led = self._writer() if not dry_run else self._reader()
+        if export is None:
+            return led.prune(float(older_than_s), by=who, dry_run=dry_run,
+                             batch_size=batch_size)
+        with open(export, "a", encoding="utf-8") as out:
+            def write(records: list[dict[str, Any]]) -> None:
+                out.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+                out.flush()
+                os.fsync(out.fileno())
+
+            return led.prune(float(older_than_s), by=who, batch_size=batch_size,
+                             export=write)
 
     def migrate(self) -> int:
         """Create the ledger or apply pending schema migrations; return the schema version.

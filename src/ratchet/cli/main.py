@@ -1,7 +1,7 @@
 """The ``ratchet`` command line (Typer + Rich), a face of :class:`ratchet.control.Control`.
 
 Commands: ``worker``, ``submit``, ``status``, ``workers``, ``inspect``, ``resolve``,
-``migrate``, ``demo``; ``ratchet --version``. Every command takes ``--ledger URL``
+``prune``, ``migrate``, ``demo``; ``ratchet --version``. Every command takes ``--ledger URL``
 (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``). The commands call only the
 public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loading.load_app`), never the
 ledger modules. Ratchet errors print one line saying what to fix (stored data and user
@@ -208,6 +208,19 @@ def worker(
             " at least 4).",
         ),
     ] = None,
+    prune_older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--prune-older-than", metavar="AGE",
+            help="Prune tasks finished more than AGE ago (30d) in the background, as"
+            " `ratchet prune` does (default: never).",
+        ),
+    ] = None,
+    prune_every: Annotated[
+        str,
+        typer.Option("--prune-every", metavar="AGE",
+                     help="Time between those prunes (jittered)."),
+    ] = "1h",
 ) -> None:
     """Run a worker for the app's tasks.
 
@@ -253,6 +266,11 @@ def worker(
         retrying(app_ledger)
 
     def run() -> None:
+        prune_age = (parse_duration_s(prune_older_than, "--prune-older-than")
+                     if prune_older_than is not None else None)
+        prune_every_s = parse_duration_s(prune_every, "--prune-every")
+        if prune_every_s <= 0:
+            raise InvalidArguments(f"--prune-every must be longer than 0, got {prune_every!r}")
         app = load_app(app_spec)
         installed = [load_middleware(spec) for spec in middleware or []]
         app.configure(ledger=ledger)
@@ -268,6 +286,8 @@ def worker(
             fast_takeover=fast_takeover,
             shutdown_grace_s=shutdown_grace_s,
             max_stuck_threads=max_stuck_threads,
+            prune_older_than_s=prune_age,
+            prune_every_s=prune_every_s,
         )
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
@@ -685,6 +705,66 @@ def resolve(
             info = control.resolve(task_id, outcome, value, reason=reason, by=who)
         console().print(line((info.task_id, ""), " resolved (", (outcome, ""), ") by ",
                              (who, ""), " now ", (info.state, "")))
+
+    _guard(run)
+
+
+@cli.command(cls=_Command)
+def prune(
+    older_than: Annotated[
+        str,
+        typer.Option("--older-than", metavar="AGE",
+                     help="Delete tasks that finished more than AGE ago (90s, 5m, 1.5h, 30d)."),
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only count what would be deleted.")
+    ] = False,
+    batch_size: Annotated[
+        int,
+        typer.Option("--batch-size", min=1, max=10000, metavar="N",
+                     help="Tasks per transaction (each batch is short; claims never wait)."),
+    ] = 500,
+    export: Annotated[
+        str | None,
+        typer.Option("--export", metavar="FILE",
+                     help="Append each pruned task with its history to FILE as a JSON line,"
+                     " flushed to disk before its batch is deleted."),
+    ] = None,
+    operator: Annotated[
+        str | None,
+        typer.Option("--operator", metavar="NAME",
+                     help="Who prunes, for the audit log (default: $USER / the login name)."),
+    ] = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete finished tasks older than --older-than, with their history.
+
+    SUCCEEDED, FAILED and CANCELLED tasks, their steps, effects, late effects and audit
+    rows, in small batches; tasks that are not finished are never touched. A pruned task's
+    idempotency key no longer deduplicates: submitting it again creates a new task (the
+    dedupe window is the retention age). Audited, unless --dry-run.
+    """
+
+    def run() -> None:
+        age = parse_duration_s(older_than, "--older-than")
+        with Control(ledger) as control:
+            report = control.prune(age, dry_run=dry_run, batch_size=batch_size,
+                                   export=export, by=operator)
+        if as_json:
+            echo_json(report)
+            return
+        verb = "would delete" if report.dry_run else "deleted"
+        console().print(line(
+            f"{verb} {report.tasks} finished task(s) older than {older_than} (finished before ",
+            (datetime.fromtimestamp(max(report.cutoff, 0.0), UTC)
+             .strftime("%Y-%m-%d %H:%M:%S"), ""),
+            f" UTC): {report.steps} step(s), {report.effects} effect(s), "
+            f"{report.late_effects} late effect(s), {report.audit} audit row(s)",
+            f"; {report.batches} batch(es) in {report.elapsed_s:.2f} s" if not report.dry_run
+            else "",
+            f"; {report.exported} exported to " if export is not None else "",
+            (export or "", "")))
 
     _guard(run)
 

@@ -37,6 +37,7 @@ __all__ = [
     "Ledger",
     "LedgerStats",
     "NewTask",
+    "PruneReport",
     "RenewResult",
     "ResolveOutcome",
     "StepRecord",
@@ -414,6 +415,38 @@ class TaskQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What a prune deleted, or would delete (``ratchet prune``, DESIGN §10.2).
+
+    Attributes:
+        older_than_s: the age asked for, seconds: tasks finished (``SUCCEEDED``,
+            ``FAILED``, ``CANCELLED``) longer ago than this are pruned.
+        cutoff: ``ledger now - older_than_s``, ledger-clock epoch seconds: tasks whose
+            finish time is before it.
+        dry_run: nothing was deleted; the counts are what a prune would delete now.
+        tasks, steps, effects, late_effects, audit: rows deleted (or, in a dry run, that
+            would be); ``audit`` includes rows older than the cutoff whose task was gone.
+        batches: transactions that deleted something (0 in a dry run).
+        exported: tasks written to the export before their deletion (0 without one).
+        by: who pruned (an operator's name, or a worker's holder identity).
+        elapsed_s: wall-clock seconds the prune took.
+    """
+
+    older_than_s: float
+    cutoff: float
+    dry_run: bool
+    tasks: int
+    steps: int
+    effects: int
+    late_effects: int
+    audit: int
+    batches: int
+    exported: int
+    by: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Timeline:
     """Everything the ledger knows about one task (``ratchet inspect``)."""
 
@@ -430,11 +463,13 @@ class LedgerStats:
     """Aggregates for ``ratchet status``.
 
     Attributes:
-        counts: ``{task name: {state: count}}``.
+        counts: ``{task name: {state: count}}``, what the ledger holds (DESIGN §9: exact,
+            without reading the history).
         oldest_pending_age_s: age of the oldest ready PENDING/RETRY_WAIT task, seconds.
         unknown_count: tasks in ``UNKNOWN``.
         claims, takeovers, stale_rejections, lookup_hits, idempotency_conflicts,
-        operator_actions: counts from the audit log.
+        operator_actions: audit rows of each kind ever written (kept when a prune
+            deletes the rows).
         durability: the durability level this connection runs with.
         backend_settings: backend-specific facts (journal mode, synchronous, ...).
         schema_version: the ledger's schema version.
@@ -781,6 +816,30 @@ class Ledger(Protocol):
 
     def stats(self) -> LedgerStats:
         """Aggregates for ``ratchet status``."""
+        ...
+
+    def prune(
+        self,
+        older_than_s: float,
+        *,
+        by: str,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        export: Callable[[list[dict[str, Any]]], None] | None = None,
+        audit_empty: bool = True,
+        pace: float | None = None,
+    ) -> PruneReport:
+        """Delete finished tasks older than ``older_than_s`` with their steps, effects,
+        late effects and audit rows, in batches of ``batch_size`` tasks, each its own
+        short transaction; then audit rows older than the age whose task is gone. A dry
+        run only counts. ``export(records)`` is called in each batch's transaction before
+        its delete, with one JSON-ready record per task (row and history); if it raises,
+        the batch is rolled back and the prune stops. The prune is audited (kind
+        ``prune``) unless it is a dry run, or deleted nothing and ``audit_empty`` is off.
+        Between batches it sleeps ``pace`` times the batch's duration (default: 1 where one
+        writer holds the whole database, SQLite; else 0). Never deletes a task that is not
+        terminal. See DESIGN §10.2.
+        """
         ...
 
     def record_late_effect(self, late: LateEffect) -> None:

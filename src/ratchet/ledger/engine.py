@@ -13,8 +13,12 @@ ledger operation is one engine method plus one named statement per dialect.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +26,8 @@ from ..config import LedgerConfig
 from ..errors import (
     IdempotencyConflict,
     IllegalTransition,
+    LedgerError,
+    SchemaTooOld,
     TaskNotFound,
     TransactionMisuse,
     WriteRejected,
@@ -41,6 +47,7 @@ from .base import (
     LateEffect,
     LedgerStats,
     NewTask,
+    PruneReport,
     RenewResult,
     ResolveOutcome,
     StepRecord,
@@ -100,6 +107,7 @@ class LedgerEngine:
     def __init__(self, config: LedgerConfig, dialect: Dialect) -> None:
         self.config = config
         self.dialect = dialect
+        self._schema_has: set[str] = set()  # migrations known applied (_require_schema)
         self._definitions_ready = False  # see _has_definitions
         slots = dialect.user_transaction_slots()
         # Transaction steps hold a connection while user code runs: never all of a pool's,
@@ -596,15 +604,27 @@ class LedgerEngine:
         return self.dialect.run(body, write=False)
 
     def stats(self) -> LedgerStats:
-        """See :meth:`Ledger.stats` (decodes no stored JSON)."""
+        """See :meth:`Ledger.stats` (decodes no stored JSON).
+
+        Reads no history (DESIGN §9): non-terminal tasks are counted exactly from their
+        partial index; finished tasks and audit kinds are the rollup (before the counts
+        mark) plus what finished or happened since the mark. The mark is advanced first,
+        in a short write transaction of its own (skipped if the ledger refuses it, e.g. a
+        read-only file: the count since the mark is then just longer).
+        """
+        self._require_schema("retention.sql", "ratchet status")
+        with contextlib.suppress(LedgerError):
+            self._advance_counts()
 
         def body(tx: Tx) -> LedgerStats:
+            mark = tx.one("counts_read_mark")
+            upto = float(mark[0]) if mark else 0.0
             counts: dict[str, dict[str, int]] = {}
-            for name, state, n in tx.rows("stats_counts"):
+            for name, state, n in tx.rows("stats_counts", {"upto": upto}):
                 counts.setdefault(name, {})[state] = int(n)
             oldest_row = tx.one("stats_oldest", {"now": tx.now})
             oldest = oldest_row[0] if oldest_row else None
-            kinds = {k: int(n) for k, n in tx.rows("stats_kinds")}
+            kinds = {k: int(n) for k, n in tx.rows("stats_kinds", {"upto": upto})}
             unknown_row = tx.one("stats_unknown")
             late_row = tx.one("stats_late")
             return LedgerStats(
@@ -627,6 +647,209 @@ class LedgerEngine:
 
         stats = self.dialect.run(body, write=False)
         return _with_version(stats, self.dialect.schema_version())
+
+    # ------------------------------------------------------------------ retention
+    # (issue 10: prune; DESIGN §10.2) and the counts rollup behind stats (DESIGN §9)
+
+    def _advance_counts(self) -> None:
+        """Move the counts mark to the horizon (every finished task and audit row stamped
+        before it is committed), adding what finished or was audited in between to the
+        rollup (``finished_counts``, ``audit_counts``). One short write transaction; never
+        touches a task row, so no claim or commit waits on it. Serialised with other
+        advances and with prune batches by the mark row (PostgreSQL: ``FOR UPDATE``
+        against the batches' ``FOR SHARE``; SQLite: the write lock)."""
+
+        def body(tx: Tx) -> None:
+            row = tx.one("counts_lock")
+            if row is None:
+                return
+            upto, horizon = float(row[0]), float(row[1])
+            if horizon <= upto:  # nothing new (or another advance went further meanwhile)
+                return
+            tasks, kinds = tx.rows_many([
+                ("counts_window_tasks", {"from_at": upto, "to_at": horizon}),
+                ("counts_window_audit", {"from_at": upto, "to_at": horizon})])
+            tx.batch("counts_add_tasks",
+                     [{"name": r[0], "state": r[1], "n": int(r[2])} for r in tasks])
+            tx.batch("counts_add_audit", [{"kind": r[0], "n": int(r[1])} for r in kinds])
+            tx.execute("counts_set_mark", {"upto": horizon})
+
+        self.dialect.run(body)
+
+    def prune(
+        self,
+        older_than_s: float,
+        *,
+        by: str,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        export: Callable[[list[dict[str, Any]]], None] | None = None,
+        audit_empty: bool = True,
+        pace: float | None = None,
+    ) -> PruneReport:
+        """See :meth:`Ledger.prune` (DESIGN §10.2).
+
+        Each batch is one transaction: pick up to ``batch_size`` of the oldest finished
+        tasks (PostgreSQL ``FOR UPDATE SKIP LOCKED``: rows another transaction holds are
+        left for later, so neither a commit nor another prune waits on this one), hand
+        their records to ``export``, delete them (terminal ones only), then their steps,
+        effects (the idempotency records of their keys go with the task row that
+        deduplicates them), late effects and audit rows, and settle the counts rollup.
+        Between batches the prune sleeps ``pace`` times as long as the batch took (default:
+        1 on a single-writer database, SQLite, so waiting writers get the lock in between;
+        0 on PostgreSQL, where nothing waits for it but it shares the server's CPU and
+        disk: the worker's background prune passes 1).
+
+        Raises:
+            ValueError: ``older_than_s`` below 0 or not finite, ``batch_size`` below 1.
+            LedgerError: as any operation (batches committed before stay committed).
+            Whatever ``export`` raises (that batch is rolled back).
+        """
+        if not older_than_s >= 0 or older_than_s == float("inf"):
+            raise ValueError(f"older_than_s must be a finite number >= 0, got {older_than_s!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        if pace is None:
+            pace = 1.0 if self.dialect.single_writer else 0.0
+        started = time.monotonic()
+        cutoff = self.now() - older_than_s
+        if dry_run:
+            row = self.dialect.run(lambda tx: tx.one("prune_count", {"cutoff": cutoff}),
+                                   write=False)
+            n = [int(v) for v in row] if row else [0] * 5
+            return PruneReport(older_than_s, cutoff, True, n[0], n[1], n[2], n[3], n[4], 0,
+                               0, by, time.monotonic() - started)
+        self._advance_counts()
+        totals: Counter[str] = Counter()
+        while True:
+            t0 = time.monotonic()
+            try:
+                picked, done = self.dialect.run(
+                    lambda tx: self._prune_batch(tx, cutoff, batch_size, export))
+                totals.update(done)
+            except CommitOutcomeUnknown:
+                picked = batch_size  # the next batch finds out (deletes are idempotent)
+            if picked < batch_size:
+                break
+            if pace > 0:
+                time.sleep(pace * max(time.monotonic() - t0, 0.002))
+        after: tuple[float, int] = (0.0, 0)  # the walk's position: (at, seq)
+        while True:
+            t0 = time.monotonic()
+            walked, rows = self.dialect.run(functools.partial(
+                self._prune_orphans, cutoff=cutoff, after=after, limit=batch_size))
+            totals.update(audit=len(rows), batches=1 if rows else 0)
+            if walked is None:
+                break
+            after = walked
+            if pace > 0:
+                time.sleep(pace * max(time.monotonic() - t0, 0.002))
+        report = PruneReport(
+            older_than_s, cutoff, False, totals["tasks"], totals["steps"], totals["effects"],
+            totals["late_effects"], totals["audit"], totals["batches"], totals["exported"],
+            by, time.monotonic() - started)
+        if audit_empty or report.tasks or report.audit:
+            detail = dumps({k: v for k, v in dataclasses.asdict(report).items()
+                            if k not in ("by", "dry_run")})
+            self.dialect.run(lambda tx: _audit(tx, [
+                ("", tx.now, "prune", None, None, None, printable(by), detail)]))
+        return report
+
+    def _prune_batch(
+        self, tx: Tx, cutoff: float, limit: int,
+        export: Callable[[list[dict[str, Any]]], None] | None,
+    ) -> tuple[int, Counter[str]]:
+        """One prune batch inside ``tx``: how many tasks it picked, and the rows it deleted
+        by kind (counted by the caller once the transaction committed)."""
+        batch: Counter[str] = Counter()
+        picked = [r[0] for r in tx.rows("prune_pick", {"cutoff": cutoff, "limit": limit})]
+        if not picked:
+            return 0, batch
+        mark = tx.one("counts_mark_share")
+        upto = float(mark[0]) if mark else 0.0
+        exported = 0
+        if export is not None:
+            records = self._export_records(tx, picked)
+            export(records)
+            exported = len(records)
+        deleted = tx.rows("prune_tasks", {"ids": picked})
+        ids = [r[0] for r in deleted]
+        if ids:
+            batch["steps"] = tx.execute("prune_steps", {"ids": ids})
+            batch["effects"] = tx.execute("prune_effects", {"ids": ids})
+            batch["late_effects"] = tx.execute("prune_late_effects", {"ids": ids})
+            audit_rows = tx.rows("prune_audit", {"ids": ids})
+            batch["audit"] = len(audit_rows)
+            # The rollup counts tasks finished before the mark: those leave it; audit kinds
+            # are counted for ever, so rows since the mark join it as they go.
+            gone = Counter((r[1], r[2]) for r in deleted if float(r[3]) < upto)
+            tx.batch("counts_add_tasks", [{"name": name, "state": state, "n": -n}
+                                          for (name, state), n in sorted(gone.items())])
+            self._keep_audit_counts(tx, audit_rows, upto)
+        batch.update(tasks=len(ids), batches=1 if ids else 0, exported=exported)
+        return len(picked), batch
+
+    def _prune_orphans(
+        self, tx: Tx, cutoff: float, after: tuple[float, int], limit: int
+    ) -> tuple[tuple[float, int] | None, list[tuple[Any, ...]]]:
+        """One step of the walk over audit rows older than ``cutoff`` (after ``after``):
+        delete those whose task is gone. Returns where the walk goes on (None: at its end)
+        and the deleted ``(kind, at)`` rows."""
+        walked = tx.rows("prune_audit_walk", {"cutoff": cutoff, "from_at": after[0],
+                                              "from_seq": after[1], "limit": limit})
+        if not walked:
+            return None, []
+        mark = tx.one("counts_mark_share")
+        upto = float(mark[0]) if mark else 0.0
+        rows = tx.rows("prune_audit_gone", {"seqs": [int(r[0]) for r in walked]})
+        self._keep_audit_counts(tx, rows, upto)
+        last = walked[-1]
+        return ((float(last[2]), int(last[0])) if len(walked) == limit else None), rows
+
+    @staticmethod
+    def _keep_audit_counts(tx: Tx, rows: Sequence[tuple[Any, ...]], upto: float) -> None:
+        """Deleted audit rows ``(kind, at)`` stamped since the mark join ``audit_counts``
+        (those before it are counted there already)."""
+        kinds = Counter(r[0] for r in rows if float(r[1]) >= upto)
+        tx.batch("counts_add_audit", [{"kind": k, "n": n} for k, n in sorted(kinds.items())])
+
+    @staticmethod
+    def _export_records(tx: Tx, ids: list[str]) -> list[dict[str, Any]]:
+        """One JSON-ready record per task of ``ids`` with its history, stored text as
+        stored (``params``, ``result``, step values, effect results and audit details are
+        JSON text; SQLite text that was not valid UTF-8 comes with lone surrogates)."""
+        steps: dict[str, list[dict[str, Any]]] = {}
+        for r in tx.rows("claim_steps", {"ids": ids}):
+            steps.setdefault(r[0], []).append(dict(zip(
+                ("name", "result", "generation", "committed_at", "seq"), r[1:], strict=True)))
+        effects: dict[str, list[dict[str, Any]]] = {}
+        for r in tx.rows("claim_effects", {"ids": ids}):
+            record = dict(zip(("name", "key", "params_digest", "state", "result",
+                               "generation", "attempt", "calls", "via_lookup", "updated_at",
+                               "seq"), r[1:], strict=True))
+            record["via_lookup"] = bool(record["via_lookup"])
+            effects.setdefault(r[0], []).append(record)
+        audit: dict[str, list[dict[str, Any]]] = {}
+        for r in tx.rows("prune_export_audit", {"ids": ids}):
+            audit.setdefault(r[1], []).append(dict(zip(
+                ("seq", "at", "kind", "from_state", "to_state", "generation", "holder",
+                 "detail"), (r[0], *r[2:]), strict=True)))
+        late: dict[str, list[dict[str, Any]]] = {}
+        for r in tx.rows("prune_export_late", {"ids": ids}):
+            late.setdefault(r[1], []).append(dict(zip(
+                ("seq", "effect", "key", "generation", "holder", "at", "outcome", "detail"),
+                (r[0], *r[2:]), strict=True)))
+        records = []
+        for r in sorted(tx.rows("task_get_many", {"ids": ids}), key=lambda r: (r[11], r[0])):
+            task = dict(zip(("id", "name", "version", "state", "generation", "attempt",
+                             "max_attempts", "holder", "lease_until", "run_at", "created_at",
+                             "updated_at", "idempotency_key", "params", "params_digest",
+                             "result", "last_error", "error_class"), r, strict=True))
+            tid = task["id"]
+            records.append({"task": task, "steps": steps.get(tid, []),
+                            "effects": effects.get(tid, []), "audit": audit.get(tid, []),
+                            "late_effects": late.get(tid, [])})
+        return records
 
     # ------------------------------------------------------------------ late effects
 
@@ -719,6 +942,22 @@ class LedgerEngine:
             return changes
 
         return self.dialect.run(body)
+
+    def _require_schema(self, migration: str, what: str) -> None:
+        """Raise :class:`~ratchet.errors.SchemaTooOld` unless the ledger has the migration
+        whose file name ends ``_<migration>`` (read-only callers never migrate; found by
+        file name, so renumbering changes nothing)."""
+        if migration in self._schema_has:
+            return
+        from .migrations import load_migrations
+
+        needed = next((m.version for m in load_migrations(self.config.scheme)
+                       if m.name.split("_", 1)[1] == migration), None)
+        if needed is not None:
+            found = self.schema_version()
+            if found < needed:
+                raise SchemaTooOld(found, needed, what)
+        self._schema_has.add(migration)  # schemas only move up
 
     def _has_definitions(self) -> bool:
         """Whether this ledger's schema has the definition tables: a read-only caller

@@ -120,6 +120,7 @@ from .executor import Executor
 from .heartbeat import Heartbeat, LeaseHandle
 from .hooks import Hooks, Middleware
 from .registry import Registrar
+from .retention import Pruner
 from .timelimit import ENDED_BY_SHUTDOWN_GRACE, Attempt, Attempts
 from .writer import LedgerWriter
 
@@ -364,11 +365,16 @@ class Worker:
             attempt the worker already ended (time limit), the worker stops (as on
             SIGTERM) so that its process manager restarts it (``ratchet worker`` exits
             with :data:`EXIT_STUCK_THREADS`). Default :func:`default_max_stuck_threads`.
+        prune_older_than_s: prune (``Ledger.prune``) tasks finished longer ago than this
+            many seconds in a background thread (:mod:`ratchet.worker.retention`); None
+            (the default): no pruning.
+        prune_every_s: seconds between those prunes (jittered), default 3600.
 
     Raises:
         ConfigError: ``concurrency`` is below 1, ``prefetch`` below 0, ``writers``
-            below 1, ``shutdown_grace_s`` not a finite number >= 0 or
-            ``max_stuck_threads`` below 1.
+            below 1, ``shutdown_grace_s`` not a finite number >= 0,
+            ``max_stuck_threads`` below 1, ``prune_older_than_s`` negative or
+            ``prune_every_s`` not positive.
         UnknownTask: a name in ``names`` is not registered.
     """
 
@@ -387,7 +393,18 @@ class Worker:
         writers: int | None = None,
         shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
         max_stuck_threads: int | None = None,
+        prune_older_than_s: float | None = None,
+        prune_every_s: float = 3600.0,
     ) -> None:
+        if prune_older_than_s is not None and not 0 <= prune_older_than_s < float("inf"):
+            raise ConfigError(f"Worker prune_older_than_s must be a finite number of seconds "
+                              f">= 0, got {prune_older_than_s!r}")
+        if not 0 < prune_every_s < float("inf"):
+            raise ConfigError(f"Worker prune_every_s must be a finite number of seconds > 0, "
+                              f"got {prune_every_s!r}")
+        self.prune_older_than_s = prune_older_than_s
+        self.prune_every_s = prune_every_s
+        self.pruner: Pruner | None = None
         if concurrency < 1:
             raise ConfigError(f"Worker concurrency must be >= 1, got {concurrency!r}")
         if prefetch is None:
@@ -585,6 +602,10 @@ class Worker:
             except RatchetError as exc:  # the registrar thread tries again
                 log.warning("worker registry: %s", exc)
             registrar.start()
+        if self.prune_older_than_s is not None:
+            self.pruner = Pruner(self.ledger, self.holder, self.prune_older_than_s,
+                                 self.prune_every_s)
+            self.pruner.start()
         subscription: Subscription | None = None
         idle_since = time.monotonic()
         last_poll = float("-inf")
@@ -651,6 +672,8 @@ class Worker:
                 self.writer.join()  # final writes committed, on_finished fired
                 if registrar is not None:
                     registrar.stop(clean=True)
+                if self.pruner is not None:
+                    self.pruner.stop()
                 self.heartbeat.stop()
                 self.heartbeat.join(timeout=5)
                 if hooks is not None:

@@ -278,19 +278,50 @@ SELECT name, key, params_digest, state, result, generation, attempt, calls, via_
 FROM effects WHERE task_id = %(id)s ORDER BY seq NULLS FIRST, updated_at;
 
 -- name: stats_counts
-SELECT name, state, count(*) FROM tasks GROUP BY name, state;
+-- Counts per (name, state) without reading the history (DESIGN §9): the non-terminal tasks
+-- exactly (ready: tasks_ready; running: tasks_leased; the others: tasks_parked), plus the
+-- finished ones: the rollup (finished before the counts mark) and what finished since
+-- (tasks_finished from the mark on). %(upto)s is the mark, read first by counts_read_mark
+-- and bound as a constant, so the planner sees how recent it is (a parameter of an
+-- InitPlan would be estimated as a third of the table).
+SELECT name, state, sum(n)::bigint FROM (
+    SELECT name, state, count(*) AS n FROM tasks
+    WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name, state
+    UNION ALL
+    SELECT name, 'RUNNING', count(*) FROM tasks
+    WHERE lease_until IS NOT NULL AND state = 'RUNNING' GROUP BY name
+    UNION ALL
+    SELECT name, state, count(*) FROM tasks
+    WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED',
+                        'CANCELLED')
+    GROUP BY name, state
+    UNION ALL
+    SELECT name, state, count(*) FROM tasks
+    WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(upto)s::float8
+    GROUP BY name, state
+    UNION ALL
+    SELECT name, state, n FROM finished_counts) AS c
+GROUP BY name, state HAVING sum(n) > 0;
 
 -- name: stats_oldest
 SELECT min(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s;
 
 -- name: stats_kinds
-SELECT kind, count(*) FROM audit
-WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
-               'operator_resolve', 'revoke')
+-- Audit rows ever written, per kind: the rollup (before the counts mark, kept when prune
+-- deletes the rows) plus the rows since the mark (audit_at). Every kind (a few dozen rows;
+-- the engine picks the ones it reports): a kind filter here would be pushed into the
+-- window and let the planner walk an index of kinds, i.e. every claim ever audited.
+SELECT kind, sum(n)::bigint FROM (
+    SELECT kind, n FROM audit_counts
+    UNION ALL
+    SELECT kind, count(*) FROM audit WHERE at >= %(upto)s::float8 GROUP BY kind) AS k
 GROUP BY kind;
 
 -- name: stats_unknown
-SELECT count(*) FROM tasks WHERE state = 'UNKNOWN';
+-- Written with tasks_parked's predicate, so the partial index serves it.
+SELECT count(*) FROM tasks
+WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
+  AND state = 'UNKNOWN';
 
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
@@ -367,3 +398,123 @@ SELECT d.name, d.version, count(*) FROM worker_definitions AS d
 JOIN workers AS w ON w.holder = d.holder
 WHERE w.state = 'alive' AND w.last_seen >= %(since)s
 GROUP BY d.name, d.version;
+-- name: counts_read_mark
+-- The counts mark (see stats_counts, migration 0004).
+SELECT upto FROM counts_mark;
+
+-- name: counts_lock
+-- Advancing the counts: the mark, locked (one advance at a time; prune batches hold it
+-- FOR SHARE), and the horizon up to which every finished task and audit row is committed.
+-- A row's time is its transaction's now(), i.e. the transaction's start, so a transaction
+-- still running may yet commit rows stamped with its start: the horizon is the earliest
+-- start of the transactions running in this database (pg_stat_activity.xact_start, read
+-- before the window is counted), and at most now - 1 s.
+SELECT upto, LEAST(%(now)s::float8 - 1.0, COALESCE(
+    (SELECT extract(epoch FROM min(xact_start))::float8 FROM pg_stat_activity
+     WHERE datname = current_database() AND pid <> pg_backend_pid()
+       AND xact_start IS NOT NULL),
+    %(now)s::float8))
+FROM counts_mark FOR UPDATE;
+
+-- name: counts_window_tasks
+SELECT name, state, count(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(from_at)s::float8
+  AND updated_at < %(to_at)s::float8
+GROUP BY name, state;
+
+-- name: counts_window_audit
+SELECT kind, count(*) FROM audit
+WHERE at >= %(from_at)s::float8 AND at < %(to_at)s::float8 GROUP BY kind;
+
+-- name: counts_add_tasks
+INSERT INTO finished_counts (name, state, n)
+SELECT u.name, u.state, u.n FROM json_to_recordset(%(rows)s::json)
+     AS u(name text, state text, n bigint)
+ORDER BY u.name, u.state
+ON CONFLICT (name, state) DO UPDATE SET n = finished_counts.n + excluded.n;
+
+-- name: counts_add_audit
+INSERT INTO audit_counts (kind, n)
+SELECT u.kind, u.n FROM json_to_recordset(%(rows)s::json) AS u(kind text, n bigint)
+ORDER BY u.kind
+ON CONFLICT (kind) DO UPDATE SET n = audit_counts.n + excluded.n;
+
+-- name: counts_set_mark
+UPDATE counts_mark SET upto = %(upto)s::float8;
+
+-- name: counts_mark_share
+-- The mark, read by a prune batch: FOR SHARE, so an advance of the counts (FOR UPDATE)
+-- never runs between the batch's reads and its commit; prune batches share it.
+SELECT upto FROM counts_mark FOR SHARE;
+
+-- name: prune_count
+-- Dry run: what a prune at %(cutoff)s would delete (finished tasks, their rows, and audit
+-- rows older than the cutoff whose task is gone).
+WITH old AS (SELECT id FROM tasks
+             WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+               AND updated_at < %(cutoff)s::float8)
+SELECT (SELECT count(*) FROM old),
+       (SELECT count(*) FROM steps WHERE task_id IN (SELECT id FROM old)),
+       (SELECT count(*) FROM effects WHERE task_id IN (SELECT id FROM old)),
+       (SELECT count(*) FROM late_effects WHERE task_id IN (SELECT id FROM old)),
+       (SELECT count(*) FROM audit WHERE task_id IN (SELECT id FROM old))
+       + (SELECT count(*) FROM audit AS a WHERE a.at < %(cutoff)s::float8
+          AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id));
+
+-- name: prune_pick
+-- One batch: the oldest finished tasks, an ordered walk of tasks_finished stopped at the
+-- batch size. SKIP LOCKED: a row another transaction holds (a stale holder's fenced write,
+-- another prune) is left for later, so neither waits for the other.
+SELECT id FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at < %(cutoff)s::float8
+ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
+
+-- name: prune_tasks
+-- Finished only, whatever was picked: a non-terminal task is never pruned. Driven by the
+-- ids (a primary-key probe each).
+DELETE FROM tasks AS t USING unnest(%(ids)s::text[]) AS u(id)
+WHERE t.id = u.id AND t.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+RETURNING t.id, t.name, t.state, t.updated_at;
+
+-- name: prune_steps
+-- Driven by the ids (a nested loop of index probes per task); written as
+-- "task_id = ANY(ids)" the planner estimated a share of the table per id and scanned it
+-- (tests/test_ledger_plans.py).
+DELETE FROM steps AS s USING unnest(%(ids)s::text[]) AS u(id) WHERE s.task_id = u.id;
+
+-- name: prune_effects
+DELETE FROM effects AS e USING unnest(%(ids)s::text[]) AS u(id) WHERE e.task_id = u.id;
+
+-- name: prune_late_effects
+DELETE FROM late_effects AS l USING unnest(%(ids)s::text[]) AS u(id)
+WHERE l.task_id = u.id;
+
+-- name: prune_audit
+DELETE FROM audit AS a USING unnest(%(ids)s::text[]) AS u(id) WHERE a.task_id = u.id
+RETURNING a.kind, a.at;
+
+-- name: prune_audit_walk
+-- Audit rows older than the cutoff, oldest first after (from_at, from_seq): one bounded
+-- step of an ordered walk of audit_at (the rows of tasks still in the ledger are left).
+SELECT seq, task_id, at FROM audit
+WHERE at >= %(from_at)s::float8 AND (at > %(from_at)s::float8 OR seq > %(from_seq)s)
+  AND at < %(cutoff)s::float8
+ORDER BY at LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
+
+-- name: prune_audit_gone
+-- Of the walked rows, those whose task is gone (ledger-wide records such as prune's own,
+-- rows of tasks deleted before): a primary-key probe per row and per task.
+DELETE FROM audit AS a WHERE a.seq = ANY(%(seqs)s::bigint[])
+  AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id)
+RETURNING a.kind, a.at;
+
+-- name: prune_export_audit
+SELECT a.seq, a.task_id, a.at, a.kind, a.from_state, a.to_state, a.generation, a.holder,
+       a.detail
+FROM unnest(%(ids)s::text[]) AS u(id) JOIN audit AS a ON a.task_id = u.id
+ORDER BY a.task_id, a.seq;
+
+-- name: prune_export_late
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
+FROM unnest(%(ids)s::text[]) AS u(id) JOIN late_effects AS l ON l.task_id = u.id
+ORDER BY l.task_id, l.seq;

@@ -244,19 +244,39 @@ SELECT name, key, params_digest, state, result, generation, attempt, calls, via_
 FROM effects WHERE task_id = :id ORDER BY seq NULLS FIRST, updated_at;
 
 -- name: stats_counts
-SELECT name, state, COUNT(*) FROM tasks GROUP BY name, state;
+-- Counts per (name, state) without reading the history (DESIGN §9): the non-terminal tasks
+-- exactly (tasks_active), plus the finished ones: the rollup (finished before the counts
+-- mark) and what finished since (tasks_finished from the mark on; :upto is the mark, read
+-- first by counts_read_mark).
+SELECT name, state, SUM(n) FROM (
+    SELECT name, state, COUNT(*) AS n FROM tasks
+    WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') GROUP BY name, state
+    UNION ALL
+    SELECT name, state, COUNT(*) FROM tasks
+    WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :upto
+    GROUP BY name, state
+    UNION ALL
+    SELECT name, state, n FROM finished_counts)
+GROUP BY name, state HAVING SUM(n) > 0;
 
 -- name: stats_oldest
 SELECT MIN(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now;
 
 -- name: stats_kinds
-SELECT kind, COUNT(*) FROM audit
-WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
-               'operator_resolve', 'revoke')
+-- Audit rows ever written, per kind: the rollup (before the counts mark, kept when prune
+-- deletes the rows) plus the rows since the mark (audit_at). Every kind (a few dozen rows;
+-- the engine picks the ones it reports): a kind filter here would be pushed into the
+-- window and make it walk an index of kinds, i.e. every claim ever audited.
+SELECT kind, SUM(n) FROM (
+    SELECT kind, n FROM audit_counts
+    UNION ALL
+    SELECT kind, COUNT(*) FROM audit WHERE at >= :upto GROUP BY kind)
 GROUP BY kind;
 
 -- name: stats_unknown
-SELECT COUNT(*) FROM tasks WHERE state = 'UNKNOWN';
+-- Written with tasks_active's predicate, so the partial index serves it.
+SELECT COUNT(*) FROM tasks
+WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN';
 
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
@@ -333,3 +353,98 @@ SELECT d.name, d.version, COUNT(*) FROM worker_definitions AS d
 JOIN workers AS w ON w.holder = d.holder
 WHERE w.state = 'alive' AND w.last_seen >= :since
 GROUP BY d.name, d.version;
+-- name: counts_read_mark
+-- The counts mark (see stats_counts, migration 0005).
+SELECT upto FROM counts_mark;
+
+-- name: counts_lock
+-- Advancing the counts (inside BEGIN IMMEDIATE): the mark and the horizon up to which
+-- every finished task and audit row is committed. The write lock serialises every writer
+-- and each reads the clock after taking it, so that is now.
+SELECT upto, :now FROM counts_mark;
+
+-- name: counts_window_tasks
+SELECT name, state, COUNT(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :from_at
+  AND updated_at < :to_at
+GROUP BY name, state;
+
+-- name: counts_window_audit
+SELECT kind, COUNT(*) FROM audit WHERE at >= :from_at AND at < :to_at GROUP BY kind;
+
+-- name: counts_add_tasks
+INSERT INTO finished_counts (name, state, n) VALUES (:name, :state, :n)
+ON CONFLICT (name, state) DO UPDATE SET n = finished_counts.n + excluded.n;
+
+-- name: counts_add_audit
+INSERT INTO audit_counts (kind, n) VALUES (:kind, :n)
+ON CONFLICT (kind) DO UPDATE SET n = audit_counts.n + excluded.n;
+
+-- name: counts_set_mark
+UPDATE counts_mark SET upto = :upto;
+
+-- name: counts_mark_share
+-- The mark, read by a prune batch (SQLite: the write lock already serialises it with an
+-- advance of the counts).
+SELECT upto FROM counts_mark;
+
+-- name: prune_count
+-- Dry run: what a prune at :cutoff would delete (finished tasks, their rows, and audit
+-- rows older than :cutoff whose task is gone).
+WITH old AS (SELECT id FROM tasks
+             WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at < :cutoff)
+SELECT (SELECT COUNT(*) FROM old),
+       (SELECT COUNT(*) FROM steps WHERE task_id IN (SELECT id FROM old)),
+       (SELECT COUNT(*) FROM effects WHERE task_id IN (SELECT id FROM old)),
+       (SELECT COUNT(*) FROM late_effects WHERE task_id IN (SELECT id FROM old)),
+       (SELECT COUNT(*) FROM audit WHERE task_id IN (SELECT id FROM old))
+       + (SELECT COUNT(*) FROM audit AS a WHERE a.at < :cutoff
+          AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id));
+
+-- name: prune_pick
+-- One batch: the oldest finished tasks, an ordered walk of tasks_finished stopped at the
+-- batch size (inside BEGIN IMMEDIATE: nothing else writes meanwhile).
+SELECT id FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at < :cutoff
+ORDER BY updated_at LIMIT :limit;
+
+-- name: prune_tasks
+-- Finished only, whatever was picked: a non-terminal task is never pruned.
+DELETE FROM tasks WHERE id IN (SELECT value FROM json_each(:ids))
+  AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+RETURNING id, name, state, updated_at;
+
+-- name: prune_steps
+DELETE FROM steps WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_effects
+DELETE FROM effects WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_late_effects
+DELETE FROM late_effects WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_audit
+DELETE FROM audit WHERE task_id IN (SELECT value FROM json_each(:ids))
+RETURNING kind, at;
+
+-- name: prune_audit_walk
+-- Audit rows older than the cutoff, oldest first after (from_at, from_seq): one bounded
+-- step of an ordered walk of audit_at (the rows of tasks still in the ledger are left).
+SELECT seq, task_id, at FROM audit
+WHERE at >= :from_at AND (at > :from_at OR seq > :from_seq) AND at < :cutoff
+ORDER BY at LIMIT :limit;
+
+-- name: prune_audit_gone
+-- Of the walked rows, those whose task is gone (ledger-wide records such as prune's own,
+-- rows of tasks deleted before): a primary-key probe per row and per task.
+DELETE FROM audit WHERE seq IN (SELECT value FROM json_each(:seqs))
+  AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = audit.task_id)
+RETURNING kind, at;
+
+-- name: prune_export_audit
+SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail FROM audit
+WHERE task_id IN (SELECT value FROM json_each(:ids)) ORDER BY task_id, seq;
+
+-- name: prune_export_late
+SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
+WHERE task_id IN (SELECT value FROM json_each(:ids)) ORDER BY task_id, seq;
