@@ -43,6 +43,7 @@ from .errors import ConfigError, InvalidArguments, TaskNotFound
 from .ledger import open_ledger
 from .ledger.base import (
     AuditEvent,
+    ControlOutcome,
     EffectRecord,
     EffectState,
     LateEffect,
@@ -58,6 +59,7 @@ from .validation import MAX_KEY_BYTES, check_identifier
 __all__ = [
     "AuditEvent",
     "Control",
+    "ControlOutcome",
     "EffectRecord",
     "EffectState",
     "EffectView",
@@ -556,6 +558,35 @@ class Control:
         result_json = dumps(result, what="the effect's result")
         return self._writer().resolve(_task_id(task_id), verdict, reason, who, result_json)
 
+    def cancel(self, task_id: str, *, reason: str, by: str | None = None) -> ControlOutcome:
+        """Cancel a task (``ratchet cancel``), audited with ``by``, ``reason`` and the
+        ledger's time (DESIGN §3, arbitration).
+
+        * ``PENDING`` (also scheduled for later), ``RETRY_WAIT``, ``PAUSED``: ``CANCELLED``
+          at once, generation + 1 (``outcome="done"``): cancel before start wins.
+        * ``RUNNING``: a cancel request is recorded (``outcome="requested"``); the holder
+          learns of it within about a second and stops at its next step/effect boundary
+          (its pipelined checkpoints committed first) with a fenced ``RUNNING ->
+          CANCELLED``. An effect in flight is settled first (its reply, or a lookup); if
+          the holder is dead, the ledger cancels once the lease has expired or the holder
+          is revoked (at once when the lease already has).
+        * An open effect intent (any state) or ``UNKNOWN``: the request is recorded and
+          applied once the effect is settled: by the next holder's lookup, or by
+          :meth:`resolve` (then ``CANCELLED`` instead of resuming). A lookup that cannot
+          settle it leaves the task ``UNKNOWN`` with the request kept.
+        * ``SUCCEEDED``, ``FAILED``, ``CANCELLED``: nothing changes (``outcome=
+          "unchanged"``; a success committed first stays a success).
+
+        Returns:
+            what happened (:class:`~ratchet.ledger.base.ControlOutcome`).
+
+        Raises:
+            InvalidArguments: blank reason, malformed task id or operator name.
+            TaskNotFound: no such task. LedgerUnavailable: no ledger there.
+        """
+        why, who = _operator_args(reason, by)
+        return self._writer().cancel(_task_id(task_id), why, who)
+
     def migrate(self) -> int:
         """Create the ledger or apply pending schema migrations; return the schema version.
 
@@ -645,6 +676,18 @@ def _parse_cursor(cursor: str | None) -> tuple[float, str] | None:
 def _task_id(task_id: object) -> str:
     """``task_id`` if it can name a task (a storable identifier), else InvalidArguments."""
     return check_identifier(task_id, "task id", MAX_KEY_BYTES)
+
+
+def _operator_args(reason: object, by: object) -> tuple[str, str]:
+    """``(reason, operator)`` of an operator command, checked (``InvalidArguments``): a
+    reason that says something, an operator name that can be stored (default
+    :func:`default_operator`)."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidArguments("reason must say why (it is kept in the audit log)")
+    check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
+    who = by if by is not None else default_operator()
+    check_identifier(who, "operator name", MAX_KEY_BYTES)
+    return reason, str(who)
 
 
 def default_operator() -> str:

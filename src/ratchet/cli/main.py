@@ -22,7 +22,7 @@ from rich.table import Table
 from typer.core import TyperArgument, TyperCommand
 
 from .. import __version__
-from ..control import Control, TaskTimeline, default_operator
+from ..control import Control, ControlOutcome, TaskTimeline, default_operator
 from ..errors import InvalidArguments, LedgerUnavailable, RatchetError, UndecodableData
 from ..loading import load_app, load_middleware
 from ..serde import loads
@@ -598,6 +598,55 @@ def resolve(
             info = control.resolve(task_id, outcome, value, reason=reason, by=who)
         console().print(line((info.task_id, ""), " resolved (", (outcome, ""), ") by ",
                              (who, ""), " now ", (info.state, "")))
+
+    _guard(run)
+
+
+ReasonOpt = Annotated[
+    str, typer.Option("--reason", metavar="TEXT", help="Why (kept in the audit log).")
+]
+OperatorOpt = Annotated[
+    str | None,
+    typer.Option("--operator", metavar="NAME",
+                 help="Who decided (default: $USER / the login name)."),
+]
+
+
+def _print_control(outcome: ControlOutcome, who: str, as_json: bool) -> None:
+    """Print what an operator command did; exit 1 when it changed nothing."""
+    if as_json:
+        echo_json(outcome)
+    else:
+        style = "yellow" if outcome.outcome == "unchanged" else ""
+        console().print(line((outcome.task_id, ""), f" {outcome.action} ",
+                             (outcome.outcome, style or "bold"), " by ", (who, ""), ": ",
+                             (outcome.message, "")))
+    if outcome.outcome == "unchanged":
+        raise typer.Exit(1)
+
+
+@cli.command(cls=_Command)
+def cancel(
+    task_id: TaskArg,
+    reason: ReasonOpt,
+    operator: OperatorOpt = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a task (audited with --reason and --operator).
+
+    Not running (pending, scheduled, retry wait, paused): cancelled at once. Running: its
+    holder stops at its next step boundary (an effect in flight is settled first). With an
+    open effect or UNKNOWN: cancelled once the effect is settled (lookup, or ratchet
+    resolve). Exit status 0 when cancelled or requested; 1 when nothing changed (the task
+    had already finished: a success committed first stays a success); 2 on an error.
+    """
+
+    def run() -> None:
+        who = operator if operator is not None else default_operator()
+        with Control(ledger) as control:
+            outcome = control.cancel(task_id, reason=reason, by=who)
+        _print_control(outcome, who, as_json)
 
     _guard(run)
 

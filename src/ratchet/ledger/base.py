@@ -25,6 +25,8 @@ __all__ = [
     "AuditEvent",
     "Claim",
     "CommitOutcome",
+    "ControlOutcome",
+    "ControlRequest",
     "EffectRecord",
     "EffectState",
     "EffectWrite",
@@ -113,6 +115,10 @@ class EffectState(StrEnum):
     """Result recorded (from the call, from a lookup, or from an operator)."""
     NOT_DONE = "not_done"
     """An operator confirmed the call did not happen: call again with the same key."""
+    GIVEN_UP = "given_up"
+    """An operator gave up on the task (``resolve --outcome give-up``): the outcome stays
+    unknown. Should the task be retried (``ratchet retry``), it is settled like an open
+    intent (lookup first)."""
 
 
 class ResolveOutcome(StrEnum):
@@ -120,6 +126,45 @@ class ResolveOutcome(StrEnum):
 
     DONE = "done"
     NOT_DONE = "not-done"
+    GIVE_UP = "give-up"
+    """The operator gives up on the task: ``UNKNOWN`` -> ``FAILED`` with their reason; the
+    open effects are marked ``given_up`` (their outcome stays unknown)."""
+
+
+class ControlRequest(StrEnum):
+    """An operator's request to the holder of a ``RUNNING`` task (``tasks.control_request``),
+    applied at the holder's next step/effect boundary (DESIGN §3, arbitration)."""
+
+    CANCEL = "cancel"
+    """End the task ``CANCELLED`` (fenced, by its holder or by the ledger)."""
+    PAUSE = "pause"
+    """Stop the task at a boundary, release the lease (attempt handed back): ``PAUSED``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControlOutcome:
+    """What an operator command did to one task (``ratchet cancel`` / ``retry``).
+
+    Attributes:
+        task_id: the task.
+        action: ``"cancel"``, ``"retry"``, ...
+        outcome: ``"done"`` (the task moved now), ``"requested"`` (a request was recorded:
+            its holder, or the ledger once the lease is gone, or the resolution of an open
+            effect, applies it) or ``"unchanged"`` (nothing to do: e.g. the task had
+            already finished; ``message`` says why).
+        previous_state: the state the command found.
+        state: the state after the command.
+        generation: the task's fencing generation after the command.
+        message: one line for people.
+    """
+
+    task_id: str
+    action: str
+    outcome: str
+    previous_state: State
+    state: State
+    generation: int
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +263,9 @@ class Claim:
         previous_holder: holder the task was taken from, if any.
         steps: committed steps by name (empty on a first claim).
         effects: effect records by name (empty on a first claim).
+        control_request: an operator's request recorded on the task (``"cancel"`` /
+            ``"pause"``, :class:`ControlRequest`) that this holder must apply once the
+            open effect intent it inherits is settled; None almost always.
     """
 
     task_id: str
@@ -234,6 +282,7 @@ class Claim:
     previous_holder: str | None = None
     steps: dict[str, StepRecord] = field(default_factory=dict)
     effects: dict[str, EffectRecord] = field(default_factory=dict)
+    control_request: str | None = None
 
 
 @_fast_init
@@ -624,6 +673,30 @@ class Ledger(Protocol):
             TaskNotFound: no such task.
             IllegalTransition: the task is not ``UNKNOWN``.
         """
+        ...
+
+    # -- operator control (issue 10; DESIGN §3 arbitration, §8)
+
+    def cancel(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """Cancel a task, audited (``operator``, ``reason``, ledger time), one transaction.
+
+        ``PENDING`` / ``RETRY_WAIT`` / ``PAUSED`` without an open effect intent:
+        ``CANCELLED`` at once, ``generation + 1`` (an older holder's write never applies).
+        ``RUNNING``: a ``cancel`` request is recorded (``outcome="requested"``) and the
+        holder applies it at its next boundary (fenced); a lease already expired without
+        an open intent is cancelled at once. With an open effect intent (any state but a
+        terminal one) or ``UNKNOWN``: the request is recorded and applied once the
+        intent is settled (by the next holder's lookup, or by ``resolve``). A terminal task
+        is unchanged (``outcome="unchanged"``).
+
+        Raises:
+            TaskNotFound: no such task.
+        """
+        ...
+
+    def control_requests(self, holder: str) -> list[tuple[str, int, str]]:
+        """``(task_id, generation, request)`` of every ``RUNNING`` task ``holder`` holds
+        that carries an operator request (a read; the heartbeat polls it)."""
         ...
 
     def get(self, task_id: str) -> TaskInfo:

@@ -90,7 +90,7 @@ from ..retry import FailureClass, classify, retry_after_s
 from ..serde import dumps, printable
 from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
-from .context import Shutdown, TaskContext
+from .context import ControlInterrupt, Shutdown, TaskContext
 from .executor import Executor
 from .heartbeat import Heartbeat, LeaseHandle
 from .hooks import Hooks, Middleware
@@ -218,6 +218,8 @@ class WorkerStats:
     failed: int = 0
     unknown: int = 0
     released: int = 0
+    cancelled: int = 0
+    paused: int = 0
     stale: int = 0
     lease_lost: int = 0
     by_outcome: dict[str, int] = field(default_factory=dict)
@@ -495,9 +497,11 @@ class Worker:
         return self.stats
 
     def _on_notify(self) -> None:
-        """The ledger says work may be ready (e.g. PostgreSQL NOTIFY): poll now."""
+        """The ledger says work may be ready, or an operator recorded a request (e.g.
+        PostgreSQL NOTIFY): poll now, and let the heartbeat read the requests."""
         self._notified = True
         self._wake.set()
+        self.heartbeat.poke_control()
 
     # ------------------------------------------------------------------ claims
 
@@ -559,6 +563,9 @@ class Worker:
                     for c in claims
                 ]
             )
+            for claim, handle in zip(claims, handles, strict=True):
+                if claim.control_request is not None:
+                    handle.request = claim.control_request
             with self._lock:
                 self._reserved -= reserved
                 self._reserved_room -= reserved - min(freed, reserved)
@@ -626,7 +633,9 @@ class Worker:
         try:
             if self._stopping.is_set():
                 raise Shutdown()  # claimed (perhaps prefetched) but not started: release it
-            # A prefetched task may have waited: start it only under a confirmed lease.
+            # A prefetched task may have waited: start it only under a confirmed lease, and
+            # not at all if an operator has asked for it meanwhile (cancel, pause).
+            ctx.check_control()
             ctx.ensure_lease()
             params = ctx.load_params()
             result = definition.fn(ctx, **params)
@@ -635,6 +644,16 @@ class Worker:
             )
         except Shutdown:
             transition = Transition(State.PENDING, reason="shutdown")
+        except ControlInterrupt as exc:
+            # An operator's request reached a boundary (DESIGN §3, arbitration): the
+            # pipelined checkpoints ride on this fenced write; a pause hands the attempt
+            # back (the engine's transition does it for PAUSED as for a release).
+            if exc.request == "cancel":
+                transition = Transition(State.CANCELLED, error_class="cancelled",
+                                        reason="cancel requested by an operator")
+            else:
+                transition = Transition(State.PAUSED, error_class="paused",
+                                        reason="pause requested by an operator")
         except (StaleGeneration, TokenRejected) as exc:
             # TokenRejected: the target saw a newer claim's fencing token, so a newer
             # generation exists; like a fenced-out write, nothing of ours counts.
@@ -884,6 +903,8 @@ class Worker:
 
 
 _COUNTERS = {
+    State.CANCELLED: "cancelled",
+    State.PAUSED: "paused",
     State.SUCCEEDED: "succeeded",
     State.RETRY_WAIT: "retried",
     State.FAILED: "failed",

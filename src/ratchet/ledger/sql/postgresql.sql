@@ -51,7 +51,7 @@ ORDER BY u.n;
 -- name: claim_expired
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
 -- holds exactly the RUNNING rows).
-SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
 WHERE lease_until IS NOT NULL AND lease_until < %(now)s AND state = 'RUNNING'
   AND name = ANY(%(names)s::text[])
 ORDER BY lease_until LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
@@ -61,7 +61,7 @@ UPDATE tasks SET holder = %(holder)s, generation = generation + 1, attempt = att
                  lease_until = %(now)s + lease_s, updated_at = %(now)s
 WHERE id = ANY(%(ids)s::text[]) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, 'RUNNING';
+          lease_until, 'RUNNING', control_request;
 
 -- name: claim_ready
 -- FOR UPDATE SKIP LOCKED on the ready set: concurrent claimers never wait on each other and
@@ -83,7 +83,7 @@ UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.genera
                    updated_at = %(now)s
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-          t.lease_s, t.lease_until, picked.state;
+          t.lease_s, t.lease_until, picked.state, t.control_request;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -104,9 +104,11 @@ ORDER BY task_id, name;
 -- generation moves on, so whatever the old holder still writes is fenced out.
 UPDATE tasks t SET state = u.state, holder = NULL, lease_until = NULL,
                    generation = t.generation + 1, last_error = u.error,
-                   error_class = 'lease_expired', updated_at = %(now)s
+                   error_class = u.error_class, updated_at = %(now)s,
+                   control_request = u.request
 FROM json_to_recordset(%(rows)s::json)
-     AS u(id text, generation bigint, state text, error text)
+     AS u(id text, generation bigint, state text, error text, error_class text,
+          request text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'
   AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
 
@@ -137,8 +139,9 @@ WHERE t.holder = %(holder)s AND t.state = 'RUNNING' AND t.lease_until >= %(now)s
 UPDATE workers SET last_seen = %(now)s WHERE holder = %(holder)s AND state <> 'dead';
 
 -- name: fence_read
--- The fence of a commit: every task row the batch writes, locked in id order.
-SELECT id, state, generation, attempt, name FROM tasks
+-- The fence of a commit: every task row the batch writes, locked in id order (and an
+-- operator's request, which the engine arbitrates against the write's transition).
+SELECT id, state, generation, attempt, name, control_request FROM tasks
 WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE;
 
 -- name: steps_upsert
@@ -191,15 +194,16 @@ UPDATE tasks t SET state = u.state, run_at = COALESCE(u.run_at, t.run_at),
     holder = CASE WHEN u.keep THEN t.holder ELSE NULL END,
     lease_until = CASE WHEN u.keep THEN t.lease_until ELSE NULL END,
     result = COALESCE(u.result, t.result), last_error = COALESCE(u.error, t.last_error),
-    error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s
+    error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s,
+    control_request = CASE WHEN u.keep THEN t.control_request ELSE u.request END
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, generation bigint, state text, run_at float8, release bool, keep bool,
-          result text, error text, error_class text)
+          result text, error text, error_class text, request text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'
   AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
 
 -- name: resolve_lock
-SELECT state, generation, name FROM tasks WHERE id = %(id)s FOR UPDATE;
+SELECT state, generation, name, control_request FROM tasks WHERE id = %(id)s FOR UPDATE;
 
 -- name: resolve_open_effects
 SELECT name, key FROM effects WHERE task_id = %(id)s AND state = 'intent' ORDER BY name;
@@ -213,7 +217,7 @@ UPDATE tasks SET state = 'PENDING', run_at = %(now)s, updated_at = %(now)s
 WHERE id = %(id)s AND state = 'UNKNOWN' AND generation = %(generation)s;
 
 -- name: holder_running
-SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
 WHERE holder = %(holder)s AND state = 'RUNNING' ORDER BY id FOR UPDATE;
 
 -- name: revoke_retry
@@ -279,7 +283,8 @@ SELECT min(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_a
 -- name: stats_kinds
 SELECT kind, count(*) FROM audit
 WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
-               'operator_resolve', 'revoke')
+               'operator_resolve', 'revoke', 'operator_cancel', 'operator_retry',
+               'operator_pause', 'operator_resume')
 GROUP BY kind;
 
 -- name: stats_unknown
@@ -325,3 +330,32 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
        OR (created_at = %(cursor_at)s::float8 AND id < %(cursor_id)s::text))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
+
+-- name: control_lock
+-- An operator command's read of its task, under the row lock (a holder's commit waits).
+SELECT state, generation, name, control_request, holder, lease_until, attempt, max_attempts
+FROM tasks WHERE id = %(id)s FOR UPDATE;
+
+-- name: control_move
+-- An operator's move of a task that is not running (cancel, resume, retry, give-up; checked
+-- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
+-- bump: added to the generation (1: whatever an older holder still writes is fenced out);
+-- reset: a fresh set of attempts (retry); run_at: when it is ready (NULL: unchanged).
+UPDATE tasks SET state = %(state)s, generation = generation + %(bump)s, holder = NULL,
+    lease_until = NULL, control_request = %(request)s::text,
+    run_at = COALESCE(%(run_at)s::float8, run_at),
+    attempt = CASE WHEN %(reset)s::bool THEN 0 ELSE attempt END,
+    last_error = COALESCE(%(error)s::text, last_error),
+    error_class = COALESCE(%(error_class)s::text, error_class), updated_at = %(now)s
+WHERE id = %(id)s AND state = %(from_state)s AND generation = %(generation)s;
+
+-- name: control_request_set
+-- Record (or replace) an operator's request on a task, for its holder or its next one.
+UPDATE tasks SET control_request = %(request)s::text
+WHERE id = %(id)s AND state = %(from_state)s AND generation = %(generation)s;
+
+-- name: control_requests
+-- The requests on the leases a worker holds (its heartbeat polls this; tasks_control holds
+-- only rows with a request).
+SELECT id, generation, control_request FROM tasks
+WHERE holder = %(holder)s AND control_request IS NOT NULL AND state = 'RUNNING';

@@ -45,7 +45,7 @@ VALUES (:task_id, :at, :kind, :from_state, :to_state, :generation, :holder, :det
 -- name: claim_expired
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
 -- holds exactly the RUNNING rows).
-SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
 WHERE lease_until IS NOT NULL AND lease_until < :now AND state = 'RUNNING'
   AND name IN (SELECT value FROM json_each(:names))
 ORDER BY lease_until LIMIT :limit;
@@ -55,7 +55,7 @@ UPDATE tasks SET holder = :holder, generation = generation + 1, attempt = attemp
                  lease_until = :now + lease_s, updated_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, 'RUNNING';
+          lease_until, 'RUNNING', control_request;
 
 -- name: claim_ready
 -- The ready set in run_at order (tasks_ready holds only claimable rows), then the lease:
@@ -71,7 +71,8 @@ UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 
                  attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now
 WHERE id IN (SELECT id FROM temp.claim_pick)
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id);
+          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
+          control_request;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -92,7 +93,7 @@ ORDER BY task_id, name;
 -- generation moves on, so whatever the old holder still writes is fenced out.
 UPDATE tasks SET state = :state, holder = NULL, lease_until = NULL,
                  generation = generation + 1, last_error = :error,
-                 error_class = 'lease_expired', updated_at = :now
+                 error_class = :error_class, updated_at = :now, control_request = :request
 WHERE id = :id AND generation = :generation AND state = 'RUNNING';
 
 -- name: renew
@@ -114,8 +115,9 @@ WHERE (id, generation) IN (SELECT i.value, g.value FROM json_each(:ids) AS i
 UPDATE workers SET last_seen = :now WHERE holder = :holder AND state <> 'dead';
 
 -- name: fence_read
--- The fence of a commit: state and generation of every task the batch writes.
-SELECT id, state, generation, attempt, name FROM tasks
+-- The fence of a commit: state and generation of every task the batch writes (and an
+-- operator's request, which the engine arbitrates against the write's transition).
+SELECT id, state, generation, attempt, name, control_request FROM tasks
 WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: steps_upsert
@@ -157,11 +159,12 @@ UPDATE tasks SET state = :state, run_at = COALESCE(:run_at, run_at),
     holder = CASE WHEN :keep THEN holder ELSE NULL END,
     lease_until = CASE WHEN :keep THEN lease_until ELSE NULL END,
     result = COALESCE(:result, result), last_error = COALESCE(:error, last_error),
-    error_class = COALESCE(:error_class, error_class), updated_at = :now
+    error_class = COALESCE(:error_class, error_class), updated_at = :now,
+    control_request = CASE WHEN :keep THEN control_request ELSE :request END
 WHERE id = :id AND generation = :generation AND state = 'RUNNING';
 
 -- name: resolve_lock
-SELECT state, generation, name FROM tasks WHERE id = :id;
+SELECT state, generation, name, control_request FROM tasks WHERE id = :id;
 
 -- name: resolve_open_effects
 SELECT name, key FROM effects WHERE task_id = :id AND state = 'intent' ORDER BY name;
@@ -175,7 +178,7 @@ UPDATE tasks SET state = 'PENDING', run_at = :now, updated_at = :now
 WHERE id = :id AND state = 'UNKNOWN' AND generation = :generation;
 
 -- name: holder_running
-SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
 WHERE holder = :holder AND state = 'RUNNING' ORDER BY id;
 
 -- name: revoke_retry
@@ -239,7 +242,8 @@ SELECT MIN(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_a
 -- name: stats_kinds
 SELECT kind, COUNT(*) FROM audit
 WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
-               'operator_resolve', 'revoke')
+               'operator_resolve', 'revoke', 'operator_cancel', 'operator_retry',
+               'operator_pause', 'operator_resume')
 GROUP BY kind;
 
 -- name: stats_unknown
@@ -285,3 +289,31 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
        OR (created_at = :cursor_at AND id < :cursor_id))
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
+
+-- name: control_lock
+-- An operator command's read of its task (the write lock is held: BEGIN IMMEDIATE).
+SELECT state, generation, name, control_request, holder, lease_until, attempt, max_attempts
+FROM tasks WHERE id = :id;
+
+-- name: control_move
+-- An operator's move of a task that is not running (cancel, resume, retry, give-up; checked
+-- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
+-- bump: added to the generation (1: whatever an older holder still writes is fenced out);
+-- reset: a fresh set of attempts (retry); run_at: when it is ready (NULL: unchanged).
+UPDATE tasks SET state = :state, generation = generation + :bump, holder = NULL,
+    lease_until = NULL, control_request = :request, run_at = COALESCE(:run_at, run_at),
+    attempt = CASE WHEN :reset THEN 0 ELSE attempt END,
+    last_error = COALESCE(:error, last_error),
+    error_class = COALESCE(:error_class, error_class), updated_at = :now
+WHERE id = :id AND state = :from_state AND generation = :generation;
+
+-- name: control_request_set
+-- Record (or replace) an operator's request on a task, for its holder or its next one.
+UPDATE tasks SET control_request = :request
+WHERE id = :id AND state = :from_state AND generation = :generation;
+
+-- name: control_requests
+-- The requests on the leases a worker holds (its heartbeat polls this; tasks_control holds
+-- only rows with a request).
+SELECT id, generation, control_request FROM tasks
+WHERE holder = :holder AND control_request IS NOT NULL AND state = 'RUNNING';
