@@ -524,14 +524,20 @@ class Control:
         reason: str,
         by: str | None = None,
     ) -> TaskInfo:
-        """Settle an ``UNKNOWN`` task's open effect (audited); the task then resumes.
+        """Settle an ``UNKNOWN`` task's open effect (audited); the task then resumes, or
+        ends ``FAILED`` (give-up), or ``CANCELLED`` / ``PAUSED`` when a cancel / pause
+        request was waiting for this resolution.
 
         Args:
             task_id: the task.
-            outcome: ``"done"`` (the effect happened; ``result`` is its return value) or
-                ``"not-done"`` (it did not; the task calls again with the same key).
-            result: for ``done``: the effect's result, plain JSON (``None`` is recorded as
-                null).
+            outcome: ``"done"`` (the effect happened; ``result`` is its return value),
+                ``"not-done"`` (it did not; the task calls again with the same key) or
+                ``"give-up"`` (nobody can tell: the task ends ``FAILED`` with ``reason``,
+                generation + 1, and its open effects are marked ``given_up``, so
+                ``inspect`` shows the operator gave up on them; ``retry`` can run it
+                again, lookup first).
+            result: for ``done`` only: the effect's result, plain JSON (``None`` is
+                recorded as null). Refused with ``not-done`` / ``give-up``.
             reason: why (kept in the audit log); must not be blank.
             by: the operator's name (default: the login name).
 
@@ -539,7 +545,8 @@ class Control:
             the task after the change.
 
         Raises:
-            InvalidArguments: unknown outcome, blank reason, a malformed operator name.
+            InvalidArguments: unknown outcome, blank reason, a malformed operator name, a
+                ``result`` with ``not-done`` / ``give-up``.
             PayloadNotSerializable: ``result`` is not plain JSON.
             TaskNotFound: no such task. IllegalTransition: the task is not ``UNKNOWN``.
             LedgerUnavailable: no ledger there.
@@ -548,13 +555,13 @@ class Control:
             verdict = ResolveOutcome(outcome)
         except ValueError:
             raise InvalidArguments(
-                f"outcome must be 'done' or 'not-done', got {printable(str(outcome))!r}"
-            ) from None
-        if not isinstance(reason, str) or not reason.strip():
-            raise InvalidArguments("reason must say why (it is kept in the audit log)")
-        check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
-        who = by if by is not None else default_operator()
-        check_identifier(who, "operator name", MAX_KEY_BYTES)
+                "outcome must be 'done', 'not-done' or 'give-up', got "
+                f"{printable(str(outcome))!r}") from None
+        if result is not None and verdict is not ResolveOutcome.DONE:
+            raise InvalidArguments(
+                f"a result is recorded only with outcome 'done', not {verdict.value!r} "
+                "(nothing was changed)")
+        reason, who = _operator_args(reason, by)
         result_json = dumps(result, what="the effect's result")
         return self._writer().resolve(_task_id(task_id), verdict, reason, who, result_json)
 
@@ -586,6 +593,23 @@ class Control:
         """
         why, who = _operator_args(reason, by)
         return self._writer().cancel(_task_id(task_id), why, who)
+
+    def retry(self, task_id: str, *, reason: str, by: str | None = None) -> ControlOutcome:
+        """Run a ``FAILED`` task again (``ratchet retry``), audited with ``by``, ``reason``
+        and the ledger's time: a fresh set of attempts (the counter reset, the task's
+        ``max_attempts`` again), generation + 1, ready now. Its history is kept: the audit
+        trail, its steps (done steps stay done: it resumes from its checkpoint) and its
+        effects (a done effect is not called again; one given up by ``resolve --outcome
+        give-up`` is settled lookup first). The only move out of ``FAILED`` (DESIGN §3);
+        ``SUCCEEDED`` and ``CANCELLED`` never move, and any state but ``FAILED`` is
+        ``outcome="unchanged"``.
+
+        Raises:
+            InvalidArguments: blank reason, malformed task id or operator name.
+            TaskNotFound: no such task. LedgerUnavailable: no ledger there.
+        """
+        why, who = _operator_args(reason, by)
+        return self._writer().retry(_task_id(task_id), why, who)
 
     def migrate(self) -> int:
         """Create the ledger or apply pending schema migrations; return the schema version.

@@ -1,9 +1,10 @@
 """The ``ratchet`` command line (Typer + Rich), a face of :class:`ratchet.control.Control`.
 
-Commands: ``worker``, ``submit``, ``status``, ``workers``, ``inspect``, ``resolve``,
-``migrate``, ``demo``; ``ratchet --version``. Every command takes ``--ledger URL``
-(default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``). The commands call only the
-public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loading.load_app`), never the
+Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
+``late-effects``, ``resolve``, ``cancel``, ``retry``, ``migrate``, ``demo``;
+``ratchet --version``. Every command takes ``--ledger URL`` (default
+``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``). The commands call only the public
+API (``Control``, ``App``, ``Worker``, :func:`ratchet.loading.load_app`), never the
 ledger modules. Ratchet errors print one line saying what to fix (stored data and user
 input printed as text, never as markup; passwords redacted) and exit with status 2.
 ``--json`` prints ``dataclasses.asdict`` of the records ``Control`` returns.
@@ -562,15 +563,17 @@ def resolve(
     task_id: TaskArg,
     outcome: Annotated[
         str,
-        typer.Option("--outcome", metavar="done|not-done",
-                     help="done: the effect happened; not-done: it did not."),
+        typer.Option("--outcome", metavar="done|not-done|give-up",
+                     help="done: the effect happened; not-done: it did not; give-up: nobody "
+                          "can tell, end the task FAILED."),
     ],
     reason: Annotated[
         str, typer.Option("--reason", metavar="TEXT", help="Why (kept in the audit log).")
     ],
     result: Annotated[
         str | None,
-        typer.Option("--result", metavar="JSON", help="For done: the effect's result as JSON."),
+        typer.Option("--result", metavar="JSON",
+                     help="For done only: the effect's result as JSON."),
     ] = None,
     operator: Annotated[
         str | None,
@@ -582,10 +585,16 @@ def resolve(
     """Settle an UNKNOWN task's open effect.
 
     The verdict is audited with --reason and --operator; the task then resumes (done: the
-    effect returns --result; not-done: the call is made again with the same key).
+    effect returns --result; not-done: the call is made again with the same key), or
+    give-up: it ends FAILED with the reason and its open effects are marked given up
+    (ratchet retry can run it again, lookup first). A cancel or pause waiting for the
+    resolution is applied instead of resuming. --result goes with done only.
     """
 
     def run() -> None:
+        if result is not None and outcome != "done":
+            raise InvalidArguments(
+                f"--result goes with --outcome done only, not {outcome!r} (nothing changed)")
         value = _json_arg(result, "--result") if result is not None else None
         if outcome == "done" and result is None:
             err_console().print(line(
@@ -646,6 +655,30 @@ def cancel(
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
             outcome = control.cancel(task_id, reason=reason, by=who)
+        _print_control(outcome, who, as_json)
+
+    _guard(run)
+
+
+@cli.command(cls=_Command)
+def retry(
+    task_id: TaskArg,
+    reason: ReasonOpt,
+    operator: OperatorOpt = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a FAILED task again (audited with --reason and --operator).
+
+    A fresh set of attempts; its history is kept (done steps stay done: it resumes from its
+    checkpoint). Exit status 0 when queued again; 1 when nothing changed (the task is not
+    FAILED: SUCCEEDED and CANCELLED never move); 2 on an error.
+    """
+
+    def run() -> None:
+        who = operator if operator is not None else default_operator()
+        with Control(ledger) as control:
+            outcome = control.retry(task_id, reason=reason, by=who)
         _print_control(outcome, who, as_json)
 
     _guard(run)

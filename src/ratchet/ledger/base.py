@@ -694,6 +694,18 @@ class Ledger(Protocol):
         """
         ...
 
+    def retry(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """Run a ``FAILED`` (dead-lettered) task again, audited: ``FAILED -> PENDING``, the
+        only move out of ``FAILED`` (an operator move, DESIGN §3), with the attempt counter
+        reset (a fresh set of ``max_attempts``), generation + 1, ready now. Its history is
+        kept: audit, steps (done steps stay done), effects. Any other state is unchanged
+        (``outcome="unchanged"``).
+
+        Raises:
+            TaskNotFound: no such task.
+        """
+        ...
+
     def control_requests(self, holder: str) -> list[tuple[str, int, str]]:
         """``(task_id, generation, request)`` of every ``RUNNING`` task ``holder`` holds
         that carries an operator request (a read; the heartbeat polls it)."""

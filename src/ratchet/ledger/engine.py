@@ -654,6 +654,39 @@ class LedgerEngine:
 
         return self.dialect.run(body)
 
+    def retry(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """See :meth:`Ledger.retry`: ``FAILED -> PENDING`` (an operator move, DESIGN §3),
+        attempts reset, generation + 1, ready now; audited as ``operator_retry``."""
+
+        def body(tx: Tx) -> ControlOutcome:
+            row = tx.one("control_lock", {"id": task_id})
+            if row is None:
+                raise TaskNotFound(f"no task {task_id!r} in the ledger")
+            state, generation, attempts = State(row[0]), row[1], row[6]
+            if state is not State.FAILED:
+                why = ("it never moves again" if state in TERMINAL
+                       else "it has not failed")
+                return ControlOutcome(
+                    task_id, "retry", "unchanged", state, state, generation,
+                    f"task {task_id} is {state.value}, not FAILED: nothing changed ({why})")
+            check_operator_move(State.FAILED, State.PENDING)
+            now = tx.now
+            tx.execute("control_move", {
+                "id": task_id, "from_state": state.value, "generation": generation,
+                "state": State.PENDING.value, "bump": 1, "request": None, "run_at": now,
+                "reset": True, "now": now, "error": None, "error_class": None})
+            _audit(tx, [(task_id, now, "operator_retry", State.FAILED.value,
+                         State.PENDING.value, generation + 1, None,
+                         dumps({"operator": operator, "reason": reason,
+                                "previous_attempts": attempts}))])
+            tx.wake()
+            return ControlOutcome(
+                task_id, "retry", "done", state, State.PENDING, generation + 1,
+                f"task {task_id} queued again with a fresh set of {row[7]} attempt(s) "
+                f"(it had used {attempts}); done steps stay done")
+
+        return self.dialect.run(body)
+
     def control_requests(self, holder: str) -> list[tuple[str, int, str]]:
         """See :meth:`Ledger.control_requests`."""
         rows = self.dialect.run(
