@@ -39,7 +39,7 @@ from typing import Any
 
 from .app import App, TaskHandle
 from .config import parse_ledger_url, redact_url
-from .errors import ConfigError, InvalidArguments, TaskNotFound
+from .errors import ConfigError, InvalidArguments, LedgerError, TaskNotFound
 from .ledger import open_ledger
 from .ledger.base import (
     AuditEvent,
@@ -48,13 +48,15 @@ from .ledger.base import (
     EffectState,
     LateEffect,
     Ledger,
+    PauseRecord,
+    PauseResult,
     ResolveOutcome,
     TaskInfo,
     TaskQuery,
 )
 from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
-from .validation import MAX_KEY_BYTES, check_identifier
+from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
 
 __all__ = [
     "AuditEvent",
@@ -64,6 +66,8 @@ __all__ = [
     "EffectState",
     "EffectView",
     "LateEffectView",
+    "PauseRecord",
+    "PauseResult",
     "ResolveOutcome",
     "StatusReport",
     "StepView",
@@ -95,6 +99,8 @@ class StatusReport:
         ledger_now: the ledger clock, epoch seconds.
         late_effects: calls sent by holders after their claim was taken over (possible
             duplicates at targets that cannot deduplicate; :meth:`Control.late_effects`).
+        pauses: the active pauses (scope, target, who, why, since, version) with the
+            RUNNING tasks in each scope still short of a safe boundary.
     """
 
     ledger: str
@@ -114,6 +120,7 @@ class StatusReport:
     schema_version: int
     ledger_now: float
     late_effects: int = 0
+    pauses: list[PauseRecord] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +366,7 @@ class Control:
             schema_version=s.schema_version,
             ledger_now=s.ledger_now,
             late_effects=s.late_effects,
+            pauses=_active_pauses(led),
         )
 
     def get(self, task_id: str) -> TaskInfo:
@@ -611,6 +619,61 @@ class Control:
         why, who = _operator_args(reason, by)
         return self._writer().retry(_task_id(task_id), why, who)
 
+    def pause(self, scope: str, target: str | None = None, *, reason: str,
+              by: str | None = None) -> PauseResult:
+        """Pause everything (``pause("all")``), a task type (``pause("type", name)``) or one
+        task (``pause("task", task_id)``): a versioned, audited record (who, why, when;
+        DESIGN §8). Once this returns, no new attempt starts in the scope until
+        :meth:`resume`: every claim transaction reads the active pauses (PostgreSQL: under
+        an advisory lock the pause takes, so a claim in flight finishes first). Running
+        tasks in scope learn of it within about a second and stop at their next
+        step/effect boundary: their checkpoint committed, the lease released, the attempt
+        handed back, state ``PAUSED``; an effect in flight is settled first (never flipped
+        to failed). One task that is not running is ``PAUSED`` at once. A scope already
+        paused is ``outcome="unchanged"`` (no second record).
+
+        Limits: a task type's tasks that are ``PENDING`` stay ``PENDING`` (not claimed);
+        a task whose holder died while its type is paused is taken over after resume.
+
+        Raises:
+            InvalidArguments: unknown scope, a missing / extra target, blank reason.
+            TaskNotFound: no such task. LedgerUnavailable: no ledger there.
+        """
+        scope, key = _scope(scope, target)
+        why, who = _operator_args(reason, by)
+        return self._writer().pause(scope, key, why, who)
+
+    def resume(self, scope: str, target: str | None = None, *, reason: str,
+               by: str | None = None, rate_per_s: float | None = None) -> PauseResult:
+        """End the active pause of ``scope`` / ``target`` (same selectors as :meth:`pause`),
+        audited: its ``PAUSED`` tasks not covered by another active pause go back to
+        ``PENDING``, re-admitted at ``rate_per_s`` tasks per second (staggered ``run_at``;
+        None: all at once), and pause requests not yet applied are withdrawn. No active
+        pause there: ``outcome="unchanged"``.
+
+        Raises:
+            InvalidArguments: as :meth:`pause`, or ``rate_per_s`` not a finite number > 0.
+            LedgerUnavailable: no ledger there.
+        """
+        scope, key = _scope(scope, target)
+        why, who = _operator_args(reason, by)
+        if rate_per_s is not None and (
+                isinstance(rate_per_s, bool) or not isinstance(rate_per_s, int | float)
+                or not math.isfinite(rate_per_s) or rate_per_s <= 0):
+            raise InvalidArguments(
+                f"rate must be a finite number of tasks per second > 0, got {rate_per_s!r}")
+        return self._writer().resume(scope, key, why, who,
+                                     None if rate_per_s is None else float(rate_per_s))
+
+    def pauses(self) -> list[PauseRecord]:
+        """The active pauses, oldest first, each with its RUNNING tasks still short of a
+        safe boundary (also in :meth:`status`).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        return self._reader().pauses()
+
     def migrate(self) -> int:
         """Create the ledger or apply pending schema migrations; return the schema version.
 
@@ -700,6 +763,38 @@ def _parse_cursor(cursor: str | None) -> tuple[float, str] | None:
 def _task_id(task_id: object) -> str:
     """``task_id`` if it can name a task (a storable identifier), else InvalidArguments."""
     return check_identifier(task_id, "task id", MAX_KEY_BYTES)
+
+
+def _active_pauses(led: Ledger) -> list[PauseRecord]:
+    """The active pauses; none on a ledger read-only opened before its migration to the
+    schema that has pauses (``status`` still answers)."""
+    try:
+        return led.pauses()
+    except LedgerError:
+        if led.schema_version() >= _PAUSES_SCHEMA.get(led.config.scheme, 0):
+            raise
+        return []
+
+
+_PAUSES_SCHEMA = {"sqlite": 5, "postgresql": 4}
+"""The schema version that added the ``pauses`` table, per backend."""
+
+
+def _scope(scope: object, target: object) -> tuple[str, str]:
+    """``(scope, target)`` of a pause / resume, checked: ``all`` without a target, ``type``
+    with a task type, ``task`` with a task id."""
+    if scope not in ("all", "type", "task"):
+        raise InvalidArguments(f"scope must be 'all', 'type' or 'task', got {scope!r}")
+    if scope == "all":
+        if target not in (None, ""):
+            raise InvalidArguments("a pause of everything takes no target")
+        return "all", ""
+    if target is None:
+        raise InvalidArguments(f"a {scope} pause needs its target (the task "
+                               f"{'type' if scope == 'type' else 'id'})")
+    if scope == "type":
+        return "type", check_identifier(target, "task type", MAX_NAME_BYTES)
+    return "task", _task_id(target)
 
 
 def _operator_args(reason: object, by: object) -> tuple[str, str]:

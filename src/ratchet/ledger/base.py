@@ -27,6 +27,8 @@ __all__ = [
     "CommitOutcome",
     "ControlOutcome",
     "ControlRequest",
+    "PauseRecord",
+    "PauseResult",
     "EffectRecord",
     "EffectState",
     "EffectWrite",
@@ -164,6 +166,61 @@ class ControlOutcome:
     previous_state: State
     state: State
     generation: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PauseRecord:
+    """One pause (``pauses`` table): a versioned, audited record (DESIGN §8).
+
+    Attributes:
+        pause_id: the record's id.
+        scope: ``"all"``, ``"type"`` or ``"task"``.
+        target: ``""`` (all), the task type, or the task id.
+        version: the ledger's control version when it was made (grows with every pause
+            and resume).
+        paused_by, reason: who paused, and why.
+        created_at: ledger clock, epoch seconds.
+        running: RUNNING tasks in its scope, still short of a safe boundary (they stop at
+            their next one and become ``PAUSED``); filled by :meth:`Ledger.pauses`.
+        resumed_at, resumed_by, resume_reason, resumed_version: the resume, once made.
+    """
+
+    pause_id: int
+    scope: str
+    target: str
+    version: int
+    paused_by: str
+    reason: str
+    created_at: float
+    running: int = 0
+    resumed_at: float | None = None
+    resumed_by: str | None = None
+    resume_reason: str | None = None
+    resumed_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PauseResult:
+    """What ``ratchet pause`` / ``resume`` did.
+
+    Attributes:
+        action: ``"pause"`` or ``"resume"``.
+        outcome: ``"done"``, or ``"unchanged"`` (already paused / nothing to resume /
+            a finished task; ``message`` says which).
+        pauses: the records made (pause) or ended (resume); for an unchanged pause, the
+            active record that already covers the scope.
+        tasks: tasks moved now: ``PAUSED`` by a pause (one task, not running), back to
+            ``PENDING`` by a resume.
+        running: RUNNING tasks asked to stop at their next boundary (pause).
+        message: one line for people.
+    """
+
+    action: str
+    outcome: str
+    pauses: list[PauseRecord]
+    tasks: int
+    running: int
     message: str
 
 
@@ -704,6 +761,34 @@ class Ledger(Protocol):
         Raises:
             TaskNotFound: no such task.
         """
+        ...
+
+    def pause(self, scope: str, target: str, reason: str, operator: str) -> PauseResult:
+        """Pause everything (``scope="all"``, ``target=""``), a task type (``"type"``) or
+        one task (``"task"``), audited (``operator_pause``), one transaction.
+
+        From the commit on, no new attempt starts in the scope (every claim reads the
+        active pauses under a gate this transaction takes: PostgreSQL's advisory lock,
+        SQLite's write lock). Running tasks in scope are asked to stop at their next
+        boundary (they become ``PAUSED``, attempt handed back); one task that is not
+        running is ``PAUSED`` at once (generation + 1). A scope already paused is
+        ``unchanged``.
+
+        Raises:
+            InvalidArguments: unknown scope. TaskNotFound: no such task (``"task"``).
+        """
+        ...
+
+    def resume(self, scope: str, target: str, reason: str, operator: str,
+               rate_per_s: float | None = None) -> PauseResult:
+        """End the active pause of ``scope`` / ``target`` (audited, ``operator_resume``):
+        its ``PAUSED`` tasks not covered by another active pause go back to ``PENDING``,
+        ready at ``now + i / rate_per_s`` for the i-th (all at once when None); pending
+        pause requests of the scope are cleared. Nothing active: ``unchanged``."""
+        ...
+
+    def pauses(self) -> list[PauseRecord]:
+        """The active pauses, oldest first, each with the RUNNING tasks in its scope."""
         ...
 
     def control_requests(self, holder: str) -> list[tuple[str, int, str]]:

@@ -22,6 +22,7 @@ from ..config import LedgerConfig
 from ..errors import (
     IdempotencyConflict,
     IllegalTransition,
+    InvalidArguments,
     TaskNotFound,
     TransactionMisuse,
     WriteRejected,
@@ -39,6 +40,8 @@ from .base import (
     LateEffect,
     LedgerStats,
     NewTask,
+    PauseRecord,
+    PauseResult,
     RenewResult,
     ResolveOutcome,
     StepRecord,
@@ -218,23 +221,38 @@ class LedgerEngine:
         return self.dialect.run(lambda tx: self._claim_in(tx, holder, names, limit))
 
     @staticmethod
-    def _expired_read(names: Sequence[str], limit: int) -> tuple[str, dict[str, Any]]:
-        """The expired-lease scan of a claim, as a read to send with others."""
+    def _claim_reads(names: Sequence[str], limit: int) -> list[tuple[str, dict[str, Any]]]:
+        """The reads a claim starts with, to send with others: the expired-lease scan, the
+        pause gate (PostgreSQL: a shared advisory lock) and the active pauses."""
         # Each name once (PostgreSQL walks per name).
-        return "claim_expired", {"names": list(dict.fromkeys(names)), "limit": limit}
+        return [("claim_expired", {"names": list(dict.fromkeys(names)), "limit": limit}),
+                ("claim_gate", {}), ("pauses_active", {})]
 
     def _claim_in(
         self, tx: Tx, holder: str, names: Sequence[str], limit: int,
-        expired: list[tuple[Any, ...]] | None = None,
+        pre: list[list[tuple[Any, ...]]] | None = None,
     ) -> list[Claim]:
         """The claim, inside the caller's write transaction (see :meth:`claim`).
-        ``expired``: the rows of :meth:`_expired_read`, if the caller already read them."""
+        ``pre``: the rows of :meth:`_claim_reads`, if the caller already read them.
+
+        No attempt starts in a paused scope (DESIGN §8): the active pauses are read under
+        the pause gate, a paused type's tasks are neither claimed nor taken over, and a
+        pause of everything claims nothing."""
         if limit <= 0 or not names:
             return []
-        name_list = list(dict.fromkeys(names))
-        if expired is None:
-            [expired] = tx.rows_many([self._expired_read(names, limit)])
+        if pre is None:
+            pre = tx.rows_many(self._claim_reads(names, limit))
+        expired, _gate, pauses = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
+        if pauses:
+            if any(p[1] == "all" for p in pauses):
+                return []
+            paused_types = {p[2] for p in pauses if p[1] == "type"}
+            names = [n for n in names if n not in paused_types]
+            expired = [row for row in expired if row[5] not in paused_types]
+            if not names:
+                return []
+        name_list = list(dict.fromkeys(names))
         audit: list[AuditRow] = []
         if any(row[6] is not None for row in expired):
             # An operator's request on a lease whose holder is gone: applied now unless an
@@ -417,8 +435,8 @@ class LedgerEngine:
 
         def body(tx: Tx) -> tuple[list[CommitOutcome], list[Claim]]:
             # The expired-lease scan travels with the fence read (one round trip).
-            also = [self._expired_read(names, limit)] if claiming else []
-            outcomes, expired = self._commit_in(tx, writes, also=also)
+            also = self._claim_reads(names, limit) if claiming else []
+            outcomes, pre = self._commit_in(tx, writes, also=also)
             if not claiming:
                 return outcomes, []
             # The scan ran before the writes: a lease this commit ended (its holder's own
@@ -426,8 +444,8 @@ class LedgerEngine:
             ended = {w.task_id for w, o in zip(writes, outcomes, strict=True)
                      if o.ok and w.transition is not None
                      and w.transition.to is not State.RUNNING}
-            still = [row for row in expired[0] if row[0] not in ended]
-            return outcomes, self._claim_in(tx, holder, names, limit, still)
+            still = [row for row in pre[0] if row[0] not in ended]
+            return outcomes, self._claim_in(tx, holder, names, limit, [still, *pre[1:]])
 
         try:
             try:
@@ -469,6 +487,10 @@ class LedgerEngine:
         if requested:
             for task_id, name, _key in tx.rows("open_intents", {"ids": requested}):
                 open_db.setdefault(task_id, set()).add(name)
+        # A holder stopping for a pause: is a pause still active for it (rare: one read)?
+        active: list[tuple[Any, ...]] | None = None
+        if any(w.transition is not None and w.transition.to is State.PAUSED for w in writes):
+            active = tx.rows("pauses_active")
         outcomes: dict[int, CommitOutcome] = {}
         audit: list[AuditRow] = []
         segment = _Segment()
@@ -507,6 +529,12 @@ class LedgerEngine:
                                                open_db.get(write.task_id, set()))
             else:
                 request = row[4] if t is None or t.to is State.RUNNING else None
+            if (t is not None and t.to is State.PAUSED and row[4] != ControlRequest.PAUSE
+                    and not _covered(active or [], write.task_id, row[3])):
+                # Resumed before this holder reached its boundary: released instead.
+                t = Transition(State.PENDING, reason="paused, then resumed before the "
+                               "boundary: released (attempt handed back)")
+                write = dataclasses.replace(write, transition=t)
             segment.add(write, attempt, audit, now, request)
             if t is not None:
                 audit.append(transition_audit(write, t, now))
@@ -686,6 +714,172 @@ class LedgerEngine:
                 f"(it had used {attempts}); done steps stay done")
 
         return self.dialect.run(body)
+
+    def pause(self, scope: str, target: str, reason: str, operator: str) -> PauseResult:
+        """See :meth:`Ledger.pause` (DESIGN §8)."""
+        if scope not in _SCOPES:
+            raise InvalidArguments(f"pause scope must be one of {', '.join(_SCOPES)}, "
+                                   f"got {scope!r}")
+
+        def body(tx: Tx) -> PauseResult:
+            task: tuple[Any, ...] | None = None
+            if scope == "task":
+                # One task: its row lock serializes with its claims and its holder.
+                task = tx.one("control_lock", {"id": target})
+                if task is None:
+                    raise TaskNotFound(f"no task {target!r} in the ledger")
+                if State(task[0]) in TERMINAL:
+                    return PauseResult("pause", "unchanged", [], 0, 0,
+                                       f"task {target} already ended {task[0]}: nothing to "
+                                       "pause")
+            else:
+                tx.one("pause_gate", {})  # claims in flight finish first; later ones see it
+            now = tx.now
+            active = [_pause_record(r) for r in tx.rows("pauses_active")]
+            same = [p for p in active if (p.scope, p.target) == (scope, target)]
+            if same:
+                return PauseResult("pause", "unchanged", same, 0, 0,
+                                   f"{_scope_text(scope, target)} is already paused "
+                                   f"(version {same[0].version}, by {same[0].paused_by})")
+            version_row = tx.one("pause_version", {})
+            version = int(version_row[0] or 0) + 1 if version_row else 1
+            [(pause_id,)] = tx.rows("pause_insert", {
+                "scope": scope, "target": target, "version": version, "by": operator,
+                "reason": reason, "now": now})
+            moved = running = 0
+            audit: list[AuditRow] = []
+            detail = {"operator": operator, "reason": reason, "scope": scope,
+                      "target": target, "version": version, "pause_id": pause_id}
+            if task is not None:
+                state, generation = State(task[0]), task[1]
+                if state in (State.PENDING, State.RETRY_WAIT):
+                    check_operator_move(state, State.PAUSED)
+                    tx.execute("control_move", {
+                        "id": target, "from_state": state.value, "generation": generation,
+                        "state": State.PAUSED.value, "bump": 1, "request": task[3],
+                        "run_at": None, "reset": False, "now": now, "error": None,
+                        "error_class": None})
+                    audit.append((target, now, "operator_pause", state.value,
+                                  State.PAUSED.value, generation + 1, None, dumps(detail)))
+                    moved = 1
+                else:
+                    if state in (State.RUNNING, State.UNKNOWN) and task[3] is None:
+                        # RUNNING: the holder stops at its next boundary; UNKNOWN: applied
+                        # by the resolution. A cancel already asked for wins.
+                        tx.execute("control_request_set", {
+                            "id": target, "from_state": state.value,
+                            "generation": generation, "request": ControlRequest.PAUSE.value})
+                    running = int(state is State.RUNNING)
+                    audit.append((target, now, "operator_pause", state.value, None,
+                                  generation, None, dumps(detail)))
+            else:
+                counts = dict(tx.rows("running_by_type"))
+                running = sum(int(n) for name, n in counts.items()
+                              if scope == "all" or name == target)
+                audit.append((f"pause:{pause_id}", now, "operator_pause", None, None, None,
+                              None, dumps(detail)))
+            _audit(tx, audit)
+            tx.wake()  # PostgreSQL: holders' heartbeats read their requests now
+            record = PauseRecord(pause_id, scope, target, version, operator, reason, now,
+                                 running)
+            what = _scope_text(scope, target)
+            message = (f"{what} paused (version {version})"
+                       + (f"; {running} running task(s) stop at their next step boundary"
+                          if running else "")
+                       + ("; the task is PAUSED now" if moved else ""))
+            return PauseResult("pause", "done", [record], moved, running, message)
+
+        return self.dialect.run(body)
+
+    def resume(self, scope: str, target: str, reason: str, operator: str,
+               rate_per_s: float | None = None) -> PauseResult:
+        """See :meth:`Ledger.resume` (DESIGN §8)."""
+        if scope not in _SCOPES:
+            raise InvalidArguments(f"resume scope must be one of {', '.join(_SCOPES)}, "
+                                   f"got {scope!r}")
+
+        def body(tx: Tx) -> PauseResult:
+            before = tx.rows("pauses_active")
+            now = tx.now
+            version_row = tx.one("pause_version", {})
+            version = int(version_row[0] or 0) + 1 if version_row else 1
+            ended = tx.rows("pause_resume", {"scope": scope, "target": target, "now": now,
+                                             "by": operator, "reason": reason,
+                                             "version": version})
+            if not ended:
+                return PauseResult("resume", "unchanged", [], 0, 0,
+                                   f"{_scope_text(scope, target)} is not paused")
+            ended_ids = {r[0] for r in ended}
+            still = [p for p in before if p[0] not in ended_ids]
+            audit: list[AuditRow] = []
+            if scope == "task":
+                task = tx.one("control_lock", {"id": target})
+                candidates = []
+                if task is not None:
+                    if task[0] == State.PAUSED.value:
+                        candidates = [(target, task[2], task[1])]
+                    elif task[3] == ControlRequest.PAUSE.value:
+                        # Not at a boundary yet (or UNKNOWN): the request is withdrawn.
+                        tx.execute("control_request_set", {
+                            "id": target, "from_state": task[0], "generation": task[1],
+                            "request": None})
+            else:
+                candidates = [(r[0], r[1], r[2]) for r in tx.rows(
+                    "paused_tasks", {"name": target if scope == "type" else None})]
+            readmit = [c for c in candidates if not _covered(still, c[0], c[1])]
+            step = 0.0 if not rate_per_s else 1.0 / rate_per_s
+            rows = [{"id": tid, "generation": generation, "run_at": now + i * step}
+                    for i, (tid, _name, generation) in enumerate(readmit)]
+            tx.batch("resume_tasks", rows, now=now)
+            detail = {"operator": operator, "reason": reason, "scope": scope,
+                      "target": target, "version": version}
+            for pause_id, _ in ended:
+                audit.append((target if scope == "task" else f"pause:{pause_id}", now,
+                              "operator_resume", None, None, None, None,
+                              dumps({**detail, "pause_id": pause_id})))
+            for row in rows:
+                audit.append((row["id"], now, "operator_resume", State.PAUSED.value,
+                              State.PENDING.value, row["generation"], None,
+                              dumps({**detail, "run_at": row["run_at"]})))
+            _audit(tx, audit)
+            if rows:
+                tx.wake()
+            records = [_pause_record(p) for p in before if p[0] in ended_ids]
+            records = [dataclasses.replace(r, resumed_at=now, resumed_by=operator,
+                                           resume_reason=reason, resumed_version=version)
+                       for r in records]
+            kept = len(candidates) - len(readmit)
+            message = (f"{_scope_text(scope, target)} resumed (version {version}); "
+                       f"{len(rows)} paused task(s) ready again"
+                       + (f" at {rate_per_s:g}/s" if rate_per_s and rows else "")
+                       + (f"; {kept} stay paused by another pause" if kept else ""))
+            return PauseResult("resume", "done", records, len(rows), 0, message)
+
+        return self.dialect.run(body)
+
+    def pauses(self) -> list[PauseRecord]:
+        """See :meth:`Ledger.pauses`."""
+
+        def body(tx: Tx) -> list[PauseRecord]:
+            active, counts = tx.rows_many([("pauses_active", {}), ("running_by_type", {})])
+            if not active:
+                return []
+            by_type = {name: int(n) for name, n in counts}
+            tasks = [p[2] for p in active if p[1] == "task"]
+            running_tasks = {r[0] for r in tx.rows("task_get_many", {"ids": tasks})
+                             if r[3] == State.RUNNING.value} if tasks else set()
+            out = []
+            for p in active:
+                if p[1] == "all":
+                    running = sum(by_type.values())
+                elif p[1] == "type":
+                    running = by_type.get(p[2], 0)
+                else:
+                    running = int(p[2] in running_tasks)
+                out.append(dataclasses.replace(_pause_record(p), running=running))
+            return out
+
+        return self.dialect.run(body, write=False)
 
     def control_requests(self, holder: str) -> list[tuple[str, int, str]]:
         """See :meth:`Ledger.control_requests`."""
@@ -1036,6 +1230,32 @@ def _transition_row(write: TaskWrite, t: Transition, now: float,
 _OPERATOR_KINDS = ("operator_resolve", "operator_cancel", "operator_retry", "operator_pause",
                    "operator_resume")
 """Audit kinds of operator commands (``ratchet status``: operator actions)."""
+
+_SCOPES = ("all", "type", "task")
+
+
+def _scope_text(scope: str, target: str) -> str:
+    return {"all": "everything", "type": f"task type {target!r}",
+            "task": f"task {target}"}[scope]
+
+
+def _pause_record(row: Sequence[Any]) -> PauseRecord:
+    """A :class:`PauseRecord` from a ``pauses_active`` row."""
+    return PauseRecord(int(row[0]), row[1], row[2], int(row[3]), row[4], row[5], row[6])
+
+
+def _covered(pauses: Sequence[tuple[Any, ...]], task_id: str, name: str,
+             skip: int | None = None) -> bool:
+    """Is the task ``task_id`` of type ``name`` in the scope of one of ``pauses`` (rows of
+    ``pauses_active``: id, scope, target, ...), not counting pause ``skip``?"""
+    for p in pauses:
+        if p[0] == skip:
+            continue
+        if p[1] == "all" or (p[1] == "type" and p[2] == name) or (
+                p[1] == "task" and p[2] == task_id):
+            return True
+    return False
+
 
 _REQUEST_CLASS = {ControlRequest.CANCEL: "cancelled", ControlRequest.PAUSE: "paused"}
 """``error_class`` recorded when an operator request ends a task's run."""

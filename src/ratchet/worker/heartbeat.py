@@ -207,7 +207,8 @@ class Heartbeat(threading.Thread):
 
     def check_control(self) -> None:
         """One read of the operator requests on the held leases: each handle's
-        :attr:`LeaseHandle.request` is set (never cleared: a request ends the run)."""
+        :attr:`LeaseHandle.request` is set; a pause no longer asked for (resumed) is
+        cleared, a cancel never is."""
         self._control_due = time.monotonic() + CONTROL_POLL_S
         if not self.held():
             return
@@ -217,13 +218,14 @@ class Heartbeat(threading.Thread):
             log.warning("reading operator requests failed: %s", exc)
             return
         self.control_reads += 1
-        if not found:
-            return
+        asked = {(task_id, generation): request for task_id, generation, request in found}
         with self._lock:
-            for task_id, generation, request in found:
-                handle = self._leases.get(task_id)
-                if handle is not None and handle.generation == generation:
+            for handle in self._leases.values():
+                request = asked.get((handle.task_id, handle.generation))
+                if request is not None:
                     handle.request = request
+                elif handle.request == "pause":
+                    handle.request = None  # resumed before the task reached a boundary
 
     def stop(self) -> None:
         """Stop the thread (leases are not renewed after this)."""

@@ -355,7 +355,61 @@ UPDATE tasks SET control_request = %(request)s::text
 WHERE id = %(id)s AND state = %(from_state)s AND generation = %(generation)s;
 
 -- name: control_requests
--- The requests on the leases a worker holds (its heartbeat polls this; tasks_control holds
--- only rows with a request).
-SELECT id, generation, control_request FROM tasks
-WHERE holder = %(holder)s AND control_request IS NOT NULL AND state = 'RUNNING';
+-- The requests on the leases a worker holds (its heartbeat polls this): a request on the
+-- row (cancel, or the pause of that one task), or an active pause of its type or of
+-- everything. Walks the worker's own RUNNING rows (tasks_holder).
+SELECT t.id, t.generation, COALESCE(t.control_request, 'pause') FROM tasks AS t
+WHERE t.holder = %(holder)s AND t.state = 'RUNNING'
+  AND (t.control_request IS NOT NULL OR EXISTS (
+      SELECT 1 FROM pauses AS p WHERE p.resumed_at IS NULL
+        AND (p.scope = 'all' OR (p.scope = 'type' AND p.target = t.name))));
+
+-- name: claim_gate
+-- Taken by every claim before it reads the active pauses: a shared advisory lock (per
+-- ledger schema) that pause_gate takes exclusively, so a claim in flight when a pause
+-- starts finishes first and every later claim sees the pause. Claims never wait on each
+-- other for it.
+SELECT 1 FROM pg_advisory_xact_lock_shared(hashtext(current_schema() || '.ratchet_pause'));
+
+-- name: pause_gate
+-- Taken by a pause of a type or of everything before it records the pause (see
+-- claim_gate). It locks no task row, so it cannot deadlock with a commit.
+SELECT 1 FROM pg_advisory_xact_lock(hashtext(current_schema() || '.ratchet_pause'));
+
+-- name: pauses_active
+SELECT id, scope, target, version, paused_by, reason, created_at FROM pauses
+WHERE resumed_at IS NULL ORDER BY id;
+
+-- name: pause_version
+-- The ledger's control version: the highest version a pause or resume has taken.
+SELECT GREATEST(COALESCE(max(version), 0), COALESCE(max(resumed_version), 0)) FROM pauses;
+
+-- name: pause_insert
+INSERT INTO pauses (scope, target, version, paused_by, reason, created_at)
+VALUES (%(scope)s, %(target)s, %(version)s, %(by)s, %(reason)s, %(now)s)
+RETURNING id;
+
+-- name: pause_resume
+UPDATE pauses SET resumed_at = %(now)s, resumed_by = %(by)s, resume_reason = %(reason)s,
+                  resumed_version = %(version)s
+WHERE resumed_at IS NULL AND scope = %(scope)s AND target = %(target)s
+RETURNING id, version;
+
+-- name: paused_tasks
+-- PAUSED tasks of a type (NULL: of every type), oldest pause first (tasks_paused).
+SELECT id, name, generation, control_request FROM tasks
+WHERE state = 'PAUSED' AND (%(name)s::text IS NULL OR name = %(name)s::text)
+ORDER BY updated_at, id FOR UPDATE;
+
+-- name: resume_tasks
+-- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them).
+UPDATE tasks t SET state = 'PENDING', run_at = u.run_at, updated_at = %(now)s,
+                   control_request = NULLIF(t.control_request, 'pause')
+FROM json_to_recordset(%(rows)s::json) AS u(id text, generation bigint, run_at float8)
+WHERE t.id = u.id AND t.state = 'PAUSED' AND t.generation = u.generation
+  AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
+
+-- name: running_by_type
+-- RUNNING tasks per type (tasks_holder): those in a paused scope are short of a boundary.
+SELECT name, count(*) FROM tasks WHERE holder IS NOT NULL AND state = 'RUNNING'
+GROUP BY name;

@@ -313,7 +313,57 @@ UPDATE tasks SET control_request = :request
 WHERE id = :id AND state = :from_state AND generation = :generation;
 
 -- name: control_requests
--- The requests on the leases a worker holds (its heartbeat polls this; tasks_control holds
--- only rows with a request).
-SELECT id, generation, control_request FROM tasks
-WHERE holder = :holder AND control_request IS NOT NULL AND state = 'RUNNING';
+-- The requests on the leases a worker holds (its heartbeat polls this): a request on the
+-- row (cancel, or the pause of that one task), or an active pause of its type or of
+-- everything. Walks the worker's own RUNNING rows (tasks_holder).
+SELECT t.id, t.generation, COALESCE(t.control_request, 'pause') FROM tasks AS t
+WHERE t.holder = :holder AND t.state = 'RUNNING'
+  AND (t.control_request IS NOT NULL OR EXISTS (
+      SELECT 1 FROM pauses AS p WHERE p.resumed_at IS NULL
+        AND (p.scope = 'all' OR (p.scope = 'type' AND p.target = t.name))));
+
+-- name: claim_gate
+-- Taken by every claim before it reads the active pauses (PostgreSQL: a shared advisory
+-- lock that pause_gate takes exclusively). SQLite's write lock serializes already.
+SELECT 1;
+
+-- name: pause_gate
+-- Taken by a pause of a type or of everything before it records the pause: a claim in
+-- flight finishes first, every later claim sees the pause (SQLite: the write lock).
+SELECT 1;
+
+-- name: pauses_active
+SELECT id, scope, target, version, paused_by, reason, created_at FROM pauses
+WHERE resumed_at IS NULL ORDER BY id;
+
+-- name: pause_version
+-- The ledger's control version: the highest version a pause or resume has taken.
+SELECT MAX(COALESCE(MAX(version), 0), COALESCE(MAX(resumed_version), 0)) FROM pauses;
+
+-- name: pause_insert
+INSERT INTO pauses (scope, target, version, paused_by, reason, created_at)
+VALUES (:scope, :target, :version, :by, :reason, :now)
+RETURNING id;
+
+-- name: pause_resume
+UPDATE pauses SET resumed_at = :now, resumed_by = :by, resume_reason = :reason,
+                  resumed_version = :version
+WHERE resumed_at IS NULL AND scope = :scope AND target = :target
+RETURNING id, version;
+
+-- name: paused_tasks
+-- PAUSED tasks of a type (NULL: of every type), oldest pause first (tasks_paused).
+SELECT id, name, generation, control_request FROM tasks
+WHERE state = 'PAUSED' AND (:name IS NULL OR name = :name)
+ORDER BY updated_at, id;
+
+-- name: resume_tasks
+-- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them).
+UPDATE tasks SET state = 'PENDING', run_at = :run_at, updated_at = :now,
+                 control_request = NULLIF(control_request, 'pause')
+WHERE id = :id AND state = 'PAUSED' AND generation = :generation;
+
+-- name: running_by_type
+-- RUNNING tasks per type (tasks_holder): those in a paused scope are short of a boundary.
+SELECT name, COUNT(*) FROM tasks WHERE holder IS NOT NULL AND state = 'RUNNING'
+GROUP BY name;
