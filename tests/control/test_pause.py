@@ -8,6 +8,7 @@ re-admits at a rate. Every wait is on a condition with a deadline.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,7 @@ def test_resume_readmits_at_a_rate(ledger_url: str) -> None:
             out = control.resume("type", "p.a", reason="go", by="op", rate_per_s=10)
             assert out.tasks == 4 and "1 stay paused" in out.message
             run_ats = sorted(control.get(t).run_at for t in ids[:4])
-            gaps = [b - a for a, b in zip(run_ats, run_ats[1:], strict=False)]
+            gaps = [b - a for a, b in itertools.pairwise(run_ats)]
             assert all(abs(g - 0.1) < 1e-6 for g in gaps), gaps
             assert control.get(ids[4]).state is State.PAUSED
     finally:
