@@ -104,6 +104,8 @@ def test_a_finished_task_is_unchanged_and_the_caller_told(ledger_url: str) -> No
         result = CliRunner().invoke(cli, ["cancel", "no-such-task", "--reason", "x",
                                           "--ledger", ledger_url])
         assert result.exit_code == 2
+        via_app = app.submit("c.noop", {}, delay_s=3600)
+        assert app.cancel(via_app.task_id, reason="from Python", by="eve").outcome == "done"
         fresh = app.submit("c.noop", {}, delay_s=3600)
         result = CliRunner().invoke(cli, ["cancel", fresh.task_id, "--reason", "mistake",
                                           "--operator", "carol", "--json",
@@ -152,7 +154,7 @@ def test_arbitration_at_the_ledger(ledger_url: str) -> None:
             [ok] = led.commit([TaskWrite(a, claim.generation, "w1", "finish",
                                          steps=[("s", dumps(1))],
                                          transition=Transition(State.RETRY_WAIT, error="x"))])
-            assert ok.ok
+            assert ok.ok and ok.current_state is State.CANCELLED  # the state applied
             info = led.get(a)
             assert info.state is State.CANCELLED and info.holder is None
             assert [s.name for s in led.timeline(a).steps] == ["s"]

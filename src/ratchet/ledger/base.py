@@ -436,7 +436,11 @@ class TaskWrite:
 @_fast_init
 @dataclass(frozen=True, slots=True)
 class CommitOutcome:
-    """Per-task result of :meth:`Ledger.commit`: ``ok``, or ``stale`` and the current row."""
+    """Per-task result of :meth:`Ledger.commit`: ``ok``, or ``stale`` and the current row.
+
+    With ``ok``, ``current_state`` is None unless an operator request changed the state
+    the write asked for (DESIGN §3 arbitration: e.g. ``RETRY_WAIT`` applied as
+    ``CANCELLED``); then it is the state applied."""
 
     task_id: str
     ok: bool

@@ -524,6 +524,7 @@ class LedgerEngine:
                 outcomes[index] = CommitOutcome(write.task_id, False, True, generation, state)
                 continue
             attempt = row[2]
+            original = t.to if t is not None else None
             if t is not None and row[4] and t.to is not State.RUNNING:
                 write, t, request = _arbitrate(write, t, ControlRequest(row[4]),
                                                open_db.get(write.task_id, set()))
@@ -541,7 +542,11 @@ class LedgerEngine:
                 # Later writes of this batch for the same task see the new state.
                 current[write.task_id] = (t.to.value, row[1], row[2], row[3], request)
                 ready = ready or (reschedules(t.to) and t.delay_s <= 0)
-            outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
+            # The state applied, when arbitration changed the write's (else None).
+            applied = t.to if t is not None and write.transition is not None and (
+                t.to is not original) else None
+            outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation,
+                                            applied)
         segment.apply(tx, now, resend)
         _audit(tx, audit)
         if ready:

@@ -894,10 +894,12 @@ class Worker:
             else:
                 ctx.steps_saved(steps)
                 faults.point("task.after_complete")
-                attr = _COUNTERS.get(transition.to)
+                # An operator request may have changed the state applied (arbitration).
+                applied = outcome.current_state or transition.to
+                attr = _COUNTERS.get(applied)
                 if attr is not None:
                     self.stats.add(attr)
-                result = transition.to.value
+                result = applied.value
         finally:
             self._done(claim, lease, label or result, ctx.exception)
 
