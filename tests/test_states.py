@@ -87,6 +87,10 @@ def test_a_move_out_of_running_is_applied_or_refused_as_the_table_says(
     its step; a refused one raises ``IllegalTransition`` (a ``LedgerError``) naming both
     states, and nothing of the commit is written."""
     generation = _running(ledger, "t1")
+    if target is State.PAUSED:
+        # A holder stops PAUSED for a pause that covers its task; without one (resumed
+        # before the boundary) the ledger applies the write as a release (DESIGN §3).
+        ledger.pause("task", "t1", "test", "op")
     before = _frozen(ledger, "t1")
     write = TaskWrite("t1", generation, "w1", "finish", steps=[("s", dumps(1))],
                       transition=_transition(target))
@@ -267,3 +271,14 @@ def test_failed_moves_only_by_an_operator_retry(ledger: Ledger) -> None:
     [stale] = ledger.commit([TaskWrite("t1", generation, "w1", "late",
                                        transition=_transition(State.SUCCEEDED))])
     assert stale.stale and ledger.get("t1").state is State.RUNNING
+
+
+def test_a_pause_write_without_an_active_pause_is_a_release(ledger: Ledger) -> None:
+    """A holder that stops PAUSED after the pause was resumed is released instead (its
+    attempt handed back), so no task stays PAUSED with no pause to resume it."""
+    generation = _running(ledger, "t1")
+    [ok] = ledger.commit([TaskWrite("t1", generation, "w1", "boundary",
+                                    transition=Transition(State.PAUSED))])
+    assert ok.ok
+    info = ledger.get("t1")
+    assert (info.state, info.attempt, info.holder) == (State.PENDING, 0, None)
