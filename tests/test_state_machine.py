@@ -394,11 +394,12 @@ class LedgerMachine(RuleBasedStateMachine):
         t = write.transition
         if t is None:
             return b
-        # A release, and a pause at a boundary, hand their attempt back.
+        # A release, and a pause at a boundary, hand their attempt back; with no pause
+        # active (none in this machine) a PAUSED write is applied as a release.
         released = t.to in (State.PENDING, State.PAUSED)
         return dataclasses.replace(
             b,
-            state=t.to,
+            state=State.PENDING if t.to is State.PAUSED else t.to,
             attempt=b.attempt - 1 if released else b.attempt,
             holder=b.holder if t.to is State.RUNNING else None,
             lease_until=b.lease_until if t.to is State.RUNNING else None,

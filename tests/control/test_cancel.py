@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from ratchet import App, Control, RetryPolicy, State, TaskContext
 from ratchet.cli.main import cli
 from ratchet.ledger.base import EffectState, EffectWrite, TaskWrite, Transition
-from ratchet.serde import dumps
+from ratchet.serde import digest, dumps
 from ratchet.testing import (
     ProcessGroup,
     check_ledger_consistent,
@@ -325,4 +325,60 @@ def test_cancel_of_a_task_whose_holder_was_sigkilled(ledger_url: str, tmp_path: 
             assert log.read_text().count("\n") == ran  # it never ran again
             check_ledger_consistent(ledger_url)
         finally:
+            app.close()
+
+
+@pytest.mark.parametrize("executed", [False, True])
+def test_a_dead_holders_open_effect_is_settled_by_lookup_before_the_cancel(
+    ledger_url: str, tmp_path: Path, executed: bool
+) -> None:
+    """A holder died with an effect intent open and a cancel was asked for: the ledger does
+    not cancel on lease expiry; the next holder replays to the effect, asks the lookup and
+    records what it says (done: the result; not found: not done), and only then cancels.
+    The effect is never called again (counted at the service)."""
+    app = App(ledger_url)
+    with start_counting_service(tmp_path / "svc.db", honour_keys=False) as svc:
+        client = svc.client()
+        calls: list[str] = []
+
+        @app.task(name="c.open", retry=FAST, lease_s=1.0)
+        def open_effect(ctx: TaskContext, order: str) -> Any:
+            ctx.step("quote", lambda: 10)
+
+            def call(key: str) -> Any:
+                calls.append(key)
+                return client.execute(key, {"order": order})
+
+            charged = ctx.effect("charge", call, key=f"charge:{order}",
+                                 lookup=client.lookup)
+            ctx.step("receipt", lambda: 1)  # the boundary where the cancel applies
+            return charged
+
+        led = app.ledger
+        try:
+            tid = app.submit("c.open", {"order": "o1"}).task_id
+            [claim] = led.claim("dead-holder", ["c.open"], 1)
+            [ok] = led.commit([TaskWrite(tid, claim.generation, "dead-holder", "intent",
+                                         steps=[("quote", dumps(10), 0)],
+                                         effects=[EffectWrite(
+                                             "charge", "charge:o1",
+                                             digest("charge", "charge:o1", dumps(None)),
+                                             EffectState.INTENT, seq=1)])])
+            assert ok.ok
+            if executed:  # the dead holder's request had reached the target
+                client.execute("charge:o1", {"order": "o1"})
+            with Control(app=app) as control:
+                out = control.cancel(tid, reason="customer left", by="op")
+                assert out.outcome == "requested" and "lookup" in out.message
+                wait_for("the lease to expire", lambda: led.now() > claim.lease_until + 0.01,
+                         timeout_s=10)
+                with running_worker(app):
+                    info = app.wait(tid, timeout_s=20)
+                assert info.state is State.CANCELLED
+                [effect] = control.inspect(tid).effects
+                assert effect.state == ("done" if executed else "not_done")
+            assert calls == []
+            assert svc.executions() == ({"charge:o1": 1} if executed else {})
+        finally:
+            client.close()
             app.close()

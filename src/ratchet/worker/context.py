@@ -27,6 +27,12 @@ A call that times out or loses its reply (an unknown-outcome failure) goes strai
 same lookup, never to failure. Before every new effect the lease must be confirmed
 (``LeaseLost`` otherwise), and every write is fenced (``StaleGeneration``).
 
+Every ``ctx.step`` / ``ctx.effect`` / ``ctx.transaction`` is a boundary: before any new
+work it checks for an operator request on the claim (cancel, pause; read by the heartbeat)
+and raises :class:`ControlInterrupt` when one is there and no effect intent is open (an
+open one is settled first: the call's reply, or the lookup; a lookup that proves the call
+never executed records it ``not_done`` and then stops, no new call is made).
+
 Step and effect names and effect keys are checked where they enter
 (:func:`ratchet.validation.check_identifier`: ``InvalidArguments``, a permanent failure).
 Values read back from the ledger (params, stored step values, recorded effect results)

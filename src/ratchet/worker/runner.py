@@ -44,6 +44,14 @@ write the database refuses (:class:`~ratchet.errors.WriteRejected`) fails it per
 (``"write_rejected"``). As everywhere, a failure while an effect's intent is open goes to
 ``UNKNOWN`` instead of ``FAILED``.
 
+Operator requests (issue 10, DESIGN §3 arbitration): a cancel or pause the heartbeat has
+read for a lease (:attr:`~ratchet.worker.heartbeat.LeaseHandle.request`) makes the task's
+next step/effect boundary raise :class:`~ratchet.worker.context.ControlInterrupt` (never
+while an effect intent is open: it is settled first), which becomes the fenced ``RUNNING
+-> CANCELLED`` or ``RUNNING -> PAUSED`` (lease released, attempt handed back), carrying
+the pipelined checkpoints; a task claimed with a request is not started unless it must
+settle an open intent first.
+
 Signals: the first SIGTERM/SIGINT stops claiming; running tasks finish their current
 step, then are released at the next step/effect boundary (their committed steps stay);
 claimed tasks not started yet (prefetched) are released at once without running (to
