@@ -771,13 +771,11 @@ def _active_pauses(led: Ledger) -> list[PauseRecord]:
     try:
         return led.pauses()
     except LedgerError:
-        if led.schema_version() >= _PAUSES_SCHEMA.get(led.config.scheme, 0):
+        from .ledger.migrations import load_migrations
+
+        if led.schema_version() >= load_migrations(led.config.scheme)[-1].version:
             raise
         return []
-
-
-_PAUSES_SCHEMA = {"sqlite": 5, "postgresql": 4}
-"""The schema version that added the ``pauses`` table, per backend."""
 
 
 def _scope(scope: object, target: object) -> tuple[str, str]:

@@ -3,8 +3,7 @@
 ``control.loop`` makes ``n`` steps of ``CONTROL_STEP_S`` seconds each (default 0.05),
 appending one line per step it runs to the file named by ``CONTROL_LOG`` (the count kept
 outside the ledger), so a test sees the body running and can stop it (cancel, pause,
-SIGKILL) in the middle. ``control.effect`` calls the counting service at ``CONTROL_SERVICE``
-once (key ``effect:<order>``) between two steps.
+SIGKILL) in the middle.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import time
 
 import ratchet
 from ratchet import RetryPolicy, TaskContext
-from ratchet.testing import CountingClient
 
 LEASE_S = float(os.environ.get("CONTROL_LEASE_S", "2"))
 STEP_S = float(os.environ.get("CONTROL_STEP_S", "0.05"))
@@ -38,17 +36,3 @@ def loop(ctx: TaskContext, n: int) -> int:
         return i
 
     return sum(ctx.step("tick", one, i) for i in range(n))
-
-
-@app.task(name="control.effect", lease_s=LEASE_S,
-          retry=RetryPolicy(max_attempts=5, base_delay_s=0.01, max_delay_s=0.05))
-def effect(ctx: TaskContext, order: str) -> dict[str, object]:
-    client = CountingClient(os.environ["CONTROL_SERVICE"])
-    try:
-        ctx.step("before", lambda: order)
-        charged = ctx.effect("charge", lambda key: client.execute(key, {"order": order}),
-                             key=f"effect:{order}", lookup=client.lookup)
-        ctx.step("after", lambda: 1)
-        return {"charged": charged["id"]}
-    finally:
-        client.close()
