@@ -196,3 +196,55 @@ def test_running_tasks_stop_at_a_boundary_and_resume_from_their_checkpoint(
         finally:
             client.close()
             app.close()
+
+
+def test_a_worker_process_pauses_and_resumes(ledger_url: str, tmp_path: Path) -> None:
+    """A real worker process runs a long task; ``ratchet pause --type`` stops it at a step
+    boundary (PAUSED, lease released), the process keeps running and starts nothing of the
+    type; ``ratchet resume`` lets it finish from its checkpoint, every step run once."""
+    from ratchet.testing import ProcessGroup
+
+    here = Path(__file__).resolve().parent
+    log = tmp_path / "steps.log"
+    env = {"CONTROL_LOG": str(log), "CONTROL_LEASE_S": "5", "CONTROL_STEP_S": "0.02"}
+    app = App(ledger_url)
+
+    @app.task(name="control.loop", lease_s=5.0)  # its definition: control_app.py
+    def stub(ctx: TaskContext, n: int) -> int:
+        raise AssertionError("run by the worker process only")
+
+    def lines() -> list[str]:
+        return log.read_text().splitlines() if log.exists() else []
+
+    try:
+        with ProcessGroup(tmp_path / "procs", pythonpath=[here], cwd=here, env=env) as group:
+            handle = app.submit("control.loop", {"n": 400})
+            proc = group.worker("control_app:app", ledger_url, concurrency=2)
+            wait_for("the task to run", lambda: len(lines()) > 5, timeout_s=30)
+            result = CliRunner().invoke(cli, ["pause", "--type", "control.loop", "--reason",
+                                              "incident", "--ledger", ledger_url])
+            assert result.exit_code == 0, result.output
+            other = app.submit("control.loop", {"n": 1})
+            with Control(ledger_url) as control:
+                info = wait_for("the task to pause", lambda: (
+                    i if (i := control.get(handle.task_id)).state is State.PAUSED else None),
+                    timeout_s=15)
+                assert info.holder is None
+                ran = len(lines())
+                assert ran < 400
+                wait_for("the worker to be polling", lambda: proc.alive, timeout_s=5)
+                assert control.get(other.task_id).state is State.PENDING
+                assert control.status().pauses[0].running == 0
+                result = CliRunner().invoke(cli, ["resume", "--type", "control.loop",
+                                                  "--reason", "over", "--rate", "5/s",
+                                                  "--ledger", ledger_url])
+                assert result.exit_code == 0, result.output
+                wait_for("both tasks to succeed", lambda: all(
+                    control.get(t).state is State.SUCCEEDED
+                    for t in (handle.task_id, other.task_id)), timeout_s=60)
+            steps = [int(line.split()[3]) for line in lines()
+                     if line.startswith(handle.task_id)]
+            assert sorted(steps) == list(range(400))  # each step once, resumed from its checkpoint
+            check_ledger_consistent(ledger_url)
+    finally:
+        app.close()
