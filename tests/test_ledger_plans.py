@@ -165,7 +165,7 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
         "ids": json.dumps(["x1", "x2"]), "generations": json.dumps([1, 1]),
         "keys": json.dumps(["k1"]), "id": "x1", "generation": 1, "state": "SUCCEEDED",
         "run_at": None, "release": 0, "keep": 0, "result": None, "error": None,
-        "error_class": None,
+        "error_class": None, "request": None,
     }
     for kinds in ([NAME], [(NAME, 1)], [(NAME, 2), ("other.task", 1)], [(NAME, 1), (NAME, 2)]):
         ready = {**params, **{k: json.dumps(v) for k, v in claim_kinds(kinds).items()}}
@@ -178,6 +178,9 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
     assert "SCAN tasks USING INDEX tasks_ready" in plan, plan
     plan = _sqlite_plan(conn, "transition", params)
     assert "PRIMARY KEY" in plan and "tasks_holder" not in plan, plan
+    # The heartbeat's read of operator requests walks the worker's own rows.
+    plan = _sqlite_plan(conn, "control_requests", params)
+    assert "tasks_holder" in plan and "SCAN t " not in plan + " ", plan
     for name in ("fence_read", "task_get_many", "claim_takeover", "submit_existing"):
         plan = _sqlite_plan(conn, name, params)
         assert "SCAN tasks" not in plan and "SCAN t " not in plan + " ", (name, plan)

@@ -342,6 +342,28 @@ def test_status_counts_stay_exact_across_prunes_and_the_rollup(
         assert status.claims == 85 and status.unknown == 0
 
 
+def test_operator_retry_of_a_task_in_the_rollup_keeps_the_counts_exact(
+    app: App, ledger_url: str
+) -> None:
+    """A FAILED task counted in the finished rollup (finished before the mark) that an
+    operator re-queues leaves the rollup in the same transaction: counted once, as
+    PENDING, then once more as FAILED when it fails again."""
+    register(app)
+    with Control(ledger_url) as control:
+        failed = [app.submit("t.bad", {"i": i}).task_id for i in range(3)]
+        drain(app)
+        wait_clock(app, app.ledger.now() + 1.2)  # past the PostgreSQL horizon (now - 1 s)
+        assert control.status().counts == true_counts(ledger_url) == {"t.bad": {"FAILED": 3}}
+        assert float(sql_rows(ledger_url, "SELECT upto FROM counts_mark")[0][0]) > 0
+        outcome = control.retry(failed[0], reason="downstream fixed", by="ops")
+        assert outcome.outcome == "done"
+        assert control.status().counts == true_counts(ledger_url) == {
+            "t.bad": {"FAILED": 2, "PENDING": 1}}
+        drain(app)
+        wait_clock(app, app.ledger.now() + 1.2)
+        assert control.status().counts == true_counts(ledger_url) == {"t.bad": {"FAILED": 3}}
+
+
 def test_bad_prune_arguments_are_refused(ledger_url: str) -> None:
     open_ledger(ledger_url).close()
     with Control(ledger_url) as control:

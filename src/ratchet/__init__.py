@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from .app import App, SubmitRequest, TaskDefinition, TaskHandle
 from .config import Durability
-from .control import Control, StatusReport, TaskTimeline, WorkerView
+from .control import (
+    Control,
+    ControlOutcome,
+    PauseRecord,
+    PauseResult,
+    StatusReport,
+    TaskTimeline,
+    WorkerView,
+)
 from .errors import (
     ConfigError,
     EffectOutcomeUnknown,
@@ -54,6 +62,7 @@ __all__ = [
     "App",
     "ConfigError",
     "Control",
+    "ControlOutcome",
     "Durability",
     "EffectOutcomeUnknown",
     "FailureClass",
@@ -77,6 +86,8 @@ __all__ = [
     "SchemaTooOld",
     "StaleGeneration",
     "State",
+    "PauseRecord",
+    "PauseResult",
     "StatusReport",
     "SubmitError",
     "SubmitRequest",

@@ -52,7 +52,7 @@ ORDER BY u.n;
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
 -- holds exactly the RUNNING rows). Versions: entry i of names claims versions lo[i] ..
 -- hi[i] of that name (a worker sends its (name, version) pairs, lo = hi).
-SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
 WHERE lease_until IS NOT NULL AND lease_until < %(now)s AND state = 'RUNNING'
   AND name = ANY(%(names)s::text[])
   AND EXISTS (SELECT 1 FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[])
@@ -65,7 +65,7 @@ UPDATE tasks SET holder = %(holder)s, generation = generation + 1, attempt = att
                  lease_until = %(now)s + lease_s, updated_at = %(now)s
 WHERE id = ANY(%(ids)s::text[]) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, 'RUNNING';
+          lease_until, 'RUNNING', control_request;
 
 -- name: claim_ready
 -- FOR UPDATE SKIP LOCKED on the ready set: concurrent claimers never wait on each other and
@@ -90,7 +90,7 @@ UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.genera
                    updated_at = %(now)s
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-          t.lease_s, t.lease_until, picked.state;
+          t.lease_s, t.lease_until, picked.state, t.control_request;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -111,9 +111,11 @@ ORDER BY task_id, name;
 -- generation moves on, so whatever the old holder still writes is fenced out.
 UPDATE tasks t SET state = u.state, holder = NULL, lease_until = NULL,
                    generation = t.generation + 1, last_error = u.error,
-                   error_class = 'lease_expired', updated_at = %(now)s
+                   error_class = u.error_class, updated_at = %(now)s,
+                   control_request = u.request
 FROM json_to_recordset(%(rows)s::json)
-     AS u(id text, generation bigint, state text, error text)
+     AS u(id text, generation bigint, state text, error text, error_class text,
+          request text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'
   AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
 
@@ -144,8 +146,9 @@ WHERE t.holder = %(holder)s AND t.state = 'RUNNING' AND t.lease_until >= %(now)s
 UPDATE workers SET last_seen = %(now)s WHERE holder = %(holder)s AND state <> 'dead';
 
 -- name: fence_read
--- The fence of a commit: every task row the batch writes, locked in id order.
-SELECT id, state, generation, attempt, name FROM tasks
+-- The fence of a commit: every task row the batch writes, locked in id order (and an
+-- operator's request, which the engine arbitrates against the write's transition).
+SELECT id, state, generation, attempt, name, control_request FROM tasks
 WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE;
 
 -- name: steps_upsert
@@ -198,15 +201,16 @@ UPDATE tasks t SET state = u.state, run_at = COALESCE(u.run_at, t.run_at),
     holder = CASE WHEN u.keep THEN t.holder ELSE NULL END,
     lease_until = CASE WHEN u.keep THEN t.lease_until ELSE NULL END,
     result = COALESCE(u.result, t.result), last_error = COALESCE(u.error, t.last_error),
-    error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s
+    error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s,
+    control_request = CASE WHEN u.keep THEN t.control_request ELSE u.request END
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, generation bigint, state text, run_at float8, release bool, keep bool,
-          result text, error text, error_class text)
+          result text, error text, error_class text, request text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'
   AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
 
 -- name: resolve_lock
-SELECT state, generation, name FROM tasks WHERE id = %(id)s FOR UPDATE;
+SELECT state, generation, name, control_request FROM tasks WHERE id = %(id)s FOR UPDATE;
 
 -- name: resolve_open_effects
 SELECT name, key FROM effects WHERE task_id = %(id)s AND state = 'intent' ORDER BY name;
@@ -220,7 +224,7 @@ UPDATE tasks SET state = 'PENDING', run_at = %(now)s, updated_at = %(now)s
 WHERE id = %(id)s AND state = 'UNKNOWN' AND generation = %(generation)s;
 
 -- name: holder_running
-SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
 WHERE holder = %(holder)s AND state = 'RUNNING' ORDER BY id FOR UPDATE;
 
 -- name: revoke_retry
@@ -518,3 +522,87 @@ ORDER BY a.task_id, a.seq;
 SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
 FROM unnest(%(ids)s::text[]) AS u(id) JOIN late_effects AS l ON l.task_id = u.id
 ORDER BY l.task_id, l.seq;
+
+-- name: control_lock
+-- An operator command's read of its task, under the row lock (a holder's commit waits).
+SELECT state, generation, name, control_request, holder, lease_until, attempt, max_attempts,
+       updated_at
+FROM tasks WHERE id = %(id)s FOR UPDATE;
+
+-- name: control_move
+-- An operator's move of a task that is not running (cancel, resume, retry, give-up; checked
+-- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
+-- bump: added to the generation (1: whatever an older holder still writes is fenced out);
+-- reset: a fresh set of attempts (retry); run_at: when it is ready (NULL: unchanged).
+UPDATE tasks SET state = %(state)s, generation = generation + %(bump)s, holder = NULL,
+    lease_until = NULL, control_request = %(request)s::text,
+    run_at = COALESCE(%(run_at)s::float8, run_at),
+    attempt = CASE WHEN %(reset)s::bool THEN 0 ELSE attempt END,
+    last_error = COALESCE(%(error)s::text, last_error),
+    error_class = COALESCE(%(error_class)s::text, error_class), updated_at = %(now)s
+WHERE id = %(id)s AND state = %(from_state)s AND generation = %(generation)s;
+
+-- name: control_request_set
+-- Record (or replace) an operator's request on a task, for its holder or its next one.
+UPDATE tasks SET control_request = %(request)s::text
+WHERE id = %(id)s AND state = %(from_state)s AND generation = %(generation)s;
+
+-- name: control_requests
+-- The requests on the leases a worker holds (its heartbeat polls this): a request on the
+-- row (cancel, or the pause of that one task), or an active pause of its type or of
+-- everything. Walks the worker's own RUNNING rows (tasks_holder).
+SELECT t.id, t.generation, COALESCE(t.control_request, 'pause') FROM tasks AS t
+WHERE t.holder = %(holder)s AND t.state = 'RUNNING'
+  AND (t.control_request IS NOT NULL OR EXISTS (
+      SELECT 1 FROM pauses AS p WHERE p.resumed_at IS NULL
+        AND (p.scope = 'all' OR (p.scope = 'type' AND p.target = t.name))));
+
+-- name: claim_gate
+-- Taken by every claim before it reads the active pauses: a shared advisory lock (per
+-- ledger schema) that pause_gate takes exclusively, so a claim in flight when a pause
+-- starts finishes first and every later claim sees the pause. Claims never wait on each
+-- other for it.
+SELECT 1 FROM pg_advisory_xact_lock_shared(hashtext(current_schema() || '.ratchet_pause'));
+
+-- name: pause_gate
+-- Taken by a pause of a type or of everything before it records the pause (see
+-- claim_gate). It locks no task row, so it cannot deadlock with a commit.
+SELECT 1 FROM pg_advisory_xact_lock(hashtext(current_schema() || '.ratchet_pause'));
+
+-- name: pauses_active
+SELECT id, scope, target, version, paused_by, reason, created_at FROM pauses
+WHERE resumed_at IS NULL ORDER BY id;
+
+-- name: pause_version
+-- The ledger's control version: the highest version a pause or resume has taken.
+SELECT GREATEST(COALESCE(max(version), 0), COALESCE(max(resumed_version), 0)) FROM pauses;
+
+-- name: pause_insert
+INSERT INTO pauses (scope, target, version, paused_by, reason, created_at)
+VALUES (%(scope)s, %(target)s, %(version)s, %(by)s, %(reason)s, %(now)s)
+RETURNING id;
+
+-- name: pause_resume
+UPDATE pauses SET resumed_at = %(now)s, resumed_by = %(by)s, resume_reason = %(reason)s,
+                  resumed_version = %(version)s
+WHERE resumed_at IS NULL AND scope = %(scope)s AND target = %(target)s
+RETURNING id, version;
+
+-- name: paused_tasks
+-- PAUSED tasks of a type (NULL: of every type), oldest pause first (tasks_paused).
+SELECT id, name, generation, control_request FROM tasks
+WHERE state = 'PAUSED' AND (%(name)s::text IS NULL OR name = %(name)s::text)
+ORDER BY updated_at, id FOR UPDATE;
+
+-- name: resume_tasks
+-- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them).
+UPDATE tasks t SET state = 'PENDING', run_at = u.run_at, updated_at = %(now)s,
+                   control_request = NULLIF(t.control_request, 'pause')
+FROM json_to_recordset(%(rows)s::json) AS u(id text, generation bigint, run_at float8)
+WHERE t.id = u.id AND t.state = 'PAUSED' AND t.generation = u.generation
+  AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
+
+-- name: running_by_type
+-- RUNNING tasks per type (tasks_holder): those in a paused scope are short of a boundary.
+SELECT name, count(*) FROM tasks WHERE holder IS NOT NULL AND state = 'RUNNING'
+GROUP BY name;
