@@ -729,6 +729,7 @@ class App:
             lease_s=definition.lease_s,
             delay_s=max(0.0, request.delay_s),
             run_at_epoch_s=run_at_epoch_s,
+            quarantine_after=definition.retry.quarantine_after,
         )
 
     def submit(

@@ -33,6 +33,7 @@ from .errors import (
 )
 
 __all__ = [
+    "DEFAULT_QUARANTINE_AFTER",
     "MAX_ATTEMPTS_LIMIT",
     "FailureClass",
     "TIME_LIMIT",
@@ -45,6 +46,10 @@ __all__ = [
 MAX_ATTEMPTS_LIMIT = 1_000_000
 """Largest ``RetryPolicy.max_attempts``: the ledger stores attempts as a 32-bit integer on
 PostgreSQL, and a task retried a million times is a configuration mistake."""
+
+DEFAULT_QUARANTINE_AFTER = 3
+"""Default ``RetryPolicy.quarantine_after``: three identical failures in a row (or three
+deliveries whose worker died) quarantine a task (DESIGN §7)."""
 
 
 TIME_LIMIT = "time_limit"
@@ -77,12 +82,20 @@ class RetryPolicy:
         jitter: fraction of the delay drawn at random, in ``[0, 1]``; 1.0 is "full jitter"
             (delay uniform in ``[0, d]``), 0 is no jitter.
         overload_min_delay_s: floor of the delay after an overload failure, in seconds.
+        quarantine_after: quarantine the task (``FAILED`` with the quarantine flag, never
+            redelivered automatically; ``ratchet quarantine replay``) after this many
+            failures in a row with the same error fingerprint (:mod:`ratchet.fingerprint`;
+            transient and permanent failures count, overload and unknown outcomes do not),
+            or after this many deliveries whose worker died holding the task (lease
+            expiry, revocation). ``None`` turns quarantine off. Counted in the ledger, per
+            task, from its submit or its last replay (DESIGN §7).
 
     Raises:
         ConfigError: a field is out of range or of the wrong type (checked at definition, so
             a bad policy never reaches a submit): ``max_attempts`` must be an ``int`` >= 1
             (not a bool, not a float such as 1.5 or NaN); delays finite numbers >= 0
-            seconds; ``multiplier`` finite and >= 1; ``jitter`` within ``[0, 1]``.
+            seconds; ``multiplier`` finite and >= 1; ``jitter`` within ``[0, 1]``;
+            ``quarantine_after`` ``None`` or an ``int`` from 1 to ``MAX_ATTEMPTS_LIMIT``.
     """
 
     max_attempts: int = 5
@@ -91,8 +104,18 @@ class RetryPolicy:
     multiplier: float = 2.0
     jitter: float = 0.5
     overload_min_delay_s: float = 5.0
+    quarantine_after: int | None = DEFAULT_QUARANTINE_AFTER
 
     def __post_init__(self) -> None:
+        quarantine = self.quarantine_after
+        if quarantine is not None and (
+            isinstance(quarantine, bool) or not isinstance(quarantine, int)
+            or not 1 <= quarantine <= MAX_ATTEMPTS_LIMIT
+        ):
+            raise ConfigError(
+                f"RetryPolicy.quarantine_after must be None (no quarantine) or an integer "
+                f"from 1 to {MAX_ATTEMPTS_LIMIT} (failures in a row), got {quarantine!r}"
+            )
         attempts = self.max_attempts
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ConfigError(

@@ -68,7 +68,10 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.UNKNOWN: frozenset({State.PENDING, State.FAILED, State.CANCELLED}),
     State.PAUSED: frozenset({State.PENDING, State.CANCELLED}),
     State.SUCCEEDED: frozenset(),
-    State.FAILED: frozenset(),
+    # An operator's replay of a quarantined task (or retry of a dead-lettered one) makes a
+    # FAILED task PENDING again with fresh attempt counters, its history kept; no worker
+    # write and no automatic path moves a FAILED task (DESIGN §3, §7).
+    State.FAILED: frozenset({State.PENDING}),
     State.CANCELLED: frozenset(),
 }
 

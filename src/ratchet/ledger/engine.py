@@ -32,6 +32,7 @@ from ..errors import (
     TransactionMisuse,
     WriteRejected,
 )
+from ..fingerprint import worker_died
 from ..serde import dumps, printable
 from ..states import State, check_transition
 from .base import (
@@ -48,7 +49,9 @@ from .base import (
     LedgerStats,
     NewTask,
     PruneReport,
+    QuarantineGroup,
     RenewResult,
+    ReplayedTask,
     ResolveOutcome,
     StepRecord,
     SubmitResult,
@@ -179,6 +182,7 @@ class LedgerEngine:
                 "digest": t.params_digest, "key": t.idempotency_key,
                 "max_attempts": t.max_attempts, "lease_s": t.lease_s,
                 "run_at": t.run_at_epoch_s, "delay": max(0.0, t.delay_s),
+                "quarantine_after": t.quarantine_after,
             }
             for t in tasks
             if t.task_id not in present
@@ -248,10 +252,9 @@ class LedgerEngine:
             [expired] = tx.rows_many([self._expired_read(names, limit)])
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
         audit: list[AuditRow] = []
-        exhausted = [row for row in expired if row[3] >= row[4]]
-        if exhausted:
-            self._retire(tx, exhausted, audit, "lease expired on final attempt")
-            expired = [row for row in expired if row[3] < row[4]]
+        if expired:
+            expired = self._holder_gone(tx, expired, audit, "lease expired on final attempt",
+                                        "lease expired")
         previous = {row[0]: (row[1], row[2]) for row in expired}
         rows: list[tuple[Any, ...]] = []
         if expired:
@@ -290,19 +293,71 @@ class LedgerEngine:
             for row in rows
         ]
 
+    def _holder_gone(
+        self, tx: Tx, rows: Sequence[tuple[Any, ...]], audit: list[AuditRow],
+        final_reason: str, cause: str,
+    ) -> list[tuple[Any, ...]]:
+        """Deliveries that ended with their holder gone (lease expiry, revocation): locked
+        RUNNING rows ``(id, holder, generation, attempt, max_attempts, name, crash_count,
+        quarantine_after)``. Each is counted in ``crash_count`` (the worker is dead, so the
+        ledger counts, DESIGN §7). A final attempt is retired (:meth:`_retire`); a task
+        whose worker died ``quarantine_after`` times is quarantined (retired with the
+        quarantine flag and the :func:`~ratchet.fingerprint.worker_died` fingerprint;
+        ``UNKNOWN`` without the flag when an effect intent is open). Returns the rows that
+        stay on the retry path (to take over or revoke)."""
+        now = tx.now
+        survivors: list[tuple[Any, ...]] = []
+        exhausted: list[tuple[Any, ...]] = []
+        poisoned: list[tuple[Any, ...]] = []
+        crashes: dict[str, int] = {}
+        for row in rows:
+            count = int(row[6] or 0) + 1
+            crashes[row[0]] = count
+            limit = row[7]
+            if limit and count >= limit:
+                poisoned.append(row)
+            elif row[3] >= row[4]:
+                exhausted.append(row)
+            else:
+                survivors.append(row)
+        marks: list[dict[str, Any]] = [
+            {"id": row[0], "fingerprint": None, "count": None, "crashes": crashes[row[0]],
+             "quarantined": False} for row in [*survivors, *exhausted]]
+        if exhausted:
+            self._retire(tx, exhausted, audit, final_reason)
+        if poisoned:
+            targets = self._retire(tx, poisoned, audit, "quarantined: its worker died on "
+                                   f"{crashes[poisoned[0][0]]} deliveries ({cause})")
+            for row in poisoned:
+                flagged = targets[row[0]] is State.FAILED
+                fp = worker_died(row[5])
+                marks.append({"id": row[0], "fingerprint": fp, "count": crashes[row[0]],
+                              "crashes": crashes[row[0]], "quarantined": flagged})
+                if flagged:
+                    audit.append((row[0], now, "quarantine", State.RUNNING.value,
+                                  State.FAILED.value, row[2] + 1, None,
+                                  dumps({"fingerprint": fp, "cause": "worker_died",
+                                         "count": crashes[row[0]], "previous_holder": row[1],
+                                         "reason": cause})))
+        tx.batch("quarantine_mark", marks, now=now)
+        return survivors
+
     def _retire(
         self, tx: Tx, rows: Sequence[tuple[Any, ...]], audit: list[AuditRow], reason: str
-    ) -> None:
+    ) -> dict[str, State]:
         """Retire locked RUNNING rows ``(id, holder, generation, attempt, max_attempts, ...)``
         whose holder is gone on the final attempt: ``FAILED``, or ``UNKNOWN`` when an effect
-        intent is open (the call may have happened; an operator resolves it)."""
+        intent is open (the call may have happened; an operator resolves it). Returns each
+        task's new state."""
         open_intents: dict[str, tuple[str, str]] = {}
         for task_id, name, key in tx.rows("open_intents", {"ids": [r[0] for r in rows]}):
             open_intents.setdefault(task_id, (name, key))
         batch: list[dict[str, Any]] = []
+        targets: dict[str, State] = {}
         for task_id, holder, generation, attempt, max_attempts, *_ in rows:
             intent = open_intents.get(task_id)
             target = State.UNKNOWN if intent else State.FAILED
+            targets[task_id] = target
             check_transition(State.RUNNING, target)
             error = (f"holder {holder} is gone ({reason}) during attempt {attempt} of "
                      f"{max_attempts}")
@@ -314,6 +369,7 @@ class LedgerEngine:
                           generation + 1, None,
                           dumps({"reason": reason, "previous_holder": holder, "error": error})))
         tx.batch("retire", batch, now=tx.now)
+        return targets
 
     def renew(self, holder: str, leases: Sequence[tuple[str, int]]) -> list[RenewResult]:
         """See :meth:`Ledger.renew`. Expired leases are not renewed (the ledger clock
@@ -431,8 +487,17 @@ class LedgerEngine:
         """
         if not writes:
             return [], tx.rows_many(also) if also else []
-        fence, *extra = tx.rows_many(
-            [("fence_read", {"ids": sorted({w.task_id for w in writes})}), *also])
+        # Failures that count toward quarantine: their streaks travel with the fence read.
+        counted = sorted({w.task_id for w in writes
+                          if w.transition is not None and w.transition.fingerprint})
+        reads = [("fence_read", {"ids": sorted({w.task_id for w in writes})})]
+        if counted:
+            reads.append(("quarantine_read", {"ids": counted}))
+        fence, *extra = tx.rows_many([*reads, *also])
+        streaks: dict[str, tuple[str | None, int, int | None]] = {}
+        if counted:
+            streaks = {r[0]: (r[1], int(r[2] or 0), r[3]) for r in extra.pop(0)}
+        marks: list[dict[str, Any]] = []
         current: dict[str, tuple[str, int, int, str]] = {
             r[0]: (r[1], r[2], r[3], r[4]) for r in fence
         }
@@ -470,6 +535,9 @@ class LedgerEngine:
                 outcomes[index] = CommitOutcome(write.task_id, False, True, generation, state)
                 continue
             attempt = row[2]
+            if t is not None and t.fingerprint is not None:
+                t = self._count_failure(tx, write, t, streaks, marks, audit, now)
+                write = dataclasses.replace(write, transition=t)
             segment.add(write, attempt, audit, now)
             if t is not None:
                 audit.append(transition_audit(write, t, now))
@@ -478,10 +546,47 @@ class LedgerEngine:
                 ready = ready or (reschedules(t.to) and t.delay_s <= 0)
             outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
         segment.apply(tx, now, resend)
+        tx.batch("quarantine_mark", marks, now=now)
         _audit(tx, audit)
         if ready:
             tx.wake()
         return [outcomes[i] for i in range(len(writes))], extra
+
+    @staticmethod
+    def _count_failure(
+        tx: Tx, write: TaskWrite, t: Transition,
+        streaks: dict[str, tuple[str | None, int, int | None]],
+        marks: list[dict[str, Any]], audit: list[AuditRow], now: float,
+    ) -> Transition:
+        """Count a fenced failure that carries an error fingerprint (DESIGN §7): the
+        streak of failures in a row with the same fingerprint grows, or restarts at 1. At
+        the task's ``quarantine_after`` a ``RETRY_WAIT`` becomes a quarantined ``FAILED``
+        (``UNKNOWN``, not flagged, when an effect intent is open), and a ``FAILED`` (attempts
+        exhausted, permanent) is flagged. Returns the transition to apply."""
+        fp = t.fingerprint
+        previous, count, limit = streaks.get(write.task_id, (None, 0, None))
+        count = count + 1 if previous == fp else 1
+        streaks[write.task_id] = (fp, count, limit)
+        flagged = False
+        if limit and count >= limit and t.to in (State.RETRY_WAIT, State.FAILED):
+            why = f"quarantined: the same error {count} times in a row (fingerprint {fp})"
+            flagged = True
+            if t.to is State.RETRY_WAIT:
+                open_intent = bool(tx.rows("open_intents", {"ids": [write.task_id]}))
+                target = State.UNKNOWN if open_intent else State.FAILED
+                check_transition(State.RUNNING, target)
+                flagged = target is State.FAILED
+                t = dataclasses.replace(
+                    t, to=target, delay_s=0.0,
+                    reason=why if flagged else f"{why}; an effect intent is open")
+            if flagged:
+                audit.append((write.task_id, now, "quarantine", State.RUNNING.value,
+                              State.FAILED.value, write.generation, write.holder,
+                              dumps({"fingerprint": fp, "cause": "error", "count": count,
+                                     "error_class": t.error_class})))
+        marks.append({"id": write.task_id, "fingerprint": fp, "count": count, "crashes": None,
+                      "quarantined": flagged})
+        return t
 
     # ------------------------------------------------------------------ operator
 
@@ -525,16 +630,73 @@ class LedgerEngine:
         self.dialect.run(body)
         return self.get(task_id)
 
+    def quarantine_groups(self, limit: int = 100, per_group: int = 5) -> list[QuarantineGroup]:
+        """See :meth:`Ledger.quarantine_groups` (one read transaction, two statements)."""
+
+        def body(tx: Tx) -> list[QuarantineGroup]:
+            groups = tx.rows("quarantine_groups", {"limit": limit})
+            if not groups:
+                return []
+            # A fingerprint includes the task type: one fingerprint is one group.
+            samples: dict[str, list[tuple[Any, ...]]] = {}
+            for r in tx.rows("quarantine_samples", {
+                    "fingerprints": sorted({g[0] for g in groups}), "per_group": per_group}):
+                samples.setdefault(r[0], []).append(r)
+            out = []
+            for fp, name, count, first_at, last_at in groups:
+                rows = samples.get(fp, [])
+                out.append(QuarantineGroup(
+                    fingerprint=fp, name=name, count=int(count), first_at=first_at,
+                    last_at=last_at, error_class=rows[0][3] if rows else None,
+                    example_error=printable(rows[0][2]) if rows and rows[0][2] else None,
+                    task_ids=[r[1] for r in rows]))
+            return out
+
+        return self.dialect.run(body, write=False)
+
+    def quarantine_replay(
+        self, fingerprint: str, rate_per_s: float, operator: str, reason: str,
+        dry_run: bool = False, limit: int = 10_000,
+    ) -> list[ReplayedTask]:
+        """See :meth:`Ledger.quarantine_replay`."""
+        if not rate_per_s > 0:
+            raise ValueError(f"rate_per_s must be > 0, got {rate_per_s!r}")
+
+        def body(tx: Tx) -> list[ReplayedTask]:
+            picked = tx.rows("quarantine_pick", {"fingerprint": fingerprint, "limit": limit})
+            now = tx.now
+            if not dry_run and picked:
+                locked = {r[0] for r in tx.rows("quarantine_lock",
+                                                 {"ids": sorted(r[0] for r in picked)})}
+                picked = [r for r in picked if r[0] in locked]
+            check_transition(State.FAILED, State.PENDING)
+            out = [ReplayedTask(r[0], r[1], now + i / rate_per_s, int(r[3]), int(r[4]))
+                   for i, r in enumerate(picked)]
+            if dry_run or not out:
+                return out
+            tx.batch("quarantine_replay_task",
+                     [{"id": p.task_id, "run_at": p.run_at} for p in out], now=now)
+            generations = {r[0]: r[2] for r in picked}
+            _audit(tx, [(
+                p.task_id, now, "operator_replay", State.FAILED.value, State.PENDING.value,
+                generations[p.task_id], None,
+                dumps({"operator": operator, "reason": reason, "fingerprint": fingerprint,
+                       "run_at": p.run_at, "failures": p.failures, "crashes": p.crashes}),
+            ) for p in out])
+            if out[0].run_at <= now:
+                tx.wake()
+            return out
+
+        return self.dialect.run(body, write=not dry_run)
+
     def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:
         """See :meth:`Ledger.revoke_holder`."""
 
         def body(tx: Tx) -> list[str]:
             rows = tx.rows("holder_running", {"holder": holder})
             audit: list[AuditRow] = []
-            final = [r for r in rows if r[3] >= r[4]]
-            retry = [r for r in rows if r[3] < r[4]]
-            if final:
-                self._retire(tx, final, audit, f"holder revoked by {by}: {reason}")
+            retry = self._holder_gone(tx, rows, audit, f"holder revoked by {by}: {reason}",
+                                      f"holder revoked by {by}") if rows else []
             if retry:
                 tx.execute("revoke_retry", {
                     "now": tx.now, "error": f"holder {holder} revoked by {by}: {reason}",

@@ -103,6 +103,7 @@ from ..errors import (
     UndecodableData,
     WriteRejected,
 )
+from ..fingerprint import of_exception
 from ..ledger.base import (
     Claim,
     CommitOutcome,
@@ -1080,6 +1081,10 @@ class Worker:
         if error is None:
             error = "".join(traceback.format_exception(exc, limit=-6))[-4000:]
         error = printable(error)
+        # Quarantine (DESIGN §7): the ledger counts the fingerprint of failures that say
+        # something about the task; overload and unknown outcomes are about the downstream.
+        fp = (of_exception(claim.name, exc)
+              if failure in (FailureClass.TRANSIENT, FailureClass.PERMANENT) else None)
         if failure is FailureClass.PERMANENT or claim.attempt >= claim.max_attempts:
             reason = "permanent" if failure is FailureClass.PERMANENT else "attempts exhausted"
             if open_intents:
@@ -1087,12 +1092,14 @@ class Worker:
                 return Transition(
                     State.UNKNOWN, error=error, error_class=recorded_class,
                     reason=f"{reason} with open effect intent(s) {', '.join(open_intents)}",
+                    fingerprint=fp,
                 )
-            return Transition(State.FAILED, error=error, error_class=recorded_class, reason=reason)
+            return Transition(State.FAILED, error=error, error_class=recorded_class, reason=reason,
+                              fingerprint=fp)
         delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc))
         return Transition(
             State.RETRY_WAIT, delay_s=delay, error=error, error_class=recorded_class,
-            reason="retry",
+            reason="retry", fingerprint=fp,
         )
 
     def _finish(
