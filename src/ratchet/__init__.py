@@ -8,9 +8,11 @@ executed once per business key. See DESIGN §1-§7.
 from __future__ import annotations
 
 from .app import App, SubmitRequest, TaskDefinition, TaskHandle
+from .breaker import CircuitBreaker
 from .config import Durability
 from .control import Control, StatusReport, TaskTimeline, WorkerView
 from .errors import (
+    CircuitOpen,
     ConfigError,
     EffectOutcomeUnknown,
     FenceError,
@@ -43,7 +45,7 @@ from .errors import (
 )
 from .ledger import open_ledger
 from .ledger.base import TaskInfo
-from .retry import FailureClass, RetryPolicy
+from .retry import FailureClass, RetryBudget, RetryPolicy
 from .states import State
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
 
@@ -53,6 +55,8 @@ __all__ = [
     "NOT_FOUND",
     "App",
     "ConfigError",
+    "CircuitBreaker",
+    "CircuitOpen",
     "Control",
     "Durability",
     "EffectOutcomeUnknown",
@@ -72,6 +76,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "RatchetError",
+    "RetryBudget",
     "RetryPolicy",
     "SchemaTooNew",
     "SchemaTooOld",

@@ -24,6 +24,7 @@ from ..states import State
 __all__ = [
     "MAX_VERSION",
     "AuditEvent",
+    "BudgetUse",
     "Claim",
     "ClaimKind",
     "DefinitionChange",
@@ -295,6 +296,28 @@ class EffectWrite:
 
 @_fast_init
 @dataclass(frozen=True, slots=True)
+class BudgetUse:
+    """What one attempt charges to a retry budget (DESIGN §7), carried by its final
+    transition; the engine counts it in the commit's transaction.
+
+    Attributes:
+        key: the budget: ``type:<task name>`` or ``downstream:<name>``.
+        calls: calls this attempt made (1 per attempt for a task type; requests sent for a
+            downstream).
+        retry: the transition is a ``RETRY_WAIT`` this budget must admit.
+        ratio, min_per_s, window_s: the :class:`~ratchet.retry.RetryBudget`.
+    """
+
+    key: str
+    calls: int
+    retry: bool
+    ratio: float
+    min_per_s: float
+    window_s: float
+
+
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class Transition:
     """A state change of a running task, committed with its audit row.
 
@@ -308,6 +331,8 @@ class Transition:
         fingerprint: the error's fingerprint (:mod:`ratchet.fingerprint`) for a failure
             that counts toward quarantine; the engine counts it in the same transaction
             and may turn a ``RETRY_WAIT`` into a quarantined ``FAILED`` (DESIGN §7).
+        budgets: retry budgets this attempt charges (:class:`BudgetUse`); a ``RETRY_WAIT``
+            over budget gets a later ``run_at`` and the reason (DESIGN §7).
     """
 
     to: State
@@ -317,6 +342,7 @@ class Transition:
     error_class: str | None = None
     reason: str | None = None
     fingerprint: str | None = None
+    budgets: tuple[BudgetUse, ...] = ()
 
 
 @_fast_init

@@ -71,6 +71,7 @@ once. SIGKILL loses nothing: leases expire and are taken over.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -91,6 +92,7 @@ import tenacity
 from .. import faults
 from ..app import App, TaskDefinition
 from ..errors import (
+    CircuitOpen,
     ConfigError,
     EffectOutcomeUnknown,
     FenceError,
@@ -105,6 +107,7 @@ from ..errors import (
 )
 from ..fingerprint import of_exception
 from ..ledger.base import (
+    BudgetUse,
     Claim,
     CommitOutcome,
     DefinitionSpec,
@@ -803,6 +806,7 @@ class Worker:
                 on_block=self._executor.blocking, hooks=hooks,
             )
             attempt = self._attempts.begin(claim, lease, ctx, definition.time_limit_s)
+            ctx.breakers = self.app.breakers
             outcome = self._run_body(definition, claim, ctx)
         except BaseException:  # never let one task kill the worker or leak its slot
             log.exception("internal error while running task %s", claim.task_id)
@@ -982,6 +986,14 @@ class Worker:
             )
         except Shutdown:
             transition = Transition(State.PENDING, reason="shutdown")
+        except CircuitOpen as exc:
+            # The downstream's breaker is open: nothing was sent. Hand the attempt back and
+            # wait until it may probe, instead of spending a retry on it (DESIGN §7).
+            ctx.exception = exc
+            transition = Transition(
+                State.PENDING, delay_s=exc.retry_after_s or 0.0, error=printable(str(exc)),
+                error_class="circuit_open", reason=f"circuit open toward {exc.downstream}",
+            )
         except (StaleGeneration, TokenRejected) as exc:
             # TokenRejected: the target saw a newer claim's fencing token, so a newer
             # generation exists; like a fenced-out write, nothing of ours counts.
@@ -1119,6 +1131,9 @@ class Worker:
             self._stuck_returned(claim, None)
             return None
         steps = ctx.unsaved_steps()
+        budgets = self._budget_uses(claim, ctx, transition)
+        if budgets:
+            transition = dataclasses.replace(transition, budgets=budgets)
         write = TaskWrite(
             claim.task_id, claim.generation, self.holder, f"finish:{transition.to.value}",
             steps=steps, transition=transition,
@@ -1144,6 +1159,34 @@ class Worker:
             log.error("task %s: final commit failed (%s); lease will expire", claim.task_id, exc)
             return "abandoned"
         return None
+
+    def _budget_uses(
+        self, claim: Claim, ctx: TaskContext, transition: Transition
+    ) -> tuple[BudgetUse, ...]:
+        """What this attempt charges to retry budgets (DESIGN §7): one call to its task
+        type's budget (not for a release, which hands the attempt back), the requests its
+        effects sent to each budgeted downstream; a ``RETRY_WAIT`` asks the type's budget
+        and the budget of the downstream whose call failed to admit the retry. The ledger
+        counts and decides (:class:`~ratchet.ledger.engine.LedgerEngine`)."""
+        uses: list[BudgetUse] = []
+        retry = transition.to is State.RETRY_WAIT
+        definition = self.app.versions.get(claim.name, {}).get(claim.version)  # pinned
+        type_budget = definition.retry.budget if definition is not None else None
+        if type_budget is not None and transition.to is not State.PENDING:
+            uses.append(BudgetUse(f"type:{claim.name}", 1, retry, type_budget.ratio,
+                                  type_budget.min_per_s, type_budget.window_s))
+        downstreams = self.app.downstreams
+        if downstreams:
+            names = dict(ctx.downstream_calls)
+            if ctx.failed_downstream is not None:
+                names.setdefault(ctx.failed_downstream, 0)
+            for name, calls in sorted(names.items()):
+                budget = downstreams.get(name)
+                if budget is not None:
+                    uses.append(BudgetUse(f"downstream:{name}", calls,
+                                          retry and ctx.failed_downstream == name,
+                                          budget.ratio, budget.min_per_s, budget.window_s))
+        return tuple(uses)
 
     def _resend(
         self, claim: Claim, lease: LeaseHandle, ctx: TaskContext,

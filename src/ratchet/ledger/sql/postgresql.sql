@@ -580,3 +580,32 @@ UPDATE tasks t SET state = 'PENDING', attempt = 0, run_at = u.run_at, quarantine
 FROM json_to_recordset(%(rows)s::json) AS u(id text, run_at float8)
 WHERE t.id = u.id AND t.state = 'FAILED' AND t.quarantined
   AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
+
+-- name: budget_lock
+-- Retry budgets (DESIGN §7): one transaction-scoped advisory lock per budget that must
+-- admit a retry, in key order (after the fence's row locks), so two commits never grant the
+-- same room. Commits that only count calls take no lock.
+SELECT k, pg_advisory_xact_lock(7441, hashtext(k))::text
+FROM unnest(%(keys)s::text[]) AS k ORDER BY k;
+
+-- name: budget_window
+-- The counts of the given budgets from the last 301 s on (future buckets hold reserved
+-- retries), summed over workers.
+SELECT budget, bucket, sum(calls), sum(retries) FROM budget_counts
+WHERE budget = ANY(%(keys)s::text[]) AND bucket >= %(now)s - 301
+GROUP BY budget, bucket;
+
+-- name: budget_bump
+-- Calls counted and retries reserved by one commit, in the rows of its own worker (rows
+-- arrive sorted by budget, bucket, holder).
+INSERT INTO budget_counts (budget, bucket, holder, calls, retries)
+SELECT u.budget, u.bucket, u.holder, u.calls, u.retries
+FROM json_to_recordset(%(rows)s::json)
+     AS u(budget text, bucket bigint, holder text, calls int, retries int)
+ON CONFLICT (budget, bucket, holder) DO UPDATE SET
+    calls = budget_counts.calls + excluded.calls,
+    retries = budget_counts.retries + excluded.retries;
+
+-- name: budget_prune
+-- Buckets no window can reach any more.
+DELETE FROM budget_counts WHERE budget = ANY(%(keys)s::text[]) AND bucket < %(before)s;

@@ -500,3 +500,27 @@ WHERE id = :id AND state = 'FAILED' AND quarantined = 1;
 SELECT id FROM tasks
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'FAILED' AND quarantined = 1
 ORDER BY id;
+
+-- name: budget_lock
+-- Retry budgets (DESIGN §7): the budgets a commit admits retries for. SQLite's write lock
+-- already serialises every writer; the keys come back for the engine.
+SELECT value FROM json_each(:keys) ORDER BY value;
+
+-- name: budget_window
+-- The counts of the given budgets from the last 301 s on (future buckets hold reserved
+-- retries), summed over workers.
+SELECT budget, bucket, SUM(calls), SUM(retries) FROM budget_counts
+WHERE budget IN (SELECT value FROM json_each(:keys)) AND bucket >= :now - 301
+GROUP BY budget, bucket;
+
+-- name: budget_bump
+-- Calls counted and retries reserved by one commit, in the rows of its own worker.
+INSERT INTO budget_counts (budget, bucket, holder, calls, retries)
+VALUES (:budget, :bucket, :holder, :calls, :retries)
+ON CONFLICT (budget, bucket, holder) DO UPDATE SET calls = calls + excluded.calls,
+    retries = retries + excluded.retries;
+
+-- name: budget_prune
+-- Buckets no window can reach any more.
+DELETE FROM budget_counts
+WHERE budget IN (SELECT value FROM json_each(:keys)) AND bucket < :before;

@@ -18,3 +18,15 @@ ALTER TABLE tasks ADD COLUMN quarantined_at double precision;
 
 -- ratchet quarantine list / replay: only quarantined rows are in the index.
 CREATE INDEX tasks_quarantine ON tasks (fingerprint, quarantined_at) WHERE quarantined;
+
+-- Retry budgets: calls counted and retries reserved per budget ("type:<task>",
+-- "downstream:<name>"), 1 s bucket (epoch second) and worker, so a worker's commits update
+-- only rows of their own (no row lock shared between workers).
+CREATE TABLE budget_counts (
+    budget  text NOT NULL,
+    bucket  bigint NOT NULL,
+    holder  text NOT NULL,
+    calls   integer NOT NULL DEFAULT 0,
+    retries integer NOT NULL DEFAULT 0,
+    PRIMARY KEY (budget, bucket, holder)
+);

@@ -18,3 +18,15 @@ ALTER TABLE tasks ADD COLUMN quarantined_at REAL;
 
 -- ratchet quarantine list / replay: only quarantined rows are in the index.
 CREATE INDEX tasks_quarantine ON tasks (fingerprint, quarantined_at) WHERE quarantined = 1;
+
+-- Retry budgets: calls counted and retries reserved per budget ("type:<task>",
+-- "downstream:<name>"), 1 s bucket (epoch second) and worker, so a worker's commits update
+-- only rows of their own.
+CREATE TABLE budget_counts (
+    budget  TEXT NOT NULL,
+    bucket  INTEGER NOT NULL,
+    holder  TEXT NOT NULL,
+    calls   INTEGER NOT NULL DEFAULT 0,
+    retries INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (budget, bucket, holder)
+) WITHOUT ROWID;
