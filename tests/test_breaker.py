@@ -99,37 +99,38 @@ def test_downstream_needs_a_setting(tmp_path: Path) -> None:
         app.downstream("svc", breaker=3)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[CountingService]:
-    with start_counting_service(tmp_path / "service.db") as svc:
+@pytest.fixture(params=["fail_next_503", "burst_503"])
+def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CountingService]:
+    """The counting service answering 503s: one burst of the next 6 requests, or random
+    bursts (``burst_503``: each request starts a burst of 4 with probability 0.2)."""
+    if request.param == "burst_503":
+        svc = start_counting_service(tmp_path / "service.db", burst_503=0.2, burst_len=4,
+                                     seed=7)
+    else:
+        svc = start_counting_service(tmp_path / "service.db")
+        with svc.client() as c:
+            c.set_faults(fail_next_503=6)
+    with svc:
         yield svc
 
 
-def test_a_503_burst_opens_the_breaker_and_tasks_wait_without_spending_attempts(
+def test_503_bursts_open_the_breaker_and_tasks_wait_without_spending_attempts(
     ledger_url: str, service: CountingService
 ) -> None:
     app = App(ledger_url)
     app.downstream("svc", breaker=CircuitBreaker(failure_threshold=2, open_s=0.5,
                                                  half_open_probes=1))
     client = service.client(timeout_s=5.0)
+    breaker = app.breakers["svc"]
     lock = threading.Lock()
-    seen = {"inflight": 0, "half_open_max": 0, "sent_while_open": 0}
+    probes_max = [0]
 
     def send(key: str) -> object:
-        state = app.breakers["svc"].state
         with lock:
-            seen["inflight"] += 1
-            if state is BreakerState.HALF_OPEN:
-                seen["half_open_max"] = max(seen["half_open_max"], seen["inflight"])
-            if state is BreakerState.OPEN:
-                seen["sent_while_open"] += 1
-        try:
-            return client.execute(key, {})
-        finally:
-            with lock:
-                seen["inflight"] -= 1
+            probes_max[0] = max(probes_max[0], breaker.probing)
+        return client.execute(key, {})
 
-    @app.task(name="cb.call", retry=RetryPolicy(max_attempts=8, base_delay_s=0.01,
+    @app.task(name="cb.call", retry=RetryPolicy(max_attempts=30, base_delay_s=0.01,
                                                  overload_min_delay_s=0.05, jitter=0.0,
                                                  quarantine_after=None))
     def call(ctx: TaskContext) -> object:
@@ -137,7 +138,6 @@ def test_a_503_burst_opens_the_breaker_and_tasks_wait_without_spending_attempts(
                           idempotent=True, downstream="svc")
 
     try:
-        client.set_faults(fail_next_503=6)  # a burst: the next 6 requests get 503
         handles = [app.submit("cb.call", {}) for _ in range(12)]
         with running_worker(app, concurrency=4):
             wait_for("every call", lambda: all(h.get().state is State.SUCCEEDED
@@ -145,9 +145,10 @@ def test_a_503_burst_opens_the_breaker_and_tasks_wait_without_spending_attempts(
         executions = service.executions()
         assert sorted(executions) == sorted(f"c:{h.task_id}" for h in handles)
         assert set(executions.values()) == {1}
-        assert client.stats()["injected"]["503"] == 6
+        answered_503 = client.stats()["injected"]["503"]
+        assert answered_503 >= 2  # at least the failure threshold
         assert app.breakers["svc"].opened >= 1
-        assert seen["half_open_max"] <= 1 and seen["sent_while_open"] == 0
+        assert probes_max[0] <= 1  # half-open: one probe in flight at a time
         with Control(ledger_url) as control:
             events = [e for h in handles for e in control.history(h.task_id).events
                       if e.kind == "transition"]
@@ -155,10 +156,10 @@ def test_a_503_burst_opens_the_breaker_and_tasks_wait_without_spending_attempts(
                      and e.detail.get("error_class") == "overload"]
         waits = [e for e in events if e.to_state == "PENDING"
                  and e.detail.get("error_class") == "circuit_open"]
-        assert len(overloads) == 6  # one spent attempt per 503, none per wait
+        assert len(overloads) == answered_503  # one spent attempt per 503, none per wait
         assert waits and all("circuit open toward svc" in e.detail["reason"] for e in waits)
         # Attempts spent: the first run plus one per 503 answered; waits gave theirs back.
-        assert sum(h.get().attempt for h in handles) == 12 + 6
+        assert sum(h.get().attempt for h in handles) == 12 + answered_503
     finally:
         client.close()
         app.close()

@@ -207,6 +207,9 @@ def test_cli_lists_and_replays(poison_app: App, ledger_url: str, tmp_path: Path)
     assert group["task_ids"] == [handle.task_id] and group["count"] == 1
     text = runner.invoke(cli, ["quarantine", "list", "--ledger", ledger_url])
     assert text.exit_code == 0 and group["fingerprint"] in text.stdout
+    shown = runner.invoke(cli, ["inspect", handle.task_id, "--ledger", ledger_url])
+    assert shown.exit_code == 0 and "quarantine" in shown.stdout
+    assert group["fingerprint"] in shown.stdout
     dry = runner.invoke(cli, ["quarantine", "replay", "--fingerprint", group["fingerprint"],
                               "--rate", "5/s", "--dry-run", "--ledger", ledger_url])
     assert dry.exit_code == 0, dry.output

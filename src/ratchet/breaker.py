@@ -112,6 +112,12 @@ class DownstreamBreaker:
         """How many times the breaker opened (for tests and metrics)."""
 
     @property
+    def probing(self) -> int:
+        """Half-open probes in flight now (0 unless half-open)."""
+        with self._lock:
+            return self._probing if self._state is BreakerState.HALF_OPEN else 0
+
+    @property
     def state(self) -> BreakerState:
         """The current state (open turns half-open once ``open_s`` has passed)."""
         with self._lock:

@@ -240,8 +240,8 @@ class TaskContext:
         """The downstream of the effect whose call raised last in this attempt, if any."""
         self._downstream: str | None = None  # of the effect being performed
         self.breakers: Mapping[str, DownstreamBreaker] = {}
-        self._released = True  # the breaker permit of the effect in flight was given back
         """Circuit breakers by downstream (the App's, set by the worker)."""
+        self._released = True  # the breaker permit of the effect in flight was given back
 
     def load_params(self) -> dict[str, Any]:
         """Decode the task's stored params (sets :attr:`params`) and return them.
@@ -605,8 +605,9 @@ class TaskContext:
                 holder can execute after the lookup said "not found".
             downstream: the name of the system called (e.g. ``"psp"``): its requests count
                 toward that downstream's retry budget (``app.downstream(name,
-                budget=...)``), and a failure of this call charges the task's retry to it
-                (DESIGN §7). None: no downstream.
+                budget=...)``), and a failure of this call charges the task's retry to it;
+                with a circuit breaker (``app.downstream(name, breaker=...)``) the call is
+                not sent while the breaker is open (DESIGN §7). None: no downstream.
 
         Returns:
             The JSON round-trip of the call's (or the lookup's) result.
@@ -623,6 +624,8 @@ class TaskContext:
             StaleGeneration: another worker took the task over.
             TokenRejected: the (fenced) target refused this holder's token.
             EffectOutcomeUnknown: the outcome cannot be established; the task goes UNKNOWN.
+            CircuitOpen: the downstream's circuit breaker is open; nothing was sent and no
+                intent recorded (the worker hands the attempt back).
             UndecodableData: the result recorded by an earlier attempt cannot be decoded.
             WriteRejected: the database refused the intent or result write.
             Exception: what ``call`` raised, for the worker to classify.
