@@ -20,7 +20,8 @@ any ``window_s`` whole seconds held, as a fraction of the budget's bound there
 50 % failure, 3 immediate retries make 187.5 calls/s; a budget of ratio 0.1 and 5/s keeps
 retries near 5 + 0.1 * calls/s, i.e. calls near 117/s.
 
-Figures are printed, never asserted: this is a measurement tool, not a test.
+On PostgreSQL each run uses a schema of its own, dropped at the end. Figures are printed,
+never asserted: this is a measurement tool, not a test.
 """
 
 from __future__ import annotations
@@ -109,6 +110,15 @@ def run_once(ledger_url: str, workdir: Path, budget: RetryBudget | None, rate: f
     }
 
 
+def _drop_schema(url: str, schema: str) -> None:
+    """Drop the PostgreSQL schema a run created (``DROP SCHEMA ... CASCADE``)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(url.split("?", 1)[0], autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ledger", default=None, help="ledger URL (default: a fresh SQLite file)")
@@ -130,13 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     for label, chosen in (("no budget", None), ("budget", budget)):
         with tempfile.TemporaryDirectory(prefix="ratchet-budget-") as tmp:
             url = args.ledger
+            schema = None
             if url is None:
                 url = f"sqlite:///{tmp}/ledger.db"
             elif url.startswith("postgresql"):
                 schema = f"bench_budget_{int(time.time() * 1000) % 10**9}"
                 url += ("&" if "?" in url else "?") + f"schema={schema}"
-            r = run_once(url, Path(tmp), chosen, args.rate, args.seconds, args.failure,
-                         args.concurrency)
+            try:
+                r = run_once(url, Path(tmp), chosen, args.rate, args.seconds, args.failure,
+                             args.concurrency)
+            finally:
+                if schema is not None:
+                    _drop_schema(args.ledger, schema)
         print(f"{label:<12} {r['calls_per_s_arrival']:>8.1f} {r['retries_per_s_arrival']:>10.1f} "
               f"{r['peak_calls_1s']:>8} {r['calls']:>7} {r['retries']:>8} {r['succeeded']:>5} "
               f"{r['drain_s']:>8.1f} {r['worst_of_bound']:>8.2f}")
