@@ -43,6 +43,7 @@ POLICY = RetryPolicy(max_attempts=10, base_delay_s=0.01, max_delay_s=0.05, jitte
     ("no key 'abc' in row 7", 'no key "xyz" in row 12'),
     ("hash deadbeef01 refused", "hash 0123abcdef refused"),
     ("took 1.5 s", "took 22 s"),
+    ("can't reach 'db-1'", "can't reach 'replica'"),
 ])
 def test_variable_parts_are_masked(a: str, b: str) -> None:
     assert normalise(a) == normalise(b)

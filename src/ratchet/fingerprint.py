@@ -8,7 +8,9 @@ type with the same class and messages that differ only in ids, numbers or quoted
 Normalisation (:func:`normalise`), applied in this order to ``str(exc)`` (at most the first
 2,000 characters):
 
-1. quoted values — ``'...'``, ``"..."`` and ```...``` on one line — become ``'<q>'``;
+1. quoted values — ``'...'``, ``"..."`` and ```...``` on one line, the opening quote not
+   right after a letter or digit (so the apostrophe of "can't" opens nothing) — become
+   ``'<q>'``;
 2. UUIDs (8-4-4-4-12 hex digits, any case) become ``<uuid>``;
 3. hex ids — ``0x`` followed by hex digits, or a run of 8 or more hex digits holding at
    least one digit and one letter (memory addresses, hashes, object ids) — become
@@ -33,7 +35,7 @@ WORKER_DIED_CLASS = "ratchet.WorkerDied"
 """The exception class recorded in the fingerprint of deliveries whose worker died."""
 
 _MAX_MESSAGE = 2000
-_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|`[^`\n]*`")
+_QUOTED = re.compile(r"(?<!\w)(?:'[^'\n]*'|\"[^\"\n]*\"|`[^`\n]*`)")
 _UUID = re.compile(
     r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 _HEX = re.compile(r"\b0[xX][0-9a-fA-F]+\b"
