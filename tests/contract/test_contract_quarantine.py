@@ -162,8 +162,14 @@ def test_replay_requeues_with_fresh_counters_and_dry_run_changes_nothing(
     ledger: Ledger, make_task: Callable[..., NewTask]
 ) -> None:
     ids = [_submit(ledger, make_task, quarantine_after=1) for _ in range(3)]
-    for task_id in ids:
-        assert _fail(ledger, task_id, FP_A) is State.FAILED
+    claims = ledger.claim("w1", [TASK], 3)  # same run_at possible: claim them together
+    assert sorted(c.task_id for c in claims) == sorted(ids)
+    ledger.commit([TaskWrite(c.task_id, c.generation, "w1", "finish:RETRY_WAIT",
+                             transition=Transition(State.RETRY_WAIT, error="e",
+                                                   fingerprint=FP_A)) for c in claims])
+    assert all(ledger.get(t).state is State.FAILED for t in ids)
+    # Replay order: oldest quarantine first (here one instant), then task id.
+    ids = [p.task_id for p in ledger.quarantine_replay(FP_A, 5.0, "alice", "", dry_run=True)]
     before = [ledger.get(t) for t in ids]
     preview = ledger.quarantine_replay(FP_A, 5.0, "alice", "", dry_run=True)
     assert [p.task_id for p in preview] == ids
