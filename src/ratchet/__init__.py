@@ -8,6 +8,7 @@ executed once per business key. See DESIGN §1-§7.
 from __future__ import annotations
 
 from .app import App, SubmitRequest, TaskDefinition, TaskHandle
+from .breaker import CircuitBreaker
 from .config import Durability
 from .control import (
     Control,
@@ -19,6 +20,7 @@ from .control import (
     WorkerView,
 )
 from .errors import (
+    CircuitOpen,
     ConfigError,
     EffectOutcomeUnknown,
     FenceError,
@@ -51,7 +53,7 @@ from .errors import (
 )
 from .ledger import open_ledger
 from .ledger.base import TaskInfo
-from .retry import FailureClass, RetryPolicy
+from .retry import FailureClass, RetryBudget, RetryPolicy
 from .states import State
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
 
@@ -61,6 +63,8 @@ __all__ = [
     "NOT_FOUND",
     "App",
     "ConfigError",
+    "CircuitBreaker",
+    "CircuitOpen",
     "Control",
     "ControlOutcome",
     "Durability",
@@ -81,6 +85,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "RatchetError",
+    "RetryBudget",
     "RetryPolicy",
     "SchemaTooNew",
     "SchemaTooOld",

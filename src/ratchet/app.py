@@ -33,6 +33,7 @@ import pydantic
 import tenacity
 
 from . import faults
+from .breaker import CircuitBreaker, DownstreamBreaker
 from .config import max_payload_bytes_from_env, redact_url
 from .errors import (
     ConfigError,
@@ -47,7 +48,7 @@ from .errors import (
 from .ledger import open_ledger
 from .ledger.base import ControlOutcome, Ledger, NewTask, SubmitResult, TaskInfo
 from .params import ParamsSchema, check_task_function
-from .retry import RetryPolicy
+from .retry import RetryBudget, RetryPolicy
 from .serde import digest, dumps
 from .states import State
 from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
@@ -519,7 +520,49 @@ class App:
         """The newest version of each registered name (what :meth:`submit` pins)."""
         self.versions: dict[str, dict[int, TaskDefinition]] = {}
         """Every registered version of each name: ``versions[name][version]``."""
+        self.downstreams: dict[str, RetryBudget] = {}
+        """Retry budgets of downstreams by name (:meth:`downstream`)."""
+        self.breakers: dict[str, DownstreamBreaker] = {}
+        """Circuit breakers of downstreams by name (:meth:`downstream`), this process's."""
         self._submit_group = _SubmitGroup()
+
+    def downstream(
+        self, name: str, *, budget: RetryBudget | None = None,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        """Configure the downstream ``name``, what effects declare with ``ctx.effect(...,
+        downstream=name)`` (DESIGN §7).
+
+        Args:
+            name: the downstream's name.
+            budget: a cluster-wide retry budget: requests those effects send count as its
+                calls, and a task whose attempt failed in such an effect retries only within
+                the budget (else it waits, ``RETRY_WAIT`` with the reason).
+            breaker: a circuit breaker (:mod:`ratchet.breaker`; per worker process):
+                overloads open it, and while it is open effects toward the downstream are
+                not sent and their tasks wait (``PENDING``) instead of spending retries.
+
+        Raises:
+            ConfigError: neither given, ``budget`` not a :class:`~ratchet.retry.RetryBudget`,
+                ``breaker`` not a :class:`~ratchet.breaker.CircuitBreaker`, or the name
+                configured twice.
+            InvalidArguments: the name cannot be stored.
+        """
+        check_identifier(name, "downstream name", MAX_NAME_BYTES)
+        if budget is None and breaker is None:
+            raise ConfigError(f"downstream {name!r}: give a budget, a breaker or both")
+        if budget is not None and not isinstance(budget, RetryBudget):
+            raise ConfigError(
+                f"budget must be a ratchet.RetryBudget, got {type(budget).__name__}")
+        if breaker is not None and not isinstance(breaker, CircuitBreaker):
+            raise ConfigError(
+                f"breaker must be a ratchet.CircuitBreaker, got {type(breaker).__name__}")
+        if name in self.downstreams or name in self.breakers:
+            raise ConfigError(f"downstream {name!r} is configured twice")
+        if budget is not None:
+            self.downstreams[name] = budget
+        if breaker is not None:
+            self.breakers[name] = DownstreamBreaker(name, breaker)
 
     # ------------------------------------------------------------------ configuration
 
@@ -729,6 +772,7 @@ class App:
             lease_s=definition.lease_s,
             delay_s=max(0.0, request.delay_s),
             run_at_epoch_s=run_at_epoch_s,
+            quarantine_after=definition.retry.quarantine_after,
         )
 
     def submit(

@@ -52,6 +52,8 @@ from .ledger.base import (
     PauseRecord,
     PauseResult,
     PruneReport,
+    QuarantineGroup,
+    ReplayedTask,
     ResolveOutcome,
     TaskInfo,
     TaskQuery,
@@ -59,7 +61,7 @@ from .ledger.base import (
 )
 from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
-from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
+from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, MAX_RATE_PER_S, check_identifier
 
 __all__ = [
     "AuditEvent",
@@ -73,6 +75,9 @@ __all__ = [
     "PruneReport",
     "PauseRecord",
     "PauseResult",
+    "QuarantineGroupView",
+    "ReplayReport",
+    "ReplayedTask",
     "ResolveOutcome",
     "StatusReport",
     "StepView",
@@ -296,6 +301,55 @@ class TaskPage:
 
     tasks: list[TaskInfo]
     next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineGroupView:
+    """Quarantined tasks of one error fingerprint (``ratchet quarantine list``, DESIGN §7).
+
+    Attributes:
+        fingerprint: the error fingerprint (16 hex digits; ``--fingerprint`` of a replay).
+        task_type: the task type (part of the fingerprint).
+        count: quarantined ``FAILED`` tasks with it.
+        error_class: the recorded failure class of the newest one (``lease_expired``: its
+            worker died on every counted delivery).
+        example_message: the newest one's error, its last line (``Class: message``).
+        example_error: the newest one's recorded error in full (traceback text).
+        first_seen, last_seen: ledger clock of the first and the latest quarantine, epoch s.
+        task_ids: a sample of its task ids (at most 5), newest first.
+    """
+
+    fingerprint: str
+    task_type: str
+    count: int
+    error_class: str | None
+    example_message: str
+    example_error: str | None
+    first_seen: float
+    last_seen: float
+    task_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReport:
+    """What a quarantine replay did (or, with ``dry_run``, would do).
+
+    Attributes:
+        fingerprint: the replayed fingerprint.
+        dry_run: True: nothing was changed.
+        rate_per_s: admission rate, tasks per second (``run_at`` staggered by ``1/rate``).
+        operator, reason: who and why (audited per task unless a dry run).
+        tasks: the tasks, in replay order, with the ``run_at`` each gets.
+        ledger_now: the ledger clock when it ran, epoch seconds.
+    """
+
+    fingerprint: str
+    dry_run: bool
+    rate_per_s: float
+    operator: str
+    reason: str
+    tasks: list[ReplayedTask]
+    ledger_now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -856,6 +910,78 @@ class Control:
         """
         return self._reader().pauses()
 
+    def quarantine_list(self, limit: int = 100) -> list[QuarantineGroupView]:
+        """Quarantined tasks grouped by error fingerprint, the most recently quarantined
+        group first (DESIGN §7).
+
+        Args:
+            limit: at most this many groups (1 to 10,000).
+
+        Raises:
+            InvalidArguments: ``limit`` out of range. LedgerUnavailable: no ledger there.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidArguments(f"limit must be an integer from 1 to 10000, got {limit!r}")
+        return [_quarantine_view(g) for g in self._reader().quarantine_groups(limit)]
+
+    def quarantine_replay(
+        self,
+        fingerprint: str,
+        rate_per_s: float,
+        *,
+        dry_run: bool = False,
+        reason: str | None = None,
+        by: str | None = None,
+        limit: int = 10_000,
+    ) -> ReplayReport:
+        """Replay the quarantined tasks of one fingerprint with fresh attempt counters.
+
+        In one transaction, each quarantined ``FAILED`` task with ``fingerprint`` (oldest
+        quarantine first) becomes ``PENDING`` with attempt, failure streak and crash count
+        reset (its steps, effects and audit history kept, so done work is not redone), the
+        i-th ready at ``ledger now + i / rate_per_s``, so workers admit them at that rate;
+        each gets an ``operator_replay`` audit row (who, why, fingerprint, run_at). A dry
+        run changes nothing and lists what would be replayed.
+
+        Args:
+            fingerprint: from :meth:`quarantine_list` (16 hex digits).
+            rate_per_s: tasks per second, above 0 and at most 100,000.
+            dry_run: only list.
+            reason: why (audited); required unless ``dry_run``.
+            by: the operator's name (default: the login name).
+            limit: at most this many tasks (1 to 100,000).
+
+        Raises:
+            InvalidArguments: a malformed fingerprint, rate, limit, operator name, or a
+                blank reason for a real replay. LedgerUnavailable: no ledger there.
+        """
+        fp = fingerprint.strip().lower() if isinstance(fingerprint, str) else fingerprint
+        if not isinstance(fp, str) or len(fp) != 16 or any(c not in "0123456789abcdef"
+                                                           for c in fp):
+            raise InvalidArguments(
+                f"fingerprint must be the 16 hex digits ratchet quarantine list shows, got "
+                f"{printable(str(fingerprint))!r}")
+        ok_rate = (not isinstance(rate_per_s, bool) and isinstance(rate_per_s, int | float)
+                   and math.isfinite(rate_per_s) and 0 < rate_per_s <= MAX_RATE_PER_S)
+        if not ok_rate:
+            raise InvalidArguments(
+                f"rate_per_s must be a number above 0 and at most {MAX_RATE_PER_S:g}, got "
+                f"{rate_per_s!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
+            raise InvalidArguments(f"limit must be an integer from 1 to 100000, got {limit!r}")
+        if reason is None or not isinstance(reason, str) or not reason.strip():
+            if not dry_run:
+                raise InvalidArguments("reason must say why (it is kept in the audit log)")
+            reason = ""
+        else:
+            check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
+        who = by if by is not None else default_operator()
+        check_identifier(who, "operator name", MAX_KEY_BYTES)
+        ledger = self._reader() if dry_run else self._writer()
+        tasks = ledger.quarantine_replay(fp, float(rate_per_s), who, reason, dry_run, limit)
+        return ReplayReport(fp, dry_run, float(rate_per_s), who, reason, tasks,
+                            ledger.now())
+
     def migrate(self) -> int:
         """Create the ledger or apply pending schema migrations; return the schema version.
 
@@ -897,6 +1023,13 @@ class Control:
             name, params, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s,
             version=version,
         )
+
+
+def _quarantine_view(g: QuarantineGroup) -> QuarantineGroupView:
+    lines = [ln for ln in (g.example_error or "").split("\n") if ln.strip()]
+    return QuarantineGroupView(
+        g.fingerprint, g.name, g.count, g.error_class, lines[-1].strip() if lines else "",
+        g.example_error, g.first_at, g.last_at, list(g.task_ids))
 
 
 def _late_view(le: LateEffect, task_name: str | None,

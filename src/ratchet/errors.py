@@ -28,6 +28,7 @@
     │   │   ├── NonDeterministicReplay a replay called other checkpoints than recorded
     │   │   └── TransactionMisuse      a transaction step's code ended its transaction
     │   ├── OverloadError              downstream overloaded: back off harder
+    │   │   └── CircuitOpen            the downstream's breaker is open: not sent, try later
     │   └── OutcomeUnknownError        the call may or may not have happened: look up first
     ├── EffectOutcomeUnknown           lookup could not settle an effect; task goes UNKNOWN
     ├── UndecodableData                stored or given JSON text cannot be decoded
@@ -52,6 +53,7 @@ __all__ = [
     "NonDeterministicReplay",
     "OutcomeUnknownError",
     "OverloadError",
+    "CircuitOpen",
     "PayloadNotSerializable",
     "PayloadTooLarge",
     "PermanentError",
@@ -361,6 +363,23 @@ class OverloadError(TaskFailure):
     def __init__(self, message: str = "downstream overloaded", retry_after_s: float | None = None):
         self.retry_after_s = retry_after_s
         super().__init__(message)
+
+
+class CircuitOpen(OverloadError):
+    """The circuit breaker of a downstream is open (or half-open with every probe in
+    flight): the call was not sent and its intent not recorded (DESIGN §7). The worker hands
+    the attempt back and the task waits ``retry_after_s`` (``PENDING``); no attempt and no
+    retry is spent.
+
+    Attributes:
+        downstream: the downstream's name.
+        retry_after_s: seconds until the breaker may let a call through.
+    """
+
+    def __init__(self, downstream: str, retry_after_s: float) -> None:
+        self.downstream = downstream
+        super().__init__(f"circuit breaker of downstream {downstream!r} is open; retry in "
+                         f"{retry_after_s:.2f} s", retry_after_s)
 
 
 class OutcomeUnknownError(TaskFailure):

@@ -33,8 +33,10 @@ from .errors import (
 )
 
 __all__ = [
+    "DEFAULT_QUARANTINE_AFTER",
     "MAX_ATTEMPTS_LIMIT",
     "FailureClass",
+    "RetryBudget",
     "TIME_LIMIT",
     "RetryPolicy",
     "classify",
@@ -45,6 +47,10 @@ __all__ = [
 MAX_ATTEMPTS_LIMIT = 1_000_000
 """Largest ``RetryPolicy.max_attempts``: the ledger stores attempts as a 32-bit integer on
 PostgreSQL, and a task retried a million times is a configuration mistake."""
+
+DEFAULT_QUARANTINE_AFTER = 3
+"""Default ``RetryPolicy.quarantine_after``: three identical failures in a row (or three
+deliveries whose worker died) quarantine a task (DESIGN §7)."""
 
 
 TIME_LIMIT = "time_limit"
@@ -64,6 +70,56 @@ class FailureClass(StrEnum):
     OVERLOAD = "overload"
 
 
+MAX_BUDGET_WINDOW_S = 300.0
+"""Longest ``RetryBudget.window_s``, seconds (the window is counted in 1 s buckets)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudget:
+    """A cluster-wide cap on retries over a sliding window (DESIGN §7; Finagle's and
+    gRPC's retry budgets): in any ``window_s`` seconds, retries may start at most
+    ``min_per_s * window_s + ratio * calls`` times (at least once), where ``calls`` are the
+    calls counted over the last ``window_s`` seconds when the retry is scheduled. A retry
+    over budget is not dropped: it waits (``RETRY_WAIT`` with the reason, a later
+    ``run_at``) for the first second where the window has room, and holds its place there.
+
+    A budget of a task type (``RetryPolicy(budget=...)``) counts each attempt of the type
+    as a call and each of its retries against it; a budget of a downstream
+    (``app.downstream(name, budget=...)``, effects declaring ``downstream=name``) counts
+    each request an effect sent to it as a call, and the retry of a task whose attempt
+    failed in such an effect. The counts live in the ledger (``budget_counts``: 1 s buckets
+    per budget and worker), so the cap holds across every worker.
+
+    Attributes:
+        ratio: share of the calls retries may add, in ``[0, 1]`` (0.1: 10 %).
+        min_per_s: retries per second allowed whatever the traffic, >= 0 (so a quiet
+            service can still retry).
+        window_s: the sliding window, seconds, from 1 to 300.
+
+    Raises:
+        ConfigError: a field out of range or not a finite number.
+    """
+
+    ratio: float = 0.1
+    min_per_s: float = 1.0
+    window_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for label in ("ratio", "min_per_s", "window_s"):
+            value = getattr(self, label)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value):
+                raise ConfigError(f"RetryBudget.{label} must be a finite number, got {value!r}")
+        if not 0.0 <= self.ratio <= 1.0:
+            raise ConfigError(f"RetryBudget.ratio must be within [0, 1], got {self.ratio!r}")
+        if self.min_per_s < 0:
+            raise ConfigError(f"RetryBudget.min_per_s must be >= 0, got {self.min_per_s!r}")
+        if not 1.0 <= self.window_s <= MAX_BUDGET_WINDOW_S:
+            raise ConfigError(
+                f"RetryBudget.window_s must be from 1 to {MAX_BUDGET_WINDOW_S:g} seconds, got "
+                f"{self.window_s!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How a task type retries.
@@ -77,12 +133,22 @@ class RetryPolicy:
         jitter: fraction of the delay drawn at random, in ``[0, 1]``; 1.0 is "full jitter"
             (delay uniform in ``[0, d]``), 0 is no jitter.
         overload_min_delay_s: floor of the delay after an overload failure, in seconds.
+        quarantine_after: quarantine the task (``FAILED`` with the quarantine flag, never
+            redelivered automatically; ``ratchet quarantine replay``) after this many
+            failures in a row with the same error fingerprint (:mod:`ratchet.fingerprint`;
+            transient and permanent failures count, overload and unknown outcomes do not),
+            or after this many deliveries whose worker died holding the task (lease
+            expiry, revocation). ``None`` turns quarantine off. Counted in the ledger, per
+            task, from its submit or its last replay (DESIGN §7).
+        budget: a :class:`RetryBudget` of this task type (None: no cap), cluster-wide.
 
     Raises:
         ConfigError: a field is out of range or of the wrong type (checked at definition, so
             a bad policy never reaches a submit): ``max_attempts`` must be an ``int`` >= 1
             (not a bool, not a float such as 1.5 or NaN); delays finite numbers >= 0
-            seconds; ``multiplier`` finite and >= 1; ``jitter`` within ``[0, 1]``.
+            seconds; ``multiplier`` finite and >= 1; ``jitter`` within ``[0, 1]``;
+            ``quarantine_after`` ``None`` or an ``int`` from 1 to ``MAX_ATTEMPTS_LIMIT``;
+            ``budget`` None or a :class:`RetryBudget`.
     """
 
     max_attempts: int = 5
@@ -91,8 +157,23 @@ class RetryPolicy:
     multiplier: float = 2.0
     jitter: float = 0.5
     overload_min_delay_s: float = 5.0
+    quarantine_after: int | None = DEFAULT_QUARANTINE_AFTER
+    budget: RetryBudget | None = None
 
     def __post_init__(self) -> None:
+        if self.budget is not None and not isinstance(self.budget, RetryBudget):
+            raise ConfigError(
+                f"RetryPolicy.budget must be a ratchet.RetryBudget or None, got "
+                f"{type(self.budget).__name__}")
+        quarantine = self.quarantine_after
+        if quarantine is not None and (
+            isinstance(quarantine, bool) or not isinstance(quarantine, int)
+            or not 1 <= quarantine <= MAX_ATTEMPTS_LIMIT
+        ):
+            raise ConfigError(
+                f"RetryPolicy.quarantine_after must be None (no quarantine) or an integer "
+                f"from 1 to {MAX_ATTEMPTS_LIMIT} (failures in a row), got {quarantine!r}"
+            )
         attempts = self.max_attempts
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ConfigError(

@@ -73,6 +73,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.UNKNOWN: frozenset({State.PENDING, State.FAILED, State.CANCELLED}),
     State.PAUSED: frozenset({State.PENDING, State.CANCELLED}),
     State.SUCCEEDED: frozenset(),
+    # FAILED leaves only by an operator's retry or quarantine replay (OPERATOR_MOVES).
     State.FAILED: frozenset(),
     State.CANCELLED: frozenset(),
 }

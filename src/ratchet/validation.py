@@ -22,6 +22,7 @@ __all__ = [
     "check_checkpoint_name",
     "check_identifier",
     "parse_duration_s",
+    "parse_rate_per_s",
 ]
 
 MAX_NAME_BYTES = 200
@@ -101,3 +102,24 @@ def parse_duration_s(text: str, what: str) -> float:
             f"{what} must be a duration like 90s, 5m, 1.5h or 7d (seconds if no unit), "
             f"got {text!r}")
     return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+_RATE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?:/\s*(s|m|h))?\s*\Z")
+MAX_RATE_PER_S = 100_000.0
+"""Largest replay rate accepted, tasks per second."""
+
+
+def parse_rate_per_s(text: str, what: str) -> float:
+    """``"5/s"``, ``"300/m"``, ``"1000/h"`` or ``"5"`` (per second) as tasks per second,
+    a finite number above 0 and at most :data:`MAX_RATE_PER_S`.
+
+    Raises:
+        InvalidArguments: anything else (named by ``what``, e.g. ``"--rate"``).
+    """
+    match = _RATE.match(text) if isinstance(text, str) else None
+    rate = (float(match.group(1)) / _UNIT_S[match.group(2) or "s"]) if match else 0.0
+    if match is None or not 0 < rate <= MAX_RATE_PER_S:
+        raise InvalidArguments(
+            f"{what} must be a rate above 0 like 5/s, 300/m or 1000/h (per second if no "
+            f"unit), at most {MAX_RATE_PER_S:g}/s, got {text!r}")
+    return rate

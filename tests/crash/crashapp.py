@@ -33,8 +33,11 @@ __all__ = ["CHARGE", "HANG", "LEASE_S", "TARGETS", "app", "build_app", "charge_e
 CHARGE = "crash.charge"
 HANG = "crash.hang"
 LEASE_S = float(os.environ.get("CRASH_LEASE_S", "1.0"))
+# No quarantine: these tests kill workers on purpose, so a task may lose several holders
+# without being poison (quarantine has its own test, test_quarantine_crash.py).
 FAST_RETRY = RetryPolicy(
-    max_attempts=30, base_delay_s=0.05, max_delay_s=2.0, jitter=0.5, overload_min_delay_s=0.2
+    max_attempts=30, base_delay_s=0.05, max_delay_s=2.0, jitter=0.5, overload_min_delay_s=0.2,
+    quarantine_after=None,
 )
 # How long a charge can stay in flight at the payment service (client timeout plus the
 # service's processing bound), seconds; unset: the service answers at once (no slow faults).

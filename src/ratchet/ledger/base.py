@@ -24,6 +24,7 @@ from ..states import State
 __all__ = [
     "MAX_VERSION",
     "AuditEvent",
+    "BudgetUse",
     "Claim",
     "ClaimKind",
     "DefinitionChange",
@@ -42,7 +43,9 @@ __all__ = [
     "LedgerStats",
     "NewTask",
     "PruneReport",
+    "QuarantineGroup",
     "RenewResult",
+    "ReplayedTask",
     "ResolveOutcome",
     "StepRecord",
     "SubmitResult",
@@ -247,6 +250,9 @@ class NewTask:
         run_at_epoch_s: absolute ready time in epoch seconds; overrides ``delay_s``.
         max_attempts: executions allowed before dead-letter.
         lease_s: lease length for claims of this task, in seconds.
+        quarantine_after: failures in a row with one error fingerprint, or deliveries
+            whose worker died, that quarantine the task (``RetryPolicy.quarantine_after``);
+            None: never quarantined (DESIGN §7).
     """
 
     task_id: str
@@ -259,6 +265,7 @@ class NewTask:
     lease_s: float
     delay_s: float = 0.0
     run_at_epoch_s: float | None = None
+    quarantine_after: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +402,28 @@ class EffectWrite:
 
 @_fast_init
 @dataclass(frozen=True, slots=True)
+class BudgetUse:
+    """What one attempt charges to a retry budget (DESIGN §7), carried by its final
+    transition; the engine counts it in the commit's transaction.
+
+    Attributes:
+        key: the budget: ``type:<task name>`` or ``downstream:<name>``.
+        calls: calls this attempt made (1 per attempt for a task type; requests sent for a
+            downstream).
+        retry: the transition is a ``RETRY_WAIT`` this budget must admit.
+        ratio, min_per_s, window_s: the :class:`~ratchet.retry.RetryBudget`.
+    """
+
+    key: str
+    calls: int
+    retry: bool
+    ratio: float
+    min_per_s: float
+    window_s: float
+
+
+@_fast_init
+@dataclass(frozen=True, slots=True)
 class Transition:
     """A state change of a running task, committed with its audit row.
 
@@ -405,6 +434,11 @@ class Transition:
         error: last error text, for ``RETRY_WAIT``/``FAILED``/``UNKNOWN``.
         error_class: failure class name.
         reason: audit detail (e.g. ``"shutdown"``, ``"retry"``).
+        fingerprint: the error's fingerprint (:mod:`ratchet.fingerprint`) for a failure
+            that counts toward quarantine; the engine counts it in the same transaction
+            and may turn a ``RETRY_WAIT`` into a quarantined ``FAILED`` (DESIGN §7).
+        budgets: retry budgets this attempt charges (:class:`BudgetUse`); a ``RETRY_WAIT``
+            over budget gets a later ``run_at`` and the reason (DESIGN §7).
     """
 
     to: State
@@ -413,6 +447,8 @@ class Transition:
     error: str | None = None
     error_class: str | None = None
     reason: str | None = None
+    fingerprint: str | None = None
+    budgets: tuple[BudgetUse, ...] = ()
 
 
 @_fast_init
@@ -566,6 +602,50 @@ class Timeline:
     effects: list[EffectRecord]
     late_effects: list[LateEffect] = field(default_factory=list)
     """Calls stale holders sent after a takeover (possible duplicates), newest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineGroup:
+    """Quarantined ``FAILED`` tasks of one error fingerprint and task type (DESIGN §7).
+
+    Attributes:
+        fingerprint: the error fingerprint (:mod:`ratchet.fingerprint`).
+        name: the task type.
+        count: quarantined tasks with it.
+        first_at, last_at: ledger clock of the first and the latest quarantine, epoch s.
+        error_class: the recorded failure class of the newest one (``lease_expired`` for
+            a worker that died).
+        example_error: the newest one's recorded error (traceback text).
+        task_ids: up to ``per_group`` task ids, newest quarantine first.
+    """
+
+    fingerprint: str
+    name: str
+    count: int
+    first_at: float
+    last_at: float
+    error_class: str | None
+    example_error: str | None
+    task_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedTask:
+    """A quarantined task a replay re-queued (or, in a dry run, would re-queue).
+
+    Attributes:
+        task_id, name: the task.
+        run_at: ledger-clock epoch seconds at which it becomes ready (staggered by the
+            replay's rate).
+        failures, crashes: the streak and the dead-worker deliveries it was quarantined
+            with (reset to 0 by the replay).
+    """
+
+    task_id: str
+    name: str
+    run_at: float
+    failures: int
+    crashes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -1050,6 +1130,24 @@ class Ledger(Protocol):
 
     def list_workers(self, host_id: str | None = None) -> list[WorkerInfo]:
         """Live workers registered with ``host_id``, or every registered worker if None."""
+        ...
+
+    def quarantine_groups(self, limit: int = 100, per_group: int = 5) -> list[QuarantineGroup]:
+        """Quarantined ``FAILED`` tasks grouped by (fingerprint, task type), the most
+        recently quarantined group first; at most ``limit`` groups, ``per_group`` sample
+        task ids each (DESIGN §7)."""
+        ...
+
+    def quarantine_replay(
+        self, fingerprint: str, rate_per_s: float, operator: str, reason: str,
+        dry_run: bool = False, limit: int = 10_000,
+    ) -> list[ReplayedTask]:
+        """Re-queue the quarantined ``FAILED`` tasks with ``fingerprint`` (oldest
+        quarantine first, at most ``limit``): one transaction; each becomes ``PENDING``
+        with fresh attempt counters (attempt, failure streak and crash count 0; generation
+        and history kept), the i-th at ``now + i / rate_per_s``, with an
+        ``operator_replay`` audit row (operator, reason, fingerprint, run_at). A dry run
+        writes nothing and returns what would be replayed."""
         ...
 
     def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import threading
 import time
 from collections import Counter
@@ -33,10 +34,12 @@ from ..errors import (
     TransactionMisuse,
     WriteRejected,
 )
+from ..fingerprint import worker_died
 from ..serde import dumps, printable
 from ..states import TERMINAL, State, check_operator_move, check_transition
 from .base import (
     AuditEvent,
+    BudgetUse,
     Claim,
     ClaimKind,
     CommitOutcome,
@@ -53,7 +56,9 @@ from .base import (
     PauseRecord,
     PauseResult,
     PruneReport,
+    QuarantineGroup,
     RenewResult,
+    ReplayedTask,
     ResolveOutcome,
     StepRecord,
     SubmitResult,
@@ -184,6 +189,7 @@ class LedgerEngine:
                 "digest": t.params_digest, "key": t.idempotency_key,
                 "max_attempts": t.max_attempts, "lease_s": t.lease_s,
                 "run_at": t.run_at_epoch_s, "delay": max(0.0, t.delay_s),
+                "quarantine_after": t.quarantine_after,
             }
             for t in tasks
             if t.task_id not in present
@@ -276,10 +282,9 @@ class LedgerEngine:
             # effect intent is open (then the takeover's holder settles it by lookup first).
             applied = self._apply_requests(tx, expired, audit, "lease expired")
             expired = [row for row in expired if row[0] not in applied]
-        exhausted = [row for row in expired if row[3] >= row[4]]
-        if exhausted:
-            self._retire(tx, exhausted, audit, "lease expired on final attempt")
-            expired = [row for row in expired if row[3] < row[4]]
+        if expired:
+            expired = self._holder_gone(tx, expired, audit, "lease expired on final attempt",
+                                        "lease expired")
         previous = {row[0]: (row[1], row[2]) for row in expired}
         rows: list[tuple[Any, ...]] = []
         if expired:
@@ -319,19 +324,71 @@ class LedgerEngine:
             for row in rows
         ]
 
+    def _holder_gone(
+        self, tx: Tx, rows: Sequence[tuple[Any, ...]], audit: list[AuditRow],
+        final_reason: str, cause: str,
+    ) -> list[tuple[Any, ...]]:
+        """Deliveries that ended with their holder gone (lease expiry, revocation): locked
+        RUNNING rows ``(id, holder, generation, attempt, max_attempts, name, control_request,
+        crash_count, quarantine_after)``. Each is counted in ``crash_count`` (the worker is
+        dead, so the ledger counts, DESIGN §7). A final attempt is retired (:meth:`_retire`); a task
+        whose worker died ``quarantine_after`` times is quarantined (retired with the
+        quarantine flag and the :func:`~ratchet.fingerprint.worker_died` fingerprint;
+        ``UNKNOWN`` without the flag when an effect intent is open). Returns the rows that
+        stay on the retry path (to take over or revoke)."""
+        now = tx.now
+        survivors: list[tuple[Any, ...]] = []
+        exhausted: list[tuple[Any, ...]] = []
+        poisoned: list[tuple[Any, ...]] = []
+        crashes: dict[str, int] = {}
+        for row in rows:
+            count = int(row[7] or 0) + 1
+            crashes[row[0]] = count
+            limit = row[8]
+            if limit and count >= limit:
+                poisoned.append(row)
+            elif row[3] >= row[4]:
+                exhausted.append(row)
+            else:
+                survivors.append(row)
+        marks: list[dict[str, Any]] = [
+            {"id": row[0], "fingerprint": None, "count": None, "crashes": crashes[row[0]],
+             "quarantined": False} for row in [*survivors, *exhausted]]
+        if exhausted:
+            self._retire(tx, exhausted, audit, final_reason)
+        if poisoned:
+            targets = self._retire(tx, poisoned, audit, "quarantined: its worker died on "
+                                   f"{crashes[poisoned[0][0]]} deliveries ({cause})")
+            for row in poisoned:
+                flagged = targets[row[0]] is State.FAILED
+                fp = worker_died(row[5])
+                marks.append({"id": row[0], "fingerprint": fp, "count": crashes[row[0]],
+                              "crashes": crashes[row[0]], "quarantined": flagged})
+                if flagged:
+                    audit.append((row[0], now, "quarantine", State.RUNNING.value,
+                                  State.FAILED.value, row[2] + 1, None,
+                                  dumps({"fingerprint": fp, "cause": "worker_died",
+                                         "count": crashes[row[0]], "previous_holder": row[1],
+                                         "reason": cause})))
+        tx.batch("quarantine_mark", marks, now=now)
+        return survivors
+
     def _retire(
         self, tx: Tx, rows: Sequence[tuple[Any, ...]], audit: list[AuditRow], reason: str
-    ) -> None:
+    ) -> dict[str, State]:
         """Retire locked RUNNING rows ``(id, holder, generation, attempt, max_attempts, ...)``
         whose holder is gone on the final attempt: ``FAILED``, or ``UNKNOWN`` when an effect
-        intent is open (the call may have happened; an operator resolves it)."""
+        intent is open (the call may have happened; an operator resolves it). Returns each
+        task's new state."""
         open_intents: dict[str, tuple[str, str]] = {}
         for task_id, name, key in tx.rows("open_intents", {"ids": [r[0] for r in rows]}):
             open_intents.setdefault(task_id, (name, key))
         batch: list[dict[str, Any]] = []
+        targets: dict[str, State] = {}
         for task_id, holder, generation, attempt, max_attempts, *rest in rows:
             intent = open_intents.get(task_id)
             target = State.UNKNOWN if intent else State.FAILED
+            targets[task_id] = target
             check_transition(State.RUNNING, target)
             error = (f"holder {holder} is gone ({reason}) during attempt {attempt} of "
                      f"{max_attempts}")
@@ -345,6 +402,7 @@ class LedgerEngine:
                           generation + 1, None,
                           dumps({"reason": reason, "previous_holder": holder, "error": error})))
         tx.batch("retire", batch, now=tx.now)
+        return targets
 
     def _apply_requests(
         self, tx: Tx, rows: Sequence[tuple[Any, ...]], audit: list[AuditRow], why: str
@@ -491,8 +549,24 @@ class LedgerEngine:
         """
         if not writes:
             return [], tx.rows_many(also) if also else []
-        fence, *extra = tx.rows_many(
-            [("fence_read", {"ids": sorted({w.task_id for w in writes})}), *also])
+        # Failures that count toward quarantine: their streaks travel with the fence read.
+        counted = sorted({w.task_id for w in writes
+                          if w.transition is not None and w.transition.fingerprint})
+        reads = [("fence_read", {"ids": sorted({w.task_id for w in writes})})]
+        if counted:
+            reads.append(("quarantine_read", {"ids": counted}))
+        # Retry budgets: the windows of budgets that must admit a retry, read (under the
+        # budgets' locks) in the same round trip.
+        book = _BudgetBook(writes)
+        reads.extend(book.reads())
+        fence, *extra = tx.rows_many([*reads, *also])
+        streaks: dict[str, tuple[str | None, int, int | None]] = {}
+        if counted:
+            streaks = {r[0]: (r[1], int(r[2] or 0), r[3]) for r in extra.pop(0)}
+        if book.locked:
+            extra.pop(0)  # budget_lock
+            book.load(extra.pop(0))
+        marks: list[dict[str, Any]] = []
         current: dict[str, tuple[str, int, int, str, str | None]] = {
             r[0]: (r[1], r[2], r[3], r[4], r[5]) for r in fence
         }
@@ -553,6 +627,12 @@ class LedgerEngine:
                 t = Transition(State.PENDING, reason="paused, then resumed before the "
                                "boundary: released (attempt handed back)")
                 write = dataclasses.replace(write, transition=t)
+            if t is not None and t.fingerprint is not None:
+                t = self._count_failure(tx, write, t, streaks, marks, audit, now)
+                write = dataclasses.replace(write, transition=t)
+            if t is not None and t.budgets:
+                t = book.charge(write.holder, t, now)
+                write = dataclasses.replace(write, transition=t)
             segment.add(write, attempt, audit, now, request)
             if t is not None:
                 audit.append(transition_audit(write, t, now))
@@ -565,10 +645,48 @@ class LedgerEngine:
             outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation,
                                             applied)
         segment.apply(tx, now, resend)
+        tx.batch("quarantine_mark", marks, now=now)
+        book.flush(tx, now)
         _audit(tx, audit)
         if ready:
             tx.wake()
         return [outcomes[i] for i in range(len(writes))], extra
+
+    @staticmethod
+    def _count_failure(
+        tx: Tx, write: TaskWrite, t: Transition,
+        streaks: dict[str, tuple[str | None, int, int | None]],
+        marks: list[dict[str, Any]], audit: list[AuditRow], now: float,
+    ) -> Transition:
+        """Count a fenced failure that carries an error fingerprint (DESIGN §7): the
+        streak of failures in a row with the same fingerprint grows, or restarts at 1. At
+        the task's ``quarantine_after`` a ``RETRY_WAIT`` becomes a quarantined ``FAILED``
+        (``UNKNOWN``, not flagged, when an effect intent is open), and a ``FAILED`` (attempts
+        exhausted, permanent) is flagged. Returns the transition to apply."""
+        fp = t.fingerprint
+        previous, count, limit = streaks.get(write.task_id, (None, 0, None))
+        count = count + 1 if previous == fp else 1
+        streaks[write.task_id] = (fp, count, limit)
+        flagged = False
+        if limit and count >= limit and t.to in (State.RETRY_WAIT, State.FAILED):
+            why = f"quarantined: the same error {count} times in a row (fingerprint {fp})"
+            flagged = True
+            if t.to is State.RETRY_WAIT:
+                open_intent = bool(tx.rows("open_intents", {"ids": [write.task_id]}))
+                target = State.UNKNOWN if open_intent else State.FAILED
+                check_transition(State.RUNNING, target)
+                flagged = target is State.FAILED
+                t = dataclasses.replace(
+                    t, to=target, delay_s=0.0,
+                    reason=why if flagged else f"{why}; an effect intent is open")
+            if flagged:
+                audit.append((write.task_id, now, "quarantine", State.RUNNING.value,
+                              State.FAILED.value, write.generation, write.holder,
+                              dumps({"fingerprint": fp, "cause": "error", "count": count,
+                                     "error_class": t.error_class})))
+        marks.append({"id": write.task_id, "fingerprint": fp, "count": count, "crashes": None,
+                      "quarantined": flagged})
+        return t
 
     # ------------------------------------------------------------------ operator
 
@@ -904,11 +1022,71 @@ class LedgerEngine:
 
         return self.dialect.run(body, write=False)
 
+    def quarantine_groups(self, limit: int = 100, per_group: int = 5) -> list[QuarantineGroup]:
+        """See :meth:`Ledger.quarantine_groups` (one read transaction, two statements)."""
+
+        def body(tx: Tx) -> list[QuarantineGroup]:
+            groups = tx.rows("quarantine_groups", {"limit": limit})
+            if not groups:
+                return []
+            # A fingerprint includes the task type: one fingerprint is one group.
+            samples: dict[str, list[tuple[Any, ...]]] = {}
+            for r in tx.rows("quarantine_samples", {
+                    "fingerprints": sorted({g[0] for g in groups}), "per_group": per_group}):
+                samples.setdefault(r[0], []).append(r)
+            out = []
+            for fp, name, count, first_at, last_at in groups:
+                rows = samples.get(fp, [])
+                out.append(QuarantineGroup(
+                    fingerprint=fp, name=name, count=int(count), first_at=first_at,
+                    last_at=last_at, error_class=rows[0][3] if rows else None,
+                    example_error=printable(rows[0][2]) if rows and rows[0][2] else None,
+                    task_ids=[r[1] for r in rows]))
+            return out
+
+        return self.dialect.run(body, write=False)
+
     def control_requests(self, holder: str) -> list[tuple[str, int, str]]:
         """See :meth:`Ledger.control_requests`."""
         rows = self.dialect.run(
             lambda tx: tx.rows("control_requests", {"holder": holder}), write=False)
         return [(r[0], r[1], r[2]) for r in rows]
+
+    def quarantine_replay(
+        self, fingerprint: str, rate_per_s: float, operator: str, reason: str,
+        dry_run: bool = False, limit: int = 10_000,
+    ) -> list[ReplayedTask]:
+        """See :meth:`Ledger.quarantine_replay`."""
+        if not rate_per_s > 0:
+            raise ValueError(f"rate_per_s must be > 0, got {rate_per_s!r}")
+
+        def body(tx: Tx) -> list[ReplayedTask]:
+            picked = tx.rows("quarantine_pick", {"fingerprint": fingerprint, "limit": limit})
+            now = tx.now
+            if not dry_run and picked:
+                locked = {r[0] for r in tx.rows("quarantine_lock",
+                                                 {"ids": sorted(r[0] for r in picked)})}
+                picked = [r for r in picked if r[0] in locked]
+            check_operator_move(State.FAILED, State.PENDING)
+            out = [ReplayedTask(r[0], r[1], now + i / rate_per_s, int(r[3]), int(r[4]))
+                   for i, r in enumerate(picked)]
+            if dry_run or not out:
+                return out
+            self._unfinish(tx, [(r[1], State.FAILED.value, float(r[5])) for r in picked])
+            tx.batch("quarantine_replay_task",
+                     [{"id": p.task_id, "run_at": p.run_at} for p in out], now=now)
+            generations = {r[0]: r[2] for r in picked}
+            _audit(tx, [(
+                p.task_id, now, "operator_replay", State.FAILED.value, State.PENDING.value,
+                generations[p.task_id], None,
+                dumps({"operator": operator, "reason": reason, "fingerprint": fingerprint,
+                       "run_at": p.run_at, "failures": p.failures, "crashes": p.crashes}),
+            ) for p in out])
+            if out[0].run_at <= now:
+                tx.wake()
+            return out
+
+        return self.dialect.run(body, write=not dry_run)
 
     def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:
         """See :meth:`Ledger.revoke_holder`."""
@@ -918,10 +1096,8 @@ class LedgerEngine:
             audit: list[AuditRow] = []
             applied = self._apply_requests(tx, rows, audit, f"revoked by {by}: {reason}")
             everything, rows = rows, [r for r in rows if r[0] not in applied]
-            final = [r for r in rows if r[3] >= r[4]]
-            retry = [r for r in rows if r[3] < r[4]]
-            if final:
-                self._retire(tx, final, audit, f"holder revoked by {by}: {reason}")
+            retry = self._holder_gone(tx, rows, audit, f"holder revoked by {by}: {reason}",
+                                      f"holder revoked by {by}") if rows else []
             if retry:
                 tx.execute("revoke_retry", {
                     "now": tx.now, "error": f"holder {holder} revoked by {by}: {reason}",
@@ -1573,6 +1749,138 @@ class _Segment:
         tx.batch("transition", self.transitions, now=now)
 
 
+_BUDGET_KEEP_S = 3600
+"""Buckets of a budget older than this many seconds are deleted when the budget is next
+charged with a retry (the window is at most 300 s)."""
+
+
+class _BudgetBook:
+    """The retry budgets of one commit (DESIGN §7): counts calls and admits retries.
+
+    Counts live in ``budget_counts`` rows of 1 s buckets per (budget, bucket, holder): a
+    worker's commits only ever update rows of their own holder, so commits of different
+    workers never wait on each other for the counts. Admitting a retry reads the budget's
+    window under a per-budget lock (PostgreSQL: a transaction advisory lock, taken in key
+    order after the fence's row locks; SQLite: the write lock), so two workers never grant
+    the same room. A retry is reserved in the bucket where it will start: the first second
+    at or after its backoff where every window of ``window_s`` seconds containing it stays
+    within ``min_per_s * window_s + ratio * calls`` (at least 1), ``calls`` being the last
+    window's. The task waits until then (its ``run_at``), with the reason in the audit.
+    """
+
+    def __init__(self, writes: Sequence[TaskWrite]) -> None:
+        self.keys = sorted({u.key for w in writes if w.transition is not None
+                            and w.transition.to is State.RETRY_WAIT
+                            for u in w.transition.budgets if u.retry})
+        self.locked = bool(self.keys)
+        self.calls: dict[str, dict[int, int]] = {}
+        self.retries: dict[str, dict[int, int]] = {}
+        self.bumps: dict[tuple[str, int, str], list[int]] = {}
+
+    def reads(self) -> list[tuple[str, dict[str, Any]]]:
+        """The reads to send with the fence read: lock, then window (if any retry)."""
+        if not self.keys:
+            return []
+        return [("budget_lock", {"keys": self.keys}),
+                ("budget_window", {"keys": self.keys})]
+
+    def load(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """The summed ``(budget, bucket, calls, retries)`` rows of the locked budgets."""
+        for key in self.keys:
+            self.calls.setdefault(key, {})
+            self.retries.setdefault(key, {})
+        for key, bucket, calls, retries in rows:
+            self.calls[key][int(bucket)] = int(calls or 0)
+            self.retries[key][int(bucket)] = int(retries or 0)
+
+    def _bump(self, key: str, bucket: int, holder: str, calls: int, retries: int) -> None:
+        entry = self.bumps.setdefault((key, bucket, holder), [0, 0])
+        entry[0] += calls
+        entry[1] += retries
+        if key in self.calls:
+            by = self.calls[key]
+            by[bucket] = by.get(bucket, 0) + calls
+            rb = self.retries[key]
+            rb[bucket] = rb.get(bucket, 0) + retries
+
+    @staticmethod
+    def _room(use: BudgetUse, calls: dict[int, int], retries: dict[int, int],
+              now_bucket: int, start: int) -> tuple[int, float, int]:
+        """``(first bucket >= start with room, allowed retries in the window at now, used
+        in it)``.
+
+        A retry in bucket b lies in the windows ending at b .. b + n - 1. A window ending at
+        e allows ``min_per_s * window_s + ratio * calls`` retries (at least 1), ``calls``
+        counting only calls already made in it: future seconds have none yet, so a retry
+        pushed past the current window gets the ``min_per_s`` share alone, and the bound
+        holds whatever the traffic does later. Past the last reservation every window is
+        empty, so the scan ends."""
+        n = max(1, math.ceil(use.window_s))
+        floor_ = use.min_per_s * use.window_s
+
+        def allowed_in(window_calls: int) -> float:
+            return max(1.0, floor_ + use.ratio * window_calls)
+
+        recent = sum(calls.get(b, 0) for b in range(now_bucket - n + 1, now_bucket + 1))
+        used_now = sum(retries.get(b, 0) for b in range(now_bucket - n + 1, now_bucket + 1))
+        last = max([start, *retries]) + n
+        window = sum(retries.get(b, 0) for b in range(start - n + 1, start + 1))
+        window_calls = sum(calls.get(b, 0) for b in range(start - n + 1, start + 1))
+        bucket = start
+        for end in range(start, last + 1):
+            if end > start:
+                window += retries.get(end, 0) - retries.get(end - n, 0)
+                window_calls += calls.get(end, 0) - calls.get(end - n, 0)
+            if window + 1 > allowed_in(window_calls) and end >= bucket:
+                bucket = end + 1  # every bucket up to `end` is in this full window
+            elif end >= bucket + n - 1:
+                break  # the n windows holding `bucket` all have room
+        return bucket, allowed_in(recent), used_now
+
+    def charge(self, holder: str, t: Transition, now: float) -> Transition:
+        """Count ``t``'s calls; admit its retry (a later run_at when over budget)."""
+        now_bucket = math.floor(now)
+        for use in t.budgets:
+            if use.calls:
+                self._bump(use.key, now_bucket, holder, use.calls, 0)
+        uses = [u for u in t.budgets if u.retry and t.to is State.RETRY_WAIT]
+        if not uses:
+            return t
+        ready = now + max(0.0, t.delay_s)
+        start = math.floor(ready)
+        notes: dict[str, tuple[float, int]] = {}
+        while True:  # the first second every budget has room in
+            found = start
+            for use in uses:
+                bucket, allowed, used = self._room(
+                    use, self.calls[use.key], self.retries[use.key], now_bucket, start)
+                notes[use.key] = (allowed, used)
+                found = max(found, bucket)
+            if found == start:
+                break
+            start = found
+        for use in uses:
+            self._bump(use.key, start, holder, 0, 1)
+        if start <= ready:
+            return t
+        wait = start - ready
+        spent = ", ".join(f"{k} ({used} of {allowed:g} retries in the window)"
+                          for k, (allowed, used) in notes.items())
+        reason = f"retry budget spent: {spent}; waits {wait:.1f} s more"
+        return dataclasses.replace(t, delay_s=t.delay_s + wait,
+                                   reason=f"{t.reason}; {reason}" if t.reason else reason)
+
+    def flush(self, tx: Tx, now: float) -> None:
+        """Write the counted calls and reserved retries (and prune old buckets)."""
+        if self.bumps:
+            tx.batch("budget_bump", [
+                {"budget": k, "bucket": b, "holder": h, "calls": c, "retries": r}
+                for (k, b, h), (c, r) in sorted(self.bumps.items())])
+        if self.keys:
+            tx.execute("budget_prune", {"keys": self.keys,
+                                        "before": math.floor(now) - _BUDGET_KEEP_S})
+
+
 def _transition_row(write: TaskWrite, t: Transition, now: float,
                     request: str | None = None) -> dict[str, Any]:
     """Parameters of the ``transition`` statement for one fenced write. A release (to
@@ -1589,7 +1897,7 @@ def _transition_row(write: TaskWrite, t: Transition, now: float,
 
 
 _OPERATOR_KINDS = ("operator_resolve", "operator_cancel", "operator_retry", "operator_pause",
-                   "operator_resume")
+                   "operator_resume", "operator_replay")
 """Audit kinds of operator commands (``ratchet status``: operator actions)."""
 
 _SCOPES = ("all", "type", "task")

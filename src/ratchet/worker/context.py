@@ -48,12 +48,13 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 import tenacity
 
 from .. import faults
+from ..breaker import DownstreamBreaker
 from ..errors import (
     EffectOutcomeUnknown,
     FenceError,
@@ -80,7 +81,7 @@ from ..ledger.base import (
 )
 from ..retry import FailureClass, classify, proves_not_executed
 from ..serde import digest, dumps, loads, printable
-from ..validation import MAX_KEY_BYTES, check_checkpoint_name, check_identifier
+from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_checkpoint_name, check_identifier
 from .heartbeat import LeaseHandle
 from .hooks import EffectSettlement, Hooks
 from .writer import LedgerWriter, WriterStopped
@@ -253,6 +254,15 @@ class TaskContext:
         self._in_step = False  # inside a step's fn: checkpoints there are refused
         self._interrupt: BaseException | None = None  # raised at the next boundary
         self._proved_absent = False  # the last _settle's lookup confirmed "not executed"
+        self.downstream_calls: dict[str, int] = {}
+        """Requests this attempt's effects sent, per declared downstream (retry budgets,
+        DESIGN §7)."""
+        self.failed_downstream: str | None = None
+        """The downstream of the effect whose call raised last in this attempt, if any."""
+        self._downstream: str | None = None  # of the effect being performed
+        self.breakers: Mapping[str, DownstreamBreaker] = {}
+        """Circuit breakers by downstream (the App's, set by the worker)."""
+        self._released = True  # the breaker permit of the effect in flight was given back
 
     def load_params(self) -> dict[str, Any]:
         """Decode the task's stored params (sets :attr:`params`) and return them.
@@ -576,6 +586,7 @@ class TaskContext:
         fenced: bool = False,
         params: Any = None,
         in_flight_s: float | None = None,
+        downstream: str | None = None,
     ) -> Any:
         """Perform an external side effect at most once per business ``key``.
 
@@ -626,6 +637,11 @@ class TaskContext:
                 only for targets that answer lookups for in-flight requests (or that honour
                 the key, or check tokens): otherwise a request still in flight from a dead
                 holder can execute after the lookup said "not found".
+            downstream: the name of the system called (e.g. ``"psp"``): its requests count
+                toward that downstream's retry budget (``app.downstream(name,
+                budget=...)``), and a failure of this call charges the task's retry to it;
+                with a circuit breaker (``app.downstream(name, breaker=...)``) the call is
+                not sent while the breaker is open (DESIGN §7). None: no downstream.
 
         Returns:
             The JSON round-trip of the call's (or the lookup's) result.
@@ -642,6 +658,8 @@ class TaskContext:
             StaleGeneration: another worker took the task over.
             TokenRejected: the (fenced) target refused this holder's token.
             EffectOutcomeUnknown: the outcome cannot be established; the task goes UNKNOWN.
+            CircuitOpen: the downstream's circuit breaker is open; nothing was sent and no
+                intent recorded (the worker hands the attempt back).
             UndecodableData: the result recorded by an earlier attempt cannot be decoded.
             WriteRejected: the database refused the intent or result write.
             Exception: what ``call`` raised, for the worker to classify.
@@ -662,7 +680,10 @@ class TaskContext:
         if lookup is not None:
             _check_callable(lookup, 2 if fenced else 1, "lookup",
                             "lookup(key, token)" if fenced else "lookup(key)")
+        if downstream is not None:
+            check_identifier(downstream, "downstream name", MAX_NAME_BYTES)
         target = _Target(call, lookup, idempotent, fenced, in_flight_s)
+        self._downstream = downstream
         hooks = self._hooks
         if hooks is None:
             return self._effect(name, key, target, params)[0]
@@ -709,6 +730,24 @@ class TaskContext:
             if found:
                 return value, "lookup"
             self._settled_absent(cp, key, params_digest)
+        breaker = self.breakers.get(self._downstream) if self._downstream else None
+        # Raises CircuitOpen while the downstream's breaker is open: nothing is sent and no
+        # intent recorded; the worker hands the attempt back (DESIGN §7).
+        probe = breaker.acquire() if breaker is not None else False
+        try:
+            return self._send(cp, key, params_digest, target, breaker, probe)
+        finally:
+            if breaker is not None and not self._released:
+                breaker.cancel(probe)  # ended before the call (e.g. the lease was lost)
+
+    def _send(
+        self, cp: Checkpoint, key: str, params_digest: str, target: _Target,
+        breaker: DownstreamBreaker | None, probe: bool,
+    ) -> tuple[Any, EffectSettlement]:
+        """Record the intent, call, record the outcome (:meth:`_effect` after the checks
+        of an existing record and the breaker)."""
+        self._released = breaker is None
+        stored_name = cp.stored_name
         self._lease.ensure()
         self._commit(
             f"effect_intent:{stored_name}",
@@ -728,9 +767,17 @@ class TaskContext:
         self._lease.ensure()
         faults.point("effect.before_call")
         sent_at = self._ledger_now()
+        downstream = self._downstream
+        if downstream is not None:
+            self.downstream_calls[downstream] = self.downstream_calls.get(downstream, 0) + 1
         try:
             result = target.send(key, self.generation)
         except Exception as exc:
+            if breaker is not None:
+                self._released = True
+                breaker.release(probe, exc)
+            if downstream is not None:
+                self.failed_downstream = downstream
             in_window = self._lease.remaining_s() > 0
             if isinstance(exc, TokenRejected):
                 self._token_rejected(cp, key, params_digest, exc)
@@ -766,6 +813,11 @@ class TaskContext:
                 f"{cp.describe()} (key {key!r}) had an unknown outcome and the target "
                 "confirmed it did not execute; retrying with the same key"
             ) from exc
+        if breaker is not None:
+            self._released = True
+            breaker.release(probe, None)
+        if downstream is not None and self.failed_downstream == downstream:
+            self.failed_downstream = None  # it answered since
         # A reply that arrived inside the safe window proves the request executed before
         # the lease could expire, so before any takeover: the next holder's lookup sees it.
         in_window = self._lease.remaining_s() > 0

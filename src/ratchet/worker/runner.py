@@ -78,6 +78,7 @@ once. SIGKILL loses nothing: leases expire and are taken over.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -98,6 +99,7 @@ import tenacity
 from .. import faults
 from ..app import App, TaskDefinition
 from ..errors import (
+    CircuitOpen,
     ConfigError,
     EffectOutcomeUnknown,
     FenceError,
@@ -110,7 +112,9 @@ from ..errors import (
     UndecodableData,
     WriteRejected,
 )
+from ..fingerprint import of_exception
 from ..ledger.base import (
+    BudgetUse,
     Claim,
     CommitOutcome,
     DefinitionSpec,
@@ -816,6 +820,7 @@ class Worker:
                 on_block=self._executor.blocking, hooks=hooks,
             )
             attempt = self._attempts.begin(claim, lease, ctx, definition.time_limit_s)
+            ctx.breakers = self.app.breakers
             outcome = self._run_body(definition, claim, ctx)
         except BaseException:  # never let one task kill the worker or leak its slot
             log.exception("internal error while running task %s", claim.task_id)
@@ -1007,6 +1012,14 @@ class Worker:
             else:
                 transition = Transition(State.PAUSED, error_class="paused",
                                         reason="pause requested by an operator")
+        except CircuitOpen as exc:
+            # The downstream's breaker is open: nothing was sent. Hand the attempt back and
+            # wait until it may probe, instead of spending a retry on it (DESIGN §7).
+            ctx.exception = exc
+            transition = Transition(
+                State.PENDING, delay_s=exc.retry_after_s or 0.0, error=printable(str(exc)),
+                error_class="circuit_open", reason=f"circuit open toward {exc.downstream}",
+            )
         except (StaleGeneration, TokenRejected) as exc:
             # TokenRejected: the target saw a newer claim's fencing token, so a newer
             # generation exists; like a fenced-out write, nothing of ours counts.
@@ -1106,6 +1119,10 @@ class Worker:
         if error is None:
             error = "".join(traceback.format_exception(exc, limit=-6))[-4000:]
         error = printable(error)
+        # Quarantine (DESIGN §7): the ledger counts the fingerprint of failures that say
+        # something about the task; overload and unknown outcomes are about the downstream.
+        fp = (of_exception(claim.name, exc)
+              if failure in (FailureClass.TRANSIENT, FailureClass.PERMANENT) else None)
         if failure is FailureClass.PERMANENT or claim.attempt >= claim.max_attempts:
             reason = "permanent" if failure is FailureClass.PERMANENT else "attempts exhausted"
             if open_intents:
@@ -1113,12 +1130,14 @@ class Worker:
                 return Transition(
                     State.UNKNOWN, error=error, error_class=recorded_class,
                     reason=f"{reason} with open effect intent(s) {', '.join(open_intents)}",
+                    fingerprint=fp,
                 )
-            return Transition(State.FAILED, error=error, error_class=recorded_class, reason=reason)
+            return Transition(State.FAILED, error=error, error_class=recorded_class, reason=reason,
+                              fingerprint=fp)
         delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc))
         return Transition(
             State.RETRY_WAIT, delay_s=delay, error=error, error_class=recorded_class,
-            reason="retry",
+            reason="retry", fingerprint=fp,
         )
 
     def _finish(
@@ -1138,6 +1157,9 @@ class Worker:
             self._stuck_returned(claim, None)
             return None
         steps = ctx.unsaved_steps()
+        budgets = self._budget_uses(claim, ctx, transition)
+        if budgets:
+            transition = dataclasses.replace(transition, budgets=budgets)
         write = TaskWrite(
             claim.task_id, claim.generation, self.holder, f"finish:{transition.to.value}",
             steps=steps, transition=transition,
@@ -1163,6 +1185,34 @@ class Worker:
             log.error("task %s: final commit failed (%s); lease will expire", claim.task_id, exc)
             return "abandoned"
         return None
+
+    def _budget_uses(
+        self, claim: Claim, ctx: TaskContext, transition: Transition
+    ) -> tuple[BudgetUse, ...]:
+        """What this attempt charges to retry budgets (DESIGN §7): one call to its task
+        type's budget (not for a release, which hands the attempt back), the requests its
+        effects sent to each budgeted downstream; a ``RETRY_WAIT`` asks the type's budget
+        and the budget of the downstream whose call failed to admit the retry. The ledger
+        counts and decides (:class:`~ratchet.ledger.engine.LedgerEngine`)."""
+        uses: list[BudgetUse] = []
+        retry = transition.to is State.RETRY_WAIT
+        definition = self.app.versions.get(claim.name, {}).get(claim.version)  # pinned
+        type_budget = definition.retry.budget if definition is not None else None
+        if type_budget is not None and transition.to is not State.PENDING:
+            uses.append(BudgetUse(f"type:{claim.name}", 1, retry, type_budget.ratio,
+                                  type_budget.min_per_s, type_budget.window_s))
+        downstreams = self.app.downstreams
+        if downstreams:
+            names = dict(ctx.downstream_calls)
+            if ctx.failed_downstream is not None:
+                names.setdefault(ctx.failed_downstream, 0)
+            for name, calls in sorted(names.items()):
+                budget = downstreams.get(name)
+                if budget is not None:
+                    uses.append(BudgetUse(f"downstream:{name}", calls,
+                                          retry and ctx.failed_downstream == name,
+                                          budget.ratio, budget.min_per_s, budget.window_s))
+        return tuple(uses)
 
     def _resend(
         self, claim: Claim, lease: LeaseHandle, ctx: TaskContext,

@@ -23,12 +23,14 @@ SELECT true;
 -- Rows arrive in idempotency-key order (and are inserted in that order), so two batches
 -- sharing keys lock them in the same order: no deadlock.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
-                   max_attempts, lease_s, run_at, created_at, updated_at)
+                   max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after)
 SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_attempts,
-       u.lease_s, COALESCE(u.run_at, %(now)s + u.delay), %(now)s, %(now)s
+       u.lease_s, COALESCE(u.run_at, %(now)s + u.delay), %(now)s, %(now)s,
+       u.quarantine_after
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, name text, version int, params text, digest text, key text,
-          max_attempts int, lease_s float8, run_at float8, delay float8)
+          max_attempts int, lease_s float8, run_at float8, delay float8,
+          quarantine_after int)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -52,7 +54,9 @@ ORDER BY u.n;
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
 -- holds exactly the RUNNING rows). Versions: entry i of names claims versions lo[i] ..
 -- hi[i] of that name (a worker sends its (name, version) pairs, lo = hi).
-SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request, crash_count,
+       quarantine_after
+FROM tasks
 WHERE lease_until IS NOT NULL AND lease_until < %(now)s AND state = 'RUNNING'
   AND name = ANY(%(names)s::text[])
   AND EXISTS (SELECT 1 FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[])
@@ -224,8 +228,9 @@ UPDATE tasks SET state = 'PENDING', run_at = %(now)s, updated_at = %(now)s
 WHERE id = %(id)s AND state = 'UNKNOWN' AND generation = %(generation)s;
 
 -- name: holder_running
-SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
-WHERE holder = %(holder)s AND state = 'RUNNING' ORDER BY id FOR UPDATE;
+SELECT id, holder, generation, attempt, max_attempts, name, control_request, crash_count,
+       quarantine_after
+FROM tasks WHERE holder = %(holder)s AND state = 'RUNNING' ORDER BY id FOR UPDATE;
 
 -- name: revoke_retry
 UPDATE tasks SET state = 'RETRY_WAIT', holder = NULL, lease_until = NULL,
@@ -533,11 +538,14 @@ FROM tasks WHERE id = %(id)s FOR UPDATE;
 -- An operator's move of a task that is not running (cancel, resume, retry, give-up; checked
 -- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
 -- bump: added to the generation (1: whatever an older holder still writes is fenced out);
--- reset: a fresh set of attempts (retry); run_at: when it is ready (NULL: unchanged).
+-- reset: a fresh set of attempts and quarantine counters (retry); run_at: when it is ready (NULL: unchanged).
 UPDATE tasks SET state = %(state)s, generation = generation + %(bump)s, holder = NULL,
     lease_until = NULL, control_request = %(request)s::text,
     run_at = COALESCE(%(run_at)s::float8, run_at),
     attempt = CASE WHEN %(reset)s::bool THEN 0 ELSE attempt END,
+    quarantined = CASE WHEN %(reset)s::bool THEN false ELSE quarantined END,
+    fingerprint_count = CASE WHEN %(reset)s::bool THEN 0 ELSE fingerprint_count END,
+    crash_count = CASE WHEN %(reset)s::bool THEN 0 ELSE crash_count END,
     last_error = COALESCE(%(error)s::text, last_error),
     error_class = COALESCE(%(error_class)s::text, error_class), updated_at = %(now)s
 WHERE id = %(id)s AND state = %(from_state)s AND generation = %(generation)s;
@@ -606,3 +614,91 @@ WHERE t.id = u.id AND t.state = 'PAUSED' AND t.generation = u.generation
 -- RUNNING tasks per type (tasks_holder): those in a paused scope are short of a boundary.
 SELECT name, count(*) FROM tasks WHERE holder IS NOT NULL AND state = 'RUNNING'
 GROUP BY name;
+
+-- name: quarantine_read
+-- Retry governance (DESIGN §7): the failure streak of tasks whose failure write carries an
+-- error fingerprint (read with the commit's fence, after fence_read locked the rows).
+SELECT id, fingerprint, fingerprint_count, quarantine_after FROM tasks
+WHERE id = ANY(%(ids)s::text[]);
+
+-- name: quarantine_mark
+-- The engine's verdict on a failure or a dead holder's delivery: the streak, the crash
+-- count and the quarantine flag (NULL: unchanged). Rows already locked by the caller.
+UPDATE tasks t SET fingerprint = COALESCE(u.fingerprint, t.fingerprint),
+    fingerprint_count = COALESCE(u.count, t.fingerprint_count),
+    crash_count = COALESCE(u.crashes, t.crash_count), quarantined = u.quarantined,
+    quarantined_at = CASE WHEN u.quarantined THEN %(now)s ELSE t.quarantined_at END
+FROM json_to_recordset(%(rows)s::json)
+     AS u(id text, fingerprint text, count int, crashes int, quarantined bool)
+WHERE t.id = u.id
+  AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
+
+-- name: quarantine_groups
+-- ratchet quarantine list: quarantined FAILED tasks per fingerprint (tasks_quarantine).
+SELECT fingerprint, name, count(*), min(quarantined_at), max(quarantined_at) FROM tasks
+WHERE quarantined AND state = 'FAILED'
+GROUP BY fingerprint, name ORDER BY max(quarantined_at) DESC, fingerprint
+LIMIT %(limit)s;
+
+-- name: quarantine_samples
+-- The newest %(per_group)s tasks of each listed fingerprint, with their last error.
+SELECT fingerprint, id, last_error, error_class FROM (
+    SELECT fingerprint, id, last_error, error_class, quarantined_at,
+           row_number() OVER (PARTITION BY fingerprint
+                              ORDER BY quarantined_at DESC, id DESC) AS n
+    FROM tasks
+    WHERE quarantined AND state = 'FAILED' AND fingerprint = ANY(%(fingerprints)s::text[])
+) AS q
+WHERE n <= %(per_group)s ORDER BY fingerprint, quarantined_at DESC, id DESC;
+
+-- name: quarantine_pick
+-- The quarantined FAILED tasks of one fingerprint, oldest quarantine first (a replay),
+-- locked in id order for the replay's writes.
+SELECT id, name, generation, fingerprint_count, crash_count, updated_at FROM (
+    SELECT id, name, generation, fingerprint_count, crash_count, quarantined_at, updated_at
+    FROM tasks
+    WHERE quarantined AND state = 'FAILED' AND fingerprint = %(fingerprint)s
+    ORDER BY quarantined_at, id LIMIT %(limit)s) AS q
+ORDER BY quarantined_at, id;
+
+-- name: quarantine_lock
+-- Lock the tasks a replay writes, in id order (like every fenced write).
+SELECT id FROM tasks WHERE id = ANY(%(ids)s::text[]) AND state = 'FAILED' AND quarantined
+ORDER BY id FOR UPDATE;
+
+-- name: quarantine_replay_task
+-- An operator's replay: back to PENDING with fresh attempt counters at a staggered run_at.
+UPDATE tasks t SET state = 'PENDING', attempt = 0, run_at = u.run_at, quarantined = false,
+    fingerprint_count = 0, crash_count = 0, updated_at = %(now)s
+FROM json_to_recordset(%(rows)s::json) AS u(id text, run_at float8)
+WHERE t.id = u.id AND t.state = 'FAILED' AND t.quarantined
+  AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
+
+-- name: budget_lock
+-- Retry budgets (DESIGN §7): one transaction-scoped advisory lock per budget that must
+-- admit a retry, in key order (after the fence's row locks), so two commits never grant the
+-- same room. Commits that only count calls take no lock.
+SELECT k, pg_advisory_xact_lock(7441, hashtext(k))::text
+FROM unnest(%(keys)s::text[]) AS k ORDER BY k;
+
+-- name: budget_window
+-- The counts of the given budgets from the last 301 s on (future buckets hold reserved
+-- retries), summed over workers.
+SELECT budget, bucket, sum(calls), sum(retries) FROM budget_counts
+WHERE budget = ANY(%(keys)s::text[]) AND bucket >= %(now)s - 301
+GROUP BY budget, bucket;
+
+-- name: budget_bump
+-- Calls counted and retries reserved by one commit, in the rows of its own worker (rows
+-- arrive sorted by budget, bucket, holder).
+INSERT INTO budget_counts (budget, bucket, holder, calls, retries)
+SELECT u.budget, u.bucket, u.holder, u.calls, u.retries
+FROM json_to_recordset(%(rows)s::json)
+     AS u(budget text, bucket bigint, holder text, calls int, retries int)
+ON CONFLICT (budget, bucket, holder) DO UPDATE SET
+    calls = budget_counts.calls + excluded.calls,
+    retries = budget_counts.retries + excluded.retries;
+
+-- name: budget_prune
+-- Buckets no window can reach any more.
+DELETE FROM budget_counts WHERE budget = ANY(%(keys)s::text[]) AND bucket < %(before)s;

@@ -22,9 +22,9 @@ SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
 -- name: submit_insert
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
-                   max_attempts, lease_s, run_at, created_at, updated_at)
+                   max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after)
 VALUES (:id, :name, :version, :params, :digest, :key, 'PENDING', :max_attempts, :lease_s,
-        COALESCE(:run_at, :now + :delay), :now, :now)
+        COALESCE(:run_at, :now + :delay), :now, :now, :quarantine_after)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -46,7 +46,9 @@ VALUES (:task_id, :at, :kind, :from_state, :to_state, :generation, :holder, :det
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
 -- holds exactly the RUNNING rows). Versions: entry i of :names claims versions :lo[i] ..
 -- :hi[i] of that name (a worker sends its (name, version) pairs, lo = hi).
-SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request, crash_count,
+       quarantine_after
+FROM tasks
 WHERE lease_until IS NOT NULL AND lease_until < :now AND state = 'RUNNING'
   AND name IN (SELECT value FROM json_each(:names))
   AND EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
@@ -191,8 +193,9 @@ UPDATE tasks SET state = 'PENDING', run_at = :now, updated_at = :now
 WHERE id = :id AND state = 'UNKNOWN' AND generation = :generation;
 
 -- name: holder_running
-SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
-WHERE holder = :holder AND state = 'RUNNING' ORDER BY id;
+SELECT id, holder, generation, attempt, max_attempts, name, control_request, crash_count,
+       quarantine_after
+FROM tasks WHERE holder = :holder AND state = 'RUNNING' ORDER BY id;
 
 -- name: revoke_retry
 UPDATE tasks SET state = 'RETRY_WAIT', holder = NULL, lease_until = NULL,
@@ -462,10 +465,13 @@ FROM tasks WHERE id = :id;
 -- An operator's move of a task that is not running (cancel, resume, retry, give-up; checked
 -- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
 -- bump: added to the generation (1: whatever an older holder still writes is fenced out);
--- reset: a fresh set of attempts (retry); run_at: when it is ready (NULL: unchanged).
+-- reset: a fresh set of attempts and quarantine counters (retry); run_at: when it is ready (NULL: unchanged).
 UPDATE tasks SET state = :state, generation = generation + :bump, holder = NULL,
     lease_until = NULL, control_request = :request, run_at = COALESCE(:run_at, run_at),
     attempt = CASE WHEN :reset THEN 0 ELSE attempt END,
+    quarantined = CASE WHEN :reset THEN 0 ELSE quarantined END,
+    fingerprint_count = CASE WHEN :reset THEN 0 ELSE fingerprint_count END,
+    crash_count = CASE WHEN :reset THEN 0 ELSE crash_count END,
     last_error = COALESCE(:error, last_error),
     error_class = COALESCE(:error_class, error_class), updated_at = :now
 WHERE id = :id AND state = :from_state AND generation = :generation;
@@ -530,3 +536,77 @@ WHERE id = :id AND state = 'PAUSED' AND generation = :generation;
 -- RUNNING tasks per type (tasks_holder): those in a paused scope are short of a boundary.
 SELECT name, COUNT(*) FROM tasks WHERE holder IS NOT NULL AND state = 'RUNNING'
 GROUP BY name;
+
+-- name: quarantine_read
+-- Retry governance (DESIGN §7): the failure streak of tasks whose failure write carries an
+-- error fingerprint (read with the commit's fence; the rows are the fence's).
+SELECT id, fingerprint, fingerprint_count, quarantine_after FROM tasks
+WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: quarantine_mark
+-- The engine's verdict on a failure or a dead holder's delivery: the streak, the crash
+-- count and the quarantine flag (NULL: unchanged).
+UPDATE tasks SET fingerprint = COALESCE(:fingerprint, fingerprint),
+    fingerprint_count = COALESCE(:count, fingerprint_count),
+    crash_count = COALESCE(:crashes, crash_count), quarantined = :quarantined,
+    quarantined_at = CASE WHEN :quarantined THEN :now ELSE quarantined_at END
+WHERE id = :id;
+
+-- name: quarantine_groups
+-- ratchet quarantine list: quarantined FAILED tasks per fingerprint (tasks_quarantine).
+SELECT fingerprint, name, COUNT(*), MIN(quarantined_at), MAX(quarantined_at) FROM tasks
+WHERE quarantined = 1 AND state = 'FAILED'
+GROUP BY fingerprint, name ORDER BY MAX(quarantined_at) DESC, fingerprint LIMIT :limit;
+
+-- name: quarantine_samples
+-- The newest :per_group tasks of each listed fingerprint, with their last error.
+SELECT fingerprint, id, last_error, error_class FROM (
+    SELECT fingerprint, id, last_error, error_class, quarantined_at,
+           ROW_NUMBER() OVER (PARTITION BY fingerprint
+                              ORDER BY quarantined_at DESC, id DESC) AS n
+    FROM tasks
+    WHERE quarantined = 1 AND state = 'FAILED'
+      AND fingerprint IN (SELECT value FROM json_each(:fingerprints)))
+WHERE n <= :per_group ORDER BY fingerprint, quarantined_at DESC, id DESC;
+
+-- name: quarantine_pick
+-- The quarantined FAILED tasks of one fingerprint, oldest quarantine first (a replay).
+SELECT id, name, generation, fingerprint_count, crash_count, updated_at FROM tasks
+WHERE quarantined = 1 AND state = 'FAILED' AND fingerprint = :fingerprint
+ORDER BY quarantined_at, id LIMIT :limit;
+
+-- name: quarantine_replay_task
+-- An operator's replay: back to PENDING with fresh attempt counters at a staggered run_at.
+UPDATE tasks SET state = 'PENDING', attempt = 0, run_at = :run_at, quarantined = 0,
+    fingerprint_count = 0, crash_count = 0, updated_at = :now
+WHERE id = :id AND state = 'FAILED' AND quarantined = 1;
+
+-- name: quarantine_lock
+-- The tasks a replay writes that are still quarantined (SQLite: the write lock is held).
+SELECT id FROM tasks
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'FAILED' AND quarantined = 1
+ORDER BY id;
+
+-- name: budget_lock
+-- Retry budgets (DESIGN §7): the budgets a commit admits retries for. SQLite's write lock
+-- already serialises every writer; the keys come back for the engine.
+SELECT value FROM json_each(:keys) ORDER BY value;
+
+-- name: budget_window
+-- The counts of the given budgets from the last 301 s on (future buckets hold reserved
+-- retries), summed over workers.
+SELECT budget, bucket, SUM(calls), SUM(retries) FROM budget_counts
+WHERE budget IN (SELECT value FROM json_each(:keys)) AND bucket >= :now - 301
+GROUP BY budget, bucket;
+
+-- name: budget_bump
+-- Calls counted and retries reserved by one commit, in the rows of its own worker.
+INSERT INTO budget_counts (budget, bucket, holder, calls, retries)
+VALUES (:budget, :bucket, :holder, :calls, :retries)
+ON CONFLICT (budget, bucket, holder) DO UPDATE SET calls = calls + excluded.calls,
+    retries = retries + excluded.retries;
+
+-- name: budget_prune
+-- Buckets no window can reach any more.
+DELETE FROM budget_counts
+WHERE budget IN (SELECT value FROM json_each(:keys)) AND bucket < :before;

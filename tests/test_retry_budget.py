@@ -1,0 +1,165 @@
+"""Retry budgets with a real worker, on both ledgers (DESIGN §7).
+
+The amplification bound: about 100 tasks/s, half of whose attempts fail transiently,
+against the counting service (its own process and file, where the calls are counted and
+timed), with a budget of the task type. In every window of the budget's length the
+retries the service saw stay within ``min_per_s * window_s + ratio * calls`` (with
+headroom for workers that start a retry a little after its ``run_at``), and every task
+still succeeds: retries over budget wait, they are never dropped. A downstream's budget
+(``ctx.effect(..., downstream=...)``) holds the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ratchet import (
+    App,
+    Control,
+    RetryBudget,
+    RetryPolicy,
+    State,
+    SubmitRequest,
+    TaskContext,
+    TransientError,
+)
+from ratchet.errors import ConfigError
+from ratchet.testing import CountingService, start_counting_service, wait_for
+from ratchet.testing.worker import running_worker
+
+pytestmark = pytest.mark.timeout(180)
+
+BUDGET = RetryBudget(ratio=0.1, min_per_s=20.0, window_s=5.0)
+TASKS = 300
+RATE_PER_S = 100.0
+
+
+@pytest.mark.parametrize("bad", [
+    {"ratio": -0.1}, {"ratio": 1.5}, {"min_per_s": -1}, {"window_s": 0.5},
+    {"window_s": 301}, {"ratio": float("nan")}, {"min_per_s": True},
+])
+def test_budget_fields_are_validated(bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match="RetryBudget"):
+        RetryBudget(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="budget"):
+        RetryPolicy(budget=0.1)  # type: ignore[arg-type]
+
+
+def test_downstream_budget_is_validated(tmp_path: Path) -> None:
+    app = App(f"sqlite:///{tmp_path}/l.db")
+    app.downstream("psp", budget=BUDGET)
+    with pytest.raises(ConfigError, match="twice"):
+        app.downstream("psp", budget=BUDGET)
+    with pytest.raises(ConfigError, match="RetryBudget"):
+        app.downstream("mail", budget=0.1)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[CountingService]:
+    with start_counting_service(tmp_path / "service.db", honour_keys=False) as svc:
+        yield svc
+
+
+def _fails(task_id: str, attempt: int) -> bool:
+    """Half of all attempts fail, decided by (task, attempt) alone."""
+    return random.Random(f"{task_id}:{attempt}").random() < 0.5
+
+
+def test_amplification_stays_within_the_budget(
+    ledger_url: str, service: CountingService
+) -> None:
+    app = App(ledger_url)
+    client = service.client(timeout_s=5.0)
+    policy = RetryPolicy(max_attempts=100, base_delay_s=0.05, max_delay_s=0.2, jitter=0.0,
+                         quarantine_after=None, budget=BUDGET)
+
+    @app.task(name="amp.call", retry=policy)
+    def call(ctx: TaskContext) -> str:
+        client.execute(f"{ctx.task_id}:{ctx.attempt}", {})
+        if _fails(ctx.task_id, ctx.attempt):
+            raise TransientError("the downstream failed this call")
+        return "ok"
+
+    try:
+        # Arrivals at RATE_PER_S: each task ready i / rate seconds from now.
+        handles = app.submit_many(
+            SubmitRequest("amp.call", {}, delay_s=i / RATE_PER_S) for i in range(TASKS))
+        with running_worker(app, concurrency=8):
+            wait_for("every task to succeed",
+                     lambda: all(h.get().state is State.SUCCEEDED for h in handles), 150, 0.5)
+        times = sorted((at, int(key.rsplit(":", 1)[1]) > 1) for at, key in
+                       service.records().times)
+        retries_total = sum(1 for _, r in times if r)
+        assert len(times) == TASKS + retries_total and retries_total > 50
+        # The budget's windows: window_s consecutive whole seconds (its 1 s buckets).
+        n = math.ceil(BUDGET.window_s)
+        calls: dict[int, int] = {}
+        retried: dict[int, int] = {}
+        for at, is_retry in times:
+            calls[math.floor(at)] = calls.get(math.floor(at), 0) + 1
+            retried[math.floor(at)] = retried.get(math.floor(at), 0) + is_retry
+        worst = 0.0
+        for end in range(math.floor(times[0][0]), math.floor(times[-1][0]) + 1):
+            seconds = range(end - n + 1, end + 1)
+            bound = (BUDGET.min_per_s * BUDGET.window_s
+                     + BUDGET.ratio * sum(calls.get(b, 0) for b in seconds))
+            worst = max(worst, sum(retried.get(b, 0) for b in seconds) / bound)
+        # Headroom: a retry may start a little after its run_at (a busy worker), and the
+        # ledger counts calls when attempts end, the service when they arrive.
+        assert worst <= 1.3, f"retries reached {worst:.2f} x the budget's bound"
+        with Control(ledger_url) as control:
+            reasons = [e.detail.get("reason", "") for h in handles[-60:]
+                       for e in control.history(h.task_id).events
+                       if e.kind == "transition" and e.to_state == "RETRY_WAIT"]
+        assert any("retry budget spent: type:amp.call" in r for r in reasons)
+    finally:
+        client.close()
+        app.close()
+
+
+def test_a_downstream_budget_holds_back_retries_of_its_failed_calls(
+    ledger_url: str, service: CountingService
+) -> None:
+    app = App(ledger_url)
+    client = service.client(timeout_s=5.0)
+    app.downstream("psp", budget=RetryBudget(ratio=0.0, min_per_s=1.0, window_s=2.0))
+
+    @app.task(name="ds.charge", retry=RetryPolicy(max_attempts=10, base_delay_s=0.01,
+                                                   jitter=0.0, quarantine_after=None))
+    def charge(ctx: TaskContext) -> object:
+        def send(key: str) -> object:
+            client.execute(f"{key}:{ctx.attempt}", {})
+            if ctx.attempt == 1:
+                raise TransientError("psp hiccup")
+            return {"ok": True}
+
+        return ctx.effect("charge", send, key=f"charge:{ctx.task_id}", idempotent=True,
+                          downstream="psp")
+
+    try:
+        handles = [app.submit("ds.charge", {}) for _ in range(6)]
+        with running_worker(app, concurrency=6):
+            wait_for("every charge", lambda: all(h.get().state is State.SUCCEEDED
+                                                 for h in handles), 60, 0.2)
+        # 6 first calls and 6 retries at the service, the retries at most 2 in any 2
+        # consecutive whole seconds (the budget's 1 s buckets; +1 of headroom for a retry
+        # that starts a little after its run_at).
+        times = sorted(at for at, key in service.records().times if key.endswith(":2"))
+        assert len(times) == 6
+        seconds = [math.floor(at) for at in times]
+        for end in range(seconds[0], seconds[-1] + 1):
+            assert sum(1 for s in seconds if end - 2 < s <= end) <= 2 + 1, times
+        assert seconds[-1] - seconds[0] >= 3
+        with Control(ledger_url) as control:
+            reasons = [e.detail.get("reason", "") for h in handles
+                       for e in control.history(h.task_id).events
+                       if e.kind == "transition" and e.to_state == "RETRY_WAIT"]
+        assert sum("downstream:psp" in r for r in reasons) >= 3
+    finally:
+        client.close()
+        app.close()
