@@ -197,6 +197,27 @@ def test_replay_reruns_with_fresh_counters_at_a_rate_and_dry_run_changes_nothing
             assert claim.at >= planned_at - 1e-3
 
 
+def test_operator_retry_of_a_quarantined_task_gives_fresh_quarantine_counters(
+    poison_app: App, service: CountingService, ledger_url: str
+) -> None:
+    """``ratchet retry`` of a quarantined task resets its streak as a replay does: still
+    poisoned, it runs quarantine_after more times before it is quarantined again (not
+    at its first failure)."""
+    h = poison_app.submit("q.poison", {"order": 7})
+    with running_worker(poison_app, concurrency=1):
+        wait_for("quarantine", lambda: h.get().state is State.FAILED, 30)
+        assert _runs(service, h.task_id) == 3
+        with Control(ledger_url) as control:
+            assert control.retry(h.task_id, reason="try once more", by="bob").outcome == "done"
+            assert control.quarantine_list() == []
+        wait_for("quarantine again", lambda: h.get().state is State.FAILED
+                 and _runs(service, h.task_id) >= 6, 30)
+    assert _runs(service, h.task_id) == 6
+    with Control(ledger_url) as control:
+        [group] = control.quarantine_list()
+        assert group.task_ids == [h.task_id]
+
+
 def test_cli_lists_and_replays(poison_app: App, ledger_url: str, tmp_path: Path) -> None:
     handle = poison_app.submit("q.poison", {"order": 7})
     with running_worker(poison_app, concurrency=1):
