@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .app import App, SubmitRequest, TaskDefinition, TaskHandle
 from .config import Durability
-from .control import Control, StatusReport, TaskTimeline, WorkerView
+from .control import Control, LimitsReport, StatusReport, TaskTimeline, WorkerView
 from .errors import (
     ConfigError,
     EffectOutcomeUnknown,
@@ -41,7 +41,7 @@ from .errors import (
     WaitTimeout,
 )
 from .ledger import open_ledger
-from .ledger.base import TaskInfo
+from .ledger.base import Limit, LimitScope, TaskInfo
 from .retry import FailureClass, RetryPolicy
 from .states import State
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
@@ -63,6 +63,9 @@ __all__ = [
     "LeaseLost",
     "LedgerError",
     "LedgerUnavailable",
+    "Limit",
+    "LimitScope",
+    "LimitsReport",
     "Middleware",
     "NonDeterministicReplay",
     "OutcomeUnknownError",

@@ -182,6 +182,7 @@ class SubmitRequest:
     idempotency_key: str | None = None
     run_at: datetime | float | None = None
     delay_s: float = 0.0
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -691,6 +692,8 @@ class App:
             )
         if request.idempotency_key is not None:
             check_identifier(request.idempotency_key, "idempotency_key", MAX_KEY_BYTES)
+        if request.tenant is not None:
+            check_identifier(request.tenant, "tenant", MAX_KEY_BYTES)
         return NewTask(
             task_id=new_task_id(),
             name=definition.name,
@@ -702,6 +705,7 @@ class App:
             lease_s=definition.lease_s,
             delay_s=max(0.0, request.delay_s),
             run_at_epoch_s=run_at_epoch_s,
+            tenant=request.tenant,
         )
 
     def submit(
@@ -712,6 +716,7 @@ class App:
         idempotency_key: str | None = None,
         run_at: datetime | float | None = None,
         delay_s: float = 0.0,
+        tenant: str | None = None,
     ) -> TaskHandle:
         """Submit one task; the task row is the dispatch (no separate message to lose).
 
@@ -729,6 +734,8 @@ class App:
                 returns the same task id and writes nothing.
             run_at: earliest start, as an aware ``datetime`` or epoch seconds.
             delay_s: earliest start as seconds from now (ignored when ``run_at`` is given).
+            tenant: whose work this is (stored on the task; tenant limits of ``ratchet
+                limits`` count it, DESIGN §8); not part of the idempotency digest.
 
         Raises:
             UnknownTask, InvalidArguments, PayloadNotSerializable, PayloadTooLarge,
@@ -736,7 +743,8 @@ class App:
             LedgerError: the ledger failed (:class:`~ratchet.errors.LedgerUnavailable`:
                 the outcome may be unknown; submit again with the same idempotency key).
         """
-        task = self._prepare(SubmitRequest(name, params, idempotency_key, run_at, delay_s))
+        task = self._prepare(
+            SubmitRequest(name, params, idempotency_key, run_at, delay_s, tenant))
         result = self._submit_group.submit(self.ledger, task)
         faults.point("submit.after_commit")
         return TaskHandle(result.task_id, task.name, result.created, self)

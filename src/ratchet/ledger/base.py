@@ -30,9 +30,12 @@ __all__ = [
     "EffectWrite",
     "LateEffect",
     "Ledger",
+    "Limit",
+    "LimitScope",
     "LedgerStats",
     "NewTask",
     "RenewResult",
+    "SlotUsage",
     "ResolveOutcome",
     "StepRecord",
     "SubmitResult",
@@ -137,6 +140,7 @@ class NewTask:
         run_at_epoch_s: absolute ready time in epoch seconds; overrides ``delay_s``.
         max_attempts: executions allowed before dead-letter.
         lease_s: lease length for claims of this task, in seconds.
+        tenant: the submitter's tenant (bulkheads, DESIGN §8), or None.
     """
 
     task_id: str
@@ -149,6 +153,7 @@ class NewTask:
     lease_s: float
     delay_s: float = 0.0
     run_at_epoch_s: float | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +366,7 @@ class TaskInfo:
     result: Any
     last_error: str | None
     error_class: str | None
+    tenant: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -450,6 +456,62 @@ class LedgerStats:
     revocations: int = 0
     late_effects: int = 0
     """Calls sent by a holder after its claim was taken over (:class:`LateEffect` rows)."""
+
+
+class LimitScope(StrEnum):
+    """What a concurrency limit applies to (bulkheads, DESIGN §8)."""
+
+    TOTAL = "total"
+    """The cluster's slots: every RUNNING task takes one (``name`` is ``""``)."""
+    TYPE = "type"
+    """The RUNNING tasks of one task type (``name`` is the task name)."""
+    TENANT = "tenant"
+    """The RUNNING tasks of one tenant, whatever their type (``name`` is the tenant)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One cluster-wide concurrency limit, as stored in the ledger's ``limits`` table.
+
+    Attributes:
+        scope: what it applies to.
+        name: the task type or tenant; ``""`` for :attr:`LimitScope.TOTAL`.
+        reserved: slots of the total kept for this scope while it has ready work (0 for the
+            total itself); only meaningful when a total is set.
+        maximum: at most this many RUNNING tasks of the scope at any instant (``None``: no
+            cap); for the total, the number of slots.
+        version: how many times this row was set (1 for a new row).
+        updated_at: ledger clock of the last change, epoch seconds.
+        updated_by: the operator who set it; reason: why (both also in the audit log).
+    """
+
+    scope: LimitScope
+    name: str
+    reserved: int
+    maximum: int | None
+    version: int
+    updated_at: float
+    updated_by: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotUsage:
+    """The live use of slots (``ratchet limits``): RUNNING and ready tasks per
+    ``(task name, tenant)`` (tenant ``None`` for tasks submitted without one).
+
+    Attributes:
+        running: RUNNING tasks (leased, whether or not the lease has expired: a slot is held
+            until the holder's fenced write, a takeover or a revocation).
+        ready: ready PENDING / RETRY_WAIT tasks (``run_at <= ledger_now``).
+        oldest_ready_at: the oldest ready task's ``run_at``, epoch seconds.
+        ledger_now: the ledger clock of the read.
+    """
+
+    running: dict[tuple[str, str | None], int]
+    ready: dict[tuple[str, str | None], int]
+    oldest_ready_at: dict[tuple[str, str | None], float]
+    ledger_now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -681,6 +743,41 @@ class Ledger(Protocol):
 
     def list_workers(self, host_id: str | None = None) -> list[WorkerInfo]:
         """Live workers registered with ``host_id``, or every registered worker if None."""
+        ...
+
+    def limits(self) -> list[Limit]:
+        """Every concurrency limit in the ledger (DESIGN §8), ordered by scope and name."""
+        ...
+
+    def set_limit(
+        self, scope: LimitScope, name: str, reserved: int, maximum: int | None,
+        operator: str, reason: str,
+    ) -> Limit:
+        """Create or replace one limit, audited (``limit_set``) in the same transaction.
+        The next claim of every worker obeys it (the ledger is the only copy).
+
+        Raises:
+            InvalidArguments: the limit is inconsistent (reserved > maximum, the reserved
+                slots of one kind of scope would exceed the total, ...).
+        """
+        ...
+
+    def clear_limit(self, scope: LimitScope, name: str, operator: str, reason: str) -> Limit:
+        """Remove one limit (audited, ``limit_cleared``); returns the removed row.
+
+        Raises:
+            InvalidArguments: there is no such limit.
+        """
+        ...
+
+    def limit_changes(self, limit: int = 20) -> list[AuditEvent]:
+        """The latest ``limit_set`` / ``limit_cleared`` audit events, newest first (their
+        ``task_id`` is ``limit:SCOPE[:NAME]``; the detail holds operator, reason, old and
+        new values)."""
+        ...
+
+    def slot_usage(self) -> SlotUsage:
+        """RUNNING and ready task counts per ``(name, tenant)`` (read-only)."""
         ...
 
     def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:

@@ -22,12 +22,14 @@ from ..config import LedgerConfig
 from ..errors import (
     IdempotencyConflict,
     IllegalTransition,
+    InvalidArguments,
     TaskNotFound,
     TransactionMisuse,
     WriteRejected,
 )
 from ..serde import dumps, printable
 from ..states import State, check_transition
+from . import bulkheads
 from .base import (
     AuditEvent,
     Claim,
@@ -36,9 +38,12 @@ from .base import (
     EffectState,
     LateEffect,
     LedgerStats,
+    Limit,
+    LimitScope,
     NewTask,
     RenewResult,
     ResolveOutcome,
+    SlotUsage,
     StepRecord,
     SubmitResult,
     Subscription,
@@ -164,6 +169,7 @@ class LedgerEngine:
                 "digest": t.params_digest, "key": t.idempotency_key,
                 "max_attempts": t.max_attempts, "lease_s": t.lease_s,
                 "run_at": t.run_at_epoch_s, "delay": max(0.0, t.delay_s),
+                "tenant": t.tenant,
             }
             for t in tasks
             if t.task_id not in present
@@ -216,22 +222,25 @@ class LedgerEngine:
         return self.dialect.run(lambda tx: self._claim_in(tx, holder, names, limit))
 
     @staticmethod
-    def _expired_read(names: Sequence[str], limit: int) -> tuple[str, dict[str, Any]]:
-        """The expired-lease scan of a claim, as a read to send with others."""
+    def _claim_reads(names: Sequence[str], limit: int) -> list[tuple[str, dict[str, Any]]]:
+        """The reads a claim starts with, to send with others: the expired-lease scan and
+        the concurrency limits (bulkheads, DESIGN §8)."""
         # Each name once (PostgreSQL walks per name).
-        return "claim_expired", {"names": list(dict.fromkeys(names)), "limit": limit}
+        return [("claim_expired", {"names": list(dict.fromkeys(names)), "limit": limit}),
+                ("limits_all", {})]
 
     def _claim_in(
         self, tx: Tx, holder: str, names: Sequence[str], limit: int,
-        expired: list[tuple[Any, ...]] | None = None,
+        pre: Sequence[list[tuple[Any, ...]]] | None = None,
     ) -> list[Claim]:
         """The claim, inside the caller's write transaction (see :meth:`claim`).
-        ``expired``: the rows of :meth:`_expired_read`, if the caller already read them."""
+        ``pre``: the rows of :meth:`_claim_reads`, if the caller already read them."""
         if limit <= 0 or not names:
             return []
         name_list = list(dict.fromkeys(names))
-        if expired is None:
-            [expired] = tx.rows_many([self._expired_read(names, limit)])
+        if pre is None:
+            pre = tx.rows_many(self._claim_reads(names, limit))
+        expired, limit_rows = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
         audit: list[AuditRow] = []
         exhausted = [row for row in expired if row[3] >= row[4]]
@@ -244,9 +253,15 @@ class LedgerEngine:
             rows.extend(tx.rows("claim_takeover",
                                 {"holder": holder, "now": now, "ids": list(previous)}))
         if limit > len(expired):
-            rows.extend(tx.rows("claim_ready", {"now": now, "names": name_list,
-                                                "limit": limit - len(expired),
-                                                "holder": holder}))
+            limits = [_limit(r) for r in limit_rows] if limit_rows else []
+            scopes = bulkheads.lock_scopes(limits, name_list) if limits else None
+            if scopes is None:
+                rows.extend(tx.rows("claim_ready", {"now": now, "names": name_list,
+                                                    "limit": limit - len(expired),
+                                                    "holder": holder}))
+            else:
+                rows.extend(self._claim_limited(tx, holder, now, name_list,
+                                                limit - len(expired), limits, scopes))
         for row in rows:
             prev = previous.get(row[0])
             detail: dict[str, Any] = {"attempt": row[5], "lease_s": row[7]}
@@ -275,6 +290,36 @@ class LedgerEngine:
             )
             for row in rows
         ]
+
+    def _claim_limited(
+        self, tx: Tx, holder: str, now: float, names: list[str], want: int,
+        limits: list[Limit], scopes: list[str],
+    ) -> list[tuple[Any, ...]]:
+        """Fresh claims under bulkheads (DESIGN §8): the limits' advisory locks first
+        (PostgreSQL; SQLite's write lock serialises already), then the RUNNING counts and
+        which reserved scopes have ready work (statements after the lock see every claim
+        its previous holder committed), then ``claim_limited`` with the numbers
+        :func:`ratchet.ledger.bulkheads.allowance` computes. One round trip more than an
+        unlimited claim, and only when a limit applies."""
+        ready_types, ready_tenants = bulkheads.reserved_groups(limits)
+        reads: list[tuple[str, dict[str, Any]]] = [("limits_lock", {"scopes": scopes}),
+                                                    ("limits_running", {})]
+        if ready_types or ready_tenants:
+            reads.append(("limits_ready", {"names": ready_types, "tenants": ready_tenants,
+                                           "now": now}))
+        _, running_rows, *ready = tx.rows_many(reads)
+        ready_rows = ready[0] if ready else []
+        plan = bulkheads.allowance(
+            limits, names, want, {(r[0], r[1]): int(r[2]) for r in running_rows},
+            {r[1] for r in ready_rows if r[0] == "type"},
+            {r[1] for r in ready_rows if r[0] == "tenant"})
+        if plan.limit <= 0:
+            return []
+        return tx.rows("claim_limited", {
+            "now": now, "holder": holder, "limit": plan.limit, "names": plan.names,
+            "name_limits": plan.name_limits, "name_reserved": plan.name_reserved,
+            "pool": plan.pool, "tenants": plan.tenants, "tenant_limits": plan.tenant_limits,
+            "tenant_reserved": plan.tenant_reserved, "tenant_pool": plan.tenant_pool})
 
     def _retire(
         self, tx: Tx, rows: Sequence[tuple[Any, ...]], audit: list[AuditRow], reason: str
@@ -377,9 +422,10 @@ class LedgerEngine:
         claiming = limit > 0 and bool(names)
 
         def body(tx: Tx) -> tuple[list[CommitOutcome], list[Claim]]:
-            # The expired-lease scan travels with the fence read (one round trip).
-            also = [self._expired_read(names, limit)] if claiming else []
-            outcomes, expired = self._commit_in(tx, writes, also=also)
+            # The expired-lease scan and the limits travel with the fence read (one round
+            # trip).
+            also = self._claim_reads(names, limit) if claiming else []
+            outcomes, pre = self._commit_in(tx, writes, also=also)
             if not claiming:
                 return outcomes, []
             # The scan ran before the writes: a lease this commit ended (its holder's own
@@ -387,8 +433,8 @@ class LedgerEngine:
             ended = {w.task_id for w, o in zip(writes, outcomes, strict=True)
                      if o.ok and w.transition is not None
                      and w.transition.to is not State.RUNNING}
-            still = [row for row in expired[0] if row[0] not in ended]
-            return outcomes, self._claim_in(tx, holder, names, limit, still)
+            still = [row for row in pre[0] if row[0] not in ended]
+            return outcomes, self._claim_in(tx, holder, names, limit, [still, pre[1]])
 
         try:
             try:
@@ -537,6 +583,88 @@ class LedgerEngine:
             return [r[0] for r in rows]
 
         return self.dialect.run(body)
+
+    # ------------------------------------------------------------------ bulkheads
+
+    def limits(self) -> list[Limit]:
+        """See :meth:`Ledger.limits`."""
+        rows = self.dialect.run(lambda tx: tx.rows("limits_all"), write=False)
+        return [_limit(r) for r in rows]
+
+    def set_limit(
+        self, scope: LimitScope, name: str, reserved: int, maximum: int | None,
+        operator: str, reason: str,
+    ) -> Limit:
+        """See :meth:`Ledger.set_limit`. Checked on its own (``reserved <= maximum``,
+        ``maximum >= 1``, ...) and against the other rows in the same transaction, under
+        the total's claim lock (``*``, so two sets never race): with a total, the
+        reservations of the types, and those of the tenants, add up to at most the total.
+        Audited as ``limit_set`` (task id ``limit:SCOPE[:NAME]``) with the old and new
+        values. A claim already in flight finishes under the limits it read; tasks running
+        above a lowered cap are not stopped (no preemption)."""
+        scope = LimitScope(scope)
+        _check_limit(scope, name, reserved, maximum)
+
+        def body(tx: Tx) -> Limit:
+            [_, rows] = tx.rows_many([("limits_lock", {"scopes": ["*"]}), ("limits_all", {})])
+            current = {(lim.scope, lim.name): lim for lim in map(_limit, rows)}
+            old = current.get((scope, name))
+            current[(scope, name)] = Limit(scope, name, reserved, maximum, 0, 0.0, "", "")
+            _check_reservations(current)
+            row = tx.one("limit_upsert", {
+                "scope": scope.value, "name": name, "reserved": reserved,
+                "maximum": maximum, "now": tx.now, "operator": operator, "reason": reason})
+            assert row is not None
+            new = _limit(row)
+            _audit(tx, [(_limit_audit_id(scope, name), tx.now, "limit_set", None, None,
+                         None, None, dumps({
+                             "operator": operator, "reason": reason, "scope": scope.value,
+                             "name": name, "reserved": reserved, "maximum": maximum,
+                             "version": new.version,
+                             "previous": None if old is None else
+                             {"reserved": old.reserved, "maximum": old.maximum}}))])
+            return new
+
+        return self.dialect.run(body)
+
+    def clear_limit(self, scope: LimitScope, name: str, operator: str, reason: str) -> Limit:
+        """See :meth:`Ledger.clear_limit`. Audited as ``limit_cleared``. Clearing the total
+        while reservations remain is allowed (they then have no effect)."""
+        scope = LimitScope(scope)
+
+        def body(tx: Tx) -> Limit:
+            row = tx.one("limit_delete", {"scope": scope.value, "name": name})
+            if row is None:
+                raise InvalidArguments(
+                    f"no {scope.value} limit {name!r} to clear" if name else
+                    f"no {scope.value} limit to clear")
+            old = _limit(row)
+            _audit(tx, [(_limit_audit_id(scope, name), tx.now, "limit_cleared", None, None,
+                         None, None, dumps({
+                             "operator": operator, "reason": reason, "scope": scope.value,
+                             "name": name, "previous": {"reserved": old.reserved,
+                                                        "maximum": old.maximum}}))])
+            return old
+
+        return self.dialect.run(body)
+
+    def limit_changes(self, limit: int = 20) -> list[AuditEvent]:
+        """See :meth:`Ledger.limit_changes`."""
+        rows = self.dialect.run(lambda tx: tx.rows("limits_audit", {"limit": limit}),
+                                write=False)
+        return [AuditEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], decode_detail(r[8]))
+                for r in rows]
+
+    def slot_usage(self) -> SlotUsage:
+        """See :meth:`Ledger.slot_usage` (one read transaction)."""
+
+        def body(tx: Tx) -> SlotUsage:
+            running = {(r[0], r[1]): int(r[2]) for r in tx.rows("limits_running")}
+            ready_rows = tx.rows("slot_ready", {"now": tx.now})
+            return SlotUsage(running, {(r[0], r[1]): int(r[2]) for r in ready_rows},
+                             {(r[0], r[1]): float(r[3]) for r in ready_rows}, tx.now)
+
+        return self.dialect.run(body, write=False)
 
     # ------------------------------------------------------------------ reads
 
@@ -778,6 +906,59 @@ class LedgerEngine:
         segment.apply(tx, now, False)
         _audit(tx, audit)
         return CommitOutcome(write.task_id, True, False, write.generation), entry
+
+
+def _limit(row: Sequence[Any]) -> Limit:
+    """A :class:`Limit` from a ``limits`` row."""
+    return Limit(LimitScope(row[0]), row[1], int(row[2]),
+                 None if row[3] is None else int(row[3]), int(row[4]), float(row[5]),
+                 row[6], row[7])
+
+
+def _limit_audit_id(scope: LimitScope, name: str) -> str:
+    """The ``task_id`` of a limit's audit rows (``ratchet inspect limit:type:NAME``)."""
+    return f"limit:{scope.value}:{name}" if name else f"limit:{scope.value}"
+
+
+def _check_limit(scope: LimitScope, name: str, reserved: int, maximum: int | None) -> None:
+    """Refuse a limit that cannot be right on its own (InvalidArguments)."""
+    if scope is LimitScope.TOTAL:
+        if name:
+            raise InvalidArguments("the total limit has no name")
+        if maximum is None:
+            raise InvalidArguments("the total limit needs a maximum (the number of slots)")
+        if reserved:
+            raise InvalidArguments("the total limit reserves nothing (reserve per type or "
+                                   "tenant)")
+    elif not name:
+        raise InvalidArguments(f"a {scope.value} limit needs the {scope.value}'s name")
+    for label, value in (("reserved", reserved), ("maximum", maximum)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidArguments(f"{label} must be an integer, got {value!r}")
+    if reserved < 0:
+        raise InvalidArguments(f"reserved must be >= 0, got {reserved}")
+    if maximum is not None and maximum < 1:
+        raise InvalidArguments(
+            f"maximum must be >= 1, got {maximum} (to stop a type, pause it)")
+    if maximum is not None and reserved > maximum:
+        raise InvalidArguments(f"reserved ({reserved}) exceeds maximum ({maximum})")
+    if maximum is None and not reserved and scope is not LimitScope.TOTAL:
+        raise InvalidArguments("a limit needs reserved > 0 or a maximum (to remove one, "
+                               "clear it)")
+
+
+def _check_reservations(limits: dict[tuple[LimitScope, str], Limit]) -> None:
+    """With a total, the reservations of the types, and those of the tenants, add up to
+    at most the total (InvalidArguments)."""
+    total = limits.get((LimitScope.TOTAL, ""))
+    if total is None or total.maximum is None:
+        return
+    for scope in (LimitScope.TYPE, LimitScope.TENANT):
+        reserved = sum(lim.reserved for lim in limits.values() if lim.scope is scope)
+        if reserved > total.maximum:
+            raise InvalidArguments(
+                f"the {scope.value} reservations would add up to {reserved}, more than the "
+                f"total of {total.maximum} slots")
 
 
 def _naming(exc: WriteRejected, writes: Sequence[TaskWrite]) -> WriteRejected:

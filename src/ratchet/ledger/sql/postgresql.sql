@@ -23,12 +23,12 @@ SELECT true;
 -- Rows arrive in idempotency-key order (and are inserted in that order), so two batches
 -- sharing keys lock them in the same order: no deadlock.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
-                   max_attempts, lease_s, run_at, created_at, updated_at)
+                   max_attempts, lease_s, run_at, created_at, updated_at, tenant)
 SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_attempts,
-       u.lease_s, COALESCE(u.run_at, %(now)s + u.delay), %(now)s, %(now)s
+       u.lease_s, COALESCE(u.run_at, %(now)s + u.delay), %(now)s, %(now)s, u.tenant
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, name text, version int, params text, digest text, key text,
-          max_attempts int, lease_s float8, run_at float8, delay float8)
+          max_attempts int, lease_s float8, run_at float8, delay float8, tenant text)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -248,13 +248,13 @@ FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class
+       last_error, error_class, tenant
 FROM tasks WHERE id = %(id)s;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class
+       last_error, error_class, tenant
 FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
 -- name: timeline_audit
@@ -314,7 +314,7 @@ SELECT generation FROM steps WHERE task_id = %(task_id)s AND name = %(name)s;
 -- hot path).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class
+       last_error, error_class, tenant
 FROM tasks
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
@@ -325,3 +325,112 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
        OR (created_at = %(cursor_at)s::float8 AND id < %(cursor_id)s::text))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
+
+-- name: limits_all
+-- Bulkheads (DESIGN §8): every concurrency limit. Read by every claim (with the
+-- expired-lease scan, one round trip); an empty table keeps the unlimited claim.
+SELECT scope, name, reserved, maximum, version, updated_at, updated_by, reason
+FROM limits ORDER BY scope, name;
+
+-- name: limits_lock
+-- Serialises the claims a limit applies to, before they count: one transaction-level
+-- advisory lock per scope ("*" with a total; else "type:NAME" / "tenant:NAME"), taken in
+-- the order given (sorted by the engine), released at COMMIT. Keys: the two-int form (its
+-- own key space), 0x52544c4d and a hash of schema + scope; a collision only serialises
+-- more. Each statement of READ COMMITTED takes its snapshot when it starts, so the count
+-- that follows sees every claim committed by the previous holder of the lock.
+SELECT count(pg_advisory_xact_lock(1381256269, hashtext(current_schema() || ':' || s)))
+FROM unnest(%(scopes)s::text[]) AS s;
+
+-- name: limits_running
+-- Slots in use: RUNNING rows (lease_until IS NOT NULL holds exactly them: tasks_leased)
+-- per (name, tenant), expired leases included (a slot is held until a fenced write, a
+-- takeover, a retirement or a revocation ends it).
+SELECT name, tenant, count(*) FROM tasks
+WHERE lease_until IS NOT NULL AND state = 'RUNNING'
+GROUP BY name, tenant;
+
+-- name: limits_ready
+-- Which reserved scopes have ready work (their idle reservation is lent out otherwise).
+SELECT 'type', n FROM unnest(%(names)s::text[]) AS n
+WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.name = n
+              AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s)
+UNION ALL
+SELECT 'tenant', t FROM unnest(%(tenants)s::text[]) AS t
+WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t
+              AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s);
+
+-- name: claim_limited
+-- claim_ready under bulkheads (only when a limit applies; the engine holds limits_lock
+-- and computed the numbers, ledger/bulkheads.py): oldest first, at most name_limits[i]
+-- tasks of names[i] (its cap), of which the first name_reserved[i] come out of the slots
+-- owed to it and the rest out of a pool shared by every name, at most pool tasks in all;
+-- the same per tenant (tenants[j], tenant_limits[j], tenant_reserved[j], tenant_pool; a
+-- tenant without a limit row, or a task without a tenant, takes only from tenant_pool);
+-- at most limit in all. Each name is walked on tasks_ready (name, run_at) as in
+-- claim_ready, stopped at what it may take and skipping the tenants that may take nothing
+-- (a capped tenant's backlog never hides the others'). A row dropped by one dimension
+-- still counts in the other's ranks: the claim may take fewer, never more.
+WITH tl AS (
+    SELECT * FROM unnest(%(tenants)s::text[], %(tenant_limits)s::int[],
+                         %(tenant_reserved)s::int[]) AS x(tenant, n, own)),
+cand AS (
+    SELECT p.id, p.state, p.run_at, l.n AS name_limit, l.own AS name_own,
+           COALESCE(x.n, %(limit)s) AS tenant_limit, COALESCE(x.own, 0) AS tenant_own,
+           row_number() OVER (PARTITION BY l.name ORDER BY p.run_at, p.id) AS rn_name,
+           row_number() OVER (PARTITION BY x.tenant ORDER BY p.run_at, p.id) AS rn_tenant
+    FROM unnest(%(names)s::text[], %(name_limits)s::int[], %(name_reserved)s::int[])
+         AS l(name, n, own)
+    CROSS JOIN LATERAL (
+        SELECT id, state, run_at, tenant FROM tasks
+        WHERE tasks.name = l.name AND state IN ('PENDING', 'RETRY_WAIT')
+          AND run_at <= %(now)s
+          AND COALESCE((SELECT LEAST(y.n, y.own + %(tenant_pool)s) FROM tl y
+                        WHERE y.tenant = tasks.tenant), %(tenant_pool)s) > 0
+        ORDER BY run_at LIMIT LEAST(l.n, l.own + %(pool)s, %(limit)s)
+        FOR UPDATE SKIP LOCKED) AS p
+    LEFT JOIN tl x ON x.tenant = p.tenant
+    WHERE LEAST(l.n, l.own + %(pool)s) > 0),
+capped AS (
+    SELECT id, state, run_at, rn_name, name_own, rn_tenant, tenant_own,
+           sum(CASE WHEN rn_name > name_own THEN 1 ELSE 0 END)
+               OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS pool_rank,
+           sum(CASE WHEN rn_tenant > tenant_own THEN 1 ELSE 0 END)
+               OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS tenant_pool_rank
+    FROM cand WHERE rn_name <= name_limit AND rn_tenant <= tenant_limit),
+picked AS (
+    SELECT id, state FROM capped
+    WHERE (rn_name <= name_own OR pool_rank <= %(pool)s)
+      AND (rn_tenant <= tenant_own OR tenant_pool_rank <= %(tenant_pool)s)
+    ORDER BY run_at, id LIMIT %(limit)s)
+UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
+                   attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
+                   updated_at = %(now)s
+FROM picked WHERE t.id = picked.id
+RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
+          t.lease_s, t.lease_until, picked.state;
+
+-- name: limit_upsert
+INSERT INTO limits (scope, name, reserved, maximum, version, updated_at, updated_by, reason)
+VALUES (%(scope)s, %(name)s, %(reserved)s, %(maximum)s, 1, %(now)s, %(operator)s,
+        %(reason)s)
+ON CONFLICT (scope, name) DO UPDATE SET reserved = excluded.reserved,
+    maximum = excluded.maximum, version = limits.version + 1,
+    updated_at = excluded.updated_at, updated_by = excluded.updated_by,
+    reason = excluded.reason
+RETURNING scope, name, reserved, maximum, version, updated_at, updated_by, reason;
+
+-- name: limit_delete
+DELETE FROM limits WHERE scope = %(scope)s AND name = %(name)s
+RETURNING scope, name, reserved, maximum, version, updated_at, updated_by, reason;
+
+-- name: slot_ready
+-- ratchet limits: ready tasks per (name, tenant) and the oldest one's run_at.
+SELECT name, tenant, count(*), min(run_at) FROM tasks
+WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
+GROUP BY name, tenant;
+
+-- name: limits_audit
+-- The latest limit changes (limit_set / limit_cleared audit rows), newest first.
+SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
+FROM audit WHERE kind IN ('limit_set', 'limit_cleared') ORDER BY seq DESC LIMIT %(limit)s;

@@ -1,0 +1,306 @@
+"""Bulkheads (issue 10, DESIGN §8) at the ledger: cluster-wide caps per task type and per
+tenant, a total of slots, reservations that are lent while idle and handed back (new claims
+of borrowers refused) as soon as their owner has work, on both ledgers; the limits' control
+API (audited) and its errors. Real processes: tests/test_bulkheads_processes.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ratchet import App, Control, InvalidArguments, State, TaskContext, open_ledger
+from ratchet.app import new_task_id
+from ratchet.cli.main import cli
+from ratchet.ledger.base import (
+    Claim,
+    Ledger,
+    Limit,
+    LimitScope,
+    NewTask,
+    TaskWrite,
+    Transition,
+)
+from ratchet.ledger.bulkheads import UNLIMITED, allowance
+from ratchet.serde import digest, dumps
+
+pytestmark = pytest.mark.timeout(120)
+
+ALL = ["payment", "billing", "tracking", "bulk"]
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    led = open_ledger(ledger_url)
+    yield led
+    led.close()
+
+
+def submit(ledger: Ledger, name: str, n: int, tenant: str | None = None) -> list[str]:
+    tasks = []
+    for _ in range(n):
+        params = dumps({})
+        tasks.append(NewTask(new_task_id(), name, 1, params, digest(name, params), None, 3,
+                             30.0, tenant=tenant))
+    ledger.submit(tasks)
+    return [t.task_id for t in tasks]
+
+
+def finish(ledger: Ledger, claims: list[Claim]) -> None:
+    ledger.commit([TaskWrite(c.task_id, c.generation, "h", "complete",
+                             transition=Transition(State.SUCCEEDED, result_json="null"))
+                   for c in claims])
+
+
+def names_of(claims: list[Claim]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in claims:
+        out[c.name] = out.get(c.name, 0) + 1
+    return out
+
+
+def running(ledger: Ledger) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (name, _tenant), n in ledger.slot_usage().running.items():
+        out[name] = out.get(name, 0) + n
+    return out
+
+
+def test_type_cap_holds_across_claimers_and_frees_on_the_fenced_write(
+        ledger: Ledger, ledger_url: str) -> None:
+    other = open_ledger(ledger_url)
+    try:
+        ledger.set_limit(LimitScope.TYPE, "tracking", 0, 2, "alice", "cap tracking")
+        submit(ledger, "tracking", 6)
+        submit(ledger, "bulk", 3)
+        first = ledger.claim("a", ["tracking", "bulk"], 10)
+        assert names_of(first) == {"tracking": 2, "bulk": 3}
+        assert other.claim("b", ["tracking"], 10) == []
+        finish(ledger, [c for c in first if c.name == "tracking"][:1])
+        again = other.claim("b", ["tracking"], 10)
+        assert names_of(again) == {"tracking": 1}
+        assert other.claim("b", ["tracking"], 10) == []
+        assert running(ledger) == {"tracking": 2, "bulk": 3}
+    finally:
+        other.close()
+
+
+def test_expired_lease_keeps_its_slot_and_a_takeover_reuses_it(ledger: Ledger) -> None:
+    ledger.set_limit(LimitScope.TYPE, "tracking", 0, 1, "alice", "one at a time")
+    params = dumps({})
+    short = NewTask(new_task_id(), "tracking", 1, params, digest("tracking", params), None, 3,
+                    0.0)
+    ledger.submit([short])
+    [held] = ledger.claim("a", ["tracking"], 5)
+    submit(ledger, "tracking", 3)
+    # The lease (0 s) has expired: the slot is still the expired row's until someone takes
+    # it over; the takeover is the one claim, no fresh task starts beside it.
+    [taken] = ledger.claim("b", ["tracking"], 5)
+    assert taken.task_id == held.task_id and taken.takeover
+    assert running(ledger) == {"tracking": 1}
+    # The old holder's write is fenced: it frees nothing.
+    [stale] = ledger.commit([TaskWrite(held.task_id, held.generation, "a", "complete",
+                                       transition=Transition(State.SUCCEEDED))])
+    assert stale.stale and running(ledger) == {"tracking": 1}
+
+
+def test_revocation_frees_the_slot(ledger: Ledger) -> None:
+    ledger.set_limit(LimitScope.TYPE, "tracking", 0, 1, "alice", "one at a time")
+    submit(ledger, "tracking", 2)
+    assert len(ledger.claim("dead", ["tracking"], 5)) == 1
+    assert ledger.claim("b", ["tracking"], 5) == []
+    ledger.revoke_holder("dead", "test", "process gone")
+    assert len(ledger.claim("b", ["tracking"], 5)) == 1
+
+
+def test_tenant_cap_counts_every_type_and_does_not_hide_other_tenants(ledger: Ledger) -> None:
+    ledger.set_limit(LimitScope.TENANT, "acme", 0, 2, "alice", "noisy tenant")
+    submit(ledger, "tracking", 5, tenant="acme")
+    submit(ledger, "billing", 5, tenant="acme")
+    submit(ledger, "tracking", 3, tenant="globex")
+    submit(ledger, "tracking", 2)
+    claims = ledger.claim("a", ["tracking", "billing"], 20)
+    info = {t.task_id: t for t in ledger.get_many([c.task_id for c in claims])}
+    tenants: dict[str | None, int] = {}
+    for c in claims:
+        tenants[info[c.task_id].tenant] = tenants.get(info[c.task_id].tenant, 0) + 1
+    assert tenants == {"acme": 2, "globex": 3, None: 2}
+    assert ledger.claim("a", ["tracking", "billing"], 20) == []
+
+
+def test_reserved_slots_are_lent_while_idle_and_handed_back(ledger: Ledger) -> None:
+    """The 200 / payment 60 / billing 40 / tracking max 70 example, scaled down by 10."""
+    for scope, name, reserved, maximum in [(LimitScope.TOTAL, "", 0, 20),
+                                           (LimitScope.TYPE, "payment", 6, None),
+                                           (LimitScope.TYPE, "billing", 4, None),
+                                           (LimitScope.TYPE, "tracking", 0, 7)]:
+        ledger.set_limit(scope, name, reserved, maximum, "alice", "bulkheads")
+    # A burst of tracking work: capped at 7, payment's 6 (and billing's 4) stay free.
+    submit(ledger, "tracking", 30)
+    tracking = ledger.claim("w1", ALL, 50)
+    assert names_of(tracking) == {"tracking": 7}
+    submit(ledger, "payment", 8)
+    payment = ledger.claim("w2", ["payment"], 50)
+    assert len(payment) == 8  # its 6, plus 2 of the 13 free slots (billing is idle)
+    finish(ledger, payment)
+    # Idle reservations are lent: bulk (no limit of its own) borrows every free slot.
+    submit(ledger, "bulk", 30)
+    bulk = ledger.claim("w1", ["bulk"], 50)
+    assert len(bulk) == 13 and running(ledger) == {"tracking": 7, "bulk": 13}
+    # Payment gets work: no free slot (borrowers are not preempted)...
+    submit(ledger, "payment", 10)
+    assert ledger.claim("w2", ["payment"], 50) == []
+    # ...and from now on each slot a borrower frees goes to payment, not to new borrowers,
+    # until payment runs its 6.
+    finish(ledger, bulk[:3])
+    assert ledger.claim("w1", ["bulk", "tracking"], 50) == []
+    assert len(ledger.claim("w2", ["payment"], 50)) == 3
+    finish(ledger, bulk[3:6])
+    assert ledger.claim("w1", ["bulk"], 50) == []
+    assert len(ledger.claim("w2", ALL, 50)) == 3
+    assert running(ledger)["payment"] == 6
+    # Payment has its 6: a freed slot may be borrowed again (billing is still idle).
+    finish(ledger, bulk[6:8])
+    assert names_of(ledger.claim("w1", ["bulk"], 50)) == {"bulk": 2}
+    # Billing gets work: its 4 are owed too; borrowers wait, billing takes what frees up.
+    submit(ledger, "billing", 5)
+    finish(ledger, bulk[8:10])
+    assert ledger.claim("w1", ["bulk", "payment"], 50) == []
+    assert names_of(ledger.claim("w3", ["billing"], 50)) == {"billing": 2}
+
+
+def test_several_names_in_one_claim_share_the_pool(ledger: Ledger) -> None:
+    ledger.set_limit(LimitScope.TOTAL, "", 0, 5, "alice", "five slots")
+    ledger.set_limit(LimitScope.TYPE, "payment", 3, None, "alice", "keep three")
+    submit(ledger, "payment", 10)
+    submit(ledger, "bulk", 10)
+    claims = ledger.claim("w", ["bulk", "payment"], 50)
+    counts = names_of(claims)
+    assert sum(counts.values()) == 5 and counts.get("payment", 0) >= 3
+
+
+def test_concurrent_claimers_never_exceed_the_cap(ledger: Ledger, ledger_url: str) -> None:
+    """Many claimers at once (threads with their own ledger objects; PostgreSQL READ
+    COMMITTED): the RUNNING count of a capped type never goes over its cap."""
+    ledger.set_limit(LimitScope.TYPE, "tracking", 0, 3, "alice", "three")
+    submit(ledger, "tracking", 200)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    over: list[int] = []
+
+    def claimer(i: int) -> None:
+        led = open_ledger(ledger_url)
+        try:
+            while not stop.is_set():
+                got = led.claim(f"h{i}", ["tracking"], 4)
+                if got:
+                    finish(led, got)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            led.close()
+
+    def observer() -> None:
+        while not stop.is_set():
+            n = running(ledger).get("tracking", 0)
+            if n > 3:
+                over.append(n)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(6)]
+    threads.append(threading.Thread(target=observer))
+    for t in threads:
+        t.start()
+    try:
+        wait = threading.Event()
+        wait.wait(3.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors
+    assert not over
+
+
+def test_limits_control_api_is_audited_and_refuses_bad_limits(ledger_url: str,
+                                                             ledger: Ledger) -> None:
+    with Control(ledger_url) as control:
+        control.set_limit("total", maximum=10, reason="cluster size", by="alice")
+        lim = control.set_limit("type", "payment", reserved=6, reason="critical", by="bob")
+        assert (lim.scope, lim.name, lim.reserved, lim.maximum, lim.version) == (
+            LimitScope.TYPE, "payment", 6, None, 1)
+        lim = control.set_limit("type", "payment", reserved=5, maximum=8, reason="tune",
+                                by="bob")
+        assert lim.version == 2 and lim.updated_by == "bob"
+        with pytest.raises(InvalidArguments, match="add up to 12"):
+            control.set_limit("type", "billing", reserved=7, reason="x", by="bob")
+        with pytest.raises(InvalidArguments, match="exceeds maximum"):
+            control.set_limit("type", "billing", reserved=3, maximum=2, reason="x", by="bob")
+        with pytest.raises(InvalidArguments, match="maximum must be >= 1"):
+            control.set_limit("tenant", "acme", maximum=0, reason="x", by="bob")
+        with pytest.raises(InvalidArguments, match="unknown limit scope"):
+            control.set_limit("shard", "a", maximum=1, reason="x", by="bob")
+        with pytest.raises(InvalidArguments, match="reason"):
+            control.set_limit("type", "a", maximum=1, reason=" ", by="bob")
+        with pytest.raises(InvalidArguments, match="no type limit 'nope'"):
+            control.clear_limit("type", "nope", reason="x", by="bob")
+        submit(ledger, "payment", 2)
+        report = control.limits()
+        by_name = {(v.scope, v.name): v for v in report.limits}
+        assert by_name[("type", "payment")].ready == 2
+        assert by_name[("total", "")].maximum == 10
+        control.clear_limit("type", "payment", reason="done", by="carol")
+        report = control.limits()
+        assert [(v.scope, v.name) for v in report.limits] == [("total", "")]
+        changes = [(e.kind, e.task_id, e.detail["operator"], e.detail["reason"])
+                   for e in report.changes]
+        assert changes == [
+            ("limit_cleared", "limit:type:payment", "carol", "done"),
+            ("limit_set", "limit:type:payment", "bob", "tune"),
+            ("limit_set", "limit:type:payment", "bob", "critical"),
+            ("limit_set", "limit:total", "alice", "cluster size"),
+        ]
+        assert report.changes[1].detail["previous"] == {"reserved": 6, "maximum": None}
+
+
+def test_allowance_owes_reservations_and_pools_the_rest() -> None:
+    limits = [Limit(LimitScope.TOTAL, "", 0, 10, 1, 0.0, "", ""),
+              Limit(LimitScope.TYPE, "payment", 4, None, 1, 0.0, "", "")]
+    plan = allowance(limits, ["a", "b", "payment"], 32, {("a", None): 2}, {"payment"}, set())
+    # free 8, owed to payment 4: the pool others may take is 4.
+    assert (plan.limit, plan.pool, plan.name_reserved) == (8, 4, [0, 0, 4])
+    full = allowance(limits, ["a"], 32, {("a", None): 6}, {"payment"}, set())
+    assert (full.pool, full.limit) == (0, 4)
+    idle = allowance(limits, ["a"], 32, {("a", None): 6}, set(), set())
+    assert idle.pool == 4 and idle.tenant_pool == 4
+    uncapped = allowance([], ["a"], 32, {}, set(), set())
+    assert uncapped.pool == UNLIMITED and uncapped.name_limits == [32]
+
+
+def test_submit_with_tenant_and_cli(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/l.db"
+    app = App(url)
+
+    @app.task(name="t")
+    def t(ctx: TaskContext) -> None:
+        return None
+
+    handle = app.submit("t", {}, tenant="acme")
+    assert handle.get().tenant == "acme"
+    with pytest.raises(InvalidArguments, match="tenant"):
+        app.submit("t", {}, tenant="")
+    runner = CliRunner()
+    out = runner.invoke(cli, ["limits", "set", "--type", "t", "--max", "2", "--reason",
+                              "cap", "--operator", "alice", "--ledger", url])
+    assert out.exit_code == 0, out.output
+    out = runner.invoke(cli, ["limits", "--ledger", url])
+    assert out.exit_code == 0 and "t" in out.output and "2" in out.output, out.output
+    out = runner.invoke(cli, ["limits", "--json", "--ledger", url])
+    assert '"maximum": 2' in out.output
+    out = runner.invoke(cli, ["limits", "clear", "--type", "t", "--reason", "x",
+                              "--ledger", url])
+    assert out.exit_code == 0, out.output
+    app.close()
+
