@@ -304,3 +304,13 @@ def test_submit_with_tenant_and_cli(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     app.close()
 
+
+
+def test_a_capped_name_does_not_shrink_the_claim_of_the_others(ledger: Ledger) -> None:
+    ledger.set_limit(LimitScope.TYPE, "tracking", 0, 3, "alice", "cap")
+    ledger.set_limit(LimitScope.TENANT, "acme", 0, 100, "alice", "a tenant limit too")
+    for _ in range(20):  # interleaved in run_at order
+        submit(ledger, "tracking", 1)
+        submit(ledger, "bulk", 1, tenant="acme")
+    claims = ledger.claim("w", ["tracking", "bulk"], 20)
+    assert names_of(claims) == {"tracking": 3, "bulk": 17}

@@ -369,16 +369,15 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t
 -- tenant without a limit row, or a task without a tenant, takes only from tenant_pool);
 -- at most limit in all. Each name is walked on tasks_ready (name, run_at) as in
 -- claim_ready, stopped at what it may take and skipping the tenants that may take nothing
--- (a capped tenant's backlog never hides the others'). A row dropped by one dimension
--- still counts in the other's ranks: the claim may take fewer, never more.
+-- (a capped tenant's backlog never hides the others'). The caps filter in turn (name,
+-- then tenant, then the two pools); a row one filter drops may still have used a rank of
+-- an earlier one: the claim may take fewer, never more.
 WITH tl AS (
     SELECT * FROM unnest(%(tenants)s::text[], %(tenant_limits)s::int[],
                          %(tenant_reserved)s::int[]) AS x(tenant, n, own)),
-cand AS (
-    SELECT p.id, p.state, p.run_at, l.n AS name_limit, l.own AS name_own,
-           COALESCE(x.n, %(limit)s) AS tenant_limit, COALESCE(x.own, 0) AS tenant_own,
-           row_number() OVER (PARTITION BY l.name ORDER BY p.run_at, p.id) AS rn_name,
-           row_number() OVER (PARTITION BY x.tenant ORDER BY p.run_at, p.id) AS rn_tenant
+by_name AS (
+    SELECT p.id, p.state, p.run_at, p.tenant, l.n AS name_limit, l.own AS name_own,
+           row_number() OVER (PARTITION BY l.name ORDER BY p.run_at, p.id) AS rn_name
     FROM unnest(%(names)s::text[], %(name_limits)s::int[], %(name_reserved)s::int[])
          AS l(name, n, own)
     CROSS JOIN LATERAL (
@@ -389,17 +388,22 @@ cand AS (
                         WHERE y.tenant = tasks.tenant), %(tenant_pool)s) > 0
         ORDER BY run_at LIMIT LEAST(l.n, l.own + %(pool)s, %(limit)s)
         FOR UPDATE SKIP LOCKED) AS p
-    LEFT JOIN tl x ON x.tenant = p.tenant
     WHERE LEAST(l.n, l.own + %(pool)s) > 0),
-capped AS (
+by_tenant AS (
+    SELECT c.id, c.state, c.run_at, c.rn_name, c.name_own,
+           COALESCE(x.n, 1073741824) AS tenant_limit, COALESCE(x.own, 0) AS tenant_own,
+           row_number() OVER (PARTITION BY x.tenant ORDER BY c.run_at, c.id) AS rn_tenant
+    FROM by_name c LEFT JOIN tl x ON x.tenant = c.tenant
+    WHERE c.rn_name <= c.name_limit),
+pooled AS (
     SELECT id, state, run_at, rn_name, name_own, rn_tenant, tenant_own,
            sum(CASE WHEN rn_name > name_own THEN 1 ELSE 0 END)
                OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS pool_rank,
            sum(CASE WHEN rn_tenant > tenant_own THEN 1 ELSE 0 END)
                OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS tenant_pool_rank
-    FROM cand WHERE rn_name <= name_limit AND rn_tenant <= tenant_limit),
+    FROM by_tenant WHERE rn_tenant <= tenant_limit),
 picked AS (
-    SELECT id, state FROM capped
+    SELECT id, state FROM pooled
     WHERE (rn_name <= name_own OR pool_rank <= %(pool)s)
       AND (rn_tenant <= tenant_own OR tenant_pool_rank <= %(tenant_pool)s)
     ORDER BY run_at, id LIMIT %(limit)s)

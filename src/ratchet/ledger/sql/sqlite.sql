@@ -321,38 +321,45 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t.value
 -- to it and the rest out of a pool shared by every name, at most :pool tasks in all; the
 -- same per tenant (:tenants, :tenant_limits, :tenant_reserved, :tenant_pool; a tenant
 -- without a limit row, or a task without a tenant, takes only from :tenant_pool); at most
--- :limit in all. Ranks the ready rows of the claimed names that may take something, minus
--- the tenants that may take nothing (a window over them: a name at its cap costs nothing,
--- one with room is read in full). A row dropped by one dimension still counts in the
--- other's ranks: the claim may take fewer, never more.
+-- :limit in all. Per name that may take something, its oldest :limit ready tasks (a
+-- correlated list subquery on tasks_ready, skipping the tenants that may take nothing, so
+-- a capped tenant's backlog never hides the others'); then the caps filter in turn (name,
+-- then tenant, then the two pools); a row one filter drops may still have used a rank of
+-- an earlier one: the claim may take fewer, never more.
 DELETE FROM temp.claim_pick;
-INSERT INTO temp.claim_pick (id, from_state)
-SELECT id, state FROM (
+WITH l AS (
+    SELECT n.value AS name, json_extract(:name_limits, '$[' || n.key || ']') AS lim,
+           json_extract(:name_reserved, '$[' || n.key || ']') AS own
+    FROM json_each(:names) AS n),
+tl AS (
+    SELECT tn.value AS tenant, json_extract(:tenant_limits, '$[' || tn.key || ']') AS n,
+           json_extract(:tenant_reserved, '$[' || tn.key || ']') AS own
+    FROM json_each(:tenants) AS tn),
+by_name AS (
+    SELECT t.id, t.state, t.run_at, t.tenant, l.lim AS name_limit, l.own AS name_own,
+           row_number() OVER (PARTITION BY t.name ORDER BY t.run_at, t.id) AS rn_name
+    FROM l JOIN tasks AS t ON t.id IN (
+        SELECT r.id FROM tasks AS r
+        WHERE r.name = l.name AND r.state IN ('PENDING', 'RETRY_WAIT') AND r.run_at <= :now
+          AND COALESCE((SELECT MIN(y.n, y.own + :tenant_pool) FROM tl AS y
+                        WHERE y.tenant = r.tenant), :tenant_pool) > 0
+        ORDER BY r.run_at LIMIT :limit)
+    WHERE MIN(l.lim, l.own + :pool) > 0),
+by_tenant AS (
+    SELECT c.id, c.state, c.run_at, c.rn_name, c.name_own,
+           COALESCE(tl.n, 1073741824) AS tenant_limit, COALESCE(tl.own, 0) AS tenant_own,
+           row_number() OVER (PARTITION BY tl.tenant ORDER BY c.run_at, c.id) AS rn_tenant
+    FROM by_name AS c LEFT JOIN tl ON tl.tenant = c.tenant
+    WHERE c.rn_name <= c.name_limit),
+pooled AS (
     SELECT id, state, run_at, rn_name, name_own, rn_tenant, tenant_own,
            sum(CASE WHEN rn_name > name_own THEN 1 ELSE 0 END)
                OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS pool_rank,
            sum(CASE WHEN rn_tenant > tenant_own THEN 1 ELSE 0 END)
                OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS tenant_pool_rank
-    FROM (
-        SELECT t.id, t.state, t.run_at, l.lim AS name_limit, l.own AS name_own,
-               COALESCE(tl.n, :limit) AS tenant_limit, COALESCE(tl.own, 0) AS tenant_own,
-               row_number() OVER (PARTITION BY t.name ORDER BY t.run_at, t.id) AS rn_name,
-               row_number() OVER (PARTITION BY tl.tenant ORDER BY t.run_at, t.id)
-                   AS rn_tenant
-        FROM (SELECT n.value AS name,
-                     json_extract(:name_limits, '$[' || n.key || ']') AS lim,
-                     json_extract(:name_reserved, '$[' || n.key || ']') AS own
-              FROM json_each(:names) AS n) AS l
-        JOIN tasks AS t ON t.name = l.name
-        LEFT JOIN (SELECT tn.value AS tenant,
-                          json_extract(:tenant_limits, '$[' || tn.key || ']') AS n,
-                          json_extract(:tenant_reserved, '$[' || tn.key || ']') AS own
-                   FROM json_each(:tenants) AS tn) AS tl
-               ON tl.tenant = t.tenant
-        WHERE MIN(l.lim, l.own + :pool) > 0
-          AND t.state IN ('PENDING', 'RETRY_WAIT') AND t.run_at <= :now
-          AND COALESCE(MIN(tl.n, tl.own + :tenant_pool), :tenant_pool) > 0) AS c
-    WHERE rn_name <= name_limit AND rn_tenant <= tenant_limit)
+    FROM by_tenant WHERE rn_tenant <= tenant_limit)
+INSERT INTO temp.claim_pick (id, from_state)
+SELECT id, state FROM pooled
 WHERE (rn_name <= name_own OR pool_rank <= :pool)
   AND (rn_tenant <= tenant_own OR tenant_pool_rank <= :tenant_pool)
 ORDER BY run_at, id LIMIT :limit;
