@@ -80,6 +80,16 @@ def test_pg_hot_statements_use_their_indexes(
         # scan of the ready set followed by a sort of all of it.
         assert "Index Scan using tasks_ready" in plan, plan
         assert "Bitmap" not in plan and "Seq Scan on tasks" not in plan, plan
+        # Bulkheads (DESIGN §8): the limited claim walks tasks_ready per name the same way.
+        plan = _pg_plan(conn, "claim_limited", {
+            "now": now, "names": names, "name_limits": [20] * len(names),
+            "name_reserved": [2] * len(names), "pool": 10, "tenants": ["acme"],
+            "tenant_limits": [5], "tenant_reserved": [0], "tenant_pool": 15, "limit": 20,
+            "holder": "h"})
+        assert "Index Scan using tasks_ready" in plan, plan
+        assert "Bitmap" not in plan and "Seq Scan on tasks" not in plan, plan
+    plan = _pg_plan(conn, "limits_running", {})
+    assert "tasks_leased" in plan and "Seq Scan on tasks" not in plan, plan
     ids = [f"x{i}" for i in range(1, 81)]
     rows = [{"id": i, "generation": 1, "state": "SUCCEEDED", "run_at": None, "release": False,
              "keep": False, "result": "1", "error": None, "error_class": None} for i in ids]
@@ -158,6 +168,15 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
     plan = _sqlite_plan(conn, "claim_ready", params)
     assert "USING INDEX tasks_ready" in plan and "TEMP B-TREE" not in plan, plan
     assert "SCAN tasks" not in plan, plan
+    plan = _sqlite_plan(conn, "claim_limited", {
+        **params, "names": json.dumps([NAME, "other.task"]), "name_limits": "[20, 20]",
+        "name_reserved": "[2, 2]", "pool": 10, "tenants": '["acme"]', "tenant_limits": "[5]",
+        "tenant_reserved": "[0]", "tenant_pool": 15})
+    # Bulkheads: each name's oldest ready rows through tasks_ready, found by primary key.
+    assert "USING INDEX tasks_ready" in plan and "SCAN tasks" not in plan, plan
+    assert "SEARCH t USING PRIMARY KEY" in plan, plan
+    plan = _sqlite_plan(conn, "limits_running", params)
+    assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
     plan = _sqlite_plan(conn, "claim_expired", params)
     assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
     plan = _sqlite_plan(conn, "transition", params)
