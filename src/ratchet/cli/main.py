@@ -497,6 +497,8 @@ def _print_timeline(tl: TaskTimeline) -> None:
     out.print(line((t.name, "bold"), " ", (t.task_id, ""), "  state=", (t.state, "bold"),
                    f" generation={t.generation} attempt={t.attempt}/{t.max_attempts} key=",
                    (t.idempotency_key if t.idempotency_key is not None else "-", "")))
+    if t.tenant is not None:
+        out.print(line("tenant: ", (t.tenant, "")))
     out.print(line("params: ") + show_value(t.params))
     if t.result is not None:
         out.print(line("result: ") + show_value(t.result))

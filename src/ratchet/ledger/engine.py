@@ -916,7 +916,8 @@ def _limit(row: Sequence[Any]) -> Limit:
 
 
 def _limit_audit_id(scope: LimitScope, name: str) -> str:
-    """The ``task_id`` of a limit's audit rows (``ratchet inspect limit:type:NAME``)."""
+    """The ``task_id`` of a limit's audit rows (``limit:type:NAME``; ``ratchet limits``
+    lists them)."""
     return f"limit:{scope.value}:{name}" if name else f"limit:{scope.value}"
 
 
