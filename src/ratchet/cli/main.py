@@ -652,7 +652,9 @@ def resolve(
 
 
 limits_cli = typer.Typer(
-    help="Cluster-wide concurrency limits (bulkheads): show, set, clear.",
+    help="Cluster-wide concurrency limits (bulkheads). Without a command: every limit with "
+         "its live use (running, ready, oldest ready age), the use per task type, and the "
+         "latest limit changes. Limits live in the ledger: every worker's claim obeys them.",
     invoke_without_command=True, add_completion=False, pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -718,8 +720,20 @@ def limits(
         for u in report.usage:
             age = f"{u.oldest_ready_age_s:.1f} s" if u.oldest_ready_age_s is not None else "-"
             usage.add_row(field(u.name), field(u.running), field(u.ready), field(age))
+        if not report.usage:
+            usage.add_row("(nothing running or ready)", "", "", "")
         out.print(usage)
         out.print(line(f"running in all: {report.running}"))
+        if report.changes:
+            out.print(line("latest limit changes:"))
+        for e in report.changes[:10]:
+            d = e.detail
+            what = e.task_id.removeprefix("limit:")
+            values = ("cleared" if e.kind == "limit_cleared" else
+                      f"reserved {d.get('reserved')}, max "
+                      f"{'-' if d.get('maximum') is None else d.get('maximum')}")
+            out.print(line(f"  {_when(e.at)} {what} {values} by ", (str(d.get("operator")), ""),
+                           ": ", (str(d.get("reason")), "")))
 
     _guard(run)
 
