@@ -255,3 +255,32 @@ def test_critical_oldest_pending_age_stays_bounded_under_a_flood(rig_factory: An
     assert flood_left > 100 and (status.oldest_pending_age_s or 0) > 2.0
     # ...while every critical task starts within a bound (a poll interval plus a claim).
     assert max(waits) < 1.0, waits
+
+
+def test_borrowed_reservation_is_handed_back_as_borrowers_finish(rig_factory: Any) -> None:
+    """Total 4 slots, bh.critical reserved 2, the flood unlimited: while the critical type
+    is idle the flood borrows all 4; once critical work is ready, the flood's new claims are
+    refused and each slot a flood task frees goes to the critical type (no preemption)."""
+    rig = rig_factory()
+    rig.control.set_limit("total", maximum=4, reason="test", by="t")
+    rig.control.set_limit("type", "bh.critical", reserved=2, reason="test", by="t")
+    flood = rig.submit("bh.flood", 200, 400)
+    for i in range(2):
+        rig.worker(f"w{i}", concurrency=3, args=["--prefetch", "0"])
+    rig.wait("the flood to borrow every slot",
+             lambda: running_of(rig.control, "bh.flood") == 4)
+    critical = rig.submit("bh.critical", 2, 50)
+    seen: list[int] = []
+    rig.wait_done(critical, sample=lambda: seen.append(rig.control.limits().running))
+    assert max(seen) <= 4
+    submitted = min(t.created_at for t in rig.control.get_many(critical))
+    claimed = sorted(next(e.at for e in rig.control.history(c).events if e.kind == "claim")
+                     for c in critical)
+    # Each critical task got a slot as soon as a borrowed one ended (flood tasks: 0.4 s).
+    assert claimed[-1] - submitted < 1.5, (submitted, claimed)
+    # No new borrower in between (0.3 s of grace for a flood claim already in flight when
+    # the critical tasks became ready).
+    flood_claims = [e.at for f in rig.control.get_many(flood) if f.attempt
+                    for e in rig.control.history(f.task_id).events if e.kind == "claim"]
+    assert not [at for at in flood_claims if submitted + 0.3 < at < claimed[-1]], (
+        submitted, claimed, sorted(flood_claims))
