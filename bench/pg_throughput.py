@@ -892,8 +892,10 @@ def explain_claim(
             # The ledger sets no planner knobs (an older revision measured with --src-rev
             # set enable_sort off per claim; its plan here is the one without that knob).
             (now,) = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()
-            # CLAIM_READY_SQL's parameters: now, names, limit, holder
-            params = {"now": now, "names": names, "limit": limit, "holder": holder}
+            # CLAIM_READY_SQL's parameters: now, names, limit, holder, and since versioned
+            # claims lo / hi (every version of each name; ignored by older revisions)
+            params = {"now": now, "names": names, "limit": limit, "holder": holder,
+                      "lo": [1] * len(names), "hi": [2**31 - 1] * len(names)}
             cur = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + text, params)
             lines = [row[0] for row in cur.fetchall()]
     except Exception as exc:

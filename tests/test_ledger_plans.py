@@ -21,6 +21,7 @@ from pgsupport import private_schema
 from psycopg import sql
 
 from ratchet import open_ledger
+from ratchet.ledger.base import claim_kinds
 from ratchet.ledger.catalogue import load_catalogue
 
 FINISHED = 100_000
@@ -73,21 +74,33 @@ def test_pg_hot_statements_use_their_indexes(
     if analyzed:
         conn.execute("ANALYZE tasks")
     now = 1e11
-    for names in ([NAME], [NAME, "other.task"]):
+    # Bare names (every version), a worker's (name, version) pairs, several versions.
+    for kinds in ([NAME], [NAME, "other.task"], [(NAME, 1)], [(NAME, 2), ("other.task", 1)],
+                  [(NAME, 1), (NAME, 2)]):
         plan = _pg_plan(conn, "claim_ready",
-                        {"now": now, "names": names, "limit": 20, "holder": "h"})
+                        {"now": now, **claim_kinds(kinds), "limit": 20, "holder": "h"})
         # An ordered walk of tasks_ready per name that stops at the limit: never a bitmap
-        # scan of the ready set followed by a sort of all of it.
+        # scan of the ready set followed by a sort of all of it. The version is checked
+        # on the index entry (an index condition), not on the row read afterwards.
         assert "Index Scan using tasks_ready" in plan, plan
         assert "Bitmap" not in plan and "Seq Scan on tasks" not in plan, plan
-        # Bulkheads (DESIGN §8): the limited claim walks tasks_ready per name the same way.
+        assert "Sort" not in plan.split("Limit")[-1], plan
+        index_cond = next(ln for ln in plan.splitlines() if "Index Cond" in ln)
+        assert "version" in index_cond, plan
+        # Bulkheads (DESIGN §8): the limited claim walks tasks_ready per (name, version
+        # range) entry the same way, the version on the index entry; the numbers are per
+        # name, repeated per entry.
+        entries = claim_kinds(kinds)["names"]
         plan = _pg_plan(conn, "claim_limited", {
-            "now": now, "names": names, "name_limits": [20] * len(names),
-            "name_reserved": [2] * len(names), "pool": 10, "tenants": ["acme"],
+            "now": now, **claim_kinds(kinds), "name_limits": [20] * len(entries),
+            "name_reserved": [2] * len(entries), "pool": 10, "tenants": ["acme"],
             "tenant_limits": [5], "tenant_reserved": [0], "tenant_pool": 15, "limit": 20,
             "holder": "h"})
         assert "Index Scan using tasks_ready" in plan, plan
         assert "Bitmap" not in plan and "Seq Scan on tasks" not in plan, plan
+        index_cond = next(ln for ln in plan.splitlines()
+                          if "Index Cond" in ln and "run_at" in ln)
+        assert "version" in index_cond, plan
     plan = _pg_plan(conn, "limits_running", {})
     assert "tasks_leased" in plan and "Seq Scan on tasks" not in plan, plan
     ids = [f"x{i}" for i in range(1, 81)]
@@ -101,8 +114,12 @@ def test_pg_hot_statements_use_their_indexes(
     assert "tasks_pkey" in plan and "Seq Scan" not in plan, plan
     plan = _pg_plan(conn, "holder_running", {"holder": "h1"})
     assert "tasks_holder" in plan, plan
-    plan = _pg_plan(conn, "claim_expired", {"now": now, "names": [NAME], "limit": 20})
+    plan = _pg_plan(conn, "claim_expired",
+                    {"now": now, **claim_kinds([(NAME, 1)]), "limit": 20})
     assert "tasks_leased" in plan and "Seq Scan" not in plan, plan
+    # ratchet status' per-version backlog reads the ready set only, never the finished.
+    plan = _pg_plan(conn, "ready_by_version", {})
+    assert "tasks_ready" in plan and "Seq Scan on tasks" not in plan, plan
 
 
 def test_pg_fenced_writes_probe_the_primary_key_while_draining() -> None:
@@ -159,26 +176,35 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
     if analyzed:
         conn.execute("ANALYZE")
     params: dict[str, Any] = {
-        "now": 1e11, "names": json.dumps([NAME]), "limit": 20, "holder": "h",
+        "now": 1e11, "limit": 20, "holder": "h",
+        **{k: json.dumps(v) for k, v in claim_kinds([(NAME, 1)]).items()},
         "ids": json.dumps(["x1", "x2"]), "generations": json.dumps([1, 1]),
         "keys": json.dumps(["k1"]), "id": "x1", "generation": 1, "state": "SUCCEEDED",
         "run_at": None, "release": 0, "keep": 0, "result": None, "error": None,
         "error_class": None,
     }
-    plan = _sqlite_plan(conn, "claim_ready", params)
-    assert "USING INDEX tasks_ready" in plan and "TEMP B-TREE" not in plan, plan
-    assert "SCAN tasks" not in plan, plan
-    plan = _sqlite_plan(conn, "claim_limited", {
-        **params, "names": json.dumps([NAME, "other.task"]), "name_limits": "[20, 20]",
-        "name_reserved": "[2, 2]", "pool": 10, "tenants": '["acme"]', "tenant_limits": "[5]",
-        "tenant_reserved": "[0]", "tenant_pool": 15})
-    # Bulkheads: each name's oldest ready rows through tasks_ready, found by primary key.
-    assert "USING INDEX tasks_ready" in plan and "SCAN tasks" not in plan, plan
-    assert "SEARCH t USING PRIMARY KEY" in plan, plan
+    for kinds in ([NAME], [(NAME, 1)], [(NAME, 2), ("other.task", 1)], [(NAME, 1), (NAME, 2)]):
+        ready = {**params, **{k: json.dumps(v) for k, v in claim_kinds(kinds).items()}}
+        plan = _sqlite_plan(conn, "claim_ready", ready)
+        assert "USING INDEX tasks_ready" in plan and "TEMP B-TREE" not in plan, plan
+        assert "SCAN tasks" not in plan, plan
+    for kinds in ([NAME, "other.task"], [(NAME, 1)], [(NAME, 1), (NAME, 2)]):
+        entries = len(claim_kinds(kinds)["names"])
+        plan = _sqlite_plan(conn, "claim_limited", {
+            **params, **{k: json.dumps(v) for k, v in claim_kinds(kinds).items()},
+            "name_limits": json.dumps([20] * entries),
+            "name_reserved": json.dumps([2] * entries), "pool": 10, "tenants": '["acme"]',
+            "tenant_limits": "[5]", "tenant_reserved": "[0]", "tenant_pool": 15})
+        # Bulkheads: each entry's oldest ready rows through tasks_ready, found by primary
+        # key.
+        assert "USING INDEX tasks_ready" in plan and "SCAN tasks" not in plan, plan
+        assert "SEARCH t USING PRIMARY KEY" in plan, plan
     plan = _sqlite_plan(conn, "limits_running", params)
     assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
     plan = _sqlite_plan(conn, "claim_expired", params)
     assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
+    plan = _sqlite_plan(conn, "ready_by_version", params)
+    assert "SCAN tasks USING INDEX tasks_ready" in plan, plan
     plan = _sqlite_plan(conn, "transition", params)
     assert "PRIMARY KEY" in plan and "tasks_holder" not in plan, plan
     for name in ("fence_read", "task_get_many", "claim_takeover", "submit_existing"):

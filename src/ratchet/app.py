@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pydantic
 import tenacity
 
 from . import faults
@@ -44,6 +46,7 @@ from .errors import (
 )
 from .ledger import open_ledger
 from .ledger.base import Ledger, NewTask, SubmitResult, TaskInfo
+from .params import ParamsSchema, check_task_function
 from .retry import RetryPolicy
 from .serde import digest, dumps
 from .states import State
@@ -76,23 +79,27 @@ def new_task_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class TaskDefinition:
-    """A registered task type.
+    """A registered task type: one version of one name (DESIGN §8, "Definitions").
 
     Attributes:
         name: the registered name (``"billing.charge"``).
         fn: the function, called as ``fn(ctx, **params)``.
-        version: definition version pinned by every instance at submit.
+        version: definition version pinned by every instance at submit; a worker claims
+            only the (name, version) pairs its app defines and runs each with its version.
         retry: the retry policy.
         lease_s: lease length in seconds, at least :data:`MIN_LEASE_S`; renewed every
             ``lease_s / 3`` while running.
         time_limit_s: most seconds one attempt may run (None: no limit, the default);
             see :func:`check_time_limit_s` and DESIGN §7 (time limits).
+        params_model: the pydantic model validating the params, or ``None`` (the
+            function's signature is the schema; :mod:`ratchet.params`).
 
     Raises:
         ConfigError: a lease below :data:`MIN_LEASE_S`, a time limit that is not a finite
             number of seconds > 0 (or None), a ``retry`` that is not a
             :class:`RetryPolicy`, a version outside 1 .. 2**31 - 1 (the ledger stores a
-            32-bit integer), or ``fn`` not callable.
+            32-bit integer), ``fn`` not callable, or a function that cannot be called as
+            ``fn(ctx, **params)`` (:func:`ratchet.params.check_task_function`).
     """
 
     name: str
@@ -101,7 +108,8 @@ class TaskDefinition:
     retry: RetryPolicy
     lease_s: float
     time_limit_s: float | None = None
-    _shape: _Shape | None = field(default=None, init=False, repr=False, compare=False)
+    params_model: type[pydantic.BaseModel] | None = None
+    _schema: ParamsSchema | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_lease_s(self.lease_s)
@@ -117,60 +125,36 @@ class TaskDefinition:
             )
         if not callable(self.fn):
             raise ConfigError(f"task {self.name!r}: {self.fn!r} is not callable")
-        object.__setattr__(self, "_shape", _signature_shape(self.fn))
+        object.__setattr__(self, "_schema",
+                           check_task_function(self.name, self.fn, self.params_model))
 
-    def bind(self, params: Mapping[str, Any]) -> None:
-        """Check ``params`` fit the function's signature (after ``ctx``).
-
-        The signature is read once per definition (:func:`inspect.signature` costs several
-        microseconds, a large share of a batched submit); the common case is a set check
-        of the parameter names, and only a mismatch (or an unusual signature) goes through
-        :meth:`inspect.Signature.bind` for its exact message.
+    def validate(self, params_json: str) -> None:
+        """Check the params' JSON text against the function's signature (or the params
+        model), in pydantic's strict JSON mode; nothing is converted (:mod:`ratchet.params`).
 
         Raises:
-            InvalidArguments: a missing or unexpected parameter.
+            InvalidArguments: a missing required field, an unknown field, a wrong type;
+                the message names each field.
         """
-        shape = self._shape
-        if shape is None:  # no introspectable signature (a C function): nothing to check
-            return
-        signature, allowed, required = shape
-        if allowed is not None and required is not None:
-            names = params.keys()
-            if required <= names and (allowed is _ANY_NAME or names <= allowed):
-                return
-        try:
-            signature.bind(None, **params)
-        except TypeError as exc:
-            raise InvalidArguments(
-                f"params for task {self.name!r} do not match its signature {signature}: {exc}"
-            ) from None
+        if self._schema is not None:
+            self._schema.validate(self.name, self.version, params_json)
 
+    @property
+    def params_schema(self) -> dict[str, Any]:
+        """The JSON Schema of the params (``{"type": "object"}`` when not introspectable)."""
+        return self._schema.json_schema if self._schema is not None else {"type": "object"}
 
-_Shape = tuple[inspect.Signature, "frozenset[str] | None", "frozenset[str] | None"]
-"""(signature, names accepted by keyword or ``_ANY_NAME``, names required); the name sets
-are ``None`` when only :meth:`inspect.Signature.bind` can judge (positional-only or
-``*args`` parameters after ``ctx``)."""
-
-_ANY_NAME: frozenset[str] = frozenset({"\x00any"})
-"""Marks a function with ``**kwargs``: every keyword is accepted."""
-
-def _signature_shape(fn: Callable[..., Any]) -> _Shape | None:
-    """The :data:`_Shape` of ``fn``, or ``None`` if it has no introspectable signature."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-    after_ctx = list(signature.parameters.values())[1:]
-    kinds = {p.kind for p in after_ctx}
-    if inspect.Parameter.POSITIONAL_ONLY in kinds or inspect.Parameter.VAR_POSITIONAL in kinds \
-            or not signature.parameters:
-        return signature, None, None
-    required = frozenset(p.name for p in after_ctx
-                         if p.default is inspect.Parameter.empty
-                         and p.kind is not inspect.Parameter.VAR_KEYWORD)
-    if inspect.Parameter.VAR_KEYWORD in kinds:
-        return signature, _ANY_NAME, required
-    return signature, frozenset(p.name for p in after_ctx), required
+    def spec(self) -> dict[str, Any]:
+        """The definition as the ledger stores it (``definitions.spec``, JSON): retry
+        policy, ``lease_s``, the params schema and its source. Extensible: a key added
+        later is one more entry; readers ignore keys they do not know."""
+        return {
+            "retry": dataclasses.asdict(self.retry),
+            "lease_s": self.lease_s,
+            "time_limit_s": self.time_limit_s,
+            "params_schema": self.params_schema,
+            "params_source": self._schema.source if self._schema is not None else "none",
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +167,8 @@ class SubmitRequest:
     run_at: datetime | float | None = None
     delay_s: float = 0.0
     tenant: str | None = None
+    version: int | None = None
+    """The definition version to pin; ``None``: the newest this app defines."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,6 +517,9 @@ class App:
             raise ConfigError(f"max_payload_bytes must be an integer > 0 (bytes), got {limit!r}")
         self.max_payload_bytes = limit
         self.tasks: dict[str, TaskDefinition] = {}
+        """The newest version of each registered name (what :meth:`submit` pins)."""
+        self.versions: dict[str, dict[int, TaskDefinition]] = {}
+        """Every registered version of each name: ``versions[name][version]``."""
         self._submit_group = _SubmitGroup()
 
     # ------------------------------------------------------------------ configuration
@@ -594,27 +583,38 @@ class App:
         retry: RetryPolicy | None = None,
         lease_s: float = 15.0,
         time_limit_s: float | None = None,
+        params: type[pydantic.BaseModel] | None = None,
     ) -> Callable[[F], F]:
-        """Register a function as a task type.
+        """Register a function as a task type (one version of a name).
 
         The function is called as ``fn(ctx, **params)`` with a
         :class:`~ratchet.worker.context.TaskContext`; it must be a plain ``def`` (``async def``
-        is reserved for a later version). Its return value must be JSON-serialisable.
+        is reserved for a later version) whose first parameter receives the context. Its
+        return value must be JSON-serialisable. Several functions may register the same
+        name with different versions: :meth:`submit` pins the newest unless given
+        ``version=``, and a worker claims every version its app defines, running each
+        task with the function of the version it pinned (DESIGN §8).
 
         Args:
             name: registered name; default ``module.qualname``.
-            version: definition version pinned by each instance.
+            version: definition version pinned by each instance (1 .. 2**31 - 1).
             retry: retry policy; default ``RetryPolicy()``.
             lease_s: lease length in seconds, at least :data:`MIN_LEASE_S` (1 s).
             time_limit_s: most seconds one attempt may run, a finite number > 0; default
                 None (no limit). An attempt past it is ended by the worker as a failed
                 attempt (``error_class`` ``"time_limit"``; retried while attempts remain)
                 and its slot is freed; the thread itself cannot be killed (DESIGN §7).
+            params: a pydantic model the params must validate against (strict JSON mode)
+                instead of the function's signature; its fields must be parameters of the
+                function.
 
         Raises:
-            ConfigError: duplicate name, ``async def``, a lease below :data:`MIN_LEASE_S`,
-                a ``time_limit_s`` that is not a finite number > 0 or None,
-                a ``retry`` that is not a :class:`RetryPolicy`, a version below 1.
+            ConfigError: the same (name, version) twice, ``async def``, no context first
+                parameter, a positional-only parameter after it, an annotation pydantic
+                cannot validate, a lease below :data:`MIN_LEASE_S`, a ``time_limit_s``
+                that is not a finite number > 0 or None, a ``retry`` that is not a
+                :class:`RetryPolicy`, a version below 1; each message names the function
+                and what is expected.
             InvalidArguments: the name cannot be stored (not text, empty, a lone surrogate,
                 NUL, over :data:`~ratchet.validation.MAX_NAME_BYTES` bytes): checked here,
                 so a bad name never reaches a worker's claims.
@@ -633,36 +633,63 @@ class App:
                 raise ConfigError(
                     f"task {task_name!r} is async; this version runs plain def tasks only"
                 )
-            if task_name in self.tasks:
-                raise ConfigError(f"task name {task_name!r} is registered twice")
-            self.tasks[task_name] = TaskDefinition(
-                task_name, fn, version, retry or RetryPolicy(), lease_s, time_limit_s
+            versions = self.versions.setdefault(task_name, {})
+            if version in versions:
+                raise ConfigError(
+                    f"task name {task_name!r} version {version!r} is registered twice "
+                    f"({versions[version].fn.__qualname__} and {fn.__qualname__}); give "
+                    "the new function another version=")
+            definition = TaskDefinition(
+                task_name, fn, version, retry or RetryPolicy(), lease_s, time_limit_s, params
             )
+            versions[version] = definition
+            newest = self.tasks.get(task_name)
+            if newest is None or newest.version < version:
+                self.tasks[task_name] = definition
             return fn
 
         return decorator
 
-    def definition(self, name: str) -> TaskDefinition:
-        """The registered definition of ``name``. Raises :class:`UnknownTask`."""
+    def definition(self, name: str, version: int | None = None) -> TaskDefinition:
+        """The registered definition of ``name``: the given ``version``, or the newest.
+
+        Raises:
+            UnknownTask: no such name, or the app does not define that version of it.
+        """
         if not isinstance(name, str):
             raise UnknownTask(repr(name), sorted(self.tasks))
         try:
-            return self.tasks[name]
+            newest = self.tasks[name]
         except KeyError:
             raise UnknownTask(name, sorted(self.tasks)) from None
+        if version is None:
+            return newest
+        valid = isinstance(version, int) and not isinstance(version, bool)
+        found = self.versions[name].get(version) if valid else None
+        if found is None:
+            raise UnknownTask(
+                f"{name} version {version!r}",
+                [f"{name} version {v}" for v in sorted(self.versions[name])],
+            )
+        return found
+
+    def definitions(self) -> list[TaskDefinition]:
+        """Every registered definition, every version, by (name, version)."""
+        return [d for name in sorted(self.versions)
+                for _, d in sorted(self.versions[name].items())]
 
     # ------------------------------------------------------------------ submit
 
     def _prepare(self, request: SubmitRequest) -> NewTask:
-        definition = self.definition(request.name)
+        definition = self.definition(request.name, request.version)
         if request.params is not None and not isinstance(request.params, Mapping):
             raise InvalidArguments(
                 f"params must be a mapping of argument names to values, got "
                 f"{type(request.params).__name__}"
             )
         params = dict(request.params or {})
-        definition.bind(params)
         params_json = dumps(params, what=f"params of task {request.name!r}")
+        definition.validate(params_json)
         size = len(params_json.encode("utf-8"))
         if size > self.max_payload_bytes:
             raise PayloadTooLarge(size, self.max_payload_bytes)
@@ -717,6 +744,7 @@ class App:
         run_at: datetime | float | None = None,
         delay_s: float = 0.0,
         tenant: str | None = None,
+        version: int | None = None,
     ) -> TaskHandle:
         """Submit one task; the task row is the dispatch (no separate message to lose).
 
@@ -736,6 +764,8 @@ class App:
             delay_s: earliest start as seconds from now (ignored when ``run_at`` is given).
             tenant: whose work this is (stored on the task; tenant limits of ``ratchet
                 limits`` count it, DESIGN §8); not part of the idempotency digest.
+            version: the definition version to pin; default the newest this app defines.
+                The task waits (``PENDING``) until a worker that has this version runs.
 
         Raises:
             UnknownTask, InvalidArguments, PayloadNotSerializable, PayloadTooLarge,
@@ -744,7 +774,8 @@ class App:
                 the outcome may be unknown; submit again with the same idempotency key).
         """
         task = self._prepare(
-            SubmitRequest(name, params, idempotency_key, run_at, delay_s, tenant))
+            SubmitRequest(name, params, idempotency_key, run_at, delay_s, tenant=tenant,
+                          version=version))
         result = self._submit_group.submit(self.ledger, task)
         faults.point("submit.after_commit")
         return TaskHandle(result.task_id, task.name, result.created, self)

@@ -61,6 +61,7 @@ from .validation import MAX_KEY_BYTES, check_identifier
 __all__ = [
     "AuditEvent",
     "Control",
+    "DefinitionView",
     "EffectRecord",
     "EffectState",
     "EffectView",
@@ -75,6 +76,7 @@ __all__ = [
     "TaskTimeline",
     "Undecodable",
     "UsageView",
+    "VersionWaitView",
     "WorkerView",
     "default_operator",
 ]
@@ -118,6 +120,62 @@ class StatusReport:
     schema_version: int
     ledger_now: float
     late_effects: int = 0
+    versions: list[VersionWaitView] = field(default_factory=list)
+    """Ready tasks per pinned (name, version) with the live workers that have it; a
+    version no live worker has waits (DESIGN §8)."""
+
+
+LIVE_WORKER_S = 30.0
+"""A registered worker counts as live for the version view while it is ``alive`` in the
+registry and was seen (registry heartbeat every 5 s, lease renewals) within this many
+seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class VersionWaitView:
+    """Ready tasks (``PENDING`` / ``RETRY_WAIT``) of one pinned (name, version).
+
+    Attributes:
+        name, version: the task type and the definition version its tasks pinned.
+        ready: how many (including those scheduled for later).
+        oldest_run_at: the earliest ``run_at`` among them, epoch seconds.
+        live_workers: live registered workers that have this version
+            (:data:`LIVE_WORKER_S`; a ``--no-fast-takeover`` worker is not registered
+            and is not counted).
+        waiting: no live worker has this version: the tasks wait (never failed or
+            dropped) until a worker that has it starts.
+        note: ``"no live worker has version N"`` when waiting, else ``""``.
+    """
+
+    name: str
+    version: int
+    ready: int
+    oldest_run_at: float
+    live_workers: int
+    waiting: bool
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionView:
+    """One definition registered by workers (``ratchet definitions``, DESIGN §8).
+
+    Attributes:
+        name, version: the task type and its definition version.
+        spec: the stored spec (retry policy, ``lease_s``, ``params_schema``, ...), decoded
+            (an :class:`~ratchet.serde.Undecodable` if it cannot be).
+        first_registered_at, last_registered_at: ledger clock, epoch seconds.
+        live_workers: live registered workers that have it (:data:`LIVE_WORKER_S`).
+        last_registered_age_s: seconds since ``last_registered_at`` by the ledger clock.
+    """
+
+    name: str
+    version: int
+    spec: Any
+    first_registered_at: float
+    last_registered_at: float
+    live_workers: int
+    last_registered_age_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +453,8 @@ class Control:
 
     def status(self) -> StatusReport:
         """Counts per task type and state, oldest pending age, unknowns, audit counters,
-        durability.
+        durability, and ready tasks per pinned (name, version) with the live workers that
+        have it (``versions``: a version no live worker has waits).
 
         Raises:
             LedgerUnavailable: no ledger there (nothing is created), or unreachable.
@@ -421,6 +480,13 @@ class Control:
             schema_version=s.schema_version,
             ledger_now=s.ledger_now,
             late_effects=s.late_effects,
+            versions=[
+                VersionWaitView(b.name, b.version, b.ready, b.oldest_run_at, b.live_workers,
+                                b.live_workers == 0,
+                                f"no live worker has version {b.version}"
+                                if b.live_workers == 0 else "")
+                for b in led.version_backlog(LIVE_WORKER_S)
+            ],
         )
 
     def get(self, task_id: str) -> TaskInfo:
@@ -602,6 +668,23 @@ class Control:
             )
         return views
 
+    def definitions(self) -> list[DefinitionView]:
+        """The definitions workers registered when they started, by (name, version), with
+        how many live workers have each (DESIGN §8).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        led = self._reader()
+        now = led.now()
+        return [
+            DefinitionView(d.name, d.version,
+                           loads_stored(d.spec_json, f"definition {d.name!r} spec"),
+                           d.first_registered_at, d.last_registered_at, d.live_workers,
+                           max(0.0, now - d.last_registered_at))
+            for d in led.definitions(LIVE_WORKER_S)
+        ]
+
     # ------------------------------------------------------------------ writes
 
     def resolve(
@@ -763,8 +846,10 @@ class Control:
         run_at: datetime | float | None = None,
         delay_s: float = 0.0,
         tenant: str | None = None,
+        version: int | None = None,
     ) -> TaskHandle:
-        """Submit one task through the App (see :meth:`ratchet.App.submit`).
+        """Submit one task through the App (see :meth:`ratchet.App.submit`; ``version``
+        pins a definition version, default the newest the App defines).
 
         Raises:
             ConfigError: this Control was made without an App.
@@ -777,7 +862,7 @@ class Control:
             )
         return self._app.submit(
             name, params, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s,
-            tenant=tenant)
+            tenant=tenant, version=version)
 
 
 def _scope(scope: object) -> LimitScope:

@@ -295,10 +295,11 @@ def test_row6_task_completed_not_rerun(rig: Rig, control: Any) -> None:
 def startup_writes(backend: str) -> int:
     """Write transactions a fresh worker runs when it opens an up-to-date ledger, before
     its first claim: SQLite checks each migration in its own ``BEGIN IMMEDIATE``
-    transaction; PostgreSQL checks them all in one transaction under an advisory lock."""
+    transaction; PostgreSQL checks them all in one transaction under an advisory lock.
+    Then one more: the registration of the worker's definitions (DESIGN §8)."""
     from ratchet.ledger.migrations import load_migrations
 
-    return len(load_migrations("sqlite")) if backend == "sqlite" else 1
+    return (len(load_migrations("sqlite")) if backend == "sqlite" else 1) + 1
 
 
 # The n-th write transaction of a fresh worker (0-based) after its migrations:

@@ -272,7 +272,7 @@ def worker(
         )
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
-                 w.names, concurrency, w.prefetch, w.writers)
+                 [f"{n} v{v}" for n, v in w.kinds], concurrency, w.prefetch, w.writers)
         stats = w.run()
         log.info("worker %s stopped: %s", w.holder, stats)
         code = w.exit_code
@@ -315,10 +315,19 @@ def submit(
         typer.Option("--tenant", metavar="TENANT",
                      help="Whose work it is (tenant limits of `ratchet limits` count it)."),
     ] = None,
+    task_version: Annotated[
+        int | None,
+        typer.Option("--task-version", min=1, metavar="N",
+                     help="Definition version to pin (default: the newest the app defines)."),
+    ] = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit one task.
+
+    The params are validated against the task function's signature (or its params model)
+    first: a missing, unknown or mistyped field is refused, naming it, and nothing is
+    written.
 
     Resubmitting with the same --key and params returns the same task id and writes
     nothing; the same key with other params is refused (IdempotencyConflict).
@@ -333,7 +342,7 @@ def submit(
         app = load_app(app_spec)
         app.configure(ledger=ledger)
         handle = Control(app=app).submit(name, decoded, idempotency_key=key, delay_s=delay_s,
-                                         tenant=tenant)
+                                         tenant=tenant, version=task_version)
         if as_json:
             echo_json({"task_id": handle.task_id, "name": handle.name, "created": handle.created})
             return
@@ -373,6 +382,11 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
         age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
         out.print(line(f"oldest pending age: {age}"))
         out.print(line(f"unknown (waiting for an operator): {s.unknown}"))
+        for v in s.versions:
+            if v.waiting:
+                out.print(line(("waiting: ", "bold yellow"), f"{v.ready} task(s) of ",
+                               (v.name, "bold"), f" version {v.version}: {v.note} (they "
+                               "run once a worker that has it starts)"))
         late_style = "bold yellow" if s.late_effects else ""
         out.print(line("late effects (possible duplicates, see ratchet late-effects): ",
                        (str(s.late_effects), late_style)))
@@ -483,6 +497,38 @@ def workers(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
         for w in found:
             table.add_row(field(w.holder), field(w.hostname), field(w.pid), field(w.state),
                           field(w.process), field(f"{w.last_seen_age_s:.1f} s ago"))
+        if not found:
+            table.add_row("(none registered)", "", "", "", "", "")
+        console().print(table)
+
+    _guard(run)
+
+
+@cli.command(cls=_Command)
+def definitions(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
+    """Task definitions workers registered when they started.
+
+    Name, version, lease, retry attempts, live workers that have it (alive in the registry,
+    seen within 30 s) and when it was last registered. A version no live worker has is
+    not claimed by anyone: its tasks wait (ratchet status).
+    """
+
+    def run() -> None:
+        with Control(ledger) as control:
+            found = control.definitions()
+        if as_json:
+            echo_json(found)
+            return
+        table = Table(title="definitions")
+        for column in ("task", "version", "lease", "attempts", "live workers", "registered"):
+            table.add_column(column, overflow="fold")
+        for d in found:
+            spec: dict[str, Any] = d.spec if isinstance(d.spec, dict) else {}
+            retry = spec["retry"] if isinstance(spec.get("retry"), dict) else {}
+            table.add_row(field(d.name), field(d.version), field(spec.get("lease_s", "?")),
+                          field(retry.get("max_attempts", "?")),
+                          field(d.live_workers, "" if d.live_workers else "yellow"),
+                          field(f"{d.last_registered_age_s:.1f} s ago"))
         if not found:
             table.add_row("(none registered)", "", "", "", "", "")
         console().print(table)

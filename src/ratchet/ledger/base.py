@@ -22,8 +22,13 @@ from ..config import LedgerConfig
 from ..states import State
 
 __all__ = [
+    "MAX_VERSION",
     "AuditEvent",
     "Claim",
+    "ClaimKind",
+    "DefinitionChange",
+    "DefinitionRecord",
+    "DefinitionSpec",
     "CommitOutcome",
     "EffectRecord",
     "EffectState",
@@ -45,7 +50,9 @@ __all__ = [
     "TaskWrite",
     "Timeline",
     "Transition",
+    "VersionBacklog",
     "WorkerInfo",
+    "claim_kinds",
 ]
 
 
@@ -575,6 +582,104 @@ class WorkerInfo:
     state: str = "alive"
 
 
+MAX_VERSION = 2**31 - 1
+"""Largest definition version (the ledger stores a 32-bit integer)."""
+
+ClaimKind = str | tuple[str, int]
+"""What a claim asks for: ``(name, version)`` (a worker sends one pair per definition it
+has, DESIGN §8), or a bare name: every version of it (tools and tests)."""
+
+
+def claim_kinds(kinds: Sequence[ClaimKind]) -> dict[str, list[Any]]:
+    """The claim statements' parameters for ``kinds``: aligned lists ``names``, ``lo``,
+    ``hi`` (entry i claims versions ``lo[i]`` .. ``hi[i]`` of ``names[i]``), each kind
+    once, in the order given."""
+    names: list[str] = []
+    lo: list[int] = []
+    hi: list[int] = []
+    for kind in dict.fromkeys(kinds):
+        if isinstance(kind, str):
+            names.append(kind)
+            lo.append(1)
+            hi.append(MAX_VERSION)
+        else:
+            names.append(kind[0])
+            lo.append(kind[1])
+            hi.append(kind[1])
+    return {"names": names, "lo": lo, "hi": hi}
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionSpec:
+    """One definition a worker registers (:meth:`Ledger.register_definitions`).
+
+    Attributes:
+        name, version: the task type and its definition version.
+        spec_json: the definition's spec as JSON text (``TaskDefinition.spec()``: retry
+            policy, ``lease_s``, params JSON Schema; extensible).
+    """
+
+    name: str
+    version: int
+    spec_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionChange:
+    """A registration that replaced a different stored spec of the same (name, version).
+
+    Attributes:
+        name, version: the definition.
+        differences: the top-level spec keys whose values differ, sorted.
+        old_spec_json, new_spec_json: the spec before and after.
+    """
+
+    name: str
+    version: int
+    differences: tuple[str, ...]
+    old_spec_json: str
+    new_spec_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class DefinitionRecord:
+    """One stored definition (:meth:`Ledger.definitions`).
+
+    Attributes:
+        name, version: the definition.
+        spec_json: its spec, JSON text.
+        first_registered_at, last_registered_at: ledger clock, epoch seconds.
+        live_workers: workers alive in the registry, seen within the liveness window,
+            that have this (name, version).
+    """
+
+    name: str
+    version: int
+    spec_json: str
+    first_registered_at: float
+    last_registered_at: float
+    live_workers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class VersionBacklog:
+    """Ready tasks (``PENDING`` / ``RETRY_WAIT``) of one (name, version).
+
+    Attributes:
+        name, version: the pinned definition.
+        ready: how many are ready or scheduled (``run_at`` may be in the future).
+        oldest_run_at: the earliest ``run_at`` among them, epoch seconds.
+        live_workers: live registered workers that have this version (0: the tasks wait
+            until one starts).
+    """
+
+    name: str
+    version: int
+    ready: int
+    oldest_run_at: float
+    live_workers: int
+
+
 class Subscription(Protocol):
     """A wake-up subscription returned by :meth:`Ledger.subscribe`."""
 
@@ -626,8 +731,10 @@ class Ledger(Protocol):
         """
         ...
 
-    def claim(self, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
-        """Lease up to ``limit`` ready tasks (or expired leases) of the given names.
+    def claim(self, holder: str, names: Sequence[ClaimKind], limit: int) -> list[Claim]:
+        """Lease up to ``limit`` ready tasks (or expired leases) of the given kinds: a
+        ``(name, version)`` pair claims only tasks that pinned that version (DESIGN §8), a
+        bare name every version of it (:data:`ClaimKind`).
 
         Each claim sets ``holder``, ``lease_until = ledger_now + lease_s`` and
         ``generation + 1`` in one transaction, with an audit row per task.
@@ -666,10 +773,39 @@ class Ledger(Protocol):
         ...
 
     def commit_and_claim(
-        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
+        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[ClaimKind], limit: int
     ) -> tuple[list[CommitOutcome], list[Claim]]:
         """:meth:`commit` then :meth:`claim` in one transaction: a worker whose tasks just
         finished claims their successors with the same fsync. Same fencing and errors."""
+        ...
+
+    def register_definitions(
+        self, holder: str, definitions: Sequence[DefinitionSpec]
+    ) -> list[DefinitionChange]:
+        """Record the definitions a starting worker has (DESIGN §8), in one transaction:
+        each (name, version) is inserted or its ``last_registered_at`` moved to ledger-now,
+        and ``holder``'s set of (name, version) pairs is replaced by these.
+
+        A (name, version) stored with a *different* spec is replaced by the new one (the
+        newest registration wins), audited (``definition_changed``, task id
+        ``definition:NAME:VERSION``, with both specs) and returned, so the worker logs a
+        warning naming the differences. Nothing is refused: a changed retry policy or
+        lease under the same version is an operator's decision; a changed params schema
+        should come with a new version.
+
+        Returns:
+            The changes, one per (name, version) whose spec differed.
+        """
+        ...
+
+    def definitions(self, live_within_s: float) -> list[DefinitionRecord]:
+        """Every stored definition by (name, version), with how many registered workers
+        that are ``alive`` and were seen within ``live_within_s`` seconds have it."""
+        ...
+
+    def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
+        """Ready tasks per (name, version) with the live workers that have each version
+        (``ratchet status``: a version no live worker has waits, never fails)."""
         ...
 
     def resolve(

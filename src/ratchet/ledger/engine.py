@@ -31,9 +31,14 @@ from ..serde import dumps, printable
 from ..states import State, check_transition
 from . import bulkheads
 from .base import (
+    MAX_VERSION,
     AuditEvent,
     Claim,
+    ClaimKind,
     CommitOutcome,
+    DefinitionChange,
+    DefinitionRecord,
+    DefinitionSpec,
     EffectRecord,
     EffectState,
     LateEffect,
@@ -52,7 +57,9 @@ from .base import (
     TaskWrite,
     Timeline,
     Transition,
+    VersionBacklog,
     WorkerInfo,
+    claim_kinds,
 )
 from .dialect import CommitOutcomeUnknown, Dialect, Tx
 from .rows import (
@@ -99,6 +106,7 @@ class LedgerEngine:
     def __init__(self, config: LedgerConfig, dialect: Dialect) -> None:
         self.config = config
         self.dialect = dialect
+        self._definitions_ready = False  # see _has_definitions
         slots = dialect.user_transaction_slots()
         # Transaction steps hold a connection while user code runs: never all of a pool's,
         # so the writer and the heartbeat always get one (a starved heartbeat loses leases).
@@ -208,7 +216,7 @@ class LedgerEngine:
 
     # ------------------------------------------------------------------ claim / renew
 
-    def claim(self, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
+    def claim(self, holder: str, names: Sequence[ClaimKind], limit: int) -> list[Claim]:
         """See :meth:`Ledger.claim`. Expired leases are taken over before fresh work.
 
         An expired lease on a task's final attempt is not taken over: the holder died or
@@ -222,22 +230,20 @@ class LedgerEngine:
         return self.dialect.run(lambda tx: self._claim_in(tx, holder, names, limit))
 
     @staticmethod
-    def _claim_reads(names: Sequence[str], limit: int) -> list[tuple[str, dict[str, Any]]]:
-        """The reads a claim starts with, to send with others: the expired-lease scan and
-        the concurrency limits (bulkheads, DESIGN §8)."""
-        # Each name once (PostgreSQL walks per name).
-        return [("claim_expired", {"names": list(dict.fromkeys(names)), "limit": limit}),
-                ("limits_all", {})]
+    def _claim_reads(names: Sequence[ClaimKind], limit: int) -> list[tuple[str, dict[str, Any]]]:
+        """The reads a claim starts with, to send with others: the expired-lease scan of the
+        claimed kinds (DESIGN §8 versions) and the concurrency limits (bulkheads, DESIGN §8)."""
+        return [("claim_expired", {**claim_kinds(names), "limit": limit}), ("limits_all", {})]
 
     def _claim_in(
-        self, tx: Tx, holder: str, names: Sequence[str], limit: int,
+        self, tx: Tx, holder: str, names: Sequence[ClaimKind], limit: int,
         pre: Sequence[list[tuple[Any, ...]]] | None = None,
     ) -> list[Claim]:
         """The claim, inside the caller's write transaction (see :meth:`claim`).
         ``pre``: the rows of :meth:`_claim_reads`, if the caller already read them."""
         if limit <= 0 or not names:
             return []
-        name_list = list(dict.fromkeys(names))
+        kinds = claim_kinds(names)
         if pre is None:
             pre = tx.rows_many(self._claim_reads(names, limit))
         expired, limit_rows = pre
@@ -254,13 +260,16 @@ class LedgerEngine:
                                 {"holder": holder, "now": now, "ids": list(previous)}))
         if limit > len(expired):
             limits = [_limit(r) for r in limit_rows] if limit_rows else []
-            scopes = bulkheads.lock_scopes(limits, name_list) if limits else None
+            # Limits are per task name, whatever the version: a type's cap holds across
+            # the versions its workers run.
+            scopes = (bulkheads.lock_scopes(limits, list(dict.fromkeys(kinds["names"])))
+                      if limits else None)
             if scopes is None:
-                rows.extend(tx.rows("claim_ready", {"now": now, "names": name_list,
+                rows.extend(tx.rows("claim_ready", {"now": now, **kinds,
                                                     "limit": limit - len(expired),
                                                     "holder": holder}))
             else:
-                rows.extend(self._claim_limited(tx, holder, now, name_list,
+                rows.extend(self._claim_limited(tx, holder, now, kinds,
                                                 limit - len(expired), limits, scopes))
         for row in rows:
             prev = previous.get(row[0])
@@ -292,7 +301,7 @@ class LedgerEngine:
         ]
 
     def _claim_limited(
-        self, tx: Tx, holder: str, now: float, names: list[str], want: int,
+        self, tx: Tx, holder: str, now: float, kinds: dict[str, list[Any]], want: int,
         limits: list[Limit], scopes: list[str],
     ) -> list[tuple[Any, ...]]:
         """Fresh claims under bulkheads (DESIGN §8): the limits' advisory locks first
@@ -300,7 +309,24 @@ class LedgerEngine:
         which reserved scopes have ready work (statements after the lock see every claim
         its previous holder committed), then ``claim_limited`` with the numbers
         :func:`ratchet.ledger.bulkheads.allowance` computes. One round trip more than an
-        unlimited claim, and only when a limit applies."""
+        unlimited claim, and only when a limit applies.
+
+        ``kinds``: the claim's aligned ``names`` / ``lo`` / ``hi`` lists
+        (:func:`~ratchet.ledger.base.claim_kinds`; a name may appear once per version).
+        The allowance is per *name* (counts, caps and reservations cover every version of
+        a type); each entry carries its name's numbers and the SQL ranks a name's tasks
+        across all its entries, so a claim of two versions of a capped type takes at most
+        the cap's free slots in all."""
+        names = list(dict.fromkeys(kinds["names"]))
+        # No two overlapping entries (the SQL would rank a task once per entry): a bare
+        # name (every version) covers that name's (name, version) pairs.
+        bare = {n for n, lo, hi in zip(kinds["names"], kinds["lo"], kinds["hi"], strict=True)
+                if lo == 1 and hi == MAX_VERSION}
+        entries = [(n, lo, hi)
+                   for n, lo, hi in zip(kinds["names"], kinds["lo"], kinds["hi"], strict=True)
+                   if n not in bare or (lo == 1 and hi == MAX_VERSION)]
+        kinds = {"names": [e[0] for e in entries], "lo": [e[1] for e in entries],
+                 "hi": [e[2] for e in entries]}
         ready_types, ready_tenants = bulkheads.reserved_groups(limits)
         reads: list[tuple[str, dict[str, Any]]] = [("limits_lock", {"scopes": scopes}),
                                                     ("limits_running", {})]
@@ -315,9 +341,12 @@ class LedgerEngine:
             {r[1] for r in ready_rows if r[0] == "tenant"})
         if plan.limit <= 0:
             return []
+        per_name = {n: (cap, own) for n, cap, own
+                    in zip(plan.names, plan.name_limits, plan.name_reserved, strict=True)}
         return tx.rows("claim_limited", {
-            "now": now, "holder": holder, "limit": plan.limit, "names": plan.names,
-            "name_limits": plan.name_limits, "name_reserved": plan.name_reserved,
+            "now": now, "holder": holder, "limit": plan.limit, **kinds,
+            "name_limits": [per_name[n][0] for n in kinds["names"]],
+            "name_reserved": [per_name[n][1] for n in kinds["names"]],
             "pool": plan.pool, "tenants": plan.tenants, "tenant_limits": plan.tenant_limits,
             "tenant_reserved": plan.tenant_reserved, "tenant_pool": plan.tenant_pool})
 
@@ -410,7 +439,7 @@ class LedgerEngine:
             raise _naming(exc, writes) from exc
 
     def commit_and_claim(
-        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
+        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[ClaimKind], limit: int
     ) -> tuple[list[CommitOutcome], list[Claim]]:
         """See :meth:`Ledger.commit_and_claim`: both in one transaction (one fsync).
 
@@ -807,6 +836,85 @@ class LedgerEngine:
                 lambda tx: tx.rows("workers_on_host", {"host_id": host_id}), write=False)
         return [WorkerInfo(*r) for r in rows]
 
+    # ------------------------------------------------------------------ definitions (DESIGN §8)
+
+    def register_definitions(
+        self, holder: str, definitions: Sequence[DefinitionSpec]
+    ) -> list[DefinitionChange]:
+        """See :meth:`Ledger.register_definitions`."""
+
+        def body(tx: Tx) -> list[DefinitionChange]:
+            names = sorted({d.name for d in definitions})
+            stored = {(r[0], r[1]): r[2]
+                      for r in tx.rows("definitions_of", {"names": names})} if names else {}
+            changes: list[DefinitionChange] = []
+            audit: list[AuditRow] = []
+            for d in sorted(definitions, key=lambda d: (d.name, d.version)):
+                old = stored.get((d.name, d.version))
+                if old is not None and old != d.spec_json:
+                    change = DefinitionChange(d.name, d.version, _spec_differences(
+                        old, d.spec_json), old, d.spec_json)
+                    changes.append(change)
+                    audit.append((f"definition:{d.name}:{d.version}", tx.now,
+                                  "definition_changed", None, None, None, holder,
+                                  dumps({"name": d.name, "version": d.version,
+                                         "differences": list(change.differences),
+                                         "old_spec": old, "new_spec": d.spec_json})))
+                tx.execute("definition_upsert", {"name": d.name, "version": d.version,
+                                                 "spec": d.spec_json, "now": tx.now})
+            tx.execute("worker_definitions_clear", {"holder": holder})
+            for d in definitions:
+                tx.execute("worker_definition_insert",
+                           {"holder": holder, "name": d.name, "version": d.version})
+            _audit(tx, audit)
+            return changes
+
+        return self.dialect.run(body)
+
+    def _has_definitions(self) -> bool:
+        """Whether this ledger's schema has the definition tables: a read-only caller
+        (``ratchet status`` of a newer release) may open a ledger no process of this
+        release has migrated yet. Found by the migration's file name, so renumbering
+        migrations changes nothing; remembered once true (schemas only move up)."""
+        if not self._definitions_ready:
+            from .migrations import load_migrations
+
+            needed = next((m.version for m in load_migrations(self.config.scheme)
+                           if m.name.split("_", 1)[1] == "definitions.sql"), None)
+            self._definitions_ready = needed is not None and self.schema_version() >= needed
+        return self._definitions_ready
+
+    def _live(self, tx: Tx, live_within_s: float) -> dict[tuple[str, int], int]:
+        return {(r[0], r[1]): r[2]
+                for r in tx.rows("live_definitions", {"since": tx.now - live_within_s})}
+
+    def definitions(self, live_within_s: float) -> list[DefinitionRecord]:
+        """See :meth:`Ledger.definitions` (none on a ledger not yet migrated to them)."""
+        if not self._has_definitions():
+            return []
+
+        def body(tx: Tx) -> list[DefinitionRecord]:
+            live = self._live(tx, live_within_s)
+            return [DefinitionRecord(r[0], r[1], r[2], r[3], r[4], live.get((r[0], r[1]), 0))
+                    for r in tx.rows("definitions_all")]
+
+        return self.dialect.run(body, write=False)
+
+    def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
+        """See :meth:`Ledger.version_backlog` (none on a ledger not yet migrated to the
+        definition tables: no worker of this release has run on it)."""
+        if not self._has_definitions():
+            return []
+
+        def body(tx: Tx) -> list[VersionBacklog]:
+            live = self._live(tx, live_within_s)
+            return sorted(
+                (VersionBacklog(r[0], r[1], r[2], r[3], live.get((r[0], r[1]), 0))
+                 for r in tx.rows("ready_by_version")),
+                key=lambda b: (b.name, b.version))
+
+        return self.dialect.run(body, write=False)
+
     def close(self) -> None:
         """See :meth:`Ledger.close`."""
         self.dialect.close()
@@ -960,6 +1068,20 @@ def _check_reservations(limits: dict[tuple[LimitScope, str], Limit]) -> None:
             raise InvalidArguments(
                 f"the {scope.value} reservations would add up to {reserved}, more than the "
                 f"total of {total.maximum} slots")
+
+
+def _spec_differences(old_json: str, new_json: str) -> tuple[str, ...]:
+    """The top-level keys whose values differ between two definition specs (``("spec",)``
+    when one of them is not a JSON object)."""
+    import json
+
+    try:
+        old, new = json.loads(old_json), json.loads(new_json)
+    except ValueError:
+        return ("spec",)
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return ("spec",)
+    return tuple(sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)))
 
 
 def _naming(exc: WriteRejected, writes: Sequence[TaskWrite]) -> WriteRejected:

@@ -103,7 +103,14 @@ from ..errors import (
     UndecodableData,
     WriteRejected,
 )
-from ..ledger.base import Claim, CommitOutcome, Subscription, TaskWrite, Transition
+from ..ledger.base import (
+    Claim,
+    CommitOutcome,
+    DefinitionSpec,
+    Subscription,
+    TaskWrite,
+    Transition,
+)
 from ..retry import TIME_LIMIT, FailureClass, classify, retry_after_s
 from ..serde import dumps, printable
 from ..states import State
@@ -224,7 +231,7 @@ class _Policy:
 
     def __init__(self, worker: Worker) -> None:
         self.holder = worker.holder
-        self.names = worker.names
+        self.names = worker.kinds
         self._worker = worker
 
     def limit(self, freed: int, forced: bool) -> int:
@@ -318,7 +325,9 @@ class Worker:
     Args:
         app: the application (its registered tasks are the ones claimed).
         concurrency: task threads (>= 1).
-        names: task names to claim; default all registered.
+        names: task names to claim; default all registered. The worker claims every
+            version its app defines of each (``kinds``), never another, and registers
+            those definitions in the ledger when it starts (DESIGN §8).
         poll_interval_s: sleep between claim attempts when idle, seconds.
         holder: worker identity; default ``host:pid:random``. Must be a storable
             identifier (no NUL or lone surrogate, at most 200 UTF-8 bytes), else
@@ -414,6 +423,11 @@ class Worker:
         self.names = list(names) if names is not None else sorted(app.tasks)
         for name in self.names:
             app.definition(name)
+        self.kinds: list[tuple[str, int]] = [
+            (name, version) for name in self.names for version in sorted(app.versions[name])
+        ]
+        """The (name, version) pairs this worker claims: every version its app defines of
+        each name in ``names``; a task pinned to another version is never claimed here."""
         self.poll_interval_s = poll_interval_s
         self.claim_linger_s = claim_linger_s
         self.fast_takeover = fast_takeover
@@ -562,6 +576,7 @@ class Worker:
         self.writer.start()
         self.heartbeat.start()
         self._attempts.start()
+        self._register_definitions()
         registrar: Registrar | None = None
         if self.fast_takeover:
             registrar = Registrar(self.ledger, self.holder)
@@ -641,6 +656,30 @@ class Worker:
                 if hooks is not None:
                     hooks.worker_stop()
         return self.stats
+
+    def _register_definitions(self) -> None:
+        """Record this worker's definitions in the ledger (DESIGN §8): each (name, version)
+        with its spec, and which pairs this holder has (``ratchet status`` shows tasks of a
+        version no live worker has). A stored spec that differs under the same version is
+        replaced and audited; it is logged here as a warning naming the differences. A
+        ledger error is logged and not retried: claims do not depend on it (they carry the
+        pairs), only the status view does."""
+        specs = [
+            DefinitionSpec(d.name, d.version, dumps(d.spec()))
+            for name in self.names for d in (self.app.definition(name, v)
+                                             for v in sorted(self.app.versions[name]))
+        ]
+        try:
+            changes = self.ledger.register_definitions(self.holder, specs)
+        except RatchetError as exc:
+            log.warning("could not register definitions in the ledger: %s", exc)
+            return
+        for change in changes:
+            log.warning(
+                "definition %s version %d registered with a different %s than stored; the "
+                "new spec replaces it (audited as definition_changed). Give a changed "
+                "definition a new version= so tasks pinned to the old one keep it",
+                change.name, change.version, ", ".join(change.differences))
 
     def _on_notify(self) -> None:
         """The ledger says work may be ready (e.g. PostgreSQL NOTIFY): poll now."""
@@ -734,7 +773,7 @@ class Worker:
             self.on_claimed(claim)
             if hooks is not None:
                 hooks.before_attempt(claim)
-            definition = self.app.definition(claim.name)
+            definition = self.app.definition(claim.name, claim.version)
             ctx = TaskContext(
                 claim, self.holder, self.writer, lease, self._stopping,
                 on_block=self._executor.blocking, hooks=hooks,
@@ -788,7 +827,7 @@ class Worker:
         open_intents = ctx.open_intents()
         try:
             transition = self._failure_transition(
-                self.app.definition(claim.name), claim, exc, open_intents,
+                self.app.definition(claim.name, claim.version), claim, exc, open_intents,
                 error_class=TIME_LIMIT,
                 error=f"{_where(attempt.thread)}TimeLimitExceeded: {exc}",
             )
@@ -1123,7 +1162,7 @@ class Worker:
         ctx.exception = ctx.exception or error
         ctx.discard_unsaved_steps()
         failure = self._failure_transition(
-            self.app.definition(claim.name), claim, error, ctx.open_intents(),
+            self.app.definition(claim.name, claim.version), claim, error, ctx.open_intents(),
             failure=FailureClass.PERMANENT, error_class=WRITE_REJECTED,
             error=f"{error}\n(refused write: {transition.to.value} of task {claim.task_id})",
         )

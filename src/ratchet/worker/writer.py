@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import LedgerError, LedgerUnavailable
-from ..ledger.base import Claim, CommitOutcome, Ledger, TaskWrite
+from ..ledger.base import Claim, ClaimKind, CommitOutcome, Ledger, TaskWrite
 
 if TYPE_CHECKING:
     from .hooks import Hooks
@@ -99,8 +99,8 @@ class ClaimPolicy(Protocol):
         ...
 
     @property
-    def names(self) -> Sequence[str]:
-        """Task names to claim."""
+    def names(self) -> Sequence[ClaimKind]:
+        """What to claim: ``(name, version)`` pairs (DESIGN §8), or bare names."""
         ...
 
     def limit(self, freed: int, forced: bool) -> int:

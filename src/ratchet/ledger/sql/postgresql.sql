@@ -50,10 +50,14 @@ ORDER BY u.n;
 
 -- name: claim_expired
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
--- holds exactly the RUNNING rows).
+-- holds exactly the RUNNING rows). Versions: entry i of names claims versions lo[i] ..
+-- hi[i] of that name (a worker sends its (name, version) pairs, lo = hi).
 SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
 WHERE lease_until IS NOT NULL AND lease_until < %(now)s AND state = 'RUNNING'
   AND name = ANY(%(names)s::text[])
+  AND EXISTS (SELECT 1 FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[])
+                            AS n(name, lo, hi)
+              WHERE n.name = tasks.name AND tasks.version BETWEEN n.lo AND n.hi)
 ORDER BY lease_until LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
 
 -- name: claim_takeover
@@ -65,17 +69,20 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
 
 -- name: claim_ready
 -- FOR UPDATE SKIP LOCKED on the ready set: concurrent claimers never wait on each other and
--- never get the same row. One ordered walk of tasks_ready (name, run_at) per claimed name,
+-- never get the same row. One ordered walk of tasks_ready (name, run_at, version) per claimed
+-- (name, version range) entry, the version checked on the index entry (other versions'
+-- tasks are skipped without reading their rows),
 -- stopped at the limit, then the oldest of those (at most names x limit rows) are taken: an
 -- index scan whatever the statistics (tests/test_ledger_plans.py; a single ordered scan with
 -- "name = ANY" made the planner sort the whole ready set when it had no statistics). Rows
 -- locked but not taken are released at commit. bench/ prints its EXPLAIN.
 WITH picked AS (
-    SELECT p.id, p.state FROM unnest(%(names)s::text[]) AS n(name)
+    SELECT p.id, p.state
+    FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[]) AS n(name, lo, hi)
     CROSS JOIN LATERAL (
         SELECT id, state, run_at FROM tasks
         WHERE tasks.name = n.name AND state IN ('PENDING', 'RETRY_WAIT')
-          AND run_at <= %(now)s
+          AND run_at <= %(now)s AND tasks.version BETWEEN n.lo AND n.hi
         ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p
     ORDER BY p.run_at LIMIT %(limit)s)
 UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
@@ -369,23 +376,28 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t
 -- owed to it and the rest out of a pool shared by every name, at most pool tasks in all;
 -- the same per tenant (tenants[j], tenant_limits[j], tenant_reserved[j], tenant_pool; a
 -- tenant without a limit row, or a task without a tenant, takes only from tenant_pool);
--- at most limit in all. Each name is walked on tasks_ready (name, run_at) as in
--- claim_ready, stopped at what it may take and skipping the tenants that may take nothing
--- (a capped tenant's backlog never hides the others'). The caps filter in turn (name,
--- then tenant, then the two pools); a row one filter drops may still have used a rank of
--- an earlier one: the claim may take fewer, never more.
+-- at most limit in all. Versions as in claim_ready: entry i claims versions lo[i] ..
+-- hi[i] of names[i], and a name may have several entries (one per version a worker runs;
+-- the engine sends no two overlapping entries); its numbers are the name's, repeated per
+-- entry, and rn_name ranks the name's tasks across all its entries, so a cap holds across
+-- versions. Each entry is walked on tasks_ready (name, run_at, version) as in claim_ready
+-- (the version checked on the index entry), stopped at what its name may take and
+-- skipping the tenants that may take nothing (a capped tenant's backlog never hides the
+-- others'). The caps filter in turn (name, then tenant, then the two pools); a row one
+-- filter drops may still have used a rank of an earlier one: the claim may take fewer,
+-- never more.
 WITH tl AS (
     SELECT * FROM unnest(%(tenants)s::text[], %(tenant_limits)s::int[],
                          %(tenant_reserved)s::int[]) AS x(tenant, n, own)),
 by_name AS (
     SELECT p.id, p.state, p.run_at, p.tenant, l.n AS name_limit, l.own AS name_own,
            row_number() OVER (PARTITION BY l.name ORDER BY p.run_at, p.id) AS rn_name
-    FROM unnest(%(names)s::text[], %(name_limits)s::int[], %(name_reserved)s::int[])
-         AS l(name, n, own)
+    FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[], %(name_limits)s::int[],
+                %(name_reserved)s::int[]) AS l(name, lo, hi, n, own)
     CROSS JOIN LATERAL (
         SELECT id, state, run_at, tenant FROM tasks
         WHERE tasks.name = l.name AND state IN ('PENDING', 'RETRY_WAIT')
-          AND run_at <= %(now)s
+          AND run_at <= %(now)s AND tasks.version BETWEEN l.lo AND l.hi
           AND COALESCE((SELECT LEAST(y.n, y.own + %(tenant_pool)s) FROM tl y
                         WHERE y.tenant = tasks.tenant), %(tenant_pool)s) > 0
         ORDER BY run_at LIMIT LEAST(l.n, l.own + %(pool)s, %(limit)s)
@@ -440,3 +452,38 @@ GROUP BY name, tenant;
 -- The latest limit changes (limit_set / limit_cleared audit rows), newest first.
 SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
 FROM audit WHERE kind IN ('limit_set', 'limit_cleared') ORDER BY seq DESC LIMIT %(limit)s;
+
+-- name: definitions_of
+-- The stored definitions of the given names (a worker's registration compares specs).
+SELECT name, version, spec FROM definitions WHERE name = ANY(%(names)s::text[]);
+
+-- name: definition_upsert
+INSERT INTO definitions (name, version, spec, first_registered_at, last_registered_at)
+VALUES (%(name)s, %(version)s, %(spec)s, %(now)s, %(now)s)
+ON CONFLICT (name, version) DO UPDATE SET spec = excluded.spec,
+    last_registered_at = excluded.last_registered_at;
+
+-- name: worker_definitions_clear
+DELETE FROM worker_definitions WHERE holder = %(holder)s;
+
+-- name: worker_definition_insert
+INSERT INTO worker_definitions (holder, name, version)
+VALUES (%(holder)s, %(name)s, %(version)s)
+ON CONFLICT DO NOTHING;
+
+-- name: definitions_all
+SELECT name, version, spec, first_registered_at, last_registered_at FROM definitions
+ORDER BY name, version;
+
+-- name: ready_by_version
+-- Ready tasks per (name, version), for the versions no live worker has (ratchet status).
+SELECT name, version, count(*), min(run_at) FROM tasks
+WHERE state IN ('PENDING', 'RETRY_WAIT')
+GROUP BY name, version;
+
+-- name: live_definitions
+-- (name, version) pairs of workers alive in the registry and seen since %(since)s.
+SELECT d.name, d.version, count(*) FROM worker_definitions AS d
+JOIN workers AS w ON w.holder = d.holder
+WHERE w.state = 'alive' AND w.last_seen >= %(since)s
+GROUP BY d.name, d.version;

@@ -44,10 +44,14 @@ VALUES (:task_id, :at, :kind, :from_state, :to_state, :generation, :holder, :det
 
 -- name: claim_expired
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
--- holds exactly the RUNNING rows).
+-- holds exactly the RUNNING rows). Versions: entry i of :names claims versions :lo[i] ..
+-- :hi[i] of that name (a worker sends its (name, version) pairs, lo = hi).
 SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
 WHERE lease_until IS NOT NULL AND lease_until < :now AND state = 'RUNNING'
   AND name IN (SELECT value FROM json_each(:names))
+  AND EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
+              AND tasks.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
+                                    AND json_extract(:hi, '$[' || n.key || ']'))
 ORDER BY lease_until LIMIT :limit;
 
 -- name: claim_takeover
@@ -58,7 +62,10 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, 'RUNNING';
 
 -- name: claim_ready
--- The ready set in run_at order (tasks_ready holds only claimable rows), then the lease:
+-- The ready set in run_at order (tasks_ready holds only claimable rows) of the claimed
+-- (name, version range) entries (as in claim_expired; a worker's exact pairs are matched
+-- by a list built once per statement, the per-row range test only runs for rows that miss
+-- it: 0.2 us a task, bench/README.md), then the lease:
 -- holder, generation + 1 and lease_until from the ledger clock. The previous state goes
 -- through a temporary table because SQLite's RETURNING shows only new values.
 DELETE FROM temp.claim_pick;
@@ -66,6 +73,12 @@ INSERT INTO temp.claim_pick (id, from_state)
 SELECT id, state FROM tasks
 WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
   AND name IN (SELECT value FROM json_each(:names))
+  AND ((name, version) IN (SELECT n.value, l.value FROM json_each(:names) AS n
+                           JOIN json_each(:lo) AS l ON l.key = n.key
+                           JOIN json_each(:hi) AS h ON h.key = n.key WHERE l.value = h.value)
+       OR EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
+                  AND tasks.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
+                                        AND json_extract(:hi, '$[' || n.key || ']')))
 ORDER BY run_at LIMIT :limit;
 UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 1,
                  attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now
@@ -321,14 +334,20 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t.value
 -- to it and the rest out of a pool shared by every name, at most :pool tasks in all; the
 -- same per tenant (:tenants, :tenant_limits, :tenant_reserved, :tenant_pool; a tenant
 -- without a limit row, or a task without a tenant, takes only from :tenant_pool); at most
--- :limit in all. Per name that may take something, its oldest :limit ready tasks (a
+-- :limit in all. Versions as in claim_ready: entry i claims versions :lo[i] .. :hi[i] of
+-- :names[i], and a name may have several entries (one per version a worker runs; the
+-- engine sends no two overlapping entries); its numbers are the name's, repeated per
+-- entry, and rn_name ranks the name's tasks across all its entries, so a cap holds across
+-- versions. Per entry that may take something, its oldest :limit ready tasks (a
 -- correlated list subquery on tasks_ready, skipping the tenants that may take nothing, so
 -- a capped tenant's backlog never hides the others'); then the caps filter in turn (name,
 -- then tenant, then the two pools); a row one filter drops may still have used a rank of
 -- an earlier one: the claim may take fewer, never more.
 DELETE FROM temp.claim_pick;
 WITH l AS (
-    SELECT n.value AS name, json_extract(:name_limits, '$[' || n.key || ']') AS lim,
+    SELECT n.value AS name, json_extract(:lo, '$[' || n.key || ']') AS lo,
+           json_extract(:hi, '$[' || n.key || ']') AS hi,
+           json_extract(:name_limits, '$[' || n.key || ']') AS lim,
            json_extract(:name_reserved, '$[' || n.key || ']') AS own
     FROM json_each(:names) AS n),
 tl AS (
@@ -341,6 +360,7 @@ by_name AS (
     FROM l JOIN tasks AS t ON t.id IN (
         SELECT r.id FROM tasks AS r
         WHERE r.name = l.name AND r.state IN ('PENDING', 'RETRY_WAIT') AND r.run_at <= :now
+          AND r.version BETWEEN l.lo AND l.hi
           AND COALESCE((SELECT MIN(y.n, y.own + :tenant_pool) FROM tl AS y
                         WHERE y.tenant = r.tenant), :tenant_pool) > 0
         ORDER BY r.run_at LIMIT :limit)
@@ -392,3 +412,38 @@ GROUP BY name, tenant;
 -- The latest limit changes (limit_set / limit_cleared audit rows), newest first.
 SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
 FROM audit WHERE kind IN ('limit_set', 'limit_cleared') ORDER BY seq DESC LIMIT :limit;
+
+-- name: definitions_of
+-- The stored definitions of the given names (a worker's registration compares specs).
+SELECT name, version, spec FROM definitions
+WHERE name IN (SELECT value FROM json_each(:names));
+
+-- name: definition_upsert
+INSERT INTO definitions (name, version, spec, first_registered_at, last_registered_at)
+VALUES (:name, :version, :spec, :now, :now)
+ON CONFLICT (name, version) DO UPDATE SET spec = excluded.spec,
+    last_registered_at = excluded.last_registered_at;
+
+-- name: worker_definitions_clear
+DELETE FROM worker_definitions WHERE holder = :holder;
+
+-- name: worker_definition_insert
+INSERT INTO worker_definitions (holder, name, version) VALUES (:holder, :name, :version)
+ON CONFLICT DO NOTHING;
+
+-- name: definitions_all
+SELECT name, version, spec, first_registered_at, last_registered_at FROM definitions
+ORDER BY name, version;
+
+-- name: ready_by_version
+-- Ready tasks per (name, version), for the versions no live worker has (ratchet status).
+SELECT name, version, COUNT(*), MIN(run_at) FROM tasks
+WHERE state IN ('PENDING', 'RETRY_WAIT')
+GROUP BY name, version;
+
+-- name: live_definitions
+-- (name, version) pairs of workers alive in the registry and seen since :since.
+SELECT d.name, d.version, COUNT(*) FROM worker_definitions AS d
+JOIN workers AS w ON w.holder = d.holder
+WHERE w.state = 'alive' AND w.last_seen >= :since
+GROUP BY d.name, d.version;
