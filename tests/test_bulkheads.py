@@ -5,7 +5,9 @@ API (audited) and its errors. Real processes: tests/test_bulkheads_processes.py.
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from ratchet.ledger.base import (
 from ratchet.ledger.bulkheads import UNLIMITED, allowance
 from ratchet.serde import digest, dumps
 from ratchet.testing import wait_for
+from ratchet.testing.worker import running_worker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -317,3 +320,79 @@ def test_a_capped_name_does_not_shrink_the_claim_of_the_others(ledger: Ledger) -
         submit(ledger, "bulk", 1, tenant="acme")
     claims = ledger.claim("w", ["tracking", "bulk"], 20)
     assert names_of(claims) == {"tracking": 3, "bulk": 17}
+
+
+def submit_version(ledger: Ledger, name: str, version: int, n: int) -> list[str]:
+    tasks = []
+    for _ in range(n):
+        params = dumps({})
+        tasks.append(NewTask(new_task_id(), name, version, params, digest(name, params),
+                             None, 3, 30.0))
+    ledger.submit(tasks)
+    return [t.task_id for t in tasks]
+
+
+def test_a_type_cap_holds_across_versions(ledger: Ledger, ledger_url: str) -> None:
+    """Versioned definitions (DESIGN §8) with bulkheads: a type's cap counts every version
+    of it, whichever (name, version) pairs the claimers send."""
+    ledger.set_limit(LimitScope.TYPE, "tracking", 0, 2, "alice", "cap across versions")
+    v1 = submit_version(ledger, "tracking", 1, 3)
+    v2 = submit_version(ledger, "tracking", 2, 3)
+    other = open_ledger(ledger_url)
+    try:
+        # A claimer of both versions takes at most the cap in all.
+        first = ledger.claim("a", [("tracking", 1), ("tracking", 2)], 10)
+        assert len(first) == 2 and {c.task_id for c in first} <= set(v1 + v2)
+        # The cap is full: a claimer of version 2 only gets nothing, though v2 is ready.
+        assert other.claim("b", [("tracking", 2)], 10) == []
+        finish(ledger, first[:1])
+        [again] = other.claim("b", [("tracking", 2)], 10)
+        assert again.task_id in v2 and again.version == 2
+        # A bare name (every version) beside a pair of it: still the cap, never a task
+        # counted twice.
+        assert ledger.claim("c", ["tracking", ("tracking", 1)], 10) == []
+        finish(ledger, [again])
+        [third] = ledger.claim("c", ["tracking", ("tracking", 1)], 10)
+        assert third.task_id in set(v1 + v2) - {c.task_id for c in [*first, again]}
+        assert running(ledger) == {"tracking": 2}
+    finally:
+        other.close()
+
+
+def test_a_type_capped_at_one_never_runs_two_versions_at_once(ledger_url: str) -> None:
+    """Real workers, one per version of a type capped at 1 (each with several task
+    threads): the executed intervals never overlap, and both versions run."""
+    intervals: list[tuple[float, float, int]] = []
+    lock = threading.Lock()
+
+    def make(version: int) -> App:
+        app = App(ledger_url)
+
+        @app.task(name="bh.versioned", version=version, lease_s=30.0)
+        def run(ctx: TaskContext, i: int) -> int:
+            start = time.monotonic()
+            time.sleep(0.02)  # long enough for the other worker's claim to race it
+            with lock:
+                intervals.append((start, time.monotonic(), version))
+            return version
+
+        return app
+
+    app1, app2 = make(1), make(2)
+    with Control(ledger_url) as control:
+        control.migrate()
+        control.set_limit("type", "bh.versioned", maximum=1, reason="one at a time",
+                          by="alice")
+    ids = [app.submit("bh.versioned", {"i": i}).task_id
+           for i in range(6) for app in (app1, app2)]
+    with running_worker(app1, concurrency=3, holder="w-v1"), \
+            running_worker(app2, concurrency=3, holder="w-v2"):
+        wait_for("every task to succeed",
+                 lambda: all(app1.get(i).state is State.SUCCEEDED for i in ids), 60.0)
+    assert sorted(app1.get(i).result for i in ids) == [1] * 6 + [2] * 6
+    assert {v for _, _, v in intervals} == {1, 2} and len(intervals) == 12
+    ordered = sorted(intervals)
+    for (_, end, _), (start, _, _) in itertools.pairwise(ordered):
+        assert end <= start, ordered  # one at a time, across versions
+    app1.close()
+    app2.close()
