@@ -19,6 +19,8 @@ from ratchet.app import new_task_id
 from ratchet.cli.main import cli
 from ratchet.ledger.base import (
     Claim,
+    EffectState,
+    EffectWrite,
     Ledger,
     Limit,
     LimitScope,
@@ -396,3 +398,52 @@ def test_a_type_capped_at_one_never_runs_two_versions_at_once(ledger_url: str) -
         assert end <= start, ordered  # one at a time, across versions
     app1.close()
     app2.close()
+
+
+# ---------------------------------------------------------------------- bulkheads x control
+
+
+def test_a_paused_capped_type_claims_nothing_and_resume_readmits_it_within_its_cap(
+        ledger: Ledger, ledger_url: str) -> None:
+    """A type capped at 2 and paused: no claimer gets its tasks (alone or beside an
+    uncapped type, which still runs); after resume it is claimed again, at most its cap at
+    once across claimers, and a finished task frees exactly one slot."""
+    other = open_ledger(ledger_url)
+    try:
+        ledger.set_limit(LimitScope.TYPE, "capped", 0, 2, "alice", "cap it")
+        submit(ledger, "capped", 5)
+        submit(ledger, "free", 2)
+        paused = ledger.pause("type", "capped", "incident", "bob")
+        assert paused.outcome == "done"
+        assert ledger.claim("a", ["capped"], 10) == []
+        assert names_of(ledger.claim("a", ["capped", "free"], 10)) == {"free": 2}
+        assert other.claim("b", ["capped", "free"], 10) == []
+        assert running(ledger) == {"free": 2}
+        assert ledger.resume("type", "capped", "fixed", "bob").outcome == "done"
+        first = ledger.claim("a", ["capped", "free"], 10)
+        assert names_of(first) == {"capped": 2}
+        assert other.claim("b", ["capped"], 10) == []
+        finish(ledger, first[:1])
+        assert names_of(other.claim("b", ["capped"], 10)) == {"capped": 1}
+        assert other.claim("b", ["capped"], 10) == []
+        assert running(ledger) == {"capped": 2, "free": 2}
+    finally:
+        other.close()
+
+
+def test_a_limited_claim_carries_the_tasks_control_request(ledger: Ledger) -> None:
+    """A cancel requested while an effect intent is open (the task waits to retry) is
+    handed to the next holder with the claim: claim_limited returns control_request as
+    claim_ready does, so the holder settles the effect by lookup and then cancels."""
+    ledger.set_limit(LimitScope.TYPE, "capped", 0, 1, "alice", "one at a time")
+    [task_id] = submit(ledger, "capped", 1)
+    [claim] = ledger.claim("a", ["capped"], 1)
+    assert claim.control_request is None
+    intent = EffectWrite("charge", "k-1", "d", EffectState.INTENT)
+    [ok] = ledger.commit([TaskWrite(task_id, claim.generation, "a", "fail", effects=[intent],
+                                    transition=Transition(State.RETRY_WAIT, error="x"))])
+    assert ok.ok
+    out = ledger.cancel(task_id, "customer left", "bob")
+    assert (out.outcome, out.state) == ("requested", State.RETRY_WAIT)
+    [again] = ledger.claim("b", ["capped"], 1)
+    assert again.task_id == task_id and again.control_request == "cancel"

@@ -147,7 +147,7 @@ def test_resolve_done_records_the_result_and_the_operator(ledger_url: str) -> No
 def test_resolve_refusals(ledger_url: str) -> None:
     task_id = unknown_task(ledger_url)
     with Control(ledger_url) as control:
-        with pytest.raises(InvalidArguments, match="'done' or 'not-done'"):
+        with pytest.raises(InvalidArguments, match="'done', 'not-done' or 'give-up'"):
             control.resolve(task_id, "maybe", reason="r")
         with pytest.raises(InvalidArguments, match="reason"):
             control.resolve(task_id, "done", reason="   ")

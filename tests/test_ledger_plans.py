@@ -103,6 +103,11 @@ def test_pg_hot_statements_use_their_indexes(
         assert "version" in index_cond, plan
     plan = _pg_plan(conn, "limits_running", {})
     assert "tasks_leased" in plan and "Seq Scan on tasks" not in plan, plan
+    plan = _pg_plan(conn, "limits_ready", {"names": [NAME], "tenants": ["acme"], "now": now})
+    assert "tasks_ready" in plan and "Seq Scan on tasks" not in plan, plan
+    # Control: the heartbeat's read of operator requests walks the worker's own rows.
+    plan = _pg_plan(conn, "control_requests", {"holder": "h1"})
+    assert "tasks_holder" in plan and "Seq Scan on tasks" not in plan, plan
     ids = [f"x{i}" for i in range(1, 81)]
     rows = [{"id": i, "generation": 1, "state": "SUCCEEDED", "run_at": None, "release": False,
              "keep": False, "result": "1", "error": None, "error_class": None} for i in ids]
@@ -181,7 +186,7 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
         "ids": json.dumps(["x1", "x2"]), "generations": json.dumps([1, 1]),
         "keys": json.dumps(["k1"]), "id": "x1", "generation": 1, "state": "SUCCEEDED",
         "run_at": None, "release": 0, "keep": 0, "result": None, "error": None,
-        "error_class": None,
+        "error_class": None, "request": None,
     }
     for kinds in ([NAME], [(NAME, 1)], [(NAME, 2), ("other.task", 1)], [(NAME, 1), (NAME, 2)]):
         ready = {**params, **{k: json.dumps(v) for k, v in claim_kinds(kinds).items()}}
@@ -201,13 +206,168 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
         assert "SEARCH t USING PRIMARY KEY" in plan, plan
     plan = _sqlite_plan(conn, "limits_running", params)
     assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
+    plan = _sqlite_plan(conn, "limits_ready", {**params, "names": json.dumps([NAME]),
+                                               "tenants": '["acme"]'})
+    assert "tasks_ready" in plan and "SCAN tasks" not in plan, plan
     plan = _sqlite_plan(conn, "claim_expired", params)
     assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
     plan = _sqlite_plan(conn, "ready_by_version", params)
     assert "SCAN tasks USING INDEX tasks_ready" in plan, plan
     plan = _sqlite_plan(conn, "transition", params)
     assert "PRIMARY KEY" in plan and "tasks_holder" not in plan, plan
+    # The heartbeat's read of operator requests walks the worker's own rows.
+    plan = _sqlite_plan(conn, "control_requests", params)
+    assert "tasks_holder" in plan and "SCAN t " not in plan + " ", plan
     for name in ("fence_read", "task_get_many", "claim_takeover", "submit_existing"):
         plan = _sqlite_plan(conn, name, params)
         assert "SCAN tasks" not in plan and "SCAN t " not in plan + " ", (name, plan)
+    conn.close()
+
+
+# ---------------------------------------------------------------------- retention, listing
+# Migrations sqlite/0005 and postgresql/0004 (DESIGN §9, §10.2): prune walks tasks_finished
+# in batches, the listing walks tasks_created, status reads the non-terminal tasks and what
+# finished or was audited since the counts mark from their indexes, never the history.
+
+_HISTORY = 100_000  # finished tasks, with two audit rows and a step each
+_IDS = [f"f{i}" for i in range(1, 201)]
+
+
+@pytest.fixture(scope="module")
+def pg_history() -> Iterator[psycopg.Connection[Any]]:
+    """A PostgreSQL ledger whose history dominates: finished tasks (finish time g), their
+    audit rows and steps, plus ready and running tasks; no statistics yet."""
+    with private_schema("rt_plan_hist") as (url, schema):
+        open_ledger(url).close()
+        with psycopg.connect(url.split("?", 1)[0], autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            for table in ("tasks", "audit", "steps"):
+                conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)")
+                             .format(sql.Identifier(table)))
+            conn.execute(
+                _FILL + " SELECT 'f' || g, %s, 1, '{}', 'd', 'SUCCEEDED', 1, 1, 3, 30, NULL,"
+                " NULL, g, g, g FROM generate_series(1, %s) AS g", (NAME, _HISTORY))
+            conn.execute(
+                _FILL + " SELECT 'r' || g, %s, 1, '{}', 'd', 'PENDING', 0, 0, 3, 30, NULL,"
+                " NULL, g, 1e6 + g, 1e6 + g FROM generate_series(1, %s) AS g", (NAME, READY))
+            conn.execute(
+                _FILL + " SELECT 'x' || g, %s, 1, '{}', 'd', 'RUNNING', 1, 1, 3, 30, 'h1',"
+                " 1e12, g, 1e6 + g, 1e6 + g FROM generate_series(1, %s) AS g", (NAME, RUNNING))
+            conn.execute("INSERT INTO audit (task_id, at, kind) SELECT 'f' || (g / 2), g / 2,"
+                         " 'claim' FROM generate_series(2, %s) AS g", (2 * _HISTORY + 1,))
+            conn.execute("INSERT INTO steps (task_id, name, result, generation, committed_at)"
+                         " SELECT 'f' || g, 's', '1', 1, g FROM generate_series(1, %s) AS g",
+                         (_HISTORY,))
+            yield conn
+
+
+_LIST = {"states": None, "names": None, "key": None, "created_from": None,
+         "created_to": None, "cursor_at": None, "cursor_id": None, "limit": 51}
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
+def test_pg_prune_listing_and_status_use_their_indexes(
+    pg_history: psycopg.Connection[Any], analyzed: bool
+) -> None:
+    conn = pg_history
+    if analyzed:
+        conn.execute("ANALYZE")
+    batch = {"cutoff": _HISTORY / 2, "limit": 100}
+    plan = _pg_plan(conn, "prune_pick", batch)
+    # The oldest finished tasks from tasks_finished; never a scan of the table.
+    assert "tasks_finished" in plan and "Seq Scan" not in plan, plan
+    for cursor in ({}, {"cursor_at": 1e6 + 5.0, "cursor_id": "r5"}):
+        plan = _pg_plan(conn, "tasks_list", {**_LIST, **cursor})
+        # Newest first: a backward walk of tasks_created stopped at the page, no sort.
+        assert "Index Scan Backward using tasks_created" in plan, plan
+        assert "Sort" not in plan and "Seq Scan" not in plan, plan
+    # ratchet limits' latest changes: a range of audit_task, never every audit row.
+    plan = _pg_plan(conn, "limits_audit", {"limit": 20})
+    assert "audit_task" in plan and "Seq Scan on audit" not in plan, plan
+    if not analyzed:
+        return
+    # With statistics (autovacuum's ANALYZE): every prune statement probes by id or walks
+    # its index in order, and status reads no history.
+    assert "Index Scan using tasks_finished" in _pg_plan(conn, "prune_pick", batch)
+    assert "Sort" not in _pg_plan(conn, "prune_pick", batch)
+    for name, index in (("prune_tasks", "tasks_pkey"), ("prune_steps", "steps_pkey"),
+                        ("prune_audit", "audit_task"), ("prune_export_audit", "audit_task")):
+        plan = _pg_plan(conn, name, {"ids": _IDS})
+        assert index in plan and "Seq Scan" not in plan, (name, plan)
+    plan = _pg_plan(conn, "prune_audit_walk", {"cutoff": _HISTORY / 2, "from_at": 0.0,
+                                               "from_seq": 0, "limit": 100})
+    assert "Index Scan using audit_at" in plan and "Sort" not in plan, plan
+    plan = _pg_plan(conn, "prune_audit_gone", {"seqs": list(range(1, 201))})
+    assert "audit_pkey" in plan and "tasks_pkey" in plan and "Seq Scan" not in plan, plan
+    upto = {"upto": float(_HISTORY - 10)}
+    plan = _pg_plan(conn, "stats_counts", upto)
+    for index in ("tasks_ready", "tasks_leased", "tasks_parked", "tasks_finished"):
+        assert index in plan, (index, plan)
+    assert "Seq Scan on tasks" not in plan, plan
+    plan = _pg_plan(conn, "stats_kinds", upto)
+    assert "audit_at" in plan and "Seq Scan on audit " not in plan + " ", plan
+    window = {"from_at": float(_HISTORY - 100), "to_at": float(_HISTORY)}
+    assert "tasks_finished" in _pg_plan(conn, "counts_window_tasks", window)
+    assert "audit_at" in _pg_plan(conn, "counts_window_audit", window)
+    plan = _pg_plan(conn, "stats_unknown", {})
+    assert "tasks_parked" in plan and "Seq Scan" not in plan, plan
+
+
+def _sqlite_table_scan(plan: str, table: str) -> bool:
+    """Whether an EXPLAIN QUERY PLAN line scans ``table`` itself (not one of its indexes)."""
+    return any(step.strip() == f"SCAN {table}" for step in plan.replace("\n", " / ").split("/"))
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
+def test_sqlite_prune_listing_and_status_use_their_indexes(
+    tmp_path: Path, analyzed: bool
+) -> None:
+    path = tmp_path / "l.db"
+    open_ledger(f"sqlite:///{path}").close()
+    conn = sqlite3.connect(path)
+    count = _HISTORY // 4
+    for prefix, state, holder, n, base in (("f", "SUCCEEDED", None, count, 0),
+                                           ("r", "PENDING", None, READY // 4, 1e6),
+                                           ("x", "RUNNING", "h1", RUNNING, 1e6)):
+        conn.execute(
+            "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < ?) "
+            + _FILL + " SELECT ? || i, ?, 1, '{}', 'd', ?, 1, 1, 3, 30, ?,"
+            " CASE WHEN ? IS NULL THEN NULL ELSE 1e12 END, i, ? + i, ? + i FROM g",
+            (n, prefix, NAME, state, holder, holder, base, base))
+    conn.execute("WITH RECURSIVE g(i) AS (SELECT 2 UNION ALL SELECT i + 1 FROM g WHERE i < ?)"
+                 " INSERT INTO audit (task_id, at, kind) SELECT 'f' || (i / 2), i / 2, 'claim'"
+                 " FROM g", (2 * count + 1,))
+    conn.commit()
+    if analyzed:
+        conn.execute("ANALYZE")
+    params: dict[str, Any] = {
+        "cutoff": count / 2, "limit": 100, "ids": json.dumps(_IDS), "from_at": 0.0,
+        "from_seq": 0, "seqs": json.dumps(list(range(1, 201))), "upto": float(count - 10),
+        "to_at": float(count), **_LIST,
+    }
+    plan = _sqlite_plan(conn, "prune_pick", params)
+    assert "tasks_finished" in plan and "TEMP B-TREE" not in plan, plan
+    for name, index in (("prune_tasks", "PRIMARY KEY"), ("prune_steps", "PRIMARY KEY"),
+                        ("prune_effects", "PRIMARY KEY"), ("prune_audit", "audit_task"),
+                        ("prune_late_effects", "late_effects_task"),
+                        ("prune_export_audit", "audit_task")):
+        plan = _sqlite_plan(conn, name, params)
+        assert index in plan and "SCAN audit" not in plan, (name, plan)
+    plan = _sqlite_plan(conn, "prune_audit_walk", params)
+    assert "audit_at" in plan and "TEMP B-TREE" not in plan, plan
+    plan = _sqlite_plan(conn, "prune_audit_gone", params)
+    assert "SCAN audit" not in plan and "SCAN t" not in plan, plan
+    plan = _sqlite_plan(conn, "tasks_list", params)
+    assert "tasks_created" in plan and "TEMP B-TREE" not in plan, plan
+    plan = _sqlite_plan(conn, "limits_audit", params)
+    assert "audit_task" in plan and not _sqlite_table_scan(plan, "audit"), plan
+    plan = _sqlite_plan(conn, "stats_counts", params)
+    assert "tasks_active" in plan and "tasks_finished" in plan, plan
+    assert not _sqlite_table_scan(plan, "tasks"), plan
+    plan = _sqlite_plan(conn, "stats_kinds", params)
+    assert "audit_at" in plan and not _sqlite_table_scan(plan, "audit"), plan
+    for name in ("counts_window_tasks", "counts_window_audit", "stats_unknown"):
+        plan = _sqlite_plan(conn, name, {**params, "from_at": float(count - 100)})
+        assert "USING" in plan and not _sqlite_table_scan(plan, "tasks"), (name, plan)
+        assert not _sqlite_table_scan(plan, "audit"), (name, plan)
     conn.close()

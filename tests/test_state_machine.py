@@ -394,10 +394,12 @@ class LedgerMachine(RuleBasedStateMachine):
         t = write.transition
         if t is None:
             return b
-        released = t.to is State.PENDING  # a release hands its attempt back
+        # A release, and a pause at a boundary, hand their attempt back; with no pause
+        # active (none in this machine) a PAUSED write is applied as a release.
+        released = t.to in (State.PENDING, State.PAUSED)
         return dataclasses.replace(
             b,
-            state=t.to,
+            state=State.PENDING if t.to is State.PAUSED else t.to,
             attempt=b.attempt - 1 if released else b.attempt,
             holder=b.holder if t.to is State.RUNNING else None,
             lease_until=b.lease_until if t.to is State.RUNNING else None,
@@ -580,9 +582,16 @@ class LedgerMachine(RuleBasedStateMachine):
         info = self.ledger.resolve(task_id, outcome, "test", "tester", dumps("op"))
         event("resolve: UNKNOWN settled by an operator")
         after = self.snapshot()
-        assert info.state is State.PENDING
-        assert info.generation == b.generation
-        want = EffectState.DONE if outcome is ResolveOutcome.DONE else EffectState.NOT_DONE
+        if outcome is ResolveOutcome.GIVE_UP:
+            # The operator gives up: FAILED, generation + 1, the effects marked given up.
+            assert info.state is State.FAILED
+            assert info.generation == b.generation + 1
+        else:
+            assert info.state is State.PENDING
+            assert info.generation == b.generation
+        want = {ResolveOutcome.DONE: EffectState.DONE,
+                ResolveOutcome.NOT_DONE: EffectState.NOT_DONE,
+                ResolveOutcome.GIVE_UP: EffectState.GIVEN_UP}[outcome]
         old_effects = {e[0]: e for e in before[task_id][2]}
         for e in after[task_id][2]:
             if old_effects[e[0]][3] is EffectState.INTENT:
@@ -601,7 +610,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert new[0].generation >= old[0].generation, "generation went backwards"
             released = (
                 old[0].state is State.RUNNING
-                and new[0].state is State.PENDING
+                and new[0].state in (State.PENDING, State.PAUSED)
                 and new[0].attempt == old[0].attempt - 1
             )
             assert new[0].attempt >= old[0].attempt or released, "attempt went backwards"

@@ -1,6 +1,8 @@
 """The transition table (``ratchet/states.py``, DESIGN §3) as a real ledger enforces it, on
 both ledgers: a move the table refuses is refused with ``IllegalTransition`` and writes
-nothing; a terminal task never moves again; ``UNKNOWN`` is left only by an operator.
+nothing; a terminal task never moves again by any worker write, claim, renewal,
+revocation or operator command, except ``FAILED`` by an operator's retry (the separate
+table of operator moves, ``OPERATOR_MOVES``); ``UNKNOWN`` is left only by an operator.
 
 (The random walk over every operation is ``tests/test_state_machine.py``.)
 """
@@ -24,7 +26,14 @@ from ratchet.ledger.base import (
     Transition,
 )
 from ratchet.serde import digest, dumps
-from ratchet.states import TERMINAL, State, is_allowed
+from ratchet.states import (
+    OPERATOR_MOVES,
+    TERMINAL,
+    TRANSITIONS,
+    State,
+    check_operator_move,
+    is_allowed,
+)
 
 TASK = "states.task"
 
@@ -78,6 +87,10 @@ def test_a_move_out_of_running_is_applied_or_refused_as_the_table_says(
     its step; a refused one raises ``IllegalTransition`` (a ``LedgerError``) naming both
     states, and nothing of the commit is written."""
     generation = _running(ledger, "t1")
+    if target is State.PAUSED:
+        # A holder stops PAUSED for a pause that covers its task; without one (resumed
+        # before the boundary) the ledger applies the write as a release (DESIGN §3).
+        ledger.pause("task", "t1", "test", "op")
     before = _frozen(ledger, "t1")
     write = TaskWrite("t1", generation, "w1", "finish", steps=[("s", dumps(1))],
                       transition=_transition(target))
@@ -158,6 +171,9 @@ def test_a_terminal_task_never_moves(ledger: Ledger, terminal: State) -> None:
     for outcome_ in ResolveOutcome:
         with pytest.raises(IllegalTransition):
             ledger.resolve("t1", outcome_, "test", "op")
+    assert ledger.cancel("t1", "test", "op").outcome == "unchanged"
+    if terminal is not State.FAILED:  # FAILED: the operator's retry, tested below
+        assert ledger.retry("t1", "test", "op").outcome == "unchanged"
     params = dumps({"id": "t1"})
     [again] = ledger.submit(
         [NewTask("t1-again", TASK, 1, params, digest(TASK, params), "k1", 3, 3600.0)]
@@ -211,3 +227,58 @@ def test_unknown_is_left_only_by_an_operator(ledger: Ledger) -> None:
     assert claim.task_id == "t1" and claim.generation == generation + 1
     assert claim.effects["charge"].state is EffectState.DONE
     assert claim.effects["charge"].result_json == dumps("ok")
+
+
+def test_operator_moves_are_a_table_of_their_own() -> None:
+    """Operator commands have their own table: SUCCEEDED and CANCELLED have no edge in
+    either; FAILED has one, to PENDING, in the operator's table only; a RUNNING task is
+    never moved by an operator directly (a request is recorded for its holder)."""
+    for state in (State.SUCCEEDED, State.CANCELLED):
+        assert TRANSITIONS[state] == OPERATOR_MOVES[state] == frozenset()
+    assert TRANSITIONS[State.FAILED] == frozenset()
+    assert OPERATOR_MOVES[State.FAILED] == frozenset({State.PENDING})
+    assert OPERATOR_MOVES[State.RUNNING] == frozenset()
+    assert set(OPERATOR_MOVES) == set(State)
+    with pytest.raises(IllegalTransition):
+        check_operator_move(State.SUCCEEDED, State.PENDING)
+    check_operator_move(State.FAILED, State.PENDING)
+
+
+def test_failed_moves_only_by_an_operator_retry(ledger: Ledger) -> None:
+    """A FAILED task ignores its holder's writes at every generation, claims, renewals and
+    revocations; only ``retry`` moves it (to PENDING, attempts reset, generation + 1,
+    steps kept), and the retried task is claimed again."""
+    generation = _running(ledger, "t1", max_attempts=1)
+    [done] = ledger.commit([TaskWrite("t1", generation, "w1", "finish",
+                                      steps=[("s", dumps(1))],
+                                      transition=_transition(State.FAILED))])
+    assert done.ok
+    for g in (generation - 1, generation, generation + 1):
+        [late] = ledger.commit([TaskWrite("t1", g, "w1", "late",
+                                          transition=_transition(State.RETRY_WAIT))])
+        assert late.stale
+    assert ledger.claim("w2", [TASK], 5) == []
+    assert ledger.cancel("t1", "test", "op").outcome == "unchanged"
+    assert ledger.get("t1").state is State.FAILED
+    out = ledger.retry("t1", "the downstream is fixed", "op")
+    assert (out.outcome, out.state, out.generation) == ("done", State.PENDING, generation + 1)
+    info = ledger.get("t1")
+    assert (info.state, info.attempt, info.generation) == (State.PENDING, 0, generation + 1)
+    [claim] = ledger.claim("w2", [TASK], 5)
+    assert (claim.attempt, claim.generation) == (1, generation + 2)
+    assert "s" in claim.steps
+    # The stale holder of the failed attempt still changes nothing.
+    [stale] = ledger.commit([TaskWrite("t1", generation, "w1", "late",
+                                       transition=_transition(State.SUCCEEDED))])
+    assert stale.stale and ledger.get("t1").state is State.RUNNING
+
+
+def test_a_pause_write_without_an_active_pause_is_a_release(ledger: Ledger) -> None:
+    """A holder that stops PAUSED after the pause was resumed is released instead (its
+    attempt handed back), so no task stays PAUSED with no pause to resume it."""
+    generation = _running(ledger, "t1")
+    [ok] = ledger.commit([TaskWrite("t1", generation, "w1", "boundary",
+                                    transition=Transition(State.PAUSED))])
+    assert ok.ok
+    info = ledger.get("t1")
+    assert (info.state, info.attempt, info.holder) == (State.PENDING, 0, None)

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from .app import App, SubmitRequest, TaskDefinition, TaskHandle
 from .config import Durability
-from .control import Control, LimitsReport, StatusReport, TaskTimeline, WorkerView
+from .control import (
+    Control,
+    ControlOutcome,
+    LimitsReport,
+    PauseRecord,
+    PauseResult,
+    StatusReport,
+    TaskTimeline,
+    WorkerView,
+)
 from .errors import (
     ConfigError,
     EffectOutcomeUnknown,
@@ -28,6 +37,7 @@ from .errors import (
     PermanentError,
     RatchetError,
     SchemaTooNew,
+    SchemaTooOld,
     StaleGeneration,
     SubmitError,
     TaskFailure,
@@ -53,6 +63,7 @@ __all__ = [
     "App",
     "ConfigError",
     "Control",
+    "ControlOutcome",
     "Durability",
     "EffectOutcomeUnknown",
     "FailureClass",
@@ -76,8 +87,11 @@ __all__ = [
     "RatchetError",
     "RetryPolicy",
     "SchemaTooNew",
+    "SchemaTooOld",
     "StaleGeneration",
     "State",
+    "PauseRecord",
+    "PauseResult",
     "StatusReport",
     "SubmitError",
     "SubmitRequest",

@@ -45,7 +45,7 @@ from .errors import (
     WaitTimeout,
 )
 from .ledger import open_ledger
-from .ledger.base import Ledger, NewTask, SubmitResult, TaskInfo
+from .ledger.base import ControlOutcome, Ledger, NewTask, SubmitResult, TaskInfo
 from .params import ParamsSchema, check_task_function
 from .retry import RetryPolicy
 from .serde import digest, dumps
@@ -836,6 +836,27 @@ class App:
 
         with Control(app=self) as control:
             return control.list_tasks(**filters)
+
+    def cancel(self, task_id: str, *, reason: str, by: str | None = None) -> ControlOutcome:
+        """Cancel a task, audited: :meth:`ratchet.Control.cancel` on this App's ledger
+        (which documents the arbitration rules and errors).
+
+        Returns:
+            A :class:`~ratchet.ledger.base.ControlOutcome` (``outcome``: ``done``,
+            ``requested`` or ``unchanged``).
+        """
+        from .control import Control
+
+        with Control(app=self) as control:
+            return control.cancel(task_id, reason=reason, by=by)
+
+    def retry(self, task_id: str, *, reason: str, by: str | None = None) -> ControlOutcome:
+        """Run a ``FAILED`` task again with a fresh set of attempts, audited:
+        :meth:`ratchet.Control.retry` on this App's ledger (which documents it)."""
+        from .control import Control
+
+        with Control(app=self) as control:
+            return control.retry(task_id, reason=reason, by=by)
 
     def wait(
         self, task_id: str, timeout_s: float | None = None, poll_s: float = 0.05

@@ -29,6 +29,7 @@ the same two ledger handles (:meth:`_reader`, :meth:`_writer`), each returning a
 from __future__ import annotations
 
 import getpass
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -39,16 +40,20 @@ from typing import Any
 
 from .app import App, TaskHandle
 from .config import parse_ledger_url, redact_url
-from .errors import ConfigError, InvalidArguments, TaskNotFound
+from .errors import ConfigError, InvalidArguments, LedgerError, TaskNotFound
 from .ledger import open_ledger
 from .ledger.base import (
     AuditEvent,
+    ControlOutcome,
     EffectRecord,
     EffectState,
     LateEffect,
     Ledger,
     Limit,
     LimitScope,
+    PauseRecord,
+    PauseResult,
+    PruneReport,
     ResolveOutcome,
     TaskInfo,
     TaskQuery,
@@ -56,18 +61,22 @@ from .ledger.base import (
 )
 from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
-from .validation import MAX_KEY_BYTES, check_identifier
+from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
 
 __all__ = [
     "AuditEvent",
     "Control",
     "DefinitionView",
+    "ControlOutcome",
     "EffectRecord",
     "EffectState",
     "EffectView",
     "LateEffectView",
     "LimitView",
     "LimitsReport",
+    "PruneReport",
+    "PauseRecord",
+    "PauseResult",
     "ResolveOutcome",
     "StatusReport",
     "StepView",
@@ -94,13 +103,16 @@ class StatusReport:
             (``None`` when nothing is ready).
         unknown: tasks in ``UNKNOWN`` (waiting for an operator: ``ratchet resolve``).
         claims, takeovers, revocations, stale_rejections, lookup_hits,
-        idempotency_conflicts, operator_actions: counts from the audit log.
+        idempotency_conflicts, operator_actions: counts from the audit log, ever (kept
+            when ``prune`` deletes the rows).
         durability: the durability level (``fsync``, ``buffered``, ``replicated``).
         backend_settings: what the level maps to (SQLite pragmas, PostgreSQL settings).
         schema_version: the ledger's schema version.
         ledger_now: the ledger clock, epoch seconds.
         late_effects: calls sent by holders after their claim was taken over (possible
             duplicates at targets that cannot deduplicate; :meth:`Control.late_effects`).
+        pauses: the active pauses (scope, target, who, why, since, version) with the
+            RUNNING tasks in each scope still short of a safe boundary.
     """
 
     ledger: str
@@ -121,6 +133,7 @@ class StatusReport:
     ledger_now: float
     late_effects: int = 0
     versions: list[VersionWaitView] = field(default_factory=list)
+    pauses: list[PauseRecord] = field(default_factory=list)
     """Ready tasks per pinned (name, version) with the live workers that have it; a
     version no live worker has waits (DESIGN §8)."""
 
@@ -454,7 +467,10 @@ class Control:
     def status(self) -> StatusReport:
         """Counts per task type and state, oldest pending age, unknowns, audit counters,
         durability, and ready tasks per pinned (name, version) with the live workers that
-        have it (``versions``: a version no live worker has waits).
+        have it (``versions``: a version no live worker has waits). Reads no history
+        (DESIGN §9): milliseconds with millions of finished tasks; it first moves the
+        counts mark forward in a short write transaction of its own (skipped if the
+        ledger refuses the write).
 
         Raises:
             LedgerUnavailable: no ledger there (nothing is created), or unreachable.
@@ -487,6 +503,7 @@ class Control:
                                 if b.live_workers == 0 else "")
                 for b in led.version_backlog(LIVE_WORKER_S)
             ],
+            pauses=_active_pauses(led),
         )
 
     def get(self, task_id: str) -> TaskInfo:
@@ -696,14 +713,20 @@ class Control:
         reason: str,
         by: str | None = None,
     ) -> TaskInfo:
-        """Settle an ``UNKNOWN`` task's open effect (audited); the task then resumes.
+        """Settle an ``UNKNOWN`` task's open effect (audited); the task then resumes, or
+        ends ``FAILED`` (give-up), or ``CANCELLED`` / ``PAUSED`` when a cancel / pause
+        request was waiting for this resolution.
 
         Args:
             task_id: the task.
-            outcome: ``"done"`` (the effect happened; ``result`` is its return value) or
-                ``"not-done"`` (it did not; the task calls again with the same key).
-            result: for ``done``: the effect's result, plain JSON (``None`` is recorded as
-                null).
+            outcome: ``"done"`` (the effect happened; ``result`` is its return value),
+                ``"not-done"`` (it did not; the task calls again with the same key) or
+                ``"give-up"`` (nobody can tell: the task ends ``FAILED`` with ``reason``,
+                generation + 1, and its open effects are marked ``given_up``, so
+                ``inspect`` shows the operator gave up on them; ``retry`` can run it
+                again, lookup first).
+            result: for ``done`` only: the effect's result, plain JSON (``None`` is
+                recorded as null). Refused with ``not-done`` / ``give-up``.
             reason: why (kept in the audit log); must not be blank.
             by: the operator's name (default: the login name).
 
@@ -711,7 +734,8 @@ class Control:
             the task after the change.
 
         Raises:
-            InvalidArguments: unknown outcome, blank reason, a malformed operator name.
+            InvalidArguments: unknown outcome, blank reason, a malformed operator name, a
+                ``result`` with ``not-done`` / ``give-up``.
             PayloadNotSerializable: ``result`` is not plain JSON.
             TaskNotFound: no such task. IllegalTransition: the task is not ``UNKNOWN``.
             LedgerUnavailable: no ledger there.
@@ -720,13 +744,13 @@ class Control:
             verdict = ResolveOutcome(outcome)
         except ValueError:
             raise InvalidArguments(
-                f"outcome must be 'done' or 'not-done', got {printable(str(outcome))!r}"
-            ) from None
-        if not isinstance(reason, str) or not reason.strip():
-            raise InvalidArguments("reason must say why (it is kept in the audit log)")
-        check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
-        who = by if by is not None else default_operator()
-        check_identifier(who, "operator name", MAX_KEY_BYTES)
+                "outcome must be 'done', 'not-done' or 'give-up', got "
+                f"{printable(str(outcome))!r}") from None
+        if result is not None and verdict is not ResolveOutcome.DONE:
+            raise InvalidArguments(
+                f"a result is recorded only with outcome 'done', not {verdict.value!r} "
+                "(nothing was changed)")
+        reason, who = _operator_args(reason, by)
         result_json = dumps(result, what="the effect's result")
         return self._writer().resolve(_task_id(task_id), verdict, reason, who, result_json)
 
@@ -803,8 +827,8 @@ class Control:
                 tenant, ``reserved > maximum``, ``maximum < 1``, reservations adding up
                 to more than the total, a blank reason. LedgerUnavailable: no ledger.
         """
-        kind = _scope(scope)
-        who = _operator_reason(reason, by)
+        kind = _limit_scope(scope)
+        reason, who = _operator_args(reason, by)
         if kind is not LimitScope.TOTAL:
             check_identifier(name, f"{kind.value} name", MAX_KEY_BYTES)
         return self._writer().set_limit(kind, name, reserved, maximum, who, reason)
@@ -818,9 +842,175 @@ class Control:
             InvalidArguments: unknown scope, no such limit, a blank reason.
             LedgerUnavailable: no ledger there.
         """
-        kind = _scope(scope)
-        who = _operator_reason(reason, by)
+        kind = _limit_scope(scope)
+        reason, who = _operator_args(reason, by)
         return self._writer().clear_limit(kind, name, who, reason)
+
+    def prune(
+        self,
+        older_than_s: float,
+        *,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        export: str | os.PathLike[str] | None = None,
+        by: str | None = None,
+    ) -> PruneReport:
+        """Delete finished tasks (``SUCCEEDED``, ``FAILED``, ``CANCELLED``) that finished more
+        than ``older_than_s`` seconds ago (ledger clock), with their steps, effects, late
+        effects and audit rows, and audit rows older than that whose task is gone; in
+        batches of ``batch_size`` tasks, each its own short transaction that never makes a
+        claim or a commit wait (DESIGN §10.2). Non-terminal tasks are never deleted.
+        Audited (kind ``prune``: who, the age, the counts) unless ``dry_run``.
+
+        A task's idempotency key deduplicates submits only while its row exists, and its
+        effect records go with it: after the prune, the same key submits a new task (the
+        dedupe window is the retention age).
+
+        Args:
+            older_than_s: the age, seconds (``ratchet.validation.parse_duration_s("30d")``).
+            dry_run: only count what would be deleted; change nothing.
+            batch_size: tasks per transaction, 1-10000.
+            export: a file to append one JSON line per pruned task to (its row and history,
+                stored JSON as text), written and flushed to disk before the batch's
+                delete commits. A batch whose commit then fails is exported again by the
+                next prune (at least once).
+            by: the operator's name (default: the login name).
+
+        Returns:
+            a :class:`PruneReport` (what was deleted, or would be).
+
+        Raises:
+            InvalidArguments: a negative or non-finite age, ``batch_size`` out of range, a
+                malformed operator name, ``export`` with ``dry_run``.
+            OSError: the export file cannot be opened or written (the batch is rolled back).
+            LedgerUnavailable: no ledger there.
+        """
+        if (isinstance(older_than_s, bool) or not isinstance(older_than_s, int | float)
+                or not math.isfinite(older_than_s) or older_than_s < 0):
+            raise InvalidArguments(f"older_than_s must be a finite number of seconds >= 0, "
+                                   f"got {older_than_s!r}")
+        if (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                or not 1 <= batch_size <= 10000):
+            raise InvalidArguments(
+                f"batch_size must be an integer from 1 to 10000, got {batch_size!r}")
+        if dry_run and export is not None:
+            raise InvalidArguments("a dry run deletes nothing, so it exports nothing: "
+                                   "drop the export or the dry run")
+        who = by if by is not None else default_operator()
+        check_identifier(who, "operator name", MAX_KEY_BYTES)
+        led = self._writer() if not dry_run else self._reader()
+        if export is None:
+            return led.prune(float(older_than_s), by=who, dry_run=dry_run,
+                             batch_size=batch_size)
+        with open(export, "a", encoding="utf-8") as out:
+            def write(records: list[dict[str, Any]]) -> None:
+                out.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+                out.flush()
+                os.fsync(out.fileno())
+
+            return led.prune(float(older_than_s), by=who, batch_size=batch_size,
+                             export=write)
+
+    def cancel(self, task_id: str, *, reason: str, by: str | None = None) -> ControlOutcome:
+        """Cancel a task (``ratchet cancel``), audited with ``by``, ``reason`` and the
+        ledger's time (DESIGN §3, arbitration).
+
+        * ``PENDING`` (also scheduled for later), ``RETRY_WAIT``, ``PAUSED``: ``CANCELLED``
+          at once, generation + 1 (``outcome="done"``): cancel before start wins.
+        * ``RUNNING``: a cancel request is recorded (``outcome="requested"``); the holder
+          learns of it within about a second and stops at its next step/effect boundary
+          (its pipelined checkpoints committed first) with a fenced ``RUNNING ->
+          CANCELLED``. An effect in flight is settled first (its reply, or a lookup); if
+          the holder is dead, the ledger cancels once the lease has expired or the holder
+          is revoked (at once when the lease already has).
+        * An open effect intent (any state) or ``UNKNOWN``: the request is recorded and
+          applied once the effect is settled: by the next holder's lookup, or by
+          :meth:`resolve` (then ``CANCELLED`` instead of resuming). A lookup that cannot
+          settle it leaves the task ``UNKNOWN`` with the request kept.
+        * ``SUCCEEDED``, ``FAILED``, ``CANCELLED``: nothing changes (``outcome=
+          "unchanged"``; a success committed first stays a success).
+
+        Returns:
+            what happened (:class:`~ratchet.ledger.base.ControlOutcome`).
+
+        Raises:
+            InvalidArguments: blank reason, malformed task id or operator name.
+            TaskNotFound: no such task. LedgerUnavailable: no ledger there.
+        """
+        why, who = _operator_args(reason, by)
+        return self._writer().cancel(_task_id(task_id), why, who)
+
+    def retry(self, task_id: str, *, reason: str, by: str | None = None) -> ControlOutcome:
+        """Run a ``FAILED`` task again (``ratchet retry``), audited with ``by``, ``reason``
+        and the ledger's time: a fresh set of attempts (the counter reset, the task's
+        ``max_attempts`` again), generation + 1, ready now. Its history is kept: the audit
+        trail, its steps (done steps stay done: it resumes from its checkpoint) and its
+        effects (a done effect is not called again; one given up by ``resolve --outcome
+        give-up`` is settled lookup first). The only move out of ``FAILED`` (DESIGN §3);
+        ``SUCCEEDED`` and ``CANCELLED`` never move, and any state but ``FAILED`` is
+        ``outcome="unchanged"``.
+
+        Raises:
+            InvalidArguments: blank reason, malformed task id or operator name.
+            TaskNotFound: no such task. LedgerUnavailable: no ledger there.
+        """
+        why, who = _operator_args(reason, by)
+        return self._writer().retry(_task_id(task_id), why, who)
+
+    def pause(self, scope: str, target: str | None = None, *, reason: str,
+              by: str | None = None) -> PauseResult:
+        """Pause everything (``pause("all")``), a task type (``pause("type", name)``) or one
+        task (``pause("task", task_id)``): a versioned, audited record (who, why, when;
+        DESIGN §8). Once this returns, no new attempt starts in the scope until
+        :meth:`resume`: every claim transaction reads the active pauses (PostgreSQL: under
+        an advisory lock the pause takes, so a claim in flight finishes first). Running
+        tasks in scope learn of it within about a second and stop at their next
+        step/effect boundary: their checkpoint committed, the lease released, the attempt
+        handed back, state ``PAUSED``; an effect in flight is settled first (never flipped
+        to failed). One task that is not running is ``PAUSED`` at once. A scope already
+        paused is ``outcome="unchanged"`` (no second record).
+
+        Limits: a task type's tasks that are ``PENDING`` stay ``PENDING`` (not claimed);
+        a task whose holder died while its type is paused is taken over after resume.
+
+        Raises:
+            InvalidArguments: unknown scope, a missing / extra target, blank reason.
+            TaskNotFound: no such task. LedgerUnavailable: no ledger there.
+        """
+        scope, key = _scope(scope, target)
+        why, who = _operator_args(reason, by)
+        return self._writer().pause(scope, key, why, who)
+
+    def resume(self, scope: str, target: str | None = None, *, reason: str,
+               by: str | None = None, rate_per_s: float | None = None) -> PauseResult:
+        """End the active pause of ``scope`` / ``target`` (same selectors as :meth:`pause`),
+        audited: its ``PAUSED`` tasks not covered by another active pause go back to
+        ``PENDING``, re-admitted at ``rate_per_s`` tasks per second (staggered ``run_at``;
+        None: all at once), and pause requests not yet applied are withdrawn. No active
+        pause there: ``outcome="unchanged"``.
+
+        Raises:
+            InvalidArguments: as :meth:`pause`, or ``rate_per_s`` not a finite number > 0.
+            LedgerUnavailable: no ledger there.
+        """
+        scope, key = _scope(scope, target)
+        why, who = _operator_args(reason, by)
+        if rate_per_s is not None and (
+                isinstance(rate_per_s, bool) or not isinstance(rate_per_s, int | float)
+                or not math.isfinite(rate_per_s) or rate_per_s <= 0):
+            raise InvalidArguments(
+                f"rate must be a finite number of tasks per second > 0, got {rate_per_s!r}")
+        return self._writer().resume(scope, key, why, who,
+                                     None if rate_per_s is None else float(rate_per_s))
+
+    def pauses(self) -> list[PauseRecord]:
+        """The active pauses, oldest first, each with its RUNNING tasks still short of a
+        safe boundary (also in :meth:`status`).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        return self._reader().pauses()
 
     def migrate(self) -> int:
         """Create the ledger or apply pending schema migrations; return the schema version.
@@ -865,23 +1055,13 @@ class Control:
             tenant=tenant, version=version)
 
 
-def _scope(scope: object) -> LimitScope:
+def _limit_scope(scope: object) -> LimitScope:
     """``scope`` as a :class:`LimitScope`, else InvalidArguments."""
     try:
         return LimitScope(str(scope).lower())
     except ValueError:
         raise InvalidArguments(
             f"unknown limit scope {scope!r}; scopes are total, type, tenant") from None
-
-
-def _operator_reason(reason: object, by: str | None) -> str:
-    """The operator's name after checking ``reason`` and ``by`` (InvalidArguments)."""
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidArguments("reason must say why (it is kept in the audit log)")
-    check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
-    who = by if by is not None else default_operator()
-    check_identifier(who, "operator name", MAX_KEY_BYTES)
-    return who
 
 
 def _late_view(le: LateEffect, task_name: str | None,
@@ -933,6 +1113,48 @@ def _parse_cursor(cursor: str | None) -> tuple[float, str] | None:
 def _task_id(task_id: object) -> str:
     """``task_id`` if it can name a task (a storable identifier), else InvalidArguments."""
     return check_identifier(task_id, "task id", MAX_KEY_BYTES)
+
+
+def _active_pauses(led: Ledger) -> list[PauseRecord]:
+    """The active pauses; none on a ledger read-only opened before its migration to the
+    schema that has pauses (``status`` still answers)."""
+    try:
+        return led.pauses()
+    except LedgerError:
+        from .ledger.migrations import load_migrations
+
+        if led.schema_version() >= load_migrations(led.config.scheme)[-1].version:
+            raise
+        return []
+
+
+def _scope(scope: object, target: object) -> tuple[str, str]:
+    """``(scope, target)`` of a pause / resume, checked: ``all`` without a target, ``type``
+    with a task type, ``task`` with a task id."""
+    if scope not in ("all", "type", "task"):
+        raise InvalidArguments(f"scope must be 'all', 'type' or 'task', got {scope!r}")
+    if scope == "all":
+        if target not in (None, ""):
+            raise InvalidArguments("a pause of everything takes no target")
+        return "all", ""
+    if target is None:
+        raise InvalidArguments(f"a {scope} pause needs its target (the task "
+                               f"{'type' if scope == 'type' else 'id'})")
+    if scope == "type":
+        return "type", check_identifier(target, "task type", MAX_NAME_BYTES)
+    return "task", _task_id(target)
+
+
+def _operator_args(reason: object, by: object) -> tuple[str, str]:
+    """``(reason, operator)`` of an operator command, checked (``InvalidArguments``): a
+    reason that says something, an operator name that can be stored (default
+    :func:`default_operator`)."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidArguments("reason must say why (it is kept in the audit log)")
+    check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
+    who = by if by is not None else default_operator()
+    check_identifier(who, "operator name", MAX_KEY_BYTES)
+    return reason, str(who)
 
 
 def default_operator() -> str:

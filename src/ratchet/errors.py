@@ -14,6 +14,7 @@
     │   ├── LedgerUnavailable          cannot open / reach the ledger
     │   ├── WriteRejected              the database refused this write (not an outage)
     │   ├── SchemaTooNew               ledger written by a newer Ratchet; left untouched
+    │   ├── SchemaTooOld               a read-only call needs a newer schema (ratchet migrate)
     │   ├── TaskNotFound               no task with that id
     │   └── IllegalTransition          the state machine (DESIGN §3) forbids the move
     ├── FenceError                     this worker may no longer act for a task
@@ -56,6 +57,7 @@ __all__ = [
     "PermanentError",
     "RatchetError",
     "SchemaTooNew",
+    "SchemaTooOld",
     "StaleGeneration",
     "SubmitError",
     "TaskFailure",
@@ -181,6 +183,20 @@ class SchemaTooNew(LedgerError):
         super().__init__(
             f"ledger {where} has schema version {found}, but this Ratchet supports up to "
             f"{supported}; upgrade Ratchet to open it (the ledger was not modified)"
+        )
+
+
+class SchemaTooOld(LedgerError):
+    """A read-only caller of this release needs a newer schema than the ledger has (it
+    never migrates: ``ratchet migrate``, or any worker of this release, upgrades it)."""
+
+    def __init__(self, found: int, needed: int, what: str) -> None:
+        self.found = found
+        self.needed = needed
+        super().__init__(
+            f"{what} needs ledger schema version {needed}, but the ledger is at {found}: "
+            "run `ratchet migrate` (a worker of this release also does it when it starts); "
+            "nothing was changed"
         )
 
 

@@ -13,11 +13,14 @@ from .errors import IllegalTransition
 
 __all__ = [
     "CLAIMABLE",
+    "OPERATOR_MOVES",
     "TERMINAL",
     "TRANSITIONS",
     "State",
+    "check_operator_move",
     "check_transition",
     "is_allowed",
+    "is_operator_move",
 ]
 
 
@@ -41,7 +44,9 @@ class State(StrEnum):
 
 
 TERMINAL: frozenset[State] = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
-"""States that never change again."""
+"""States no worker write, claim, lease expiry or revocation ever changes. ``SUCCEEDED``
+and ``CANCELLED`` never change at all; ``FAILED`` (the dead-letter state) is left only by an
+operator's explicit retry (:data:`OPERATOR_MOVES`)."""
 
 CLAIMABLE: frozenset[State] = frozenset({State.PENDING, State.RETRY_WAIT})
 """States a worker may claim from once ``run_at`` has passed (plus expired ``RUNNING``)."""
@@ -71,6 +76,48 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.FAILED: frozenset(),
     State.CANCELLED: frozenset(),
 }
+
+
+OPERATOR_MOVES: dict[State, frozenset[State]] = {
+    # cancel / pause of a task that is not running: at once, generation + 1.
+    State.PENDING: frozenset({State.CANCELLED, State.PAUSED}),
+    State.RETRY_WAIT: frozenset({State.CANCELLED, State.PAUSED}),
+    # resume (to PENDING) or cancel of a paused task.
+    State.PAUSED: frozenset({State.PENDING, State.CANCELLED}),
+    # resolve (done / not-done -> PENDING; a cancel request kept on the task -> CANCELLED;
+    # give-up -> FAILED).
+    State.UNKNOWN: frozenset({State.PENDING, State.FAILED, State.CANCELLED, State.PAUSED}),
+    # An operator's retry of a dead-lettered task: a fresh set of attempts, history kept
+    # (DESIGN §3: FAILED is left only this way, never by a worker's write).
+    State.FAILED: frozenset({State.PENDING}),
+    # A RUNNING task is never moved by an operator directly: a request is recorded and its
+    # holder (or the ledger, once the lease is gone) makes the fenced move.
+    State.RUNNING: frozenset(),
+    State.SUCCEEDED: frozenset(),
+    State.CANCELLED: frozenset(),
+}
+"""The moves an operator's command makes (``ratchet cancel / retry / pause / resume /
+resolve``), each one audited with who and why. Kept apart from :data:`TRANSITIONS`, which
+holds the moves of the workers and of the ledger itself: nothing but an audited operator
+command may take these edges (the engine checks them with :func:`check_operator_move`)."""
+
+
+def is_operator_move(current: State, target: State) -> bool:
+    """Return True when an operator's command may move a task ``current -> target``."""
+    return target in OPERATOR_MOVES[current]
+
+
+def check_operator_move(current: State, target: State) -> None:
+    """Raise :class:`~ratchet.errors.IllegalTransition` unless :data:`OPERATOR_MOVES` allows
+    an operator's ``current -> target``.
+
+    Raises:
+        IllegalTransition: not an operator move (e.g. out of ``SUCCEEDED``; DESIGN §3).
+    """
+    if not is_operator_move(current, target):
+        raise IllegalTransition(
+            f"illegal operator move {current} -> {target} (DESIGN §3: SUCCEEDED and "
+            "CANCELLED never move; FAILED only by an operator's retry)")
 
 
 def is_allowed(current: State, target: State) -> bool:

@@ -1,12 +1,13 @@
 """The ``ratchet`` command line (Typer + Rich), a face of :class:`ratchet.control.Control`.
 
-Commands: ``worker``, ``submit``, ``status``, ``workers``, ``inspect``, ``resolve``,
-``limits`` (``set``, ``clear``), ``migrate``, ``demo``; ``ratchet --version``. Every
-command takes ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``).
-The commands call only the public API (``Control``, ``App``, ``Worker``,
-:func:`ratchet.loading.load_app`), never the ledger modules. Ratchet errors print one line
-saying what to fix (stored data and user input printed as text, never as markup; passwords
-redacted) and exit with status 2.
+Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
+``late-effects``, ``resolve``, ``cancel``, ``retry``, ``pause``, ``resume``, ``limits``
+(``set``, ``clear``), ``definitions``, ``prune``, ``migrate``, ``demo``; ``ratchet
+--version``. Every command takes ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or
+``sqlite:///ratchet.db``). The commands call only the public API (``Control``, ``App``,
+``Worker``, :func:`ratchet.loading.load_app`), never the ledger modules. Ratchet errors
+print one line saying what to fix (stored data and user input printed as text, never as
+markup; passwords redacted) and exit with status 2.
 ``--json`` prints ``dataclasses.asdict`` of the records ``Control`` returns.
 """
 
@@ -26,7 +27,7 @@ from rich.table import Table
 from typer.core import TyperArgument, TyperCommand
 
 from .. import __version__
-from ..control import Control, TaskTimeline, default_operator
+from ..control import Control, ControlOutcome, PauseResult, TaskTimeline, default_operator
 from ..errors import InvalidArguments, LedgerUnavailable, RatchetError, UndecodableData
 from ..loading import load_app, load_middleware
 from ..serde import loads
@@ -209,6 +210,19 @@ def worker(
             " at least 4).",
         ),
     ] = None,
+    prune_older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--prune-older-than", metavar="AGE",
+            help="Prune tasks finished more than AGE ago (30d) in the background, as"
+            " `ratchet prune` does (default: never).",
+        ),
+    ] = None,
+    prune_every: Annotated[
+        str,
+        typer.Option("--prune-every", metavar="AGE",
+                     help="Time between those prunes (jittered)."),
+    ] = "1h",
 ) -> None:
     """Run a worker for the app's tasks.
 
@@ -254,6 +268,11 @@ def worker(
         retrying(app_ledger)
 
     def run() -> None:
+        prune_age = (parse_duration_s(prune_older_than, "--prune-older-than")
+                     if prune_older_than is not None else None)
+        prune_every_s = parse_duration_s(prune_every, "--prune-every")
+        if prune_every_s <= 0:
+            raise InvalidArguments(f"--prune-every must be longer than 0, got {prune_every!r}")
         app = load_app(app_spec)
         installed = [load_middleware(spec) for spec in middleware or []]
         app.configure(ledger=ledger)
@@ -269,6 +288,8 @@ def worker(
             fast_takeover=fast_takeover,
             shutdown_grace_s=shutdown_grace_s,
             max_stuck_threads=max_stuck_threads,
+            prune_older_than_s=prune_age,
+            prune_every_s=prune_every_s,
         )
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
@@ -396,6 +417,13 @@ def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
             f"lookup hits: {s.lookup_hits}  idempotency conflicts: {s.idempotency_conflicts}"
             f"  operator actions: {s.operator_actions}"
         ))
+        for p in s.pauses:
+            what = {"all": "everything", "type": f"type {p.target}",
+                    "task": f"task {p.target}"}[p.scope]
+            out.print(line(("PAUSED ", "bold yellow"), (what, "bold"),
+                           f" (version {p.version}) by ", (p.paused_by, ""), " since ",
+                           _when(p.created_at), " UTC: ", (p.reason, ""),
+                           f"; running, short of a safe boundary: {p.running}"))
         settings = ", ".join(f"{k}={v}" for k, v in s.backend_settings.items())
         out.print(line("durability: ", (s.durability, "bold"), " (", (settings, ""),
                        f"); schema v{s.schema_version}; ledger ", (s.ledger, "")))
@@ -657,15 +685,17 @@ def resolve(
     task_id: TaskArg,
     outcome: Annotated[
         str,
-        typer.Option("--outcome", metavar="done|not-done",
-                     help="done: the effect happened; not-done: it did not."),
+        typer.Option("--outcome", metavar="done|not-done|give-up",
+                     help="done: the effect happened; not-done: it did not; give-up: nobody "
+                          "can tell, end the task FAILED."),
     ],
     reason: Annotated[
         str, typer.Option("--reason", metavar="TEXT", help="Why (kept in the audit log).")
     ],
     result: Annotated[
         str | None,
-        typer.Option("--result", metavar="JSON", help="For done: the effect's result as JSON."),
+        typer.Option("--result", metavar="JSON",
+                     help="For done only: the effect's result as JSON."),
     ] = None,
     operator: Annotated[
         str | None,
@@ -677,10 +707,16 @@ def resolve(
     """Settle an UNKNOWN task's open effect.
 
     The verdict is audited with --reason and --operator; the task then resumes (done: the
-    effect returns --result; not-done: the call is made again with the same key).
+    effect returns --result; not-done: the call is made again with the same key), or
+    give-up: it ends FAILED with the reason and its open effects are marked given up
+    (ratchet retry can run it again, lookup first). A cancel or pause waiting for the
+    resolution is applied instead of resuming. --result goes with done only.
     """
 
     def run() -> None:
+        if result is not None and outcome != "done":
+            raise InvalidArguments(
+                f"--result goes with --outcome done only, not {outcome!r} (nothing changed)")
         value = _json_arg(result, "--result") if result is not None else None
         if outcome == "done" and result is None:
             err_console().print(line(
@@ -706,11 +742,13 @@ limits_cli = typer.Typer(
 )
 cli.add_typer(limits_cli, name="limits")
 
-TypeOpt = Annotated[str | None, typer.Option("--type", metavar="NAME", help="A task type.")]
+LimitTypeOpt = Annotated[
+    str | None, typer.Option("--type", metavar="NAME", help="A task type.")]
 TenantOpt = Annotated[
     str | None, typer.Option("--tenant", metavar="TENANT", help="A tenant (App.submit tenant=).")]
 ReasonOpt = Annotated[
-    str, typer.Option("--reason", metavar="TEXT", help="Why (kept in the audit log).")]
+    str, typer.Option("--reason", metavar="TEXT", help="Why (kept in the audit log).")
+]
 OperatorOpt = Annotated[
     str | None,
     typer.Option("--operator", metavar="NAME",
@@ -787,7 +825,7 @@ def limits(
 @limits_cli.command("set", cls=_Command)
 def limits_set(
     reason: ReasonOpt,
-    type_name: TypeOpt = None,
+    type_name: LimitTypeOpt = None,
     tenant: TenantOpt = None,
     total: Annotated[
         int | None,
@@ -826,7 +864,7 @@ def limits_set(
 @limits_cli.command("clear", cls=_Command)
 def limits_clear(
     reason: ReasonOpt,
-    type_name: TypeOpt = None,
+    type_name: LimitTypeOpt = None,
     tenant: TenantOpt = None,
     total: Annotated[bool, typer.Option("--total", help="The total of slots.")] = False,
     operator: OperatorOpt = None,
@@ -839,6 +877,232 @@ def limits_clear(
         with Control(ledger) as control:
             old = control.clear_limit(scope, name, reason=reason, by=operator)
         console().print(line(f"{old.scope.value} {old.name}".strip() + " limit cleared"))
+
+    _guard(run)
+
+
+def _print_control(outcome: ControlOutcome, who: str, as_json: bool) -> None:
+    """Print what an operator command did; exit 1 when it changed nothing."""
+    if as_json:
+        echo_json(outcome)
+    else:
+        style = "yellow" if outcome.outcome == "unchanged" else ""
+        console().print(line((outcome.task_id, ""), f" {outcome.action} ",
+                             (outcome.outcome, style or "bold"), " by ", (who, ""), ": ",
+                             (outcome.message, "")))
+    if outcome.outcome == "unchanged":
+        raise typer.Exit(1)
+
+
+@cli.command(cls=_Command)
+def cancel(
+    task_id: TaskArg,
+    reason: ReasonOpt,
+    operator: OperatorOpt = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a task (audited with --reason and --operator).
+
+    Not running (pending, scheduled, retry wait, paused): cancelled at once. Running: its
+    holder stops at its next step boundary (an effect in flight is settled first). With an
+    open effect or UNKNOWN: cancelled once the effect is settled (lookup, or ratchet
+    resolve). Exit status 0 when cancelled or requested; 1 when nothing changed (the task
+    had already finished: a success committed first stays a success); 2 on an error.
+    """
+
+    def run() -> None:
+        who = operator if operator is not None else default_operator()
+        with Control(ledger) as control:
+            outcome = control.cancel(task_id, reason=reason, by=who)
+        _print_control(outcome, who, as_json)
+
+    _guard(run)
+
+
+@cli.command(cls=_Command)
+def retry(
+    task_id: TaskArg,
+    reason: ReasonOpt,
+    operator: OperatorOpt = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a FAILED task again (audited with --reason and --operator).
+
+    A fresh set of attempts; its history is kept (done steps stay done: it resumes from its
+    checkpoint). Exit status 0 when queued again; 1 when nothing changed (the task is not
+    FAILED: SUCCEEDED and CANCELLED never move); 2 on an error.
+    """
+
+    def run() -> None:
+        who = operator if operator is not None else default_operator()
+        with Control(ledger) as control:
+            outcome = control.retry(task_id, reason=reason, by=who)
+        _print_control(outcome, who, as_json)
+
+    _guard(run)
+
+
+AllOpt = Annotated[bool, typer.Option("--all", help="Everything.")]
+TypeOpt = Annotated[
+    str | None, typer.Option("--type", metavar="TASK_TYPE", help="One task type.")
+]
+TaskOpt = Annotated[str | None, typer.Option("--task", metavar="TASK_ID", help="One task.")]
+
+
+def _selector(everything: bool, task_type: str | None, task: str | None) -> tuple[str, str | None]:
+    """``(scope, target)`` from exactly one of --all / --type / --task."""
+    given = [(flag, scope, target) for flag, scope, target in (
+        (everything, "all", None), (task_type is not None, "type", task_type),
+        (task is not None, "task", task)) if flag]
+    if len(given) != 1:
+        raise InvalidArguments("give exactly one of --all, --type TASK_TYPE, --task TASK_ID")
+    return given[0][1], given[0][2]
+
+
+def _parse_rate(text: str | None) -> float | None:
+    """``--rate N/s`` (or ``N``) as tasks per second."""
+    if text is None:
+        return None
+    number = text.strip().removesuffix("/s").strip()
+    try:
+        rate = float(number)
+    except ValueError:
+        raise InvalidArguments(f"--rate must look like 5/s (tasks per second), got {text!r}"
+                               ) from None
+    return rate
+
+
+def _print_pause(result: PauseResult, who: str, as_json: bool) -> None:
+    """Print what a pause / resume did; exit 1 when it changed nothing."""
+    if as_json:
+        echo_json(result)
+    else:
+        style = "yellow" if result.outcome == "unchanged" else "bold"
+        console().print(line(f"{result.action} ", (result.outcome, style), " by ", (who, ""),
+                             ": ", (result.message, "")))
+    if result.outcome == "unchanged":
+        raise typer.Exit(1)
+
+
+@cli.command(cls=_Command)
+def pause(
+    reason: ReasonOpt,
+    everything: AllOpt = False,
+    task_type: TypeOpt = None,
+    task: TaskOpt = None,
+    operator: OperatorOpt = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Pause everything, a task type or one task (a versioned, audited record).
+
+    Once it returns, no new attempt starts in the scope until resume. Running tasks stop
+    at their next step boundary (checkpoint committed, lease released, attempt handed
+    back) and become PAUSED; an effect in flight is settled first. ratchet status shows
+    each pause and its running tasks still short of a boundary. Exit status 0 when paused,
+    1 when nothing changed (already paused, or the task had finished), 2 on an error.
+    """
+
+    def run() -> None:
+        scope, target = _selector(everything, task_type, task)
+        who = operator if operator is not None else default_operator()
+        with Control(ledger) as control:
+            result = control.pause(scope, target, reason=reason, by=who)
+        _print_pause(result, who, as_json)
+
+    _guard(run)
+
+
+@cli.command(cls=_Command)
+def resume(
+    reason: ReasonOpt,
+    everything: AllOpt = False,
+    task_type: TypeOpt = None,
+    task: TaskOpt = None,
+    rate: Annotated[
+        str | None,
+        typer.Option("--rate", metavar="N/s",
+                     help="Re-admit paused tasks at N per second (default: all at once)."),
+    ] = None,
+    operator: OperatorOpt = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """End a pause (same selectors as pause; audited).
+
+    Its PAUSED tasks not covered by another pause are ready again, at --rate per second.
+    Exit status 0 when resumed, 1 when that scope was not paused, 2 on an error.
+    """
+
+    def run() -> None:
+        scope, target = _selector(everything, task_type, task)
+        who = operator if operator is not None else default_operator()
+        with Control(ledger) as control:
+            result = control.resume(scope, target, reason=reason, by=who,
+                                    rate_per_s=_parse_rate(rate))
+        _print_pause(result, who, as_json)
+
+    _guard(run)
+
+
+@cli.command(cls=_Command)
+def prune(
+    older_than: Annotated[
+        str,
+        typer.Option("--older-than", metavar="AGE",
+                     help="Delete tasks that finished more than AGE ago (90s, 5m, 1.5h, 30d)."),
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only count what would be deleted.")
+    ] = False,
+    batch_size: Annotated[
+        int,
+        typer.Option("--batch-size", min=1, max=10000, metavar="N",
+                     help="Tasks per transaction (each batch is short; claims never wait)."),
+    ] = 500,
+    export: Annotated[
+        str | None,
+        typer.Option("--export", metavar="FILE",
+                     help="Append each pruned task with its history to FILE as a JSON line,"
+                     " flushed to disk before its batch is deleted."),
+    ] = None,
+    operator: Annotated[
+        str | None,
+        typer.Option("--operator", metavar="NAME",
+                     help="Who prunes, for the audit log (default: $USER / the login name)."),
+    ] = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete finished tasks older than --older-than, with their history.
+
+    SUCCEEDED, FAILED and CANCELLED tasks, their steps, effects, late effects and audit
+    rows, in small batches; tasks that are not finished are never touched. A pruned task's
+    idempotency key no longer deduplicates: submitting it again creates a new task (the
+    dedupe window is the retention age). Audited, unless --dry-run.
+    """
+
+    def run() -> None:
+        age = parse_duration_s(older_than, "--older-than")
+        with Control(ledger) as control:
+            report = control.prune(age, dry_run=dry_run, batch_size=batch_size,
+                                   export=export, by=operator)
+        if as_json:
+            echo_json(report)
+            return
+        verb = "would delete" if report.dry_run else "deleted"
+        console().print(line(
+            f"{verb} {report.tasks} finished task(s) older than {older_than} (finished before ",
+            (datetime.fromtimestamp(max(report.cutoff, 0.0), UTC)
+             .strftime("%Y-%m-%d %H:%M:%S"), ""),
+            f" UTC): {report.steps} step(s), {report.effects} effect(s), "
+            f"{report.late_effects} late effect(s), {report.audit} audit row(s)",
+            f"; {report.batches} batch(es) in {report.elapsed_s:.2f} s" if not report.dry_run
+            else "",
+            f"; {report.exported} exported to " if export is not None else "",
+            (export or "", "")))
 
     _guard(run)
 

@@ -30,6 +30,10 @@ __all__ = [
     "DefinitionRecord",
     "DefinitionSpec",
     "CommitOutcome",
+    "ControlOutcome",
+    "ControlRequest",
+    "PauseRecord",
+    "PauseResult",
     "EffectRecord",
     "EffectState",
     "EffectWrite",
@@ -39,6 +43,7 @@ __all__ = [
     "LimitScope",
     "LedgerStats",
     "NewTask",
+    "PruneReport",
     "RenewResult",
     "SlotUsage",
     "ResolveOutcome",
@@ -123,6 +128,10 @@ class EffectState(StrEnum):
     """Result recorded (from the call, from a lookup, or from an operator)."""
     NOT_DONE = "not_done"
     """An operator confirmed the call did not happen: call again with the same key."""
+    GIVEN_UP = "given_up"
+    """An operator gave up on the task (``resolve --outcome give-up``): the outcome stays
+    unknown. Should the task be retried (``ratchet retry``), it is settled like an open
+    intent (lookup first)."""
 
 
 class ResolveOutcome(StrEnum):
@@ -130,6 +139,100 @@ class ResolveOutcome(StrEnum):
 
     DONE = "done"
     NOT_DONE = "not-done"
+    GIVE_UP = "give-up"
+    """The operator gives up on the task: ``UNKNOWN`` -> ``FAILED`` with their reason; the
+    open effects are marked ``given_up`` (their outcome stays unknown)."""
+
+
+class ControlRequest(StrEnum):
+    """An operator's request to the holder of a ``RUNNING`` task (``tasks.control_request``),
+    applied at the holder's next step/effect boundary (DESIGN §3, arbitration)."""
+
+    CANCEL = "cancel"
+    """End the task ``CANCELLED`` (fenced, by its holder or by the ledger)."""
+    PAUSE = "pause"
+    """Stop the task at a boundary, release the lease (attempt handed back): ``PAUSED``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControlOutcome:
+    """What an operator command did to one task (``ratchet cancel`` / ``retry``).
+
+    Attributes:
+        task_id: the task.
+        action: ``"cancel"``, ``"retry"``, ...
+        outcome: ``"done"`` (the task moved now), ``"requested"`` (a request was recorded:
+            its holder, or the ledger once the lease is gone, or the resolution of an open
+            effect, applies it) or ``"unchanged"`` (nothing to do: e.g. the task had
+            already finished; ``message`` says why).
+        previous_state: the state the command found.
+        state: the state after the command.
+        generation: the task's fencing generation after the command.
+        message: one line for people.
+    """
+
+    task_id: str
+    action: str
+    outcome: str
+    previous_state: State
+    state: State
+    generation: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PauseRecord:
+    """One pause (``pauses`` table): a versioned, audited record (DESIGN §8).
+
+    Attributes:
+        pause_id: the record's id.
+        scope: ``"all"``, ``"type"`` or ``"task"``.
+        target: ``""`` (all), the task type, or the task id.
+        version: the ledger's control version when it was made (grows with every pause
+            and resume).
+        paused_by, reason: who paused, and why.
+        created_at: ledger clock, epoch seconds.
+        running: RUNNING tasks in its scope, still short of a safe boundary (they stop at
+            their next one and become ``PAUSED``); filled by :meth:`Ledger.pauses`.
+        resumed_at, resumed_by, resume_reason, resumed_version: the resume, once made.
+    """
+
+    pause_id: int
+    scope: str
+    target: str
+    version: int
+    paused_by: str
+    reason: str
+    created_at: float
+    running: int = 0
+    resumed_at: float | None = None
+    resumed_by: str | None = None
+    resume_reason: str | None = None
+    resumed_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PauseResult:
+    """What ``ratchet pause`` / ``resume`` did.
+
+    Attributes:
+        action: ``"pause"`` or ``"resume"``.
+        outcome: ``"done"``, or ``"unchanged"`` (already paused / nothing to resume /
+            a finished task; ``message`` says which).
+        pauses: the records made (pause) or ended (resume); for an unchanged pause, the
+            active record that already covers the scope.
+        tasks: tasks moved now: ``PAUSED`` by a pause (one task, not running), back to
+            ``PENDING`` by a resume.
+        running: RUNNING tasks asked to stop at their next boundary (pause).
+        message: one line for people.
+    """
+
+    action: str
+    outcome: str
+    pauses: list[PauseRecord]
+    tasks: int
+    running: int
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +333,9 @@ class Claim:
         previous_holder: holder the task was taken from, if any.
         steps: committed steps by name (empty on a first claim).
         effects: effect records by name (empty on a first claim).
+        control_request: an operator's request recorded on the task (``"cancel"`` /
+            ``"pause"``, :class:`ControlRequest`) that this holder must apply once the
+            open effect intent it inherits is settled; None almost always.
     """
 
     task_id: str
@@ -246,6 +352,7 @@ class Claim:
     previous_holder: str | None = None
     steps: dict[str, StepRecord] = field(default_factory=dict)
     effects: dict[str, EffectRecord] = field(default_factory=dict)
+    control_request: str | None = None
 
 
 @_fast_init
@@ -342,7 +449,11 @@ class TaskWrite:
 @_fast_init
 @dataclass(frozen=True, slots=True)
 class CommitOutcome:
-    """Per-task result of :meth:`Ledger.commit`: ``ok``, or ``stale`` and the current row."""
+    """Per-task result of :meth:`Ledger.commit`: ``ok``, or ``stale`` and the current row.
+
+    With ``ok``, ``current_state`` is None unless an operator request changed the state
+    the write asked for (DESIGN §3 arbitration: e.g. ``RETRY_WAIT`` applied as
+    ``CANCELLED``); then it is the state applied."""
 
     task_id: str
     ok: bool
@@ -420,6 +531,38 @@ class TaskQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What a prune deleted, or would delete (``ratchet prune``, DESIGN §10.2).
+
+    Attributes:
+        older_than_s: the age asked for, seconds: tasks finished (``SUCCEEDED``,
+            ``FAILED``, ``CANCELLED``) longer ago than this are pruned.
+        cutoff: ``ledger now - older_than_s``, ledger-clock epoch seconds: tasks whose
+            finish time is before it.
+        dry_run: nothing was deleted; the counts are what a prune would delete now.
+        tasks, steps, effects, late_effects, audit: rows deleted (or, in a dry run, that
+            would be); ``audit`` includes rows older than the cutoff whose task was gone.
+        batches: transactions that deleted something (0 in a dry run).
+        exported: tasks written to the export before their deletion (0 without one).
+        by: who pruned (an operator's name, or a worker's holder identity).
+        elapsed_s: wall-clock seconds the prune took.
+    """
+
+    older_than_s: float
+    cutoff: float
+    dry_run: bool
+    tasks: int
+    steps: int
+    effects: int
+    late_effects: int
+    audit: int
+    batches: int
+    exported: int
+    by: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Timeline:
     """Everything the ledger knows about one task (``ratchet inspect``)."""
 
@@ -436,11 +579,13 @@ class LedgerStats:
     """Aggregates for ``ratchet status``.
 
     Attributes:
-        counts: ``{task name: {state: count}}``.
+        counts: ``{task name: {state: count}}``, what the ledger holds (DESIGN §9: exact,
+            without reading the history).
         oldest_pending_age_s: age of the oldest ready PENDING/RETRY_WAIT task, seconds.
         unknown_count: tasks in ``UNKNOWN``.
         claims, takeovers, stale_rejections, lookup_hits, idempotency_conflicts,
-        operator_actions: counts from the audit log.
+        operator_actions: audit rows of each kind ever written (kept when a prune
+            deletes the rows).
         durability: the durability level this connection runs with.
         backend_settings: backend-specific facts (journal mode, synchronous, ...).
         schema_version: the ledger's schema version.
@@ -824,6 +969,70 @@ class Ledger(Protocol):
         """
         ...
 
+    # -- operator control (issue 10; DESIGN §3 arbitration, §8)
+
+    def cancel(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """Cancel a task, audited (``operator``, ``reason``, ledger time), one transaction.
+
+        ``PENDING`` / ``RETRY_WAIT`` / ``PAUSED`` without an open effect intent:
+        ``CANCELLED`` at once, ``generation + 1`` (an older holder's write never applies).
+        ``RUNNING``: a ``cancel`` request is recorded (``outcome="requested"``) and the
+        holder applies it at its next boundary (fenced); a lease already expired without
+        an open intent is cancelled at once. With an open effect intent (any state but a
+        terminal one) or ``UNKNOWN``: the request is recorded and applied once the
+        intent is settled (by the next holder's lookup, or by ``resolve``). A terminal task
+        is unchanged (``outcome="unchanged"``).
+
+        Raises:
+            TaskNotFound: no such task.
+        """
+        ...
+
+    def retry(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """Run a ``FAILED`` (dead-lettered) task again, audited: ``FAILED -> PENDING``, the
+        only move out of ``FAILED`` (an operator move, DESIGN §3), with the attempt counter
+        reset (a fresh set of ``max_attempts``), generation + 1, ready now. Its history is
+        kept: audit, steps (done steps stay done), effects. Any other state is unchanged
+        (``outcome="unchanged"``).
+
+        Raises:
+            TaskNotFound: no such task.
+        """
+        ...
+
+    def pause(self, scope: str, target: str, reason: str, operator: str) -> PauseResult:
+        """Pause everything (``scope="all"``, ``target=""``), a task type (``"type"``) or
+        one task (``"task"``), audited (``operator_pause``), one transaction.
+
+        From the commit on, no new attempt starts in the scope (every claim reads the
+        active pauses under a gate this transaction takes: PostgreSQL's advisory lock,
+        SQLite's write lock). Running tasks in scope are asked to stop at their next
+        boundary (they become ``PAUSED``, attempt handed back); one task that is not
+        running is ``PAUSED`` at once (generation + 1). A scope already paused is
+        ``unchanged``.
+
+        Raises:
+            InvalidArguments: unknown scope. TaskNotFound: no such task (``"task"``).
+        """
+        ...
+
+    def resume(self, scope: str, target: str, reason: str, operator: str,
+               rate_per_s: float | None = None) -> PauseResult:
+        """End the active pause of ``scope`` / ``target`` (audited, ``operator_resume``):
+        its ``PAUSED`` tasks not covered by another active pause go back to ``PENDING``,
+        ready at ``now + i / rate_per_s`` for the i-th (all at once when None); pending
+        pause requests of the scope are cleared. Nothing active: ``unchanged``."""
+        ...
+
+    def pauses(self) -> list[PauseRecord]:
+        """The active pauses, oldest first, each with the RUNNING tasks in its scope."""
+        ...
+
+    def control_requests(self, holder: str) -> list[tuple[str, int, str]]:
+        """``(task_id, generation, request)`` of every ``RUNNING`` task ``holder`` holds
+        that carries an operator request (a read; the heartbeat polls it)."""
+        ...
+
     def get(self, task_id: str) -> TaskInfo:
         """Read one task. Raises :class:`~ratchet.errors.TaskNotFound`."""
         ...
@@ -843,6 +1052,30 @@ class Ledger(Protocol):
 
     def stats(self) -> LedgerStats:
         """Aggregates for ``ratchet status``."""
+        ...
+
+    def prune(
+        self,
+        older_than_s: float,
+        *,
+        by: str,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        export: Callable[[list[dict[str, Any]]], None] | None = None,
+        audit_empty: bool = True,
+        pace: float | None = None,
+    ) -> PruneReport:
+        """Delete finished tasks older than ``older_than_s`` with their steps, effects,
+        late effects and audit rows, in batches of ``batch_size`` tasks, each its own
+        short transaction; then audit rows older than the age whose task is gone. A dry
+        run only counts. ``export(records)`` is called in each batch's transaction before
+        its delete, with one JSON-ready record per task (row and history); if it raises,
+        the batch is rolled back and the prune stops. The prune is audited (kind
+        ``prune``) unless it is a dry run, or deleted nothing and ``audit_empty`` is off.
+        Between batches it sleeps ``pace`` times the batch's duration (default: 1 where one
+        writer holds the whole database, SQLite; else 0). Never deletes a task that is not
+        terminal. See DESIGN §10.2.
+        """
         ...
 
     def record_late_effect(self, late: LateEffect) -> None:

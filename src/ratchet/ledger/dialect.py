@@ -96,11 +96,15 @@ class Dialect(Protocol):
         where: where the ledger is, for messages (never a password).
         probe_before_claim: run the lock-free ``claim_probe`` statement before a claim
             transaction (SQLite: idle polling must not take the single write lock).
+        single_writer: one write transaction at a time for the whole database (SQLite):
+            background work in several transactions (prune batches) pauses between them
+            so that waiting writers get the lock.
     """
 
     name: str
     where: str
     probe_before_claim: bool
+    single_writer: bool
 
     def run(self, body: Callable[[Tx], T], *, write: bool = True) -> T:
         """Run ``body`` in one transaction and commit (roll back if it raises).

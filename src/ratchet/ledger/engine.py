@@ -13,8 +13,12 @@ ledger operation is one engine method plus one named statement per dialect.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,12 +27,14 @@ from ..errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidArguments,
+    LedgerError,
+    SchemaTooOld,
     TaskNotFound,
     TransactionMisuse,
     WriteRejected,
 )
 from ..serde import dumps, printable
-from ..states import State, check_transition
+from ..states import TERMINAL, State, check_operator_move, check_transition
 from . import bulkheads
 from .base import (
     MAX_VERSION,
@@ -36,6 +42,8 @@ from .base import (
     Claim,
     ClaimKind,
     CommitOutcome,
+    ControlOutcome,
+    ControlRequest,
     DefinitionChange,
     DefinitionRecord,
     DefinitionSpec,
@@ -46,6 +54,9 @@ from .base import (
     Limit,
     LimitScope,
     NewTask,
+    PauseRecord,
+    PauseResult,
+    PruneReport,
     RenewResult,
     ResolveOutcome,
     SlotUsage,
@@ -106,6 +117,7 @@ class LedgerEngine:
     def __init__(self, config: LedgerConfig, dialect: Dialect) -> None:
         self.config = config
         self.dialect = dialect
+        self._schema_has: set[str] = set()  # migrations known applied (_require_schema)
         self._definitions_ready = False  # see _has_definitions
         slots = dialect.user_transaction_slots()
         # Transaction steps hold a connection while user code runs: never all of a pool's,
@@ -230,25 +242,50 @@ class LedgerEngine:
         return self.dialect.run(lambda tx: self._claim_in(tx, holder, names, limit))
 
     @staticmethod
-    def _claim_reads(names: Sequence[ClaimKind], limit: int) -> list[tuple[str, dict[str, Any]]]:
-        """The reads a claim starts with, to send with others: the expired-lease scan of the
-        claimed kinds (DESIGN §8 versions) and the concurrency limits (bulkheads, DESIGN §8)."""
-        return [("claim_expired", {**claim_kinds(names), "limit": limit}), ("limits_all", {})]
+    def _claim_reads(
+        names: Sequence[ClaimKind], limit: int
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """The reads a claim starts with, to send with others (one round trip): the
+        expired-lease scan of the claimed kinds (DESIGN §8 versions), the pause gate
+        (PostgreSQL: a shared advisory lock, taken before any bulkheads limit lock), the
+        active pauses (DESIGN §8 control) and the concurrency limits (bulkheads, DESIGN §8)."""
+        return [("claim_expired", {**claim_kinds(names), "limit": limit}),
+                ("claim_gate", {}), ("pauses_active", {}), ("limits_all", {})]
 
     def _claim_in(
         self, tx: Tx, holder: str, names: Sequence[ClaimKind], limit: int,
         pre: Sequence[list[tuple[Any, ...]]] | None = None,
     ) -> list[Claim]:
         """The claim, inside the caller's write transaction (see :meth:`claim`).
-        ``pre``: the rows of :meth:`_claim_reads`, if the caller already read them."""
+        ``pre``: the rows of :meth:`_claim_reads`, if the caller already read them.
+
+        No attempt starts in a paused scope (DESIGN §8): the active pauses are read under
+        the pause gate, a paused type's tasks are neither claimed (under a limit or not)
+        nor taken over, and a pause of everything claims nothing. The pause gate is held
+        before the limits' advisory locks (:meth:`_claim_limited`), so a pause never
+        waits on a claim that waits on a limit lock."""
         if limit <= 0 or not names:
             return []
-        kinds = claim_kinds(names)
         if pre is None:
             pre = tx.rows_many(self._claim_reads(names, limit))
-        expired, limit_rows = pre
+        expired, _gate, pauses, limit_rows = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
+        if pauses:
+            if any(p[1] == "all" for p in pauses):
+                return []
+            paused_types = {p[2] for p in pauses if p[1] == "type"}
+            names = [n for n in names
+                     if (n if isinstance(n, str) else n[0]) not in paused_types]
+            expired = [row for row in expired if row[5] not in paused_types]
+            if not names:
+                return []
+        kinds = claim_kinds(names)
         audit: list[AuditRow] = []
+        if any(row[6] is not None for row in expired):
+            # An operator's request on a lease whose holder is gone: applied now unless an
+            # effect intent is open (then the takeover's holder settles it by lookup first).
+            applied = self._apply_requests(tx, expired, audit, "lease expired")
+            expired = [row for row in expired if row[0] not in applied]
         exhausted = [row for row in expired if row[3] >= row[4]]
         if exhausted:
             self._retire(tx, exhausted, audit, "lease expired on final attempt")
@@ -296,6 +333,7 @@ class LedgerEngine:
                 lease_until=row[8], ledger_now=now, takeover=row[0] in previous,
                 previous_holder=previous[row[0]][0] if row[0] in previous else None,
                 steps=steps.get(row[0], {}), effects=effects.get(row[0], {}),
+                control_request=row[10] if len(row) > 10 else None,
             )
             for row in rows
         ]
@@ -360,7 +398,7 @@ class LedgerEngine:
         for task_id, name, key in tx.rows("open_intents", {"ids": [r[0] for r in rows]}):
             open_intents.setdefault(task_id, (name, key))
         batch: list[dict[str, Any]] = []
-        for task_id, holder, generation, attempt, max_attempts, *_ in rows:
+        for task_id, holder, generation, attempt, max_attempts, *rest in rows:
             intent = open_intents.get(task_id)
             target = State.UNKNOWN if intent else State.FAILED
             check_transition(State.RUNNING, target)
@@ -368,12 +406,43 @@ class LedgerEngine:
                      f"{max_attempts}")
             if intent:
                 error += f"; effect {intent[0]!r} (key {intent[1]!r}) has an open intent"
+            # An operator's request waits on UNKNOWN for the resolution (DESIGN §3).
+            request = rest[1] if len(rest) > 1 and target is State.UNKNOWN else None
             batch.append({"id": task_id, "generation": generation, "state": target.value,
-                          "error": error})
+                          "error": error, "error_class": "lease_expired", "request": request})
             audit.append((task_id, tx.now, "transition", State.RUNNING.value, target.value,
                           generation + 1, None,
                           dumps({"reason": reason, "previous_holder": holder, "error": error})))
         tx.batch("retire", batch, now=tx.now)
+
+    def _apply_requests(
+        self, tx: Tx, rows: Sequence[tuple[Any, ...]], audit: list[AuditRow], why: str
+    ) -> set[str]:
+        """Apply the operator requests of locked RUNNING rows ``(id, holder, generation,
+        attempt, max_attempts, name, control_request)`` whose holder is gone (``why``):
+        ``cancel`` -> ``CANCELLED``, ``pause`` -> ``PAUSED``, generation + 1, for rows
+        without an open effect intent (with one, the next holder settles it by lookup
+        first, DESIGN §3). Returns the ids moved."""
+        requested = [row for row in rows if row[6] is not None]
+        if not requested:
+            return set()
+        open_ids = {r[0] for r in tx.rows("open_intents", {"ids": [r[0] for r in requested]})}
+        batch: list[dict[str, Any]] = []
+        for task_id, holder, generation, _attempt, _max, _name, request, *_ in requested:
+            if task_id in open_ids:
+                continue
+            target = State.CANCELLED if request == ControlRequest.CANCEL else State.PAUSED
+            check_transition(State.RUNNING, target)
+            error = f"{request} requested by an operator; holder {holder} is gone ({why})"
+            batch.append({"id": task_id, "generation": generation, "state": target.value,
+                          "error": error, "error_class": _REQUEST_CLASS[request],
+                          "request": None})
+            audit.append((task_id, tx.now, "transition", State.RUNNING.value, target.value,
+                          generation + 1, None,
+                          dumps({"reason": f"{request} requested ({why})", "request": request,
+                                 "previous_holder": holder})))
+        tx.batch("retire", batch, now=tx.now)
+        return {row["id"] for row in batch}
 
     def renew(self, holder: str, leases: Sequence[tuple[str, int]]) -> list[RenewResult]:
         """See :meth:`Ledger.renew`. Expired leases are not renewed (the ledger clock
@@ -451,8 +520,8 @@ class LedgerEngine:
         claiming = limit > 0 and bool(names)
 
         def body(tx: Tx) -> tuple[list[CommitOutcome], list[Claim]]:
-            # The expired-lease scan and the limits travel with the fence read (one round
-            # trip).
+            # The expired-lease scan, the pause gate, the pauses and the limits travel
+            # with the fence read (one round trip).
             also = self._claim_reads(names, limit) if claiming else []
             outcomes, pre = self._commit_in(tx, writes, also=also)
             if not claiming:
@@ -463,7 +532,7 @@ class LedgerEngine:
                      if o.ok and w.transition is not None
                      and w.transition.to is not State.RUNNING}
             still = [row for row in pre[0] if row[0] not in ended]
-            return outcomes, self._claim_in(tx, holder, names, limit, [still, pre[1]])
+            return outcomes, self._claim_in(tx, holder, names, limit, [still, *pre[1:]])
 
         try:
             try:
@@ -494,10 +563,21 @@ class LedgerEngine:
             return [], tx.rows_many(also) if also else []
         fence, *extra = tx.rows_many(
             [("fence_read", {"ids": sorted({w.task_id for w in writes})}), *also])
-        current: dict[str, tuple[str, int, int, str]] = {
-            r[0]: (r[1], r[2], r[3], r[4]) for r in fence
+        current: dict[str, tuple[str, int, int, str, str | None]] = {
+            r[0]: (r[1], r[2], r[3], r[4], r[5]) for r in fence
         }
         now = tx.now  # after the first read: BEGIN, clock and fence in one round trip
+        # Operator requests on tasks this batch moves out of RUNNING (rare: one read then).
+        requested = sorted({w.task_id for w in writes if w.transition is not None
+                            and (c := current.get(w.task_id)) is not None and c[4]})
+        open_db: dict[str, set[str]] = {}
+        if requested:
+            for task_id, name, _key in tx.rows("open_intents", {"ids": requested}):
+                open_db.setdefault(task_id, set()).add(name)
+        # A holder stopping for a pause: is a pause still active for it (rare: one read)?
+        active: list[tuple[Any, ...]] | None = None
+        if any(w.transition is not None and w.transition.to is State.PAUSED for w in writes):
+            active = tx.rows("pauses_active")
         outcomes: dict[int, CommitOutcome] = {}
         audit: list[AuditRow] = []
         segment = _Segment()
@@ -531,13 +611,29 @@ class LedgerEngine:
                 outcomes[index] = CommitOutcome(write.task_id, False, True, generation, state)
                 continue
             attempt = row[2]
-            segment.add(write, attempt, audit, now)
+            original = t.to if t is not None else None
+            if t is not None and row[4] and t.to is not State.RUNNING:
+                write, t, request = _arbitrate(write, t, ControlRequest(row[4]),
+                                               open_db.get(write.task_id, set()))
+            else:
+                request = row[4] if t is None or t.to is State.RUNNING else None
+            if (t is not None and t.to is State.PAUSED and row[4] != ControlRequest.PAUSE
+                    and not _covered(active or [], write.task_id, row[3])):
+                # Resumed before this holder reached its boundary: released instead.
+                t = Transition(State.PENDING, reason="paused, then resumed before the "
+                               "boundary: released (attempt handed back)")
+                write = dataclasses.replace(write, transition=t)
+            segment.add(write, attempt, audit, now, request)
             if t is not None:
                 audit.append(transition_audit(write, t, now))
                 # Later writes of this batch for the same task see the new state.
-                current[write.task_id] = (t.to.value, row[1], row[2], row[3])
+                current[write.task_id] = (t.to.value, row[1], row[2], row[3], request)
                 ready = ready or (reschedules(t.to) and t.delay_s <= 0)
-            outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
+            # The state applied, when arbitration changed the write's (else None).
+            applied = t.to if t is not None and write.transition is not None and (
+                t.to is not original) else None
+            outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation,
+                                            applied)
         segment.apply(tx, now, resend)
         _audit(tx, audit)
         if ready:
@@ -564,27 +660,325 @@ class LedgerEngine:
                 raise IllegalTransition(
                     f"task {task_id} is {row[0]}, not UNKNOWN; only UNKNOWN tasks can be resolved"
                 )
-            check_transition(State.UNKNOWN, State.PENDING)
+            request = row[3]
+            # give-up: FAILED. Otherwise the task resumes, unless an operator request was
+            # kept waiting for this resolution (DESIGN §3): then it is applied now.
+            if outcome is ResolveOutcome.GIVE_UP:
+                target = State.FAILED
+            elif request is not None:
+                target = (State.CANCELLED if request == ControlRequest.CANCEL
+                          else State.PAUSED)
+            else:
+                target = State.PENDING
+            check_operator_move(State.UNKNOWN, target)
             open_effects = tx.rows("resolve_open_effects", {"id": task_id})
-            new_state = (
-                EffectState.DONE if outcome is ResolveOutcome.DONE else EffectState.NOT_DONE
-            )
+            new_state = {ResolveOutcome.DONE: EffectState.DONE,
+                         ResolveOutcome.NOT_DONE: EffectState.NOT_DONE,
+                         ResolveOutcome.GIVE_UP: EffectState.GIVEN_UP}[outcome]
             tx.execute("resolve_effects", {
                 "state": new_state.value,
                 "result": result_json if new_state is EffectState.DONE else None,
                 "now": tx.now, "id": task_id,
             })
-            tx.execute("resolve_task", {"now": tx.now, "id": task_id, "generation": row[1]})
-            _audit(tx, [(
-                task_id, tx.now, "operator_resolve", State.UNKNOWN.value, State.PENDING.value,
-                row[1], None,
-                dumps({"operator": operator, "reason": reason, "outcome": outcome.value,
-                       "effects": [{"name": e[0], "key": e[1]} for e in open_effects]}),
-            )])
-            tx.wake()
+            generation = row[1]
+            if target is State.PENDING:
+                tx.execute("resolve_task", {"now": tx.now, "id": task_id,
+                                            "generation": generation})
+                tx.wake()
+            else:
+                # Generation + 1: the task's history is settled by an operator here.
+                given_up = outcome is ResolveOutcome.GIVE_UP
+                tx.execute("control_move", {
+                    "id": task_id, "from_state": State.UNKNOWN.value, "generation": generation,
+                    "state": target.value, "bump": 1, "request": None, "run_at": None,
+                    "reset": False, "now": tx.now,
+                    "error": (f"given up by {operator}: {reason}" if given_up else None),
+                    "error_class": ("given_up" if given_up
+                                    else _REQUEST_CLASS[ControlRequest(request)]),
+                })
+                generation += 1
+            detail: dict[str, Any] = {
+                "operator": operator, "reason": reason, "outcome": outcome.value,
+                "effects": [{"name": e[0], "key": e[1]} for e in open_effects]}
+            if request is not None:
+                detail["request"] = request
+            _audit(tx, [(task_id, tx.now, "operator_resolve", State.UNKNOWN.value,
+                         target.value, generation, None, dumps(detail))])
 
         self.dialect.run(body)
         return self.get(task_id)
+
+    def cancel(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """See :meth:`Ledger.cancel` (DESIGN §3, arbitration): one transaction under the
+        task's lock; audited as ``operator_cancel`` with operator and reason."""
+
+        def body(tx: Tx) -> ControlOutcome:
+            row = tx.one("control_lock", {"id": task_id})
+            if row is None:
+                raise TaskNotFound(f"no task {task_id!r} in the ledger")
+            state, generation, lease_until = State(row[0]), row[1], row[5]
+            now = tx.now
+            if state in TERMINAL:
+                return ControlOutcome(
+                    task_id, "cancel", "unchanged", state, state, generation,
+                    f"task {task_id} already ended {state.value}: nothing changed (a task "
+                    "that finished first keeps its outcome)")
+            intents = [r[1] for r in tx.rows("open_intents", {"ids": [task_id]})]
+            detail: dict[str, Any] = {"operator": operator, "reason": reason}
+            gone = (state is State.RUNNING and lease_until is not None
+                    and lease_until < now)
+            if (state is State.RUNNING and not gone) or state is State.UNKNOWN or intents:
+                # A request, for the holder's next boundary, the next holder's lookup or the
+                # resolution (an open effect intent is settled first, never abandoned).
+                tx.execute("control_request_set", {
+                    "id": task_id, "from_state": state.value, "generation": generation,
+                    "request": ControlRequest.CANCEL.value})
+                if state is State.UNKNOWN:
+                    message = (f"task {task_id} is UNKNOWN: the cancel is recorded and applied "
+                               "when its effect is resolved (ratchet resolve)")
+                elif intents:
+                    message = (f"task {task_id} is {state.value} with an open effect intent "
+                               f"({', '.join(intents)}): the cancel is recorded; the holder "
+                               "settles the effect (lookup) first, then cancels")
+                else:
+                    message = (f"task {task_id} is RUNNING: its holder cancels it at its "
+                               "next step boundary")
+                detail.update(outcome="requested", open_intents=intents)
+                _audit(tx, [(task_id, now, "operator_cancel", state.value, None, generation,
+                             None, dumps(detail))])
+                tx.wake()  # PostgreSQL: the holder's heartbeat reads its requests now
+                return ControlOutcome(task_id, "cancel", "requested", state, state,
+                                      generation, message)
+            if gone:
+                # The holder's lease is over and no effect is open: nobody can still apply
+                # the request at a boundary, so the ledger applies it (generation + 1).
+                check_transition(State.RUNNING, State.CANCELLED)
+                tx.batch("retire", [{
+                    "id": task_id, "generation": generation, "state": State.CANCELLED.value,
+                    "error": f"cancelled by {operator}: {reason} (holder {row[4]} is gone: "
+                             "lease expired)",
+                    "error_class": "cancelled", "request": None}], now=now)
+            else:
+                check_operator_move(state, State.CANCELLED)
+                tx.execute("control_move", {
+                    "id": task_id, "from_state": state.value, "generation": generation,
+                    "state": State.CANCELLED.value, "bump": 1, "request": None,
+                    "run_at": None, "reset": False, "now": now,
+                    "error": None, "error_class": "cancelled"})
+            detail["outcome"] = "done"
+            _audit(tx, [(task_id, now, "operator_cancel", state.value,
+                         State.CANCELLED.value, generation + 1, None, dumps(detail))])
+            return ControlOutcome(task_id, "cancel", "done", state, State.CANCELLED,
+                                  generation + 1, f"task {task_id} cancelled (was "
+                                  f"{state.value})")
+
+        return self.dialect.run(body)
+
+    def retry(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """See :meth:`Ledger.retry`: ``FAILED -> PENDING`` (an operator move, DESIGN §3),
+        attempts reset, generation + 1, ready now; audited as ``operator_retry``."""
+
+        def body(tx: Tx) -> ControlOutcome:
+            row = tx.one("control_lock", {"id": task_id})
+            if row is None:
+                raise TaskNotFound(f"no task {task_id!r} in the ledger")
+            state, generation, attempts = State(row[0]), row[1], row[6]
+            if state is not State.FAILED:
+                why = ("it never moves again" if state in TERMINAL
+                       else "it has not failed")
+                return ControlOutcome(
+                    task_id, "retry", "unchanged", state, state, generation,
+                    f"task {task_id} is {state.value}, not FAILED: nothing changed ({why})")
+            check_operator_move(State.FAILED, State.PENDING)
+            now = tx.now
+            self._unfinish(tx, [(row[2], state.value, float(row[8]))])
+            tx.execute("control_move", {
+                "id": task_id, "from_state": state.value, "generation": generation,
+                "state": State.PENDING.value, "bump": 1, "request": None, "run_at": now,
+                "reset": True, "now": now, "error": None, "error_class": None})
+            _audit(tx, [(task_id, now, "operator_retry", State.FAILED.value,
+                         State.PENDING.value, generation + 1, None,
+                         dumps({"operator": operator, "reason": reason,
+                                "previous_attempts": attempts}))])
+            tx.wake()
+            return ControlOutcome(
+                task_id, "retry", "done", state, State.PENDING, generation + 1,
+                f"task {task_id} queued again with a fresh set of {row[7]} attempt(s) "
+                f"(it had used {attempts}); done steps stay done")
+
+        return self.dialect.run(body)
+
+    def pause(self, scope: str, target: str, reason: str, operator: str) -> PauseResult:
+        """See :meth:`Ledger.pause` (DESIGN §8)."""
+        if scope not in _SCOPES:
+            raise InvalidArguments(f"pause scope must be one of {', '.join(_SCOPES)}, "
+                                   f"got {scope!r}")
+
+        def body(tx: Tx) -> PauseResult:
+            task: tuple[Any, ...] | None = None
+            if scope == "task":
+                # One task: its row lock serializes with its claims and its holder.
+                task = tx.one("control_lock", {"id": target})
+                if task is None:
+                    raise TaskNotFound(f"no task {target!r} in the ledger")
+                if State(task[0]) in TERMINAL:
+                    return PauseResult("pause", "unchanged", [], 0, 0,
+                                       f"task {target} already ended {task[0]}: nothing to "
+                                       "pause")
+            else:
+                tx.one("pause_gate", {})  # claims in flight finish first; later ones see it
+            now = tx.now
+            active = [_pause_record(r) for r in tx.rows("pauses_active")]
+            same = [p for p in active if (p.scope, p.target) == (scope, target)]
+            if same:
+                return PauseResult("pause", "unchanged", same, 0, 0,
+                                   f"{_scope_text(scope, target)} is already paused "
+                                   f"(version {same[0].version}, by {same[0].paused_by})")
+            version_row = tx.one("pause_version", {})
+            version = int(version_row[0] or 0) + 1 if version_row else 1
+            [(pause_id,)] = tx.rows("pause_insert", {
+                "scope": scope, "target": target, "version": version, "by": operator,
+                "reason": reason, "now": now})
+            moved = running = 0
+            audit: list[AuditRow] = []
+            detail = {"operator": operator, "reason": reason, "scope": scope,
+                      "target": target, "version": version, "pause_id": pause_id}
+            if task is not None:
+                state, generation = State(task[0]), task[1]
+                if state in (State.PENDING, State.RETRY_WAIT):
+                    check_operator_move(state, State.PAUSED)
+                    tx.execute("control_move", {
+                        "id": target, "from_state": state.value, "generation": generation,
+                        "state": State.PAUSED.value, "bump": 1, "request": task[3],
+                        "run_at": None, "reset": False, "now": now, "error": None,
+                        "error_class": None})
+                    audit.append((target, now, "operator_pause", state.value,
+                                  State.PAUSED.value, generation + 1, None, dumps(detail)))
+                    moved = 1
+                else:
+                    if state in (State.RUNNING, State.UNKNOWN) and task[3] is None:
+                        # RUNNING: the holder stops at its next boundary; UNKNOWN: applied
+                        # by the resolution. A cancel already asked for wins.
+                        tx.execute("control_request_set", {
+                            "id": target, "from_state": state.value,
+                            "generation": generation, "request": ControlRequest.PAUSE.value})
+                    running = int(state is State.RUNNING)
+                    audit.append((target, now, "operator_pause", state.value, None,
+                                  generation, None, dumps(detail)))
+            else:
+                counts = dict(tx.rows("running_by_type"))
+                running = sum(int(n) for name, n in counts.items()
+                              if scope == "all" or name == target)
+                audit.append((f"pause:{pause_id}", now, "operator_pause", None, None, None,
+                              None, dumps(detail)))
+            _audit(tx, audit)
+            tx.wake()  # PostgreSQL: holders' heartbeats read their requests now
+            record = PauseRecord(pause_id, scope, target, version, operator, reason, now,
+                                 running)
+            what = _scope_text(scope, target)
+            message = (f"{what} paused (version {version})"
+                       + (f"; {running} running task(s) stop at their next step boundary"
+                          if running else "")
+                       + ("; the task is PAUSED now" if moved else ""))
+            return PauseResult("pause", "done", [record], moved, running, message)
+
+        return self.dialect.run(body)
+
+    def resume(self, scope: str, target: str, reason: str, operator: str,
+               rate_per_s: float | None = None) -> PauseResult:
+        """See :meth:`Ledger.resume` (DESIGN §8)."""
+        if scope not in _SCOPES:
+            raise InvalidArguments(f"resume scope must be one of {', '.join(_SCOPES)}, "
+                                   f"got {scope!r}")
+
+        def body(tx: Tx) -> PauseResult:
+            before = tx.rows("pauses_active")
+            now = tx.now
+            version_row = tx.one("pause_version", {})
+            version = int(version_row[0] or 0) + 1 if version_row else 1
+            ended = tx.rows("pause_resume", {"scope": scope, "target": target, "now": now,
+                                             "by": operator, "reason": reason,
+                                             "version": version})
+            if not ended:
+                return PauseResult("resume", "unchanged", [], 0, 0,
+                                   f"{_scope_text(scope, target)} is not paused")
+            ended_ids = {r[0] for r in ended}
+            still = [p for p in before if p[0] not in ended_ids]
+            audit: list[AuditRow] = []
+            if scope == "task":
+                task = tx.one("control_lock", {"id": target})
+                candidates = []
+                if task is not None:
+                    if task[0] == State.PAUSED.value:
+                        candidates = [(target, task[2], task[1])]
+                    elif task[3] == ControlRequest.PAUSE.value:
+                        # Not at a boundary yet (or UNKNOWN): the request is withdrawn.
+                        tx.execute("control_request_set", {
+                            "id": target, "from_state": task[0], "generation": task[1],
+                            "request": None})
+            else:
+                candidates = [(r[0], r[1], r[2]) for r in tx.rows(
+                    "paused_tasks", {"name": target if scope == "type" else None})]
+            readmit = [c for c in candidates if not _covered(still, c[0], c[1])]
+            step = 0.0 if not rate_per_s else 1.0 / rate_per_s
+            rows = [{"id": tid, "generation": generation, "run_at": now + i * step}
+                    for i, (tid, _name, generation) in enumerate(readmit)]
+            tx.batch("resume_tasks", rows, now=now)
+            detail = {"operator": operator, "reason": reason, "scope": scope,
+                      "target": target, "version": version}
+            for pause_id, _ in ended:
+                audit.append((target if scope == "task" else f"pause:{pause_id}", now,
+                              "operator_resume", None, None, None, None,
+                              dumps({**detail, "pause_id": pause_id})))
+            for row in rows:
+                audit.append((row["id"], now, "operator_resume", State.PAUSED.value,
+                              State.PENDING.value, row["generation"], None,
+                              dumps({**detail, "run_at": row["run_at"]})))
+            _audit(tx, audit)
+            if rows:
+                tx.wake()
+            records = [_pause_record(p) for p in before if p[0] in ended_ids]
+            records = [dataclasses.replace(r, resumed_at=now, resumed_by=operator,
+                                           resume_reason=reason, resumed_version=version)
+                       for r in records]
+            kept = len(candidates) - len(readmit)
+            message = (f"{_scope_text(scope, target)} resumed (version {version}); "
+                       f"{len(rows)} paused task(s) ready again"
+                       + (f" at {rate_per_s:g}/s" if rate_per_s and rows else "")
+                       + (f"; {kept} stay paused by another pause" if kept else ""))
+            return PauseResult("resume", "done", records, len(rows), 0, message)
+
+        return self.dialect.run(body)
+
+    def pauses(self) -> list[PauseRecord]:
+        """See :meth:`Ledger.pauses`."""
+
+        def body(tx: Tx) -> list[PauseRecord]:
+            active, counts = tx.rows_many([("pauses_active", {}), ("running_by_type", {})])
+            if not active:
+                return []
+            by_type = {name: int(n) for name, n in counts}
+            tasks = [p[2] for p in active if p[1] == "task"]
+            running_tasks = {r[0] for r in tx.rows("task_get_many", {"ids": tasks})
+                             if r[3] == State.RUNNING.value} if tasks else set()
+            out = []
+            for p in active:
+                if p[1] == "all":
+                    running = sum(by_type.values())
+                elif p[1] == "type":
+                    running = by_type.get(p[2], 0)
+                else:
+                    running = int(p[2] in running_tasks)
+                out.append(dataclasses.replace(_pause_record(p), running=running))
+            return out
+
+        return self.dialect.run(body, write=False)
+
+    def control_requests(self, holder: str) -> list[tuple[str, int, str]]:
+        """See :meth:`Ledger.control_requests`."""
+        rows = self.dialect.run(
+            lambda tx: tx.rows("control_requests", {"holder": holder}), write=False)
+        return [(r[0], r[1], r[2]) for r in rows]
 
     def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:
         """See :meth:`Ledger.revoke_holder`."""
@@ -592,6 +986,8 @@ class LedgerEngine:
         def body(tx: Tx) -> list[str]:
             rows = tx.rows("holder_running", {"holder": holder})
             audit: list[AuditRow] = []
+            applied = self._apply_requests(tx, rows, audit, f"revoked by {by}: {reason}")
+            everything, rows = rows, [r for r in rows if r[0] not in applied]
             final = [r for r in rows if r[3] >= r[4]]
             retry = [r for r in rows if r[3] < r[4]]
             if final:
@@ -609,7 +1005,7 @@ class LedgerEngine:
                 tx.wake()
             tx.execute("worker_dead", {"holder": holder})
             _audit(tx, audit)
-            return [r[0] for r in rows]
+            return [r[0] for r in everything]
 
         return self.dialect.run(body)
 
@@ -747,15 +1143,27 @@ class LedgerEngine:
         return self.dialect.run(body, write=False)
 
     def stats(self) -> LedgerStats:
-        """See :meth:`Ledger.stats` (decodes no stored JSON)."""
+        """See :meth:`Ledger.stats` (decodes no stored JSON).
+
+        Reads no history (DESIGN §9): non-terminal tasks are counted exactly from their
+        partial index; finished tasks and audit kinds are the rollup (before the counts
+        mark) plus what finished or happened since the mark. The mark is advanced first,
+        in a short write transaction of its own (skipped if the ledger refuses it, e.g. a
+        read-only file: the count since the mark is then just longer).
+        """
+        self._require_schema("retention.sql", "ratchet status")
+        with contextlib.suppress(LedgerError):
+            self._advance_counts()
 
         def body(tx: Tx) -> LedgerStats:
+            mark = tx.one("counts_read_mark")
+            upto = float(mark[0]) if mark else 0.0
             counts: dict[str, dict[str, int]] = {}
-            for name, state, n in tx.rows("stats_counts"):
+            for name, state, n in tx.rows("stats_counts", {"upto": upto}):
                 counts.setdefault(name, {})[state] = int(n)
             oldest_row = tx.one("stats_oldest", {"now": tx.now})
             oldest = oldest_row[0] if oldest_row else None
-            kinds = {k: int(n) for k, n in tx.rows("stats_kinds")}
+            kinds = {k: int(n) for k, n in tx.rows("stats_kinds", {"upto": upto})}
             unknown_row = tx.one("stats_unknown")
             late_row = tx.one("stats_late")
             return LedgerStats(
@@ -767,7 +1175,7 @@ class LedgerEngine:
                 stale_rejections=kinds.get("stale_rejected", 0),
                 lookup_hits=kinds.get("lookup_hit", 0),
                 idempotency_conflicts=kinds.get("idempotency_conflict", 0),
-                operator_actions=kinds.get("operator_resolve", 0),
+                operator_actions=sum(kinds.get(k, 0) for k in _OPERATOR_KINDS),
                 revocations=kinds.get("revoke", 0),
                 late_effects=int(late_row[0]) if late_row else 0,
                 durability=self.config.durability.value,
@@ -778,6 +1186,224 @@ class LedgerEngine:
 
         stats = self.dialect.run(body, write=False)
         return _with_version(stats, self.dialect.schema_version())
+
+    # ------------------------------------------------------------------ retention
+    # (issue 10: prune; DESIGN §10.2) and the counts rollup behind stats (DESIGN §9)
+
+    def _advance_counts(self) -> None:
+        """Move the counts mark to the horizon (every finished task and audit row stamped
+        before it is committed), adding what finished or was audited in between to the
+        rollup (``finished_counts``, ``audit_counts``). One short write transaction; never
+        touches a task row, so no claim or commit waits on it. Serialised with other
+        advances and with prune batches by the mark row (PostgreSQL: ``FOR UPDATE``
+        against the batches' ``FOR SHARE``; SQLite: the write lock)."""
+
+        def body(tx: Tx) -> None:
+            row = tx.one("counts_lock")
+            if row is None:
+                return
+            upto, horizon = float(row[0]), float(row[1])
+            if horizon <= upto:  # nothing new (or another advance went further meanwhile)
+                return
+            tasks, kinds = tx.rows_many([
+                ("counts_window_tasks", {"from_at": upto, "to_at": horizon}),
+                ("counts_window_audit", {"from_at": upto, "to_at": horizon})])
+            tx.batch("counts_add_tasks",
+                     [{"name": r[0], "state": r[1], "n": int(r[2])} for r in tasks])
+            tx.batch("counts_add_audit", [{"kind": r[0], "n": int(r[1])} for r in kinds])
+            tx.execute("counts_set_mark", {"upto": horizon})
+
+        self.dialect.run(body)
+
+    def prune(
+        self,
+        older_than_s: float,
+        *,
+        by: str,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        export: Callable[[list[dict[str, Any]]], None] | None = None,
+        audit_empty: bool = True,
+        pace: float | None = None,
+    ) -> PruneReport:
+        """See :meth:`Ledger.prune` (DESIGN §10.2).
+
+        Each batch is one transaction: pick up to ``batch_size`` of the oldest finished
+        tasks (PostgreSQL ``FOR UPDATE SKIP LOCKED``: rows another transaction holds are
+        left for later, so neither a commit nor another prune waits on this one), hand
+        their records to ``export``, delete them (terminal ones only), then their steps,
+        effects (the idempotency records of their keys go with the task row that
+        deduplicates them), late effects and audit rows, and settle the counts rollup.
+        Between batches the prune sleeps ``pace`` times as long as the batch took (default:
+        1 on a single-writer database, SQLite, so waiting writers get the lock in between;
+        0 on PostgreSQL, where nothing waits for it but it shares the server's CPU and
+        disk: the worker's background prune passes 1).
+
+        Raises:
+            ValueError: ``older_than_s`` below 0 or not finite, ``batch_size`` below 1.
+            LedgerError: as any operation (batches committed before stay committed).
+            Whatever ``export`` raises (that batch is rolled back).
+        """
+        if not older_than_s >= 0 or older_than_s == float("inf"):
+            raise ValueError(f"older_than_s must be a finite number >= 0, got {older_than_s!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        if pace is None:
+            pace = 1.0 if self.dialect.single_writer else 0.0
+        started = time.monotonic()
+        cutoff = self.now() - older_than_s
+        if dry_run:
+            row = self.dialect.run(lambda tx: tx.one("prune_count", {"cutoff": cutoff}),
+                                   write=False)
+            n = [int(v) for v in row] if row else [0] * 5
+            return PruneReport(older_than_s, cutoff, True, n[0], n[1], n[2], n[3], n[4], 0,
+                               0, by, time.monotonic() - started)
+        self._advance_counts()
+        totals: Counter[str] = Counter()
+        while True:
+            t0 = time.monotonic()
+            try:
+                picked, done = self.dialect.run(
+                    lambda tx: self._prune_batch(tx, cutoff, batch_size, export))
+                totals.update(done)
+            except CommitOutcomeUnknown:
+                picked = batch_size  # the next batch finds out (deletes are idempotent)
+            if picked < batch_size:
+                break
+            if pace > 0:
+                time.sleep(pace * max(time.monotonic() - t0, 0.002))
+        after: tuple[float, int] = (0.0, 0)  # the walk's position: (at, seq)
+        while True:
+            t0 = time.monotonic()
+            walked, rows = self.dialect.run(functools.partial(
+                self._prune_orphans, cutoff=cutoff, after=after, limit=batch_size))
+            totals.update(audit=len(rows), batches=1 if rows else 0)
+            if walked is None:
+                break
+            after = walked
+            if pace > 0:
+                time.sleep(pace * max(time.monotonic() - t0, 0.002))
+        report = PruneReport(
+            older_than_s, cutoff, False, totals["tasks"], totals["steps"], totals["effects"],
+            totals["late_effects"], totals["audit"], totals["batches"], totals["exported"],
+            by, time.monotonic() - started)
+        if audit_empty or report.tasks or report.audit:
+            detail = dumps({k: v for k, v in dataclasses.asdict(report).items()
+                            if k not in ("by", "dry_run")})
+            self.dialect.run(lambda tx: _audit(tx, [
+                ("", tx.now, "prune", None, None, None, printable(by), detail)]))
+        return report
+
+    def _prune_batch(
+        self, tx: Tx, cutoff: float, limit: int,
+        export: Callable[[list[dict[str, Any]]], None] | None,
+    ) -> tuple[int, Counter[str]]:
+        """One prune batch inside ``tx``: how many tasks it picked, and the rows it deleted
+        by kind (counted by the caller once the transaction committed)."""
+        batch: Counter[str] = Counter()
+        picked = [r[0] for r in tx.rows("prune_pick", {"cutoff": cutoff, "limit": limit})]
+        if not picked:
+            return 0, batch
+        mark = tx.one("counts_mark_share")
+        upto = float(mark[0]) if mark else 0.0
+        exported = 0
+        if export is not None:
+            records = self._export_records(tx, picked)
+            export(records)
+            exported = len(records)
+        deleted = tx.rows("prune_tasks", {"ids": picked})
+        ids = [r[0] for r in deleted]
+        if ids:
+            batch["steps"] = tx.execute("prune_steps", {"ids": ids})
+            batch["effects"] = tx.execute("prune_effects", {"ids": ids})
+            batch["late_effects"] = tx.execute("prune_late_effects", {"ids": ids})
+            audit_rows = tx.rows("prune_audit", {"ids": ids})
+            batch["audit"] = len(audit_rows)
+            # The rollup counts tasks finished before the mark: those leave it; audit kinds
+            # are counted for ever, so rows since the mark join it as they go.
+            gone = Counter((r[1], r[2]) for r in deleted if float(r[3]) < upto)
+            tx.batch("counts_add_tasks", [{"name": name, "state": state, "n": -n}
+                                          for (name, state), n in sorted(gone.items())])
+            self._keep_audit_counts(tx, audit_rows, upto)
+        batch.update(tasks=len(ids), batches=1 if ids else 0, exported=exported)
+        return len(picked), batch
+
+    def _prune_orphans(
+        self, tx: Tx, cutoff: float, after: tuple[float, int], limit: int
+    ) -> tuple[tuple[float, int] | None, list[tuple[Any, ...]]]:
+        """One step of the walk over audit rows older than ``cutoff`` (after ``after``):
+        delete those whose task is gone. Returns where the walk goes on (None: at its end)
+        and the deleted ``(kind, at)`` rows."""
+        walked = tx.rows("prune_audit_walk", {"cutoff": cutoff, "from_at": after[0],
+                                              "from_seq": after[1], "limit": limit})
+        if not walked:
+            return None, []
+        mark = tx.one("counts_mark_share")
+        upto = float(mark[0]) if mark else 0.0
+        rows = tx.rows("prune_audit_gone", {"seqs": [int(r[0]) for r in walked]})
+        self._keep_audit_counts(tx, rows, upto)
+        last = walked[-1]
+        return ((float(last[2]), int(last[0])) if len(walked) == limit else None), rows
+
+    @staticmethod
+    def _unfinish(tx: Tx, rows: Sequence[tuple[str, str, float]]) -> None:
+        """Finished tasks ``(name, terminal state, updated_at)`` that an operator move
+        re-queues (retry, quarantine replay) leave the finished rollup if it counts them
+        (finished before the counts mark, read FOR SHARE so the mark cannot move before
+        this transaction commits); DESIGN §9 / §10.2."""
+        if not rows:
+            return
+        mark = tx.one("counts_mark_share")
+        upto = float(mark[0]) if mark else 0.0
+        gone = Counter((name, state) for name, state, at in rows if at < upto)
+        tx.batch("counts_add_tasks", [{"name": name, "state": state, "n": -n}
+                                      for (name, state), n in sorted(gone.items())])
+
+    @staticmethod
+    def _keep_audit_counts(tx: Tx, rows: Sequence[tuple[Any, ...]], upto: float) -> None:
+        """Deleted audit rows ``(kind, at)`` stamped since the mark join ``audit_counts``
+        (those before it are counted there already)."""
+        kinds = Counter(r[0] for r in rows if float(r[1]) >= upto)
+        tx.batch("counts_add_audit", [{"kind": k, "n": n} for k, n in sorted(kinds.items())])
+
+    @staticmethod
+    def _export_records(tx: Tx, ids: list[str]) -> list[dict[str, Any]]:
+        """One JSON-ready record per task of ``ids`` with its history, stored text as
+        stored (``params``, ``result``, step values, effect results and audit details are
+        JSON text; SQLite text that was not valid UTF-8 comes with lone surrogates)."""
+        steps: dict[str, list[dict[str, Any]]] = {}
+        for r in tx.rows("claim_steps", {"ids": ids}):
+            steps.setdefault(r[0], []).append(dict(zip(
+                ("name", "result", "generation", "committed_at", "seq"), r[1:], strict=True)))
+        effects: dict[str, list[dict[str, Any]]] = {}
+        for r in tx.rows("claim_effects", {"ids": ids}):
+            record = dict(zip(("name", "key", "params_digest", "state", "result",
+                               "generation", "attempt", "calls", "via_lookup", "updated_at",
+                               "seq"), r[1:], strict=True))
+            record["via_lookup"] = bool(record["via_lookup"])
+            effects.setdefault(r[0], []).append(record)
+        audit: dict[str, list[dict[str, Any]]] = {}
+        for r in tx.rows("prune_export_audit", {"ids": ids}):
+            audit.setdefault(r[1], []).append(dict(zip(
+                ("seq", "at", "kind", "from_state", "to_state", "generation", "holder",
+                 "detail"), (r[0], *r[2:]), strict=True)))
+        late: dict[str, list[dict[str, Any]]] = {}
+        for r in tx.rows("prune_export_late", {"ids": ids}):
+            late.setdefault(r[1], []).append(dict(zip(
+                ("seq", "effect", "key", "generation", "holder", "at", "outcome", "detail"),
+                (r[0], *r[2:]), strict=True)))
+        records = []
+        for r in sorted(tx.rows("task_get_many", {"ids": ids}), key=lambda r: (r[11], r[0])):
+            task = dict(zip(("id", "name", "version", "state", "generation", "attempt",
+                             "max_attempts", "holder", "lease_until", "run_at", "created_at",
+                             "updated_at", "idempotency_key", "params", "params_digest",
+                             "result", "last_error", "error_class", "tenant"), r,
+                            strict=True))
+            tid = task["id"]
+            records.append({"task": task, "steps": steps.get(tid, []),
+                            "effects": effects.get(tid, []), "audit": audit.get(tid, []),
+                            "late_effects": late.get(tid, [])})
+        return records
 
     # ------------------------------------------------------------------ late effects
 
@@ -870,6 +1496,22 @@ class LedgerEngine:
             return changes
 
         return self.dialect.run(body)
+
+    def _require_schema(self, migration: str, what: str) -> None:
+        """Raise :class:`~ratchet.errors.SchemaTooOld` unless the ledger has the migration
+        whose file name ends ``_<migration>`` (read-only callers never migrate; found by
+        file name, so renumbering changes nothing)."""
+        if migration in self._schema_has:
+            return
+        from .migrations import load_migrations
+
+        needed = next((m.version for m in load_migrations(self.config.scheme)
+                       if m.name.split("_", 1)[1] == migration), None)
+        if needed is not None:
+            found = self.schema_version()
+            if found < needed:
+                raise SchemaTooOld(found, needed, what)
+        self._schema_has.add(migration)  # schemas only move up
 
     def _has_definitions(self) -> bool:
         """Whether this ledger's schema has the definition tables: a read-only caller
@@ -1105,8 +1747,10 @@ class _Segment:
         self.outcomes: dict[tuple[str, str], dict[str, Any]] = {}
         self.transitions: list[dict[str, Any]] = []
 
-    def add(self, write: TaskWrite, attempt: int, audit: list[AuditRow], now: float) -> None:
-        """Queue the rows of one fenced write (which passed its fence)."""
+    def add(self, write: TaskWrite, attempt: int, audit: list[AuditRow], now: float,
+            request: str | None = None) -> None:
+        """Queue the rows of one fenced write (which passed its fence); ``request``: the
+        operator request the task keeps after the write's transition (if any)."""
         for step in write.steps:
             name = step[0]
             self.steps[(write.task_id, name)] = {
@@ -1126,7 +1770,7 @@ class _Segment:
                               write.holder, dumps({"effect": e.name, "key": e.key})))
         t = write.transition
         if t is not None:
-            self.transitions.append(_transition_row(write, t, now))
+            self.transitions.append(_transition_row(write, t, now, request))
 
     def apply(self, tx: Tx, now: float, resend: bool) -> None:
         """Write the queued rows in ``tx``."""
@@ -1136,15 +1780,89 @@ class _Segment:
         tx.batch("transition", self.transitions, now=now)
 
 
-def _transition_row(write: TaskWrite, t: Transition, now: float) -> dict[str, Any]:
-    """Parameters of the ``transition`` statement for one fenced write."""
+def _transition_row(write: TaskWrite, t: Transition, now: float,
+                    request: str | None = None) -> dict[str, Any]:
+    """Parameters of the ``transition`` statement for one fenced write. A release (to
+    ``PENDING``) and a pause at a boundary (to ``PAUSED``) hand their attempt back;
+    ``request``: the operator request the task keeps (``UNKNOWN``, or an open intent)."""
     return {
         "id": write.task_id, "generation": write.generation, "state": t.to.value,
         "run_at": now + max(0.0, t.delay_s) if reschedules(t.to) else None,
-        "release": t.to is State.PENDING, "keep": t.to is State.RUNNING,
+        "release": t.to is State.PENDING or t.to is State.PAUSED,
+        "keep": t.to is State.RUNNING, "request": request,
         "result": t.result_json, "error": printable(t.error) if t.error else t.error,
         "error_class": t.error_class,
     }
+
+
+_OPERATOR_KINDS = ("operator_resolve", "operator_cancel", "operator_retry", "operator_pause",
+                   "operator_resume")
+"""Audit kinds of operator commands (``ratchet status``: operator actions)."""
+
+_SCOPES = ("all", "type", "task")
+
+
+def _scope_text(scope: str, target: str) -> str:
+    return {"all": "everything", "type": f"task type {target!r}",
+            "task": f"task {target}"}[scope]
+
+
+def _pause_record(row: Sequence[Any]) -> PauseRecord:
+    """A :class:`PauseRecord` from a ``pauses_active`` row."""
+    return PauseRecord(int(row[0]), row[1], row[2], int(row[3]), row[4], row[5], row[6])
+
+
+def _covered(pauses: Sequence[tuple[Any, ...]], task_id: str, name: str,
+             skip: int | None = None) -> bool:
+    """Is the task ``task_id`` of type ``name`` in the scope of one of ``pauses`` (rows of
+    ``pauses_active``: id, scope, target, ...), not counting pause ``skip``?"""
+    for p in pauses:
+        if p[0] == skip:
+            continue
+        if p[1] == "all" or (p[1] == "type" and p[2] == name) or (
+                p[1] == "task" and p[2] == task_id):
+            return True
+    return False
+
+
+_REQUEST_CLASS = {ControlRequest.CANCEL: "cancelled", ControlRequest.PAUSE: "paused"}
+"""``error_class`` recorded when an operator request ends a task's run."""
+
+
+def _arbitrate(
+    write: TaskWrite, t: Transition, request: ControlRequest, open_before: set[str]
+) -> tuple[TaskWrite, Transition, str | None]:
+    """A holder's fenced move out of ``RUNNING`` against an operator request on the task
+    (DESIGN §3, arbitration). Returns the write and transition to apply and the request
+    the task keeps afterwards.
+
+    * a terminal outcome (``SUCCEEDED``, ``FAILED``, ``CANCELLED``) committed first stands;
+      the request is dropped (the audit row says so);
+    * ``UNKNOWN`` keeps the request: the resolution applies it;
+    * a release, a retry or a pause (``PENDING``, ``RETRY_WAIT``, ``PAUSED``): with an effect
+      intent still open after this write, the move stands and the request waits for the
+      next holder's lookup; otherwise the request is applied instead: ``CANCELLED`` (cancel
+      wins over a pause) or ``PAUSED``.
+    """
+    if t.to in (State.SUCCEEDED, State.FAILED, State.CANCELLED):
+        why = f"{request} request dropped: the attempt ended {t.to.value} first"
+        return write, dataclasses.replace(
+            t, reason=f"{t.reason}; {why}" if t.reason else why), None
+    if t.to is State.UNKNOWN:
+        return write, t, request.value
+    settled = {e.name for e in write.effects if e.state is not EffectState.INTENT}
+    opened = {e.name for e in write.effects if e.state is EffectState.INTENT}
+    if (open_before - settled) | opened:
+        return write, t, request.value
+    target = State.CANCELLED if request is ControlRequest.CANCEL else State.PAUSED
+    if target is t.to:
+        return write, t, None
+    check_transition(State.RUNNING, target)
+    applied = Transition(
+        target, error=t.error, error_class=t.error_class or _REQUEST_CLASS[request],
+        reason=f"{request} requested by an operator; the attempt ended {t.to.value} "
+               f"({t.reason or t.error_class or '-'})")
+    return dataclasses.replace(write, transition=applied), applied, None
 
 
 class _UserCodeFailed(Exception):

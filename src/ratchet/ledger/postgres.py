@@ -318,6 +318,7 @@ class PostgresDialect:
 
     name = "postgresql"
     probe_before_claim = False
+    single_writer = False
 
     def __init__(self, config: LedgerConfig) -> None:
         self.config = config

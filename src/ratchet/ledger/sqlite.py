@@ -132,6 +132,7 @@ class SQLiteDialect:
 
     name = "sqlite"
     probe_before_claim = True
+    single_writer = True
 
     def __init__(self, config: LedgerConfig) -> None:
         self.config = config

@@ -27,6 +27,12 @@ A call that times out or loses its reply (an unknown-outcome failure) goes strai
 same lookup, never to failure. Before every new effect the lease must be confirmed
 (``LeaseLost`` otherwise), and every write is fenced (``StaleGeneration``).
 
+Every ``ctx.step`` / ``ctx.effect`` / ``ctx.transaction`` is a boundary: before any new
+work it checks for an operator request on the claim (cancel, pause; read by the heartbeat)
+and raises :class:`ControlInterrupt` when one is there and no effect intent is open (an
+open one is settled first: the call's reply, or the lookup; a lookup that proves the call
+never executed records it ``not_done`` and then stops, no new call is made).
+
 Step and effect names and effect keys are checked where they enter
 (:func:`ratchet.validation.check_identifier`: ``InvalidArguments``, a permanent failure).
 Values read back from the ledger (params, stored step values, recorded effect results)
@@ -79,7 +85,8 @@ from .heartbeat import LeaseHandle
 from .hooks import EffectSettlement, Hooks
 from .writer import LedgerWriter, WriterStopped
 
-__all__ = ["NOT_FOUND", "Checkpoint", "NotFound", "Shutdown", "TaskContext"]
+__all__ = ["NOT_FOUND", "Checkpoint", "ControlInterrupt", "NotFound", "Shutdown",
+           "TaskContext"]
 
 log = logging.getLogger("ratchet.worker")
 
@@ -112,6 +119,19 @@ NOT_FOUND: Final = NotFound()
 
 class Shutdown(BaseException):
     """Raised at a step/effect boundary when the worker is stopping (task is released)."""
+
+
+class ControlInterrupt(BaseException):
+    """Raised at a step/effect boundary (before any new work) when an operator asked for
+    this task: ``request`` is ``"cancel"`` (the worker commits a fenced ``RUNNING ->
+    CANCELLED``) or ``"pause"`` (``RUNNING -> PAUSED``, the lease released and the attempt
+    handed back). Never raised while an effect intent of the task is open: the effect is
+    settled first (its call's reply, or the lookup; DESIGN §3, arbitration). Internal:
+    task code should not catch it (like :class:`Shutdown`)."""
+
+    def __init__(self, request: str) -> None:
+        super().__init__(request)
+        self.request = request
 
 
 StepKind = str
@@ -232,6 +252,7 @@ class TaskContext:
         self._in_transaction = False  # inside a transaction step's fn (worker/transaction.py)
         self._in_step = False  # inside a step's fn: checkpoints there are refused
         self._interrupt: BaseException | None = None  # raised at the next boundary
+        self._proved_absent = False  # the last _settle's lookup confirmed "not executed"
 
     def load_params(self) -> dict[str, Any]:
         """Decode the task's stored params (sets :attr:`params`) and return them.
@@ -272,10 +293,23 @@ class TaskContext:
             raise self._interrupt
         if self._stopping.is_set():
             raise Shutdown()
+        self.check_control()
         if self._flush_stale:
             raise StaleGeneration(self.task_id, self.generation, "step flush")
         if self._flush_rejected is not None:
             raise self._flush_rejected
+
+    def check_control(self) -> None:
+        """Raise :class:`ControlInterrupt` when an operator request (cancel, pause) reached
+        this claim and no effect intent of the task is open (an open one is settled first:
+        the code path runs on to it, replaying what is done).
+
+        Raises:
+            ControlInterrupt: stop here; the runner commits the fenced move.
+        """
+        request = self._lease.request
+        if request is not None and not self.open_intents():
+            raise ControlInterrupt(request)
 
     @property
     def fencing_token(self) -> int:
@@ -666,13 +700,15 @@ class TaskContext:
             )
         if record is not None and record.state is EffectState.DONE:
             return loads(record.result_json, f"recorded result of {cp.describe()}"), "cached"
-        if record is not None and record.state is EffectState.INTENT:
-            # An earlier attempt recorded the intent but not the outcome: query first.
+        if record is not None and record.state in (EffectState.INTENT, EffectState.GIVEN_UP):
+            # An earlier attempt recorded the intent but not the outcome (or an operator
+            # gave up on it, then retried the task): query first.
             found, value = self._settle(cp, key, params_digest, target,
                                         "intent without result from an earlier attempt",
                                         record.updated_at)
             if found:
                 return value, "lookup"
+            self._settled_absent(cp, key, params_digest)
         self._lease.ensure()
         self._commit(
             f"effect_intent:{stored_name}",
@@ -725,6 +761,7 @@ class TaskContext:
                 raise
             if found:
                 return value, "lookup"
+            self._settled_absent(cp, key, params_digest)
             raise TransientError(
                 f"{cp.describe()} (key {key!r}) had an unknown outcome and the target "
                 "confirmed it did not execute; retrying with the same key"
@@ -750,6 +787,29 @@ class TaskContext:
                     and self._taken_over(LATE_EVIDENCE_WAIT_S) is True):
                 self._record_late(cp, key, "done", _json_or_repr(result))
             raise
+
+    def _settled_absent(self, cp: Checkpoint, key: str, params_digest: str) -> None:
+        """An open intent was settled as "call again" (a lookup confirmed the call did not
+        execute, or the target honours the key). With an operator request on the task,
+        no new call is made: a confirmed absence is recorded (``not_done``) and the request
+        applied; without that proof the outcome stays unknown (``UNKNOWN``, the request
+        kept for the resolution; DESIGN §3).
+
+        Raises:
+            ControlInterrupt: the request, once the effect is recorded not done.
+            EffectOutcomeUnknown: only a new call could settle it, and a request forbids it.
+        """
+        request = self._lease.request
+        if request is None:
+            return
+        if self._proved_absent:
+            self._record(cp, key, params_digest, EffectState.NOT_DONE, None, False)
+            raise ControlInterrupt(request)
+        raise EffectOutcomeUnknown(
+            cp.stored_name, key,
+            f"an operator asked to {request} the task, and only calling again could settle "
+            "the open intent (the target honours the key but no lookup confirmed the "
+            "outcome); resolve it (ratchet resolve)")
 
     def _token_rejected(
         self, cp: Checkpoint, key: str, params_digest: str, exc: TokenRejected
@@ -858,6 +918,7 @@ class TaskContext:
         """
         reason = f"{why}; no lookup given"
         what = cp.describe()
+        self._proved_absent = False
         if target.lookup is not None:
             try:
                 answer = target.ask(key, self.generation)
@@ -888,6 +949,7 @@ class TaskContext:
                             retry_after_s=in_flight_s - waited_s,
                         )
                     log.info("%s key %s: lookup confirms not executed", what, key)
+                    self._proved_absent = True
                     return False, None
                 log.info("%s key %s: lookup found an earlier execution", what, key)
                 return True, self._record_done(cp, key, params_digest, answer, via_lookup=True)

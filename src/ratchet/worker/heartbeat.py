@@ -49,7 +49,7 @@ class LeaseHandle:
 
     # No instance dict: one is built per claimed task.
     __slots__ = ("_confirmed_until", "_heartbeat", "_lost", "generation", "lease_s",
-                 "renew_due", "task_id")
+                 "renew_due", "request", "task_id")
 
     def __init__(
         self, heartbeat: Heartbeat, task_id: str, generation: int, lease_s: float,
@@ -64,6 +64,10 @@ class LeaseHandle:
         # the lease from now).
         self.renew_due = time.monotonic() + lease_s / 3.0 if renew_due is None else renew_due
         self._lost = False
+        self.request: str | None = None
+        """An operator's request on this task (``"cancel"`` / ``"pause"``) once the
+        heartbeat has read it (or the claim carried it): the task stops at its next
+        step/effect boundary (:meth:`TaskContext._boundary`)."""
 
     @property
     def lost(self) -> bool:
@@ -110,9 +114,17 @@ class LeaseHandle:
             )
 
 
+CONTROL_POLL_S = 0.5
+"""How often (seconds) the heartbeat reads the operator requests (cancel, pause) on the
+leases it holds, when it holds any: one read of the ``tasks_control`` index. PostgreSQL
+also wakes it at once with a NOTIFY (:meth:`Heartbeat.poke_control`)."""
+
+
 class Heartbeat(threading.Thread):
     """Renews all held leases in one batch as soon as any of them is a third of a lease
-    past its last confirmation (a new claim re-plans the wait at once).
+    past its last confirmation (a new claim re-plans the wait at once), and every
+    :data:`CONTROL_POLL_S` reads the operator requests on them (issue 10: a running task
+    learns of a cancel or pause within about a second).
 
     Args:
         ledger: the ledger (its per-thread connection makes this thread's own connection).
@@ -137,6 +149,8 @@ class Heartbeat(threading.Thread):
         self._planned = float("-inf")  # monotonic time the loop will next wake up by itself
         self.renewals = 0
         self.failures = 0
+        self._control_due = float("-inf")  # monotonic: next read of operator requests
+        self.control_reads = 0
 
     def add_many(
         self, leases: list[tuple[str, int, float, float, float]]
@@ -187,6 +201,34 @@ class Heartbeat(threading.Thread):
             self._wake.set()
             self._round_done.wait_for(lambda: self._rounds >= target, timeout=timeout_s)
 
+    def poke_control(self) -> None:
+        """Read the operator requests at the next wake-up (PostgreSQL NOTIFY: an operator
+        command may have just recorded one); at most one read per 50 ms."""
+        self._control_due = min(self._control_due, time.monotonic() + 0.05)
+        self._wake.set()
+
+    def check_control(self) -> None:
+        """One read of the operator requests on the held leases: each handle's
+        :attr:`LeaseHandle.request` is set; a pause no longer asked for (resumed) is
+        cleared, a cancel never is."""
+        self._control_due = time.monotonic() + CONTROL_POLL_S
+        if not self.held():
+            return
+        try:
+            found = self._ledger.control_requests(self._holder)
+        except Exception as exc:  # the next round asks again; leases are unaffected
+            log.warning("reading operator requests failed: %s", exc)
+            return
+        self.control_reads += 1
+        asked = {(task_id, generation): request for task_id, generation, request in found}
+        with self._lock:
+            for handle in self._leases.values():
+                request = asked.get((handle.task_id, handle.generation))
+                if request is not None:
+                    handle.request = request
+                elif handle.request == "pause":
+                    handle.request = None  # resumed before the task reached a boundary
+
     def stop(self) -> None:
         """Stop the thread (leases are not renewed after this)."""
         self._halt.set()
@@ -204,6 +246,8 @@ class Heartbeat(threading.Thread):
                 due = min((h.renew_due for h in self._leases.values()), default=None)
                 now = time.monotonic()
                 wait_s = 1.0 if due is None else min(1.0, max(0.0, due - now))
+                if self._leases:
+                    wait_s = min(wait_s, max(0.0, self._control_due - now))
                 self._planned = now + wait_s
             self._wake.wait(wait_s)
             with self._lock:
@@ -215,6 +259,8 @@ class Heartbeat(threading.Thread):
             if self._requested or (due is not None and time.monotonic() >= due):
                 self._requested = False
                 self.renew_once()
+            if time.monotonic() >= self._control_due:
+                self.check_control()
 
     def renew_once(self) -> list[RenewResult]:
         """One batched renewal of every held lease; returns the ledger's answers."""

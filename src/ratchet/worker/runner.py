@@ -54,6 +54,13 @@ a fresh one; the stuck thread's next ``ctx.step`` / ``ctx.effect`` raises
 :class:`~ratchet.errors.TimeLimitExceeded`, and whatever it writes later is fenced out.
 Stuck threads are counted (``stats.stuck_threads``); at ``max_stuck_threads`` the worker
 stops itself, for a restart.
+Operator requests (issue 10, DESIGN §3 arbitration): a cancel or pause the heartbeat has
+read for a lease (:attr:`~ratchet.worker.heartbeat.LeaseHandle.request`) makes the task's
+next step/effect boundary raise :class:`~ratchet.worker.context.ControlInterrupt` (never
+while an effect intent is open: it is settled first), which becomes the fenced ``RUNNING
+-> CANCELLED`` or ``RUNNING -> PAUSED`` (lease released, attempt handed back), carrying
+the pipelined checkpoints; a task claimed with a request is not started unless it must
+settle an open intent first.
 
 Signals: the first SIGTERM/SIGINT stops claiming; running tasks finish their current
 step, then are released at the next step/effect boundary (their committed steps stay);
@@ -115,11 +122,12 @@ from ..retry import TIME_LIMIT, FailureClass, classify, retry_after_s
 from ..serde import dumps, printable
 from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
-from .context import Shutdown, TaskContext
+from .context import ControlInterrupt, Shutdown, TaskContext
 from .executor import Executor
 from .heartbeat import Heartbeat, LeaseHandle
 from .hooks import Hooks, Middleware
 from .registry import Registrar
+from .retention import Pruner
 from .timelimit import ENDED_BY_SHUTDOWN_GRACE, Attempt, Attempts
 from .writer import LedgerWriter
 
@@ -286,6 +294,8 @@ class WorkerStats:
     failed: int = 0
     unknown: int = 0
     released: int = 0
+    cancelled: int = 0
+    paused: int = 0
     stale: int = 0
     lease_lost: int = 0
     time_limited: int = 0
@@ -364,11 +374,16 @@ class Worker:
             attempt the worker already ended (time limit), the worker stops (as on
             SIGTERM) so that its process manager restarts it (``ratchet worker`` exits
             with :data:`EXIT_STUCK_THREADS`). Default :func:`default_max_stuck_threads`.
+        prune_older_than_s: prune (``Ledger.prune``) tasks finished longer ago than this
+            many seconds in a background thread (:mod:`ratchet.worker.retention`); None
+            (the default): no pruning.
+        prune_every_s: seconds between those prunes (jittered), default 3600.
 
     Raises:
         ConfigError: ``concurrency`` is below 1, ``prefetch`` below 0, ``writers``
-            below 1, ``shutdown_grace_s`` not a finite number >= 0 or
-            ``max_stuck_threads`` below 1.
+            below 1, ``shutdown_grace_s`` not a finite number >= 0,
+            ``max_stuck_threads`` below 1, ``prune_older_than_s`` negative or
+            ``prune_every_s`` not positive.
         UnknownTask: a name in ``names`` is not registered.
     """
 
@@ -387,7 +402,18 @@ class Worker:
         writers: int | None = None,
         shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
         max_stuck_threads: int | None = None,
+        prune_older_than_s: float | None = None,
+        prune_every_s: float = 3600.0,
     ) -> None:
+        if prune_older_than_s is not None and not 0 <= prune_older_than_s < float("inf"):
+            raise ConfigError(f"Worker prune_older_than_s must be a finite number of seconds "
+                              f">= 0, got {prune_older_than_s!r}")
+        if not 0 < prune_every_s < float("inf"):
+            raise ConfigError(f"Worker prune_every_s must be a finite number of seconds > 0, "
+                              f"got {prune_every_s!r}")
+        self.prune_older_than_s = prune_older_than_s
+        self.prune_every_s = prune_every_s
+        self.pruner: Pruner | None = None
         if concurrency < 1:
             raise ConfigError(f"Worker concurrency must be >= 1, got {concurrency!r}")
         if prefetch is None:
@@ -585,6 +611,10 @@ class Worker:
             except RatchetError as exc:  # the registrar thread tries again
                 log.warning("worker registry: %s", exc)
             registrar.start()
+        if self.prune_older_than_s is not None:
+            self.pruner = Pruner(self.ledger, self.holder, self.prune_older_than_s,
+                                 self.prune_every_s)
+            self.pruner.start()
         subscription: Subscription | None = None
         idle_since = time.monotonic()
         last_poll = float("-inf")
@@ -651,6 +681,8 @@ class Worker:
                 self.writer.join()  # final writes committed, on_finished fired
                 if registrar is not None:
                     registrar.stop(clean=True)
+                if self.pruner is not None:
+                    self.pruner.stop()
                 self.heartbeat.stop()
                 self.heartbeat.join(timeout=5)
                 if hooks is not None:
@@ -682,9 +714,11 @@ class Worker:
                 change.name, change.version, ", ".join(change.differences))
 
     def _on_notify(self) -> None:
-        """The ledger says work may be ready (e.g. PostgreSQL NOTIFY): poll now."""
+        """The ledger says work may be ready, or an operator recorded a request (e.g.
+        PostgreSQL NOTIFY): poll now, and let the heartbeat read the requests."""
         self._notified = True
         self._wake.set()
+        self.heartbeat.poke_control()
 
     # ------------------------------------------------------------------ claims
 
@@ -746,6 +780,9 @@ class Worker:
                     for c in claims
                 ]
             )
+            for claim, handle in zip(claims, handles, strict=True):
+                if claim.control_request is not None:
+                    handle.request = claim.control_request
             with self._lock:
                 self._reserved -= reserved
                 self._reserved_room -= reserved - min(freed, reserved)
@@ -941,7 +978,9 @@ class Worker:
             try:
                 if self._stopping.is_set():
                     raise Shutdown()  # claimed (perhaps prefetched), not started: release it
-                # A prefetched task may have waited: start it only under a confirmed lease.
+                # A prefetched task may have waited: start it only under a confirmed lease,
+                # and not at all if an operator has asked for it meanwhile (cancel, pause).
+                ctx.check_control()
                 ctx.ensure_lease()
                 params = ctx.load_params()
                 result = definition.fn(ctx, **params)
@@ -958,6 +997,16 @@ class Worker:
             )
         except Shutdown:
             transition = Transition(State.PENDING, reason="shutdown")
+        except ControlInterrupt as exc:
+            # An operator's request reached a boundary (DESIGN §3, arbitration): the
+            # pipelined checkpoints ride on this fenced write; a pause hands the attempt
+            # back (the engine's transition does it for PAUSED as for a release).
+            if exc.request == "cancel":
+                transition = Transition(State.CANCELLED, error_class="cancelled",
+                                        reason="cancel requested by an operator")
+            else:
+                transition = Transition(State.PAUSED, error_class="paused",
+                                        reason="pause requested by an operator")
         except (StaleGeneration, TokenRejected) as exc:
             # TokenRejected: the target saw a newer claim's fencing token, so a newer
             # generation exists; like a fenced-out write, nothing of ours counts.
@@ -1203,10 +1252,12 @@ class Worker:
             else:
                 ctx.steps_saved(steps)
                 faults.point("task.after_complete")
-                attr = _COUNTERS.get(transition.to)
+                # An operator request may have changed the state applied (arbitration).
+                applied = outcome.current_state or transition.to
+                attr = _COUNTERS.get(applied)
                 if attr is not None:
                     self.stats.add(attr)
-                result = transition.to.value
+                result = applied.value
         finally:
             self._done(claim, lease, label or result, ctx.exception)
 
@@ -1221,6 +1272,8 @@ def _where(thread: threading.Thread) -> str:
 
 
 _COUNTERS = {
+    State.CANCELLED: "cancelled",
+    State.PAUSED: "paused",
     State.SUCCEEDED: "succeeded",
     State.RETRY_WAIT: "retried",
     State.FAILED: "failed",

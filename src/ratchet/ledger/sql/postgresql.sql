@@ -52,7 +52,7 @@ ORDER BY u.n;
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
 -- holds exactly the RUNNING rows). Versions: entry i of names claims versions lo[i] ..
 -- hi[i] of that name (a worker sends its (name, version) pairs, lo = hi).
-SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
 WHERE lease_until IS NOT NULL AND lease_until < %(now)s AND state = 'RUNNING'
   AND name = ANY(%(names)s::text[])
   AND EXISTS (SELECT 1 FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[])
@@ -65,7 +65,7 @@ UPDATE tasks SET holder = %(holder)s, generation = generation + 1, attempt = att
                  lease_until = %(now)s + lease_s, updated_at = %(now)s
 WHERE id = ANY(%(ids)s::text[]) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, 'RUNNING';
+          lease_until, 'RUNNING', control_request;
 
 -- name: claim_ready
 -- FOR UPDATE SKIP LOCKED on the ready set: concurrent claimers never wait on each other and
@@ -90,7 +90,7 @@ UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.genera
                    updated_at = %(now)s
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-          t.lease_s, t.lease_until, picked.state;
+          t.lease_s, t.lease_until, picked.state, t.control_request;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -111,9 +111,11 @@ ORDER BY task_id, name;
 -- generation moves on, so whatever the old holder still writes is fenced out.
 UPDATE tasks t SET state = u.state, holder = NULL, lease_until = NULL,
                    generation = t.generation + 1, last_error = u.error,
-                   error_class = 'lease_expired', updated_at = %(now)s
+                   error_class = u.error_class, updated_at = %(now)s,
+                   control_request = u.request
 FROM json_to_recordset(%(rows)s::json)
-     AS u(id text, generation bigint, state text, error text)
+     AS u(id text, generation bigint, state text, error text, error_class text,
+          request text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'
   AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
 
@@ -144,8 +146,9 @@ WHERE t.holder = %(holder)s AND t.state = 'RUNNING' AND t.lease_until >= %(now)s
 UPDATE workers SET last_seen = %(now)s WHERE holder = %(holder)s AND state <> 'dead';
 
 -- name: fence_read
--- The fence of a commit: every task row the batch writes, locked in id order.
-SELECT id, state, generation, attempt, name FROM tasks
+-- The fence of a commit: every task row the batch writes, locked in id order (and an
+-- operator's request, which the engine arbitrates against the write's transition).
+SELECT id, state, generation, attempt, name, control_request FROM tasks
 WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE;
 
 -- name: steps_upsert
@@ -198,15 +201,16 @@ UPDATE tasks t SET state = u.state, run_at = COALESCE(u.run_at, t.run_at),
     holder = CASE WHEN u.keep THEN t.holder ELSE NULL END,
     lease_until = CASE WHEN u.keep THEN t.lease_until ELSE NULL END,
     result = COALESCE(u.result, t.result), last_error = COALESCE(u.error, t.last_error),
-    error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s
+    error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s,
+    control_request = CASE WHEN u.keep THEN t.control_request ELSE u.request END
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, generation bigint, state text, run_at float8, release bool, keep bool,
-          result text, error text, error_class text)
+          result text, error text, error_class text, request text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'
   AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
 
 -- name: resolve_lock
-SELECT state, generation, name FROM tasks WHERE id = %(id)s FOR UPDATE;
+SELECT state, generation, name, control_request FROM tasks WHERE id = %(id)s FOR UPDATE;
 
 -- name: resolve_open_effects
 SELECT name, key FROM effects WHERE task_id = %(id)s AND state = 'intent' ORDER BY name;
@@ -220,7 +224,7 @@ UPDATE tasks SET state = 'PENDING', run_at = %(now)s, updated_at = %(now)s
 WHERE id = %(id)s AND state = 'UNKNOWN' AND generation = %(generation)s;
 
 -- name: holder_running
-SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
 WHERE holder = %(holder)s AND state = 'RUNNING' ORDER BY id FOR UPDATE;
 
 -- name: revoke_retry
@@ -278,19 +282,50 @@ SELECT name, key, params_digest, state, result, generation, attempt, calls, via_
 FROM effects WHERE task_id = %(id)s ORDER BY seq NULLS FIRST, updated_at;
 
 -- name: stats_counts
-SELECT name, state, count(*) FROM tasks GROUP BY name, state;
+-- Counts per (name, state) without reading the history (DESIGN §9): the non-terminal tasks
+-- exactly (ready: tasks_ready; running: tasks_leased; the others: tasks_parked), plus the
+-- finished ones: the rollup (finished before the counts mark) and what finished since
+-- (tasks_finished from the mark on). %(upto)s is the mark, read first by counts_read_mark
+-- and bound as a constant, so the planner sees how recent it is (a parameter of an
+-- InitPlan would be estimated as a third of the table).
+SELECT name, state, sum(n)::bigint FROM (
+    SELECT name, state, count(*) AS n FROM tasks
+    WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name, state
+    UNION ALL
+    SELECT name, 'RUNNING', count(*) FROM tasks
+    WHERE lease_until IS NOT NULL AND state = 'RUNNING' GROUP BY name
+    UNION ALL
+    SELECT name, state, count(*) FROM tasks
+    WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED',
+                        'CANCELLED')
+    GROUP BY name, state
+    UNION ALL
+    SELECT name, state, count(*) FROM tasks
+    WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(upto)s::float8
+    GROUP BY name, state
+    UNION ALL
+    SELECT name, state, n FROM finished_counts) AS c
+GROUP BY name, state HAVING sum(n) > 0;
 
 -- name: stats_oldest
 SELECT min(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s;
 
 -- name: stats_kinds
-SELECT kind, count(*) FROM audit
-WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
-               'operator_resolve', 'revoke')
+-- Audit rows ever written, per kind: the rollup (before the counts mark, kept when prune
+-- deletes the rows) plus the rows since the mark (audit_at). Every kind (a few dozen rows;
+-- the engine picks the ones it reports): a kind filter here would be pushed into the
+-- window and let the planner walk an index of kinds, i.e. every claim ever audited.
+SELECT kind, sum(n)::bigint FROM (
+    SELECT kind, n FROM audit_counts
+    UNION ALL
+    SELECT kind, count(*) FROM audit WHERE at >= %(upto)s::float8 GROUP BY kind) AS k
 GROUP BY kind;
 
 -- name: stats_unknown
-SELECT count(*) FROM tasks WHERE state = 'UNKNOWN';
+-- Written with tasks_parked's predicate, so the partial index serves it.
+SELECT count(*) FROM tasks
+WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
+  AND state = 'UNKNOWN';
 
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
@@ -426,7 +461,7 @@ UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.genera
                    updated_at = %(now)s
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-          t.lease_s, t.lease_until, picked.state;
+          t.lease_s, t.lease_until, picked.state, t.control_request;
 
 -- name: limit_upsert
 INSERT INTO limits (scope, name, reserved, maximum, version, updated_at, updated_by, reason)
@@ -449,9 +484,14 @@ WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
 GROUP BY name, tenant;
 
 -- name: limits_audit
--- The latest limit changes (limit_set / limit_cleared audit rows), newest first.
+-- The latest limit changes (limit_set / limit_cleared audit rows), newest first. Their
+-- task ids are "limit:SCOPE[:NAME]": a range of audit_task (task_id, seq), the few rows of
+-- the limits' history (audit_kind is gone since the retention migration; a walk of every
+-- audit row for them was the plan: tests/test_ledger_plans.py).
 SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
-FROM audit WHERE kind IN ('limit_set', 'limit_cleared') ORDER BY seq DESC LIMIT %(limit)s;
+FROM audit WHERE task_id >= 'limit:' AND task_id < 'limit;'
+  AND kind IN ('limit_set', 'limit_cleared')
+ORDER BY seq DESC LIMIT %(limit)s;
 
 -- name: definitions_of
 -- The stored definitions of the given names (a worker's registration compares specs).
@@ -487,3 +527,207 @@ SELECT d.name, d.version, count(*) FROM worker_definitions AS d
 JOIN workers AS w ON w.holder = d.holder
 WHERE w.state = 'alive' AND w.last_seen >= %(since)s
 GROUP BY d.name, d.version;
+-- name: counts_read_mark
+-- The counts mark (see stats_counts, migration 0004).
+SELECT upto FROM counts_mark;
+
+-- name: counts_lock
+-- Advancing the counts: the mark, locked (one advance at a time; prune batches hold it
+-- FOR SHARE), and the horizon up to which every finished task and audit row is committed.
+-- A row's time is its transaction's now(), i.e. the transaction's start, so a transaction
+-- still running may yet commit rows stamped with its start: the horizon is the earliest
+-- start of the transactions running in this database (pg_stat_activity.xact_start, read
+-- before the window is counted), and at most now - 1 s.
+SELECT upto, LEAST(%(now)s::float8 - 1.0, COALESCE(
+    (SELECT extract(epoch FROM min(xact_start))::float8 FROM pg_stat_activity
+     WHERE datname = current_database() AND pid <> pg_backend_pid()
+       AND xact_start IS NOT NULL),
+    %(now)s::float8))
+FROM counts_mark FOR UPDATE;
+
+-- name: counts_window_tasks
+SELECT name, state, count(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(from_at)s::float8
+  AND updated_at < %(to_at)s::float8
+GROUP BY name, state;
+
+-- name: counts_window_audit
+SELECT kind, count(*) FROM audit
+WHERE at >= %(from_at)s::float8 AND at < %(to_at)s::float8 GROUP BY kind;
+
+-- name: counts_add_tasks
+INSERT INTO finished_counts (name, state, n)
+SELECT u.name, u.state, u.n FROM json_to_recordset(%(rows)s::json)
+     AS u(name text, state text, n bigint)
+ORDER BY u.name, u.state
+ON CONFLICT (name, state) DO UPDATE SET n = finished_counts.n + excluded.n;
+
+-- name: counts_add_audit
+INSERT INTO audit_counts (kind, n)
+SELECT u.kind, u.n FROM json_to_recordset(%(rows)s::json) AS u(kind text, n bigint)
+ORDER BY u.kind
+ON CONFLICT (kind) DO UPDATE SET n = audit_counts.n + excluded.n;
+
+-- name: counts_set_mark
+UPDATE counts_mark SET upto = %(upto)s::float8;
+
+-- name: counts_mark_share
+-- The mark, read by a prune batch: FOR SHARE, so an advance of the counts (FOR UPDATE)
+-- never runs between the batch's reads and its commit; prune batches share it.
+SELECT upto FROM counts_mark FOR SHARE;
+
+-- name: prune_count
+-- Dry run: what a prune at %(cutoff)s would delete (finished tasks, their rows, and audit
+-- rows older than the cutoff whose task is gone).
+WITH old AS (SELECT id FROM tasks
+             WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+               AND updated_at < %(cutoff)s::float8)
+SELECT (SELECT count(*) FROM old),
+       (SELECT count(*) FROM steps WHERE task_id IN (SELECT id FROM old)),
+       (SELECT count(*) FROM effects WHERE task_id IN (SELECT id FROM old)),
+       (SELECT count(*) FROM late_effects WHERE task_id IN (SELECT id FROM old)),
+       (SELECT count(*) FROM audit WHERE task_id IN (SELECT id FROM old))
+       + (SELECT count(*) FROM audit AS a WHERE a.at < %(cutoff)s::float8
+          AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id));
+
+-- name: prune_pick
+-- One batch: the oldest finished tasks, an ordered walk of tasks_finished stopped at the
+-- batch size. SKIP LOCKED: a row another transaction holds (a stale holder's fenced write,
+-- another prune) is left for later, so neither waits for the other.
+SELECT id FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at < %(cutoff)s::float8
+ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
+
+-- name: prune_tasks
+-- Finished only, whatever was picked: a non-terminal task is never pruned. Driven by the
+-- ids (a primary-key probe each).
+DELETE FROM tasks AS t USING unnest(%(ids)s::text[]) AS u(id)
+WHERE t.id = u.id AND t.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+RETURNING t.id, t.name, t.state, t.updated_at;
+
+-- name: prune_steps
+-- Driven by the ids (a nested loop of index probes per task); written as
+-- "task_id = ANY(ids)" the planner estimated a share of the table per id and scanned it
+-- (tests/test_ledger_plans.py).
+DELETE FROM steps AS s USING unnest(%(ids)s::text[]) AS u(id) WHERE s.task_id = u.id;
+
+-- name: prune_effects
+DELETE FROM effects AS e USING unnest(%(ids)s::text[]) AS u(id) WHERE e.task_id = u.id;
+
+-- name: prune_late_effects
+DELETE FROM late_effects AS l USING unnest(%(ids)s::text[]) AS u(id)
+WHERE l.task_id = u.id;
+
+-- name: prune_audit
+DELETE FROM audit AS a USING unnest(%(ids)s::text[]) AS u(id) WHERE a.task_id = u.id
+RETURNING a.kind, a.at;
+
+-- name: prune_audit_walk
+-- Audit rows older than the cutoff, oldest first after (from_at, from_seq): one bounded
+-- step of an ordered walk of audit_at (the rows of tasks still in the ledger are left).
+SELECT seq, task_id, at FROM audit
+WHERE at >= %(from_at)s::float8 AND (at > %(from_at)s::float8 OR seq > %(from_seq)s)
+  AND at < %(cutoff)s::float8
+ORDER BY at LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
+
+-- name: prune_audit_gone
+-- Of the walked rows, those whose task is gone (ledger-wide records such as prune's own,
+-- rows of tasks deleted before): a primary-key probe per row and per task.
+DELETE FROM audit AS a WHERE a.seq = ANY(%(seqs)s::bigint[])
+  AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id)
+RETURNING a.kind, a.at;
+
+-- name: prune_export_audit
+SELECT a.seq, a.task_id, a.at, a.kind, a.from_state, a.to_state, a.generation, a.holder,
+       a.detail
+FROM unnest(%(ids)s::text[]) AS u(id) JOIN audit AS a ON a.task_id = u.id
+ORDER BY a.task_id, a.seq;
+
+-- name: prune_export_late
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
+FROM unnest(%(ids)s::text[]) AS u(id) JOIN late_effects AS l ON l.task_id = u.id
+ORDER BY l.task_id, l.seq;
+
+-- name: control_lock
+-- An operator command's read of its task, under the row lock (a holder's commit waits).
+SELECT state, generation, name, control_request, holder, lease_until, attempt, max_attempts,
+       updated_at
+FROM tasks WHERE id = %(id)s FOR UPDATE;
+
+-- name: control_move
+-- An operator's move of a task that is not running (cancel, resume, retry, give-up; checked
+-- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
+-- bump: added to the generation (1: whatever an older holder still writes is fenced out);
+-- reset: a fresh set of attempts (retry); run_at: when it is ready (NULL: unchanged).
+UPDATE tasks SET state = %(state)s, generation = generation + %(bump)s, holder = NULL,
+    lease_until = NULL, control_request = %(request)s::text,
+    run_at = COALESCE(%(run_at)s::float8, run_at),
+    attempt = CASE WHEN %(reset)s::bool THEN 0 ELSE attempt END,
+    last_error = COALESCE(%(error)s::text, last_error),
+    error_class = COALESCE(%(error_class)s::text, error_class), updated_at = %(now)s
+WHERE id = %(id)s AND state = %(from_state)s AND generation = %(generation)s;
+
+-- name: control_request_set
+-- Record (or replace) an operator's request on a task, for its holder or its next one.
+UPDATE tasks SET control_request = %(request)s::text
+WHERE id = %(id)s AND state = %(from_state)s AND generation = %(generation)s;
+
+-- name: control_requests
+-- The requests on the leases a worker holds (its heartbeat polls this): a request on the
+-- row (cancel, or the pause of that one task), or an active pause of its type or of
+-- everything. Walks the worker's own RUNNING rows (tasks_holder).
+SELECT t.id, t.generation, COALESCE(t.control_request, 'pause') FROM tasks AS t
+WHERE t.holder = %(holder)s AND t.state = 'RUNNING'
+  AND (t.control_request IS NOT NULL OR EXISTS (
+      SELECT 1 FROM pauses AS p WHERE p.resumed_at IS NULL
+        AND (p.scope = 'all' OR (p.scope = 'type' AND p.target = t.name))));
+
+-- name: claim_gate
+-- Taken by every claim before it reads the active pauses: a shared advisory lock (per
+-- ledger schema) that pause_gate takes exclusively, so a claim in flight when a pause
+-- starts finishes first and every later claim sees the pause. Claims never wait on each
+-- other for it.
+SELECT 1 FROM pg_advisory_xact_lock_shared(hashtext(current_schema() || '.ratchet_pause'));
+
+-- name: pause_gate
+-- Taken by a pause of a type or of everything before it records the pause (see
+-- claim_gate). It locks no task row, so it cannot deadlock with a commit.
+SELECT 1 FROM pg_advisory_xact_lock(hashtext(current_schema() || '.ratchet_pause'));
+
+-- name: pauses_active
+SELECT id, scope, target, version, paused_by, reason, created_at FROM pauses
+WHERE resumed_at IS NULL ORDER BY id;
+
+-- name: pause_version
+-- The ledger's control version: the highest version a pause or resume has taken.
+SELECT GREATEST(COALESCE(max(version), 0), COALESCE(max(resumed_version), 0)) FROM pauses;
+
+-- name: pause_insert
+INSERT INTO pauses (scope, target, version, paused_by, reason, created_at)
+VALUES (%(scope)s, %(target)s, %(version)s, %(by)s, %(reason)s, %(now)s)
+RETURNING id;
+
+-- name: pause_resume
+UPDATE pauses SET resumed_at = %(now)s, resumed_by = %(by)s, resume_reason = %(reason)s,
+                  resumed_version = %(version)s
+WHERE resumed_at IS NULL AND scope = %(scope)s AND target = %(target)s
+RETURNING id, version;
+
+-- name: paused_tasks
+-- PAUSED tasks of a type (NULL: of every type), oldest pause first (tasks_paused).
+SELECT id, name, generation, control_request FROM tasks
+WHERE state = 'PAUSED' AND (%(name)s::text IS NULL OR name = %(name)s::text)
+ORDER BY updated_at, id FOR UPDATE;
+
+-- name: resume_tasks
+-- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them).
+UPDATE tasks t SET state = 'PENDING', run_at = u.run_at, updated_at = %(now)s,
+                   control_request = NULLIF(t.control_request, 'pause')
+FROM json_to_recordset(%(rows)s::json) AS u(id text, generation bigint, run_at float8)
+WHERE t.id = u.id AND t.state = 'PAUSED' AND t.generation = u.generation
+  AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
+
+-- name: running_by_type
+-- RUNNING tasks per type (tasks_holder): those in a paused scope are short of a boundary.
+SELECT name, count(*) FROM tasks WHERE holder IS NOT NULL AND state = 'RUNNING'
+GROUP BY name;

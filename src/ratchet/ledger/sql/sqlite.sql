@@ -46,7 +46,7 @@ VALUES (:task_id, :at, :kind, :from_state, :to_state, :generation, :holder, :det
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
 -- holds exactly the RUNNING rows). Versions: entry i of :names claims versions :lo[i] ..
 -- :hi[i] of that name (a worker sends its (name, version) pairs, lo = hi).
-SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
 WHERE lease_until IS NOT NULL AND lease_until < :now AND state = 'RUNNING'
   AND name IN (SELECT value FROM json_each(:names))
   AND EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
@@ -59,7 +59,7 @@ UPDATE tasks SET holder = :holder, generation = generation + 1, attempt = attemp
                  lease_until = :now + lease_s, updated_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, 'RUNNING';
+          lease_until, 'RUNNING', control_request;
 
 -- name: claim_ready
 -- The ready set in run_at order (tasks_ready holds only claimable rows) of the claimed
@@ -84,7 +84,8 @@ UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 
                  attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now
 WHERE id IN (SELECT id FROM temp.claim_pick)
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id);
+          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
+          control_request;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -105,7 +106,7 @@ ORDER BY task_id, name;
 -- generation moves on, so whatever the old holder still writes is fenced out.
 UPDATE tasks SET state = :state, holder = NULL, lease_until = NULL,
                  generation = generation + 1, last_error = :error,
-                 error_class = 'lease_expired', updated_at = :now
+                 error_class = :error_class, updated_at = :now, control_request = :request
 WHERE id = :id AND generation = :generation AND state = 'RUNNING';
 
 -- name: renew
@@ -127,8 +128,9 @@ WHERE (id, generation) IN (SELECT i.value, g.value FROM json_each(:ids) AS i
 UPDATE workers SET last_seen = :now WHERE holder = :holder AND state <> 'dead';
 
 -- name: fence_read
--- The fence of a commit: state and generation of every task the batch writes.
-SELECT id, state, generation, attempt, name FROM tasks
+-- The fence of a commit: state and generation of every task the batch writes (and an
+-- operator's request, which the engine arbitrates against the write's transition).
+SELECT id, state, generation, attempt, name, control_request FROM tasks
 WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: steps_upsert
@@ -170,11 +172,12 @@ UPDATE tasks SET state = :state, run_at = COALESCE(:run_at, run_at),
     holder = CASE WHEN :keep THEN holder ELSE NULL END,
     lease_until = CASE WHEN :keep THEN lease_until ELSE NULL END,
     result = COALESCE(:result, result), last_error = COALESCE(:error, last_error),
-    error_class = COALESCE(:error_class, error_class), updated_at = :now
+    error_class = COALESCE(:error_class, error_class), updated_at = :now,
+    control_request = CASE WHEN :keep THEN control_request ELSE :request END
 WHERE id = :id AND generation = :generation AND state = 'RUNNING';
 
 -- name: resolve_lock
-SELECT state, generation, name FROM tasks WHERE id = :id;
+SELECT state, generation, name, control_request FROM tasks WHERE id = :id;
 
 -- name: resolve_open_effects
 SELECT name, key FROM effects WHERE task_id = :id AND state = 'intent' ORDER BY name;
@@ -188,7 +191,7 @@ UPDATE tasks SET state = 'PENDING', run_at = :now, updated_at = :now
 WHERE id = :id AND state = 'UNKNOWN' AND generation = :generation;
 
 -- name: holder_running
-SELECT id, holder, generation, attempt, max_attempts, name FROM tasks
+SELECT id, holder, generation, attempt, max_attempts, name, control_request FROM tasks
 WHERE holder = :holder AND state = 'RUNNING' ORDER BY id;
 
 -- name: revoke_retry
@@ -244,19 +247,39 @@ SELECT name, key, params_digest, state, result, generation, attempt, calls, via_
 FROM effects WHERE task_id = :id ORDER BY seq NULLS FIRST, updated_at;
 
 -- name: stats_counts
-SELECT name, state, COUNT(*) FROM tasks GROUP BY name, state;
+-- Counts per (name, state) without reading the history (DESIGN §9): the non-terminal tasks
+-- exactly (tasks_active), plus the finished ones: the rollup (finished before the counts
+-- mark) and what finished since (tasks_finished from the mark on; :upto is the mark, read
+-- first by counts_read_mark).
+SELECT name, state, SUM(n) FROM (
+    SELECT name, state, COUNT(*) AS n FROM tasks
+    WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') GROUP BY name, state
+    UNION ALL
+    SELECT name, state, COUNT(*) FROM tasks
+    WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :upto
+    GROUP BY name, state
+    UNION ALL
+    SELECT name, state, n FROM finished_counts)
+GROUP BY name, state HAVING SUM(n) > 0;
 
 -- name: stats_oldest
 SELECT MIN(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now;
 
 -- name: stats_kinds
-SELECT kind, COUNT(*) FROM audit
-WHERE kind IN ('claim', 'takeover', 'stale_rejected', 'lookup_hit', 'idempotency_conflict',
-               'operator_resolve', 'revoke')
+-- Audit rows ever written, per kind: the rollup (before the counts mark, kept when prune
+-- deletes the rows) plus the rows since the mark (audit_at). Every kind (a few dozen rows;
+-- the engine picks the ones it reports): a kind filter here would be pushed into the
+-- window and make it walk an index of kinds, i.e. every claim ever audited.
+SELECT kind, SUM(n) FROM (
+    SELECT kind, n FROM audit_counts
+    UNION ALL
+    SELECT kind, COUNT(*) FROM audit WHERE at >= :upto GROUP BY kind)
 GROUP BY kind;
 
 -- name: stats_unknown
-SELECT COUNT(*) FROM tasks WHERE state = 'UNKNOWN';
+-- Written with tasks_active's predicate, so the partial index serves it.
+SELECT COUNT(*) FROM tasks
+WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN';
 
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
@@ -387,7 +410,8 @@ UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 
                  attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now
 WHERE id IN (SELECT id FROM temp.claim_pick)
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id);
+          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
+          control_request;
 
 -- name: limit_upsert
 INSERT INTO limits (scope, name, reserved, maximum, version, updated_at, updated_by, reason)
@@ -409,9 +433,14 @@ WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
 GROUP BY name, tenant;
 
 -- name: limits_audit
--- The latest limit changes (limit_set / limit_cleared audit rows), newest first.
+-- The latest limit changes (limit_set / limit_cleared audit rows), newest first. Their
+-- task ids are "limit:SCOPE[:NAME]": a range of audit_task (task_id, seq), the few rows of
+-- the limits' history (audit_kind is gone since the retention migration; a walk of every
+-- audit row for them was the plan: tests/test_ledger_plans.py).
 SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
-FROM audit WHERE kind IN ('limit_set', 'limit_cleared') ORDER BY seq DESC LIMIT :limit;
+FROM audit WHERE task_id >= 'limit:' AND task_id < 'limit;'
+  AND kind IN ('limit_set', 'limit_cleared')
+ORDER BY seq DESC LIMIT :limit;
 
 -- name: definitions_of
 -- The stored definitions of the given names (a worker's registration compares specs).
@@ -447,3 +476,177 @@ SELECT d.name, d.version, COUNT(*) FROM worker_definitions AS d
 JOIN workers AS w ON w.holder = d.holder
 WHERE w.state = 'alive' AND w.last_seen >= :since
 GROUP BY d.name, d.version;
+-- name: counts_read_mark
+-- The counts mark (see stats_counts, migration 0005).
+SELECT upto FROM counts_mark;
+
+-- name: counts_lock
+-- Advancing the counts (inside BEGIN IMMEDIATE): the mark and the horizon up to which
+-- every finished task and audit row is committed. The write lock serialises every writer
+-- and each reads the clock after taking it, so that is now.
+SELECT upto, :now FROM counts_mark;
+
+-- name: counts_window_tasks
+SELECT name, state, COUNT(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :from_at
+  AND updated_at < :to_at
+GROUP BY name, state;
+
+-- name: counts_window_audit
+SELECT kind, COUNT(*) FROM audit WHERE at >= :from_at AND at < :to_at GROUP BY kind;
+
+-- name: counts_add_tasks
+INSERT INTO finished_counts (name, state, n) VALUES (:name, :state, :n)
+ON CONFLICT (name, state) DO UPDATE SET n = finished_counts.n + excluded.n;
+
+-- name: counts_add_audit
+INSERT INTO audit_counts (kind, n) VALUES (:kind, :n)
+ON CONFLICT (kind) DO UPDATE SET n = audit_counts.n + excluded.n;
+
+-- name: counts_set_mark
+UPDATE counts_mark SET upto = :upto;
+
+-- name: counts_mark_share
+-- The mark, read by a prune batch (SQLite: the write lock already serialises it with an
+-- advance of the counts).
+SELECT upto FROM counts_mark;
+
+-- name: prune_count
+-- Dry run: what a prune at :cutoff would delete (finished tasks, their rows, and audit
+-- rows older than :cutoff whose task is gone).
+WITH old AS (SELECT id FROM tasks
+             WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at < :cutoff)
+SELECT (SELECT COUNT(*) FROM old),
+       (SELECT COUNT(*) FROM steps WHERE task_id IN (SELECT id FROM old)),
+       (SELECT COUNT(*) FROM effects WHERE task_id IN (SELECT id FROM old)),
+       (SELECT COUNT(*) FROM late_effects WHERE task_id IN (SELECT id FROM old)),
+       (SELECT COUNT(*) FROM audit WHERE task_id IN (SELECT id FROM old))
+       + (SELECT COUNT(*) FROM audit AS a WHERE a.at < :cutoff
+          AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = a.task_id));
+
+-- name: prune_pick
+-- One batch: the oldest finished tasks, an ordered walk of tasks_finished stopped at the
+-- batch size (inside BEGIN IMMEDIATE: nothing else writes meanwhile).
+SELECT id FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at < :cutoff
+ORDER BY updated_at LIMIT :limit;
+
+-- name: prune_tasks
+-- Finished only, whatever was picked: a non-terminal task is never pruned.
+DELETE FROM tasks WHERE id IN (SELECT value FROM json_each(:ids))
+  AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+RETURNING id, name, state, updated_at;
+
+-- name: prune_steps
+DELETE FROM steps WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_effects
+DELETE FROM effects WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_late_effects
+DELETE FROM late_effects WHERE task_id IN (SELECT value FROM json_each(:ids));
+
+-- name: prune_audit
+DELETE FROM audit WHERE task_id IN (SELECT value FROM json_each(:ids))
+RETURNING kind, at;
+
+-- name: prune_audit_walk
+-- Audit rows older than the cutoff, oldest first after (from_at, from_seq): one bounded
+-- step of an ordered walk of audit_at (the rows of tasks still in the ledger are left).
+SELECT seq, task_id, at FROM audit
+WHERE at >= :from_at AND (at > :from_at OR seq > :from_seq) AND at < :cutoff
+ORDER BY at LIMIT :limit;
+
+-- name: prune_audit_gone
+-- Of the walked rows, those whose task is gone (ledger-wide records such as prune's own,
+-- rows of tasks deleted before): a primary-key probe per row and per task.
+DELETE FROM audit WHERE seq IN (SELECT value FROM json_each(:seqs))
+  AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = audit.task_id)
+RETURNING kind, at;
+
+-- name: prune_export_audit
+SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail FROM audit
+WHERE task_id IN (SELECT value FROM json_each(:ids)) ORDER BY task_id, seq;
+
+-- name: prune_export_late
+SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
+WHERE task_id IN (SELECT value FROM json_each(:ids)) ORDER BY task_id, seq;
+
+-- name: control_lock
+-- An operator command's read of its task (the write lock is held: BEGIN IMMEDIATE).
+SELECT state, generation, name, control_request, holder, lease_until, attempt, max_attempts,
+       updated_at
+FROM tasks WHERE id = :id;
+
+-- name: control_move
+-- An operator's move of a task that is not running (cancel, resume, retry, give-up; checked
+-- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
+-- bump: added to the generation (1: whatever an older holder still writes is fenced out);
+-- reset: a fresh set of attempts (retry); run_at: when it is ready (NULL: unchanged).
+UPDATE tasks SET state = :state, generation = generation + :bump, holder = NULL,
+    lease_until = NULL, control_request = :request, run_at = COALESCE(:run_at, run_at),
+    attempt = CASE WHEN :reset THEN 0 ELSE attempt END,
+    last_error = COALESCE(:error, last_error),
+    error_class = COALESCE(:error_class, error_class), updated_at = :now
+WHERE id = :id AND state = :from_state AND generation = :generation;
+
+-- name: control_request_set
+-- Record (or replace) an operator's request on a task, for its holder or its next one.
+UPDATE tasks SET control_request = :request
+WHERE id = :id AND state = :from_state AND generation = :generation;
+
+-- name: control_requests
+-- The requests on the leases a worker holds (its heartbeat polls this): a request on the
+-- row (cancel, or the pause of that one task), or an active pause of its type or of
+-- everything. Walks the worker's own RUNNING rows (tasks_holder).
+SELECT t.id, t.generation, COALESCE(t.control_request, 'pause') FROM tasks AS t
+WHERE t.holder = :holder AND t.state = 'RUNNING'
+  AND (t.control_request IS NOT NULL OR EXISTS (
+      SELECT 1 FROM pauses AS p WHERE p.resumed_at IS NULL
+        AND (p.scope = 'all' OR (p.scope = 'type' AND p.target = t.name))));
+
+-- name: claim_gate
+-- Taken by every claim before it reads the active pauses (PostgreSQL: a shared advisory
+-- lock that pause_gate takes exclusively). SQLite's write lock serializes already.
+SELECT 1;
+
+-- name: pause_gate
+-- Taken by a pause of a type or of everything before it records the pause: a claim in
+-- flight finishes first, every later claim sees the pause (SQLite: the write lock).
+SELECT 1;
+
+-- name: pauses_active
+SELECT id, scope, target, version, paused_by, reason, created_at FROM pauses
+WHERE resumed_at IS NULL ORDER BY id;
+
+-- name: pause_version
+-- The ledger's control version: the highest version a pause or resume has taken.
+SELECT MAX(COALESCE(MAX(version), 0), COALESCE(MAX(resumed_version), 0)) FROM pauses;
+
+-- name: pause_insert
+INSERT INTO pauses (scope, target, version, paused_by, reason, created_at)
+VALUES (:scope, :target, :version, :by, :reason, :now)
+RETURNING id;
+
+-- name: pause_resume
+UPDATE pauses SET resumed_at = :now, resumed_by = :by, resume_reason = :reason,
+                  resumed_version = :version
+WHERE resumed_at IS NULL AND scope = :scope AND target = :target
+RETURNING id, version;
+
+-- name: paused_tasks
+-- PAUSED tasks of a type (NULL: of every type), oldest pause first (tasks_paused).
+SELECT id, name, generation, control_request FROM tasks
+WHERE state = 'PAUSED' AND (:name IS NULL OR name = :name)
+ORDER BY updated_at, id;
+
+-- name: resume_tasks
+-- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them).
+UPDATE tasks SET state = 'PENDING', run_at = :run_at, updated_at = :now,
+                 control_request = NULLIF(control_request, 'pause')
+WHERE id = :id AND state = 'PAUSED' AND generation = :generation;
+
+-- name: running_by_type
+-- RUNNING tasks per type (tasks_holder): those in a paused scope are short of a boundary.
+SELECT name, COUNT(*) FROM tasks WHERE holder IS NOT NULL AND state = 'RUNNING'
+GROUP BY name;

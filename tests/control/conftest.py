@@ -1,0 +1,12 @@
+"""The operator-control tests import their app module (``control_app``) from this
+directory, as the worker subprocesses do (``PYTHONPATH``). Ledgers come from
+tests/conftest.py (``ledger_url``: a SQLite file or a private PostgreSQL schema)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
