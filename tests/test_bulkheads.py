@@ -447,3 +447,28 @@ def test_a_limited_claim_carries_the_tasks_control_request(ledger: Ledger) -> No
     assert (out.outcome, out.state) == ("requested", State.RETRY_WAIT)
     [again] = ledger.claim("b", ["capped"], 1)
     assert again.task_id == task_id and again.control_request == "cancel"
+
+
+
+@pytest.mark.parametrize("scope", [LimitScope.TYPE, LimitScope.TENANT])
+def test_a_paused_types_reservation_is_lent_out_like_an_idle_one(
+        ledger: Ledger, scope: LimitScope) -> None:
+    """A total of 4 with 3 reserved for payment (by type, or by its tenant): while payment
+    is paused its PENDING backlog is not ready work, so borrowers may take every slot (a
+    paused owner is not owed its reservation); after resume it is owed again: borrowers
+    get nothing more and payment takes the free slots."""
+    ledger.set_limit(LimitScope.TOTAL, "", 0, 4, "alice", "four slots")
+    ledger.set_limit(scope, "payment" if scope is LimitScope.TYPE else "acme", 3, None,
+                     "alice", "keep three")
+    submit(ledger, "payment", 4, tenant="acme")
+    submit(ledger, "bulk", 10)
+    first = ledger.claim("w1", ["bulk"], 10)
+    assert names_of(first) == {"bulk": 1}  # 3 of the 4 owed to payment
+    finish(ledger, first)
+    assert ledger.pause("type", "payment", "psp incident", "bob").outcome == "done"
+    lent = ledger.claim("w1", ["bulk", "payment"], 10)
+    assert names_of(lent) == {"bulk": 4}
+    finish(ledger, lent[:2])
+    assert ledger.resume("type", "payment", "psp back", "bob").outcome == "done"
+    assert ledger.claim("w1", ["bulk"], 10) == []  # the 2 free slots are owed to payment
+    assert names_of(ledger.claim("w2", ["bulk", "payment"], 10)) == {"payment": 2}

@@ -103,7 +103,8 @@ def test_pg_hot_statements_use_their_indexes(
         assert "version" in index_cond, plan
     plan = _pg_plan(conn, "limits_running", {})
     assert "tasks_leased" in plan and "Seq Scan on tasks" not in plan, plan
-    plan = _pg_plan(conn, "limits_ready", {"names": [NAME], "tenants": ["acme"], "now": now})
+    plan = _pg_plan(conn, "limits_ready", {"names": [NAME], "tenants": ["acme"],
+                                          "paused": ["p.t"], "now": now})
     assert "tasks_ready" in plan and "Seq Scan on tasks" not in plan, plan
     # Control: the heartbeat's read of operator requests walks the worker's own rows.
     plan = _pg_plan(conn, "control_requests", {"holder": "h1"})
@@ -207,7 +208,7 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
     plan = _sqlite_plan(conn, "limits_running", params)
     assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
     plan = _sqlite_plan(conn, "limits_ready", {**params, "names": json.dumps([NAME]),
-                                               "tenants": '["acme"]'})
+                                               "tenants": '["acme"]', "paused": '["p.t"]'})
     assert "tasks_ready" in plan and "SCAN tasks" not in plan, plan
     plan = _sqlite_plan(conn, "claim_expired", params)
     assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan

@@ -270,6 +270,7 @@ class LedgerEngine:
             pre = tx.rows_many(self._claim_reads(names, limit))
         expired, _gate, pauses, limit_rows = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
+        paused_types: set[str] = set()
         if pauses:
             if any(p[1] == "all" for p in pauses):
                 return []
@@ -307,7 +308,8 @@ class LedgerEngine:
                                                     "holder": holder}))
             else:
                 rows.extend(self._claim_limited(tx, holder, now, kinds,
-                                                limit - len(expired), limits, scopes))
+                                                limit - len(expired), limits, scopes,
+                                                paused_types))
         for row in rows:
             prev = previous.get(row[0])
             detail: dict[str, Any] = {"attempt": row[5], "lease_s": row[7]}
@@ -340,7 +342,7 @@ class LedgerEngine:
 
     def _claim_limited(
         self, tx: Tx, holder: str, now: float, kinds: dict[str, list[Any]], want: int,
-        limits: list[Limit], scopes: list[str],
+        limits: list[Limit], scopes: list[str], paused: set[str],
     ) -> list[tuple[Any, ...]]:
         """Fresh claims under bulkheads (DESIGN §8): the limits' advisory locks first
         (PostgreSQL; SQLite's write lock serialises already), then the RUNNING counts and
@@ -354,7 +356,11 @@ class LedgerEngine:
         The allowance is per *name* (counts, caps and reservations cover every version of
         a type); each entry carries its name's numbers and the SQL ranks a name's tasks
         across all its entries, so a claim of two versions of a capped type takes at most
-        the cap's free slots in all."""
+        the cap's free slots in all.
+
+        ``paused``: the paused task types (control, DESIGN §8). Their ``PENDING`` tasks
+        are not ready work: a paused type's reservation is lent out, like an idle one's,
+        and a tenant's ready work counts only tasks of types not paused."""
         names = list(dict.fromkeys(kinds["names"]))
         # No two overlapping entries (the SQL would rank a task once per entry): a bare
         # name (every version) covers that name's (name, version) pairs.
@@ -366,11 +372,12 @@ class LedgerEngine:
         kinds = {"names": [e[0] for e in entries], "lo": [e[1] for e in entries],
                  "hi": [e[2] for e in entries]}
         ready_types, ready_tenants = bulkheads.reserved_groups(limits)
+        ready_types = [n for n in ready_types if n not in paused]
         reads: list[tuple[str, dict[str, Any]]] = [("limits_lock", {"scopes": scopes}),
                                                     ("limits_running", {})]
         if ready_types or ready_tenants:
             reads.append(("limits_ready", {"names": ready_types, "tenants": ready_tenants,
-                                           "now": now}))
+                                           "paused": sorted(paused), "now": now}))
         _, running_rows, *ready = tx.rows_many(reads)
         ready_rows = ready[0] if ready else []
         plan = bulkheads.allowance(

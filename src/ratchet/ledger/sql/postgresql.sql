@@ -396,13 +396,16 @@ GROUP BY name, tenant;
 
 -- name: limits_ready
 -- Which reserved scopes have ready work (their idle reservation is lent out otherwise).
+-- Tasks of a paused type are not ready work (paused; the engine leaves paused types out
+-- of the type list): a paused type's reservation is lent out like an idle one.
 SELECT 'type', n FROM unnest(%(names)s::text[]) AS n
 WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.name = n
               AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s)
 UNION ALL
 SELECT 'tenant', t FROM unnest(%(tenants)s::text[]) AS t
 WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t
-              AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s);
+              AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
+              AND tasks.name <> ALL(%(paused)s::text[]));
 
 -- name: claim_limited
 -- claim_ready under bulkheads (only when a limit applies; the engine holds limits_lock

@@ -342,13 +342,16 @@ GROUP BY name, tenant;
 
 -- name: limits_ready
 -- Which reserved scopes have ready work (their idle reservation is lent out otherwise).
+-- Tasks of a paused type are not ready work (:paused; the engine leaves paused types out
+-- of the type list): a paused type's reservation is lent out like an idle one.
 SELECT 'type', n.value FROM json_each(:names) AS n
 WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.name = n.value
               AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now)
 UNION ALL
 SELECT 'tenant', t.value FROM json_each(:tenants) AS t
 WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t.value
-              AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now);
+              AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
+              AND tasks.name NOT IN (SELECT value FROM json_each(:paused)));
 
 -- name: claim_limited
 -- claim_ready under bulkheads (only when a limit applies; the numbers come from
