@@ -87,6 +87,28 @@ def test_pg_hot_statements_use_their_indexes(
         assert "Sort" not in plan.split("Limit")[-1], plan
         index_cond = next(ln for ln in plan.splitlines() if "Index Cond" in ln)
         assert "version" in index_cond, plan
+        # Bulkheads (DESIGN §8): the limited claim walks tasks_ready per (name, version
+        # range) entry the same way, the version on the index entry; the numbers are per
+        # name, repeated per entry.
+        entries = claim_kinds(kinds)["names"]
+        plan = _pg_plan(conn, "claim_limited", {
+            "now": now, **claim_kinds(kinds), "name_limits": [20] * len(entries),
+            "name_reserved": [2] * len(entries), "pool": 10, "tenants": ["acme"],
+            "tenant_limits": [5], "tenant_reserved": [0], "tenant_pool": 15, "limit": 20,
+            "holder": "h"})
+        assert "Index Scan using tasks_ready" in plan, plan
+        assert "Bitmap" not in plan and "Seq Scan on tasks" not in plan, plan
+        index_cond = next(ln for ln in plan.splitlines()
+                          if "Index Cond" in ln and "run_at" in ln)
+        assert "version" in index_cond, plan
+    plan = _pg_plan(conn, "limits_running", {})
+    assert "tasks_leased" in plan and "Seq Scan on tasks" not in plan, plan
+    plan = _pg_plan(conn, "limits_ready", {"names": [NAME], "tenants": ["acme"],
+                                          "paused": ["p.t"], "now": now})
+    assert "tasks_ready" in plan and "Seq Scan on tasks" not in plan, plan
+    # Control: the heartbeat's read of operator requests walks the worker's own rows.
+    plan = _pg_plan(conn, "control_requests", {"holder": "h1"})
+    assert "tasks_holder" in plan and "Seq Scan on tasks" not in plan, plan
     ids = [f"x{i}" for i in range(1, 81)]
     rows = [{"id": i, "generation": 1, "state": "SUCCEEDED", "run_at": None, "release": False,
              "keep": False, "result": "1", "error": None, "error_class": None} for i in ids]
@@ -172,6 +194,22 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
         plan = _sqlite_plan(conn, "claim_ready", ready)
         assert "USING INDEX tasks_ready" in plan and "TEMP B-TREE" not in plan, plan
         assert "SCAN tasks" not in plan, plan
+    for kinds in ([NAME, "other.task"], [(NAME, 1)], [(NAME, 1), (NAME, 2)]):
+        entries = len(claim_kinds(kinds)["names"])
+        plan = _sqlite_plan(conn, "claim_limited", {
+            **params, **{k: json.dumps(v) for k, v in claim_kinds(kinds).items()},
+            "name_limits": json.dumps([20] * entries),
+            "name_reserved": json.dumps([2] * entries), "pool": 10, "tenants": '["acme"]',
+            "tenant_limits": "[5]", "tenant_reserved": "[0]", "tenant_pool": 15})
+        # Bulkheads: each entry's oldest ready rows through tasks_ready, found by primary
+        # key.
+        assert "USING INDEX tasks_ready" in plan and "SCAN tasks" not in plan, plan
+        assert "SEARCH t USING PRIMARY KEY" in plan, plan
+    plan = _sqlite_plan(conn, "limits_running", params)
+    assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
+    plan = _sqlite_plan(conn, "limits_ready", {**params, "names": json.dumps([NAME]),
+                                               "tenants": '["acme"]', "paused": '["p.t"]'})
+    assert "tasks_ready" in plan and "SCAN tasks" not in plan, plan
     plan = _sqlite_plan(conn, "claim_expired", params)
     assert "tasks_leased" in plan and "SCAN tasks" not in plan, plan
     plan = _sqlite_plan(conn, "ready_by_version", params)
@@ -244,6 +282,9 @@ def test_pg_prune_listing_and_status_use_their_indexes(
         # Newest first: a backward walk of tasks_created stopped at the page, no sort.
         assert "Index Scan Backward using tasks_created" in plan, plan
         assert "Sort" not in plan and "Seq Scan" not in plan, plan
+    # ratchet limits' latest changes: a range of audit_task, never every audit row.
+    plan = _pg_plan(conn, "limits_audit", {"limit": 20})
+    assert "audit_task" in plan and "Seq Scan on audit" not in plan, plan
     if not analyzed:
         return
     # With statistics (autovacuum's ANALYZE): every prune statement probes by id or walks
@@ -319,6 +360,8 @@ def test_sqlite_prune_listing_and_status_use_their_indexes(
     assert "SCAN audit" not in plan and "SCAN t" not in plan, plan
     plan = _sqlite_plan(conn, "tasks_list", params)
     assert "tasks_created" in plan and "TEMP B-TREE" not in plan, plan
+    plan = _sqlite_plan(conn, "limits_audit", params)
+    assert "audit_task" in plan and not _sqlite_table_scan(plan, "audit"), plan
     plan = _sqlite_plan(conn, "stats_counts", params)
     assert "tasks_active" in plan and "tasks_finished" in plan, plan
     assert not _sqlite_table_scan(plan, "tasks"), plan

@@ -13,6 +13,7 @@ from .config import Durability
 from .control import (
     Control,
     ControlOutcome,
+    LimitsReport,
     PauseRecord,
     PauseResult,
     StatusReport,
@@ -52,7 +53,7 @@ from .errors import (
     WaitTimeout,
 )
 from .ledger import open_ledger
-from .ledger.base import TaskInfo
+from .ledger.base import Limit, LimitScope, TaskInfo
 from .retry import FailureClass, RetryBudget, RetryPolicy
 from .states import State
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
@@ -77,6 +78,9 @@ __all__ = [
     "LeaseLost",
     "LedgerError",
     "LedgerUnavailable",
+    "Limit",
+    "LimitScope",
+    "LimitsReport",
     "Middleware",
     "NonDeterministicReplay",
     "OutcomeUnknownError",

@@ -167,6 +167,7 @@ class SubmitRequest:
     idempotency_key: str | None = None
     run_at: datetime | float | None = None
     delay_s: float = 0.0
+    tenant: str | None = None
     version: int | None = None
     """The definition version to pin; ``None``: the newest this app defines."""
 
@@ -761,6 +762,8 @@ class App:
             )
         if request.idempotency_key is not None:
             check_identifier(request.idempotency_key, "idempotency_key", MAX_KEY_BYTES)
+        if request.tenant is not None:
+            check_identifier(request.tenant, "tenant", MAX_KEY_BYTES)
         return NewTask(
             task_id=new_task_id(),
             name=definition.name,
@@ -773,6 +776,7 @@ class App:
             delay_s=max(0.0, request.delay_s),
             run_at_epoch_s=run_at_epoch_s,
             quarantine_after=definition.retry.quarantine_after,
+            tenant=request.tenant,
         )
 
     def submit(
@@ -783,6 +787,7 @@ class App:
         idempotency_key: str | None = None,
         run_at: datetime | float | None = None,
         delay_s: float = 0.0,
+        tenant: str | None = None,
         version: int | None = None,
     ) -> TaskHandle:
         """Submit one task; the task row is the dispatch (no separate message to lose).
@@ -801,6 +806,8 @@ class App:
                 returns the same task id and writes nothing.
             run_at: earliest start, as an aware ``datetime`` or epoch seconds.
             delay_s: earliest start as seconds from now (ignored when ``run_at`` is given).
+            tenant: whose work this is (stored on the task; tenant limits of ``ratchet
+                limits`` count it, DESIGN §8); not part of the idempotency digest.
             version: the definition version to pin; default the newest this app defines.
                 The task waits (``PENDING``) until a worker that has this version runs.
 
@@ -811,7 +818,8 @@ class App:
                 the outcome may be unknown; submit again with the same idempotency key).
         """
         task = self._prepare(
-            SubmitRequest(name, params, idempotency_key, run_at, delay_s, version))
+            SubmitRequest(name, params, idempotency_key, run_at, delay_s, tenant=tenant,
+                          version=version))
         result = self._submit_group.submit(self.ledger, task)
         faults.point("submit.after_commit")
         return TaskHandle(result.task_id, task.name, result.created, self)

@@ -15,7 +15,7 @@ Every answer is a frozen dataclass: ``dataclasses.asdict(record)`` is its JSON f
 CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records.
 
 Read-only calls (:meth:`Control.status`, :meth:`Control.inspect`, :meth:`Control.workers`,
-:meth:`Control.late_effects`)
+:meth:`Control.late_effects`, :meth:`Control.limits`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -49,6 +49,8 @@ from .ledger.base import (
     EffectState,
     LateEffect,
     Ledger,
+    Limit,
+    LimitScope,
     PauseRecord,
     PauseResult,
     PruneReport,
@@ -72,6 +74,8 @@ __all__ = [
     "EffectState",
     "EffectView",
     "LateEffectView",
+    "LimitView",
+    "LimitsReport",
     "PruneReport",
     "PauseRecord",
     "PauseResult",
@@ -85,6 +89,7 @@ __all__ = [
     "TaskPage",
     "TaskTimeline",
     "Undecodable",
+    "UsageView",
     "VersionWaitView",
     "WorkerView",
     "default_operator",
@@ -375,6 +380,64 @@ class WorkerView:
     started_at: float
     last_seen: float
     last_seen_age_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LimitView:
+    """One concurrency limit and its live use (``ratchet limits``, DESIGN §8).
+
+    Attributes:
+        scope: ``total``, ``type`` or ``tenant``; name: the task type or tenant (``""``
+            for the total).
+        reserved: slots of the total kept for the scope while it has ready work.
+        maximum: the cap on its RUNNING tasks (for the total: the number of slots), or
+            None.
+        running: its RUNNING tasks now (expired leases not yet taken over included).
+        ready: its ready tasks now; oldest_ready_age_s: age of the oldest, seconds (None
+            when none is ready).
+        version, updated_at, updated_by, reason: the row's last change.
+    """
+
+    scope: str
+    name: str
+    reserved: int
+    maximum: int | None
+    running: int
+    ready: int
+    oldest_ready_age_s: float | None
+    version: int
+    updated_at: float
+    updated_by: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class UsageView:
+    """RUNNING and ready tasks of one task type (all tenants)."""
+
+    name: str
+    running: int
+    ready: int
+    oldest_ready_age_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsReport:
+    """What ``ratchet limits`` shows.
+
+    Attributes:
+        limits: every limit with its live use, ordered by scope and name.
+        usage: per task type with RUNNING or ready tasks, limited or not.
+        running: RUNNING tasks in all.
+        changes: the latest limit changes (audit events, newest first).
+        ledger_now: the ledger clock of the read, epoch seconds.
+    """
+
+    limits: list[LimitView]
+    usage: list[UsageView]
+    running: int
+    changes: list[AuditEvent]
+    ledger_now: float
 
 
 def _where(url: str | None) -> str:
@@ -745,6 +808,98 @@ class Control:
         result_json = dumps(result, what="the effect's result")
         return self._writer().resolve(_task_id(task_id), verdict, reason, who, result_json)
 
+    def limits(self) -> LimitsReport:
+        """The concurrency limits and their live use (DESIGN §8, ``ratchet limits``).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        led = self._reader()
+        limits = led.limits()
+        usage = led.slot_usage()
+        now = usage.ledger_now
+        running_by: dict[tuple[str, str], int] = {}
+        ready_by: dict[tuple[str, str], int] = {}
+        oldest_by: dict[tuple[str, str], float] = {}
+        for (name, tenant), n in usage.running.items():
+            for key in (("type", name), ("tenant", tenant or "\x00"), ("total", "")):
+                running_by[key] = running_by.get(key, 0) + n
+        for (name, tenant), n in usage.ready.items():
+            at = usage.oldest_ready_at[(name, tenant)]
+            for key in (("type", name), ("tenant", tenant or "\x00"), ("total", "")):
+                ready_by[key] = ready_by.get(key, 0) + n
+                oldest_by[key] = min(oldest_by.get(key, at), at)
+        views = [
+            LimitView(lim.scope.value, lim.name, lim.reserved, lim.maximum,
+                      running_by.get((lim.scope.value, lim.name), 0),
+                      ready_by.get((lim.scope.value, lim.name), 0),
+                      now - oldest_by[(lim.scope.value, lim.name)]
+                      if (lim.scope.value, lim.name) in oldest_by else None,
+                      lim.version, lim.updated_at, lim.updated_by, lim.reason)
+            for lim in limits
+        ]
+        names = sorted({k[1] for k in running_by if k[0] == "type"}
+                       | {k[1] for k in ready_by if k[0] == "type"})
+        per_type = [
+            UsageView(name, running_by.get(("type", name), 0), ready_by.get(("type", name), 0),
+                      now - oldest_by[("type", name)] if ("type", name) in oldest_by else None)
+            for name in names
+        ]
+        return LimitsReport(views, per_type, running_by.get(("total", ""), 0),
+                            led.limit_changes(20), now)
+
+    def set_limit(
+        self,
+        scope: str | LimitScope,
+        name: str = "",
+        *,
+        reserved: int = 0,
+        maximum: int | None = None,
+        reason: str,
+        by: str | None = None,
+    ) -> Limit:
+        """Create or replace a cluster-wide concurrency limit (DESIGN §8), audited.
+
+        Every worker's next claim obeys it: the ledger is the one copy (no per-process
+        configuration). Tasks already running above a lowered cap finish (no preemption).
+
+        Args:
+            scope: ``"total"`` (``maximum`` = the cluster's slots; no name), ``"type"``
+                (``name`` = a task name) or ``"tenant"`` (``name`` = a tenant, as given
+                to ``App.submit(..., tenant=)``).
+            name: the task type or tenant.
+            reserved: slots of the total kept for the scope while it has ready work (lent
+                to others while it has none; only with a total).
+            maximum: at most this many RUNNING tasks of the scope (>= 1), or None.
+            reason: why (audited); must not be blank. by: the operator (default: login).
+
+        Returns:
+            the stored :class:`~ratchet.ledger.base.Limit`.
+
+        Raises:
+            InvalidArguments: unknown scope, a name for the total or none for a type or
+                tenant, ``reserved > maximum``, ``maximum < 1``, reservations adding up
+                to more than the total, a blank reason. LedgerUnavailable: no ledger.
+        """
+        kind = _limit_scope(scope)
+        reason, who = _operator_args(reason, by)
+        if kind is not LimitScope.TOTAL:
+            check_identifier(name, f"{kind.value} name", MAX_KEY_BYTES)
+        return self._writer().set_limit(kind, name, reserved, maximum, who, reason)
+
+    def clear_limit(
+        self, scope: str | LimitScope, name: str = "", *, reason: str, by: str | None = None
+    ) -> Limit:
+        """Remove a concurrency limit (audited); returns what it was.
+
+        Raises:
+            InvalidArguments: unknown scope, no such limit, a blank reason.
+            LedgerUnavailable: no ledger there.
+        """
+        kind = _limit_scope(scope)
+        reason, who = _operator_args(reason, by)
+        return self._writer().clear_limit(kind, name, who, reason)
+
     def prune(
         self,
         older_than_s: float,
@@ -809,6 +964,7 @@ class Control:
 
             return led.prune(float(older_than_s), by=who, batch_size=batch_size,
                              export=write)
+
     def cancel(self, task_id: str, *, reason: str, by: str | None = None) -> ControlOutcome:
         """Cancel a task (``ratchet cancel``), audited with ``by``, ``reason`` and the
         ledger's time (DESIGN §3, arbitration).
@@ -1005,6 +1161,7 @@ class Control:
         idempotency_key: str | None = None,
         run_at: datetime | float | None = None,
         delay_s: float = 0.0,
+        tenant: str | None = None,
         version: int | None = None,
     ) -> TaskHandle:
         """Submit one task through the App (see :meth:`ratchet.App.submit`; ``version``
@@ -1021,8 +1178,16 @@ class Control:
             )
         return self._app.submit(
             name, params, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s,
-            version=version,
-        )
+            tenant=tenant, version=version)
+
+
+def _limit_scope(scope: object) -> LimitScope:
+    """``scope`` as a :class:`LimitScope`, else InvalidArguments."""
+    try:
+        return LimitScope(str(scope).lower())
+    except ValueError:
+        raise InvalidArguments(
+            f"unknown limit scope {scope!r}; scopes are total, type, tenant") from None
 
 
 def _quarantine_view(g: QuarantineGroup) -> QuarantineGroupView:

@@ -1,12 +1,13 @@
 """The ``ratchet`` command line (Typer + Rich), a face of :class:`ratchet.control.Control`.
 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
-``late-effects``, ``resolve``, ``cancel``, ``retry``, ``pause``, ``resume``, ``definitions``,
-``prune``, ``migrate``, ``demo``; ``ratchet --version``. Every command takes ``--ledger URL``
-(default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``). The commands call only the
-public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loading.load_app`), never the
-ledger modules. Ratchet errors print one line saying what to fix (stored data and user
-input printed as text, never as markup; passwords redacted) and exit with status 2.
+``late-effects``, ``resolve``, ``cancel``, ``retry``, ``pause``, ``resume``, ``limits``
+(``set``, ``clear``), ``definitions``, ``prune``, ``migrate``, ``demo``; ``ratchet
+--version``. Every command takes ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or
+``sqlite:///ratchet.db``). The commands call only the public API (``Control``, ``App``,
+``Worker``, :func:`ratchet.loading.load_app`), never the ledger modules. Ratchet errors
+print one line saying what to fix (stored data and user input printed as text, never as
+markup; passwords redacted) and exit with status 2.
 ``--json`` prints ``dataclasses.asdict`` of the records ``Control`` returns.
 """
 
@@ -330,6 +331,11 @@ def submit(
         typer.Option("--delay-s", min=0.0, metavar="SECONDS",
                      help="Earliest start, seconds from now."),
     ] = 0.0,
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", metavar="TENANT",
+                     help="Whose work it is (tenant limits of `ratchet limits` count it)."),
+    ] = None,
     task_version: Annotated[
         int | None,
         typer.Option("--task-version", min=1, metavar="N",
@@ -357,7 +363,7 @@ def submit(
         app = load_app(app_spec)
         app.configure(ledger=ledger)
         handle = Control(app=app).submit(name, decoded, idempotency_key=key, delay_s=delay_s,
-                                         version=task_version)
+                                         tenant=tenant, version=task_version)
         if as_json:
             echo_json({"task_id": handle.task_id, "name": handle.name, "created": handle.created})
             return
@@ -565,6 +571,8 @@ def _print_timeline(tl: TaskTimeline) -> None:
     out.print(line((t.name, "bold"), " ", (t.task_id, ""), "  state=", (t.state, "bold"),
                    f" generation={t.generation} attempt={t.attempt}/{t.max_attempts} key=",
                    (t.idempotency_key if t.idempotency_key is not None else "-", "")))
+    if t.tenant is not None:
+        out.print(line("tenant: ", (t.tenant, "")))
     out.print(line("params: ") + show_value(t.params))
     if t.result is not None:
         out.print(line("result: ") + show_value(t.result))
@@ -725,6 +733,19 @@ def resolve(
     _guard(run)
 
 
+limits_cli = typer.Typer(
+    help="Cluster-wide concurrency limits (bulkheads). Without a command: every limit with "
+         "its live use (running, ready, oldest ready age), the use per task type, and the "
+         "latest limit changes. Limits live in the ledger: every worker's claim obeys them.",
+    invoke_without_command=True, add_completion=False, pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+cli.add_typer(limits_cli, name="limits")
+
+LimitTypeOpt = Annotated[
+    str | None, typer.Option("--type", metavar="NAME", help="A task type.")]
+TenantOpt = Annotated[
+    str | None, typer.Option("--tenant", metavar="TENANT", help="A tenant (App.submit tenant=).")]
 ReasonOpt = Annotated[
     str, typer.Option("--reason", metavar="TEXT", help="Why (kept in the audit log).")
 ]
@@ -733,6 +754,131 @@ OperatorOpt = Annotated[
     typer.Option("--operator", metavar="NAME",
                  help="Who decided (default: $USER / the login name)."),
 ]
+
+
+def _limit_scope(type_name: str | None, tenant: str | None, total: bool) -> tuple[str, str]:
+    """``(scope, name)`` of exactly one of --type / --tenant / --total."""
+    given = [(s, n) for s, n, on in (("type", type_name or "", type_name is not None),
+                                     ("tenant", tenant or "", tenant is not None),
+                                     ("total", "", total)) if on]
+    if len(given) != 1:
+        raise InvalidArguments("give exactly one of --type NAME, --tenant TENANT, --total")
+    return given[0]
+
+
+@limits_cli.callback()
+def limits(
+    ctx: typer.Context, ledger: LedgerOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Show every concurrency limit with its live use (running, ready, oldest ready age),
+    the use of every task type, and the latest limit changes.
+
+    Limits live in the ledger and hold cluster-wide: every worker's claim obeys them.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+
+    def run() -> None:
+        with Control(ledger) as control:
+            report = control.limits()
+        if as_json:
+            echo_json(report)
+            return
+        out = console()
+        table = Table(title="concurrency limits")
+        for col in ("scope", "name", "reserved", "max", "running", "ready", "oldest ready",
+                    "set by", "reason"):
+            table.add_column(col, overflow="fold")
+        for v in report.limits:
+            age = f"{v.oldest_ready_age_s:.1f} s" if v.oldest_ready_age_s is not None else "-"
+            table.add_row(field(v.scope), field(v.name or "-"), field(v.reserved),
+                          field(v.maximum if v.maximum is not None else "-"),
+                          field(v.running), field(v.ready), field(age),
+                          field(f"{v.updated_by} v{v.version}"), field(v.reason))
+        if not report.limits:
+            table.add_row("(none: no limit applies)", "", "", "", "", "", "", "", "")
+        out.print(table)
+        usage = Table(title="use per task type")
+        for col in ("task", "running", "ready", "oldest ready"):
+            usage.add_column(col, overflow="fold")
+        for u in report.usage:
+            age = f"{u.oldest_ready_age_s:.1f} s" if u.oldest_ready_age_s is not None else "-"
+            usage.add_row(field(u.name), field(u.running), field(u.ready), field(age))
+        if not report.usage:
+            usage.add_row("(nothing running or ready)", "", "", "")
+        out.print(usage)
+        out.print(line(f"running in all: {report.running}"))
+        if report.changes:
+            out.print(line("latest limit changes:"))
+        for e in report.changes[:10]:
+            d = e.detail
+            what = e.task_id.removeprefix("limit:")
+            values = ("cleared" if e.kind == "limit_cleared" else
+                      f"reserved {d.get('reserved')}, max "
+                      f"{'-' if d.get('maximum') is None else d.get('maximum')}")
+            out.print(line(f"  {_when(e.at)} {what} {values} by ", (str(d.get("operator")), ""),
+                           ": ", (str(d.get("reason")), "")))
+
+    _guard(run)
+
+
+@limits_cli.command("set", cls=_Command)
+def limits_set(
+    reason: ReasonOpt,
+    type_name: LimitTypeOpt = None,
+    tenant: TenantOpt = None,
+    total: Annotated[
+        int | None,
+        typer.Option("--total", metavar="SLOTS", help="The cluster's total of slots."),
+    ] = None,
+    reserved: Annotated[
+        int, typer.Option("--reserved", metavar="N",
+                          help="Slots of the total kept for it while it has ready work."),
+    ] = 0,
+    maximum: Annotated[
+        int | None, typer.Option("--max", metavar="N", help="At most N running at once."),
+    ] = None,
+    operator: OperatorOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Set a limit of one task type, one tenant, or the total (replaces the old one).
+
+    Examples: --total 200; --type payment --reserved 60; --type tracking --max 70;
+    --tenant acme --max 20. Audited with --reason and --operator.
+    """
+
+    def run() -> None:
+        scope, name = _limit_scope(type_name, tenant, total is not None)
+        top = total if scope == "total" else maximum
+        with Control(ledger) as control:
+            lim = control.set_limit(scope, name, reserved=reserved, maximum=top,
+                                    reason=reason, by=operator)
+        what = f"{lim.scope.value} {lim.name}".strip()
+        console().print(line(f"{what}: reserved {lim.reserved}, max ",
+                             (str(lim.maximum) if lim.maximum is not None else "-", "bold"),
+                             f" (v{lim.version}, by {lim.updated_by})"))
+
+    _guard(run)
+
+
+@limits_cli.command("clear", cls=_Command)
+def limits_clear(
+    reason: ReasonOpt,
+    type_name: LimitTypeOpt = None,
+    tenant: TenantOpt = None,
+    total: Annotated[bool, typer.Option("--total", help="The total of slots.")] = False,
+    operator: OperatorOpt = None,
+    ledger: LedgerOpt = None,
+) -> None:
+    """Remove a limit of one task type, one tenant, or the total (audited)."""
+
+    def run() -> None:
+        scope, name = _limit_scope(type_name, tenant, total)
+        with Control(ledger) as control:
+            old = control.clear_limit(scope, name, reason=reason, by=operator)
+        console().print(line(f"{old.scope.value} {old.name}".strip() + " limit cleared"))
+
+    _guard(run)
 
 
 def _print_control(outcome: ControlOutcome, who: str, as_json: bool) -> None:

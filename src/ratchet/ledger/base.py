@@ -40,12 +40,15 @@ __all__ = [
     "EffectWrite",
     "LateEffect",
     "Ledger",
+    "Limit",
+    "LimitScope",
     "LedgerStats",
     "NewTask",
     "PruneReport",
     "QuarantineGroup",
     "RenewResult",
     "ReplayedTask",
+    "SlotUsage",
     "ResolveOutcome",
     "StepRecord",
     "SubmitResult",
@@ -253,6 +256,7 @@ class NewTask:
         quarantine_after: failures in a row with one error fingerprint, or deliveries
             whose worker died, that quarantine the task (``RetryPolicy.quarantine_after``);
             None: never quarantined (DESIGN §7).
+        tenant: the submitter's tenant (bulkheads, DESIGN §8), or None.
     """
 
     task_id: str
@@ -266,6 +270,7 @@ class NewTask:
     delay_s: float = 0.0
     run_at_epoch_s: float | None = None
     quarantine_after: int | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,6 +520,7 @@ class TaskInfo:
     result: Any
     last_error: str | None
     error_class: str | None
+    tenant: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -682,6 +688,62 @@ class LedgerStats:
     revocations: int = 0
     late_effects: int = 0
     """Calls sent by a holder after its claim was taken over (:class:`LateEffect` rows)."""
+
+
+class LimitScope(StrEnum):
+    """What a concurrency limit applies to (bulkheads, DESIGN §8)."""
+
+    TOTAL = "total"
+    """The cluster's slots: every RUNNING task takes one (``name`` is ``""``)."""
+    TYPE = "type"
+    """The RUNNING tasks of one task type (``name`` is the task name)."""
+    TENANT = "tenant"
+    """The RUNNING tasks of one tenant, whatever their type (``name`` is the tenant)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One cluster-wide concurrency limit, as stored in the ledger's ``limits`` table.
+
+    Attributes:
+        scope: what it applies to.
+        name: the task type or tenant; ``""`` for :attr:`LimitScope.TOTAL`.
+        reserved: slots of the total kept for this scope while it has ready work (0 for the
+            total itself); only meaningful when a total is set.
+        maximum: at most this many RUNNING tasks of the scope at any instant (``None``: no
+            cap); for the total, the number of slots.
+        version: how many times this row was set (1 for a new row).
+        updated_at: ledger clock of the last change, epoch seconds.
+        updated_by: the operator who set it; reason: why (both also in the audit log).
+    """
+
+    scope: LimitScope
+    name: str
+    reserved: int
+    maximum: int | None
+    version: int
+    updated_at: float
+    updated_by: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotUsage:
+    """The live use of slots (``ratchet limits``): RUNNING and ready tasks per
+    ``(task name, tenant)`` (tenant ``None`` for tasks submitted without one).
+
+    Attributes:
+        running: RUNNING tasks (leased, whether or not the lease has expired: a slot is held
+            until the holder's fenced write, a takeover or a revocation).
+        ready: ready PENDING / RETRY_WAIT tasks (``run_at <= ledger_now``).
+        oldest_ready_at: the oldest ready task's ``run_at``, epoch seconds.
+        ledger_now: the ledger clock of the read.
+    """
+
+    running: dict[tuple[str, str | None], int]
+    ready: dict[tuple[str, str | None], int]
+    oldest_ready_at: dict[tuple[str, str | None], float]
+    ledger_now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -1148,6 +1210,41 @@ class Ledger(Protocol):
         and history kept), the i-th at ``now + i / rate_per_s``, with an
         ``operator_replay`` audit row (operator, reason, fingerprint, run_at). A dry run
         writes nothing and returns what would be replayed."""
+        ...
+
+    def limits(self) -> list[Limit]:
+        """Every concurrency limit in the ledger (DESIGN §8), ordered by scope and name."""
+        ...
+
+    def set_limit(
+        self, scope: LimitScope, name: str, reserved: int, maximum: int | None,
+        operator: str, reason: str,
+    ) -> Limit:
+        """Create or replace one limit, audited (``limit_set``) in the same transaction.
+        The next claim of every worker obeys it (the ledger is the only copy).
+
+        Raises:
+            InvalidArguments: the limit is inconsistent (reserved > maximum, the reserved
+                slots of one kind of scope would exceed the total, ...).
+        """
+        ...
+
+    def clear_limit(self, scope: LimitScope, name: str, operator: str, reason: str) -> Limit:
+        """Remove one limit (audited, ``limit_cleared``); returns the removed row.
+
+        Raises:
+            InvalidArguments: there is no such limit.
+        """
+        ...
+
+    def limit_changes(self, limit: int = 20) -> list[AuditEvent]:
+        """The latest ``limit_set`` / ``limit_cleared`` audit events, newest first (their
+        ``task_id`` is ``limit:SCOPE[:NAME]``; the detail holds operator, reason, old and
+        new values)."""
+        ...
+
+    def slot_usage(self) -> SlotUsage:
+        """RUNNING and ready task counts per ``(name, tenant)`` (read-only)."""
         ...
 
     def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:

@@ -37,7 +37,9 @@ from ..errors import (
 from ..fingerprint import worker_died
 from ..serde import dumps, printable
 from ..states import TERMINAL, State, check_operator_move, check_transition
+from . import bulkheads
 from .base import (
+    MAX_VERSION,
     AuditEvent,
     BudgetUse,
     Claim,
@@ -52,6 +54,8 @@ from .base import (
     EffectState,
     LateEffect,
     LedgerStats,
+    Limit,
+    LimitScope,
     NewTask,
     PauseRecord,
     PauseResult,
@@ -60,6 +64,7 @@ from .base import (
     RenewResult,
     ReplayedTask,
     ResolveOutcome,
+    SlotUsage,
     StepRecord,
     SubmitResult,
     Subscription,
@@ -190,6 +195,7 @@ class LedgerEngine:
                 "max_attempts": t.max_attempts, "lease_s": t.lease_s,
                 "run_at": t.run_at_epoch_s, "delay": max(0.0, t.delay_s),
                 "quarantine_after": t.quarantine_after,
+                "tenant": t.tenant,
             }
             for t in tasks
             if t.task_id not in present
@@ -245,27 +251,32 @@ class LedgerEngine:
     def _claim_reads(
         names: Sequence[ClaimKind], limit: int
     ) -> list[tuple[str, dict[str, Any]]]:
-        """The reads a claim starts with, to send with others: the expired-lease scan, the
-        pause gate (PostgreSQL: a shared advisory lock) and the active pauses."""
+        """The reads a claim starts with, to send with others (one round trip): the
+        expired-lease scan of the claimed kinds (DESIGN §8 versions), the pause gate
+        (PostgreSQL: a shared advisory lock, taken before any bulkheads limit lock), the
+        active pauses (DESIGN §8 control) and the concurrency limits (bulkheads, DESIGN §8)."""
         return [("claim_expired", {**claim_kinds(names), "limit": limit}),
-                ("claim_gate", {}), ("pauses_active", {})]
+                ("claim_gate", {}), ("pauses_active", {}), ("limits_all", {})]
 
     def _claim_in(
         self, tx: Tx, holder: str, names: Sequence[ClaimKind], limit: int,
-        pre: list[list[tuple[Any, ...]]] | None = None,
+        pre: Sequence[list[tuple[Any, ...]]] | None = None,
     ) -> list[Claim]:
         """The claim, inside the caller's write transaction (see :meth:`claim`).
         ``pre``: the rows of :meth:`_claim_reads`, if the caller already read them.
 
         No attempt starts in a paused scope (DESIGN §8): the active pauses are read under
-        the pause gate, a paused type's tasks are neither claimed nor taken over, and a
-        pause of everything claims nothing."""
+        the pause gate, a paused type's tasks are neither claimed (under a limit or not)
+        nor taken over, and a pause of everything claims nothing. The pause gate is held
+        before the limits' advisory locks (:meth:`_claim_limited`), so a pause never
+        waits on a claim that waits on a limit lock."""
         if limit <= 0 or not names:
             return []
         if pre is None:
             pre = tx.rows_many(self._claim_reads(names, limit))
-        expired, _gate, pauses = pre
+        expired, _gate, pauses, limit_rows = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
+        paused_types: set[str] = set()
         if pauses:
             if any(p[1] == "all" for p in pauses):
                 return []
@@ -291,9 +302,19 @@ class LedgerEngine:
             rows.extend(tx.rows("claim_takeover",
                                 {"holder": holder, "now": now, "ids": list(previous)}))
         if limit > len(expired):
-            rows.extend(tx.rows("claim_ready", {"now": now, **kinds,
-                                                "limit": limit - len(expired),
-                                                "holder": holder}))
+            limits = [_limit(r) for r in limit_rows] if limit_rows else []
+            # Limits are per task name, whatever the version: a type's cap holds across
+            # the versions its workers run.
+            scopes = (bulkheads.lock_scopes(limits, list(dict.fromkeys(kinds["names"])))
+                      if limits else None)
+            if scopes is None:
+                rows.extend(tx.rows("claim_ready", {"now": now, **kinds,
+                                                    "limit": limit - len(expired),
+                                                    "holder": holder}))
+            else:
+                rows.extend(self._claim_limited(tx, holder, now, kinds,
+                                                limit - len(expired), limits, scopes,
+                                                paused_types))
         for row in rows:
             prev = previous.get(row[0])
             detail: dict[str, Any] = {"attempt": row[5], "lease_s": row[7]}
@@ -372,6 +393,61 @@ class LedgerEngine:
                                          "reason": cause})))
         tx.batch("quarantine_mark", marks, now=now)
         return survivors
+
+    def _claim_limited(
+        self, tx: Tx, holder: str, now: float, kinds: dict[str, list[Any]], want: int,
+        limits: list[Limit], scopes: list[str], paused: set[str],
+    ) -> list[tuple[Any, ...]]:
+        """Fresh claims under bulkheads (DESIGN §8): the limits' advisory locks first
+        (PostgreSQL; SQLite's write lock serialises already), then the RUNNING counts and
+        which reserved scopes have ready work (statements after the lock see every claim
+        its previous holder committed), then ``claim_limited`` with the numbers
+        :func:`ratchet.ledger.bulkheads.allowance` computes. One round trip more than an
+        unlimited claim, and only when a limit applies.
+
+        ``kinds``: the claim's aligned ``names`` / ``lo`` / ``hi`` lists
+        (:func:`~ratchet.ledger.base.claim_kinds`; a name may appear once per version).
+        The allowance is per *name* (counts, caps and reservations cover every version of
+        a type); each entry carries its name's numbers and the SQL ranks a name's tasks
+        across all its entries, so a claim of two versions of a capped type takes at most
+        the cap's free slots in all.
+
+        ``paused``: the paused task types (control, DESIGN §8). Their ``PENDING`` tasks
+        are not ready work: a paused type's reservation is lent out, like an idle one's,
+        and a tenant's ready work counts only tasks of types not paused."""
+        names = list(dict.fromkeys(kinds["names"]))
+        # No two overlapping entries (the SQL would rank a task once per entry): a bare
+        # name (every version) covers that name's (name, version) pairs.
+        bare = {n for n, lo, hi in zip(kinds["names"], kinds["lo"], kinds["hi"], strict=True)
+                if lo == 1 and hi == MAX_VERSION}
+        entries = [(n, lo, hi)
+                   for n, lo, hi in zip(kinds["names"], kinds["lo"], kinds["hi"], strict=True)
+                   if n not in bare or (lo == 1 and hi == MAX_VERSION)]
+        kinds = {"names": [e[0] for e in entries], "lo": [e[1] for e in entries],
+                 "hi": [e[2] for e in entries]}
+        ready_types, ready_tenants = bulkheads.reserved_groups(limits)
+        ready_types = [n for n in ready_types if n not in paused]
+        reads: list[tuple[str, dict[str, Any]]] = [("limits_lock", {"scopes": scopes}),
+                                                    ("limits_running", {})]
+        if ready_types or ready_tenants:
+            reads.append(("limits_ready", {"names": ready_types, "tenants": ready_tenants,
+                                           "paused": sorted(paused), "now": now}))
+        _, running_rows, *ready = tx.rows_many(reads)
+        ready_rows = ready[0] if ready else []
+        plan = bulkheads.allowance(
+            limits, names, want, {(r[0], r[1]): int(r[2]) for r in running_rows},
+            {r[1] for r in ready_rows if r[0] == "type"},
+            {r[1] for r in ready_rows if r[0] == "tenant"})
+        if plan.limit <= 0:
+            return []
+        per_name = {n: (cap, own) for n, cap, own
+                    in zip(plan.names, plan.name_limits, plan.name_reserved, strict=True)}
+        return tx.rows("claim_limited", {
+            "now": now, "holder": holder, "limit": plan.limit, **kinds,
+            "name_limits": [per_name[n][0] for n in kinds["names"]],
+            "name_reserved": [per_name[n][1] for n in kinds["names"]],
+            "pool": plan.pool, "tenants": plan.tenants, "tenant_limits": plan.tenant_limits,
+            "tenant_reserved": plan.tenant_reserved, "tenant_pool": plan.tenant_pool})
 
     def _retire(
         self, tx: Tx, rows: Sequence[tuple[Any, ...]], audit: list[AuditRow], reason: str
@@ -509,7 +585,8 @@ class LedgerEngine:
         claiming = limit > 0 and bool(names)
 
         def body(tx: Tx) -> tuple[list[CommitOutcome], list[Claim]]:
-            # The expired-lease scan travels with the fence read (one round trip).
+            # The expired-lease scan, the pause gate, the pauses and the limits travel
+            # with the fence read (one round trip).
             also = self._claim_reads(names, limit) if claiming else []
             outcomes, pre = self._commit_in(tx, writes, also=also)
             if not claiming:
@@ -1115,6 +1192,88 @@ class LedgerEngine:
 
         return self.dialect.run(body)
 
+    # ------------------------------------------------------------------ bulkheads
+
+    def limits(self) -> list[Limit]:
+        """See :meth:`Ledger.limits`."""
+        rows = self.dialect.run(lambda tx: tx.rows("limits_all"), write=False)
+        return [_limit(r) for r in rows]
+
+    def set_limit(
+        self, scope: LimitScope, name: str, reserved: int, maximum: int | None,
+        operator: str, reason: str,
+    ) -> Limit:
+        """See :meth:`Ledger.set_limit`. Checked on its own (``reserved <= maximum``,
+        ``maximum >= 1``, ...) and against the other rows in the same transaction, under
+        the total's claim lock (``*``, so two sets never race): with a total, the
+        reservations of the types, and those of the tenants, add up to at most the total.
+        Audited as ``limit_set`` (task id ``limit:SCOPE[:NAME]``) with the old and new
+        values. A claim already in flight finishes under the limits it read; tasks running
+        above a lowered cap are not stopped (no preemption)."""
+        scope = LimitScope(scope)
+        _check_limit(scope, name, reserved, maximum)
+
+        def body(tx: Tx) -> Limit:
+            [_, rows] = tx.rows_many([("limits_lock", {"scopes": ["*"]}), ("limits_all", {})])
+            current = {(lim.scope, lim.name): lim for lim in map(_limit, rows)}
+            old = current.get((scope, name))
+            current[(scope, name)] = Limit(scope, name, reserved, maximum, 0, 0.0, "", "")
+            _check_reservations(current)
+            row = tx.one("limit_upsert", {
+                "scope": scope.value, "name": name, "reserved": reserved,
+                "maximum": maximum, "now": tx.now, "operator": operator, "reason": reason})
+            assert row is not None
+            new = _limit(row)
+            _audit(tx, [(_limit_audit_id(scope, name), tx.now, "limit_set", None, None,
+                         None, None, dumps({
+                             "operator": operator, "reason": reason, "scope": scope.value,
+                             "name": name, "reserved": reserved, "maximum": maximum,
+                             "version": new.version,
+                             "previous": None if old is None else
+                             {"reserved": old.reserved, "maximum": old.maximum}}))])
+            return new
+
+        return self.dialect.run(body)
+
+    def clear_limit(self, scope: LimitScope, name: str, operator: str, reason: str) -> Limit:
+        """See :meth:`Ledger.clear_limit`. Audited as ``limit_cleared``. Clearing the total
+        while reservations remain is allowed (they then have no effect)."""
+        scope = LimitScope(scope)
+
+        def body(tx: Tx) -> Limit:
+            row = tx.one("limit_delete", {"scope": scope.value, "name": name})
+            if row is None:
+                raise InvalidArguments(
+                    f"no {scope.value} limit {name!r} to clear" if name else
+                    f"no {scope.value} limit to clear")
+            old = _limit(row)
+            _audit(tx, [(_limit_audit_id(scope, name), tx.now, "limit_cleared", None, None,
+                         None, None, dumps({
+                             "operator": operator, "reason": reason, "scope": scope.value,
+                             "name": name, "previous": {"reserved": old.reserved,
+                                                        "maximum": old.maximum}}))])
+            return old
+
+        return self.dialect.run(body)
+
+    def limit_changes(self, limit: int = 20) -> list[AuditEvent]:
+        """See :meth:`Ledger.limit_changes`."""
+        rows = self.dialect.run(lambda tx: tx.rows("limits_audit", {"limit": limit}),
+                                write=False)
+        return [AuditEvent(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], decode_detail(r[8]))
+                for r in rows]
+
+    def slot_usage(self) -> SlotUsage:
+        """See :meth:`Ledger.slot_usage` (one read transaction)."""
+
+        def body(tx: Tx) -> SlotUsage:
+            running = {(r[0], r[1]): int(r[2]) for r in tx.rows("limits_running")}
+            ready_rows = tx.rows("slot_ready", {"now": tx.now})
+            return SlotUsage(running, {(r[0], r[1]): int(r[2]) for r in ready_rows},
+                             {(r[0], r[1]): float(r[3]) for r in ready_rows}, tx.now)
+
+        return self.dialect.run(body, write=False)
+
     # ------------------------------------------------------------------ reads
 
     def get(self, task_id: str) -> TaskInfo:
@@ -1421,7 +1580,8 @@ class LedgerEngine:
             task = dict(zip(("id", "name", "version", "state", "generation", "attempt",
                              "max_attempts", "holder", "lease_until", "run_at", "created_at",
                              "updated_at", "idempotency_key", "params", "params_digest",
-                             "result", "last_error", "error_class"), r, strict=True))
+                             "result", "last_error", "error_class", "tenant"), r,
+                            strict=True))
             tid = task["id"]
             records.append({"task": task, "steps": steps.get(tid, []),
                             "effects": effects.get(tid, []), "audit": audit.get(tid, []),
@@ -1679,6 +1839,60 @@ class LedgerEngine:
         segment.apply(tx, now, False)
         _audit(tx, audit)
         return CommitOutcome(write.task_id, True, False, write.generation), entry
+
+
+def _limit(row: Sequence[Any]) -> Limit:
+    """A :class:`Limit` from a ``limits`` row."""
+    return Limit(LimitScope(row[0]), row[1], int(row[2]),
+                 None if row[3] is None else int(row[3]), int(row[4]), float(row[5]),
+                 row[6], row[7])
+
+
+def _limit_audit_id(scope: LimitScope, name: str) -> str:
+    """The ``task_id`` of a limit's audit rows (``limit:type:NAME``; ``ratchet limits``
+    lists them)."""
+    return f"limit:{scope.value}:{name}" if name else f"limit:{scope.value}"
+
+
+def _check_limit(scope: LimitScope, name: str, reserved: int, maximum: int | None) -> None:
+    """Refuse a limit that cannot be right on its own (InvalidArguments)."""
+    if scope is LimitScope.TOTAL:
+        if name:
+            raise InvalidArguments("the total limit has no name")
+        if maximum is None:
+            raise InvalidArguments("the total limit needs a maximum (the number of slots)")
+        if reserved:
+            raise InvalidArguments("the total limit reserves nothing (reserve per type or "
+                                   "tenant)")
+    elif not name:
+        raise InvalidArguments(f"a {scope.value} limit needs the {scope.value}'s name")
+    for label, value in (("reserved", reserved), ("maximum", maximum)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidArguments(f"{label} must be an integer, got {value!r}")
+    if reserved < 0:
+        raise InvalidArguments(f"reserved must be >= 0, got {reserved}")
+    if maximum is not None and maximum < 1:
+        raise InvalidArguments(
+            f"maximum must be >= 1, got {maximum} (to stop a type, pause it)")
+    if maximum is not None and reserved > maximum:
+        raise InvalidArguments(f"reserved ({reserved}) exceeds maximum ({maximum})")
+    if maximum is None and not reserved and scope is not LimitScope.TOTAL:
+        raise InvalidArguments("a limit needs reserved > 0 or a maximum (to remove one, "
+                               "clear it)")
+
+
+def _check_reservations(limits: dict[tuple[LimitScope, str], Limit]) -> None:
+    """With a total, the reservations of the types, and those of the tenants, add up to
+    at most the total (InvalidArguments)."""
+    total = limits.get((LimitScope.TOTAL, ""))
+    if total is None or total.maximum is None:
+        return
+    for scope in (LimitScope.TYPE, LimitScope.TENANT):
+        reserved = sum(lim.reserved for lim in limits.values() if lim.scope is scope)
+        if reserved > total.maximum:
+            raise InvalidArguments(
+                f"the {scope.value} reservations would add up to {reserved}, more than the "
+                f"total of {total.maximum} slots")
 
 
 def _spec_differences(old_json: str, new_json: str) -> tuple[str, ...]:

@@ -23,14 +23,15 @@ SELECT true;
 -- Rows arrive in idempotency-key order (and are inserted in that order), so two batches
 -- sharing keys lock them in the same order: no deadlock.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
-                   max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after)
+                   max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
+                   tenant)
 SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_attempts,
        u.lease_s, COALESCE(u.run_at, %(now)s + u.delay), %(now)s, %(now)s,
-       u.quarantine_after
+       u.quarantine_after, u.tenant
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, name text, version int, params text, digest text, key text,
           max_attempts int, lease_s float8, run_at float8, delay float8,
-          quarantine_after int)
+          quarantine_after int, tenant text)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -264,13 +265,13 @@ FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class
+       last_error, error_class, tenant
 FROM tasks WHERE id = %(id)s;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class
+       last_error, error_class, tenant
 FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
 -- name: timeline_audit
@@ -361,7 +362,7 @@ SELECT generation FROM steps WHERE task_id = %(task_id)s AND name = %(name)s;
 -- hot path).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class
+       last_error, error_class, tenant
 FROM tasks
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
@@ -372,6 +373,134 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
        OR (created_at = %(cursor_at)s::float8 AND id < %(cursor_id)s::text))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
+
+-- name: limits_all
+-- Bulkheads (DESIGN §8): every concurrency limit. Read by every claim (with the
+-- expired-lease scan, one round trip); an empty table keeps the unlimited claim.
+SELECT scope, name, reserved, maximum, version, updated_at, updated_by, reason
+FROM limits ORDER BY scope, name;
+
+-- name: limits_lock
+-- Serialises the claims a limit applies to, before they count: one transaction-level
+-- advisory lock per scope ("*" with a total; else "type:NAME" / "tenant:NAME"), taken in
+-- the order given (sorted by the engine), released at COMMIT. Keys: the two-int form (its
+-- own key space), 0x52544c4d and a hash of schema + scope; a collision only serialises
+-- more. Each statement of READ COMMITTED takes its snapshot when it starts, so the count
+-- that follows sees every claim committed by the previous holder of the lock.
+SELECT count(pg_advisory_xact_lock(1381256269, hashtext(current_schema() || ':' || s)))
+FROM unnest(%(scopes)s::text[]) AS s;
+
+-- name: limits_running
+-- Slots in use: RUNNING rows (a non-NULL lease_until holds exactly them: tasks_leased)
+-- per (name, tenant), expired leases included (a slot is held until a fenced write, a
+-- takeover, a retirement or a revocation ends it). Written as a range on lease_until:
+-- "IS NOT NULL" made the planner scan the table when it had no statistics
+-- (tests/test_ledger_plans.py).
+SELECT name, tenant, count(*) FROM tasks
+WHERE lease_until >= '-Infinity'::float8 AND state = 'RUNNING'
+GROUP BY name, tenant;
+
+-- name: limits_ready
+-- Which reserved scopes have ready work (their idle reservation is lent out otherwise).
+-- Tasks of a paused type are not ready work (paused; the engine leaves paused types out
+-- of the type list): a paused type's reservation is lent out like an idle one.
+SELECT 'type', n FROM unnest(%(names)s::text[]) AS n
+WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.name = n
+              AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s)
+UNION ALL
+SELECT 'tenant', t FROM unnest(%(tenants)s::text[]) AS t
+WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t
+              AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
+              AND tasks.name <> ALL(%(paused)s::text[]));
+
+-- name: claim_limited
+-- claim_ready under bulkheads (only when a limit applies; the engine holds limits_lock
+-- and computed the numbers, ledger/bulkheads.py): oldest first, at most name_limits[i]
+-- tasks of names[i] (its cap), of which the first name_reserved[i] come out of the slots
+-- owed to it and the rest out of a pool shared by every name, at most pool tasks in all;
+-- the same per tenant (tenants[j], tenant_limits[j], tenant_reserved[j], tenant_pool; a
+-- tenant without a limit row, or a task without a tenant, takes only from tenant_pool);
+-- at most limit in all. Versions as in claim_ready: entry i claims versions lo[i] ..
+-- hi[i] of names[i], and a name may have several entries (one per version a worker runs;
+-- the engine sends no two overlapping entries); its numbers are the name's, repeated per
+-- entry, and rn_name ranks the name's tasks across all its entries, so a cap holds across
+-- versions. Each entry is walked on tasks_ready (name, run_at, version) as in claim_ready
+-- (the version checked on the index entry), stopped at what its name may take and
+-- skipping the tenants that may take nothing (a capped tenant's backlog never hides the
+-- others'). The caps filter in turn (name, then tenant, then the two pools); a row one
+-- filter drops may still have used a rank of an earlier one: the claim may take fewer,
+-- never more.
+WITH tl AS (
+    SELECT * FROM unnest(%(tenants)s::text[], %(tenant_limits)s::int[],
+                         %(tenant_reserved)s::int[]) AS x(tenant, n, own)),
+by_name AS (
+    SELECT p.id, p.state, p.run_at, p.tenant, l.n AS name_limit, l.own AS name_own,
+           row_number() OVER (PARTITION BY l.name ORDER BY p.run_at, p.id) AS rn_name
+    FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[], %(name_limits)s::int[],
+                %(name_reserved)s::int[]) AS l(name, lo, hi, n, own)
+    CROSS JOIN LATERAL (
+        SELECT id, state, run_at, tenant FROM tasks
+        WHERE tasks.name = l.name AND state IN ('PENDING', 'RETRY_WAIT')
+          AND run_at <= %(now)s AND tasks.version BETWEEN l.lo AND l.hi
+          AND COALESCE((SELECT LEAST(y.n, y.own + %(tenant_pool)s) FROM tl y
+                        WHERE y.tenant = tasks.tenant), %(tenant_pool)s) > 0
+        ORDER BY run_at LIMIT LEAST(l.n, l.own + %(pool)s, %(limit)s)
+        FOR UPDATE SKIP LOCKED) AS p
+    WHERE LEAST(l.n, l.own + %(pool)s) > 0),
+by_tenant AS (
+    SELECT c.id, c.state, c.run_at, c.rn_name, c.name_own,
+           COALESCE(x.n, 1073741824) AS tenant_limit, COALESCE(x.own, 0) AS tenant_own,
+           row_number() OVER (PARTITION BY x.tenant ORDER BY c.run_at, c.id) AS rn_tenant
+    FROM by_name c LEFT JOIN tl x ON x.tenant = c.tenant
+    WHERE c.rn_name <= c.name_limit),
+pooled AS (
+    SELECT id, state, run_at, rn_name, name_own, rn_tenant, tenant_own,
+           sum(CASE WHEN rn_name > name_own THEN 1 ELSE 0 END)
+               OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS pool_rank,
+           sum(CASE WHEN rn_tenant > tenant_own THEN 1 ELSE 0 END)
+               OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS tenant_pool_rank
+    FROM by_tenant WHERE rn_tenant <= tenant_limit),
+picked AS (
+    SELECT id, state FROM pooled
+    WHERE (rn_name <= name_own OR pool_rank <= %(pool)s)
+      AND (rn_tenant <= tenant_own OR tenant_pool_rank <= %(tenant_pool)s)
+    ORDER BY run_at, id LIMIT %(limit)s)
+UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
+                   attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
+                   updated_at = %(now)s
+FROM picked WHERE t.id = picked.id
+RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
+          t.lease_s, t.lease_until, picked.state, t.control_request;
+
+-- name: limit_upsert
+INSERT INTO limits (scope, name, reserved, maximum, version, updated_at, updated_by, reason)
+VALUES (%(scope)s, %(name)s, %(reserved)s, %(maximum)s, 1, %(now)s, %(operator)s,
+        %(reason)s)
+ON CONFLICT (scope, name) DO UPDATE SET reserved = excluded.reserved,
+    maximum = excluded.maximum, version = limits.version + 1,
+    updated_at = excluded.updated_at, updated_by = excluded.updated_by,
+    reason = excluded.reason
+RETURNING scope, name, reserved, maximum, version, updated_at, updated_by, reason;
+
+-- name: limit_delete
+DELETE FROM limits WHERE scope = %(scope)s AND name = %(name)s
+RETURNING scope, name, reserved, maximum, version, updated_at, updated_by, reason;
+
+-- name: slot_ready
+-- ratchet limits: ready tasks per (name, tenant) and the oldest one's run_at.
+SELECT name, tenant, count(*), min(run_at) FROM tasks
+WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
+GROUP BY name, tenant;
+
+-- name: limits_audit
+-- The latest limit changes (limit_set / limit_cleared audit rows), newest first. Their
+-- task ids are "limit:SCOPE[:NAME]": a range of audit_task (task_id, seq), the few rows of
+-- the limits' history (audit_kind is gone since the retention migration; a walk of every
+-- audit row for them was the plan: tests/test_ledger_plans.py).
+SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
+FROM audit WHERE task_id >= 'limit:' AND task_id < 'limit;'
+  AND kind IN ('limit_set', 'limit_cleared')
+ORDER BY seq DESC LIMIT %(limit)s;
 
 -- name: definitions_of
 -- The stored definitions of the given names (a worker's registration compares specs).

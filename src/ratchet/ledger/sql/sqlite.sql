@@ -22,9 +22,10 @@ SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
 -- name: submit_insert
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
-                   max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after)
+                   max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
+                   tenant)
 VALUES (:id, :name, :version, :params, :digest, :key, 'PENDING', :max_attempts, :lease_s,
-        COALESCE(:run_at, :now + :delay), :now, :now, :quarantine_after)
+        COALESCE(:run_at, :now + :delay), :now, :now, :quarantine_after, :tenant)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -227,13 +228,13 @@ FROM workers WHERE host_id = :host_id AND state = 'alive' ORDER BY started_at;
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class
+       last_error, error_class, tenant
 FROM tasks WHERE id = :id;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class
+       last_error, error_class, tenant
 FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: timeline_audit
@@ -313,7 +314,7 @@ SELECT generation FROM steps WHERE task_id = :task_id AND name = :name;
 -- hot path).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class
+       last_error, error_class, tenant
 FROM tasks
 WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:names IS NULL OR name IN (SELECT value FROM json_each(:names)))
@@ -324,6 +325,129 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
        OR (created_at = :cursor_at AND id < :cursor_id))
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
+
+-- name: limits_all
+-- Bulkheads (DESIGN §8): every concurrency limit. Read by every claim; an empty table
+-- keeps the unlimited claim.
+SELECT scope, name, reserved, maximum, version, updated_at, updated_by, reason
+FROM limits ORDER BY scope, name;
+
+-- name: limits_lock
+-- Nothing to take: a SQLite claim holds the database's write lock (BEGIN IMMEDIATE), so
+-- claims are serialised already.
+SELECT 1;
+
+-- name: limits_running
+-- Slots in use: RUNNING rows (lease_until IS NOT NULL holds exactly them: tasks_leased)
+-- per (name, tenant), expired leases included.
+SELECT name, tenant, count(*) FROM tasks
+WHERE lease_until IS NOT NULL AND state = 'RUNNING'
+GROUP BY name, tenant;
+
+-- name: limits_ready
+-- Which reserved scopes have ready work (their idle reservation is lent out otherwise).
+-- Tasks of a paused type are not ready work (:paused; the engine leaves paused types out
+-- of the type list): a paused type's reservation is lent out like an idle one.
+SELECT 'type', n.value FROM json_each(:names) AS n
+WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.name = n.value
+              AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now)
+UNION ALL
+SELECT 'tenant', t.value FROM json_each(:tenants) AS t
+WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t.value
+              AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
+              AND tasks.name NOT IN (SELECT value FROM json_each(:paused)));
+
+-- name: claim_limited
+-- claim_ready under bulkheads (only when a limit applies; the numbers come from
+-- ledger/bulkheads.py, lists as JSON arrays): oldest first, at most :name_limits[i] tasks
+-- of :names[i] (its cap), of which the first :name_reserved[i] come out of the slots owed
+-- to it and the rest out of a pool shared by every name, at most :pool tasks in all; the
+-- same per tenant (:tenants, :tenant_limits, :tenant_reserved, :tenant_pool; a tenant
+-- without a limit row, or a task without a tenant, takes only from :tenant_pool); at most
+-- :limit in all. Versions as in claim_ready: entry i claims versions :lo[i] .. :hi[i] of
+-- :names[i], and a name may have several entries (one per version a worker runs; the
+-- engine sends no two overlapping entries); its numbers are the name's, repeated per
+-- entry, and rn_name ranks the name's tasks across all its entries, so a cap holds across
+-- versions. Per entry that may take something, its oldest :limit ready tasks (a
+-- correlated list subquery on tasks_ready, skipping the tenants that may take nothing, so
+-- a capped tenant's backlog never hides the others'); then the caps filter in turn (name,
+-- then tenant, then the two pools); a row one filter drops may still have used a rank of
+-- an earlier one: the claim may take fewer, never more.
+DELETE FROM temp.claim_pick;
+WITH l AS (
+    SELECT n.value AS name, json_extract(:lo, '$[' || n.key || ']') AS lo,
+           json_extract(:hi, '$[' || n.key || ']') AS hi,
+           json_extract(:name_limits, '$[' || n.key || ']') AS lim,
+           json_extract(:name_reserved, '$[' || n.key || ']') AS own
+    FROM json_each(:names) AS n),
+tl AS (
+    SELECT tn.value AS tenant, json_extract(:tenant_limits, '$[' || tn.key || ']') AS n,
+           json_extract(:tenant_reserved, '$[' || tn.key || ']') AS own
+    FROM json_each(:tenants) AS tn),
+by_name AS (
+    SELECT t.id, t.state, t.run_at, t.tenant, l.lim AS name_limit, l.own AS name_own,
+           row_number() OVER (PARTITION BY t.name ORDER BY t.run_at, t.id) AS rn_name
+    FROM l JOIN tasks AS t ON t.id IN (
+        SELECT r.id FROM tasks AS r
+        WHERE r.name = l.name AND r.state IN ('PENDING', 'RETRY_WAIT') AND r.run_at <= :now
+          AND r.version BETWEEN l.lo AND l.hi
+          AND COALESCE((SELECT MIN(y.n, y.own + :tenant_pool) FROM tl AS y
+                        WHERE y.tenant = r.tenant), :tenant_pool) > 0
+        ORDER BY r.run_at LIMIT :limit)
+    WHERE MIN(l.lim, l.own + :pool) > 0),
+by_tenant AS (
+    SELECT c.id, c.state, c.run_at, c.rn_name, c.name_own,
+           COALESCE(tl.n, 1073741824) AS tenant_limit, COALESCE(tl.own, 0) AS tenant_own,
+           row_number() OVER (PARTITION BY tl.tenant ORDER BY c.run_at, c.id) AS rn_tenant
+    FROM by_name AS c LEFT JOIN tl ON tl.tenant = c.tenant
+    WHERE c.rn_name <= c.name_limit),
+pooled AS (
+    SELECT id, state, run_at, rn_name, name_own, rn_tenant, tenant_own,
+           sum(CASE WHEN rn_name > name_own THEN 1 ELSE 0 END)
+               OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS pool_rank,
+           sum(CASE WHEN rn_tenant > tenant_own THEN 1 ELSE 0 END)
+               OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS tenant_pool_rank
+    FROM by_tenant WHERE rn_tenant <= tenant_limit)
+INSERT INTO temp.claim_pick (id, from_state)
+SELECT id, state FROM pooled
+WHERE (rn_name <= name_own OR pool_rank <= :pool)
+  AND (rn_tenant <= tenant_own OR tenant_pool_rank <= :tenant_pool)
+ORDER BY run_at, id LIMIT :limit;
+UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 1,
+                 attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now
+WHERE id IN (SELECT id FROM temp.claim_pick)
+RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
+          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
+          control_request;
+
+-- name: limit_upsert
+INSERT INTO limits (scope, name, reserved, maximum, version, updated_at, updated_by, reason)
+VALUES (:scope, :name, :reserved, :maximum, 1, :now, :operator, :reason)
+ON CONFLICT (scope, name) DO UPDATE SET reserved = excluded.reserved,
+    maximum = excluded.maximum, version = limits.version + 1,
+    updated_at = excluded.updated_at, updated_by = excluded.updated_by,
+    reason = excluded.reason
+RETURNING scope, name, reserved, maximum, version, updated_at, updated_by, reason;
+
+-- name: limit_delete
+DELETE FROM limits WHERE scope = :scope AND name = :name
+RETURNING scope, name, reserved, maximum, version, updated_at, updated_by, reason;
+
+-- name: slot_ready
+-- ratchet limits: ready tasks per (name, tenant) and the oldest one's run_at.
+SELECT name, tenant, count(*), min(run_at) FROM tasks
+WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
+GROUP BY name, tenant;
+
+-- name: limits_audit
+-- The latest limit changes (limit_set / limit_cleared audit rows), newest first. Their
+-- task ids are "limit:SCOPE[:NAME]": a range of audit_task (task_id, seq), the few rows of
+-- the limits' history (audit_kind is gone since the retention migration; a walk of every
+-- audit row for them was the plan: tests/test_ledger_plans.py).
+SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
+FROM audit WHERE task_id >= 'limit:' AND task_id < 'limit;'
+  AND kind IN ('limit_set', 'limit_cleared')
+ORDER BY seq DESC LIMIT :limit;
 
 -- name: definitions_of
 -- The stored definitions of the given names (a worker's registration compares specs).
