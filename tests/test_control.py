@@ -246,3 +246,19 @@ def test_control_arguments_are_checked(args: tuple[str, ...], kwargs: dict[str, 
                                        message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Control(*args, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rate", [0, -1.0, 1e-320, 1e-300, 10**400, float("nan"), True, "5"])
+def test_resume_and_replay_refuse_rates_out_of_range(tmp_path: Path, rate: object) -> None:
+    """A rate below one task an hour would schedule tasks so far ahead they look lost (or
+    overflow 1 / rate); above the cap is a typo: refused, nothing changed."""
+    from ratchet import InvalidArguments
+
+    url = f"sqlite:///{tmp_path}/l.db"
+    with Control(url) as control:
+        control.migrate()
+        with pytest.raises(InvalidArguments, match="rate_per_s"):
+            control.resume("all", reason="go", by="op", rate_per_s=rate)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArguments, match="rate_per_s"):
+            control.quarantine_replay("0123456789abcdef", rate, reason="go")  # type: ignore[arg-type]
+

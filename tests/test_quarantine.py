@@ -73,7 +73,7 @@ def test_rates_parse(text: str, rate: float) -> None:
     assert parse_rate_per_s(text, "--rate") == pytest.approx(rate)
 
 
-@pytest.mark.parametrize("text", ["0/s", "-1/s", "5/d", "fast", "", "1e9"])
+@pytest.mark.parametrize("text", ["0/s", "-1/s", "5/d", "fast", "", "1e9", "1e-320", "1/d"])
 def test_bad_rates_are_refused(text: str) -> None:
     with pytest.raises(InvalidArguments, match="--rate"):
         parse_rate_per_s(text, "--rate")

@@ -405,3 +405,20 @@ def test_cli_prune(app: App, ledger_url: str, tmp_path: Path) -> None:
         bad = runner.invoke(cli, ["worker", "no_such_module:app", option, value,
                                   "--ledger", ledger_url])
         assert bad.exit_code == 2 and message in bad.output, bad.output
+
+
+def test_cli_prune_to_an_export_it_cannot_write_is_one_line_and_prunes_nothing(
+    app: App, ledger_url: str, tmp_path: Path
+) -> None:
+    register(app)
+    app.submit_many([SubmitRequest("t.ok", {"i": i}) for i in range(3)])
+    drain(app)
+    before = table_counts(ledger_url)
+    for target in (tmp_path / "missing" / "x.jsonl", tmp_path):
+        out = CliRunner().invoke(cli, ["prune", "--older-than", "0s", "--export", str(target),
+                                       "--ledger", ledger_url])
+        assert out.exit_code == 2, out.output
+        assert "Traceback" not in out.output and "nothing was pruned" in out.output
+        assert len(out.output.strip().splitlines()) == 1
+    assert table_counts(ledger_url) == before
+

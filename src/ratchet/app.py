@@ -711,9 +711,8 @@ class App:
         found = self.versions[name].get(version) if valid else None
         if found is None:
             raise UnknownTask(
-                f"{name} version {version!r}",
-                [f"{name} version {v}" for v in sorted(self.versions[name])],
-            )
+                name, [f"{name} version {v}" for v in sorted(self.versions[name])],
+                version=version if valid else None)
         return found
 
     def definitions(self) -> list[TaskDefinition]:

@@ -63,7 +63,7 @@ from .ledger.base import (
 )
 from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
-from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, MAX_RATE_PER_S, check_identifier
+from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier, check_rate_per_s
 
 __all__ = [
     "AuditEvent",
@@ -1049,11 +1049,8 @@ class Control:
         """
         scope, key = _scope(scope, target)
         why, who = _operator_args(reason, by)
-        if rate_per_s is not None and (
-                isinstance(rate_per_s, bool) or not isinstance(rate_per_s, int | float)
-                or not math.isfinite(rate_per_s) or rate_per_s <= 0):
-            raise InvalidArguments(
-                f"rate must be a finite number of tasks per second > 0, got {rate_per_s!r}")
+        if rate_per_s is not None:
+            rate_per_s = check_rate_per_s(rate_per_s, "rate_per_s")
         return self._writer().resume(scope, key, why, who,
                                      None if rate_per_s is None else float(rate_per_s))
 
@@ -1117,17 +1114,13 @@ class Control:
             raise InvalidArguments(
                 f"fingerprint must be the 16 hex digits ratchet quarantine list shows, got "
                 f"{printable(str(fingerprint))!r}")
-        ok_rate = (not isinstance(rate_per_s, bool) and isinstance(rate_per_s, int | float)
-                   and math.isfinite(rate_per_s) and 0 < rate_per_s <= MAX_RATE_PER_S)
-        if not ok_rate:
-            raise InvalidArguments(
-                f"rate_per_s must be a number above 0 and at most {MAX_RATE_PER_S:g}, got "
-                f"{rate_per_s!r}")
+        rate_per_s = check_rate_per_s(rate_per_s, "rate_per_s")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100_000:
             raise InvalidArguments(f"limit must be an integer from 1 to 100000, got {limit!r}")
         if reason is None or not isinstance(reason, str) or not reason.strip():
             if not dry_run:
-                raise InvalidArguments("reason must say why (it is kept in the audit log)")
+                raise InvalidArguments(
+                    "reason (--reason) must say why: it is kept in the audit log")
             reason = ""
         else:
             check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
@@ -1283,7 +1276,7 @@ def _operator_args(reason: object, by: object) -> tuple[str, str]:
     reason that says something, an operator name that can be stored (default
     :func:`default_operator`)."""
     if not isinstance(reason, str) or not reason.strip():
-        raise InvalidArguments("reason must say why (it is kept in the audit log)")
+        raise InvalidArguments("reason (--reason) must say why: it is kept in the audit log")
     check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
     who = by if by is not None else default_operator()
     check_identifier(who, "operator name", MAX_KEY_BYTES)

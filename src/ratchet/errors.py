@@ -92,13 +92,21 @@ class UnknownTask(SubmitError):
 
     Attributes:
         name: the name that was asked for.
-        known: the names the app does know, sorted.
+        known: the names the app does know, sorted (with ``version``: the versions of
+            that name it defines).
     """
 
-    def __init__(self, name: str, known: list[str]) -> None:
+    def __init__(self, name: str, known: list[str], version: int | None = None) -> None:
         self.name = name
         self.known = known
         hint = ", ".join(known) if known else "none registered"
+        if version is not None:
+            super().__init__(
+                f"unknown task {name!r} version {version!r}; this app defines: {hint}. "
+                f"Register it with @app.task(name={name!r}, version={version!r}) in the "
+                "module the app is imported from."
+            )
+            return
         super().__init__(
             f"unknown task {name!r}; registered tasks: {hint}. "
             "Register it with @app.task(name=...) in the module the app is imported from."

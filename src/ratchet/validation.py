@@ -12,6 +12,7 @@ the caller's error there and never a failed ledger write later.
 
 from __future__ import annotations
 
+import math
 import re
 
 from .errors import InvalidArguments
@@ -109,6 +110,33 @@ MAX_RATE_PER_S = 100_000.0
 """Largest replay rate accepted, tasks per second."""
 
 
+MIN_RATE_PER_S = 1.0 / 3600.0
+"""Smallest admission rate (one task per hour): a slower one would schedule tasks so far
+ahead (``n / rate`` seconds) that they look lost, and ``1 / rate`` overflows near 0."""
+
+
+def check_rate_per_s(rate: object, what: str) -> float:
+    """``rate`` as tasks per second, a finite number from :data:`MIN_RATE_PER_S` to
+    :data:`MAX_RATE_PER_S` (resume and quarantine replay admit tasks at it).
+
+    Raises:
+        InvalidArguments: a bool, not a number, NaN/inf, or out of range (named by
+            ``what``).
+    """
+    value = math.nan
+    if not isinstance(rate, bool) and isinstance(rate, int | float):
+        try:
+            value = float(rate)
+        except OverflowError:  # an int beyond any float
+            value = math.inf
+    if not (math.isfinite(value) and MIN_RATE_PER_S <= value <= MAX_RATE_PER_S):
+        shown = repr(rate) if len(repr(rate)) <= 40 else repr(rate)[:40] + "..."
+        raise InvalidArguments(
+            f"{what} must be a number of tasks per second from {MIN_RATE_PER_S:.6g} (one an "
+            f"hour) to {MAX_RATE_PER_S:g}, got {shown}")
+    return value
+
+
 def parse_rate_per_s(text: str, what: str) -> float:
     """``"5/s"``, ``"300/m"``, ``"1000/h"`` or ``"5"`` (per second) as tasks per second,
     a finite number above 0 and at most :data:`MAX_RATE_PER_S`.
@@ -118,8 +146,8 @@ def parse_rate_per_s(text: str, what: str) -> float:
     """
     match = _RATE.match(text) if isinstance(text, str) else None
     rate = (float(match.group(1)) / _UNIT_S[match.group(2) or "s"]) if match else 0.0
-    if match is None or not 0 < rate <= MAX_RATE_PER_S:
+    if match is None or not MIN_RATE_PER_S <= rate <= MAX_RATE_PER_S:
         raise InvalidArguments(
-            f"{what} must be a rate above 0 like 5/s, 300/m or 1000/h (per second if no "
-            f"unit), at most {MAX_RATE_PER_S:g}/s, got {text!r}")
+            f"{what} must be a rate like 5/s, 300/m or 1000/h (per second if no unit), from "
+            f"1/h to {MAX_RATE_PER_S:g}/s, got {text!r}")
     return rate

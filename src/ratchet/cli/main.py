@@ -1008,15 +1008,7 @@ def _selector(everything: bool, task_type: str | None, task: str | None) -> tupl
 
 def _parse_rate(text: str | None) -> float | None:
     """``--rate N/s`` (or ``N``) as tasks per second."""
-    if text is None:
-        return None
-    number = text.strip().removesuffix("/s").strip()
-    try:
-        rate = float(number)
-    except ValueError:
-        raise InvalidArguments(f"--rate must look like 5/s (tasks per second), got {text!r}"
-                               ) from None
-    return rate
+    return None if text is None else parse_rate_per_s(text, "--rate")
 
 
 def _print_pause(result: PauseResult, who: str, as_json: bool) -> None:
@@ -1193,8 +1185,12 @@ def prune(
     def run() -> None:
         age = parse_duration_s(older_than, "--older-than")
         with Control(ledger) as control:
-            report = control.prune(age, dry_run=dry_run, batch_size=batch_size,
-                                   export=export, by=operator)
+            try:
+                report = control.prune(age, dry_run=dry_run, batch_size=batch_size,
+                                       export=export, by=operator)
+            except OSError as exc:  # the export file: nothing was deleted
+                raise InvalidArguments(
+                    f"--export {export}: {exc.strerror or exc}; nothing was pruned") from exc
         if as_json:
             echo_json(report)
             return

@@ -2159,6 +2159,8 @@ def _arbitrate(
       next holder's lookup; otherwise the request is applied instead: ``CANCELLED`` (cancel
       wins over a pause) or ``PAUSED``.
     """
+    if t.to is State.CANCELLED and request is ControlRequest.CANCEL:
+        return write, t, None  # the holder applied the cancel itself
     if t.to in (State.SUCCEEDED, State.FAILED, State.CANCELLED):
         why = f"{request} request dropped: the attempt ended {t.to.value} first"
         return write, dataclasses.replace(
