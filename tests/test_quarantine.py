@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,8 +122,10 @@ def _events(control: Control, task_id: str) -> list[str]:
 
 
 def test_poison_task_is_quarantined_after_n_attempts_and_not_redelivered(
-    poison_app: App, service: CountingService, ledger_url: str
+    poison_app: App, service: CountingService, ledger_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="ratchet.worker")
     poisoned = [poison_app.submit("q.poison", {"order": n}) for n in (101, 202)]
     with running_worker(poison_app, concurrency=2):
         for h in poisoned:
@@ -144,6 +147,9 @@ def test_poison_task_is_quarantined_after_n_attempts_and_not_redelivered(
                                                 "order 1 timed out after 4.5 s")
         assert group.first_seen <= group.last_seen
         assert "quarantine" in _events(control, poisoned[0].task_id)
+    # The worker's log says what the ledger did, not only what the attempt asked for.
+    told = [r.getMessage() for r in caplog.records if "the ledger made it" in r.getMessage()]
+    assert len(told) == 2 and all("FAILED (asked RETRY_WAIT)" in m for m in told), told
 
 
 def test_replay_reruns_with_fresh_counters_at_a_rate_and_dry_run_changes_nothing(

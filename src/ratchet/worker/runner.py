@@ -1177,6 +1177,13 @@ class Worker:
             if outcome is None and isinstance(error, WriteRejected):
                 self._reject(claim, ctx, transition, error)
                 return
+            if (outcome is not None and outcome.ok and outcome.current_state is not None
+                    and outcome.current_state is not transition.to):
+                # The ledger applied another state than asked (an operator's request, a
+                # quarantine): say so next to the line on_failure logged for the request.
+                log.warning("task %s %s gen=%d: the ledger made it %s (asked %s)",
+                            claim.name, claim.task_id, claim.generation,
+                            outcome.current_state.value, transition.to.value)
             self._finished(claim, lease, ctx, steps, transition, label, outcome, error)
 
         try:
