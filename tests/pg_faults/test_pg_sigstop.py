@@ -135,25 +135,29 @@ def test_pg_holder_frozen_inside_a_transaction_does_not_block_takeover(pg_rig: P
             (a_app, f"{rig.schema}.tasks"),
         ).fetchall())
 
-    frozen = False
+    def rows_locked() -> list[str]:
+        """Which rows A's open transaction holds: the ones a SKIP LOCKED probe cannot take."""
+        with rig.raw.transaction(force_rollback=True):
+            free = {r[0] for r in rig.raw.execute(
+                f"SELECT id FROM {rig.schema}.tasks WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED",
+                (ids,),
+            ).fetchall()}
+        return sorted(set(ids) - free)
+
+    # Frozen inside a transaction that holds task rows (not one that only read the table,
+    # e.g. a claim that found nothing ready: it takes the relation lock but no row).
+    locked: list[str] = []
     deadline = time.monotonic() + 30
-    while not frozen and time.monotonic() < deadline:
+    while not locked and time.monotonic() < deadline:
         if a_locking_tasks():
             a.signal(signal.SIGSTOP)
             a.wait_stopped()
             if a_locking_tasks():
-                frozen = True
-                break
+                locked = rows_locked()
+                if locked:
+                    break
             a.signal(signal.SIGCONT)
-    assert frozen, "could not freeze A inside a transaction that locks task rows"
-    # Which rows A's open transaction holds: the ones a SKIP LOCKED probe cannot take.
-    with rig.raw.transaction(force_rollback=True):
-        free = {r[0] for r in rig.raw.execute(
-            f"SELECT id FROM {rig.schema}.tasks WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED",
-            (ids,),
-        ).fetchall()}
-    locked = sorted(set(ids) - free)
-    assert locked, "A's frozen transaction locks no task row"
+    assert locked, "could not freeze A inside a transaction that locks task rows"
     print(f"A frozen holding row locks on {len(locked)} task(s)")
 
     b = rig.pg_worker("B", concurrency=4)
