@@ -146,14 +146,19 @@ def test_a_downstream_budget_holds_back_retries_of_its_failed_calls(
         with running_worker(app, concurrency=6):
             wait_for("every charge", lambda: all(h.get().state is State.SUCCEEDED
                                                  for h in handles), 60, 0.2)
-        # 6 first calls and 6 retries at the service, the retries at most 2 in any 2
-        # consecutive whole seconds (the budget's 1 s buckets; +1 of headroom for a retry
-        # that starts a little after its run_at).
-        times = sorted(at for at, key in service.records().times if key.endswith(":2"))
-        assert len(times) == 6
-        seconds = [math.floor(at) for at in times]
+        # 6 first calls and 6 retries at the service. The budget admits retries: each
+        # retry's run_at (kept on the row after it ran) lies in the budget's 1 s buckets at
+        # most 2 in any 2 consecutive seconds, and the service saw no retry before its
+        # admission. (Arrival times themselves may bunch on a loaded machine: a retry
+        # admitted for second s can start late, next to the ones admitted for s + 2.)
+        arrived = {key.rsplit(":", 1)[0]: at for at, key in service.records().times
+                   if key.endswith(":2")}
+        assert len(arrived) == 6
+        admitted = {f"charge:{h.task_id}": h.get().run_at for h in handles}
+        assert all(arrived[k] >= admitted[k] - 0.001 for k in admitted), (arrived, admitted)
+        seconds = sorted(math.floor(at) for at in admitted.values())
         for end in range(seconds[0], seconds[-1] + 1):
-            assert sum(1 for s in seconds if end - 2 < s <= end) <= 2 + 1, times
+            assert sum(1 for s in seconds if end - 2 < s <= end) <= 2, seconds
         assert seconds[-1] - seconds[0] >= 3
         with Control(ledger_url) as control:
             reasons = [e.detail.get("reason", "") for h in handles
