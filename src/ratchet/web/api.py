@@ -1,0 +1,13 @@
+"""The JSON HTTP API (``/api/...``). Filled in by issue 11."""
+
+from __future__ import annotations
+
+from starlette.routing import BaseRoute
+
+from ..control import Control
+from .app import WebSettings
+
+
+def routes(control: Control, settings: WebSettings) -> list[BaseRoute]:
+    """The API's routes."""
+    return []

@@ -1,0 +1,55 @@
+"""The ASGI application of ``ratchet serve``: the API, the dashboard and ``/metrics``
+mounted on one Starlette app around one :class:`~ratchet.control.Control`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute
+
+from ..control import Control
+
+
+@dataclass(frozen=True, slots=True)
+class WebSettings:
+    """How ``ratchet serve`` runs.
+
+    Attributes:
+        ledger_url: the ledger URL (``None``: ``RATCHET_LEDGER_URL``, default
+            ``sqlite:///ratchet.db``).
+        api_token: the bearer token mutations need (``RATCHET_API_TOKEN``); ``None``: the
+            service binds to 127.0.0.1 only and mutations from loopback need no token.
+    """
+
+    ledger_url: str | None = None
+    api_token: str | None = None
+
+
+def create_app(settings: WebSettings, *, control: Control | None = None) -> Starlette:
+    """Build the ASGI app: ``/api/...`` (JSON, OpenAPI at ``/api/openapi.json``), the
+    dashboard at ``/`` and Prometheus exposition at ``/metrics``.
+
+    Args:
+        settings: see :class:`WebSettings`.
+        control: the Control to use (tests pass one); default ``Control(settings.ledger_url)``.
+
+    Raises:
+        ConfigError: malformed ledger URL.
+    """
+    from . import api, dashboard
+
+    ctl = control if control is not None else Control(settings.ledger_url)
+    routes: list[BaseRoute] = [*api.routes(ctl, settings), *dashboard.routes(ctl, settings)]
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        ctl.close()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.control = ctl
+    app.state.settings = settings
+    return app
