@@ -223,6 +223,19 @@ def worker(
         typer.Option("--prune-every", metavar="AGE",
                      help="Time between those prunes (jittered)."),
     ] = "1h",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port", min=0, max=65535, metavar="PORT",
+            help="Serve Prometheus metrics of this worker at http://HOST:PORT/metrics"
+            " (0: a free port, logged as 'metrics on http://...'). Default: not served.",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option("--metrics-host", metavar="HOST",
+                     help="Address the metrics endpoint binds (with --metrics-port)."),
+    ] = "127.0.0.1",
 ) -> None:
     """Run a worker for the app's tasks.
 
@@ -275,6 +288,14 @@ def worker(
             raise InvalidArguments(f"--prune-every must be longer than 0, got {prune_every!r}")
         app = load_app(app_spec)
         installed = [load_middleware(spec) for spec in middleware or []]
+        metrics_server = None
+        if metrics_port is not None:
+            from ..observe.metrics import MetricsServer, WorkerMetrics
+
+            worker_metrics = WorkerMetrics(process=True)
+            installed.insert(0, worker_metrics)
+            metrics_server = MetricsServer(worker_metrics.registry, metrics_host, metrics_port)
+            log.info("metrics on %s", metrics_server.url)
         app.configure(ledger=ledger)
         open_ledger_waiting(lambda: app.ledger)  # opens (and migrates) the ledger now
         w = Worker(
@@ -294,7 +315,11 @@ def worker(
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
                  [f"{n} v{v}" for n, v in w.kinds], concurrency, w.prefetch, w.writers)
-        stats = w.run()
+        try:
+            stats = w.run()
+        finally:
+            if metrics_server is not None:
+                metrics_server.close()
         log.info("worker %s stopped: %s", w.holder, stats)
         code = w.exit_code
         if stats.stuck_threads:

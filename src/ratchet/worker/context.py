@@ -264,6 +264,12 @@ class TaskContext:
         """Circuit breakers by downstream (the App's, set by the worker)."""
         self._released = True  # the breaker permit of the effect in flight was given back
 
+    @property
+    def effect_downstream(self) -> str | None:
+        """The ``downstream=`` of the effect being performed (in ``before_effect`` /
+        ``after_effect`` hooks: that effect's), or None when it declared none."""
+        return self._downstream
+
     def load_params(self) -> dict[str, Any]:
         """Decode the task's stored params (sets :attr:`params`) and return them.
 
@@ -908,6 +914,8 @@ class TaskContext:
             "late effect (possible duplicate at a target that cannot deduplicate)",
             self.task_id, cp.describe(), key, self.generation,
         )
+        if self._hooks is not None:
+            self._hooks.late_effect(self, cp.name, key, outcome)
         late = LateEffect(0, self.task_id, cp.stored_name, key, self.generation, self.holder,
                           0.0, outcome, detail)
         try:

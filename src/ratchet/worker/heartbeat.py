@@ -17,8 +17,13 @@ import logging
 import threading
 import time
 
+from typing import TYPE_CHECKING
+
 from ..errors import LeaseLost
 from ..ledger.base import Ledger, RenewResult
+
+if TYPE_CHECKING:
+    from .hooks import Hooks
 
 __all__ = ["Heartbeat", "LeaseHandle", "margin_for"]
 
@@ -151,6 +156,8 @@ class Heartbeat(threading.Thread):
         self.failures = 0
         self._control_due = float("-inf")  # monotonic: next read of operator requests
         self.control_reads = 0
+        self.hooks: Hooks | None = None
+        """Lifecycle hooks (``after_renew``), or None when no middleware is set."""
 
     def add_many(
         self, leases: list[tuple[str, int, float, float, float]]
@@ -268,11 +275,14 @@ class Heartbeat(threading.Thread):
         results: list[RenewResult] = []
         if handles:
             t_sent = time.monotonic()
+            hooks = self.hooks
             try:
                 results = self._ledger.renew(
                     self._holder, [(h.task_id, h.generation) for h in handles]
                 )
             except Exception as exc:  # the window simply runs out; effects stop on their own
+                if hooks is not None:
+                    hooks.after_renew(len(handles), 0, time.monotonic() - t_sent, exc)
                 self.failures += 1
                 retry_at = time.monotonic()
                 for h in handles:  # try again soon, without spinning on a dead ledger
@@ -280,6 +290,8 @@ class Heartbeat(threading.Thread):
                 log.warning("lease renewal failed (%d leases): %s", len(handles), exc)
             else:
                 self.renewals += 1
+                t_answered = time.monotonic()
+                refused = 0
                 by_id = {h.task_id: h for h in handles}
                 for r in results:
                     handle = by_id.get(r.task_id)
@@ -298,6 +310,9 @@ class Heartbeat(threading.Thread):
                     else:
                         handle.mark_lost()
                         handle.renew_due = float("inf")
+                        refused += 1
+                if hooks is not None:
+                    hooks.after_renew(len(handles), refused, t_answered - t_sent, None)
         with self._round_done:
             self._rounds += 1
             self._round_done.notify_all()

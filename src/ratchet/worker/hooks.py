@@ -18,6 +18,8 @@ when the worker has more than one (``writers``): a middleware must be thread-saf
                                                or the task thread when nothing was written
 ``before_step`` / ``after_step``               the task thread
 ``before_effect`` / ``after_effect``           the task thread
+``late_effect``                                the task thread
+``after_renew``                                the heartbeat thread
 =============================================  =========================================
 
 A hook that raises is logged (``ratchet.worker.hooks`` logger, with its traceback) and
@@ -111,6 +113,20 @@ class Middleware:
         self, worker: Worker, batch_size: int, duration_s: float, error: BaseException | None
     ) -> None:
         """That group commit ended; ``error`` is the ledger's error when it failed."""
+
+    def after_renew(
+        self, worker: Worker, leases: int, refused: int, duration_s: float,
+        error: BaseException | None,
+    ) -> None:
+        """One batched renewal of ``leases`` held leases ended after ``duration_s`` seconds
+        (request to reply). ``refused``: leases the ledger would not renew (revoked by an
+        operator or the worker registry, or taken over after expiry): they are lost.
+        ``error``: the ledger's error when the whole renewal failed (nothing confirmed)."""
+
+    def late_effect(self, ctx: TaskContext, name: str, key: str, outcome: str) -> None:
+        """This worker, no longer the task's holder, sent effect ``name`` (key ``key``)
+        after its safe window closed to a target that does not deduplicate; a late-effect
+        record is being written (``outcome``: ``"done"`` or ``"unknown"``)."""
 
 
 class Hooks:
@@ -234,3 +250,21 @@ class Hooks:
                 mw.after_commit(self.worker, batch_size, duration_s, error)
             except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "after_commit")
+
+    def after_renew(
+        self, leases: int, refused: int, duration_s: float, error: BaseException | None
+    ) -> None:
+        """Call ``after_renew`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.after_renew(self.worker, leases, refused, duration_s, error)
+            except BaseException:  # even SystemExit from a plugin: log, go on
+                self._failed(mw, "after_renew")
+
+    def late_effect(self, ctx: TaskContext, name: str, key: str, outcome: str) -> None:
+        """Call ``late_effect`` on every middleware."""
+        for mw in self.middleware:
+            try:
+                mw.late_effect(ctx, name, key, outcome)
+            except BaseException:  # even SystemExit from a plugin: log, go on
+                self._failed(mw, "late_effect")

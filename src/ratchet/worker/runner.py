@@ -474,6 +474,7 @@ class Worker:
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
         self._hooks: Hooks | None = Hooks(self, self.middleware) if self.middleware else None
         self.writer.hooks = self._hooks
+        self.heartbeat.hooks = self._hooks
         self._stopping = threading.Event()
         self._wake = threading.Event()
         # Claimed and not finished: prefetched, running, completion not yet committed.
