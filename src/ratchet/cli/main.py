@@ -290,8 +290,11 @@ def worker(
         installed = [load_middleware(spec) for spec in middleware or []]
         metrics_server = None
         if metrics_port is not None:
+            from prometheus_client import disable_created_metrics
+
             from ..observe.metrics import MetricsServer, WorkerMetrics
 
+            disable_created_metrics()  # type: ignore[no-untyped-call]  # one worker: half the series
             worker_metrics = WorkerMetrics(process=True)
             installed.insert(0, worker_metrics)
             metrics_server = MetricsServer(worker_metrics.registry, metrics_host, metrics_port)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-
 from typing import TYPE_CHECKING
 
 from ..errors import LeaseLost
