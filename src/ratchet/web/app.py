@@ -8,7 +8,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
-from starlette.routing import BaseRoute
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
 from ..control import Control
 
@@ -43,6 +46,14 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
 
     ctl = control if control is not None else Control(settings.ledger_url)
     routes: list[BaseRoute] = [*api.routes(ctl, settings), *dashboard.routes(ctl, settings)]
+
+    async def metrics(_request: Request) -> Response:
+        from ..observe.ledger_metrics import render_ledger_metrics
+
+        body, content_type = await run_in_threadpool(render_ledger_metrics, ctl)
+        return Response(body, headers={"Content-Type": content_type})
+
+    routes.append(Route("/metrics", metrics, methods=["GET"]))
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

@@ -1,0 +1,177 @@
+"""Prometheus metrics of the ledger, read through the public Control API at scrape time
+(DESIGN §9): what the web service serves at ``/metrics``.
+
+:class:`LedgerCollector` calls :meth:`Control.status <ratchet.control.Control.status>`
+once per scrape (a read of the rollup and the ready index, milliseconds with millions of
+finished tasks; no history is read) and turns the report into gauges and counters. Every
+per-state count is the ledger's own ``GROUP BY state``, never derived from event
+counters. Labels: ``type`` (task name) and ``state`` (lower case), from
+:data:`~ratchet.observe.metrics.ALLOWED_LABELS`; each type gets every state, zeros
+included, so the series stay the same while tasks move.
+
+Series:
+
+* ``ratchet_ledger_up`` (1: the status read succeeded; 0: it failed, nothing else is
+  reported), ``ratchet_ledger_scrape_duration_seconds``;
+* ``ratchet_ledger_tasks{type,state}``;
+* per type: ``ratchet_ledger_backlog_tasks`` (ready to run now),
+  ``ratchet_ledger_scheduled_tasks`` (waiting for a later ``run_at``),
+  ``ratchet_ledger_arrivals_per_second``, ``ratchet_ledger_completions_per_second`` (over
+  the status window), ``ratchet_ledger_net_drain_per_second``,
+  ``ratchet_ledger_drain_eta_seconds`` (only while the backlog drains),
+  ``ratchet_ledger_oldest_pending_age_seconds`` (0 when nothing is ready),
+  ``ratchet_ledger_unknown_tasks``, ``ratchet_ledger_oldest_unknown_age_seconds`` (0 when
+  none), ``ratchet_ledger_quarantined_tasks``;
+* ledger-wide: ``ratchet_ledger_late_effects`` (recorded now) and the audit totals, ever
+  (kept by ``prune``): ``ratchet_ledger_claims_total``, ``..._takeovers_total``,
+  ``..._revocations_total``, ``..._stale_rejections_total``, ``..._lookup_hits_total``,
+  ``..._idempotency_conflicts_total``, ``..._operator_actions_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..control import Control, StatusReport
+from ..errors import RatchetError
+from ..states import State
+from .metrics import check_label_names, render
+
+__all__ = ["LedgerCollector", "ledger_metrics_registry", "render_ledger_metrics"]
+
+log = logging.getLogger("ratchet.observe.metrics")
+
+_AUDIT_TOTALS = (
+    ("claims", "Claims recorded in the audit log, ever."),
+    ("takeovers", "Claims that took over an expired or revoked lease, ever."),
+    ("revocations", "Leases revoked (operator, worker registry), ever."),
+    ("stale_rejections", "Writes rejected for a stale generation (fenced out), ever."),
+    ("lookup_hits", "Effects settled by a lookup that found an earlier execution, ever."),
+    ("idempotency_conflicts", "Submits refused: same idempotency key, other params, ever."),
+    ("operator_actions", "Operator actions (cancel, retry, pause, resolve ...), ever."),
+)
+
+_PER_TYPE = (
+    # (metric, help, TypeStatusView attribute, only when not None)
+    ("ratchet_ledger_backlog_tasks", "Tasks ready to run now (PENDING / RETRY_WAIT due).",
+     "backlog"),
+    ("ratchet_ledger_scheduled_tasks", "Tasks waiting for a later run_at (delayed, backoff).",
+     "scheduled"),
+    ("ratchet_ledger_arrivals_per_second", "Tasks submitted per second over the status "
+     "window.", "arrival_per_s"),
+    ("ratchet_ledger_completions_per_second", "Tasks finished per second over the status "
+     "window.", "completion_per_s"),
+    ("ratchet_ledger_net_drain_per_second", "Completions minus arrivals per second "
+     "(negative: the backlog grows).", "net_drain_per_s"),
+    ("ratchet_ledger_drain_eta_seconds", "Backlog / net drain rate; absent unless the "
+     "backlog drains.", "drain_eta_s"),
+    ("ratchet_ledger_oldest_pending_age_seconds", "Age of the oldest ready task (0: none "
+     "ready).", "oldest_pending_age_s"),
+    ("ratchet_ledger_unknown_tasks", "Tasks in UNKNOWN, waiting for an operator "
+     "(ratchet resolve).", "unknown"),
+    ("ratchet_ledger_oldest_unknown_age_seconds", "Age of the oldest UNKNOWN task (0: none).",
+     "oldest_unknown_age_s"),
+    ("ratchet_ledger_quarantined_tasks", "Tasks quarantined (held for an operator's replay).",
+     "quarantined"),
+)
+
+_ABSENT_WHEN_NONE = frozenset({"drain_eta_s"})
+
+
+class LedgerCollector(Collector):
+    """A prometheus_client collector reading :meth:`Control.status` at each scrape.
+
+    Args:
+        control: the Control to read (its ledger is read, never written, except that
+            ``status`` moves the counts mark forward as it always does).
+
+    A failed read (``LedgerUnavailable`` ...) is logged and reported as
+    ``ratchet_ledger_up 0``; the scrape itself does not fail.
+    """
+
+    def __init__(self, control: Control) -> None:
+        self._control = control
+        for name, _help, _attr in _PER_TYPE:
+            check_label_names(name, ["type"])
+        check_label_names("ratchet_ledger_tasks", ["type", "state"])
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # no read at registration: the series are known only from the ledger
+
+    def collect(self) -> Iterator[Metric]:
+        t0 = time.perf_counter()
+        up = GaugeMetricFamily("ratchet_ledger_up", "1 if the ledger status read succeeded.")
+        try:
+            report = self._control.status()
+        except RatchetError as exc:
+            log.warning("ledger metrics: status read failed: %s", exc)
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
+        yield from _families(report)
+        took = GaugeMetricFamily("ratchet_ledger_scrape_duration_seconds",
+                                 "How long the status read took.")
+        took.add_metric([], time.perf_counter() - t0)
+        yield took
+
+
+def _families(report: StatusReport) -> Iterator[Metric]:
+    """The metric families of one status report."""
+    tasks = GaugeMetricFamily("ratchet_ledger_tasks", "Tasks by type and state, as the "
+                              "ledger holds them.", labels=["type", "state"])
+    for name, states in sorted(report.counts.items()):
+        for state in State:
+            tasks.add_metric([name, state.value.lower()], float(states.get(state.value, 0)))
+        for other in sorted(set(states) - {s.value for s in State}):
+            tasks.add_metric([name, other.lower()], float(states[other]))
+    yield tasks
+    types: list[Any] | None = getattr(report, "types", None)
+    if types is not None:
+        for metric, doc, attr in _PER_TYPE:
+            family = GaugeMetricFamily(metric, doc, labels=["type"])
+            for view in sorted(types, key=lambda v: str(v.name)):
+                raw = getattr(view, attr, None)
+                if raw is None and attr in _ABSENT_WHEN_NONE:
+                    continue
+                family.add_metric([str(view.name)], float(raw or 0.0))
+            yield family
+    else:  # a Control without per-type capacity figures: the ledger-wide ones
+        pending = GaugeMetricFamily("ratchet_ledger_oldest_pending_age_seconds",
+                                    "Age of the oldest ready task (0: none ready).")
+        pending.add_metric([], float(report.oldest_pending_age_s or 0.0))
+        yield pending
+        unknown = GaugeMetricFamily("ratchet_ledger_unknown_tasks",
+                                    "Tasks in UNKNOWN, waiting for an operator.")
+        unknown.add_metric([], float(report.unknown))
+        yield unknown
+    late = GaugeMetricFamily("ratchet_ledger_late_effects", "Late effects recorded (calls "
+                             "sent by holders after a takeover: possible duplicates).")
+    late.add_metric([], float(report.late_effects))
+    yield late
+    for attr, doc in _AUDIT_TOTALS:
+        counter = CounterMetricFamily(f"ratchet_ledger_{attr}", doc)
+        counter.add_metric([], float(getattr(report, attr)))
+        yield counter
+
+
+def ledger_metrics_registry(control: Control) -> CollectorRegistry:
+    """A new registry holding one :class:`LedgerCollector` on ``control`` (nothing is read
+    until it is collected)."""
+    registry = CollectorRegistry()
+    registry.register(LedgerCollector(control))
+    return registry
+
+
+def render_ledger_metrics(control: Control) -> tuple[bytes, str]:
+    """Read the ledger's status once and return the text exposition: ``(body, content
+    type)``, for an HTTP route (blocking: call it from a worker thread in async code)."""
+    return render(ledger_metrics_registry(control))
