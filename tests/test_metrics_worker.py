@@ -26,6 +26,7 @@ from ratchet import (
     TaskContext,
     TransientError,
 )
+from ratchet.control import Control
 from ratchet.errors import ConfigError
 from ratchet.observe.metrics import (
     ALLOWED_LABELS,
@@ -36,6 +37,7 @@ from ratchet.observe.metrics import (
 )
 from ratchet.testing.processes import ProcessGroup, wait_for
 from ratchet.testing.worker import running_worker
+from ratchet.worker import Worker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -290,3 +292,71 @@ def test_no_middleware_costs_nothing_on_the_heartbeat(app: App) -> None:
     with running_worker(app, concurrency=1) as w:
         assert w.heartbeat.hooks is None
         assert app.wait(app.submit("m.n", {}).task_id, 30).state is State.SUCCEEDED
+
+
+def test_takeover_late_effect_and_stale_rejection_are_counted(app: App) -> None:
+    """Holder A freezes its heartbeat inside an effect call; B takes the task over after
+    the lease expires and settles the effect by lookup; A's call then fails after its
+    window closed (a late effect) and its writes are fenced out (stale). Two workers in one
+    process, each with its own registry."""
+    ma, mb = WorkerMetrics(), WorkerMetrics()
+    workers: dict[str, Worker] = {}
+
+    @app.task(name="m.takeover", lease_s=1.0, retry=FAST)
+    def takeover(ctx: TaskContext) -> object:
+        a = workers["a"]
+
+        def call(key: str) -> object:
+            if ctx.holder != a.holder:
+                return "b"
+            a.heartbeat.stop()  # A stops renewing: frozen, as far as the ledger can tell
+            wait_for("B's takeover", lambda: app.get(ctx.task_id).generation > ctx.generation,
+                     30)
+            raise OutcomeUnknownError("reply lost")
+
+        return ctx.effect("charge", key=f"charge-{ctx.task_id}", call=call,
+                          lookup=lambda k: {"charged": k})
+
+    with running_worker(app, concurrency=1, middleware=[ma], fast_takeover=False) as wa:
+        workers["a"] = wa
+        handle = app.submit("m.takeover", {})
+        wait_for("A to hold the lease", lambda: wa.heartbeat.held(), 30)
+        with running_worker(app, concurrency=1, middleware=[mb], fast_takeover=False):
+            assert app.wait(handle.task_id, 30).state is State.SUCCEEDED
+
+            def sample(m: WorkerMetrics, name: str, **labels: str) -> float:
+                return m.registry.get_sample_value(name, labels) or 0.0
+
+            wait_for("A's stale attempt counted", lambda: sample(
+                ma, "ratchet_attempts_total", type="m.takeover", outcome="stale") == 1, 30)
+            wait_for("B's attempt counted", lambda: sample(
+                mb, "ratchet_attempts_total", type="m.takeover", outcome="succeeded") == 1, 30)
+    assert sample(ma, "ratchet_late_effects_total", type="m.takeover") == 1
+    assert sample(ma, "ratchet_stale_rejections_total", type="m.takeover") == 1
+    assert sample(ma, "ratchet_takeovers_total", type="m.takeover") == 0
+    assert sample(mb, "ratchet_takeovers_total", type="m.takeover") == 1
+    assert sample(mb, "ratchet_claims_total", type="m.takeover") == 1
+    assert sample(mb, "ratchet_effects_total", type="m.takeover", outcome="lookup") == 1
+    assert sample(mb, "ratchet_late_effects_total", type="m.takeover") == 0
+    status = Control(app.ledger_url).status()  # the ledger agrees
+    assert status.late_effects == 1 and status.takeovers == 1
+
+
+def test_revoked_lease_is_counted(app: App) -> None:
+    m = WorkerMetrics()
+    release = threading.Event()
+
+    @app.task(name="m.revoked", lease_s=1.0, retry=FAST)
+    def revoked(ctx: TaskContext) -> str:
+        release.wait(30)
+        return "late"
+
+    with running_worker(app, concurrency=1, middleware=[m], fast_takeover=False) as w:
+        handle = app.submit("m.revoked", {})
+        wait_for("the lease to be held", lambda: w.heartbeat.held(), 30)
+        assert app.ledger.revoke_holder(w.holder, "test", "revocation test") == [handle.task_id]
+        wait_for("the refused renewal counted",
+                 lambda: m.registry.get_sample_value("ratchet_leases_revoked_total") == 1, 30)
+        release.set()
+        wait_for("the fenced-out attempt counted", lambda: m.registry.get_sample_value(
+            "ratchet_stale_rejections_total", {"type": "m.revoked"}) == 1, 30)

@@ -205,6 +205,7 @@ class WorkerMetrics(Middleware):
         self._types: frozenset[str] = frozenset()
         self._downstreams: frozenset[str] = frozenset()
         self._attempt_started: dict[tuple[str, int], float] = {}
+        self._attempt_plan: dict[tuple[str, str], tuple[tuple[Counter, ...], Histogram]] = {}
         self._sent_before = threading.local()
         r = self.registry
 
@@ -300,6 +301,7 @@ class WorkerMetrics(Middleware):
         """Bind to ``worker`` and create every labelled series at zero (its task types,
         its app's downstreams), so series exist before the first event."""
         self._worker = worker
+        self._attempt_plan.clear()
         self._types = frozenset(worker.names)
         self._downstreams = frozenset(worker.app.downstreams) | frozenset(worker.app.breakers)
         for t in sorted(self._types):
@@ -333,19 +335,30 @@ class WorkerMetrics(Middleware):
         self, worker: Worker, claim: Claim, outcome: str, exception: BaseException | None
     ) -> None:
         """Count the attempt by type and outcome; observe its duration."""
-        t = self._type(claim.name)
+        plan = self._attempt_plan.get((claim.name, outcome))
+        if plan is None:
+            plan = self._plan_attempt(claim.name, outcome)
+        for counter in plan[0]:
+            counter.inc()
+        started = self._attempt_started.pop((claim.task_id, claim.generation), None)
+        if started is not None:
+            plan[1].observe(time.perf_counter() - started)
+
+    def _plan_attempt(self, name: str, outcome: str) -> tuple[tuple[Counter, ...], Histogram]:
+        """The series one (task name, outcome) moves, looked up once and kept."""
+        t = self._type(name)
         label = outcome.lower()
         if label not in _ATTEMPT_OUTCOME_SET:
             label = OTHER
-        self._c_attempts.get(t, label).inc()
+        counters = [self._c_attempts.get(t, label)]
         if label == "retry_wait":
-            self._c_retries.get(t).inc()
+            counters.append(self._c_retries.get(t))
         elif label == "stale":
-            self._c_stale.get(t).inc()
-        started = self._attempt_started.pop((claim.task_id, claim.generation), None)
-        if started is not None:
-            self._c_attempt_duration.get(t).observe(
-                time.perf_counter() - started)
+            counters.append(self._c_stale.get(t))
+        plan = (tuple(counters), self._c_attempt_duration.get(t))
+        if len(self._attempt_plan) < 10_000:  # names and outcomes are few; never unbounded
+            self._attempt_plan[(name, outcome)] = plan
+        return plan
 
     def after_step(
         self, ctx: TaskContext, name: str, cached: bool, duration_s: float,
