@@ -360,3 +360,22 @@ def test_revoked_lease_is_counted(app: App) -> None:
         release.set()
         wait_for("the fenced-out attempt counted", lambda: m.registry.get_sample_value(
             "ratchet_stale_rejections_total", {"type": "m.revoked"}) == 1, 30)
+
+
+def test_worker_cli_refuses_a_taken_metrics_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    metrics: tuple[WorkerMetrics, MetricsServer],
+) -> None:
+    from typer.testing import CliRunner
+
+    from ratchet.cli.main import cli
+
+    _m, server = metrics
+    (tmp_path / "mxapp2.py").write_text(textwrap.dedent(APP))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(cli, ["worker", "mxapp2:app", "--ledger",
+                                      f"sqlite:///{tmp_path}/l.db", "--metrics-port",
+                                      str(server.port)])
+    assert result.exit_code == 2, result.output
+    assert f"cannot serve metrics on 127.0.0.1:{server.port}" in result.output
+    assert not (tmp_path / "l.db").exists()  # refused before the ledger was opened

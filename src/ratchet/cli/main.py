@@ -294,10 +294,10 @@ def worker(
 
             from ..observe.metrics import MetricsServer, WorkerMetrics
 
-            disable_created_metrics()  # type: ignore[no-untyped-call]  # one worker: half the series
             worker_metrics = WorkerMetrics(process=True)
             installed.insert(0, worker_metrics)
             metrics_server = MetricsServer(worker_metrics.registry, metrics_host, metrics_port)
+            disable_created_metrics()  # type: ignore[no-untyped-call]  # one worker: half the series
             log.info("metrics on %s", metrics_server.url)
         app.configure(ledger=ledger)
         open_ledger_waiting(lambda: app.ledger)  # opens (and migrates) the ledger now
