@@ -185,8 +185,9 @@ class WorkerMetrics(Middleware):
       (renewals the ledger refused: revoked or taken over), ``ratchet_leases_held``,
       ``ratchet_lease_min_remaining_seconds`` (the smallest safe window left among held
       leases, at scrape; absent while none is held);
-    * ``ratchet_commits_total{outcome}``, ``ratchet_commit_duration_seconds`` (group
-      commits, claims riding on them);
+    * ``ratchet_commits_total{outcome}``, ``ratchet_commit_duration_seconds`` (the
+      writer's transactions: group commits, with claims riding on them, and a task's own
+      writes such as effect intents);
     * ``ratchet_stuck_threads`` (task threads still in the code of an attempt ended
       without them).
 
@@ -258,9 +259,12 @@ class WorkerMetrics(Middleware):
         self.revoked = counter(
             "ratchet_leases_revoked", "Leases the ledger refused to renew (revoked, or taken "
             "over after expiry): lost to this worker.")
-        self.commits = counter("ratchet_commits", "Group commits: ok or error.", ["outcome"])
+        self.commits = counter(
+            "ratchet_commits", "Ledger write transactions of the worker's writer (group "
+            "commits, a task's own writes such as effect intents): ok or error.", ["outcome"])
         self.commit_duration = histogram(
-            "ratchet_commit_duration_seconds", "Group commit latency (claims ride on it).",
+            "ratchet_commit_duration_seconds", "Writer transaction latency (claims ride on "
+            "group commits).",
             _FAST_BUCKETS)
         self._c_claims = _Children(self.claims)
         self._c_takeovers = _Children(self.takeovers)
@@ -414,7 +418,7 @@ class WorkerMetrics(Middleware):
     def after_commit(
         self, worker: Worker, batch_size: int, duration_s: float, error: BaseException | None
     ) -> None:
-        """Count the group commit and observe its latency."""
+        """Count the writer's transaction and observe its latency."""
         (self._commit_ok if error is None else self._commit_error).inc()
         self.commit_duration.observe(duration_s)
 
