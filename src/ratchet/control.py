@@ -32,6 +32,7 @@ import getpass
 import json
 import math
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -474,6 +475,9 @@ class Control:
             parse_ledger_url(self._url)  # fail fast on a malformed URL (ConfigError)
         self._read: Ledger | None = None
         self._write: Ledger | None = None
+        # One Control may serve many threads (``ratchet serve``'s threadpool): the ledgers
+        # are thread-safe, their lazy opening is made so here (never two handles).
+        self._open_lock = threading.Lock()
 
     # ------------------------------------------------------------------ ledgers
 
@@ -482,7 +486,9 @@ class Control:
         if self._app is not None and self._app.holds_ledger_object:
             return self._app.ledger
         if self._read is None:
-            self._read = open_ledger(self._url, migrate=False, must_exist=True)
+            with self._open_lock:
+                if self._read is None:
+                    self._read = open_ledger(self._url, migrate=False, must_exist=True)
         return self._read
 
     def _writer(self) -> Ledger:
@@ -490,15 +496,24 @@ class Control:
         if self._app is not None and self._app.holds_ledger_object:
             return self._app.ledger
         if self._write is None:
-            self._write = open_ledger(self._url, migrate=True, must_exist=True)
+            with self._open_lock:
+                if self._write is None:
+                    self._write = open_ledger(self._url, migrate=True, must_exist=True)
         return self._write
 
     def close(self) -> None:
         """Close the connections this object opened (not the App's)."""
-        for led in (self._read, self._write):
-            if led is not None:
-                led.close()
-        self._read = self._write = None
+        with self._open_lock:
+            for led in (self._read, self._write):
+                if led is not None:
+                    led.close()
+            self._read = self._write = None
+
+    @property
+    def can_submit(self) -> bool:
+        """True when this Control was made with an App (:meth:`submit` needs its task
+        registry)."""
+        return self._app is not None
 
     def __enter__(self) -> Control:
         return self

@@ -2,7 +2,7 @@
 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
 ``late-effects``, ``resolve``, ``cancel``, ``retry``, ``pause``, ``resume``, ``limits``
-(``set``, ``clear``), ``definitions``, ``prune``, ``migrate``, ``demo``; ``ratchet
+(``set``, ``clear``), ``definitions``, ``prune``, ``serve``, ``migrate``, ``demo``; ``ratchet
 --version``. Every command takes ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or
 ``sqlite:///ratchet.db``). The commands call only the public API (``Control``, ``App``,
 ``Worker``, :func:`ratchet.loading.load_app`), never the ledger modules. Ratchet errors
@@ -1207,6 +1207,53 @@ def prune(
             (export or "", "")))
 
     _guard(run)
+
+
+@cli.command(cls=_Command)
+def serve(
+    ledger: LedgerOpt = None,
+    host: Annotated[
+        str,
+        typer.Option("--host", metavar="HOST",
+                     help="Address to listen on. Without RATCHET_API_TOKEN only loopback"
+                     " (127.0.0.1, ::1, localhost) is allowed."),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option("--port", min=0, max=65535, metavar="PORT",
+                     help="TCP port (0: an ephemeral one, printed on start)."),
+    ] = 8000,
+    app_spec: Annotated[
+        str | None,
+        typer.Option("--app", metavar="MODULE:APP",
+                     help="The application whose task registry checks submits"
+                     " (POST /api/tasks); without it submitting is refused."),
+    ] = None,
+    log_level: Annotated[
+        str,
+        typer.Option("--log-level", metavar="LEVEL",
+                     help="uvicorn's log level: debug, info, warning, error."),
+    ] = "info",
+) -> None:
+    """Serve the HTTP API (/api, OpenAPI at /api/openapi.json) and the dashboard.
+
+    Stateless: several replicas may serve one ledger. Mutations need 'Authorization:
+    Bearer $RATCHET_API_TOKEN' when that variable is set; without it the service listens on
+    loopback only (another --host is refused) and accepts mutations from loopback. Operator
+    actions take a reason and are audited with the X-Ratchet-Operator header's name.
+    """
+    from ..web import WebSettings
+    from ..web.serve import serve as run_service
+
+    level = log_level.lower()
+    if level not in ("debug", "info", "warning", "error"):
+        err_console().print(line(("error: ", "bold red"),
+                                 "--log-level must be debug, info, warning or error, not ",
+                                 (repr(log_level), "")))
+        raise typer.Exit(2)
+    token = os.environ.get("RATCHET_API_TOKEN") or None
+    settings = WebSettings(ledger_url=ledger, api_token=token, app_spec=app_spec)
+    _guard(lambda: run_service(settings, host, port, log_level=level))
 
 
 @cli.command(cls=_Command)

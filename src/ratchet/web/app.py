@@ -22,10 +22,14 @@ class WebSettings:
             ``sqlite:///ratchet.db``).
         api_token: the bearer token mutations need (``RATCHET_API_TOKEN``); ``None``: the
             service binds to 127.0.0.1 only and mutations from loopback need no token.
+        app_spec: ``MODULE:APP`` of the application (``ratchet serve --app``): its task
+            registry checks submits (``POST /api/tasks``); ``None``: submitting is refused
+            (403 naming the fix), everything else works.
     """
 
     ledger_url: str | None = None
     api_token: str | None = None
+    app_spec: str | None = None
 
 
 def create_app(settings: WebSettings, *, control: Control | None = None) -> Starlette:
@@ -34,14 +38,16 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
 
     Args:
         settings: see :class:`WebSettings`.
-        control: the Control to use (tests pass one); default ``Control(settings.ledger_url)``.
+        control: the Control to use (tests pass one); default ``Control(app=...)`` of
+            ``settings.app_spec`` on ``settings.ledger_url``, or ``Control(ledger_url)``.
 
     Raises:
-        ConfigError: malformed ledger URL.
+        ConfigError: malformed ledger URL; the app cannot be loaded
+            (:func:`ratchet.loading.load_app`).
     """
     from . import api, dashboard
 
-    ctl = control if control is not None else Control(settings.ledger_url)
+    ctl = control if control is not None else _control(settings)
     routes: list[BaseRoute] = [*api.routes(ctl, settings), *dashboard.routes(ctl, settings)]
 
     @asynccontextmanager
@@ -53,3 +59,14 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
     app.state.control = ctl
     app.state.settings = settings
     return app
+
+
+def _control(settings: WebSettings) -> Control:
+    """The service's Control: on the loaded app when ``app_spec`` is given."""
+    if settings.app_spec is None:
+        return Control(settings.ledger_url)
+    from ..loading import load_app
+
+    loaded = load_app(settings.app_spec)
+    loaded.configure(ledger=settings.ledger_url)
+    return Control(app=loaded)
