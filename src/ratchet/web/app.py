@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
+from ..app import App
 from ..control import Control
+from ..loading import load_app
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,26 +49,26 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
     """
     from . import api, dashboard
 
-    ctl = control if control is not None else _control(settings)
+    loaded: App | None = None
+    if control is not None:
+        ctl = control
+    elif settings.app_spec is not None:
+        loaded = load_app(settings.app_spec)
+        loaded.configure(ledger=settings.ledger_url)
+        ctl = Control(app=loaded)
+    else:
+        ctl = Control(settings.ledger_url)
     routes: list[BaseRoute] = [*api.routes(ctl, settings), *dashboard.routes(ctl, settings)]
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield
         ctl.close()
+        if loaded is not None:
+            loaded.close()
 
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.control = ctl
     app.state.settings = settings
     return app
 
-
-def _control(settings: WebSettings) -> Control:
-    """The service's Control: on the loaded app when ``app_spec`` is given."""
-    if settings.app_spec is None:
-        return Control(settings.ledger_url)
-    from ..loading import load_app
-
-    loaded = load_app(settings.app_spec)
-    loaded.configure(ledger=settings.ledger_url)
-    return Control(app=loaded)
