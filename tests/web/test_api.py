@@ -111,6 +111,8 @@ def test_list_pages_and_errors(api: httpx.Client) -> None:
     assert unknown.status_code == 422 and unknown.json()["errors"][0]["field"] == "body.name"
     params_bad = _submit(api, "web.echo", {"text": 5})
     assert params_bad.status_code == 422 and "text" in params_bad.json()["message"]
+    large = _submit(api, "web.echo", {"text": "x" * (1024 * 1024 + 1)})
+    assert large.status_code == 413 and large.json()["error"] == "payload_too_large"
     extra = _submit(api, "web.echo", {"text": "x"}, colour="red")
     assert extra.status_code == 422 and extra.json()["errors"][0]["field"] == "body.colour"
     no_reason = api.post(f"/tasks/{ids[0]}/cancel", json={}, headers=AUTH)
