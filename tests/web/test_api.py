@@ -187,6 +187,7 @@ def test_operator_actions_change_the_ledger_and_are_audited(
         not_unknown = api.post(f"/tasks/{echo}/resolve",
                                json={"outcome": "done", "reason": "r"}, headers=AUTH)
         assert not_unknown.status_code == 409
+        assert (not_unknown.json()["task_id"], not_unknown.json()["state"]) == (echo, "SUCCEEDED")
         resolved = api.post(f"/tasks/{unknown}/resolve",
                             json={"outcome": "done", "result": {"sent": True},
                                   "reason": "seen at the PSP"}, headers={**AUTH, **OPERATOR})

@@ -390,8 +390,12 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
               responses=_errors(401, 404, 409, 422, 503),
               summary="Settle an UNKNOWN task's open effect (done / not-done / give-up)")
     def resolve(task_id: TaskId, body: ResolveBody, operator: Operator) -> TaskInfo:
-        return control.resolve(task_id, body.outcome, body.result, reason=body.reason,
-                               by=operator)
+        try:
+            return control.resolve(task_id, body.outcome, body.result, reason=body.reason,
+                                   by=operator)
+        except IllegalTransition as exc:  # not UNKNOWN: say which state it is in
+            raise ApiError(409, "wrong_state", printable(str(exc)), task_id=task_id,
+                           state=control.get(task_id).state.value) from None
 
     @api.post("/pauses", response_model=PauseResult,
               responses=_errors(401, 404, 422, 503),
