@@ -46,7 +46,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -99,15 +99,23 @@ class _Config:
 _config = _Config()
 
 
+_trace: Any = None  # the opentelemetry.trace module, once loaded
+_NOT_RECORDING: tuple[type, ...] = ()  # the API's proxy and no-op providers
+_OFF = ("0", "false", "no", "off")
+
+
 def available() -> bool:
     """True when the OpenTelemetry API and SDK can be imported (the ``otel`` extra)."""
+    global _trace, _NOT_RECORDING
     if _config.loaded is None:
         try:
-            import opentelemetry.sdk.trace
-            import opentelemetry.trace  # noqa: F401
+            import opentelemetry.sdk.trace  # noqa: F401
+            from opentelemetry import trace
         except ImportError:
             _config.loaded = False
         else:
+            _trace = trace
+            _NOT_RECORDING = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
             _config.loaded = True
     return _config.loaded
 
@@ -130,21 +138,27 @@ def configure(
 def _provider() -> TracerProvider:
     from opentelemetry import trace
 
-    return _config.provider if _config.provider is not None else trace.get_tracer_provider()
+    if _config.provider is not None:
+        return _config.provider
+    return trace.get_tracer_provider()
 
 
 def enabled() -> bool:
     """True when spans are recorded: OpenTelemetry importable, not switched off
     (``RATCHET_TRACE=0``, ``configure(enabled=False)``) and a provider that records (not
-    the API's default proxy or no-op provider). Cheap: called on every submit."""
-    if _config.enabled is False or not available():
+    the API's default proxy or no-op provider). Cheap (about a microsecond without a provider): called
+    on every submit."""
+    if _config.enabled is False or not (_config.loaded or available()):
         return False
-    if _config.enabled is None and os.environ.get("RATCHET_TRACE", "").strip().lower() in (
-            "0", "false", "no", "off"):
+    provider = _config.provider if _config.provider is not None \
+        else _trace.get_tracer_provider()
+    if isinstance(provider, _NOT_RECORDING):
         return False
-    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider
-
-    return not isinstance(_provider(), ProxyTracerProvider | NoOpTracerProvider)
+    if _config.enabled is None:
+        switch = os.environ.get("RATCHET_TRACE")
+        if switch is not None and switch.strip().lower() in _OFF:
+            return False
+    return True
 
 
 def _tracer() -> Tracer:
@@ -156,11 +170,9 @@ def _tracer() -> Tracer:
 def current_ids() -> tuple[str, str] | None:
     """``(trace_id, span_id)`` of the current span as lowercase hex (32 and 16 chars), or
     None when there is no valid current span or OpenTelemetry is not installed."""
-    if not _config.loaded and not (_config.loaded is None and available()):
+    if not (_config.loaded or available()):
         return None
-    from opentelemetry import trace
-
-    sc = trace.get_current_span().get_span_context()
+    sc = _trace.get_current_span().get_span_context()
     if not sc.is_valid:
         return None
     return f"{sc.trace_id:032x}", f"{sc.span_id:016x}"
@@ -214,19 +226,37 @@ def _inject() -> str | None:
     return text
 
 
-@contextmanager
+class _NoSubmitSpan:
+    """The context manager :func:`submit_span` returns when not tracing (no generator)."""
+
+    def __enter__(self) -> SubmitSpan:
+        return _NO_SPAN
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_SUBMIT_SPAN = _NoSubmitSpan()
+
+
 def submit_span(
     name: str, *, idempotency_key: str | None = None, tenant: str | None = None,
     many: bool = False,
-) -> Iterator[SubmitSpan]:
+) -> AbstractContextManager[SubmitSpan]:
     """A ``submit NAME`` span (current while the block runs) around one submit, or a
     ``submit_many`` span around a batch (``many``). Yields a :class:`SubmitSpan` whose
     ``trace_context`` goes into the task rows. An exception raised in the block is
     recorded on the span and re-raised. A no-op (yields a span-less
     :class:`SubmitSpan`) when not :func:`enabled`."""
     if not enabled():
-        yield _NO_SPAN
-        return
+        return _NO_SUBMIT_SPAN
+    return _submit_span(name, idempotency_key, tenant, many)
+
+
+@contextmanager
+def _submit_span(
+    name: str, idempotency_key: str | None, tenant: str | None, many: bool
+) -> Iterator[SubmitSpan]:
     from opentelemetry.trace import SpanKind
 
     attributes: dict[str, Any] = {"messaging.system": "ratchet"}
