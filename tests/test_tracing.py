@@ -137,6 +137,38 @@ def test_a_retry_links_to_the_same_submit_span(spans: InMemorySpanExporter, app:
     assert [(s.attributes or {})["ratchet.step.cached"] for s in steps] == [False, True]
 
 
+def test_takeover_and_limited_claims_return_the_trace_context(
+    spans: InMemorySpanExporter, app: App
+) -> None:
+    """The other two claim statements (claim_takeover, claim_limited) hand the stored
+    context over as well."""
+    from ratchet import Control
+
+    @app.task(name="tr.short", lease_s=1.0)
+    def short(ctx: TaskContext) -> str:
+        return "ok"
+
+    taken = app.submit("tr.short")
+    [dead] = app.ledger.claim("dead-holder", [("tr.short", 1)], 1)  # its lease expires
+    assert dead.trace_context is not None
+    with Control(app=app) as control:
+        control.set_limit("type", TYPE, maximum=4, reason="test: limited claim")
+    _register(app)
+    limited = app.submit(TYPE, {"n": 5})
+    with running_worker(app):
+        app.wait(taken.task_id, timeout_s=30)
+        app.wait(limited.task_id, timeout_s=30)
+        found = [*_wait_spans(spans, "attempt tr.short", 1),
+                 *_wait_spans(spans, f"attempt {TYPE}", 1)]
+    submits = {(s.attributes or {})["ratchet.task.id"]: s.get_span_context()
+               for s in spans.get_finished_spans() if s.name.startswith("submit ")}
+    for attempt in found:
+        sub = submits[(attempt.attributes or {})["ratchet.task.id"]]
+        assert sub is not None
+        assert [link.context.span_id for link in attempt.links] == [sub.span_id]
+    assert (found[0].attributes or {})["ratchet.takeover"] is True
+
+
 def test_parent_mode_keeps_one_trace_per_task(spans: InMemorySpanExporter, app: App) -> None:
     _register(app)
     with running_worker(app, middleware=[tracing.TracingMiddleware(parent=True)]) as worker:
