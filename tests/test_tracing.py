@@ -296,3 +296,32 @@ def test_cli_trace_without_opentelemetry_is_one_clear_error(tmp_path: Path) -> N
 
 def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def test_step_span_is_current_and_records_its_error(spans: InMemorySpanExporter,
+                                                    app: App) -> None:
+    tracer = tracing._provider().get_tracer("user-code")
+
+    @app.task(name="tr.nested", retry=RetryPolicy(max_attempts=1))
+    def nested(ctx: TaskContext) -> None:
+        def inner() -> int:
+            with tracer.start_as_current_span("user call"):
+                return 1
+
+        ctx.step("outer", inner)
+        ctx.step("boom", lambda: 1 / 0)
+
+    handle = app.submit("tr.nested")
+    with running_worker(app):
+        assert app.wait(handle.task_id, timeout_s=30).state is State.FAILED
+        [attempt] = _wait_spans(spans, "attempt tr.nested", 1)
+    finished = spans.get_finished_spans()
+    [outer] = _by_name(finished, "step outer")
+    [user] = _by_name(finished, "user call")
+    [boom] = _by_name(finished, "step boom")
+    assert user.parent is not None and outer.get_span_context() is not None
+    assert user.parent.span_id == outer.get_span_context().span_id  # type: ignore[union-attr]
+    assert boom.status.status_code is StatusCode.ERROR
+    assert [e.name for e in boom.events] == ["exception"]
+    assert (attempt.attributes or {})["ratchet.outcome"] == "FAILED"
+    assert attempt.status.status_code is StatusCode.ERROR

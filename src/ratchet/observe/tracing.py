@@ -146,8 +146,8 @@ def _provider() -> TracerProvider:
 def enabled() -> bool:
     """True when spans are recorded: OpenTelemetry importable, not switched off
     (``RATCHET_TRACE=0``, ``configure(enabled=False)``) and a provider that records (not
-    the API's default proxy or no-op provider). Cheap (about a microsecond without a provider): called
-    on every submit."""
+    the API's default proxy or no-op provider). Cheap (about a microsecond without a
+    provider): called on every submit."""
     if _config.enabled is False or not (_config.loaded or available()):
         return False
     provider = _config.provider if _config.provider is not None \
@@ -388,7 +388,7 @@ class TracingMiddleware(Middleware):
         ctx = trace.set_span_in_context(span, Context())
         with self._lock:
             self._open[(claim.task_id, claim.generation)] = _Open(span, ctx, [])
-        for token in [*reversed(getattr(self._local, "inner", ())),
+        for token in [*reversed(getattr(self._local, "inner", None) or ()),
                       getattr(self._local, "token", None)]:
             if token is not None:  # this thread's last attempt ended on another thread
                 otel_context.detach(token)
@@ -431,14 +431,17 @@ class TracingMiddleware(Middleware):
 
         with self._lock:
             opened = self._open.get((ctx.task_id, ctx.generation))
-        if opened is None:
+        tokens = getattr(self._local, "inner", None)
+        if tokens is None:
+            tokens = self._local.inner = []
+        if opened is None:  # the attempt already ended (time limit): no span, keep pairs
+            tokens.append(None)
             return
         parent = trace.set_span_in_context(opened.inner[-1]) if opened.inner else opened.context
         span = self._get_tracer().start_span(
             name, context=parent, kind=getattr(SpanKind, kind_name), attributes=attributes)
         opened.inner.append(span)
-        self._local.inner = [*getattr(self._local, "inner", ()),
-                             otel_context.attach(trace.set_span_in_context(span, parent))]
+        tokens.append(otel_context.attach(trace.set_span_in_context(span, parent)))
 
     def _end_inner(self, ctx: TaskContext, attributes: dict[str, Any],
                    exception: BaseException | None) -> None:
@@ -448,8 +451,9 @@ class TracingMiddleware(Middleware):
         with self._lock:
             opened = self._open.get((ctx.task_id, ctx.generation))
         tokens = getattr(self._local, "inner", None)
-        if tokens:
-            otel_context.detach(tokens.pop())
+        token = tokens.pop() if tokens else None
+        if token is not None:
+            otel_context.detach(token)
         if opened is None or not opened.inner:
             return
         span = opened.inner.pop()
