@@ -325,3 +325,14 @@ def test_step_span_is_current_and_records_its_error(spans: InMemorySpanExporter,
     assert [e.name for e in boom.events] == ["exception"]
     assert (attempt.attributes or {})["ratchet.outcome"] == "FAILED"
     assert attempt.status.status_code is StatusCode.ERROR
+
+
+def test_cli_trace_without_a_provider_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "trproj.py").write_text("import ratchet\napp = ratchet.App()\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run(
+        [sys.executable, "-m", "ratchet.cli.main", "worker", "trproj:app", "--trace",
+         "--ledger", f"sqlite:///{tmp_path}/l.db"],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path, env=env)
+    assert out.returncode == 2, out.stderr
+    assert "--trace: no TracerProvider is configured" in out.stderr

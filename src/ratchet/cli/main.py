@@ -312,6 +312,7 @@ def worker(
         if provider is not None or trace is not None:
             tracing.configure(provider, enabled=trace if provider is None else True)
         if trace and not tracing.enabled():
+            tracing.configure()
             raise ConfigError(
                 "--trace: " + ("OpenTelemetry is not installed (pip install 'ratchet[otel]')"
                                if not tracing.available() else
