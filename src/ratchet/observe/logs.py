@@ -113,6 +113,12 @@ def setup_logging(level: str, fmt: LogFormat = "text") -> None:
             logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
+def _fields(worker: Worker, claim: Claim) -> dict[str, Any]:
+    return {"task_id": claim.task_id, "type": claim.name, "generation": claim.generation,
+            "attempt": claim.attempt, "max_attempts": claim.max_attempts,
+            "version": claim.version, "holder": worker.holder}
+
+
 _LEVELS = {"SUCCEEDED": logging.INFO, "RETRY_WAIT": logging.WARNING,
            "PENDING": logging.WARNING}
 
@@ -135,11 +141,7 @@ class AttemptLog(Middleware):
 
     def before_attempt(self, worker: Worker, claim: Claim) -> None:
         """Start timing the attempt; its fields become this thread's correlation fields."""
-        fields: dict[str, Any] = {
-            "task_id": claim.task_id, "type": claim.name, "generation": claim.generation,
-            "attempt": claim.attempt, "max_attempts": claim.max_attempts,
-            "version": claim.version, "holder": worker.holder,
-        }
+        fields = _fields(worker, claim)
         ids = tracing.current_ids()  # the attempt span, current now (it ends elsewhere)
         with self._lock:
             self._open[(claim.task_id, claim.generation)] = (
@@ -152,12 +154,13 @@ class AttemptLog(Middleware):
         """Log the outcome line (``event`` ``"attempt"``, ``outcome``, ``duration_s``)."""
         with self._lock:
             opened = self._open.pop((claim.task_id, claim.generation), None)
-        if opened is None:
-            return
-        t0, fields, thread, ids = opened
-        duration_s = time.perf_counter() - t0
-        if thread == threading.get_ident():
-            _current.set(None)
+        if opened is None:  # never started (a prefetched claim released at shutdown)
+            fields, duration_s, ids = _fields(worker, claim), 0.0, None
+        else:
+            t0, fields, thread, ids = opened
+            duration_s = time.perf_counter() - t0
+            if thread == threading.get_ident():
+                _current.set(None)
         level = _LEVELS.get(outcome, logging.ERROR)
         if not self.log.isEnabledFor(level):
             return
