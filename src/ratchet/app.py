@@ -816,10 +816,16 @@ class App:
             LedgerError: the ledger failed (:class:`~ratchet.errors.LedgerUnavailable`:
                 the outcome may be unknown; submit again with the same idempotency key).
         """
-        task = self._prepare(
-            SubmitRequest(name, params, idempotency_key, run_at, delay_s, tenant=tenant,
-                          version=version))
-        result = self._submit_group.submit(self.ledger, task)
+        from .observe.tracing import submit_span  # here: observe imports the worker
+
+        with submit_span(name, idempotency_key=idempotency_key, tenant=tenant) as span:
+            task = self._prepare(
+                SubmitRequest(name, params, idempotency_key, run_at, delay_s, tenant=tenant,
+                              version=version))
+            if span.trace_context is not None:
+                task = dataclasses.replace(task, trace_context=span.trace_context)
+            result = self._submit_group.submit(self.ledger, task)
+            span.submitted(result.task_id, result.created, task.version)
         faults.point("submit.after_commit")
         return TaskHandle(result.task_id, task.name, result.created, self)
 
@@ -852,8 +858,14 @@ class App:
                     f"{type(request).__name__} ({request!r:.80}). Use "
                     "SubmitRequest(name, params, idempotency_key=...)"
                 )
-        new = [self._prepare(r) for r in requests]
-        results = self.ledger.submit(new)
+        from .observe.tracing import submit_span  # here: observe imports the worker
+
+        with submit_span("", many=True) as span:
+            new = [self._prepare(r) for r in requests]
+            if span.trace_context is not None:
+                new = [dataclasses.replace(t, trace_context=span.trace_context) for t in new]
+            results = self.ledger.submit(new)
+            span.submitted_many(len(new), sum(r.created for r in results))
         faults.point("submit.after_commit")
         return [
             TaskHandle(res.task_id, task.name, res.created, self)

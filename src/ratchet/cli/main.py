@@ -28,7 +28,13 @@ from typer.core import TyperArgument, TyperCommand
 
 from .. import __version__
 from ..control import Control, ControlOutcome, PauseResult, TaskTimeline, default_operator
-from ..errors import InvalidArguments, LedgerUnavailable, RatchetError, UndecodableData
+from ..errors import (
+    ConfigError,
+    InvalidArguments,
+    LedgerUnavailable,
+    RatchetError,
+    UndecodableData,
+)
 from ..loading import load_app, load_middleware
 from ..serde import loads
 from ..states import State
@@ -223,6 +229,30 @@ def worker(
         typer.Option("--prune-every", metavar="AGE",
                      help="Time between those prunes (jittered)."),
     ] = "1h",
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format", metavar="FORMAT",
+            help="text (default) or json: one JSON object per line with the task's"
+            " correlation fields, and one line per attempt outcome (success included).",
+        ),
+    ] = "text",
+    trace: Annotated[
+        bool | None,
+        typer.Option(
+            "--trace/--no-trace",
+            help="OpenTelemetry spans for attempts, steps and effects (needs the otel"
+            " extra). Default: on when a TracerProvider is configured (by the app module,"
+            " opentelemetry-instrument or --trace-file) unless RATCHET_TRACE=0.",
+        ),
+    ] = None,
+    trace_file: Annotated[
+        str | None,
+        typer.Option(
+            "--trace-file", metavar="PATH",
+            help="Write spans to PATH, one JSON object per line (implies --trace).",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker for the app's tasks.
 
@@ -240,14 +270,17 @@ def worker(
                                  "--log-level must be DEBUG, INFO, WARNING or ERROR, not ",
                                  (repr(log_level), "")))
         raise typer.Exit(2)
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
-    )
-    if level != "DEBUG":
-        # HTTP clients log every request at INFO: the task's own chatter, not the worker's.
-        for chatty in ("httpx", "httpcore"):
-            logging.getLogger(chatty).setLevel(logging.WARNING)
+    if log_format not in ("text", "json"):
+        err_console().print(line(("error: ", "bold red"), "--log-format must be text or json,"
+                                 " not ", (repr(log_format), "")))
+        raise typer.Exit(2)
+    from ..observe import logs, tracing
+
+    # HTTP clients log every request at INFO (the task's own chatter, not the worker's):
+    # off unless DEBUG.
+    logs.setup_logging(level, "json" if log_format == "json" else "text")
+    if log_format == "json":
+        logging.captureWarnings(True)  # warnings as JSON lines too, not raw stderr text
 
     def open_ledger_waiting(app_ledger: Callable[[], object]) -> None:
         # A worker often starts before its database (boot order, a restart, maintenance):
@@ -275,6 +308,19 @@ def worker(
             raise InvalidArguments(f"--prune-every must be longer than 0, got {prune_every!r}")
         app = load_app(app_spec)
         installed = [load_middleware(spec) for spec in middleware or []]
+        provider = tracing.file_provider(trace_file) if trace_file is not None else None
+        if provider is not None or trace is not None:
+            tracing.configure(provider, enabled=trace if provider is None else True)
+        if trace and not tracing.enabled():
+            tracing.configure()
+            raise ConfigError(
+                "--trace: " + ("OpenTelemetry is not installed (pip install 'ratchet[otel]')"
+                               if not tracing.available() else
+                               "no TracerProvider is configured: set one up in the app "
+                               "module, run under opentelemetry-instrument, or pass "
+                               "--trace-file PATH"))
+        if log_format == "json":
+            installed.append(logs.AttemptLog())
         app.configure(ledger=ledger)
         open_ledger_waiting(lambda: app.ledger)  # opens (and migrates) the ledger now
         w = Worker(
@@ -294,7 +340,13 @@ def worker(
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
                  [f"{n} v{v}" for n, v in w.kinds], concurrency, w.prefetch, w.writers)
-        stats = w.run()
+        try:
+            stats = w.run()
+        finally:
+            if provider is not None:
+                provider.shutdown()  # flush the spans still batched
+            if provider is not None or trace is not None:
+                tracing.configure()  # back to automatic (in-process callers, tests)
         log.info("worker %s stopped: %s", w.holder, stats)
         code = w.exit_code
         if stats.stuck_threads:

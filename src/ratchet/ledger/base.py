@@ -257,6 +257,9 @@ class NewTask:
             whose worker died, that quarantine the task (``RetryPolicy.quarantine_after``);
             None: never quarantined (DESIGN §7).
         tenant: the submitter's tenant (bulkheads, DESIGN §8), or None.
+        trace_context: the submitter's trace context (W3C ``traceparent`` / ``tracestate``
+            as a JSON object, :mod:`ratchet.observe.tracing`), or None; stored with the
+            task and handed to every claim (DESIGN §9).
     """
 
     task_id: str
@@ -271,6 +274,7 @@ class NewTask:
     run_at_epoch_s: float | None = None
     quarantine_after: int | None = None
     tenant: str | None = None
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +347,8 @@ class Claim:
         control_request: an operator's request recorded on the task (``"cancel"`` /
             ``"pause"``, :class:`ControlRequest`) that this holder must apply once the
             open effect intent it inherits is settled; None almost always.
+        trace_context: the submitter's trace context as stored at submit
+            (:attr:`NewTask.trace_context`), or None.
     """
 
     task_id: str
@@ -360,6 +366,7 @@ class Claim:
     steps: dict[str, StepRecord] = field(default_factory=dict)
     effects: dict[str, EffectRecord] = field(default_factory=dict)
     control_request: str | None = None
+    trace_context: str | None = None
 
 
 @_fast_init

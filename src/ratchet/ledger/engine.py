@@ -195,7 +195,7 @@ class LedgerEngine:
                 "max_attempts": t.max_attempts, "lease_s": t.lease_s,
                 "run_at": t.run_at_epoch_s, "delay": max(0.0, t.delay_s),
                 "quarantine_after": t.quarantine_after,
-                "tenant": t.tenant,
+                "tenant": t.tenant, "trace": t.trace_context,
             }
             for t in tasks
             if t.task_id not in present
@@ -341,6 +341,7 @@ class LedgerEngine:
                 previous_holder=previous[row[0]][0] if row[0] in previous else None,
                 steps=steps.get(row[0], {}), effects=effects.get(row[0], {}),
                 control_request=row[10] if len(row) > 10 else None,
+                trace_context=row[11] if len(row) > 11 else None,
             )
             for row in rows
         ]

@@ -24,14 +24,14 @@ SELECT true;
 -- sharing keys lock them in the same order: no deadlock.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
-                   tenant)
+                   tenant, trace_context)
 SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_attempts,
        u.lease_s, COALESCE(u.run_at, %(now)s + u.delay), %(now)s, %(now)s,
-       u.quarantine_after, u.tenant
+       u.quarantine_after, u.tenant, u.trace
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, name text, version int, params text, digest text, key text,
           max_attempts int, lease_s float8, run_at float8, delay float8,
-          quarantine_after int, tenant text)
+          quarantine_after int, tenant text, trace text)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -70,7 +70,7 @@ UPDATE tasks SET holder = %(holder)s, generation = generation + 1, attempt = att
                  lease_until = %(now)s + lease_s, updated_at = %(now)s
 WHERE id = ANY(%(ids)s::text[]) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, 'RUNNING', control_request;
+          lease_until, 'RUNNING', control_request, trace_context;
 
 -- name: claim_ready
 -- FOR UPDATE SKIP LOCKED on the ready set: concurrent claimers never wait on each other and
@@ -95,7 +95,7 @@ UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.genera
                    updated_at = %(now)s
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-          t.lease_s, t.lease_until, picked.state, t.control_request;
+          t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -470,7 +470,7 @@ UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.genera
                    updated_at = %(now)s
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-          t.lease_s, t.lease_until, picked.state, t.control_request;
+          t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
 
 -- name: limit_upsert
 INSERT INTO limits (scope, name, reserved, maximum, version, updated_at, updated_by, reason)

@@ -23,9 +23,10 @@ SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
-                   tenant)
+                   tenant, trace_context)
 VALUES (:id, :name, :version, :params, :digest, :key, 'PENDING', :max_attempts, :lease_s,
-        COALESCE(:run_at, :now + :delay), :now, :now, :quarantine_after, :tenant)
+        COALESCE(:run_at, :now + :delay), :now, :now, :quarantine_after, :tenant,
+        :trace)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -62,7 +63,7 @@ UPDATE tasks SET holder = :holder, generation = generation + 1, attempt = attemp
                  lease_until = :now + lease_s, updated_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, 'RUNNING', control_request;
+          lease_until, 'RUNNING', control_request, trace_context;
 
 -- name: claim_ready
 -- The ready set in run_at order (tasks_ready holds only claimable rows) of the claimed
@@ -88,7 +89,7 @@ UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 
 WHERE id IN (SELECT id FROM temp.claim_pick)
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
-          control_request;
+          control_request, trace_context;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -418,7 +419,7 @@ UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 
 WHERE id IN (SELECT id FROM temp.claim_pick)
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
-          control_request;
+          control_request, trace_context;
 
 -- name: limit_upsert
 INSERT INTO limits (scope, name, reserved, maximum, version, updated_at, updated_by, reason)
