@@ -272,7 +272,7 @@ def _apply(control: Control, f: Finding, reason: str, operator: str) -> Finding:
         return _with(f, note=f"{f.note}; not applied: the task is {timeline.task.state.value}"
                      f" with open effects {open_effects} (resolve settles every open effect "
                      "at once: only a task whose one open effect is this one is resolved)")
-    why = f"reconcile: {f.note}; {reason}"
+    why = f"ratchet reconcile ({f.outcome}, the target's answer): {reason}"
     try:
         if f.action == "resolve done":
             control.resolve(f.task_id, "done", f.target, reason=why, by=operator)
@@ -396,12 +396,15 @@ def reconcile(
         else:
             findings.append(found)
 
-    for le in control.late_effects_of_type(task_type, newer_than_s=newer_than_s,
-                                           limit=min(limit, 10_000)):
+    late = control.late_effects_of_type(task_type, newer_than_s=newer_than_s,
+                                        limit=min(limit, 10_000))
+    walked = {row.task_id: row.task_state for row in rows}
+    missing = sorted({le.task_id for le in late} - set(walked))
+    walked.update({t.task_id: t.state.value for t in control.get_many(missing)})
+    for le in late:
         seen = by_effect.get((le.task_id, le.effect))
         target = seen[1][1] if seen is not None and seen[1][0] == "found" else None
-        state = seen[0].task_state if seen is not None else ""
-        findings.append(_late_finding(le, state, target))
+        findings.append(_late_finding(le, walked.get(le.task_id, ""), target))
 
     if apply:
         assert reason is not None
