@@ -284,3 +284,44 @@ def test_lookup_registration_is_checked(tmp_path: Path) -> None:
     assert app.registered_lookup("t", "charge#3") is app.lookups[("t", "charge")]
     with Control(app=app) as control, pytest.raises(InvalidArguments, match="cursor"):
         control.effects("t", cursor="nope")
+
+
+def test_effects_pages_neither_skip_nor_repeat(ledger_url: str) -> None:
+    app = App(ledger_url)
+
+    @app.task(name="rc.many")
+    def many(ctx: Any, n: int) -> Any:
+        for i in range(n):
+            ctx.effect("send", lambda k: {"sent": k}, key=f"send:{ctx.task_id}:{i}")
+        return ctx.effect("bill", lambda k: {"billed": k}, key=f"bill:{ctx.task_id}")
+
+    @app.task(name="rc.other")
+    def other(ctx: Any) -> Any:
+        return ctx.effect("send", lambda k: k, key=f"other:{ctx.task_id}")
+
+    ids = [app.submit("rc.many", {"n": n}).task_id for n in (0, 1, 3)]
+    app.submit("rc.other", {})
+    _run(app)
+    with Control(ledger_url) as control:
+        whole = control.effects("rc.many", limit=1000)
+        assert whole.next_cursor is None
+        seen = [(v.task_id, v.effect.name) for v in whole.effects]
+        # newest task first, by effect name within a task (occurrences as name#N)
+        names = {ids[0]: ["bill"], ids[1]: ["bill", "send"],
+                 ids[2]: ["bill", "send", "send#2", "send#3"]}
+        newest = sorted(ids, key=lambda t: (control.get(t).created_at, t), reverse=True)
+        assert seen == [(t, n) for t in newest for n in names[t]]
+        assert {v.task_state for v in whole.effects} == {"SUCCEEDED"}
+        paged, cursor = [], None
+        while True:
+            page = control.effects("rc.many", limit=2, cursor=cursor)
+            paged += [(v.task_id, v.effect.name) for v in page.effects]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert paged == seen
+        assert control.effects("rc.many", newer_than_s=0.0).effects == []
+        assert control.effects("rc.none").effects == []
+        with pytest.raises(InvalidArguments, match="limit"):
+            control.effects("rc.many", limit=0)
+    app.close()
