@@ -186,7 +186,7 @@ def _check_args(task_type: object, newer_than_s: object, limit: object, concurre
             or not math.isfinite(newer_than_s) or newer_than_s < 0):
         raise InvalidArguments(f"newer_than_s (--since) must be a finite number of seconds "
                                f">= 0, got {newer_than_s!r}")
-    for label, value, top in (("limit (--limit)", limit, 1_000_000),
+    for label, value, top in (("limit (--limit)", limit, 100_000),
                               ("concurrency (--concurrency)", concurrency, 64)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
             raise InvalidArguments(f"{label} must be an integer from 1 to {top}, got {value!r}")
@@ -324,7 +324,7 @@ def reconcile(
         app: the application whose registered lookups (:meth:`App.lookup`) are asked.
         task_type: the task name; the app must define it or register a lookup for it.
         newer_than_s: only tasks submitted less than this many seconds ago (default 24 h;
-            None: all). limit: at most this many effects (1 to 1,000,000), newest first.
+            None: all). limit: at most this many effects (1 to 100,000), newest first.
         apply: resolve the unambiguous findings (needs ``reason``).
         reason: why, for the audit log (required with ``apply``).
         by: the operator (default: the login name).

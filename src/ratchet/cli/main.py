@@ -694,7 +694,7 @@ def reconcile(
                      help="Only tasks submitted within AGE (90s, 5m, 24h, 7d), or 'all'."),
     ] = "24h",
     limit: Annotated[
-        int, typer.Option("--limit", min=1, max=1_000_000, metavar="N",
+        int, typer.Option("--limit", min=1, max=100_000, metavar="N",
                           help="At most N effects, newest task first."),
     ] = 1000,
     apply: Annotated[
