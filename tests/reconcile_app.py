@@ -28,7 +28,8 @@ def close(app: App) -> None:
 
 
 def make_app(ledger_url: str, service_url: str, *, lookups: bool = False,
-             black_hole_url: str | None = None, dead_url: str | None = None) -> App:
+             black_hole_url: str | None = None, dead_url: str | None = None,
+             worker_lookups: bool = True) -> App:
     """The test app.
 
     Args:
@@ -38,6 +39,7 @@ def make_app(ledger_url: str, service_url: str, *, lookups: bool = False,
         black_hole_url: a listener that never answers: a ``mode="never"`` task's first
             claim sends its charge there (a real read timeout; nothing executed).
         dead_url: where nothing listens (the ``notify`` lookup's target).
+        worker_lookups: the lookups serve a worker too (``App.lookup(worker=)``).
     """
     app = App(ledger_url)
     client = CountingClient(service_url, timeout_s=2.0)
@@ -73,6 +75,6 @@ def make_app(ledger_url: str, service_url: str, *, lookups: bool = False,
         return {"charge": charged["id"]}
 
     if lookups:
-        app.lookup(TASK, "charge")(client.lookup)
-        app.lookup(TASK, "notify")(dead.lookup)
+        app.lookup(TASK, "charge", worker=worker_lookups)(client.lookup)
+        app.lookup(TASK, "notify", worker=worker_lookups)(dead.lookup)
     return app

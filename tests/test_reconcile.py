@@ -268,6 +268,17 @@ def test_worker_uses_the_registered_lookup(
         [charge] = control.inspect(handle.task_id).effects
         assert charge.via_lookup
     close(app)
+    # Registered for reconciliation only: the worker does not use it.
+    app = make_app(ledger_url, service.url, lookups=True, worker_lookups=False)
+    with service.client() as c:
+        c.set_faults(reply_lost_next=1)
+    handle = app.submit(TASK, {"order": "o-2"})
+    _run(app)
+    assert handle.get().state is State.UNKNOWN
+    with Control(ledger_url) as control:
+        report = reconcile(control, app, TASK, apply=True, reason="seen at the PSP")
+        assert report.resolved == 1 and control.get(handle.task_id).state is State.PENDING
+    close(app)
 
 
 def test_lookup_registration_is_checked(tmp_path: Path) -> None:

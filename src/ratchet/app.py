@@ -570,7 +570,7 @@ class App:
 
     def lookup(
         self, task_type: str, effect: str, *, fenced: bool = False,
-        in_flight_s: float | None = None,
+        in_flight_s: float | None = None, worker: bool = True,
     ) -> Callable[[F], F]:
         """Register ``fn`` as the lookup of ``task_type``'s effect ``effect`` (a decorator;
         :mod:`ratchet.lookups`): ``fn(key) -> result | NOT_FOUND`` (``fn(key, token)`` with
@@ -585,17 +585,20 @@ class App:
             fenced: the target checks fencing tokens (``ctx.effect(..., fenced=True)``).
             in_flight_s: seconds a request can stay in flight at the target (see
                 ``ctx.effect``); a ``NOT_FOUND`` proves absence only after that long.
+            worker: False: for reconciliation only, never a worker's default (a lookup
+                against a copy that lags, or an effect meant to go ``UNKNOWN``).
 
         Raises:
             ConfigError: the pair registered twice, ``fn`` not callable as a lookup,
-                a bad ``fenced`` / ``in_flight_s``.
+                a bad ``fenced`` / ``in_flight_s`` / ``worker``.
             InvalidArguments: the type or effect name cannot be stored.
         """
         # checked now, so a bad name or option fails at the decorator line, not at first use
-        probe = make_lookup(task_type, effect, lambda *args: None, fenced, in_flight_s)
+        probe = make_lookup(task_type, effect, lambda *args: None, fenced, in_flight_s, worker)
 
         def decorator(fn: F) -> F:
-            registered = make_lookup(probe.task_type, probe.effect, fn, fenced, in_flight_s)
+            registered = make_lookup(probe.task_type, probe.effect, fn, fenced, in_flight_s,
+                                     worker)
             pair = (registered.task_type, registered.effect)
             if pair in self.lookups:
                 raise ConfigError(f"a lookup for task {pair[0]!r} effect {pair[1]!r} is "

@@ -15,8 +15,8 @@ application registers its lookups by task type and effect name::
 
 A worker uses the registered lookup of an effect when ``ctx.effect`` is given none (same
 ``fenced``; its ``in_flight_s`` when the effect gives none), so one registration serves
-both. Effect occurrences are stored as ``name`` and ``name#N``; all occurrences of ``name``
-share its lookup.
+both; ``worker=False`` registers one for reconciliation only. Effect occurrences are
+stored as ``name`` and ``name#N``; all occurrences of ``name`` share its lookup.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ class RegisteredLookup:
         in_flight_s: how long a request can stay in flight at the target, seconds (None:
             the target answers lookups for in-flight requests). A ``NOT_FOUND`` proves
             absence only once that long has passed since the intent was recorded.
+        worker: a worker uses it for a ``ctx.effect`` given no ``lookup`` (False: for
+            reconciliation only, e.g. a lookup against a reporting copy that lags, whose
+            "not found" a worker must not act on, or an effect meant to go ``UNKNOWN``).
     """
 
     task_type: str
@@ -64,6 +67,7 @@ class RegisteredLookup:
     fn: Callable[..., Any]
     fenced: bool = False
     in_flight_s: float | None = None
+    worker: bool = True
 
     def ask(self, key: str, token: int) -> Any:
         """Call the lookup (with ``token`` when fenced). Raises what ``fn`` raises."""
@@ -71,7 +75,7 @@ class RegisteredLookup:
 
 
 def make_lookup(task_type: object, effect: object, fn: object, fenced: object,
-                in_flight_s: object) -> RegisteredLookup:
+                in_flight_s: object, worker: object = True) -> RegisteredLookup:
     """A checked :class:`RegisteredLookup`.
 
     Raises:
@@ -83,8 +87,9 @@ def make_lookup(task_type: object, effect: object, fn: object, fenced: object,
     """
     name = check_identifier(task_type, "task type", MAX_NAME_BYTES)
     eff = check_checkpoint_name(effect, "effect name")
-    if not isinstance(fenced, bool):
-        raise ConfigError(f"fenced must be True or False, got {fenced!r}")
+    for label, flag in (("fenced", fenced), ("worker", worker)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{label} must be True or False, got {flag!r}")
     if in_flight_s is not None and (
         isinstance(in_flight_s, bool) or not isinstance(in_flight_s, int | float)
         or not math.isfinite(in_flight_s) or in_flight_s < 0
@@ -108,5 +113,5 @@ def make_lookup(task_type: object, effect: object, fn: object, fenced: object,
                 f"{getattr(fn, '__qualname__', fn)!r} cannot take that ({exc})"
                 + ("; fenced=True passes the fencing token as the second argument"
                    if fenced else "")) from None
-    return RegisteredLookup(name, eff, fn, fenced,
-                            None if in_flight_s is None else float(in_flight_s))
+    return RegisteredLookup(name, eff, fn, bool(fenced),
+                            None if in_flight_s is None else float(in_flight_s), bool(worker))

@@ -621,7 +621,7 @@ class TaskContext:
                 ``fenced=True``); asks the target whether ``key`` already executed.
                 Raising means "inconclusive". None: the lookup registered for this task
                 type and effect name with ``App.lookup`` (its ``in_flight_s`` too, unless
-                given here), if any.
+                given here), if any and not registered ``worker=False``.
             idempotent: the target itself deduplicates ``key`` (e.g. Stripe's
                 Idempotency-Key), so calling again with it is safe when a lookup cannot
                 settle the outcome.
@@ -684,7 +684,7 @@ class TaskContext:
         _check_callable(call, 2 if fenced else 1, "call", "call(key, token)" if fenced
                         else "call(key)")
         registered = self.lookups.get((self.name, name)) if lookup is None else None
-        if registered is not None:
+        if registered is not None and registered.worker:
             if registered.fenced != fenced:
                 raise InvalidArguments(
                     f"the lookup registered for task {self.name!r} effect {name!r} "
