@@ -253,10 +253,12 @@ def _judge(row: TaskEffectView, lookup: RegisteredLookup, answer: _Answer,
 
 
 def _late_finding(le: LateEffectView, state: str, target: Any) -> Finding:
+    recorded = (f"the ledger recorded generation {le.recorded_generation}'s outcome"
+                if le.recorded_generation is not None
+                else "the ledger has no outcome recorded for it")
     note = (f"generation {le.generation} ({le.holder}) sent {le.effect!r} after its claim "
-            f"was taken over: outcome {le.outcome}; the ledger recorded generation "
-            f"{le.recorded_generation}'s. A lookup proves presence, not how often it "
-            "executed: check the target for a duplicate")
+            f"was taken over: outcome {le.outcome}; {recorded}. A lookup proves presence, "
+            "not how often it executed: check the target for a duplicate")
     return Finding("late", le.task_id, state, le.effect, le.key, le.outcome, le.detail,
                    le.generation, target, note)
 
