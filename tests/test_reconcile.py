@@ -336,3 +336,38 @@ def test_effects_pages_neither_skip_nor_repeat(ledger_url: str) -> None:
         with pytest.raises(InvalidArguments, match="limit"):
             control.effects("rc.many", limit=0)
     app.close()
+
+
+def test_fenced_lookup_gets_the_tasks_generation(ledger_url: str, tmp_path: Path) -> None:
+    with start_counting_service(tmp_path / "fenced.db", honour_keys=False,
+                                check_tokens=True) as svc:
+        client = svc.client(timeout_s=2.0)
+        app = App(ledger_url)
+
+        @app.task(name="rc.fenced")
+        def fenced(ctx: Any, order: str) -> Any:
+            return ctx.effect("charge", lambda k, t: client.execute(k, {"o": order}, token=t),
+                              key=f"charge:{order}", fenced=True)
+
+        @app.lookup("rc.fenced", "charge", fenced=True, worker=False)
+        def ask(key: str, token: int) -> Any:
+            return client.lookup(key, token)
+
+        client.set_faults(reply_lost_next=1)
+        handle = app.submit("rc.fenced", {"order": "o-1"})
+        _run(app)
+        info = handle.get()
+        assert info.state is State.UNKNOWN, info.last_error
+        with Control(ledger_url) as control:
+            report = reconcile(control, app, "rc.fenced", apply=True, reason="fenced check")
+            [found] = report.findings
+            assert (found.outcome, found.applied) == ("unrecorded", True)
+        conn = sqlite3.connect(svc.db_path, timeout=30)
+        [(highest,)] = conn.execute("SELECT highest FROM tokens WHERE key = 'charge:o-1'")
+        conn.close()
+        assert highest == info.generation  # the task's current generation was sent
+        _run(app)  # resumes with the resolved result: no second charge, no refusal
+        assert handle.get().state is State.SUCCEEDED
+        assert svc.executions() == {"charge:o-1": 1} and svc.rejections() == []
+        client.close()
+        app.close()
