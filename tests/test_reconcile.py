@@ -371,3 +371,22 @@ def test_fenced_lookup_gets_the_tasks_generation(ledger_url: str, tmp_path: Path
         assert svc.executions() == {"charge:o-1": 1} and svc.rejections() == []
         client.close()
         app.close()
+
+
+def test_sqlite_walk_is_an_index_range(tmp_path: Path) -> None:
+    """Control.effects on SQLite: tasks_created as a range bounded by the window and the
+    cursor (not a scan of the window from its newest end for every page)."""
+    from ratchet import open_ledger
+    from ratchet.ledger.catalogue import load_catalogue
+
+    path = tmp_path / "l.db"
+    open_ledger(f"sqlite:///{path}").close()
+    (statement,) = load_catalogue("sqlite")["effects_of_type"]
+    conn = sqlite3.connect(path)
+    for cursor in ((None, None, None), (5.0, "a", "b")):
+        params = {"name": "t", "created_from": 1.0, "limit": 10,
+                  **dict(zip(("cursor_at", "cursor_id", "cursor_name"), cursor, strict=True))}
+        plan = " | ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + statement, params))
+        assert "SEARCH t USING INDEX tasks_created (created_at>? AND created_at<?)" in plan, plan
+        assert "SEARCH e USING PRIMARY KEY" in plan, plan
+    conn.close()
