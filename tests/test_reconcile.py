@@ -390,3 +390,14 @@ def test_sqlite_walk_is_an_index_range(tmp_path: Path) -> None:
         assert "SEARCH t USING INDEX tasks_created (created_at>? AND created_at<?)" in plan, plan
         assert "SEARCH e USING PRIMARY KEY" in plan, plan
     conn.close()
+
+
+def test_demo_app_registers_its_charges_lookups() -> None:
+    from ratchet.demo import billing
+
+    lookups = billing.app.lookups
+    assert set(lookups) == {(name, "charge") for name in billing.TASKS.values()}
+    assert lookups[(billing.TASKS["fenced"], "charge")].fenced
+    assert lookups[(billing.TASKS["lookup"], "charge")].in_flight_s == billing.IN_FLIGHT_S
+    # the "neither" task must still go UNKNOWN rather than ask: reconciliation only
+    assert not lookups[(billing.TASKS["neither"], "charge")].worker
