@@ -15,7 +15,8 @@ Every answer is a frozen dataclass: ``dataclasses.asdict(record)`` is its JSON f
 CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records.
 
 Read-only calls (:meth:`Control.status`, :meth:`Control.inspect`, :meth:`Control.workers`,
-:meth:`Control.late_effects`, :meth:`Control.limits`)
+:meth:`Control.late_effects`, :meth:`Control.limits`, :meth:`Control.effects`,
+:meth:`Control.reconcile_counts`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -58,6 +59,7 @@ from .ledger.base import (
     QuarantineGroup,
     ReplayedTask,
     ResolveOutcome,
+    TaskEffect,
     TaskInfo,
     TaskQuery,
     Timeline,
@@ -73,8 +75,11 @@ __all__ = [
     "ControlOutcome",
     "EffectRecord",
     "EffectState",
+    "EffectPage",
     "EffectView",
     "LateEffectView",
+    "ReconcileCounts",
+    "TaskEffectView",
     "LimitView",
     "LimitsReport",
     "PruneReport",
@@ -272,6 +277,56 @@ class EffectView:
     calls: int
     via_lookup: bool
     updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEffectView:
+    """One effect of a task of a type, with its task (:meth:`Control.effects`).
+
+    Attributes:
+        task_id, task_name: the task. task_state: its state now (``SUCCEEDED``,
+            ``UNKNOWN``, ...). task_generation: its current fencing generation.
+        task_created_at: when it was submitted (ledger clock, epoch seconds).
+        effect: the effect record (its ``name`` is the stored occurrence, ``name`` or
+            ``name#N``).
+    """
+
+    task_id: str
+    task_name: str
+    task_state: str
+    task_generation: int
+    task_created_at: float
+    effect: EffectView
+
+
+@dataclass(frozen=True, slots=True)
+class EffectPage:
+    """A page of :meth:`Control.effects`.
+
+    Attributes:
+        effects: newest task first, by effect name within a task.
+        next_cursor: pass it as ``cursor=`` for the next page; None when this is the last.
+    """
+
+    effects: list[TaskEffectView]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileCounts:
+    """What reconcile runs recorded, ever (audit rows per kind, kept when prune deletes
+    the rows; DESIGN §5, reconciliation): for a metrics collector
+    (``ratchet_reconcile_findings_total{outcome=...}``).
+
+    Attributes:
+        runs: reconcile runs (audit kind ``reconcile``).
+        findings: findings per outcome (``absent``, ``unrecorded``, ``not_executed``,
+            ``unknown``, ``late``, ``no_lookup``; audit kind ``reconcile_<outcome>``),
+            and ``resolved``: findings a run's ``--apply`` resolved.
+    """
+
+    runs: int
+    findings: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -667,6 +722,113 @@ class Control:
             views.append(_late_view(le, tl.task.name if tl else None,
                                     tl.effects if tl else []))
         return views
+
+    def late_effects_of_type(self, task_type: str, *, newer_than_s: float | None = None,
+                             limit: int = 1000) -> list[LateEffectView]:
+        """Late effects of the tasks of one type, newest first (as :meth:`late_effects`).
+
+        Args:
+            task_type: the task name.
+            newer_than_s: only those recorded less than this many seconds ago (ledger
+                clock); None: any time.
+            limit: at most this many (1-10000).
+
+        Raises:
+            InvalidArguments: a malformed type, age or limit. LedgerUnavailable: no ledger.
+        """
+        check_identifier(task_type, "task type", MAX_NAME_BYTES)
+        _check_age(newer_than_s, "newer_than_s")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10000:
+            raise InvalidArguments(f"limit must be an integer from 1 to 10000, got {limit!r}")
+        led = self._reader()
+        since = None if newer_than_s is None else led.now() - newer_than_s
+        records = led.late_effects_of_type(task_type, since, limit)
+        timelines: dict[str, list[EffectRecord]] = {}
+        views = []
+        for le in records:
+            if le.task_id not in timelines:
+                try:
+                    timelines[le.task_id] = list(led.timeline(le.task_id).effects)
+                except TaskNotFound:
+                    timelines[le.task_id] = []
+            views.append(_late_view(le, task_type, timelines[le.task_id]))
+        return views
+
+    def effects(self, task_type: str, *, newer_than_s: float | None = None,
+                limit: int = 100, cursor: str | None = None) -> EffectPage:
+        """The effects the ledger recorded for the tasks of one type, newest task first
+        (``ratchet reconcile`` walks them; DESIGN §5). Effects live as long as their task
+        (prune deletes them together).
+
+        Args:
+            task_type: the task name.
+            newer_than_s: only tasks submitted less than this many seconds ago (ledger
+                clock); None: any time.
+            limit: effects per page, 1-1000.
+            cursor: ``next_cursor`` of the previous page.
+
+        Returns:
+            An :class:`EffectPage` (keyset-paginated on (task created time, task id,
+            effect name): rows added meanwhile neither shift nor repeat pages).
+
+        Raises:
+            InvalidArguments: a malformed type, age, limit or cursor.
+            LedgerUnavailable: no ledger there.
+        """
+        check_identifier(task_type, "task type", MAX_NAME_BYTES)
+        _check_age(newer_than_s, "newer_than_s")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidArguments(f"limit must be an integer from 1 to 1000, got {limit!r}")
+        after = _parse_effect_cursor(cursor)
+        led = self._reader()
+        since = None if newer_than_s is None else led.now() - newer_than_s
+        found = led.effects_of_type(task_type, since, limit + 1, after)
+        page = found[:limit]
+        last = page[-1] if len(found) > limit and page else None
+        next_cursor = (json.dumps([last.task_created_at, last.task_id, last.effect.name])
+                       if last is not None else None)
+        return EffectPage([_task_effect_view(te, task_type) for te in page], next_cursor)
+
+    def reconcile_counts(self) -> ReconcileCounts:
+        """Reconcile runs and findings per outcome, ever (:class:`ReconcileCounts`; reads
+        no history, as :meth:`status`).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        kinds = self._reader().audit_kind_counts()
+        prefix = "reconcile_"
+        return ReconcileCounts(
+            kinds.get("reconcile", 0),
+            {k[len(prefix):]: n for k, n in sorted(kinds.items()) if k.startswith(prefix)})
+
+    def record_reconcile(self, task_type: str, summary: Mapping[str, Any],
+                         findings: Sequence[tuple[str, str, int | None, Mapping[str, Any]]],
+                         *, by: str | None = None) -> None:
+        """Audit one reconcile run (:mod:`ratchet.reconcile` calls it), in one transaction:
+        a ``reconcile`` row (task id ``reconcile:<task_type>``, the operator, ``summary``
+        as its detail) and one row per finding ``(task_id, outcome, generation, detail)``
+        of kind ``reconcile_<outcome>`` on the task it is about (``ratchet inspect``
+        shows it; :meth:`reconcile_counts` counts them).
+
+        Raises:
+            InvalidArguments: a malformed type, operator or outcome name.
+            PayloadNotSerializable: a detail is not plain JSON.
+            LedgerUnavailable: no ledger there.
+        """
+        check_identifier(task_type, "task type", MAX_NAME_BYTES)
+        who = by if by is not None else default_operator()
+        check_identifier(who, "operator name", MAX_KEY_BYTES)
+        rows = []
+        for task_id, outcome, generation, detail in findings:
+            if not isinstance(outcome, str) or not outcome.isidentifier():
+                raise InvalidArguments(f"a finding's outcome must be a plain name, got "
+                                       f"{outcome!r}")
+            rows.append((_task_id(task_id), f"reconcile_{outcome}", generation,
+                         dumps(dict(detail), what="a reconcile finding")))
+        self._writer().record_reconcile(task_type, who,
+                                        dumps(dict(summary), what="a reconcile summary"),
+                                        rows)
 
     def list_tasks(
         self,
@@ -1215,6 +1377,37 @@ def _late_view(le: LateEffect, task_name: str | None,
         recorded.key if recorded else None,
         recorded.generation if recorded and recorded.state is not EffectState.INTENT else None,
     )
+
+
+def _task_effect_view(te: TaskEffect, task_type: str) -> TaskEffectView:
+    e = te.effect
+    return TaskEffectView(
+        te.task_id, task_type, te.task_state.value, te.task_generation, te.task_created_at,
+        EffectView(e.name, e.key, e.state.value,
+                   loads_stored(e.result_json, f"effect {e.name!r} result"),
+                   e.generation, e.attempt, e.calls, e.via_lookup, e.updated_at))
+
+
+def _check_age(age: object, label: str) -> None:
+    """InvalidArguments unless ``age`` is None or a finite number of seconds >= 0."""
+    if age is not None and (isinstance(age, bool) or not isinstance(age, int | float)
+                            or not math.isfinite(age) or age < 0):
+        raise InvalidArguments(f"{label} must be a finite number of seconds >= 0, got {age!r}")
+
+
+def _parse_effect_cursor(cursor: str | None) -> tuple[float, str, str] | None:
+    """A :class:`EffectPage` ``next_cursor`` back into ``(created_at, task_id, name)``."""
+    if cursor is None:
+        return None
+    try:
+        at, task_id, name = json.loads(cursor)
+        if (isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at)
+                or not isinstance(task_id, str) or not isinstance(name, str)):
+            raise ValueError
+    except (ValueError, TypeError):
+        raise InvalidArguments(f"malformed cursor {printable(str(cursor))!r}: pass the "
+                               "next_cursor of the previous page") from None
+    return float(at), task_id, name
 
 
 def _states(state: str | State | Sequence[str | State] | None) -> tuple[State, ...] | None:

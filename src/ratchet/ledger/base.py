@@ -55,6 +55,7 @@ __all__ = [
     "Subscription",
     "TaskInfo",
     "TaskQuery",
+    "TaskEffect",
     "TaskWrite",
     "Timeline",
     "Transition",
@@ -324,6 +325,24 @@ class EffectRecord:
     updated_at: float
     seq: int | None = None
     """0-based position among the task's checkpoints (None: written without one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEffect:
+    """One effect record with the task it belongs to (:meth:`Ledger.effects_of_type`).
+
+    Attributes:
+        task_id: the task. task_state: its state now. task_generation: its current
+            fencing generation. task_created_at: when it was submitted (ledger clock,
+            epoch seconds; the walk's order and cursor).
+        effect: the effect record.
+    """
+
+    task_id: str
+    task_state: State
+    task_generation: int
+    task_created_at: float
+    effect: EffectRecord
 
 
 @_fast_init
@@ -1177,6 +1196,38 @@ class Ledger(Protocol):
 
     def late_effects(self, task_id: str | None = None, limit: int = 100) -> list[LateEffect]:
         """Late effects, newest first: of ``task_id``, or of every task (at most ``limit``)."""
+        ...
+
+    def effects_of_type(
+        self, name: str, created_from: float | None, limit: int,
+        after: tuple[float, str, str] | None = None,
+    ) -> list[TaskEffect]:
+        """The effect records of tasks of type ``name`` submitted at or after
+        ``created_from`` (None: any time), newest task first and by effect name within a
+        task, at most ``limit``; ``after`` is the ``(task_created_at, task_id, effect
+        name)`` of the last row of the previous page (keyset pagination)."""
+        ...
+
+    def late_effects_of_type(
+        self, name: str, since: float | None, limit: int
+    ) -> list[LateEffect]:
+        """Late effects of tasks of type ``name`` recorded at or after ``since`` (None: any
+        time), newest first, at most ``limit``."""
+        ...
+
+    def record_reconcile(
+        self, name: str, operator: str, summary_json: str,
+        findings: Sequence[tuple[str, str, int | None, str]],
+    ) -> None:
+        """Audit one reconcile run in one transaction: a ``reconcile`` row (task id
+        ``reconcile:<name>``, holder ``operator``, detail ``summary_json``) and one row per
+        finding ``(task_id, kind, generation, detail_json)`` on the task it is about
+        (DESIGN §5, reconciliation)."""
+        ...
+
+    def audit_kind_counts(self) -> dict[str, int]:
+        """Audit rows ever written per kind (kept when prune deletes the rows; the rollup
+        plus the rows since the counts mark, as :meth:`stats` reads them)."""
         ...
 
     def subscribe(self, on_ready: Callable[[], None]) -> Subscription:

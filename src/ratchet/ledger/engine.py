@@ -68,6 +68,7 @@ from .base import (
     StepRecord,
     SubmitResult,
     Subscription,
+    TaskEffect,
     TaskInfo,
     TaskQuery,
     TaskWrite,
@@ -1618,6 +1619,67 @@ class LedgerEngine:
                 lambda tx: tx.rows("late_effects_task", {"id": task_id, "limit": limit}),
                 write=False)
         return [LateEffect(*r) for r in rows]
+
+    # ------------------------------------------------------------------ reconciliation
+    # (ratchet reconcile, DESIGN §5): reads of a type's effects and the audit of a run
+
+    def effects_of_type(
+        self, name: str, created_from: float | None, limit: int,
+        after: tuple[float, str, str] | None = None,
+    ) -> list[TaskEffect]:
+        """See :meth:`Ledger.effects_of_type` (one read; the tasks by ``tasks_created``,
+        their effects by primary key)."""
+        params = {
+            "name": name, "created_from": created_from, "limit": limit,
+            "cursor_at": after[0] if after else None,
+            "cursor_id": after[1] if after else None,
+            "cursor_name": after[2] if after else None,
+        }
+        rows = self.dialect.run(lambda tx: tx.rows("effects_of_type", params), write=False)
+        return [TaskEffect(r[0], State(r[1]), int(r[2]), float(r[3]), effect_record(r[4:]))
+                for r in rows]
+
+    def late_effects_of_type(
+        self, name: str, since: float | None, limit: int
+    ) -> list[LateEffect]:
+        """See :meth:`Ledger.late_effects_of_type`."""
+        rows = self.dialect.run(lambda tx: tx.rows(
+            "late_effects_of_type", {"name": name, "since": since, "limit": limit}),
+            write=False)
+        return [LateEffect(*r) for r in rows]
+
+    def record_reconcile(
+        self, name: str, operator: str, summary_json: str,
+        findings: Sequence[tuple[str, str, int | None, str]],
+    ) -> None:
+        """See :meth:`Ledger.record_reconcile`. Kinds must start with ``reconcile``."""
+        for _, kind, _, _ in findings:
+            if not kind.startswith("reconcile_"):
+                raise InvalidArguments(f"a reconcile finding's audit kind must start with "
+                                       f"'reconcile_', got {kind!r}")
+
+        def body(tx: Tx) -> None:
+            now = tx.now
+            _audit(tx, [(f"reconcile:{name}", now, "reconcile", None, None, None,
+                         printable(operator), summary_json)]
+                   + [(task_id, now, kind, None, None, generation, printable(operator), detail)
+                      for task_id, kind, generation, detail in findings])
+
+        self.dialect.run(body)
+
+    def audit_kind_counts(self) -> dict[str, int]:
+        """See :meth:`Ledger.audit_kind_counts` (the counts mark is advanced first, as by
+        :meth:`stats`)."""
+        self._require_schema("retention.sql", "audit counts")
+        with contextlib.suppress(LedgerError):
+            self._advance_counts()
+
+        def body(tx: Tx) -> dict[str, int]:
+            mark = tx.one("counts_read_mark")
+            upto = float(mark[0]) if mark else 0.0
+            return {str(k): int(n) for k, n in tx.rows("stats_kinds", {"upto": upto})}
+
+        return self.dialect.run(body, write=False)
 
     # ------------------------------------------------------------------ wake-ups, registry
 

@@ -828,6 +828,7 @@ class Worker:
             )
             attempt = self._attempts.begin(claim, lease, ctx, definition.time_limit_s)
             ctx.breakers = self.app.breakers
+            ctx.lookups = self.app.lookups
             outcome = self._run_body(definition, claim, ctx)
         except BaseException:  # never let one task kill the worker or leak its slot
             log.exception("internal error while running task %s", claim.task_id)

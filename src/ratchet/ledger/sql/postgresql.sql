@@ -347,6 +347,31 @@ ORDER BY seq DESC LIMIT %(limit)s;
 SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
 WHERE task_id = %(id)s ORDER BY seq DESC LIMIT %(limit)s;
 
+-- name: effects_of_type
+-- ratchet reconcile / Control.effects: the effect records of one task type's tasks, newest
+-- task first (tasks_created, from %(created_from)s on), by effect name within a task;
+-- keyset pagination on (created_at, id, effect name). Effects are read by their primary
+-- key (task_id, name) and deleted with their task (prune): no index of their own.
+SELECT t.id, t.state, t.generation, t.created_at,
+       e.name, e.key, e.params_digest, e.state, e.result, e.generation, e.attempt, e.calls,
+       e.via_lookup, e.updated_at, e.seq
+FROM tasks AS t JOIN effects AS e ON e.task_id = t.id
+WHERE t.name = %(name)s
+  AND (%(created_from)s::float8 IS NULL OR t.created_at >= %(created_from)s::float8)
+  AND (%(cursor_at)s::float8 IS NULL OR t.created_at < %(cursor_at)s::float8
+       OR (t.created_at = %(cursor_at)s::float8 AND (t.id < %(cursor_id)s::text
+           OR (t.id = %(cursor_id)s::text AND e.name > %(cursor_name)s::text))))
+ORDER BY t.created_at DESC, t.id DESC, e.name
+LIMIT %(limit)s;
+
+-- name: late_effects_of_type
+-- ratchet reconcile: late effects of one task type's tasks (the table holds the rare calls
+-- of stale holders: a scan of it, each row's task by primary key).
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
+FROM late_effects AS l JOIN tasks AS t ON t.id = l.task_id
+WHERE t.name = %(name)s AND (%(since)s::float8 IS NULL OR l.at >= %(since)s::float8)
+ORDER BY l.seq DESC LIMIT %(limit)s;
+
 -- name: stats_late
 SELECT count(*) FROM late_effects;
 

@@ -300,6 +300,34 @@ ORDER BY seq DESC LIMIT :limit;
 SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
 WHERE task_id = :id ORDER BY seq DESC LIMIT :limit;
 
+-- name: effects_of_type
+-- ratchet reconcile / Control.effects: the effect records of one task type's tasks, newest
+-- task first (tasks_created, from :created_from on), by effect name within a task; keyset
+-- pagination on (created_at, id, effect name). The COALESCE bounds are the index range
+-- (a later page starts at its cursor instead of scanning the window again from its newest
+-- end); the OR below them is the exact keyset condition. Effects are read by their primary key
+-- (task_id, name) and deleted with their task (prune): no index of their own.
+SELECT t.id, t.state, t.generation, t.created_at,
+       e.name, e.key, e.params_digest, e.state, e.result, e.generation, e.attempt, e.calls,
+       e.via_lookup, e.updated_at, e.seq
+FROM tasks AS t JOIN effects AS e ON e.task_id = t.id
+WHERE t.name = :name
+  AND t.created_at >= COALESCE(:created_from, -1e308)
+  AND t.created_at <= COALESCE(:cursor_at, 1e308)
+  AND (:cursor_at IS NULL OR t.created_at < :cursor_at
+       OR (t.created_at = :cursor_at AND (t.id < :cursor_id
+           OR (t.id = :cursor_id AND e.name > :cursor_name))))
+ORDER BY t.created_at DESC, t.id DESC, e.name
+LIMIT :limit;
+
+-- name: late_effects_of_type
+-- ratchet reconcile: late effects of one task type's tasks (the table holds the rare calls
+-- of stale holders: a scan of it, each row's task by primary key).
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
+FROM late_effects AS l JOIN tasks AS t ON t.id = l.task_id
+WHERE t.name = :name AND (:since IS NULL OR l.at >= :since)
+ORDER BY l.seq DESC LIMIT :limit;
+
 -- name: stats_late
 SELECT COUNT(*) FROM late_effects;
 
