@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..config import LedgerConfig
@@ -71,8 +71,10 @@ from .base import (
     TaskInfo,
     TaskQuery,
     TaskWrite,
+    ThroughputCount,
     Timeline,
     Transition,
+    TypeCapacity,
     VersionBacklog,
     WorkerInfo,
     claim_kinds,
@@ -1325,7 +1327,7 @@ class LedgerEngine:
 
         return self.dialect.run(body, write=False)
 
-    def stats(self) -> LedgerStats:
+    def stats(self, window_s: float | None = None) -> LedgerStats:
         """See :meth:`Ledger.stats` (decodes no stored JSON).
 
         Reads no history (DESIGN §9): non-terminal tasks are counted exactly from their
@@ -1349,6 +1351,8 @@ class LedgerEngine:
             kinds = {k: int(n) for k, n in tx.rows("stats_kinds", {"upto": upto})}
             unknown_row = tx.one("stats_unknown")
             late_row = tx.one("stats_late")
+            capacity = ([] if window_s is None else
+                        self._capacity(tx, tx.now - window_s, counts))
             return LedgerStats(
                 counts=counts,
                 oldest_pending_age_s=(tx.now - oldest) if oldest is not None else None,
@@ -1365,10 +1369,54 @@ class LedgerEngine:
                 backend_settings=self.dialect.backend_settings(tx),
                 schema_version=0,
                 ledger_now=tx.now,
+                window_s=window_s or 0.0,
+                capacity=capacity,
             )
 
         stats = self.dialect.run(body, write=False)
         return _with_version(stats, self.dialect.schema_version())
+
+    @staticmethod
+    def _capacity(tx: Tx, from_at: float,
+                  counts: Mapping[str, Mapping[str, int]]) -> list[TypeCapacity]:
+        """Per task type: scheduled / oldest ready (tasks_ready), unknown (the parked
+        index), quarantined (tasks_quarantine), and arrivals / completions since
+        ``from_at`` (ranges of tasks_created / tasks_finished): the backlog and the window,
+        never the history (DESIGN §9)."""
+        window = {"from_at": from_at}
+        ready, unknown, quarantined, arrivals, completions = tx.rows_many([
+            ("status_ready", {}), ("status_unknown", {}), ("status_quarantined", {}),
+            ("status_arrivals", window), ("status_completions", window)])
+        by: dict[str, dict[str, Any]] = {name: {} for name in counts}
+        for name, later, oldest in ready:
+            by.setdefault(name, {}).update(
+                scheduled=int(later or 0),
+                oldest_ready_at=None if oldest is None else float(oldest))
+        for name, n, oldest in unknown:
+            by.setdefault(name, {}).update(unknown=int(n), oldest_unknown_at=float(oldest))
+        for rows, key in ((quarantined, "quarantined"), (arrivals, "arrivals"),
+                          (completions, "completions")):
+            for name, n in rows:
+                by.setdefault(name, {})[key] = int(n)
+        return [TypeCapacity(name, **by[name]) for name in sorted(by)]
+
+    def throughput(self, window_s: float, bucket_s: float,
+                   name: str | None = None) -> list[ThroughputCount]:
+        """See :meth:`Ledger.throughput`: ``ceil(window_s / bucket_s)`` buckets ending at
+        the ledger clock, two range scans of the window (tasks_created, tasks_finished)."""
+        buckets = max(1, math.ceil(window_s / bucket_s - 1e-9))
+
+        def body(tx: Tx) -> list[ThroughputCount]:
+            start = tx.now - buckets * bucket_s
+            params = {"from_at": start, "to_at": tx.now, "bucket_s": bucket_s, "name": name}
+            created, finished = tx.rows_many([("throughput_arrivals", params),
+                                              ("throughput_completions", params)])
+            came = {int(b): int(n) for b, n in created}
+            went = {int(b): int(n) for b, n in finished}
+            return [ThroughputCount(start + i * bucket_s, came.get(i, 0), went.get(i, 0))
+                    for i in range(buckets)]
+
+        return self.dialect.run(body, write=False)
 
     # ------------------------------------------------------------------ retention
     # (issue 10: prune; DESIGN §10.2) and the counts rollup behind stats (DESIGN §9)

@@ -285,6 +285,52 @@ GROUP BY kind;
 SELECT COUNT(*) FROM tasks
 WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN';
 
+-- name: status_ready
+-- ratchet status, per type (DESIGN §9): the PENDING / RETRY_WAIT tasks scheduled after the
+-- ledger clock and the oldest run_at of those ready now; one pass over tasks_ready (the
+-- backlog, never the history).
+SELECT name, SUM(CASE WHEN run_at > :now THEN 1 ELSE 0 END),
+       MIN(CASE WHEN run_at <= :now THEN run_at END)
+FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
+
+-- name: status_unknown
+-- UNKNOWN tasks per type and the earliest updated_at (when each entered UNKNOWN), with
+-- tasks_active's predicate so the partial index serves it.
+SELECT name, COUNT(*), MIN(updated_at) FROM tasks
+WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN'
+GROUP BY name;
+
+-- name: status_quarantined
+-- Quarantined FAILED tasks per type (tasks_quarantine: only quarantined rows).
+SELECT name, COUNT(*) FROM tasks WHERE quarantined = 1 AND state = 'FAILED' GROUP BY name;
+
+-- name: status_arrivals
+-- Tasks created in the window (:from_at, up to the read's clock) per type: a range of
+-- tasks_created (two bounds: a planner without statistics still takes the index).
+SELECT name, COUNT(*) FROM tasks WHERE created_at >= :from_at AND created_at <= :now
+GROUP BY name;
+
+-- name: status_completions
+-- Tasks finished in the window per type: a range of tasks_finished (index only).
+SELECT name, COUNT(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :from_at
+  AND updated_at <= :now
+GROUP BY name;
+
+-- name: throughput_arrivals
+-- Tasks created per bucket of :bucket_s seconds in [:from_at, :to_at), of one type
+-- (:name) or all (NULL): a range of tasks_created.
+SELECT CAST((created_at - :from_at) / :bucket_s AS INTEGER), COUNT(*) FROM tasks
+WHERE created_at >= :from_at AND created_at < :to_at AND (:name IS NULL OR name = :name)
+GROUP BY 1;
+
+-- name: throughput_completions
+-- Tasks finished per bucket, as throughput_arrivals: a range of tasks_finished.
+SELECT CAST((updated_at - :from_at) / :bucket_s AS INTEGER), COUNT(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :from_at
+  AND updated_at < :to_at AND (:name IS NULL OR name = :name)
+GROUP BY 1;
+
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
 INSERT INTO late_effects (task_id, effect, key, generation, holder, at, outcome, detail)
