@@ -934,6 +934,25 @@ class Control:
             )
         return views
 
+    def prune_workers(self, older_than_s: float) -> list[str]:
+        """Delete the registry rows of workers ``stopped`` (clean exit) or ``dead``
+        (revoked) whose last heartbeat is more than ``older_than_s`` seconds old by the
+        ledger clock; ``alive`` rows are never deleted (``ratchet workers --prune-after``;
+        running workers do it themselves once a minute with a 24 h retention,
+        :data:`ratchet.worker.registry.REGISTRY_RETENTION_S`).
+
+        Returns:
+            the holders whose rows were deleted, sorted.
+
+        Raises:
+            InvalidArguments: a negative or non-finite age. LedgerUnavailable: no ledger.
+        """
+        if (isinstance(older_than_s, bool) or not isinstance(older_than_s, int | float)
+                or not math.isfinite(older_than_s) or older_than_s < 0):
+            raise InvalidArguments(f"older_than_s must be a finite number of seconds >= 0, "
+                                   f"got {older_than_s!r}")
+        return self._writer().prune_workers(float(older_than_s))
+
     def definitions(self) -> list[DefinitionView]:
         """The definitions workers registered when they started, by (name, version), with
         how many live workers have each (DESIGN §8).

@@ -523,6 +523,8 @@ class TaskInfo:
     last_error: str | None
     error_class: str | None
     tenant: str | None = None
+    quarantined: bool = False
+    """A ``FAILED`` task taken out of the retry path (DESIGN §7; ``ratchet quarantine``)."""
 
     @property
     def terminal(self) -> bool:
@@ -1254,6 +1256,13 @@ class Ledger(Protocol):
 
     def list_workers(self, host_id: str | None = None) -> list[WorkerInfo]:
         """Live workers registered with ``host_id``, or every registered worker if None."""
+        ...
+
+    def prune_workers(self, older_than_s: float) -> list[str]:
+        """Delete the registry rows of workers ``stopped`` or ``dead`` whose last heartbeat
+        is more than ``older_than_s`` seconds old (ledger clock), with their definition
+        rows; ``alive`` rows are never deleted. Returns the holders deleted. One short
+        transaction over the registry only (no task row)."""
         ...
 
     def quarantine_groups(self, limit: int = 100, per_group: int = 5) -> list[QuarantineGroup]:

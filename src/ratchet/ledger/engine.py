@@ -1628,7 +1628,8 @@ class LedgerEngine:
             task = dict(zip(("id", "name", "version", "state", "generation", "attempt",
                              "max_attempts", "holder", "lease_until", "run_at", "created_at",
                              "updated_at", "idempotency_key", "params", "params_digest",
-                             "result", "last_error", "error_class", "tenant"), r,
+                             "result", "last_error", "error_class", "tenant",
+                             "quarantined"), r,
                             strict=True))
             tid = task["id"]
             records.append({"task": task, "steps": steps.get(tid, []),
@@ -1692,6 +1693,18 @@ class LedgerEngine:
             rows = self.dialect.run(
                 lambda tx: tx.rows("workers_on_host", {"host_id": host_id}), write=False)
         return [WorkerInfo(*r) for r in rows]
+
+    def prune_workers(self, older_than_s: float) -> list[str]:
+        """See :meth:`Ledger.prune_workers`."""
+        definitions = self._has_definitions()
+
+        def body(tx: Tx) -> list[str]:
+            cutoff = {"cutoff": tx.now - older_than_s}
+            if definitions:
+                tx.execute("worker_definitions_prune", cutoff)
+            return sorted(str(r[0]) for r in tx.rows("workers_prune", cutoff))
+
+        return self.dialect.run(body)
 
     # ------------------------------------------------------------------ definitions (DESIGN §8)
 

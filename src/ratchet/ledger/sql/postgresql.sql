@@ -258,6 +258,17 @@ WHERE holder = %(holder)s AND state <> 'dead';
 SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
 FROM workers ORDER BY started_at;
 
+-- name: workers_prune
+-- Registry retention: rows of workers stopped or dead (never alive ones) last seen before
+-- the cutoff (a few rows: the registry is small).
+DELETE FROM workers WHERE state IN ('stopped', 'dead') AND last_seen < %(cutoff)s::float8
+RETURNING holder;
+
+-- name: worker_definitions_prune
+-- Their (name, version) rows, deleted first in the same transaction.
+DELETE FROM worker_definitions WHERE holder IN (
+    SELECT holder FROM workers WHERE state IN ('stopped', 'dead') AND last_seen < %(cutoff)s::float8);
+
 -- name: workers_on_host
 SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
 FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at;
@@ -265,13 +276,13 @@ FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks WHERE id = %(id)s;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
 -- name: timeline_audit
@@ -413,7 +424,7 @@ SELECT generation FROM steps WHERE task_id = %(task_id)s AND name = %(name)s;
 -- hot path).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
