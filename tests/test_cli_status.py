@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,9 +35,9 @@ def echo(ctx: TaskContext, text: str = "") -> str:
     return text
 """
 
-NOT_JSON = {"worker", "demo"}
-"""Commands without --json: a worker runs until stopped (its logs: --log-format), the demo
-prints a report."""
+NOT_JSON = {"worker", "demo", "serve"}
+"""Commands without --json: a worker (and the HTTP service) runs until stopped, the demo
+prints a report. Every other command must take --json (test_every_command_has_json)."""
 
 
 def _env() -> dict[str, str]:
@@ -144,11 +145,6 @@ def test_json_on_every_command_parses(cli_ledger: tuple[str, App]) -> None:
         (["prune", "--older-than", "30d", "--dry-run", *led], dict),
         (["prune", "--older-than", "30d", *led], dict),
     ]
-    groups = {"limits", "quarantine"}
-    covered = {(a[0], a[1]) if a[0] in groups and len(a) > 1 and not a[1].startswith("-")
-               else (a[0],) for a, _ in table if not a[0].startswith("-")}
-    every = {p for p in _commands(get_command(cli)) if p[0] not in NOT_JSON}
-    assert every <= covered | {("quarantine",)}, every - covered
     runner = CliRunner()
     for args, kind in table:
         result = runner.invoke(cli, [*args, "--json"])
@@ -181,6 +177,30 @@ def test_watch_redraws_n_frames(cli_ledger: tuple[str, App]) -> None:
         result = runner.invoke(cli, [*bad, "--ledger", url])
         assert result.exit_code == 2, (bad, result.output)
         assert "error: InvalidArguments" in result.stderr, (bad, result.stderr)
+
+
+def test_watch_runs_until_ctrl_c(cli_ledger: tuple[str, App], tmp_path: Path) -> None:
+    url, app = cli_ledger
+    app.submit("cli.echo", {"text": "x"})
+    out = tmp_path / "frames.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ratchet.cli.main", "status", "--watch", "0.1", "--ledger",
+             url], stdout=sink, stderr=subprocess.PIPE, text=True, env=_env())
+        try:
+            def two_frames() -> bool:
+                assert proc.poll() is None, out.read_text()
+                return out.read_text().count("== ratchet status at") >= 2
+
+            wait_for("two frames", two_frames, timeout_s=60)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.stderr is not None and "Traceback" not in proc.stderr.read()
+    proc.stderr.close()
 
 
 def test_piped_output_keeps_long_cells_whole(cli_ledger: tuple[str, App]) -> None:

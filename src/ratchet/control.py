@@ -14,8 +14,9 @@ Example::
 Every answer is a frozen dataclass: ``dataclasses.asdict(record)`` is its JSON form (the
 CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records.
 
-Read-only calls (:meth:`Control.status`, :meth:`Control.inspect`, :meth:`Control.workers`,
-:meth:`Control.late_effects`, :meth:`Control.limits`)
+Read-only calls (:meth:`Control.status`, :meth:`Control.throughput`,
+:meth:`Control.inspect`, :meth:`Control.workers`, :meth:`Control.late_effects`,
+:meth:`Control.limits`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
