@@ -227,3 +227,20 @@ def test_status_window_is_checked(capp: App, led: Ledger) -> None:
             with pytest.raises(InvalidArguments):
                 control.status(window_s=bad)  # type: ignore[arg-type]
         assert control.status(window_s=0.5).window_s == 0.5
+
+
+def test_revoked_and_cancelled_work_is_not_active(capp: App, led: Ledger) -> None:
+    """A dead holder's revoked lease puts its task back in the backlog (not running); a
+    cancelled task is finished (a completion), never backlog, scheduled or running."""
+    capp.submit(A, {"n": 1})
+    doomed = capp.submit(A, {"n": 2}, delay_s=3600)
+    [claim] = led.claim("w-dead", [A], 1)
+    with Control(app=capp) as control:
+        before = _view(control.status().types, A)
+        assert (before.running, before.backlog, before.scheduled) == (1, 0, 2)
+        assert led.revoke_holder("w-dead", by="test", reason="process gone") == [claim.task_id]
+        assert control.cancel(doomed.task_id, reason="test").outcome == "done"
+        after = _view(control.status().types, A)
+    assert after.counts == {"RETRY_WAIT": 1, "PENDING": 1, "CANCELLED": 1}, after
+    assert (after.running, after.backlog, after.scheduled) == (0, 1, 1)
+    assert after.completion_per_s == pytest.approx(1 / 60)

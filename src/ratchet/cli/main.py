@@ -8,7 +8,9 @@ Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect`
 ``Worker``, :func:`ratchet.loading.load_app`), never the ledger modules. Ratchet errors
 print one line saying what to fix (stored data and user input printed as text, never as
 markup; passwords redacted) and exit with status 2.
-``--json`` prints ``dataclasses.asdict`` of the records ``Control`` returns.
+``--json`` (every command but ``worker`` and ``demo``; ``ratchet --version --json``) prints
+``dataclasses.asdict`` of the records ``Control`` returns. Piped output is never wrapped
+or cut (:mod:`ratchet.cli.render`).
 """
 
 from __future__ import annotations
