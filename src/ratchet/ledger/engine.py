@@ -1384,9 +1384,15 @@ class LedgerEngine:
         ``from_at`` (ranges of tasks_created / tasks_finished): the backlog and the window,
         never the history (DESIGN §9)."""
         window = {"from_at": from_at}
-        ready, unknown, quarantined, arrivals, completions = tx.rows_many([
-            ("status_ready", {}), ("status_unknown", {}), ("status_quarantined", {}),
-            ("status_arrivals", window), ("status_completions", window)])
+        # The UNKNOWN rows of the types the counts show with some (a seek per type).
+        waiting = sorted(n for n, states in counts.items() if states.get("UNKNOWN"))
+        reads: list[tuple[str, dict[str, Any]]] = [
+            ("status_ready", {}), ("status_quarantined", {}), ("status_arrivals", window),
+            ("status_completions", window)]
+        if waiting:
+            reads.append(("status_unknown", {"names": waiting}))
+        ready, quarantined, arrivals, completions, *more = tx.rows_many(reads)
+        unknown = more[0] if more else []
         by: dict[str, dict[str, Any]] = {name: {} for name in counts}
         for name, later, oldest in ready:
             by.setdefault(name, {}).update(

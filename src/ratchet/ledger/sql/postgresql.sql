@@ -353,10 +353,12 @@ SELECT name, count(*) FILTER (WHERE run_at > %(now)s::float8),
 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
 
 -- name: status_unknown
--- UNKNOWN tasks per type and the earliest updated_at (when each entered UNKNOWN), with
--- tasks_parked's predicate so the partial index serves it.
+-- UNKNOWN tasks of the given types (%(names)s: those the counts show with UNKNOWN tasks)
+-- and the earliest updated_at (when each entered UNKNOWN), from tasks_parked (its
+-- predicate written out).
 SELECT name, count(*), min(updated_at) FROM tasks
-WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
+WHERE name = ANY(%(names)s::text[])
+  AND state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
   AND state = 'UNKNOWN'
 GROUP BY name;
 

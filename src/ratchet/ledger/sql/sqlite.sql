@@ -305,10 +305,12 @@ SELECT name, SUM(CASE WHEN run_at > :now THEN 1 ELSE 0 END),
 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
 
 -- name: status_unknown
--- UNKNOWN tasks per type and the earliest updated_at (when each entered UNKNOWN), with
--- tasks_active's predicate so the partial index serves it.
+-- UNKNOWN tasks of the given types (:names, JSON: those the counts show with UNKNOWN tasks)
+-- and the earliest updated_at (when each entered UNKNOWN): one seek of tasks_active per
+-- type (its predicate written out), never a walk of the whole backlog.
 SELECT name, COUNT(*), MIN(updated_at) FROM tasks
-WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN'
+WHERE name IN (SELECT value FROM json_each(:names))
+  AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN'
 GROUP BY name;
 
 -- name: status_quarantined
