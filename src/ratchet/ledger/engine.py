@@ -1383,12 +1383,12 @@ class LedgerEngine:
         index), quarantined (tasks_quarantine), and arrivals / completions since
         ``from_at`` (ranges of tasks_created / tasks_finished): the backlog and the window,
         never the history (DESIGN §9)."""
-        window = {"from_at": from_at}
         # The UNKNOWN rows of the types the counts show with some (a seek per type).
         waiting = sorted(n for n, states in counts.items() if states.get("UNKNOWN"))
         reads: list[tuple[str, dict[str, Any]]] = [
-            ("status_ready", {}), ("status_quarantined", {}), ("status_arrivals", window),
-            ("status_completions", window)]
+            ("status_ready", {}), ("status_quarantined", {}),
+            ("status_arrivals", {"from_at": from_at}),
+            ("status_completions", {"from_at": from_at})]
         if waiting:
             reads.append(("status_unknown", {"names": waiting}))
         ready, quarantined, arrivals, completions, *more = tx.rows_many(reads)
@@ -1414,9 +1414,11 @@ class LedgerEngine:
 
         def body(tx: Tx) -> list[ThroughputCount]:
             start = tx.now - buckets * bucket_s
-            params = {"from_at": start, "to_at": tx.now, "bucket_s": bucket_s, "name": name}
-            created, finished = tx.rows_many([("throughput_arrivals", params),
-                                              ("throughput_completions", params)])
+            created, finished = tx.rows_many([
+                ("throughput_arrivals",
+                 {"from_at": start, "to_at": tx.now, "bucket_s": bucket_s, "name": name}),
+                ("throughput_completions",
+                 {"from_at": start, "to_at": tx.now, "bucket_s": bucket_s, "name": name})])
             came = {int(b): int(n) for b, n in created}
             went = {int(b): int(n) for b, n in finished}
             return [ThroughputCount(start + i * bucket_s, came.get(i, 0), went.get(i, 0))
