@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
 from pathlib import Path
@@ -191,7 +192,9 @@ class Registrar(threading.Thread):
 
     def run(self) -> None:
         since_touch = 0.0
-        since_prune = self.prune_interval_s  # the first look: soon after start
+        # The first prune at a random point of the first interval: workers started
+        # together do not all write at once.
+        since_prune = random.random() * self.prune_interval_s
         while not self._stop_event.wait(self.scan_interval_s):
             try:
                 if not self._registered:
