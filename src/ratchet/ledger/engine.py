@@ -1337,6 +1337,8 @@ class LedgerEngine:
         read-only file: the count since the mark is then just longer).
         """
         self._require_schema("retention.sql", "ratchet status")
+        # An older ledger opened read-only (not migrated): no quarantine column to count.
+        quarantine = window_s is not None and self._has_migration("retry_governance.sql")
         with contextlib.suppress(LedgerError):
             self._advance_counts()
 
@@ -1352,7 +1354,7 @@ class LedgerEngine:
             unknown_row = tx.one("stats_unknown")
             late_row = tx.one("stats_late")
             capacity = ([] if window_s is None else
-                        self._capacity(tx, tx.now - window_s, counts))
+                        self._capacity(tx, tx.now - window_s, counts, quarantine))
             return LedgerStats(
                 counts=counts,
                 oldest_pending_age_s=(tx.now - oldest) if oldest is not None else None,
@@ -1377,8 +1379,8 @@ class LedgerEngine:
         return _with_version(stats, self.dialect.schema_version())
 
     @staticmethod
-    def _capacity(tx: Tx, from_at: float,
-                  counts: Mapping[str, Mapping[str, int]]) -> list[TypeCapacity]:
+    def _capacity(tx: Tx, from_at: float, counts: Mapping[str, Mapping[str, int]],
+                  quarantine: bool = True) -> list[TypeCapacity]:
         """Per task type: scheduled / oldest ready (tasks_ready), unknown (the parked
         index), quarantined (tasks_quarantine), and arrivals / completions since
         ``from_at`` (ranges of tasks_created / tasks_finished): the backlog and the window,
@@ -1386,13 +1388,15 @@ class LedgerEngine:
         # The UNKNOWN rows of the types the counts show with some (a seek per type).
         waiting = sorted(n for n, states in counts.items() if states.get("UNKNOWN"))
         reads: list[tuple[str, dict[str, Any]]] = [
-            ("status_ready", {}), ("status_quarantined", {}),
-            ("status_arrivals", {"from_at": from_at}),
+            ("status_ready", {}), ("status_arrivals", {"from_at": from_at}),
             ("status_completions", {"from_at": from_at})]
         if waiting:
             reads.append(("status_unknown", {"names": waiting}))
-        ready, quarantined, arrivals, completions, *more = tx.rows_many(reads)
-        unknown = more[0] if more else []
+        if quarantine:
+            reads.append(("status_quarantined", {}))
+        ready, arrivals, completions, *more = tx.rows_many(reads)
+        unknown = more.pop(0) if waiting else []
+        quarantined = more.pop(0) if quarantine else []
         by: dict[str, dict[str, Any]] = {name: {} for name in counts}
         for name, later, oldest in ready:
             by.setdefault(name, {}).update(
@@ -1764,6 +1768,15 @@ class LedgerEngine:
             if found < needed:
                 raise SchemaTooOld(found, needed, what)
         self._schema_has.add(migration)  # schemas only move up
+
+    def _has_migration(self, migration: str) -> bool:
+        """Whether the ledger has the migration whose file name ends ``_<migration>`` (for
+        a read that degrades on an older schema instead of failing)."""
+        try:
+            self._require_schema(migration, "")
+        except SchemaTooOld:
+            return False
+        return True
 
     def _has_definitions(self) -> bool:
         """Whether this ledger's schema has the definition tables: a read-only caller
