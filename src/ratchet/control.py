@@ -14,9 +14,9 @@ Example::
 Every answer is a frozen dataclass: ``dataclasses.asdict(record)`` is its JSON form (the
 CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records.
 
-Read-only calls (:meth:`Control.status`, :meth:`Control.inspect`, :meth:`Control.workers`,
-:meth:`Control.late_effects`, :meth:`Control.limits`, :meth:`Control.effects`,
-:meth:`Control.reconcile_counts`)
+Read-only calls (:meth:`Control.status`, :meth:`Control.throughput`,
+:meth:`Control.inspect`, :meth:`Control.workers`, :meth:`Control.late_effects`,
+:meth:`Control.limits`, :meth:`Control.effects`, :meth:`Control.reconcile_counts`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -63,12 +63,14 @@ from .ledger.base import (
     TaskInfo,
     TaskQuery,
     Timeline,
+    TypeCapacity,
 )
 from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
 from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier, check_rate_per_s
 
 __all__ = [
+    "ALL_TYPES",
     "AuditEvent",
     "Control",
     "DefinitionView",
@@ -94,6 +96,8 @@ __all__ = [
     "TaskInfo",
     "TaskPage",
     "TaskTimeline",
+    "ThroughputBucket",
+    "TypeStatusView",
     "Undecodable",
     "UsageView",
     "VersionWaitView",
@@ -124,6 +128,13 @@ class StatusReport:
             duplicates at targets that cannot deduplicate; :meth:`Control.late_effects`).
         pauses: the active pauses (scope, target, who, why, since, version) with the
             RUNNING tasks in each scope still short of a safe boundary.
+        window_s: the window of the arrival and completion rates, seconds.
+        types: the capacity view per task type (:class:`TypeStatusView`), by name: every
+            type with a task in the ledger or one that arrived or finished in the window.
+        totals: the same figures over every type (a :class:`TypeStatusView` named
+            :data:`ALL_TYPES`): counts, backlog, rates summed, the oldest ages the oldest
+            of any type, the drain ETA from the summed rates. None only on a report not
+            made by :meth:`Control.status`.
     """
 
     ledger: str
@@ -147,6 +158,150 @@ class StatusReport:
     pauses: list[PauseRecord] = field(default_factory=list)
     """Ready tasks per pinned (name, version) with the live workers that have it; a
     version no live worker has waits (DESIGN §8)."""
+    window_s: float = 60.0
+    types: list[TypeStatusView] = field(default_factory=list)
+    totals: TypeStatusView | None = None
+
+
+ALL_TYPES = "*"
+"""The ``name`` of :attr:`StatusReport.totals` (the figures over every task type)."""
+
+MAX_WINDOW_S = 86_400.0
+"""The longest window of the status rates and of :meth:`Control.throughput`, seconds."""
+
+MAX_BUCKETS = 10_000
+"""The most buckets :meth:`Control.throughput` returns."""
+
+
+@dataclass(frozen=True, slots=True)
+class TypeStatusView:
+    """The capacity view of one task type (``ratchet status``; DESIGN §9), read from the
+    ledger's rows and indexes, never from event counters.
+
+    Attributes:
+        name: the task type (:data:`ALL_TYPES` for :attr:`StatusReport.totals`).
+        counts: ``{state: count}``, what the ledger holds (states with none left out);
+            they add up to ``total``.
+        total: its tasks in the ledger.
+        backlog: ``PENDING`` / ``RETRY_WAIT`` tasks ready now (``run_at`` <= the ledger
+            clock): waiting for a worker.
+        scheduled: ``PENDING`` / ``RETRY_WAIT`` tasks with ``run_at`` later (submitted with
+            a delay, or backing off before a retry); ``backlog + scheduled`` is their count.
+        running: ``RUNNING`` tasks (a dead holder's included until its lease is taken
+            over or revoked).
+        arrival_per_s: tasks created in the window / ``window_s``, tasks per second.
+        completion_per_s: tasks that reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED`` in
+            the window / ``window_s``, tasks per second.
+        net_drain_per_s: ``completion_per_s - arrival_per_s`` (negative: the work grows).
+        drain_eta_s: ``backlog / net_drain_per_s`` seconds, only when the net rate is
+            positive; None otherwise (not draining).
+        oldest_pending_age_s: seconds the oldest ready task has waited since its
+            ``run_at`` (None: nothing is ready).
+        unknown: ``UNKNOWN`` tasks (waiting for an operator: ``ratchet resolve``).
+        oldest_unknown_age_s: seconds since the oldest of them entered ``UNKNOWN`` (its
+            row's last change), None when there is none.
+        quarantined: quarantined ``FAILED`` tasks (``ratchet quarantine list``).
+
+    Rates count rows the ledger still holds: a prune shorter than the window lowers them.
+    """
+
+    name: str
+    counts: dict[str, int]
+    total: int
+    backlog: int
+    scheduled: int
+    running: int
+    arrival_per_s: float
+    completion_per_s: float
+    net_drain_per_s: float
+    drain_eta_s: float | None
+    oldest_pending_age_s: float | None
+    unknown: int
+    oldest_unknown_age_s: float | None
+    quarantined: int
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputBucket:
+    """Arrivals and completions in one time bucket (:meth:`Control.throughput`, the
+    dashboard's arrival-vs-completion chart).
+
+    Attributes:
+        start: the bucket's start, epoch seconds (ledger clock); it lasts ``bucket_s``.
+        arrivals: tasks created in it.
+        completions: tasks that reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED`` in it.
+    """
+
+    start: float
+    arrivals: int
+    completions: int
+
+
+def _type_view(name: str, counts: Mapping[str, int], cap: TypeCapacity, now: float,
+               window_s: float) -> TypeStatusView:
+    """One type's (or the totals') capacity figures: ``counts`` from the ledger's per-state
+    counts, ``cap`` the same read's backlog split, ages and window counts."""
+    waiting = counts.get(State.PENDING.value, 0) + counts.get(State.RETRY_WAIT.value, 0)
+    # Both from one read; on PostgreSQL (read committed) each statement has its own
+    # snapshot, so the split is clamped to the counts: backlog + scheduled == waiting.
+    scheduled = min(cap.scheduled, waiting)
+    backlog = waiting - scheduled
+    arrival = cap.arrivals / window_s
+    completion = cap.completions / window_s
+    net = completion - arrival
+    return TypeStatusView(
+        name=name,
+        counts={k: v for k, v in counts.items() if v},
+        total=sum(counts.values()),
+        backlog=backlog,
+        scheduled=scheduled,
+        running=counts.get(State.RUNNING.value, 0),
+        arrival_per_s=arrival,
+        completion_per_s=completion,
+        net_drain_per_s=net,
+        drain_eta_s=backlog / net if net > 0 else None,
+        oldest_pending_age_s=(max(0.0, now - cap.oldest_ready_at)
+                              if cap.oldest_ready_at is not None and backlog else None),
+        unknown=counts.get(State.UNKNOWN.value, 0),
+        oldest_unknown_age_s=(max(0.0, now - cap.oldest_unknown_at)
+                              if cap.oldest_unknown_at is not None else None),
+        quarantined=cap.quarantined,
+    )
+
+
+def _capacity_views(counts: Mapping[str, Mapping[str, int]], caps: Sequence[TypeCapacity],
+                    now: float, window_s: float) -> tuple[list[TypeStatusView],
+                                                          TypeStatusView]:
+    """The per-type views and the totals of one stats read."""
+    by_name = {c.name: c for c in caps}
+    names = sorted(set(counts) | set(by_name))
+    views = [_type_view(n, counts.get(n, {}), by_name.get(n, TypeCapacity(n)), now, window_s)
+             for n in names]
+    summed: dict[str, int] = {}
+    for n in names:
+        for st, k in counts.get(n, {}).items():
+            summed[st] = summed.get(st, 0) + k
+    readies = [c.oldest_ready_at for c in caps if c.oldest_ready_at is not None]
+    unknowns = [c.oldest_unknown_at for c in caps if c.oldest_unknown_at is not None]
+    all_cap = TypeCapacity(
+        ALL_TYPES,
+        scheduled=sum(v.scheduled for v in views),
+        oldest_ready_at=min(readies) if readies else None,
+        oldest_unknown_at=min(unknowns) if unknowns else None,
+        unknown=sum(c.unknown for c in caps),
+        quarantined=sum(c.quarantined for c in caps),
+        arrivals=sum(c.arrivals for c in caps),
+        completions=sum(c.completions for c in caps))
+    return views, _type_view(ALL_TYPES, summed, all_cap, now, window_s)
+
+
+def _seconds(value: object, what: str, top: float) -> float:
+    """``value`` as a finite number of seconds in (0, ``top``], else InvalidArguments."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or not 0 < value <= top):
+        raise InvalidArguments(f"{what} must be a number of seconds above 0 and at most "
+                               f"{top:g}, got {value!r}")
+    return float(value)
 
 
 LIVE_WORKER_S = 30.0
@@ -588,20 +743,29 @@ class Control:
 
     # ------------------------------------------------------------------ reads
 
-    def status(self) -> StatusReport:
+    def status(self, window_s: float = 60.0) -> StatusReport:
         """Counts per task type and state, oldest pending age, unknowns, audit counters,
-        durability, and ready tasks per pinned (name, version) with the live workers that
-        have it (``versions``: a version no live worker has waits). Reads no history
-        (DESIGN §9): milliseconds with millions of finished tasks; it first moves the
-        counts mark forward in a short write transaction of its own (skipped if the
-        ledger refuses the write).
+        durability, ready tasks per pinned (name, version) with the live workers that
+        have it (``versions``: a version no live worker has waits), and the capacity view
+        per type (``types``, ``totals``: backlog, scheduled, rates over the last
+        ``window_s`` seconds, net drain rate and drain ETA, oldest ages, unknown and
+        quarantined counts; :class:`TypeStatusView`). Reads no history (DESIGN §9):
+        the non-terminal rows from their indexes, and the window's rows by range scans of
+        ``tasks_created`` / ``tasks_finished``; it first moves the counts mark forward in
+        a short write transaction of its own (skipped if the ledger refuses the write).
+
+        Args:
+            window_s: the rate window, seconds (above 0, at most :data:`MAX_WINDOW_S`).
 
         Raises:
+            InvalidArguments: ``window_s`` out of range.
             LedgerUnavailable: no ledger there (nothing is created), or unreachable.
             ConfigError: malformed URL.
         """
+        window = _seconds(window_s, "window_s", MAX_WINDOW_S)
         led = self._reader()
-        s = led.stats()
+        s = led.stats(window)
+        types, totals = _capacity_views(s.counts, s.capacity, s.ledger_now, window)
         return StatusReport(
             ledger=redact_url(led.config.url),
             backend=led.config.scheme,
@@ -628,7 +792,38 @@ class Control:
                 for b in led.version_backlog(LIVE_WORKER_S)
             ],
             pauses=_active_pauses(led),
+            window_s=window,
+            types=types,
+            totals=totals,
         )
+
+    def throughput(self, window_s: float = 600.0, bucket_s: float = 30.0,
+                   name: str | None = None) -> list[ThroughputBucket]:
+        """Arrivals and completions per bucket (the dashboard's arrival-vs-completion
+        chart): ``ceil(window_s / bucket_s)`` buckets of ``bucket_s`` seconds, oldest
+        first, the last one ending at the ledger clock, every bucket present (zeros when
+        empty). Two range scans of the window (``tasks_created``, ``tasks_finished``):
+        the cost follows the tasks in the window, never the history.
+
+        Args:
+            window_s: seconds (above 0, at most :data:`MAX_WINDOW_S`).
+            bucket_s: seconds (above 0, at most ``window_s``; at most
+                :data:`MAX_BUCKETS` buckets).
+            name: one task type only (default: every type).
+
+        Raises:
+            InvalidArguments: a window or bucket out of range, a malformed name.
+            LedgerUnavailable: no ledger there.
+        """
+        window = _seconds(window_s, "window_s", MAX_WINDOW_S)
+        bucket = _seconds(bucket_s, "bucket_s", window)
+        if math.ceil(window / bucket - 1e-9) > MAX_BUCKETS:
+            raise InvalidArguments(f"window_s / bucket_s must be at most {MAX_BUCKETS} "
+                                   f"buckets, got {window:g} / {bucket:g}")
+        if name is not None:
+            check_identifier(name, "task type", MAX_NAME_BYTES)
+        return [ThroughputBucket(b.start, b.arrivals, b.completions)
+                for b in self._reader().throughput(window, bucket, name)]
 
     def get(self, task_id: str) -> TaskInfo:
         """One task's row.
@@ -915,6 +1110,25 @@ class Control:
                            w.started_at, w.last_seen, max(0.0, now - w.last_seen))
             )
         return views
+
+    def prune_workers(self, older_than_s: float) -> list[str]:
+        """Delete the registry rows of workers ``stopped`` (clean exit) or ``dead``
+        (revoked) whose last heartbeat is more than ``older_than_s`` seconds old by the
+        ledger clock; ``alive`` rows are never deleted (``ratchet workers --prune-after``;
+        running workers do it themselves once a minute with a 24 h retention,
+        :data:`ratchet.worker.registry.REGISTRY_RETENTION_S`).
+
+        Returns:
+            the holders whose rows were deleted, sorted.
+
+        Raises:
+            InvalidArguments: a negative or non-finite age. LedgerUnavailable: no ledger.
+        """
+        if (isinstance(older_than_s, bool) or not isinstance(older_than_s, int | float)
+                or not math.isfinite(older_than_s) or older_than_s < 0):
+            raise InvalidArguments(f"older_than_s must be a finite number of seconds >= 0, "
+                                   f"got {older_than_s!r}")
+        return self._writer().prune_workers(float(older_than_s))
 
     def definitions(self) -> list[DefinitionView]:
         """The definitions workers registered when they started, by (name, version), with

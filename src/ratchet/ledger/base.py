@@ -57,7 +57,9 @@ __all__ = [
     "TaskQuery",
     "TaskEffect",
     "TaskWrite",
+    "ThroughputCount",
     "Timeline",
+    "TypeCapacity",
     "Transition",
     "VersionBacklog",
     "WorkerInfo",
@@ -547,6 +549,8 @@ class TaskInfo:
     last_error: str | None
     error_class: str | None
     tenant: str | None = None
+    quarantined: bool = False
+    """A ``FAILED`` task taken out of the retry path (DESIGN §7; ``ratchet quarantine``)."""
 
     @property
     def terminal(self) -> bool:
@@ -714,6 +718,57 @@ class LedgerStats:
     revocations: int = 0
     late_effects: int = 0
     """Calls sent by a holder after its claim was taken over (:class:`LateEffect` rows)."""
+    window_s: float = 0.0
+    """The window of :attr:`capacity`'s arrivals and completions, seconds (0: not read)."""
+    capacity: list[TypeCapacity] = field(default_factory=list)
+    """Per task type (with a task in the ledger or one that arrived or finished in the
+    window), read in the same transaction as :attr:`counts`, by name; empty unless
+    ``stats(window_s=...)`` asked for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TypeCapacity:
+    """What the ledger holds about one task type's capacity (``ratchet status``, DESIGN §9):
+    figures the per-state counts do not give, each read from an index, never the history.
+
+    Attributes:
+        name: the task type.
+        scheduled: ``PENDING`` / ``RETRY_WAIT`` tasks with ``run_at`` after the ledger clock
+            (delayed, or backing off); the rest of those states is ready now.
+        oldest_ready_at: the earliest ``run_at`` of those ready now, epoch seconds (None:
+            none is).
+        oldest_unknown_at: the earliest ``updated_at`` of its ``UNKNOWN`` tasks (when each
+            last changed: it entered ``UNKNOWN``), epoch seconds (None: none is).
+        unknown: its ``UNKNOWN`` tasks.
+        quarantined: its quarantined ``FAILED`` tasks (DESIGN §7).
+        arrivals: its tasks created in the window (those the ledger still holds).
+        completions: its tasks that reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED`` in
+            the window (by ``updated_at``, the finish time).
+    """
+
+    name: str
+    scheduled: int = 0
+    oldest_ready_at: float | None = None
+    oldest_unknown_at: float | None = None
+    unknown: int = 0
+    quarantined: int = 0
+    arrivals: int = 0
+    completions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputCount:
+    """Arrivals and completions in one time bucket (:meth:`Ledger.throughput`).
+
+    Attributes:
+        start: the bucket's start, epoch seconds (ledger clock); it lasts the bucket width.
+        arrivals: tasks created in it; completions: tasks that reached a terminal state
+            in it (both: rows the ledger still holds).
+    """
+
+    start: float
+    arrivals: int
+    completions: int
 
 
 class LimitScope(StrEnum):
@@ -1156,8 +1211,17 @@ class Ledger(Protocol):
         """The task, its audit events, steps and effects. Raises ``TaskNotFound``."""
         ...
 
-    def stats(self) -> LedgerStats:
-        """Aggregates for ``ratchet status``."""
+    def stats(self, window_s: float | None = None) -> LedgerStats:
+        """Aggregates for ``ratchet status``; with ``window_s`` (seconds > 0) also the
+        per-type :attr:`LedgerStats.capacity` over that window, in the same transaction."""
+        ...
+
+    def throughput(self, window_s: float, bucket_s: float,
+                   name: str | None = None) -> list[ThroughputCount]:
+        """Arrivals and completions per ``bucket_s`` seconds over the last ``window_s``
+        seconds of the ledger clock (rounded up to whole buckets, the last one ending
+        now), oldest first, every bucket present; ``name``: one task type only. Reads the
+        window's rows only (``tasks_created``, ``tasks_finished``)."""
         ...
 
     def prune(
@@ -1250,6 +1314,13 @@ class Ledger(Protocol):
 
     def list_workers(self, host_id: str | None = None) -> list[WorkerInfo]:
         """Live workers registered with ``host_id``, or every registered worker if None."""
+        ...
+
+    def prune_workers(self, older_than_s: float) -> list[str]:
+        """Delete the registry rows of workers ``stopped`` or ``dead`` whose last heartbeat
+        is more than ``older_than_s`` seconds old (ledger clock), with their definition
+        rows; ``alive`` rows are never deleted. Returns the holders deleted. One short
+        transaction over the registry only (no task row)."""
         ...
 
     def quarantine_groups(self, limit: int = 100, per_group: int = 5) -> list[QuarantineGroup]:

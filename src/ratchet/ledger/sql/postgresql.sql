@@ -258,6 +258,17 @@ WHERE holder = %(holder)s AND state <> 'dead';
 SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
 FROM workers ORDER BY started_at;
 
+-- name: workers_prune
+-- Registry retention: rows of workers stopped or dead (never alive ones) last seen before
+-- the cutoff (a few rows: the registry is small).
+DELETE FROM workers WHERE state IN ('stopped', 'dead') AND last_seen < %(cutoff)s::float8
+RETURNING holder;
+
+-- name: worker_definitions_prune
+-- Their (name, version) rows, deleted first in the same transaction.
+DELETE FROM worker_definitions WHERE holder IN (
+    SELECT holder FROM workers WHERE state IN ('stopped', 'dead') AND last_seen < %(cutoff)s::float8);
+
 -- name: workers_on_host
 SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
 FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at;
@@ -265,13 +276,13 @@ FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks WHERE id = %(id)s;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
 -- name: timeline_audit
@@ -333,6 +344,59 @@ SELECT count(*) FROM tasks
 WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
   AND state = 'UNKNOWN';
 
+-- name: status_ready
+-- ratchet status, per type (DESIGN §9): the PENDING / RETRY_WAIT tasks scheduled after the
+-- ledger clock and the oldest run_at of those ready now; one pass over tasks_ready (the
+-- backlog, never the history).
+SELECT name, count(*) FILTER (WHERE run_at > %(now)s::float8),
+       min(run_at) FILTER (WHERE run_at <= %(now)s::float8)
+FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
+
+-- name: status_unknown
+-- UNKNOWN tasks of the given types (%(names)s: those the counts show with UNKNOWN tasks)
+-- and the earliest updated_at (when each entered UNKNOWN), from tasks_parked (its
+-- predicate written out).
+SELECT name, count(*), min(updated_at) FROM tasks
+WHERE name = ANY(%(names)s::text[])
+  AND state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
+  AND state = 'UNKNOWN'
+GROUP BY name;
+
+-- name: status_quarantined
+-- Quarantined FAILED tasks per type (tasks_quarantine: only quarantined rows).
+SELECT name, count(*) FROM tasks WHERE quarantined AND state = 'FAILED' GROUP BY name;
+
+-- name: status_arrivals
+-- Tasks created in the window (from_at, up to the read's clock) per type: a range of
+-- tasks_created (two bounds: a planner without statistics still takes the index).
+SELECT name, count(*) FROM tasks
+WHERE created_at >= %(from_at)s::float8 AND created_at <= %(now)s::float8
+GROUP BY name;
+
+-- name: status_completions
+-- Tasks finished in the window per type: a range of tasks_finished.
+SELECT name, count(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(from_at)s::float8
+  AND updated_at <= %(now)s::float8
+GROUP BY name;
+
+-- name: throughput_arrivals
+-- Tasks created per bucket of %(bucket_s)s seconds in [from_at, to_at), of one type
+-- (%(name)s) or all (NULL): a range of tasks_created.
+SELECT floor((created_at - %(from_at)s::float8) / %(bucket_s)s::float8)::bigint, count(*)
+FROM tasks
+WHERE created_at >= %(from_at)s::float8 AND created_at < %(to_at)s::float8
+  AND (%(name)s::text IS NULL OR name = %(name)s::text)
+GROUP BY 1;
+
+-- name: throughput_completions
+-- Tasks finished per bucket, as throughput_arrivals: a range of tasks_finished.
+SELECT floor((updated_at - %(from_at)s::float8) / %(bucket_s)s::float8)::bigint, count(*)
+FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(from_at)s::float8
+  AND updated_at < %(to_at)s::float8 AND (%(name)s::text IS NULL OR name = %(name)s::text)
+GROUP BY 1;
+
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
 INSERT INTO late_effects (task_id, effect, key, generation, holder, at, outcome, detail)
@@ -387,7 +451,7 @@ SELECT generation FROM steps WHERE task_id = %(task_id)s AND name = %(name)s;
 -- hot path).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))

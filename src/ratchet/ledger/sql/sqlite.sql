@@ -222,6 +222,17 @@ UPDATE workers SET last_seen = :now, state = :state WHERE holder = :holder AND s
 SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
 FROM workers ORDER BY started_at;
 
+-- name: workers_prune
+-- Registry retention: rows of workers stopped or dead (never alive ones) last seen before
+-- the cutoff (a few rows: the registry is small).
+DELETE FROM workers WHERE state IN ('stopped', 'dead') AND last_seen < :cutoff
+RETURNING holder;
+
+-- name: worker_definitions_prune
+-- Their (name, version) rows, deleted first in the same transaction.
+DELETE FROM worker_definitions WHERE holder IN (
+    SELECT holder FROM workers WHERE state IN ('stopped', 'dead') AND last_seen < :cutoff);
+
 -- name: workers_on_host
 SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
 FROM workers WHERE host_id = :host_id AND state = 'alive' ORDER BY started_at;
@@ -229,13 +240,13 @@ FROM workers WHERE host_id = :host_id AND state = 'alive' ORDER BY started_at;
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks WHERE id = :id;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: timeline_audit
@@ -285,6 +296,54 @@ GROUP BY kind;
 -- Written with tasks_active's predicate, so the partial index serves it.
 SELECT COUNT(*) FROM tasks
 WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN';
+
+-- name: status_ready
+-- ratchet status, per type (DESIGN §9): the PENDING / RETRY_WAIT tasks scheduled after the
+-- ledger clock and the oldest run_at of those ready now; one pass over tasks_ready (the
+-- backlog, never the history).
+SELECT name, SUM(CASE WHEN run_at > :now THEN 1 ELSE 0 END),
+       MIN(CASE WHEN run_at <= :now THEN run_at END)
+FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
+
+-- name: status_unknown
+-- UNKNOWN tasks of the given types (:names, JSON: those the counts show with UNKNOWN tasks)
+-- and the earliest updated_at (when each entered UNKNOWN): one seek of tasks_active per
+-- type (its predicate written out), never a walk of the whole backlog.
+SELECT name, COUNT(*), MIN(updated_at) FROM tasks
+WHERE name IN (SELECT value FROM json_each(:names))
+  AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN'
+GROUP BY name;
+
+-- name: status_quarantined
+-- Quarantined FAILED tasks per type (tasks_quarantine: only quarantined rows).
+SELECT name, COUNT(*) FROM tasks WHERE quarantined = 1 AND state = 'FAILED' GROUP BY name;
+
+-- name: status_arrivals
+-- Tasks created in the window (:from_at, up to the read's clock) per type: a range of
+-- tasks_created (two bounds: a planner without statistics still takes the index).
+SELECT name, COUNT(*) FROM tasks WHERE created_at >= :from_at AND created_at <= :now
+GROUP BY name;
+
+-- name: status_completions
+-- Tasks finished in the window per type: a range of tasks_finished (index only).
+SELECT name, COUNT(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :from_at
+  AND updated_at <= :now
+GROUP BY name;
+
+-- name: throughput_arrivals
+-- Tasks created per bucket of :bucket_s seconds in [:from_at, :to_at), of one type
+-- (:name) or all (NULL): a range of tasks_created.
+SELECT CAST((created_at - :from_at) / :bucket_s AS INTEGER), COUNT(*) FROM tasks
+WHERE created_at >= :from_at AND created_at < :to_at AND (:name IS NULL OR name = :name)
+GROUP BY 1;
+
+-- name: throughput_completions
+-- Tasks finished per bucket, as throughput_arrivals: a range of tasks_finished.
+SELECT CAST((updated_at - :from_at) / :bucket_s AS INTEGER), COUNT(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :from_at
+  AND updated_at < :to_at AND (:name IS NULL OR name = :name)
+GROUP BY 1;
 
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
@@ -343,7 +402,7 @@ SELECT generation FROM steps WHERE task_id = :task_id AND name = :name;
 -- hot path).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks
 WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:names IS NULL OR name IN (SELECT value FROM json_each(:names)))
