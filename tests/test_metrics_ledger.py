@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ratchet import App, OutcomeUnknownError, PermanentError, RetryPolicy, State, TaskContext
 from ratchet.control import Control
+from ratchet.errors import InvalidArguments
 from ratchet.observe.ledger_metrics import ledger_metrics_registry, render_ledger_metrics
 from ratchet.observe.metrics import check_labels
 from ratchet.testing.processes import wait_for
@@ -117,23 +118,41 @@ def test_ledger_gauges_equal_control_status(app: App, served: tuple[str, Control
         assert value(s, f"ratchet_ledger_{attr}_total") == getattr(report, attr), attr
     assert report.claims >= 7
     assert value(s, "ratchet_ledger_late_effects") == report.late_effects
-    types = getattr(report, "types", None)
-    if types is None:  # a Control without per-type figures
-        assert value(s, "ratchet_ledger_unknown_tasks") == report.unknown == 1
-        assert value(s, "ratchet_ledger_oldest_pending_age_seconds") > 0  # type: ignore[operator]
-    else:
-        by_name = {t.name: t for t in types}
-        for t in types:
-            assert value(s, "ratchet_ledger_backlog_tasks", type=t.name) == t.backlog
-            assert value(s, "ratchet_ledger_scheduled_tasks", type=t.name) == t.scheduled
-            assert value(s, "ratchet_ledger_unknown_tasks", type=t.name) == t.unknown
-            assert value(s, "ratchet_ledger_quarantined_tasks", type=t.name) == t.quarantined
-        assert by_name["lm.idle"].backlog == 3
-        assert by_name["lm.ok"].scheduled == 1
-        assert by_name["lm.unknown"].unknown == 1
-        assert value(s, "ratchet_ledger_oldest_pending_age_seconds", type="lm.idle") > 0  # type: ignore[operator]
-        assert value(s, "ratchet_ledger_oldest_unknown_age_seconds", type="lm.unknown") > 0  # type: ignore[operator]
+    by_name = {t.name: t for t in report.types}
+    assert set(by_name) == {"lm.ok", "lm.bad", "lm.unknown", "lm.idle"}
+    for t in report.types:
+        for metric, attr in [
+            ("ratchet_ledger_backlog_tasks", "backlog"),
+            ("ratchet_ledger_scheduled_tasks", "scheduled"),
+            ("ratchet_ledger_unknown_tasks", "unknown"),
+            ("ratchet_ledger_quarantined_tasks", "quarantined"),
+        ]:
+            assert value(s, metric, type=t.name) == getattr(t, attr), (metric, t.name)
+        assert sum(t.counts.values()) == t.total
+    assert by_name["lm.idle"].backlog == 3
+    assert by_name["lm.ok"].scheduled == 1
+    assert by_name["lm.unknown"].unknown == 1
+    assert value(s, "ratchet_ledger_unknown_tasks", type="lm.unknown") == 1
+    # Ages and rates move with the clock: present, and in range.
+    assert value(s, "ratchet_ledger_oldest_pending_age_seconds", type="lm.idle") > 0  # type: ignore[operator]
+    assert value(s, "ratchet_ledger_oldest_pending_age_seconds", type="lm.ok") == 0
+    assert value(s, "ratchet_ledger_oldest_unknown_age_seconds", type="lm.unknown") > 0  # type: ignore[operator]
+    assert value(s, "ratchet_ledger_arrivals_per_second", type="lm.ok") > 0  # type: ignore[operator]
+    assert value(s, "ratchet_ledger_completions_per_second", type="lm.ok") > 0  # type: ignore[operator]
+    assert value(s, "ratchet_ledger_rate_window_seconds") == 60
+    for name in by_name:  # the ETA is there only while a backlog drains
+        eta = value(s, "ratchet_ledger_drain_eta_seconds", type=name)
+        assert (eta is None) == (by_name[name].drain_eta_s is None), name
     assert check_labels(ledger_metrics_registry(control)) == len(s)
+
+
+def test_bad_window_is_refused_at_once(tmp_path: Path) -> None:
+    control = Control(f"sqlite:///{tmp_path}/l.db")
+    try:
+        with pytest.raises(InvalidArguments, match="window_s must be a number of seconds"):
+            ledger_metrics_registry(control, window_s=0)
+    finally:
+        control.close()
 
 
 def test_unreadable_ledger_is_up_zero(tmp_path: Path) -> None:

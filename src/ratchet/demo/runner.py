@@ -90,9 +90,8 @@ from rich.text import Text
 
 from ..app import SubmitRequest
 from ..config import parse_ledger_url
-from ..control import Control, LateEffectView
+from ..control import AuditEvent, Control, LateEffectView, TaskInfo
 from ..errors import ConfigError, LedgerUnavailable, RatchetError
-from ..ledger.base import AuditEvent, TaskInfo
 from ..states import State
 from ..testing import (
     ConditionTimeout,

@@ -31,16 +31,16 @@ Series:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..control import Control, StatusReport
-from ..errors import RatchetError
+from ..control import MAX_WINDOW_S, Control, StatusReport
+from ..errors import InvalidArguments, RatchetError
 from ..states import State
 from .metrics import check_label_names, render
 
@@ -91,13 +91,23 @@ class LedgerCollector(Collector):
     Args:
         control: the Control to read (its ledger is read, never written, except that
             ``status`` moves the counts mark forward as it always does).
+        window_s: the window of the arrival and completion rates, seconds (default 60;
+            :meth:`Control.status` checks it at each scrape).
 
     A failed read (``LedgerUnavailable`` ...) is logged and reported as
     ``ratchet_ledger_up 0``; the scrape itself does not fail.
+
+    Raises:
+        InvalidArguments: ``window_s`` is not in (0, :data:`~ratchet.control.MAX_WINDOW_S`].
     """
 
-    def __init__(self, control: Control) -> None:
+    def __init__(self, control: Control, window_s: float = 60.0) -> None:
+        if (isinstance(window_s, bool) or not isinstance(window_s, int | float)
+                or not math.isfinite(window_s) or not 0 < window_s <= MAX_WINDOW_S):
+            raise InvalidArguments(f"ledger metrics window_s must be a number of seconds above "
+                                   f"0 and at most {MAX_WINDOW_S:g}, got {window_s!r}")
         self._control = control
+        self._window_s = float(window_s)
         for name, _help, _attr in _PER_TYPE:
             check_label_names(name, ["type"])
         check_label_names("ratchet_ledger_tasks", ["type", "state"])
@@ -109,7 +119,7 @@ class LedgerCollector(Collector):
         t0 = time.perf_counter()
         up = GaugeMetricFamily("ratchet_ledger_up", "1 if the ledger status read succeeded.")
         try:
-            report = self._control.status()
+            report = self._control.status(window_s=self._window_s)
         except RatchetError as exc:
             log.warning("ledger metrics: status read failed: %s", exc)
             up.add_metric([], 0.0)
@@ -126,33 +136,29 @@ class LedgerCollector(Collector):
 
 def _families(report: StatusReport) -> Iterator[Metric]:
     """The metric families of one status report."""
+    views = sorted(report.types, key=lambda v: v.name)
     tasks = GaugeMetricFamily("ratchet_ledger_tasks", "Tasks by type and state, as the "
                               "ledger holds them.", labels=["type", "state"])
-    for name, states in sorted(report.counts.items()):
+    known = {s.value for s in State}
+    for view in views:
         for state in State:
-            tasks.add_metric([name, state.value.lower()], float(states.get(state.value, 0)))
-        for other in sorted(set(states) - {s.value for s in State}):
-            tasks.add_metric([name, other.lower()], float(states[other]))
+            tasks.add_metric([view.name, state.value.lower()],
+                             float(view.counts.get(state.value, 0)))
+        for other in sorted(set(view.counts) - known):
+            tasks.add_metric([view.name, other.lower()], float(view.counts[other]))
     yield tasks
-    types: list[Any] | None = getattr(report, "types", None)
-    if types is not None:
-        for metric, doc, attr in _PER_TYPE:
-            family = GaugeMetricFamily(metric, doc, labels=["type"])
-            for view in sorted(types, key=lambda v: str(v.name)):
-                raw = getattr(view, attr, None)
-                if raw is None and attr in _ABSENT_WHEN_NONE:
-                    continue
-                family.add_metric([str(view.name)], float(raw or 0.0))
-            yield family
-    else:  # a Control without per-type capacity figures: the ledger-wide ones
-        pending = GaugeMetricFamily("ratchet_ledger_oldest_pending_age_seconds",
-                                    "Age of the oldest ready task (0: none ready).")
-        pending.add_metric([], float(report.oldest_pending_age_s or 0.0))
-        yield pending
-        unknown = GaugeMetricFamily("ratchet_ledger_unknown_tasks",
-                                    "Tasks in UNKNOWN, waiting for an operator.")
-        unknown.add_metric([], float(report.unknown))
-        yield unknown
+    for metric, doc, attr in _PER_TYPE:
+        family = GaugeMetricFamily(metric, doc, labels=["type"])
+        for view in views:
+            raw: float | int | None = getattr(view, attr)
+            if raw is None and attr in _ABSENT_WHEN_NONE:
+                continue
+            family.add_metric([view.name], float(raw or 0.0))
+        yield family
+    window = GaugeMetricFamily("ratchet_ledger_rate_window_seconds",
+                               "The window of the arrival and completion rates.")
+    window.add_metric([], float(report.window_s))
+    yield window
     late = GaugeMetricFamily("ratchet_ledger_late_effects", "Late effects recorded (calls "
                              "sent by holders after a takeover: possible duplicates).")
     late.add_metric([], float(report.late_effects))
@@ -163,15 +169,20 @@ def _families(report: StatusReport) -> Iterator[Metric]:
         yield counter
 
 
-def ledger_metrics_registry(control: Control) -> CollectorRegistry:
+def ledger_metrics_registry(control: Control, window_s: float = 60.0) -> CollectorRegistry:
     """A new registry holding one :class:`LedgerCollector` on ``control`` (nothing is read
-    until it is collected)."""
+    until it is collected); ``window_s``: the rate window, seconds."""
     registry = CollectorRegistry()
-    registry.register(LedgerCollector(control))
+    registry.register(LedgerCollector(control, window_s))
     return registry
 
 
-def render_ledger_metrics(control: Control) -> tuple[bytes, str]:
+def render_ledger_metrics(control: Control, window_s: float = 60.0) -> tuple[bytes, str]:
     """Read the ledger's status once and return the text exposition: ``(body, content
-    type)``, for an HTTP route (blocking: call it from a worker thread in async code)."""
-    return render(ledger_metrics_registry(control))
+    type)``, for an HTTP route (blocking: call it from a worker thread in async code).
+
+    Raises:
+        InvalidArguments: ``window_s`` out of range; a ledger that cannot be read is not
+            an error (``ratchet_ledger_up 0``).
+    """
+    return render(ledger_metrics_registry(control, window_s))
