@@ -166,3 +166,23 @@ def test_unreadable_ledger_is_up_zero(tmp_path: Path) -> None:
     assert value(s, "ratchet_ledger_up") == 0
     assert not any(name.startswith("ratchet_ledger_tasks") for name, _ in s)
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_reconcile_findings_are_counted_from_the_ledger(
+        app: App, served: tuple[str, Control]) -> None:
+    url, control = served
+    _fill(app)
+    before = parse(httpx.get(url, timeout=10.0).text)
+    assert value(before, "ratchet_reconcile_runs_total") == 0
+    assert value(before, "ratchet_reconcile_findings_total", outcome="absent") == 0
+    task = control.list_tasks(name="lm.ok").tasks[0]
+    control.record_reconcile(
+        "lm.ok", {"checked": 2},
+        [(task.task_id, "absent", task.generation, {"key": "k1"}),
+         (task.task_id, "unrecorded", task.generation, {"key": "k2"})], by="test")
+    after = parse(httpx.get(url, timeout=10.0).text)
+    assert value(after, "ratchet_reconcile_runs_total") == 1
+    assert value(after, "ratchet_reconcile_findings_total", outcome="absent") == 1
+    assert value(after, "ratchet_reconcile_findings_total", outcome="unrecorded") == 1
+    assert value(after, "ratchet_reconcile_findings_total", outcome="late") == 0
+    assert check_labels(ledger_metrics_registry(control)) == len(after)

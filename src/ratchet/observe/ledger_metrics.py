@@ -128,10 +128,34 @@ class LedgerCollector(Collector):
         up.add_metric([], 1.0)
         yield up
         yield from _families(report)
+        yield from self._reconcile_families()
         took = GaugeMetricFamily("ratchet_ledger_scrape_duration_seconds",
                                  "How long the status read took.")
         took.add_metric([], time.perf_counter() - t0)
         yield took
+
+
+    def _reconcile_families(self) -> Iterator[Metric]:
+        """``ratchet_reconcile_runs_total`` and ``ratchet_reconcile_findings_total{outcome}``
+        (every outcome of :data:`ratchet.reconcile.OUTCOMES` plus ``resolved``, zeros too),
+        from the audit rollup (:meth:`Control.reconcile_counts`; DESIGN §5.1)."""
+        from ..reconcile import OUTCOMES
+
+        try:
+            counts = self._control.reconcile_counts()
+        except RatchetError as exc:
+            log.warning("ledger metrics: reconcile counts read failed: %s", exc)
+            return
+        runs = CounterMetricFamily("ratchet_reconcile_runs", "Recorded reconcile runs.")
+        runs.add_metric([], float(counts.runs))
+        yield runs
+        findings = CounterMetricFamily(
+            "ratchet_reconcile_findings", "Reconcile findings by outcome (absent, "
+            "unrecorded, not_executed, unknown, late, no_lookup) and resolved by --apply.",
+            labels=["outcome"])
+        for outcome in (*OUTCOMES, "resolved"):
+            findings.add_metric([outcome], float(counts.findings.get(outcome, 0)))
+        yield findings
 
 
 def _families(report: StatusReport) -> Iterator[Metric]:
