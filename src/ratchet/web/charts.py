@@ -6,16 +6,30 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import Protocol
 
 
-@dataclass(frozen=True, slots=True)
-class RatePoint:
-    """One bucket of a rate chart.
+class Bucket(Protocol):
+    """One bucket of a rate chart (``Control.throughput``'s ``ThroughputBucket`` is one).
 
     Attributes:
         start: bucket start, epoch seconds (ledger clock).
         arrivals, completions: tasks submitted / finished in the bucket.
     """
+
+    @property
+    def start(self) -> float: ...
+
+    @property
+    def arrivals(self) -> int: ...
+
+    @property
+    def completions(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RatePoint:
+    """A :class:`Bucket` as a plain record (tests, and callers that count themselves)."""
 
     start: float
     arrivals: int
@@ -42,7 +56,7 @@ def _rate_label(per_s: float) -> str:
     return f"{per_s * 60:.3g}/min"
 
 
-def arrival_completion_svg(points: Sequence[RatePoint], bucket_s: float, *,
+def arrival_completion_svg(points: Sequence[Bucket], bucket_s: float, *,
                            title: str = "arrivals vs completions",
                            width: int = 640, height: int = 180) -> str:
     """An inline SVG line chart of arrival and completion rates (tasks per second) per
