@@ -321,6 +321,9 @@ def test_resolve_an_unknown_task_through_the_queue(system: System, page: Any) ->
     assert "charge:u-1" in section.inner_text()  # the open effect's key
     assert section.locator("form.resolve").count() == 0  # reads need no login; acts do
     login(page)
+    page.goto(f"/tasks/{tid}")  # the task page offers the same resolve form
+    assert page.inner_text("#task-state") == "UNKNOWN"
+    assert "charge:u-1" in page.inner_text(f"#resolve-{tid} legend")
     page.goto("/unknown")
     form = page.locator(f"#resolve-{tid}")
     form.locator("input[value=done]").check()
