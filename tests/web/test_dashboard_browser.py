@@ -407,6 +407,12 @@ def test_mutations_need_a_session_its_csrf_token_and_this_origin(system: System)
         assert control.pauses() == []
         r = client.post("/login", data={"operator": "  "})
         assert r.status_code == 400 and "name is required" in r.text
+        r = client.post("/logout", data={"csrf": csrf})
+        assert r.status_code == 303 and 'ratchet_session=""' in r.headers["set-cookie"]
+        client.cookies.clear()
+        r = client.post("/actions/pause", data={"type": "shop.ship", "reason": "x",
+                                                "csrf": csrf})
+        assert r.status_code == 401
 
 
 def test_with_a_token_the_login_needs_it(tmp_path: Path) -> None:
