@@ -29,6 +29,8 @@ RATCHET_ENV = (
     "RATCHET_CRASH_AT",
     "RATCHET_PAUSE_AT",
     "RATCHET_CRASH_SKIP",
+    "RATCHET_TRACE",
+    "RATCHET_TRACE_PARENT",
 )
 
 settings.register_profile(

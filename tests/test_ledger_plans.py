@@ -277,6 +277,7 @@ def test_pg_prune_listing_and_status_use_their_indexes(
     plan = _pg_plan(conn, "prune_pick", batch)
     # The oldest finished tasks from tasks_finished; never a scan of the table.
     assert "tasks_finished" in plan and "Seq Scan" not in plan, plan
+    _pg_capacity_plans(conn)
     for cursor in ({}, {"cursor_at": 1e6 + 5.0, "cursor_id": "r5"}):
         plan = _pg_plan(conn, "tasks_list", {**_LIST, **cursor})
         # Newest first: a backward walk of tasks_created stopped at the page, no sort.
@@ -312,6 +313,30 @@ def test_pg_prune_listing_and_status_use_their_indexes(
     assert "audit_at" in _pg_plan(conn, "counts_window_audit", window)
     plan = _pg_plan(conn, "stats_unknown", {})
     assert "tasks_parked" in plan and "Seq Scan" not in plan, plan
+
+
+def _pg_capacity_plans(conn: psycopg.Connection[Any]) -> None:
+    """The capacity view (Control.status, Control.throughput; DESIGN §9): the backlog from
+    tasks_ready, the rest from partial indexes, the window's arrivals and completions by
+    range scans of tasks_created / tasks_finished, never the history."""
+    now = 1e6 + READY
+    for name, index, params in (
+        ("status_ready", "tasks_ready", {"now": now}),
+        ("status_unknown", "tasks_parked", {"names": [NAME, "other"]}),
+        ("status_quarantined", "tasks_quarantine", {}),
+        ("status_arrivals", "tasks_created", {"from_at": now - 100, "now": now}),
+        ("status_completions", "tasks_finished",
+         {"from_at": float(_HISTORY - 100), "now": now}),
+        ("throughput_arrivals", "tasks_created",
+         {"from_at": now - 100, "to_at": now, "bucket_s": 10.0, "name": None}),
+        ("throughput_arrivals", "tasks_created",
+         {"from_at": now - 100, "to_at": now, "bucket_s": 10.0, "name": NAME}),
+        ("throughput_completions", "tasks_finished",
+         {"from_at": float(_HISTORY - 100), "to_at": float(_HISTORY), "bucket_s": 10.0,
+          "name": NAME}),
+    ):
+        plan = _pg_plan(conn, name, params)
+        assert index in plan and "Seq Scan on tasks" not in plan, (name, plan)
 
 
 def _sqlite_table_scan(plan: str, table: str) -> bool:
@@ -371,4 +396,23 @@ def test_sqlite_prune_listing_and_status_use_their_indexes(
         plan = _sqlite_plan(conn, name, {**params, "from_at": float(count - 100)})
         assert "USING" in plan and not _sqlite_table_scan(plan, "tasks"), (name, plan)
         assert not _sqlite_table_scan(plan, "audit"), (name, plan)
+    # The capacity view (Control.status, Control.throughput; DESIGN §9).
+    recent = 1e6 + READY // 4
+    for name, index, extra in (
+        ("status_ready", "tasks_ready", {"now": recent}),
+        ("status_unknown", "tasks_active", {"names": json.dumps([NAME, "other"])}),
+        ("status_quarantined", "tasks_quarantine", {}),
+        ("status_arrivals", "tasks_created", {"from_at": recent - 100, "now": recent}),
+        ("status_completions", "tasks_finished",
+         {"from_at": float(count - 100), "now": recent}),
+        ("throughput_arrivals", "tasks_created",
+         {"from_at": recent - 100, "to_at": recent, "bucket_s": 10.0, "name": None}),
+        ("throughput_arrivals", "tasks_created",
+         {"from_at": recent - 100, "to_at": recent, "bucket_s": 10.0, "name": NAME}),
+        ("throughput_completions", "tasks_finished",
+         {"from_at": float(count - 100), "to_at": float(count), "bucket_s": 10.0,
+          "name": NAME}),
+    ):
+        plan = _sqlite_plan(conn, name, {**params, **extra})
+        assert index in plan and not _sqlite_table_scan(plan, "tasks"), (name, plan)
     conn.close()

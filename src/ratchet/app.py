@@ -47,6 +47,7 @@ from .errors import (
 )
 from .ledger import open_ledger
 from .ledger.base import ControlOutcome, Ledger, NewTask, SubmitResult, TaskInfo
+from .lookups import RegisteredLookup, effect_base_name, make_lookup
 from .params import ParamsSchema, check_task_function
 from .retry import RetryBudget, RetryPolicy
 from .serde import digest, dumps
@@ -525,6 +526,8 @@ class App:
         """Retry budgets of downstreams by name (:meth:`downstream`)."""
         self.breakers: dict[str, DownstreamBreaker] = {}
         """Circuit breakers of downstreams by name (:meth:`downstream`), this process's."""
+        self.lookups: dict[tuple[str, str], RegisteredLookup] = {}
+        """Registered lookups by (task type, effect name) (:meth:`lookup`)."""
         self._submit_group = _SubmitGroup()
 
     def downstream(
@@ -564,6 +567,51 @@ class App:
             self.downstreams[name] = budget
         if breaker is not None:
             self.breakers[name] = DownstreamBreaker(name, breaker)
+
+    def lookup(
+        self, task_type: str, effect: str, *, fenced: bool = False,
+        in_flight_s: float | None = None, worker: bool = True,
+    ) -> Callable[[F], F]:
+        """Register ``fn`` as the lookup of ``task_type``'s effect ``effect`` (a decorator;
+        :mod:`ratchet.lookups`): ``fn(key) -> result | NOT_FOUND`` (``fn(key, token)`` with
+        ``fenced=True``), raising when it cannot tell. ``ratchet reconcile`` asks it
+        whether the target agrees with the ledger, and a worker uses it for every
+        occurrence of that effect whose ``ctx.effect`` is given no ``lookup`` (with the
+        same ``fenced``; ``in_flight_s`` as the effect's default).
+
+        Args:
+            task_type: the task name (it need not be registered yet).
+            effect: the effect name as ``ctx.effect`` gives it (no ``#N``).
+            fenced: the target checks fencing tokens (``ctx.effect(..., fenced=True)``).
+            in_flight_s: seconds a request can stay in flight at the target (see
+                ``ctx.effect``); a ``NOT_FOUND`` proves absence only after that long.
+            worker: False: for reconciliation only, never a worker's default (a lookup
+                against a copy that lags, or an effect meant to go ``UNKNOWN``).
+
+        Raises:
+            ConfigError: the pair registered twice, ``fn`` not callable as a lookup,
+                a bad ``fenced`` / ``in_flight_s`` / ``worker``.
+            InvalidArguments: the type or effect name cannot be stored.
+        """
+        # checked now, so a bad name or option fails at the decorator line, not at first use
+        probe = make_lookup(task_type, effect, lambda *args: None, fenced, in_flight_s, worker)
+
+        def decorator(fn: F) -> F:
+            registered = make_lookup(probe.task_type, probe.effect, fn, fenced, in_flight_s,
+                                     worker)
+            pair = (registered.task_type, registered.effect)
+            if pair in self.lookups:
+                raise ConfigError(f"a lookup for task {pair[0]!r} effect {pair[1]!r} is "
+                                  "registered twice")
+            self.lookups[pair] = registered
+            return fn
+
+        return decorator
+
+    def registered_lookup(self, task_type: str, stored_effect: str) -> RegisteredLookup | None:
+        """The lookup registered for ``task_type``'s effect (a stored occurrence name such
+        as ``"charge#2"`` is accepted), or None."""
+        return self.lookups.get((task_type, effect_base_name(stored_effect)))
 
     # ------------------------------------------------------------------ configuration
 
@@ -816,10 +864,16 @@ class App:
             LedgerError: the ledger failed (:class:`~ratchet.errors.LedgerUnavailable`:
                 the outcome may be unknown; submit again with the same idempotency key).
         """
-        task = self._prepare(
-            SubmitRequest(name, params, idempotency_key, run_at, delay_s, tenant=tenant,
-                          version=version))
-        result = self._submit_group.submit(self.ledger, task)
+        from .observe.tracing import submit_span  # here: observe imports the worker
+
+        with submit_span(name, idempotency_key=idempotency_key, tenant=tenant) as span:
+            task = self._prepare(
+                SubmitRequest(name, params, idempotency_key, run_at, delay_s, tenant=tenant,
+                              version=version))
+            if span.trace_context is not None:
+                task = dataclasses.replace(task, trace_context=span.trace_context)
+            result = self._submit_group.submit(self.ledger, task)
+            span.submitted(result.task_id, result.created, task.version)
         faults.point("submit.after_commit")
         return TaskHandle(result.task_id, task.name, result.created, self)
 
@@ -852,8 +906,14 @@ class App:
                     f"{type(request).__name__} ({request!r:.80}). Use "
                     "SubmitRequest(name, params, idempotency_key=...)"
                 )
-        new = [self._prepare(r) for r in requests]
-        results = self.ledger.submit(new)
+        from .observe.tracing import submit_span  # here: observe imports the worker
+
+        with submit_span("", many=True) as span:
+            new = [self._prepare(r) for r in requests]
+            if span.trace_context is not None:
+                new = [dataclasses.replace(t, trace_context=span.trace_context) for t in new]
+            results = self.ledger.submit(new)
+            span.submitted_many(len(new), sum(r.created for r in results))
         faults.point("submit.after_commit")
         return [
             TaskHandle(res.task_id, task.name, res.created, self)

@@ -14,8 +14,9 @@ Example::
 Every answer is a frozen dataclass: ``dataclasses.asdict(record)`` is its JSON form (the
 CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records.
 
-Read-only calls (:meth:`Control.status`, :meth:`Control.inspect`, :meth:`Control.workers`,
-:meth:`Control.late_effects`, :meth:`Control.limits`)
+Read-only calls (:meth:`Control.status`, :meth:`Control.throughput`,
+:meth:`Control.inspect`, :meth:`Control.workers`, :meth:`Control.late_effects`,
+:meth:`Control.limits`, :meth:`Control.effects`, :meth:`Control.reconcile_counts`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -32,6 +33,7 @@ import getpass
 import json
 import math
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,23 +59,29 @@ from .ledger.base import (
     QuarantineGroup,
     ReplayedTask,
     ResolveOutcome,
+    TaskEffect,
     TaskInfo,
     TaskQuery,
     Timeline,
+    TypeCapacity,
 )
 from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
 from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier, check_rate_per_s
 
 __all__ = [
+    "ALL_TYPES",
     "AuditEvent",
     "Control",
     "DefinitionView",
     "ControlOutcome",
     "EffectRecord",
     "EffectState",
+    "EffectPage",
     "EffectView",
     "LateEffectView",
+    "ReconcileCounts",
+    "TaskEffectView",
     "LimitView",
     "LimitsReport",
     "PruneReport",
@@ -88,6 +96,8 @@ __all__ = [
     "TaskInfo",
     "TaskPage",
     "TaskTimeline",
+    "ThroughputBucket",
+    "TypeStatusView",
     "Undecodable",
     "UsageView",
     "VersionWaitView",
@@ -118,6 +128,13 @@ class StatusReport:
             duplicates at targets that cannot deduplicate; :meth:`Control.late_effects`).
         pauses: the active pauses (scope, target, who, why, since, version) with the
             RUNNING tasks in each scope still short of a safe boundary.
+        window_s: the window of the arrival and completion rates, seconds.
+        types: the capacity view per task type (:class:`TypeStatusView`), by name: every
+            type with a task in the ledger or one that arrived or finished in the window.
+        totals: the same figures over every type (a :class:`TypeStatusView` named
+            :data:`ALL_TYPES`): counts, backlog, rates summed, the oldest ages the oldest
+            of any type, the drain ETA from the summed rates. None only on a report not
+            made by :meth:`Control.status`.
     """
 
     ledger: str
@@ -141,6 +158,150 @@ class StatusReport:
     pauses: list[PauseRecord] = field(default_factory=list)
     """Ready tasks per pinned (name, version) with the live workers that have it; a
     version no live worker has waits (DESIGN §8)."""
+    window_s: float = 60.0
+    types: list[TypeStatusView] = field(default_factory=list)
+    totals: TypeStatusView | None = None
+
+
+ALL_TYPES = "*"
+"""The ``name`` of :attr:`StatusReport.totals` (the figures over every task type)."""
+
+MAX_WINDOW_S = 86_400.0
+"""The longest window of the status rates and of :meth:`Control.throughput`, seconds."""
+
+MAX_BUCKETS = 10_000
+"""The most buckets :meth:`Control.throughput` returns."""
+
+
+@dataclass(frozen=True, slots=True)
+class TypeStatusView:
+    """The capacity view of one task type (``ratchet status``; DESIGN §9), read from the
+    ledger's rows and indexes, never from event counters.
+
+    Attributes:
+        name: the task type (:data:`ALL_TYPES` for :attr:`StatusReport.totals`).
+        counts: ``{state: count}``, what the ledger holds (states with none left out);
+            they add up to ``total``.
+        total: its tasks in the ledger.
+        backlog: ``PENDING`` / ``RETRY_WAIT`` tasks ready now (``run_at`` <= the ledger
+            clock): waiting for a worker.
+        scheduled: ``PENDING`` / ``RETRY_WAIT`` tasks with ``run_at`` later (submitted with
+            a delay, or backing off before a retry); ``backlog + scheduled`` is their count.
+        running: ``RUNNING`` tasks (a dead holder's included until its lease is taken
+            over or revoked).
+        arrival_per_s: tasks created in the window / ``window_s``, tasks per second.
+        completion_per_s: tasks that reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED`` in
+            the window / ``window_s``, tasks per second.
+        net_drain_per_s: ``completion_per_s - arrival_per_s`` (negative: the work grows).
+        drain_eta_s: ``backlog / net_drain_per_s`` seconds, only when the net rate is
+            positive; None otherwise (not draining).
+        oldest_pending_age_s: seconds the oldest ready task has waited since its
+            ``run_at`` (None: nothing is ready).
+        unknown: ``UNKNOWN`` tasks (waiting for an operator: ``ratchet resolve``).
+        oldest_unknown_age_s: seconds since the oldest of them entered ``UNKNOWN`` (its
+            row's last change), None when there is none.
+        quarantined: quarantined ``FAILED`` tasks (``ratchet quarantine list``).
+
+    Rates count rows the ledger still holds: a prune shorter than the window lowers them.
+    """
+
+    name: str
+    counts: dict[str, int]
+    total: int
+    backlog: int
+    scheduled: int
+    running: int
+    arrival_per_s: float
+    completion_per_s: float
+    net_drain_per_s: float
+    drain_eta_s: float | None
+    oldest_pending_age_s: float | None
+    unknown: int
+    oldest_unknown_age_s: float | None
+    quarantined: int
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputBucket:
+    """Arrivals and completions in one time bucket (:meth:`Control.throughput`, the
+    dashboard's arrival-vs-completion chart).
+
+    Attributes:
+        start: the bucket's start, epoch seconds (ledger clock); it lasts ``bucket_s``.
+        arrivals: tasks created in it.
+        completions: tasks that reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED`` in it.
+    """
+
+    start: float
+    arrivals: int
+    completions: int
+
+
+def _type_view(name: str, counts: Mapping[str, int], cap: TypeCapacity, now: float,
+               window_s: float) -> TypeStatusView:
+    """One type's (or the totals') capacity figures: ``counts`` from the ledger's per-state
+    counts, ``cap`` the same read's backlog split, ages and window counts."""
+    waiting = counts.get(State.PENDING.value, 0) + counts.get(State.RETRY_WAIT.value, 0)
+    # Both from one read; on PostgreSQL (read committed) each statement has its own
+    # snapshot, so the split is clamped to the counts: backlog + scheduled == waiting.
+    scheduled = min(cap.scheduled, waiting)
+    backlog = waiting - scheduled
+    arrival = cap.arrivals / window_s
+    completion = cap.completions / window_s
+    net = completion - arrival
+    return TypeStatusView(
+        name=name,
+        counts={k: v for k, v in counts.items() if v},
+        total=sum(counts.values()),
+        backlog=backlog,
+        scheduled=scheduled,
+        running=counts.get(State.RUNNING.value, 0),
+        arrival_per_s=arrival,
+        completion_per_s=completion,
+        net_drain_per_s=net,
+        drain_eta_s=backlog / net if net > 0 else None,
+        oldest_pending_age_s=(max(0.0, now - cap.oldest_ready_at)
+                              if cap.oldest_ready_at is not None and backlog else None),
+        unknown=counts.get(State.UNKNOWN.value, 0),
+        oldest_unknown_age_s=(max(0.0, now - cap.oldest_unknown_at)
+                              if cap.oldest_unknown_at is not None else None),
+        quarantined=cap.quarantined,
+    )
+
+
+def _capacity_views(counts: Mapping[str, Mapping[str, int]], caps: Sequence[TypeCapacity],
+                    now: float, window_s: float) -> tuple[list[TypeStatusView],
+                                                          TypeStatusView]:
+    """The per-type views and the totals of one stats read."""
+    by_name = {c.name: c for c in caps}
+    names = sorted(set(counts) | set(by_name))
+    views = [_type_view(n, counts.get(n, {}), by_name.get(n, TypeCapacity(n)), now, window_s)
+             for n in names]
+    summed: dict[str, int] = {}
+    for n in names:
+        for st, k in counts.get(n, {}).items():
+            summed[st] = summed.get(st, 0) + k
+    readies = [c.oldest_ready_at for c in caps if c.oldest_ready_at is not None]
+    unknowns = [c.oldest_unknown_at for c in caps if c.oldest_unknown_at is not None]
+    all_cap = TypeCapacity(
+        ALL_TYPES,
+        scheduled=sum(v.scheduled for v in views),
+        oldest_ready_at=min(readies) if readies else None,
+        oldest_unknown_at=min(unknowns) if unknowns else None,
+        unknown=sum(c.unknown for c in caps),
+        quarantined=sum(c.quarantined for c in caps),
+        arrivals=sum(c.arrivals for c in caps),
+        completions=sum(c.completions for c in caps))
+    return views, _type_view(ALL_TYPES, summed, all_cap, now, window_s)
+
+
+def _seconds(value: object, what: str, top: float) -> float:
+    """``value`` as a finite number of seconds in (0, ``top``], else InvalidArguments."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or not 0 < value <= top):
+        raise InvalidArguments(f"{what} must be a number of seconds above 0 and at most "
+                               f"{top:g}, got {value!r}")
+    return float(value)
 
 
 LIVE_WORKER_S = 30.0
@@ -271,6 +432,56 @@ class EffectView:
     calls: int
     via_lookup: bool
     updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEffectView:
+    """One effect of a task of a type, with its task (:meth:`Control.effects`).
+
+    Attributes:
+        task_id, task_name: the task. task_state: its state now (``SUCCEEDED``,
+            ``UNKNOWN``, ...). task_generation: its current fencing generation.
+        task_created_at: when it was submitted (ledger clock, epoch seconds).
+        effect: the effect record (its ``name`` is the stored occurrence, ``name`` or
+            ``name#N``).
+    """
+
+    task_id: str
+    task_name: str
+    task_state: str
+    task_generation: int
+    task_created_at: float
+    effect: EffectView
+
+
+@dataclass(frozen=True, slots=True)
+class EffectPage:
+    """A page of :meth:`Control.effects`.
+
+    Attributes:
+        effects: newest task first, by effect name within a task.
+        next_cursor: pass it as ``cursor=`` for the next page; None when this is the last.
+    """
+
+    effects: list[TaskEffectView]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileCounts:
+    """What reconcile runs recorded, ever (audit rows per kind, kept when prune deletes
+    the rows; DESIGN §5, reconciliation): for a metrics collector
+    (``ratchet_reconcile_findings_total{outcome=...}``).
+
+    Attributes:
+        runs: reconcile runs (audit kind ``reconcile``).
+        findings: findings per outcome (``absent``, ``unrecorded``, ``not_executed``,
+            ``unknown``, ``late``, ``no_lookup``; audit kind ``reconcile_<outcome>``),
+            and ``resolved``: findings a run's ``--apply`` resolved.
+    """
+
+    runs: int
+    findings: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,6 +685,9 @@ class Control:
             parse_ledger_url(self._url)  # fail fast on a malformed URL (ConfigError)
         self._read: Ledger | None = None
         self._write: Ledger | None = None
+        # One Control may serve many threads (``ratchet serve``'s threadpool): the ledgers
+        # are thread-safe, their lazy opening is made so here (never two handles).
+        self._open_lock = threading.Lock()
 
     # ------------------------------------------------------------------ ledgers
 
@@ -482,7 +696,9 @@ class Control:
         if self._app is not None and self._app.holds_ledger_object:
             return self._app.ledger
         if self._read is None:
-            self._read = open_ledger(self._url, migrate=False, must_exist=True)
+            with self._open_lock:
+                if self._read is None:
+                    self._read = open_ledger(self._url, migrate=False, must_exist=True)
         return self._read
 
     def _writer(self) -> Ledger:
@@ -490,15 +706,24 @@ class Control:
         if self._app is not None and self._app.holds_ledger_object:
             return self._app.ledger
         if self._write is None:
-            self._write = open_ledger(self._url, migrate=True, must_exist=True)
+            with self._open_lock:
+                if self._write is None:
+                    self._write = open_ledger(self._url, migrate=True, must_exist=True)
         return self._write
 
     def close(self) -> None:
         """Close the connections this object opened (not the App's)."""
-        for led in (self._read, self._write):
-            if led is not None:
-                led.close()
-        self._read = self._write = None
+        with self._open_lock:
+            for led in (self._read, self._write):
+                if led is not None:
+                    led.close()
+            self._read = self._write = None
+
+    @property
+    def can_submit(self) -> bool:
+        """True when this Control was made with an App (:meth:`submit` needs its task
+        registry)."""
+        return self._app is not None
 
     def __enter__(self) -> Control:
         return self
@@ -518,20 +743,29 @@ class Control:
 
     # ------------------------------------------------------------------ reads
 
-    def status(self) -> StatusReport:
+    def status(self, window_s: float = 60.0) -> StatusReport:
         """Counts per task type and state, oldest pending age, unknowns, audit counters,
-        durability, and ready tasks per pinned (name, version) with the live workers that
-        have it (``versions``: a version no live worker has waits). Reads no history
-        (DESIGN §9): milliseconds with millions of finished tasks; it first moves the
-        counts mark forward in a short write transaction of its own (skipped if the
-        ledger refuses the write).
+        durability, ready tasks per pinned (name, version) with the live workers that
+        have it (``versions``: a version no live worker has waits), and the capacity view
+        per type (``types``, ``totals``: backlog, scheduled, rates over the last
+        ``window_s`` seconds, net drain rate and drain ETA, oldest ages, unknown and
+        quarantined counts; :class:`TypeStatusView`). Reads no history (DESIGN §9):
+        the non-terminal rows from their indexes, and the window's rows by range scans of
+        ``tasks_created`` / ``tasks_finished``; it first moves the counts mark forward in
+        a short write transaction of its own (skipped if the ledger refuses the write).
+
+        Args:
+            window_s: the rate window, seconds (above 0, at most :data:`MAX_WINDOW_S`).
 
         Raises:
+            InvalidArguments: ``window_s`` out of range.
             LedgerUnavailable: no ledger there (nothing is created), or unreachable.
             ConfigError: malformed URL.
         """
+        window = _seconds(window_s, "window_s", MAX_WINDOW_S)
         led = self._reader()
-        s = led.stats()
+        s = led.stats(window)
+        types, totals = _capacity_views(s.counts, s.capacity, s.ledger_now, window)
         return StatusReport(
             ledger=redact_url(led.config.url),
             backend=led.config.scheme,
@@ -558,7 +792,38 @@ class Control:
                 for b in led.version_backlog(LIVE_WORKER_S)
             ],
             pauses=_active_pauses(led),
+            window_s=window,
+            types=types,
+            totals=totals,
         )
+
+    def throughput(self, window_s: float = 600.0, bucket_s: float = 30.0,
+                   name: str | None = None) -> list[ThroughputBucket]:
+        """Arrivals and completions per bucket (the dashboard's arrival-vs-completion
+        chart): ``ceil(window_s / bucket_s)`` buckets of ``bucket_s`` seconds, oldest
+        first, the last one ending at the ledger clock, every bucket present (zeros when
+        empty). Two range scans of the window (``tasks_created``, ``tasks_finished``):
+        the cost follows the tasks in the window, never the history.
+
+        Args:
+            window_s: seconds (above 0, at most :data:`MAX_WINDOW_S`).
+            bucket_s: seconds (above 0, at most ``window_s``; at most
+                :data:`MAX_BUCKETS` buckets).
+            name: one task type only (default: every type).
+
+        Raises:
+            InvalidArguments: a window or bucket out of range, a malformed name.
+            LedgerUnavailable: no ledger there.
+        """
+        window = _seconds(window_s, "window_s", MAX_WINDOW_S)
+        bucket = _seconds(bucket_s, "bucket_s", window)
+        if math.ceil(window / bucket - 1e-9) > MAX_BUCKETS:
+            raise InvalidArguments(f"window_s / bucket_s must be at most {MAX_BUCKETS} "
+                                   f"buckets, got {window:g} / {bucket:g}")
+        if name is not None:
+            check_identifier(name, "task type", MAX_NAME_BYTES)
+        return [ThroughputBucket(b.start, b.arrivals, b.completions)
+                for b in self._reader().throughput(window, bucket, name)]
 
     def get(self, task_id: str) -> TaskInfo:
         """One task's row.
@@ -653,6 +918,113 @@ class Control:
                                     tl.effects if tl else []))
         return views
 
+    def late_effects_of_type(self, task_type: str, *, newer_than_s: float | None = None,
+                             limit: int = 1000) -> list[LateEffectView]:
+        """Late effects of the tasks of one type, newest first (as :meth:`late_effects`).
+
+        Args:
+            task_type: the task name.
+            newer_than_s: only those recorded less than this many seconds ago (ledger
+                clock); None: any time.
+            limit: at most this many (1-10000).
+
+        Raises:
+            InvalidArguments: a malformed type, age or limit. LedgerUnavailable: no ledger.
+        """
+        check_identifier(task_type, "task type", MAX_NAME_BYTES)
+        _check_age(newer_than_s, "newer_than_s")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10000:
+            raise InvalidArguments(f"limit must be an integer from 1 to 10000, got {limit!r}")
+        led = self._reader()
+        since = None if newer_than_s is None else led.now() - newer_than_s
+        records = led.late_effects_of_type(task_type, since, limit)
+        timelines: dict[str, list[EffectRecord]] = {}
+        views = []
+        for le in records:
+            if le.task_id not in timelines:
+                try:
+                    timelines[le.task_id] = list(led.timeline(le.task_id).effects)
+                except TaskNotFound:
+                    timelines[le.task_id] = []
+            views.append(_late_view(le, task_type, timelines[le.task_id]))
+        return views
+
+    def effects(self, task_type: str, *, newer_than_s: float | None = None,
+                limit: int = 100, cursor: str | None = None) -> EffectPage:
+        """The effects the ledger recorded for the tasks of one type, newest task first
+        (``ratchet reconcile`` walks them; DESIGN §5). Effects live as long as their task
+        (prune deletes them together).
+
+        Args:
+            task_type: the task name.
+            newer_than_s: only tasks submitted less than this many seconds ago (ledger
+                clock); None: any time.
+            limit: effects per page, 1-1000.
+            cursor: ``next_cursor`` of the previous page.
+
+        Returns:
+            An :class:`EffectPage` (keyset-paginated on (task created time, task id,
+            effect name): rows added meanwhile neither shift nor repeat pages).
+
+        Raises:
+            InvalidArguments: a malformed type, age, limit or cursor.
+            LedgerUnavailable: no ledger there.
+        """
+        check_identifier(task_type, "task type", MAX_NAME_BYTES)
+        _check_age(newer_than_s, "newer_than_s")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidArguments(f"limit must be an integer from 1 to 1000, got {limit!r}")
+        after = _parse_effect_cursor(cursor)
+        led = self._reader()
+        since = None if newer_than_s is None else led.now() - newer_than_s
+        found = led.effects_of_type(task_type, since, limit + 1, after)
+        page = found[:limit]
+        last = page[-1] if len(found) > limit and page else None
+        next_cursor = (json.dumps([last.task_created_at, last.task_id, last.effect.name])
+                       if last is not None else None)
+        return EffectPage([_task_effect_view(te, task_type) for te in page], next_cursor)
+
+    def reconcile_counts(self) -> ReconcileCounts:
+        """Reconcile runs and findings per outcome, ever (:class:`ReconcileCounts`; reads
+        no history, as :meth:`status`).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        kinds = self._reader().audit_kind_counts()
+        prefix = "reconcile_"
+        return ReconcileCounts(
+            kinds.get("reconcile", 0),
+            {k[len(prefix):]: n for k, n in sorted(kinds.items()) if k.startswith(prefix)})
+
+    def record_reconcile(self, task_type: str, summary: Mapping[str, Any],
+                         findings: Sequence[tuple[str, str, int | None, Mapping[str, Any]]],
+                         *, by: str | None = None) -> None:
+        """Audit one reconcile run (:mod:`ratchet.reconcile` calls it), in one transaction:
+        a ``reconcile`` row (task id ``reconcile:<task_type>``, the operator, ``summary``
+        as its detail) and one row per finding ``(task_id, outcome, generation, detail)``
+        of kind ``reconcile_<outcome>`` on the task it is about (``ratchet inspect``
+        shows it; :meth:`reconcile_counts` counts them).
+
+        Raises:
+            InvalidArguments: a malformed type, operator or outcome name.
+            PayloadNotSerializable: a detail is not plain JSON.
+            LedgerUnavailable: no ledger there.
+        """
+        check_identifier(task_type, "task type", MAX_NAME_BYTES)
+        who = by if by is not None else default_operator()
+        check_identifier(who, "operator name", MAX_KEY_BYTES)
+        rows = []
+        for task_id, outcome, generation, detail in findings:
+            if not isinstance(outcome, str) or not outcome.isidentifier():
+                raise InvalidArguments(f"a finding's outcome must be a plain name, got "
+                                       f"{outcome!r}")
+            rows.append((_task_id(task_id), f"reconcile_{outcome}", generation,
+                         dumps(dict(detail), what="a reconcile finding")))
+        self._writer().record_reconcile(task_type, who,
+                                        dumps(dict(summary), what="a reconcile summary"),
+                                        rows)
+
     def list_tasks(
         self,
         *,
@@ -738,6 +1110,25 @@ class Control:
                            w.started_at, w.last_seen, max(0.0, now - w.last_seen))
             )
         return views
+
+    def prune_workers(self, older_than_s: float) -> list[str]:
+        """Delete the registry rows of workers ``stopped`` (clean exit) or ``dead``
+        (revoked) whose last heartbeat is more than ``older_than_s`` seconds old by the
+        ledger clock; ``alive`` rows are never deleted (``ratchet workers --prune-after``;
+        running workers do it themselves once a minute with a 24 h retention,
+        :data:`ratchet.worker.registry.REGISTRY_RETENTION_S`).
+
+        Returns:
+            the holders whose rows were deleted, sorted.
+
+        Raises:
+            InvalidArguments: a negative or non-finite age. LedgerUnavailable: no ledger.
+        """
+        if (isinstance(older_than_s, bool) or not isinstance(older_than_s, int | float)
+                or not math.isfinite(older_than_s) or older_than_s < 0):
+            raise InvalidArguments(f"older_than_s must be a finite number of seconds >= 0, "
+                                   f"got {older_than_s!r}")
+        return self._writer().prune_workers(float(older_than_s))
 
     def definitions(self) -> list[DefinitionView]:
         """The definitions workers registered when they started, by (name, version), with
@@ -1200,6 +1591,37 @@ def _late_view(le: LateEffect, task_name: str | None,
         recorded.key if recorded else None,
         recorded.generation if recorded and recorded.state is not EffectState.INTENT else None,
     )
+
+
+def _task_effect_view(te: TaskEffect, task_type: str) -> TaskEffectView:
+    e = te.effect
+    return TaskEffectView(
+        te.task_id, task_type, te.task_state.value, te.task_generation, te.task_created_at,
+        EffectView(e.name, e.key, e.state.value,
+                   loads_stored(e.result_json, f"effect {e.name!r} result"),
+                   e.generation, e.attempt, e.calls, e.via_lookup, e.updated_at))
+
+
+def _check_age(age: object, label: str) -> None:
+    """InvalidArguments unless ``age`` is None or a finite number of seconds >= 0."""
+    if age is not None and (isinstance(age, bool) or not isinstance(age, int | float)
+                            or not math.isfinite(age) or age < 0):
+        raise InvalidArguments(f"{label} must be a finite number of seconds >= 0, got {age!r}")
+
+
+def _parse_effect_cursor(cursor: str | None) -> tuple[float, str, str] | None:
+    """A :class:`EffectPage` ``next_cursor`` back into ``(created_at, task_id, name)``."""
+    if cursor is None:
+        return None
+    try:
+        at, task_id, name = json.loads(cursor)
+        if (isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at)
+                or not isinstance(task_id, str) or not isinstance(name, str)):
+            raise ValueError
+    except (ValueError, TypeError):
+        raise InvalidArguments(f"malformed cursor {printable(str(cursor))!r}: pass the "
+                               "next_cursor of the previous page") from None
+    return float(at), task_id, name
 
 
 def _states(state: str | State | Sequence[str | State] | None) -> tuple[State, ...] | None:

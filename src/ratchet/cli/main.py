@@ -1,39 +1,72 @@
 """The ``ratchet`` command line (Typer + Rich), a face of :class:`ratchet.control.Control`.
 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
-``late-effects``, ``resolve``, ``cancel``, ``retry``, ``pause``, ``resume``, ``limits``
-(``set``, ``clear``), ``definitions``, ``prune``, ``migrate``, ``demo``; ``ratchet
---version``. Every command takes ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or
+``late-effects``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``pause``, ``resume``,
+``limits`` (``set``, ``clear``), ``definitions``, ``prune``, ``serve``, ``migrate``, ``demo``;
+``ratchet --version``. Every command takes ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or
 ``sqlite:///ratchet.db``). The commands call only the public API (``Control``, ``App``,
 ``Worker``, :func:`ratchet.loading.load_app`), never the ledger modules. Ratchet errors
 print one line saying what to fix (stored data and user input printed as text, never as
 markup; passwords redacted) and exit with status 2.
-``--json`` prints ``dataclasses.asdict`` of the records ``Control`` returns.
+``--json`` (every command but ``worker`` and ``demo``; ``ratchet --version --json``) prints
+``dataclasses.asdict`` of the records ``Control`` returns. Piped output is never wrapped
+or cut (:mod:`ratchet.cli.render`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import tenacity
 import typer
+from rich.console import Group, RenderableType
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperArgument, TyperCommand
 
 from .. import __version__
-from ..control import Control, ControlOutcome, PauseResult, TaskTimeline, default_operator
-from ..errors import InvalidArguments, LedgerUnavailable, RatchetError, UndecodableData
+from ..control import (
+    Control,
+    ControlOutcome,
+    PauseResult,
+    StatusReport,
+    TaskInfo,
+    TaskTimeline,
+    TypeStatusView,
+    default_operator,
+)
+from ..errors import (
+    ConfigError,
+    InvalidArguments,
+    LedgerUnavailable,
+    RatchetError,
+    UndecodableData,
+)
 from ..loading import load_app, load_middleware
 from ..serde import loads
 from ..states import State
 from ..validation import parse_duration_s, parse_rate_per_s
-from .render import console, echo_json, err_console, field, line, plain, show_value
+from .render import (
+    clip,
+    console,
+    echo_json,
+    echo_json_line,
+    err_console,
+    field,
+    line,
+    plain,
+    show_value,
+    stdout_is_terminal,
+)
 
 __all__ = ["cli", "load_app", "main"]
 
@@ -108,22 +141,27 @@ def _when(epoch_s: float | None) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"ratchet {__version__}")
-        raise typer.Exit(0)
-
-
-@cli.callback()
+@cli.callback(invoke_without_command=True)
 def _root(
+    ctx: typer.Context,
     version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.")
+    ] = False,
+    as_json: Annotated[
         bool,
-        typer.Option(
-            "--version", is_eager=True, callback=_version, help="Print the version and exit."
-        ),
+        typer.Option("--json", help='With --version: {"name": "ratchet", "version": "..."}.'),
     ] = False,
 ) -> None:
     """Recoverable task execution: leases, fencing tokens, exactly-once effects."""
+    if version:
+        if as_json:
+            echo_json({"name": "ratchet", "version": __version__})
+        else:
+            typer.echo(f"ratchet {__version__}")
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
 
 
 @cli.command(cls=_Command)
@@ -223,6 +261,30 @@ def worker(
         typer.Option("--prune-every", metavar="AGE",
                      help="Time between those prunes (jittered)."),
     ] = "1h",
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format", metavar="FORMAT",
+            help="text (default) or json: one JSON object per line with the task's"
+            " correlation fields, and one line per attempt outcome (success included).",
+        ),
+    ] = "text",
+    trace: Annotated[
+        bool | None,
+        typer.Option(
+            "--trace/--no-trace",
+            help="OpenTelemetry spans for attempts, steps and effects (needs the otel"
+            " extra). Default: on when a TracerProvider is configured (by the app module,"
+            " opentelemetry-instrument or --trace-file) unless RATCHET_TRACE=0.",
+        ),
+    ] = None,
+    trace_file: Annotated[
+        str | None,
+        typer.Option(
+            "--trace-file", metavar="PATH",
+            help="Write spans to PATH, one JSON object per line (implies --trace).",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker for the app's tasks.
 
@@ -240,14 +302,17 @@ def worker(
                                  "--log-level must be DEBUG, INFO, WARNING or ERROR, not ",
                                  (repr(log_level), "")))
         raise typer.Exit(2)
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
-    )
-    if level != "DEBUG":
-        # HTTP clients log every request at INFO: the task's own chatter, not the worker's.
-        for chatty in ("httpx", "httpcore"):
-            logging.getLogger(chatty).setLevel(logging.WARNING)
+    if log_format not in ("text", "json"):
+        err_console().print(line(("error: ", "bold red"), "--log-format must be text or json,"
+                                 " not ", (repr(log_format), "")))
+        raise typer.Exit(2)
+    from ..observe import logs, tracing
+
+    # HTTP clients log every request at INFO (the task's own chatter, not the worker's):
+    # off unless DEBUG.
+    logs.setup_logging(level, "json" if log_format == "json" else "text")
+    if log_format == "json":
+        logging.captureWarnings(True)  # warnings as JSON lines too, not raw stderr text
 
     def open_ledger_waiting(app_ledger: Callable[[], object]) -> None:
         # A worker often starts before its database (boot order, a restart, maintenance):
@@ -275,6 +340,19 @@ def worker(
             raise InvalidArguments(f"--prune-every must be longer than 0, got {prune_every!r}")
         app = load_app(app_spec)
         installed = [load_middleware(spec) for spec in middleware or []]
+        provider = tracing.file_provider(trace_file) if trace_file is not None else None
+        if provider is not None or trace is not None:
+            tracing.configure(provider, enabled=trace if provider is None else True)
+        if trace and not tracing.enabled():
+            tracing.configure()
+            raise ConfigError(
+                "--trace: " + ("OpenTelemetry is not installed (pip install 'ratchet[otel]')"
+                               if not tracing.available() else
+                               "no TracerProvider is configured: set one up in the app "
+                               "module, run under opentelemetry-instrument, or pass "
+                               "--trace-file PATH"))
+        if log_format == "json":
+            installed.append(logs.AttemptLog())
         app.configure(ledger=ledger)
         open_ledger_waiting(lambda: app.ledger)  # opens (and migrates) the ledger now
         w = Worker(
@@ -294,7 +372,13 @@ def worker(
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
                  [f"{n} v{v}" for n, v in w.kinds], concurrency, w.prefetch, w.writers)
-        stats = w.run()
+        try:
+            stats = w.run()
+        finally:
+            if provider is not None:
+                provider.shutdown()  # flush the spans still batched
+            if provider is not None or trace is not None:
+                tracing.configure()  # back to automatic (in-process callers, tests)
         log.info("worker %s stopped: %s", w.holder, stats)
         code = w.exit_code
         if stats.stuck_threads:
@@ -373,60 +457,209 @@ def submit(
     _guard(run)
 
 
-@cli.command(cls=_Command)
-def status(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
-    """Task counts per type and state, and health.
+def _span(seconds: float | None) -> str:
+    """A duration for people: ``12.3s``, ``4m05s``, ``2h03m``, ``3d04h``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
-    Also: oldest pending age, tasks waiting for an operator (UNKNOWN), late effects
-    (possible duplicates sent by stale holders), claims, takeovers, revocations,
-    stale-generation rejections, durability level and schema version.
+
+def _rate(rate: float) -> str:
+    """A rate, tasks per second, to three significant digits."""
+    return "0" if rate == 0 else f"{rate:.3g}"
+
+
+def _per_s(rate: float) -> str:
+    return f"{_rate(rate)}/s"
+
+
+def _drain(v: TypeStatusView) -> tuple[str, str]:
+    """The drain column of ``ratchet status`` and its style: ``drains in ~X`` while the
+    net rate is positive, ``backlog growing by N/s`` while it is negative."""
+    if v.net_drain_per_s < 0:
+        return f"backlog growing by {_per_s(-v.net_drain_per_s)}", "yellow"
+    if v.drain_eta_s is not None:
+        if not v.backlog:
+            return "no backlog", ""
+        return f"drains in ~{_span(v.drain_eta_s)}", "green"
+    if v.backlog:
+        return "not draining", "yellow"
+    return "-", ""
+
+
+def _status_view(s: StatusReport) -> list[RenderableType]:
+    """The text form of ``ratchet status``: what to print, in order."""
+    parts: list[RenderableType] = []
+    order = [st.value for st in State]
+    present = [st for st in order if any(st in v.counts for v in s.types)]
+    present += sorted({k for v in s.types for k in v.counts} - set(order))
+    table = Table(title="tasks by type and state (what the ledger holds)")
+    table.add_column("task", overflow="fold")
+    for st in present:
+        table.add_column(st, justify="right")
+    table.add_column("total", justify="right")
+    rows = list(s.types) + ([s.totals] if s.totals is not None and len(s.types) > 1 else [])
+    for v in rows:
+        style = "bold" if v is s.totals else ""
+        table.add_row(field("all types" if v is s.totals else v.name, style),
+                      *(field(v.counts.get(st, 0) or "-") for st in present),
+                      field(v.total, style))
+    if not s.types:
+        table.add_row("(no tasks)", "")
+    parts.append(table)
+    cap = Table(title=f"capacity (rates over the last {s.window_s:g} s)")
+    for col in ("task", "backlog", "scheduled", "running", "in/s", "done/s", "net/s",
+                "drain", "oldest pending", "unknown", "oldest unknown", "quarantined"):
+        cap.add_column(col, overflow="fold",
+                       justify="left" if col in ("task", "drain") else "right")
+    for v in rows:
+        drain, drain_style = _drain(v)
+        cap.add_row(field("all types" if v is s.totals else v.name,
+                          "bold" if v is s.totals else ""),
+                    field(v.backlog), field(v.scheduled), field(v.running),
+                    field(_rate(v.arrival_per_s)), field(_rate(v.completion_per_s)),
+                    field(("+" if v.net_drain_per_s > 0 else "") + _rate(v.net_drain_per_s)),
+                    field(drain, drain_style), field(_span(v.oldest_pending_age_s)),
+                    field(v.unknown, "bold yellow" if v.unknown else ""),
+                    field(_span(v.oldest_unknown_age_s)),
+                    field(v.quarantined, "yellow" if v.quarantined else ""))
+    if not s.types:
+        cap.add_row("(no tasks)", "")
+    parts.append(cap)
+    age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
+    parts.append(line(f"oldest pending age: {age}"))
+    parts.append(line(f"unknown (waiting for an operator): {s.unknown}"))
+    for ver in s.versions:
+        if ver.waiting:
+            parts.append(line(("waiting: ", "bold yellow"), f"{ver.ready} task(s) of ",
+                              (ver.name, "bold"), f" version {ver.version}: {ver.note} (they "
+                              "run once a worker that has it starts)"))
+    late_style = "bold yellow" if s.late_effects else ""
+    parts.append(line("late effects (possible duplicates, see ratchet late-effects): ",
+                      (str(s.late_effects), late_style)))
+    parts.append(line(
+        f"claims: {s.claims}  takeovers: {s.takeovers}  revocations of dead holders: "
+        f"{s.revocations}  stale-generation rejections: {s.stale_rejections}  "
+        f"lookup hits: {s.lookup_hits}  idempotency conflicts: {s.idempotency_conflicts}"
+        f"  operator actions: {s.operator_actions}"
+    ))
+    for p in s.pauses:
+        what = {"all": "everything", "type": f"type {p.target}",
+                "task": f"task {p.target}"}[p.scope]
+        parts.append(line(("PAUSED ", "bold yellow"), (what, "bold"),
+                          f" (version {p.version}) by ", (p.paused_by, ""), " since ",
+                          _when(p.created_at), " UTC: ", (p.reason, ""),
+                          f"; running, short of a safe boundary: {p.running}"))
+    settings = ", ".join(f"{k}={v}" for k, v in s.backend_settings.items())
+    parts.append(line("durability: ", (s.durability, "bold"), " (", (settings, ""),
+                      f"); schema v{s.schema_version}; ledger ", (s.ledger, ""),
+                      f"; ledger time {_when(s.ledger_now)} UTC"))
+    return parts
+
+
+def _watch_frames(read: Callable[[], T], show: Callable[[T], None], every_s: float,
+                  count: int | None) -> None:
+    """Call ``show(read())`` every ``every_s`` seconds, ``count`` times (None: until
+    Ctrl-C, which ends it with status 0)."""
+    shown = 0
+    try:
+        while True:
+            started = time.monotonic()
+            show(read())
+            shown += 1
+            if count is not None and shown >= count:
+                return
+            time.sleep(max(0.0, every_s - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        return
+
+
+@cli.command(cls=_Command)
+def status(
+    interval: Annotated[
+        str | None,
+        typer.Argument(metavar="SECONDS", show_default=False,
+                       help="With --watch: seconds between redraws (default 2)."),
+    ] = None,
+    window: Annotated[
+        str,
+        typer.Option("--window", metavar="SECONDS",
+                     help="Arrival and completion rates over the last SECONDS (90, 5m, 1h;"
+                     " at most 24h)."),
+    ] = "60",
+    watch: Annotated[
+        bool,
+        typer.Option("--watch", help="Redraw every [SECONDS] (default 2) until Ctrl-C;"
+                     " with --json: one JSON line per read."),
+    ] = False,
+    count: Annotated[
+        int | None,
+        typer.Option("--count", min=1, metavar="N", help="With --watch: stop after N reads."),
+    ] = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Per task type: counts by state, backlog, rates, drain ETA; and health.
+
+    Capacity per type (and over all types): backlog (ready now), scheduled (delayed or
+    backing off), running, arrival and completion rates over --window, the net drain rate
+    with "drains in ~X" while it is positive or "backlog growing by N/s", the oldest
+    pending age, unknown (and the oldest unknown's age) and quarantined. Counts are what
+    the ledger holds and add up to the total. Also: late effects, claims, takeovers,
+    revocations, stale-generation rejections, pauses, durability and schema version.
+    --watch [SECONDS] redraws until Ctrl-C (--count N: N reads, then exit).
     """
 
     def run() -> None:
+        window_s = parse_duration_s(window, "--window")
+        every_s = 2.0
+        if interval is not None:
+            if not watch:
+                raise InvalidArguments(
+                    f"a SECONDS argument ({interval!r}) goes with --watch only")
+            every_s = parse_duration_s(interval, "--watch SECONDS")
+            if every_s <= 0:
+                raise InvalidArguments(f"--watch SECONDS must be above 0, got {interval!r}")
+        if count is not None and not watch:
+            raise InvalidArguments("--count goes with --watch only")
         with Control(ledger) as control:
-            s = control.status()
-        if as_json:
-            echo_json(s)
-            return
-        out = console()
-        order = {st.value: i for i, st in enumerate(State)}
-        table = Table(title="tasks by type and state")
-        table.add_column("task", overflow="fold")
-        table.add_column("state")
-        table.add_column("count", justify="right")
-        for name in sorted(s.counts):
-            for st, n in sorted(s.counts[name].items(), key=lambda kv: order.get(kv[0], 99)):
-                table.add_row(field(name), field(st), field(n))
-        if not s.counts:
-            table.add_row("(no tasks)", "", "")
-        out.print(table)
-        age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
-        out.print(line(f"oldest pending age: {age}"))
-        out.print(line(f"unknown (waiting for an operator): {s.unknown}"))
-        for v in s.versions:
-            if v.waiting:
-                out.print(line(("waiting: ", "bold yellow"), f"{v.ready} task(s) of ",
-                               (v.name, "bold"), f" version {v.version}: {v.note} (they "
-                               "run once a worker that has it starts)"))
-        late_style = "bold yellow" if s.late_effects else ""
-        out.print(line("late effects (possible duplicates, see ratchet late-effects): ",
-                       (str(s.late_effects), late_style)))
-        out.print(line(
-            f"claims: {s.claims}  takeovers: {s.takeovers}  revocations of dead holders: "
-            f"{s.revocations}  stale-generation rejections: {s.stale_rejections}  "
-            f"lookup hits: {s.lookup_hits}  idempotency conflicts: {s.idempotency_conflicts}"
-            f"  operator actions: {s.operator_actions}"
-        ))
-        for p in s.pauses:
-            what = {"all": "everything", "type": f"type {p.target}",
-                    "task": f"task {p.target}"}[p.scope]
-            out.print(line(("PAUSED ", "bold yellow"), (what, "bold"),
-                           f" (version {p.version}) by ", (p.paused_by, ""), " since ",
-                           _when(p.created_at), " UTC: ", (p.reason, ""),
-                           f"; running, short of a safe boundary: {p.running}"))
-        settings = ", ".join(f"{k}={v}" for k, v in s.backend_settings.items())
-        out.print(line("durability: ", (s.durability, "bold"), " (", (settings, ""),
-                       f"); schema v{s.schema_version}; ledger ", (s.ledger, "")))
+            if not watch:
+                report = control.status(window_s)
+                if as_json:
+                    echo_json(report)
+                else:
+                    out = console()
+                    for part in _status_view(report):
+                        out.print(part)
+                return
+            read = functools.partial(control.status, window_s)
+            if as_json:
+                _watch_frames(read, echo_json_line, every_s, count)
+                return
+            if stdout_is_terminal():
+                with Live(console=console(), auto_refresh=False,
+                          redirect_stdout=False) as live:
+                    _watch_frames(read, lambda r: live.update(
+                        Group(*_status_view(r), line(
+                            f"every {every_s:g} s; Ctrl-C to stop")), refresh=True),
+                        every_s, count)
+                return
+
+            def show(r: StatusReport) -> None:
+                out = console()
+                out.print(line(f"== ratchet status at {_when(r.ledger_now)} UTC"))
+                for part in _status_view(r):
+                    out.print(part)
+                sys.stdout.flush()
+
+            _watch_frames(read, show, every_s, count)
 
     _guard(run)
 
@@ -481,23 +714,25 @@ def tasks(
                 if newer_than is not None else None,
                 limit=limit, cursor=cursor,
             )
+            now = control.ledger_now() if not as_json else 0.0
         if as_json:
             echo_json(page)
             return
         table = Table(title="tasks (newest first)")
-        for column in ("task", "type", "state", "attempt", "created (UTC)", "key",
-                       "last error"):
+        for column in ("task", "type", "state", "attempt", "created (UTC)", "runs at (UTC)",
+                       "key", "last error"):
             table.add_column(column, overflow="fold")
         for t in page.tasks:
             error = ""
             if t.last_error:
                 lines = [ln for ln in t.last_error.split("\n") if ln.strip()]
-                error = lines[-1][:120] if lines else ""
-            table.add_row(field(t.task_id), field(t.name), field(t.state),
+                error = clip(lines[-1], 120) if lines else ""
+            table.add_row(field(t.task_id), field(t.name), _state_cell(t),
                           field(f"{t.attempt}/{t.max_attempts}"), field(_when(t.created_at)),
-                          field(t.idempotency_key or "-"), field(error))
+                          field(_runs_at(t, now)), field(t.idempotency_key or "-"),
+                          field(error))
         if not page.tasks:
-            table.add_row("(none)", "", "", "", "", "", "")
+            table.add_row("(none)", "", "", "", "", "", "", "")
         console().print(table)
         if page.next_cursor is not None:
             console().print(line("more: ratchet tasks ... --cursor ", (page.next_cursor, "")))
@@ -505,16 +740,39 @@ def tasks(
     _guard(run)
 
 
+_WORKER_STATES = {
+    "alive": ("alive", "green"),
+    "stopped": ("STOPPED (clean exit)", "dim"),
+    "dead": ("DEAD (revoked)", "bold red"),
+}
+
+
 @cli.command(cls=_Command)
-def workers(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
+def workers(
+    prune_after: Annotated[
+        str | None,
+        typer.Option("--prune-after", metavar="AGE",
+                     help="First delete the rows of workers stopped or dead (never alive"
+                     " ones) last seen more than AGE ago (24h, 30m). Running workers do"
+                     " this themselves once a minute with AGE 24h."),
+    ] = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
     """The worker registry.
 
-    Holder, host, pid, state (alive / stopped / dead = revoked), whether its process still
-    runs (judged only on its own host) and the time since its last heartbeat.
+    Holder, host, pid, state: alive, STOPPED (clean exit) or DEAD (its leases were revoked
+    by a same-host peer that found its process gone); for an alive worker on this host
+    whether its process still runs, and the time since its last heartbeat. Rows of stopped
+    and dead workers are kept 24 h after their last heartbeat, then running workers delete
+    them (--prune-after AGE: now, for an older AGE).
     """
 
     def run() -> None:
+        age = (parse_duration_s(prune_after, "--prune-after")
+               if prune_after is not None else None)
         with Control(ledger) as control:
+            pruned = control.prune_workers(age) if age is not None else []
             found = control.workers()
         if as_json:
             echo_json(found)
@@ -523,11 +781,22 @@ def workers(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
         for column in ("holder", "host", "pid", "state", "process", "last seen"):
             table.add_column(column, overflow="fold")
         for w in found:
-            table.add_row(field(w.holder), field(w.hostname), field(w.pid), field(w.state),
-                          field(w.process), field(f"{w.last_seen_age_s:.1f} s ago"))
+            label, style = _WORKER_STATES.get(w.state, (w.state, ""))
+            gone = w.state == "alive" and w.process == "gone"
+            table.add_row(field(w.holder, "dim" if w.state != "alive" else ""),
+                          field(w.hostname), field(w.pid), field(label, style),
+                          field(w.process + (" (not yet revoked)" if gone else ""),
+                                "bold red" if gone else ""),
+                          field(f"{_span(w.last_seen_age_s)} ago"))
         if not found:
             table.add_row("(none registered)", "", "", "", "", "")
-        console().print(table)
+        out = console()
+        out.print(table)
+        by_state = {st: sum(1 for w in found if w.state == st) for st in _WORKER_STATES}
+        out.print(line(f"{by_state['alive']} alive, {by_state['stopped']} stopped, "
+                       f"{by_state['dead']} dead"
+                       + (f"; pruned {len(pruned)} stopped/dead row(s) older than "
+                          f"{prune_after}" if prune_after is not None else "")))
 
     _guard(run)
 
@@ -564,7 +833,24 @@ def definitions(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
     _guard(run)
 
 
-def _print_timeline(tl: TaskTimeline) -> None:
+def _runs_at(t: TaskInfo, now: float) -> str:
+    """When a waiting task becomes ready: ``HH:MM:SS (in 5m00s)`` for a ``PENDING`` /
+    ``RETRY_WAIT`` task scheduled after ``now``, ``-`` otherwise."""
+    if t.state not in (State.PENDING, State.RETRY_WAIT) or t.run_at <= now:
+        return "-"
+    day = datetime.fromtimestamp(t.run_at, UTC).strftime("%Y-%m-%d ")
+    today = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d ")
+    return f"{day if day != today else ''}{_when(t.run_at)} (in {_span(t.run_at - now)})"
+
+
+def _state_cell(t: TaskInfo) -> Text:
+    """A task's state, with ``quarantined`` for a quarantined ``FAILED`` task."""
+    if t.quarantined:
+        return line((t.state, ""), (" quarantined", "bold yellow"))
+    return field(t.state)
+
+
+def _print_timeline(tl: TaskTimeline, now: float) -> None:
     """The text form of ``ratchet inspect``."""
     out = console()
     t = tl.task
@@ -573,6 +859,11 @@ def _print_timeline(tl: TaskTimeline) -> None:
                    (t.idempotency_key if t.idempotency_key is not None else "-", "")))
     if t.tenant is not None:
         out.print(line("tenant: ", (t.tenant, "")))
+    if _runs_at(t, now) != "-":
+        out.print(line("scheduled: runs at ", (_runs_at(t, now), ""), " UTC"))
+    if t.quarantined:
+        out.print(line(("quarantined", "bold yellow"), ": not retried automatically (ratchet"
+                       " quarantine list; ratchet quarantine replay re-queues it)"))
     out.print(line("params: ") + show_value(t.params))
     if t.result is not None:
         out.print(line("result: ") + show_value(t.result))
@@ -628,10 +919,11 @@ def inspect(task_id: TaskArg, ledger: LedgerOpt = None, as_json: JsonOpt = False
     def run() -> None:
         with Control(ledger) as control:
             tl = control.inspect(task_id)
+            now = control.ledger_now() if not as_json else 0.0
         if as_json:
             echo_json(tl)
         else:
-            _print_timeline(tl)
+            _print_timeline(tl, now)
 
     _guard(run)
 
@@ -681,6 +973,118 @@ def late_effects(
 
 
 @cli.command(cls=_Command)
+def reconcile(
+    task_type: Annotated[str, typer.Argument(metavar="TYPE", help="The task type to check.")],
+    app_spec: Annotated[
+        str,
+        typer.Option("--app", metavar="MODULE:APP",
+                     help="The application whose lookups (App.lookup) ask the targets."),
+    ],
+    since: Annotated[
+        str,
+        typer.Option("--since", metavar="AGE",
+                     help="Only tasks submitted within AGE (90s, 5m, 24h, 7d), or 'all'."),
+    ] = "24h",
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=100_000, metavar="N",
+                          help="At most N effects, newest task first."),
+    ] = 1000,
+    apply: Annotated[
+        bool, typer.Option("--apply",
+                           help="Resolve the unambiguous findings (audited; needs --reason)."),
+    ] = False,
+    reason: Annotated[
+        str | None, typer.Option("--reason", metavar="TEXT",
+                                 help="Why (kept in the audit log); required with --apply."),
+    ] = None,
+    operator: Annotated[
+        str | None,
+        typer.Option("--operator", metavar="NAME",
+                     help="Who reconciles, for the audit log (default: $USER / login name)."),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, max=64, metavar="N",
+                          help="Lookups at once."),
+    ] = 4,
+    rate: Annotated[
+        str, typer.Option("--rate", metavar="RATE",
+                          help="Lookups started at most this often (20/s, 300/m), or 'none'."),
+    ] = "20/s",
+    lookup_timeout: Annotated[
+        str, typer.Option("--lookup-timeout", metavar="SECONDS",
+                          help="Time each lookup may take; slower counts as unknown."),
+    ] = "10s",
+    no_record: Annotated[
+        bool, typer.Option("--no-record",
+                           help="Do not audit the run and its findings in the ledger."),
+    ] = False,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Ask the targets whether they agree with the ledger, for recent effects of TYPE.
+
+    Each effect's lookup registered with App.lookup(TYPE, EFFECT) is asked for its key.
+    Findings: absent (recorded done, the target has no such key), unrecorded (the target
+    has it, the ledger records an open intent / not_done / given_up), not_executed (an
+    UNKNOWN task's open intent the target confirms never executed), unknown (the lookup
+    raised or timed out), late (a stale holder's late call: a possible duplicate), no_lookup
+    (effects of a name with no registered lookup). Nothing changes unless --apply: then an
+    UNKNOWN task whose one open effect the target has is resolved done with the target's
+    answer, and one the target confirms absent is resolved not-done (audited with
+    --operator and --reason); the rest is left for a person. Every run is audited (kinds
+    reconcile, reconcile_<outcome>) unless --no-record. Exit status: 0 no finding left,
+    1 findings left (disagreement or not checked), 2 an error.
+    """
+    from ..reconcile import reconcile as run_reconcile
+
+    outcome: dict[str, int] = {}
+
+    def run() -> None:
+        window = None if since.strip().lower() == "all" else parse_duration_s(since, "--since")
+        per_s = None if rate.strip().lower() == "none" else parse_rate_per_s(rate, "--rate")
+        timeout_s = parse_duration_s(lookup_timeout, "--lookup-timeout")
+        app = load_app(app_spec)
+        if ledger is not None:
+            app.configure(ledger=ledger)
+        with Control(app=app) as control:
+            report = run_reconcile(
+                control, app, task_type, newer_than_s=window, limit=limit, apply=apply,
+                reason=reason, by=operator, concurrency=concurrency, rate_per_s=per_s,
+                lookup_timeout_s=timeout_s, record=not no_record)
+        outcome["open"] = report.open_findings
+        if as_json:
+            echo_json(report)
+            return
+        out = console()
+        table = Table(title=f"reconcile {task_type}: findings")
+        for column in ("outcome", "task", "state", "effect", "key", "ledger", "target",
+                       "action", "note"):
+            table.add_column(column, overflow="fold")
+        for f in report.findings:
+            action = f.action if f.action == "none" else (
+                f"{f.action}: {'done' if f.applied else 'not applied'}" if report.apply
+                else f"{f.action} (with --apply)")
+            target = "-" if f.target is None else show_value(f.target)
+            table.add_row(field(f.outcome), field(f.task_id or "-"), field(f.task_state or "-"),
+                          field(f.effect), field(f.key or "-"), field(f.recorded or "-"),
+                          target, field(action), field(f.note))
+        if not report.findings:
+            table.add_row("(none)", "", "", "", "", "", "", "", "")
+        out.print(table)
+        counts = "  ".join(f"{k}: {n}" for k, n in report.counts.items())
+        out.print(line(
+            f"{report.effects} effect(s) walked", " (more left past --limit)"
+            if report.truncated else "", f", {report.lookups} lookup(s), {report.agreed} "
+            f"agree, {report.in_flight} in flight (RUNNING, not asked); ", counts,
+            f"; resolved: {report.resolved}; left: {report.open_findings}",
+            "" if report.recorded else " (not recorded)"))
+
+    _guard(run)
+    if outcome.get("open"):
+        raise typer.Exit(1)
+
+
+@cli.command(cls=_Command)
 def resolve(
     task_id: TaskArg,
     outcome: Annotated[
@@ -703,6 +1107,7 @@ def resolve(
                      help="Who decided (default: $USER / the login name)."),
     ] = None,
     ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Settle an UNKNOWN task's open effect.
 
@@ -727,6 +1132,9 @@ def resolve(
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
             info = control.resolve(task_id, outcome, value, reason=reason, by=who)
+        if as_json:
+            echo_json(info)
+            return
         console().print(line((info.task_id, ""), " resolved (", (outcome, ""), ") by ",
                              (who, ""), " now ", (info.state, "")))
 
@@ -840,6 +1248,7 @@ def limits_set(
     ] = None,
     operator: OperatorOpt = None,
     ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Set a limit of one task type, one tenant, or the total (replaces the old one).
 
@@ -853,6 +1262,9 @@ def limits_set(
         with Control(ledger) as control:
             lim = control.set_limit(scope, name, reserved=reserved, maximum=top,
                                     reason=reason, by=operator)
+        if as_json:
+            echo_json(lim)
+            return
         what = f"{lim.scope.value} {lim.name}".strip()
         console().print(line(f"{what}: reserved {lim.reserved}, max ",
                              (str(lim.maximum) if lim.maximum is not None else "-", "bold"),
@@ -869,13 +1281,18 @@ def limits_clear(
     total: Annotated[bool, typer.Option("--total", help="The total of slots.")] = False,
     operator: OperatorOpt = None,
     ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Remove a limit of one task type, one tenant, or the total (audited)."""
+    """Remove a limit of one task type, one tenant, or the total (audited); --json prints
+    the limit as it was."""
 
     def run() -> None:
         scope, name = _limit_scope(type_name, tenant, total)
         with Control(ledger) as control:
             old = control.clear_limit(scope, name, reason=reason, by=operator)
+        if as_json:
+            echo_json(old)
+            return
         console().print(line(f"{old.scope.value} {old.name}".strip() + " limit cleared"))
 
     _guard(run)
@@ -956,7 +1373,7 @@ def quarantine_list(
             more = " ..." if g.count > len(g.task_ids) else ""
             table.add_row(field(g.fingerprint), field(g.task_type), field(g.count),
                           field(_when(g.first_seen)), field(_when(g.last_seen)),
-                          field(g.error_class or "-"), field(g.example_message[:160]),
+                          field(g.error_class or "-"), field(clip(g.example_message, 160)),
                           field(" ".join(g.task_ids) + more))
         if not groups:
             table.add_row("(none)", "", "", "", "", "", "", "")
@@ -1210,15 +1627,66 @@ def prune(
 
 
 @cli.command(cls=_Command)
-def migrate(ledger: LedgerOpt = None) -> None:
+def serve(
+    ledger: LedgerOpt = None,
+    host: Annotated[
+        str,
+        typer.Option("--host", metavar="HOST",
+                     help="Address to listen on. Without RATCHET_API_TOKEN only loopback"
+                     " (127.0.0.1, ::1, localhost) is allowed."),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option("--port", min=0, max=65535, metavar="PORT",
+                     help="TCP port (0: an ephemeral one, printed on start)."),
+    ] = 8000,
+    app_spec: Annotated[
+        str | None,
+        typer.Option("--app", metavar="MODULE:APP",
+                     help="The application whose task registry checks submits"
+                     " (POST /api/tasks); without it submitting is refused."),
+    ] = None,
+    log_level: Annotated[
+        str,
+        typer.Option("--log-level", metavar="LEVEL",
+                     help="uvicorn's log level: debug, info, warning, error."),
+    ] = "info",
+) -> None:
+    """Serve the HTTP API (/api, OpenAPI at /api/openapi.json) and the dashboard.
+
+    Stateless: several replicas may serve one ledger. Mutations need 'Authorization:
+    Bearer $RATCHET_API_TOKEN' when that variable is set; without it the service listens on
+    loopback only (another --host is refused) and accepts mutations from loopback. Operator
+    actions take a reason and are audited with the X-Ratchet-Operator header's name.
+    """
+    from ..web import WebSettings
+    from ..web.serve import serve as run_service
+
+    level = log_level.lower()
+    if level not in ("debug", "info", "warning", "error"):
+        err_console().print(line(("error: ", "bold red"),
+                                 "--log-level must be debug, info, warning or error, not ",
+                                 (repr(log_level), "")))
+        raise typer.Exit(2)
+    token = os.environ.get("RATCHET_API_TOKEN") or None
+    settings = WebSettings(ledger_url=ledger, api_token=token, app_spec=app_spec)
+    _guard(lambda: run_service(settings, host, port, log_level=level))
+
+
+@cli.command(cls=_Command)
+def migrate(ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
     """Create the ledger or upgrade its schema.
 
-    Also done automatically when a worker or submit first uses the ledger.
+    Also done automatically when a worker or submit first uses the ledger. --json prints
+    {"schema_version": N}.
     """
 
     def run() -> None:
         with Control(ledger) as control:
             version = control.migrate()
+        if as_json:
+            echo_json({"schema_version": version})
+            return
         console().print(line(f"ledger schema version {version}"))
 
     _guard(run)

@@ -27,7 +27,8 @@ from rich.text import Text
 from ..serde import Undecodable, printable
 
 __all__ = [
-    "console", "echo_json", "err_console", "field", "line", "plain", "report_console", "show_value",
+    "clip", "console", "echo_json", "echo_json_line", "err_console", "field", "line", "plain",
+    "report_console", "show_value", "stdout_is_terminal",
 ]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -54,6 +55,19 @@ def report_console() -> Console:
     if _is_tty(sys.stdout):
         return Console(highlight=False)
     return Console(highlight=False, width=_REPORT_WIDTH, soft_wrap=True)
+
+
+def stdout_is_terminal() -> bool:
+    """Whether ``sys.stdout`` is a terminal (tables may then shorten long cells)."""
+    return _is_tty(sys.stdout)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis on a terminal, so a table row
+    stays readable; whole when the output is piped (``grep`` and scripts see everything)."""
+    if len(text) <= limit or not stdout_is_terminal():
+        return text
+    return text[: max(1, limit - 1)] + "\u2026"
 
 
 def _make(stderr: bool) -> Console:
@@ -127,3 +141,10 @@ def echo_json(record: Any) -> None:
 
     data = [to_data(r) for r in record] if isinstance(record, list) else to_data(record)
     typer.echo(json.dumps(data, indent=2, default=_json_default))
+
+
+def echo_json_line(record: Any) -> None:
+    """:func:`echo_json` on one line (JSON Lines: one record per line, ``--watch --json``)."""
+    is_record = dataclasses.is_dataclass(record) and not isinstance(record, type)
+    data = dataclasses.asdict(record) if is_record else record
+    typer.echo(json.dumps(data, separators=(",", ":"), default=_json_default))

@@ -63,6 +63,10 @@ __all__ = [
     "charge_neither",
     "in_flight_s_from_env",
     "lease_s_from_env",
+    "lookup_charge",
+    "lookup_charge_fenced",
+    "lookup_charge_lookup",
+    "lookup_charge_neither",
     "payment_client",
     "quote",
 ]
@@ -263,3 +267,32 @@ def charge_neither(ctx: TaskContext, order_id: str, amount_cents: int) -> dict[s
     outcome is unknown is never sent again; the task goes to ``UNKNOWN`` for a person
     (``ratchet resolve``). Same arguments and receipt as :func:`charge`."""
     return _charge(ctx, "neither", order_id, amount_cents)
+
+
+# Lookups registered by task type (App.lookup), for `ratchet reconcile` (DESIGN §5.1): the
+# first three tasks pass their lookup to ctx.effect anyway; `billing.charge_neither`'s is
+# for reconciliation only (worker=False), so that task still goes UNKNOWN rather than ask.
+@app.lookup(TASKS["idempotent"], "charge")
+def lookup_charge(key: str) -> Any:
+    """The idempotent service's charge for ``key``, or ``NOT_FOUND``."""
+    return payment_client("idempotent").lookup(key)
+
+
+@app.lookup(TASKS["fenced"], "charge", fenced=True)
+def lookup_charge_fenced(key: str, token: int) -> Any:
+    """The fenced service's charge for ``key`` (``token`` recorded first), or ``NOT_FOUND``."""
+    return payment_client("fenced").lookup(key, token)
+
+
+@app.lookup(TASKS["lookup"], "charge", in_flight_s=IN_FLIGHT_S)
+def lookup_charge_lookup(key: str) -> Any:
+    """The lookup-only service's charge for ``key``, or ``NOT_FOUND``."""
+    return payment_client("lookup").lookup(key)
+
+
+@app.lookup(TASKS["neither"], "charge", worker=False)
+def lookup_charge_neither(key: str) -> Any:
+    """The charge for ``key`` at the service the ``neither`` task never asks (its worker
+    leaves an unknown outcome to a person; ``ratchet reconcile`` may ask), or
+    ``NOT_FOUND``."""
+    return payment_client("neither").lookup(key)

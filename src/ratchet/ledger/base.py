@@ -55,8 +55,11 @@ __all__ = [
     "Subscription",
     "TaskInfo",
     "TaskQuery",
+    "TaskEffect",
     "TaskWrite",
+    "ThroughputCount",
     "Timeline",
+    "TypeCapacity",
     "Transition",
     "VersionBacklog",
     "WorkerInfo",
@@ -257,6 +260,9 @@ class NewTask:
             whose worker died, that quarantine the task (``RetryPolicy.quarantine_after``);
             None: never quarantined (DESIGN §7).
         tenant: the submitter's tenant (bulkheads, DESIGN §8), or None.
+        trace_context: the submitter's trace context (W3C ``traceparent`` / ``tracestate``
+            as a JSON object, :mod:`ratchet.observe.tracing`), or None; stored with the
+            task and handed to every claim (DESIGN §9).
     """
 
     task_id: str
@@ -271,6 +277,7 @@ class NewTask:
     run_at_epoch_s: float | None = None
     quarantine_after: int | None = None
     tenant: str | None = None
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +329,24 @@ class EffectRecord:
     """0-based position among the task's checkpoints (None: written without one)."""
 
 
+@dataclass(frozen=True, slots=True)
+class TaskEffect:
+    """One effect record with the task it belongs to (:meth:`Ledger.effects_of_type`).
+
+    Attributes:
+        task_id: the task. task_state: its state now. task_generation: its current
+            fencing generation. task_created_at: when it was submitted (ledger clock,
+            epoch seconds; the walk's order and cursor).
+        effect: the effect record.
+    """
+
+    task_id: str
+    task_state: State
+    task_generation: int
+    task_created_at: float
+    effect: EffectRecord
+
+
 @_fast_init
 @dataclass(frozen=True, slots=True)
 class Claim:
@@ -343,6 +368,8 @@ class Claim:
         control_request: an operator's request recorded on the task (``"cancel"`` /
             ``"pause"``, :class:`ControlRequest`) that this holder must apply once the
             open effect intent it inherits is settled; None almost always.
+        trace_context: the submitter's trace context as stored at submit
+            (:attr:`NewTask.trace_context`), or None.
     """
 
     task_id: str
@@ -360,6 +387,7 @@ class Claim:
     steps: dict[str, StepRecord] = field(default_factory=dict)
     effects: dict[str, EffectRecord] = field(default_factory=dict)
     control_request: str | None = None
+    trace_context: str | None = None
 
 
 @_fast_init
@@ -521,6 +549,8 @@ class TaskInfo:
     last_error: str | None
     error_class: str | None
     tenant: str | None = None
+    quarantined: bool = False
+    """A ``FAILED`` task taken out of the retry path (DESIGN §7; ``ratchet quarantine``)."""
 
     @property
     def terminal(self) -> bool:
@@ -688,6 +718,57 @@ class LedgerStats:
     revocations: int = 0
     late_effects: int = 0
     """Calls sent by a holder after its claim was taken over (:class:`LateEffect` rows)."""
+    window_s: float = 0.0
+    """The window of :attr:`capacity`'s arrivals and completions, seconds (0: not read)."""
+    capacity: list[TypeCapacity] = field(default_factory=list)
+    """Per task type (with a task in the ledger or one that arrived or finished in the
+    window), read in the same transaction as :attr:`counts`, by name; empty unless
+    ``stats(window_s=...)`` asked for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TypeCapacity:
+    """What the ledger holds about one task type's capacity (``ratchet status``, DESIGN §9):
+    figures the per-state counts do not give, each read from an index, never the history.
+
+    Attributes:
+        name: the task type.
+        scheduled: ``PENDING`` / ``RETRY_WAIT`` tasks with ``run_at`` after the ledger clock
+            (delayed, or backing off); the rest of those states is ready now.
+        oldest_ready_at: the earliest ``run_at`` of those ready now, epoch seconds (None:
+            none is).
+        oldest_unknown_at: the earliest ``updated_at`` of its ``UNKNOWN`` tasks (when each
+            last changed: it entered ``UNKNOWN``), epoch seconds (None: none is).
+        unknown: its ``UNKNOWN`` tasks.
+        quarantined: its quarantined ``FAILED`` tasks (DESIGN §7).
+        arrivals: its tasks created in the window (those the ledger still holds).
+        completions: its tasks that reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED`` in
+            the window (by ``updated_at``, the finish time).
+    """
+
+    name: str
+    scheduled: int = 0
+    oldest_ready_at: float | None = None
+    oldest_unknown_at: float | None = None
+    unknown: int = 0
+    quarantined: int = 0
+    arrivals: int = 0
+    completions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputCount:
+    """Arrivals and completions in one time bucket (:meth:`Ledger.throughput`).
+
+    Attributes:
+        start: the bucket's start, epoch seconds (ledger clock); it lasts the bucket width.
+        arrivals: tasks created in it; completions: tasks that reached a terminal state
+            in it (both: rows the ledger still holds).
+    """
+
+    start: float
+    arrivals: int
+    completions: int
 
 
 class LimitScope(StrEnum):
@@ -1130,8 +1211,17 @@ class Ledger(Protocol):
         """The task, its audit events, steps and effects. Raises ``TaskNotFound``."""
         ...
 
-    def stats(self) -> LedgerStats:
-        """Aggregates for ``ratchet status``."""
+    def stats(self, window_s: float | None = None) -> LedgerStats:
+        """Aggregates for ``ratchet status``; with ``window_s`` (seconds > 0) also the
+        per-type :attr:`LedgerStats.capacity` over that window, in the same transaction."""
+        ...
+
+    def throughput(self, window_s: float, bucket_s: float,
+                   name: str | None = None) -> list[ThroughputCount]:
+        """Arrivals and completions per ``bucket_s`` seconds over the last ``window_s``
+        seconds of the ledger clock (rounded up to whole buckets, the last one ending
+        now), oldest first, every bucket present; ``name``: one task type only. Reads the
+        window's rows only (``tasks_created``, ``tasks_finished``)."""
         ...
 
     def prune(
@@ -1172,6 +1262,38 @@ class Ledger(Protocol):
         """Late effects, newest first: of ``task_id``, or of every task (at most ``limit``)."""
         ...
 
+    def effects_of_type(
+        self, name: str, created_from: float | None, limit: int,
+        after: tuple[float, str, str] | None = None,
+    ) -> list[TaskEffect]:
+        """The effect records of tasks of type ``name`` submitted at or after
+        ``created_from`` (None: any time), newest task first and by effect name within a
+        task, at most ``limit``; ``after`` is the ``(task_created_at, task_id, effect
+        name)`` of the last row of the previous page (keyset pagination)."""
+        ...
+
+    def late_effects_of_type(
+        self, name: str, since: float | None, limit: int
+    ) -> list[LateEffect]:
+        """Late effects of tasks of type ``name`` recorded at or after ``since`` (None: any
+        time), newest first, at most ``limit``."""
+        ...
+
+    def record_reconcile(
+        self, name: str, operator: str, summary_json: str,
+        findings: Sequence[tuple[str, str, int | None, str]],
+    ) -> None:
+        """Audit one reconcile run in one transaction: a ``reconcile`` row (task id
+        ``reconcile:<name>``, holder ``operator``, detail ``summary_json``) and one row per
+        finding ``(task_id, kind, generation, detail_json)`` on the task it is about
+        (DESIGN §5, reconciliation)."""
+        ...
+
+    def audit_kind_counts(self) -> dict[str, int]:
+        """Audit rows ever written per kind (kept when prune deletes the rows; the rollup
+        plus the rows since the counts mark, as :meth:`stats` reads them)."""
+        ...
+
     def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
         """Call ``on_ready()`` (from another thread) when a task may have become ready.
 
@@ -1192,6 +1314,13 @@ class Ledger(Protocol):
 
     def list_workers(self, host_id: str | None = None) -> list[WorkerInfo]:
         """Live workers registered with ``host_id``, or every registered worker if None."""
+        ...
+
+    def prune_workers(self, older_than_s: float) -> list[str]:
+        """Delete the registry rows of workers ``stopped`` or ``dead`` whose last heartbeat
+        is more than ``older_than_s`` seconds old (ledger clock), with their definition
+        rows; ``alive`` rows are never deleted. Returns the holders deleted. One short
+        transaction over the registry only (no task row)."""
         ...
 
     def quarantine_groups(self, limit: int = 100, per_group: int = 5) -> list[QuarantineGroup]:

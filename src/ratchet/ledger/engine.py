@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..config import LedgerConfig
@@ -68,11 +68,14 @@ from .base import (
     StepRecord,
     SubmitResult,
     Subscription,
+    TaskEffect,
     TaskInfo,
     TaskQuery,
     TaskWrite,
+    ThroughputCount,
     Timeline,
     Transition,
+    TypeCapacity,
     VersionBacklog,
     WorkerInfo,
     claim_kinds,
@@ -195,7 +198,7 @@ class LedgerEngine:
                 "max_attempts": t.max_attempts, "lease_s": t.lease_s,
                 "run_at": t.run_at_epoch_s, "delay": max(0.0, t.delay_s),
                 "quarantine_after": t.quarantine_after,
-                "tenant": t.tenant,
+                "tenant": t.tenant, "trace": t.trace_context,
             }
             for t in tasks
             if t.task_id not in present
@@ -341,6 +344,7 @@ class LedgerEngine:
                 previous_holder=previous[row[0]][0] if row[0] in previous else None,
                 steps=steps.get(row[0], {}), effects=effects.get(row[0], {}),
                 control_request=row[10] if len(row) > 10 else None,
+                trace_context=row[11] if len(row) > 11 else None,
             )
             for row in rows
         ]
@@ -1325,7 +1329,7 @@ class LedgerEngine:
 
         return self.dialect.run(body, write=False)
 
-    def stats(self) -> LedgerStats:
+    def stats(self, window_s: float | None = None) -> LedgerStats:
         """See :meth:`Ledger.stats` (decodes no stored JSON).
 
         Reads no history (DESIGN §9): non-terminal tasks are counted exactly from their
@@ -1335,6 +1339,8 @@ class LedgerEngine:
         read-only file: the count since the mark is then just longer).
         """
         self._require_schema("retention.sql", "ratchet status")
+        # An older ledger opened read-only (not migrated): no quarantine column to count.
+        quarantine = window_s is not None and self._has_migration("retry_governance.sql")
         with contextlib.suppress(LedgerError):
             self._advance_counts()
 
@@ -1349,6 +1355,8 @@ class LedgerEngine:
             kinds = {k: int(n) for k, n in tx.rows("stats_kinds", {"upto": upto})}
             unknown_row = tx.one("stats_unknown")
             late_row = tx.one("stats_late")
+            capacity = ([] if window_s is None else
+                        self._capacity(tx, tx.now - window_s, counts, quarantine))
             return LedgerStats(
                 counts=counts,
                 oldest_pending_age_s=(tx.now - oldest) if oldest is not None else None,
@@ -1365,10 +1373,64 @@ class LedgerEngine:
                 backend_settings=self.dialect.backend_settings(tx),
                 schema_version=0,
                 ledger_now=tx.now,
+                window_s=window_s or 0.0,
+                capacity=capacity,
             )
 
         stats = self.dialect.run(body, write=False)
         return _with_version(stats, self.dialect.schema_version())
+
+    @staticmethod
+    def _capacity(tx: Tx, from_at: float, counts: Mapping[str, Mapping[str, int]],
+                  quarantine: bool = True) -> list[TypeCapacity]:
+        """Per task type: scheduled / oldest ready (tasks_ready), unknown (the parked
+        index), quarantined (tasks_quarantine), and arrivals / completions since
+        ``from_at`` (ranges of tasks_created / tasks_finished): the backlog and the window,
+        never the history (DESIGN §9)."""
+        # The UNKNOWN rows of the types the counts show with some (a seek per type).
+        waiting = sorted(n for n, states in counts.items() if states.get("UNKNOWN"))
+        reads: list[tuple[str, dict[str, Any]]] = [
+            ("status_ready", {}), ("status_arrivals", {"from_at": from_at}),
+            ("status_completions", {"from_at": from_at})]
+        if waiting:
+            reads.append(("status_unknown", {"names": waiting}))
+        if quarantine:
+            reads.append(("status_quarantined", {}))
+        ready, arrivals, completions, *more = tx.rows_many(reads)
+        unknown = more.pop(0) if waiting else []
+        quarantined = more.pop(0) if quarantine else []
+        by: dict[str, dict[str, Any]] = {name: {} for name in counts}
+        for name, later, oldest in ready:
+            by.setdefault(name, {}).update(
+                scheduled=int(later or 0),
+                oldest_ready_at=None if oldest is None else float(oldest))
+        for name, n, oldest in unknown:
+            by.setdefault(name, {}).update(unknown=int(n), oldest_unknown_at=float(oldest))
+        for rows, key in ((quarantined, "quarantined"), (arrivals, "arrivals"),
+                          (completions, "completions")):
+            for name, n in rows:
+                by.setdefault(name, {})[key] = int(n)
+        return [TypeCapacity(name, **by[name]) for name in sorted(by)]
+
+    def throughput(self, window_s: float, bucket_s: float,
+                   name: str | None = None) -> list[ThroughputCount]:
+        """See :meth:`Ledger.throughput`: ``ceil(window_s / bucket_s)`` buckets ending at
+        the ledger clock, two range scans of the window (tasks_created, tasks_finished)."""
+        buckets = max(1, math.ceil(window_s / bucket_s - 1e-9))
+
+        def body(tx: Tx) -> list[ThroughputCount]:
+            start = tx.now - buckets * bucket_s
+            created, finished = tx.rows_many([
+                ("throughput_arrivals",
+                 {"from_at": start, "to_at": tx.now, "bucket_s": bucket_s, "name": name}),
+                ("throughput_completions",
+                 {"from_at": start, "to_at": tx.now, "bucket_s": bucket_s, "name": name})])
+            came = {int(b): int(n) for b, n in created}
+            went = {int(b): int(n) for b, n in finished}
+            return [ThroughputCount(start + i * bucket_s, came.get(i, 0), went.get(i, 0))
+                    for i in range(buckets)]
+
+        return self.dialect.run(body, write=False)
 
     # ------------------------------------------------------------------ retention
     # (issue 10: prune; DESIGN §10.2) and the counts rollup behind stats (DESIGN §9)
@@ -1580,7 +1642,8 @@ class LedgerEngine:
             task = dict(zip(("id", "name", "version", "state", "generation", "attempt",
                              "max_attempts", "holder", "lease_until", "run_at", "created_at",
                              "updated_at", "idempotency_key", "params", "params_digest",
-                             "result", "last_error", "error_class", "tenant"), r,
+                             "result", "last_error", "error_class", "tenant",
+                             "quarantined"), r,
                             strict=True))
             tid = task["id"]
             records.append({"task": task, "steps": steps.get(tid, []),
@@ -1618,6 +1681,67 @@ class LedgerEngine:
                 write=False)
         return [LateEffect(*r) for r in rows]
 
+    # ------------------------------------------------------------------ reconciliation
+    # (ratchet reconcile, DESIGN §5): reads of a type's effects and the audit of a run
+
+    def effects_of_type(
+        self, name: str, created_from: float | None, limit: int,
+        after: tuple[float, str, str] | None = None,
+    ) -> list[TaskEffect]:
+        """See :meth:`Ledger.effects_of_type` (one read; the tasks by ``tasks_created``,
+        their effects by primary key)."""
+        params = {
+            "name": name, "created_from": created_from, "limit": limit,
+            "cursor_at": after[0] if after else None,
+            "cursor_id": after[1] if after else None,
+            "cursor_name": after[2] if after else None,
+        }
+        rows = self.dialect.run(lambda tx: tx.rows("effects_of_type", params), write=False)
+        return [TaskEffect(r[0], State(r[1]), int(r[2]), float(r[3]), effect_record(r[4:]))
+                for r in rows]
+
+    def late_effects_of_type(
+        self, name: str, since: float | None, limit: int
+    ) -> list[LateEffect]:
+        """See :meth:`Ledger.late_effects_of_type`."""
+        rows = self.dialect.run(lambda tx: tx.rows(
+            "late_effects_of_type", {"name": name, "since": since, "limit": limit}),
+            write=False)
+        return [LateEffect(*r) for r in rows]
+
+    def record_reconcile(
+        self, name: str, operator: str, summary_json: str,
+        findings: Sequence[tuple[str, str, int | None, str]],
+    ) -> None:
+        """See :meth:`Ledger.record_reconcile`. Kinds must start with ``reconcile``."""
+        for _, kind, _, _ in findings:
+            if not kind.startswith("reconcile_"):
+                raise InvalidArguments(f"a reconcile finding's audit kind must start with "
+                                       f"'reconcile_', got {kind!r}")
+
+        def body(tx: Tx) -> None:
+            now = tx.now
+            _audit(tx, [(f"reconcile:{name}", now, "reconcile", None, None, None,
+                         printable(operator), summary_json)]
+                   + [(task_id, now, kind, None, None, generation, printable(operator), detail)
+                      for task_id, kind, generation, detail in findings])
+
+        self.dialect.run(body)
+
+    def audit_kind_counts(self) -> dict[str, int]:
+        """See :meth:`Ledger.audit_kind_counts` (the counts mark is advanced first, as by
+        :meth:`stats`)."""
+        self._require_schema("retention.sql", "audit counts")
+        with contextlib.suppress(LedgerError):
+            self._advance_counts()
+
+        def body(tx: Tx) -> dict[str, int]:
+            mark = tx.one("counts_read_mark")
+            upto = float(mark[0]) if mark else 0.0
+            return {str(k): int(n) for k, n in tx.rows("stats_kinds", {"upto": upto})}
+
+        return self.dialect.run(body, write=False)
+
     # ------------------------------------------------------------------ wake-ups, registry
 
     def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
@@ -1644,6 +1768,18 @@ class LedgerEngine:
             rows = self.dialect.run(
                 lambda tx: tx.rows("workers_on_host", {"host_id": host_id}), write=False)
         return [WorkerInfo(*r) for r in rows]
+
+    def prune_workers(self, older_than_s: float) -> list[str]:
+        """See :meth:`Ledger.prune_workers`."""
+        definitions = self._has_definitions()
+
+        def body(tx: Tx) -> list[str]:
+            cutoff = {"cutoff": tx.now - older_than_s}
+            if definitions:
+                tx.execute("worker_definitions_prune", cutoff)
+            return sorted(str(r[0]) for r in tx.rows("workers_prune", cutoff))
+
+        return self.dialect.run(body)
 
     # ------------------------------------------------------------------ definitions (DESIGN §8)
 
@@ -1695,6 +1831,15 @@ class LedgerEngine:
             if found < needed:
                 raise SchemaTooOld(found, needed, what)
         self._schema_has.add(migration)  # schemas only move up
+
+    def _has_migration(self, migration: str) -> bool:
+        """Whether the ledger has the migration whose file name ends ``_<migration>`` (for
+        a read that degrades on an older schema instead of failing)."""
+        try:
+            self._require_schema(migration, "")
+        except SchemaTooOld:
+            return False
+        return True
 
     def _has_definitions(self) -> bool:
         """Whether this ledger's schema has the definition tables: a read-only caller

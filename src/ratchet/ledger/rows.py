@@ -29,7 +29,7 @@ AuditRow = tuple[str, float, str, str | None, str | None, int | None, str | None
 TASK_COLUMNS = (
     "id, name, version, state, generation, attempt, max_attempts, holder, lease_until, "
     "run_at, created_at, updated_at, idempotency_key, params, params_digest, result, "
-    "last_error, error_class, tenant"
+    "last_error, error_class, tenant, quarantined"
 )
 EFFECT_COLUMNS = (
     "name, key, params_digest, state, result, generation, attempt, calls, via_lookup, updated_at, "
@@ -86,6 +86,7 @@ def task_info(row: Sequence[Any]) -> TaskInfo:
         last_error=None if row[16] is None else printable(row[16]),
         error_class=row[17],
         tenant=row[18] if len(row) > 18 else None,
+        quarantined=bool(row[19]) if len(row) > 19 else False,
     )
 
 

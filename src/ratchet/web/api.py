@@ -1,13 +1,429 @@
-"""The JSON HTTP API (``/api/...``). Filled in by issue 11."""
+"""The JSON HTTP API (``/api/...``): a FastAPI application mounted under ``/api`` by
+:func:`ratchet.web.create_app`, its OpenAPI document at ``/api/openapi.json``.
 
-from __future__ import annotations
+Every route calls the public :class:`~ratchet.control.Control` API and returns its records
+(``dataclasses.asdict`` JSON, as ``ratchet ... --json`` prints). Routes are plain ``def``
+functions: Starlette runs them on its threadpool, concurrently, against the one Control
+(thread-safe: see :class:`~ratchet.control.Control`; the ledgers are).
 
-from starlette.routing import BaseRoute
+Reads: ``GET /api/status``, ``/api/tasks`` (``state``, ``type``, ``key``, ages,
+``limit``, ``cursor``), ``/api/tasks/{task_id}`` (the task with its timeline),
+``/api/workers``, ``/api/definitions``, ``/api/pauses``, ``/api/quarantine``,
+``/api/late-effects``.
 
-from ..control import Control
+Mutations (:func:`ratchet.web.auth.token_ok`: ``Authorization: Bearer
+$RATCHET_API_TOKEN`` when a token is configured): ``POST /api/tasks`` (submit, with an
+optional ``Idempotency-Key`` header), ``POST /api/tasks/{task_id}/cancel``, ``/retry``,
+``/resolve``, ``POST /api/pauses``, ``POST /api/resume``, ``POST
+/api/quarantine/{fingerprint}/replay``. The operator actions take a ``reason`` and record
+the operator named by the ``X-Ratchet-Operator`` header (default ``api@<peer address>``):
+the token is one shared secret, so it proves the right to act, not who acts.
+
+Errors are :class:`~ratchet.web.models.ErrorBody` JSON: 401 missing / wrong token, 403
+submit on a service started without ``--app``, 404 unknown task, 409 wrong state or an
+idempotency conflict (with both digests), 413 params too large, 422 bad input (the fields
+in ``errors``), 503 ledger unavailable.
+"""
+
+# No ``from __future__ import annotations``: FastAPI reads the routes' annotations at
+# definition time, and some name types local to build_api.
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Mount
+
+from .. import __version__
+from ..control import (
+    Control,
+    ControlOutcome,
+    DefinitionView,
+    LateEffectView,
+    PauseRecord,
+    PauseResult,
+    QuarantineGroupView,
+    ReplayReport,
+    StatusReport,
+    TaskInfo,
+    TaskPage,
+    TaskTimeline,
+    WorkerView,
+)
+from ..errors import (
+    IdempotencyConflict,
+    IllegalTransition,
+    LedgerError,
+    PayloadTooLarge,
+    RatchetError,
+    SubmitError,
+    TaskNotFound,
+    UndecodableData,
+    UnknownTask,
+)
+from ..serde import printable
+from ..states import State
 from .app import WebSettings
+from .auth import bearer, token_ok
+from .models import (
+    NO_NUL,
+    CancelBody,
+    ErrorBody,
+    FieldError,
+    PauseBody,
+    ReplayBody,
+    ResolveBody,
+    ResumeBody,
+    RetryBody,
+    SubmitBody,
+    SubmitResponse,
+)
+
+__all__ = ["ApiError", "build_api", "routes"]
+
+OPERATOR_HEADER = "X-Ratchet-Operator"
+"""The header naming the person behind a mutation (recorded as ``by=`` in the audit log)."""
+
+_DESCRIPTIONS = {
+    401: "Missing or wrong bearer token (mutations need RATCHET_API_TOKEN).",
+    403: "Submitting needs the task registry: this service was started without --app.",
+    404: "No such task.",
+    409: "The task is in the wrong state for this action, or the Idempotency-Key belongs "
+         "to a task with other params (both digests given).",
+    413: "The params are larger than the ledger's payload limit.",
+    422: "Bad input; the message and errors name the field.",
+    503: "The ledger is unavailable (missing, unreachable, or its schema is too old).",
+}
+
+
+class ApiError(Exception):
+    """An error answer: HTTP ``status`` with an :class:`ErrorBody`.
+
+    Args:
+        status: the HTTP status code.
+        error: the stable error code (see :class:`ErrorBody`).
+        message: what went wrong and what to do.
+        **extra: further :class:`ErrorBody` fields (``task_id``, ``state``, digests).
+    """
+
+    def __init__(self, status: int, error: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = ErrorBody(error=error, message=message, **extra)
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route for these error status codes."""
+    return {code: {"model": ErrorBody, "description": _DESCRIPTIONS[code]} for code in codes}
+
+
+def _json_error(status: int, body: ErrorBody, headers: dict[str, str] | None = None
+                ) -> JSONResponse:
+    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+def _from_ratchet(exc: RatchetError) -> ApiError:
+    """The HTTP answer for a Ratchet error a Control call raised."""
+    message = printable(str(exc))
+    if isinstance(exc, IdempotencyConflict):
+        return ApiError(409, "idempotency_conflict", message, task_id=exc.task_id,
+                        existing_digest=exc.existing_digest, new_digest=exc.new_digest)
+    if isinstance(exc, TaskNotFound):
+        return ApiError(404, "not_found", message)
+    if isinstance(exc, IllegalTransition):
+        return ApiError(409, "wrong_state", message)
+    if isinstance(exc, PayloadTooLarge):
+        return ApiError(413, "payload_too_large", message)
+    if isinstance(exc, UnknownTask):
+        where = "body.version" if "version" in message.split(";")[0] else "body.name"
+        return ApiError(422, "invalid", message,
+                        errors=[FieldError(field=where, message=message)])
+    if isinstance(exc, SubmitError | UndecodableData):
+        return ApiError(422, "invalid", message)
+    if isinstance(exc, LedgerError):
+        return ApiError(503, "ledger_unavailable", message)
+    return ApiError(500, "internal", f"{type(exc).__name__}: {message}")
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    """A pydantic error's message, said plainly where pydantic's is cryptic."""
+    loc = error.get("loc", ())
+    if error.get("type") == "string_pattern_mismatch" and loc and loc[-1] == "reason":
+        return "must say why (not blank, no NUL): it is kept in the audit log"
+    if error.get("type") == "string_pattern_mismatch":
+        return "must not contain a NUL character"
+    return printable(str(error.get("msg", "invalid")))
+
+
+def _install_error_handlers(api: FastAPI) -> None:
+    async def on_api_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return _json_error(exc.status, exc.body, headers)
+
+    async def on_ratchet(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RatchetError)
+        err = _from_ratchet(exc)
+        return _json_error(err.status, err.body)
+
+    async def on_validation(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        fields = [FieldError(field=_loc(tuple(e.get("loc", ()))), message=_message(e))
+                  for e in exc.errors()]
+        summary = "; ".join(f"{f.field}: {f.message}" for f in fields[:5])
+        return _json_error(422, ErrorBody(error="invalid", message=f"bad input: {summary}",
+                                          errors=fields))
+
+    async def on_http(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:  # FastAPI could not read the body (bytes that are not text)
+            return _json_error(422, ErrorBody(
+                error="invalid", message=f"bad input: body: {exc.detail} (send JSON text)",
+                errors=[FieldError(field="body", message=str(exc.detail))]))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _json_error(exc.status_code, ErrorBody(error=code, message=str(exc.detail)),
+                           dict(exc.headers) if exc.headers else None)
+
+    api.add_exception_handler(ApiError, on_api_error)
+    api.add_exception_handler(RatchetError, on_ratchet)
+    api.add_exception_handler(RequestValidationError, on_validation)
+    api.add_exception_handler(StarletteHTTPException, on_http)
+
+
+def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
+    """The dependency every mutation takes: checks the rule of :mod:`ratchet.web.auth`
+    (401 otherwise) and returns the operator name to audit.
+
+    With a token configured the OpenAPI document declares the bearer scheme on the
+    mutations; without one (loopback only) it declares none, since none is asked for.
+    """
+
+    def check(request: Request, operator: str | None) -> str:
+        peer = request.client.host if request.client else None
+        presented = bearer(request.headers.get("authorization"))
+        if not token_ok(settings, presented, peer):
+            if settings.api_token is None:
+                raise ApiError(401, "unauthorized",
+                               "without RATCHET_API_TOKEN only loopback clients may mutate")
+            raise ApiError(401, "unauthorized",
+                           "this mutation needs 'Authorization: Bearer <RATCHET_API_TOKEN>'"
+                           if presented is None else "wrong bearer token")
+        return operator if operator is not None else f"api@{peer or 'unknown'}"
+
+    operator_header = Header(
+        alias=OPERATOR_HEADER, min_length=1, max_length=1024, pattern=NO_NUL,
+        description="Who acts (recorded with the reason in the audit log); default "
+                    "api@<peer address>.")
+
+    if settings.api_token is None:
+        def loopback(
+            request: Request,
+            operator: Annotated[str | None, operator_header] = None,
+        ) -> str:
+            return check(request, operator)
+
+        return loopback
+
+    scheme = HTTPBearer(auto_error=False, scheme_name="bearer",
+                        description="RATCHET_API_TOKEN, needed by every mutation.")
+
+    def with_token(
+        request: Request,
+        _credentials: Annotated[Any, Depends(scheme)],
+        operator: Annotated[str | None, operator_header] = None,
+    ) -> str:
+        return check(request, operator)
+
+    return with_token
+
+
+def _unchanged_is_conflict(outcome: ControlOutcome) -> ControlOutcome:
+    """A cancel / retry that changed nothing (the task's state does not allow it) is a
+    409 naming the state; ``done`` and ``requested`` are answers."""
+    if outcome.outcome == "unchanged":
+        raise ApiError(409, "wrong_state", printable(outcome.message),
+                       task_id=outcome.task_id, state=outcome.state.value)
+    return outcome
+
+
+def build_api(control: Control, settings: WebSettings) -> FastAPI:
+    """The API application (mount it under ``/api``; its OpenAPI document is then
+    ``/api/openapi.json`` with server ``/api``).
+
+    Args:
+        control: every route's Control (shared by the threadpool's threads).
+        settings: the service settings (the token rule of :mod:`ratchet.web.auth`).
+    """
+    api = FastAPI(
+        title="Ratchet API", version=__version__, openapi_url="/openapi.json",
+        docs_url=None, redoc_url=None,
+        description="Submit, inspect and operate Ratchet tasks. Mutations need "
+                    "'Authorization: Bearer $RATCHET_API_TOKEN' when the service has a "
+                    "token; operator actions take a reason and are audited with the "
+                    f"operator named by {OPERATOR_HEADER}.")
+    _install_error_handlers(api)
+    Operator = Annotated[str, Depends(_operator_dependency(settings))]
+    TaskId = Annotated[str, Path(max_length=1024, pattern=NO_NUL, description="The task id.")]
+
+    # ------------------------------------------------------------------ reads
+
+    @api.get("/status", response_model=StatusReport, responses=_errors(503),
+             summary="Counts per type and state, unknowns, audit counters, pauses")
+    def get_status() -> StatusReport:
+        return control.status()
+
+    @api.get("/tasks", response_model=TaskPage, responses=_errors(422, 503),
+             summary="List tasks, newest first (keyset pagination)")
+    def list_tasks(
+        state: Annotated[list[State] | None, Query(
+            description="Only these states (repeat the parameter for several).")] = None,
+        task_type: Annotated[str | None, Query(alias="type", max_length=1024, pattern=NO_NUL,
+                                               description="Only this task type.")] = None,
+        key: Annotated[str | None, Query(max_length=1024, pattern=NO_NUL,
+                                         description="The submit idempotency key.")] = None,
+        older_than_s: Annotated[float | None, Query(ge=0, allow_inf_nan=False,
+                                                    description="Created more than this many "
+                                                                "seconds ago.")] = None,
+        newer_than_s: Annotated[float | None, Query(ge=0, allow_inf_nan=False,
+                                                    description="Created less than this many "
+                                                                "seconds ago.")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000, description="Tasks per page.")] = 50,
+        cursor: Annotated[str | None, Query(
+            max_length=2048, pattern=NO_NUL,
+            description="next_cursor of the previous page.")] = None,
+    ) -> TaskPage:
+        return control.list_tasks(state=state, name=task_type, key=key,
+                                  older_than_s=older_than_s, newer_than_s=newer_than_s,
+                                  limit=limit, cursor=cursor)
+
+    @api.get("/tasks/{task_id}", response_model=TaskTimeline,
+             responses=_errors(404, 422, 503),
+             summary="A task with its timeline (events, steps, effects, late effects)")
+    def get_task(task_id: TaskId) -> TaskTimeline:
+        return control.inspect(task_id)
+
+    @api.get("/workers", response_model=list[WorkerView], responses=_errors(503),
+             summary="The worker registry")
+    def get_workers() -> list[WorkerView]:
+        return control.workers()
+
+    @api.get("/definitions", response_model=list[DefinitionView], responses=_errors(503),
+             summary="Task definitions workers registered")
+    def get_definitions() -> list[DefinitionView]:
+        return control.definitions()
+
+    @api.get("/pauses", response_model=list[PauseRecord], responses=_errors(503),
+             summary="The active pauses")
+    def get_pauses() -> list[PauseRecord]:
+        return control.pauses()
+
+    @api.get("/quarantine", response_model=list[QuarantineGroupView],
+             responses=_errors(422, 503),
+             summary="Quarantined tasks grouped by error fingerprint")
+    def get_quarantine(
+        limit: Annotated[int, Query(ge=1, le=10_000, description="At most this many "
+                                                                  "groups.")] = 100,
+    ) -> list[QuarantineGroupView]:
+        return control.quarantine_list(limit)
+
+    @api.get("/late-effects", response_model=list[LateEffectView],
+             responses=_errors(422, 503),
+             summary="Calls stale holders sent after a takeover (possible duplicates)")
+    def get_late_effects(
+        task_id: Annotated[str | None, Query(max_length=1024, pattern=NO_NUL,
+                                             description="Only this task's.")] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    ) -> list[LateEffectView]:
+        return control.late_effects(task_id, limit)
+
+    # ------------------------------------------------------------------ mutations
+
+    @api.post("/tasks", status_code=201, response_model=SubmitResponse,
+              responses={200: {"model": SubmitResponse,
+                               "description": "The Idempotency-Key already names this task "
+                                              "(same name and params): the original."},
+                         **_errors(401, 403, 409, 413, 422, 503)},
+              summary="Submit a task (Idempotency-Key: same key and params → the original)")
+    def submit(
+        body: SubmitBody,
+        response: Response,
+        _operator: Operator,
+        idempotency_key: Annotated[str | None, Header(
+            alias="Idempotency-Key", min_length=1, max_length=1024, pattern=NO_NUL,
+            description="The task's idempotency key: the same key with the same name and "
+                        "params returns the original task (200); with other params, 409 "
+                        "naming both digests.")] = None,
+    ) -> SubmitResponse:
+        if not control.can_submit:
+            raise ApiError(
+                403, "submit_unavailable",
+                "submitting needs the application's task registry (to check the task name "
+                "and params): start the service with `ratchet serve --app MODULE:APP`")
+        handle = control.submit(body.name, body.params, idempotency_key=idempotency_key,
+                                delay_s=body.delay_s, tenant=body.tenant,
+                                version=body.version)
+        if not handle.created:
+            response.status_code = 200
+        return SubmitResponse(task_id=handle.task_id, name=handle.name,
+                              created=handle.created, task=control.get(handle.task_id))
+
+    @api.post("/tasks/{task_id}/cancel", response_model=ControlOutcome,
+              responses=_errors(401, 404, 409, 422, 503),
+              summary="Cancel a task (running: at its next step boundary)")
+    def cancel(task_id: TaskId, body: CancelBody, operator: Operator) -> ControlOutcome:
+        return _unchanged_is_conflict(control.cancel(task_id, reason=body.reason, by=operator))
+
+    @api.post("/tasks/{task_id}/retry", response_model=ControlOutcome,
+              responses=_errors(401, 404, 409, 422, 503),
+              summary="Run a FAILED task again, from its checkpoint")
+    def retry(task_id: TaskId, body: RetryBody, operator: Operator) -> ControlOutcome:
+        return _unchanged_is_conflict(control.retry(task_id, reason=body.reason, by=operator))
+
+    @api.post("/tasks/{task_id}/resolve", response_model=TaskInfo,
+              responses=_errors(401, 404, 409, 422, 503),
+              summary="Settle an UNKNOWN task's open effect (done / not-done / give-up)")
+    def resolve(task_id: TaskId, body: ResolveBody, operator: Operator) -> TaskInfo:
+        try:
+            return control.resolve(task_id, body.outcome, body.result, reason=body.reason,
+                                   by=operator)
+        except IllegalTransition as exc:  # not UNKNOWN: say which state it is in
+            raise ApiError(409, "wrong_state", printable(str(exc)), task_id=task_id,
+                           state=control.get(task_id).state.value) from None
+
+    @api.post("/pauses", response_model=PauseResult,
+              responses=_errors(401, 404, 422, 503),
+              summary="Pause everything, a task type or one task")
+    def pause(body: PauseBody, operator: Operator) -> PauseResult:
+        return control.pause(body.scope, body.target, reason=body.reason, by=operator)
+
+    @api.post("/resume", response_model=PauseResult, responses=_errors(401, 422, 503),
+              summary="End a pause (optionally re-admitting at a rate)")
+    def resume(body: ResumeBody, operator: Operator) -> PauseResult:
+        return control.resume(body.scope, body.target, reason=body.reason, by=operator,
+                              rate_per_s=body.rate_per_s)
+
+    @api.post("/quarantine/{fingerprint}/replay", response_model=ReplayReport,
+              responses=_errors(401, 422, 503),
+              summary="Re-queue one fingerprint's quarantined tasks at a rate (or dry run)")
+    def replay(
+        fingerprint: Annotated[str, Path(pattern=r"^[0-9a-fA-F]{16}$",
+                                         description="16 hex digits (GET /api/quarantine).")],
+        body: ReplayBody,
+        operator: Operator,
+    ) -> ReplayReport:
+        return control.quarantine_replay(fingerprint, body.rate_per_s, dry_run=body.dry_run,
+                                         reason=body.reason, by=operator, limit=body.limit)
+
+    return api
 
 
 def routes(control: Control, settings: WebSettings) -> list[BaseRoute]:
-    """The API's routes."""
-    return []
+    """The API's routes: :func:`build_api` mounted at ``/api``."""
+    return [Mount("/api", app=build_api(control, settings))]

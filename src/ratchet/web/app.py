@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
+from ..app import App
 from ..control import Control
+from ..loading import load_app
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +24,14 @@ class WebSettings:
             ``sqlite:///ratchet.db``).
         api_token: the bearer token mutations need (``RATCHET_API_TOKEN``); ``None``: the
             service binds to 127.0.0.1 only and mutations from loopback need no token.
+        app_spec: ``MODULE:APP`` of the application (``ratchet serve --app``): its task
+            registry checks submits (``POST /api/tasks``); ``None``: submitting is refused
+            (403 naming the fix), everything else works.
     """
 
     ledger_url: str | None = None
     api_token: str | None = None
+    app_spec: str | None = None
 
 
 def create_app(settings: WebSettings, *, control: Control | None = None) -> Starlette:
@@ -34,22 +40,35 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
 
     Args:
         settings: see :class:`WebSettings`.
-        control: the Control to use (tests pass one); default ``Control(settings.ledger_url)``.
+        control: the Control to use (tests pass one); default ``Control(app=...)`` of
+            ``settings.app_spec`` on ``settings.ledger_url``, or ``Control(ledger_url)``.
 
     Raises:
-        ConfigError: malformed ledger URL.
+        ConfigError: malformed ledger URL; the app cannot be loaded
+            (:func:`ratchet.loading.load_app`).
     """
     from . import api, dashboard
 
-    ctl = control if control is not None else Control(settings.ledger_url)
+    loaded: App | None = None
+    if control is not None:
+        ctl = control
+    elif settings.app_spec is not None:
+        loaded = load_app(settings.app_spec)
+        loaded.configure(ledger=settings.ledger_url)
+        ctl = Control(app=loaded)
+    else:
+        ctl = Control(settings.ledger_url)
     routes: list[BaseRoute] = [*api.routes(ctl, settings), *dashboard.routes(ctl, settings)]
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield
         ctl.close()
+        if loaded is not None:
+            loaded.close()
 
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.control = ctl
     app.state.settings = settings
     return app
+

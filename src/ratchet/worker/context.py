@@ -79,6 +79,7 @@ from ..ledger.base import (
     LateEffect,
     TaskWrite,
 )
+from ..lookups import RegisteredLookup
 from ..retry import FailureClass, classify, proves_not_executed
 from ..serde import digest, dumps, loads, printable
 from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_checkpoint_name, check_identifier
@@ -262,6 +263,9 @@ class TaskContext:
         self._downstream: str | None = None  # of the effect being performed
         self.breakers: Mapping[str, DownstreamBreaker] = {}
         """Circuit breakers by downstream (the App's, set by the worker)."""
+        self.lookups: Mapping[tuple[str, str], RegisteredLookup] = {}
+        """Lookups registered with ``App.lookup`` by (task type, effect name) (the App's,
+        set by the worker): the default of an effect given no ``lookup``."""
         self._released = True  # the breaker permit of the effect in flight was given back
 
     def load_params(self) -> dict[str, Any]:
@@ -615,7 +619,9 @@ class TaskContext:
                 between attempts of the same task (``NonDeterministicReplay`` if it does).
             lookup: ``lookup(key) -> result | NOT_FOUND`` (``lookup(key, token)`` with
                 ``fenced=True``); asks the target whether ``key`` already executed.
-                Raising means "inconclusive".
+                Raising means "inconclusive". None: the lookup registered for this task
+                type and effect name with ``App.lookup`` (its ``in_flight_s`` too, unless
+                given here), if any and not registered ``worker=False``.
             idempotent: the target itself deduplicates ``key`` (e.g. Stripe's
                 Idempotency-Key), so calling again with it is safe when a lookup cannot
                 settle the outcome.
@@ -677,6 +683,16 @@ class TaskContext:
             )
         _check_callable(call, 2 if fenced else 1, "call", "call(key, token)" if fenced
                         else "call(key)")
+        registered = self.lookups.get((self.name, name)) if lookup is None else None
+        if registered is not None and registered.worker:
+            if registered.fenced != fenced:
+                raise InvalidArguments(
+                    f"the lookup registered for task {self.name!r} effect {name!r} "
+                    f"(App.lookup) has fenced={registered.fenced}, but ctx.effect gives "
+                    f"fenced={fenced}: register it with the effect's fenced")
+            lookup = registered.fn
+            if in_flight_s is None:
+                in_flight_s = registered.in_flight_s
         if lookup is not None:
             _check_callable(lookup, 2 if fenced else 1, "lookup",
                             "lookup(key, token)" if fenced else "lookup(key)")

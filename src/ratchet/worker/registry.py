@@ -20,12 +20,18 @@ Rules:
   psutil.
 * Being wrong is safe: a revoked holder that was in fact alive is fenced like any stale
   holder — its next write carries an old generation and changes nothing.
+* Retention: once a minute each registrar deletes the rows of workers ``stopped`` or
+  ``dead`` last seen more than :data:`REGISTRY_RETENTION_S` ago (``alive`` rows never;
+  ``ratchet workers --prune-after AGE`` does the same on demand). A pruned dead holder
+  that is in fact still running stays fenced: its heartbeat updates no row and it never
+  registers again.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
 from pathlib import Path
@@ -35,9 +41,14 @@ import psutil
 from ..errors import RatchetError
 from ..ledger.base import Ledger, WorkerInfo
 
-__all__ = ["Registrar", "host_identity", "process_gone", "process_start_time"]
+__all__ = ["REGISTRY_RETENTION_S", "Registrar", "host_identity", "process_gone",
+           "process_start_time"]
 
 log = logging.getLogger("ratchet.worker.registry")
+
+REGISTRY_RETENTION_S = 86_400.0
+"""Registry rows of ``stopped`` / ``dead`` workers are deleted this many seconds after their
+last heartbeat (24 h)."""
 
 
 def _read(path: str) -> str:
@@ -122,6 +133,8 @@ class Registrar(threading.Thread):
         scan_interval_s: seconds between looks at the other workers of this host (a dead
             holder's tasks are claimable within about this long plus one poll).
         touch_interval_s: seconds between registry heartbeats (``last_seen``).
+        retention_s: stopped / dead rows last seen longer ago than this are deleted.
+        prune_interval_s: seconds between those deletions.
     """
 
     def __init__(
@@ -130,6 +143,8 @@ class Registrar(threading.Thread):
         holder: str,
         scan_interval_s: float = 0.25,
         touch_interval_s: float = 5.0,
+        retention_s: float = REGISTRY_RETENTION_S,
+        prune_interval_s: float = 60.0,
     ) -> None:
         super().__init__(name="ratchet-registry", daemon=True)
         self.ledger = ledger
@@ -137,6 +152,8 @@ class Registrar(threading.Thread):
         self.host_id = host_identity()
         self.scan_interval_s = scan_interval_s
         self.touch_interval_s = touch_interval_s
+        self.retention_s = retention_s
+        self.prune_interval_s = prune_interval_s
         self.revoked: dict[str, list[str]] = {}
         self._stop_event = threading.Event()
         self._registered = False
@@ -175,15 +192,25 @@ class Registrar(threading.Thread):
 
     def run(self) -> None:
         since_touch = 0.0
+        # The first prune at a random point of the first interval: workers started
+        # together do not all write at once.
+        since_prune = random.random() * self.prune_interval_s
         while not self._stop_event.wait(self.scan_interval_s):
             try:
                 if not self._registered:
                     self.register()
                 self.scan_once()
                 since_touch += self.scan_interval_s
+                since_prune += self.scan_interval_s
                 if since_touch >= self.touch_interval_s:
                     since_touch = 0.0
                     self.ledger.touch_worker(self.holder)
+                if since_prune >= self.prune_interval_s:
+                    since_prune = 0.0
+                    pruned = self.ledger.prune_workers(self.retention_s)
+                    if pruned:
+                        log.info("worker registry: pruned %d stopped/dead worker row(s)",
+                                 len(pruned))
             except RatchetError as exc:
                 log.warning("worker registry: %s", exc)
 

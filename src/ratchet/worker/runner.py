@@ -122,6 +122,7 @@ from ..ledger.base import (
     TaskWrite,
     Transition,
 )
+from ..observe import tracing
 from ..retry import TIME_LIMIT, FailureClass, classify, retry_after_s
 from ..serde import dumps, printable
 from ..states import State
@@ -368,7 +369,10 @@ class Worker:
         fast_takeover: register in the ledger's worker registry and revoke the leases of
             same-host workers whose process is gone (:mod:`ratchet.worker.registry`).
         middleware: lifecycle hooks (:class:`~ratchet.worker.hooks.Middleware`), called
-            in this order; none by default.
+            in this order; none by default. When OpenTelemetry tracing is enabled
+            (:func:`ratchet.observe.tracing.enabled`) a
+            :class:`~ratchet.observe.tracing.TracingMiddleware` is put first unless one
+            is given.
         shutdown_grace_s: seconds running tasks get, once the worker stops (SIGTERM,
             Ctrl-C, :meth:`stop`), to reach their end or a step boundary (where they are
             released); after it their leases are handed back (a fenced release to
@@ -472,6 +476,9 @@ class Worker:
         self.heartbeat = Heartbeat(self.ledger, self.holder)
         self.stats = WorkerStats()
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
+        traced = tracing.auto_middleware(self.middleware)  # DESIGN §9: first, if enabled
+        if traced is not None:
+            self.middleware = (traced, *self.middleware)
         self._hooks: Hooks | None = Hooks(self, self.middleware) if self.middleware else None
         self.writer.hooks = self._hooks
         self._stopping = threading.Event()
@@ -821,6 +828,7 @@ class Worker:
             )
             attempt = self._attempts.begin(claim, lease, ctx, definition.time_limit_s)
             ctx.breakers = self.app.breakers
+            ctx.lookups = self.app.lookups
             outcome = self._run_body(definition, claim, ctx)
         except BaseException:  # never let one task kill the worker or leak its slot
             log.exception("internal error while running task %s", claim.task_id)

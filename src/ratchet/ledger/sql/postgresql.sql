@@ -24,14 +24,14 @@ SELECT true;
 -- sharing keys lock them in the same order: no deadlock.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
-                   tenant)
+                   tenant, trace_context)
 SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_attempts,
        u.lease_s, COALESCE(u.run_at, %(now)s + u.delay), %(now)s, %(now)s,
-       u.quarantine_after, u.tenant
+       u.quarantine_after, u.tenant, u.trace
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, name text, version int, params text, digest text, key text,
           max_attempts int, lease_s float8, run_at float8, delay float8,
-          quarantine_after int, tenant text)
+          quarantine_after int, tenant text, trace text)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -70,7 +70,7 @@ UPDATE tasks SET holder = %(holder)s, generation = generation + 1, attempt = att
                  lease_until = %(now)s + lease_s, updated_at = %(now)s
 WHERE id = ANY(%(ids)s::text[]) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, 'RUNNING', control_request;
+          lease_until, 'RUNNING', control_request, trace_context;
 
 -- name: claim_ready
 -- FOR UPDATE SKIP LOCKED on the ready set: concurrent claimers never wait on each other and
@@ -95,7 +95,7 @@ UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.genera
                    updated_at = %(now)s
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-          t.lease_s, t.lease_until, picked.state, t.control_request;
+          t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -258,6 +258,17 @@ WHERE holder = %(holder)s AND state <> 'dead';
 SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
 FROM workers ORDER BY started_at;
 
+-- name: workers_prune
+-- Registry retention: rows of workers stopped or dead (never alive ones) last seen before
+-- the cutoff (a few rows: the registry is small).
+DELETE FROM workers WHERE state IN ('stopped', 'dead') AND last_seen < %(cutoff)s::float8
+RETURNING holder;
+
+-- name: worker_definitions_prune
+-- Their (name, version) rows, deleted first in the same transaction.
+DELETE FROM worker_definitions WHERE holder IN (
+    SELECT holder FROM workers WHERE state IN ('stopped', 'dead') AND last_seen < %(cutoff)s::float8);
+
 -- name: workers_on_host
 SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
 FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at;
@@ -265,13 +276,13 @@ FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks WHERE id = %(id)s;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
 -- name: timeline_audit
@@ -333,6 +344,59 @@ SELECT count(*) FROM tasks
 WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
   AND state = 'UNKNOWN';
 
+-- name: status_ready
+-- ratchet status, per type (DESIGN §9): the PENDING / RETRY_WAIT tasks scheduled after the
+-- ledger clock and the oldest run_at of those ready now; one pass over tasks_ready (the
+-- backlog, never the history).
+SELECT name, count(*) FILTER (WHERE run_at > %(now)s::float8),
+       min(run_at) FILTER (WHERE run_at <= %(now)s::float8)
+FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
+
+-- name: status_unknown
+-- UNKNOWN tasks of the given types (%(names)s: those the counts show with UNKNOWN tasks)
+-- and the earliest updated_at (when each entered UNKNOWN), from tasks_parked (its
+-- predicate written out).
+SELECT name, count(*), min(updated_at) FROM tasks
+WHERE name = ANY(%(names)s::text[])
+  AND state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
+  AND state = 'UNKNOWN'
+GROUP BY name;
+
+-- name: status_quarantined
+-- Quarantined FAILED tasks per type (tasks_quarantine: only quarantined rows).
+SELECT name, count(*) FROM tasks WHERE quarantined AND state = 'FAILED' GROUP BY name;
+
+-- name: status_arrivals
+-- Tasks created in the window (from_at, up to the read's clock) per type: a range of
+-- tasks_created (two bounds: a planner without statistics still takes the index).
+SELECT name, count(*) FROM tasks
+WHERE created_at >= %(from_at)s::float8 AND created_at <= %(now)s::float8
+GROUP BY name;
+
+-- name: status_completions
+-- Tasks finished in the window per type: a range of tasks_finished.
+SELECT name, count(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(from_at)s::float8
+  AND updated_at <= %(now)s::float8
+GROUP BY name;
+
+-- name: throughput_arrivals
+-- Tasks created per bucket of %(bucket_s)s seconds in [from_at, to_at), of one type
+-- (%(name)s) or all (NULL): a range of tasks_created.
+SELECT floor((created_at - %(from_at)s::float8) / %(bucket_s)s::float8)::bigint, count(*)
+FROM tasks
+WHERE created_at >= %(from_at)s::float8 AND created_at < %(to_at)s::float8
+  AND (%(name)s::text IS NULL OR name = %(name)s::text)
+GROUP BY 1;
+
+-- name: throughput_completions
+-- Tasks finished per bucket, as throughput_arrivals: a range of tasks_finished.
+SELECT floor((updated_at - %(from_at)s::float8) / %(bucket_s)s::float8)::bigint, count(*)
+FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(from_at)s::float8
+  AND updated_at < %(to_at)s::float8 AND (%(name)s::text IS NULL OR name = %(name)s::text)
+GROUP BY 1;
+
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
 INSERT INTO late_effects (task_id, effect, key, generation, holder, at, outcome, detail)
@@ -346,6 +410,31 @@ ORDER BY seq DESC LIMIT %(limit)s;
 -- name: late_effects_task
 SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
 WHERE task_id = %(id)s ORDER BY seq DESC LIMIT %(limit)s;
+
+-- name: effects_of_type
+-- ratchet reconcile / Control.effects: the effect records of one task type's tasks, newest
+-- task first (tasks_created, from %(created_from)s on), by effect name within a task;
+-- keyset pagination on (created_at, id, effect name). Effects are read by their primary
+-- key (task_id, name) and deleted with their task (prune): no index of their own.
+SELECT t.id, t.state, t.generation, t.created_at,
+       e.name, e.key, e.params_digest, e.state, e.result, e.generation, e.attempt, e.calls,
+       e.via_lookup, e.updated_at, e.seq
+FROM tasks AS t JOIN effects AS e ON e.task_id = t.id
+WHERE t.name = %(name)s
+  AND (%(created_from)s::float8 IS NULL OR t.created_at >= %(created_from)s::float8)
+  AND (%(cursor_at)s::float8 IS NULL OR t.created_at < %(cursor_at)s::float8
+       OR (t.created_at = %(cursor_at)s::float8 AND (t.id < %(cursor_id)s::text
+           OR (t.id = %(cursor_id)s::text AND e.name > %(cursor_name)s::text))))
+ORDER BY t.created_at DESC, t.id DESC, e.name
+LIMIT %(limit)s;
+
+-- name: late_effects_of_type
+-- ratchet reconcile: late effects of one task type's tasks (the table holds the rare calls
+-- of stale holders: a scan of it, each row's task by primary key).
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
+FROM late_effects AS l JOIN tasks AS t ON t.id = l.task_id
+WHERE t.name = %(name)s AND (%(since)s::float8 IS NULL OR l.at >= %(since)s::float8)
+ORDER BY l.seq DESC LIMIT %(limit)s;
 
 -- name: stats_late
 SELECT count(*) FROM late_effects;
@@ -362,7 +451,7 @@ SELECT generation FROM steps WHERE task_id = %(task_id)s AND name = %(name)s;
 -- hot path).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
@@ -470,7 +559,7 @@ UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.genera
                    updated_at = %(now)s
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-          t.lease_s, t.lease_until, picked.state, t.control_request;
+          t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
 
 -- name: limit_upsert
 INSERT INTO limits (scope, name, reserved, maximum, version, updated_at, updated_by, reason)

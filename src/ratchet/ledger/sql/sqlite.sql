@@ -23,9 +23,10 @@ SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
-                   tenant)
+                   tenant, trace_context)
 VALUES (:id, :name, :version, :params, :digest, :key, 'PENDING', :max_attempts, :lease_s,
-        COALESCE(:run_at, :now + :delay), :now, :now, :quarantine_after, :tenant)
+        COALESCE(:run_at, :now + :delay), :now, :now, :quarantine_after, :tenant,
+        :trace)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -62,7 +63,7 @@ UPDATE tasks SET holder = :holder, generation = generation + 1, attempt = attemp
                  lease_until = :now + lease_s, updated_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
-          lease_until, 'RUNNING', control_request;
+          lease_until, 'RUNNING', control_request, trace_context;
 
 -- name: claim_ready
 -- The ready set in run_at order (tasks_ready holds only claimable rows) of the claimed
@@ -88,7 +89,7 @@ UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 
 WHERE id IN (SELECT id FROM temp.claim_pick)
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
-          control_request;
+          control_request, trace_context;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -221,6 +222,17 @@ UPDATE workers SET last_seen = :now, state = :state WHERE holder = :holder AND s
 SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
 FROM workers ORDER BY started_at;
 
+-- name: workers_prune
+-- Registry retention: rows of workers stopped or dead (never alive ones) last seen before
+-- the cutoff (a few rows: the registry is small).
+DELETE FROM workers WHERE state IN ('stopped', 'dead') AND last_seen < :cutoff
+RETURNING holder;
+
+-- name: worker_definitions_prune
+-- Their (name, version) rows, deleted first in the same transaction.
+DELETE FROM worker_definitions WHERE holder IN (
+    SELECT holder FROM workers WHERE state IN ('stopped', 'dead') AND last_seen < :cutoff);
+
 -- name: workers_on_host
 SELECT holder, host_id, hostname, pid, pid_start, started_at, last_seen, state
 FROM workers WHERE host_id = :host_id AND state = 'alive' ORDER BY started_at;
@@ -228,13 +240,13 @@ FROM workers WHERE host_id = :host_id AND state = 'alive' ORDER BY started_at;
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks WHERE id = :id;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: timeline_audit
@@ -285,6 +297,54 @@ GROUP BY kind;
 SELECT COUNT(*) FROM tasks
 WHERE state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN';
 
+-- name: status_ready
+-- ratchet status, per type (DESIGN §9): the PENDING / RETRY_WAIT tasks scheduled after the
+-- ledger clock and the oldest run_at of those ready now; one pass over tasks_ready (the
+-- backlog, never the history).
+SELECT name, SUM(CASE WHEN run_at > :now THEN 1 ELSE 0 END),
+       MIN(CASE WHEN run_at <= :now THEN run_at END)
+FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
+
+-- name: status_unknown
+-- UNKNOWN tasks of the given types (:names, JSON: those the counts show with UNKNOWN tasks)
+-- and the earliest updated_at (when each entered UNKNOWN): one seek of tasks_active per
+-- type (its predicate written out), never a walk of the whole backlog.
+SELECT name, COUNT(*), MIN(updated_at) FROM tasks
+WHERE name IN (SELECT value FROM json_each(:names))
+  AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN'
+GROUP BY name;
+
+-- name: status_quarantined
+-- Quarantined FAILED tasks per type (tasks_quarantine: only quarantined rows).
+SELECT name, COUNT(*) FROM tasks WHERE quarantined = 1 AND state = 'FAILED' GROUP BY name;
+
+-- name: status_arrivals
+-- Tasks created in the window (:from_at, up to the read's clock) per type: a range of
+-- tasks_created (two bounds: a planner without statistics still takes the index).
+SELECT name, COUNT(*) FROM tasks WHERE created_at >= :from_at AND created_at <= :now
+GROUP BY name;
+
+-- name: status_completions
+-- Tasks finished in the window per type: a range of tasks_finished (index only).
+SELECT name, COUNT(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :from_at
+  AND updated_at <= :now
+GROUP BY name;
+
+-- name: throughput_arrivals
+-- Tasks created per bucket of :bucket_s seconds in [:from_at, :to_at), of one type
+-- (:name) or all (NULL): a range of tasks_created.
+SELECT CAST((created_at - :from_at) / :bucket_s AS INTEGER), COUNT(*) FROM tasks
+WHERE created_at >= :from_at AND created_at < :to_at AND (:name IS NULL OR name = :name)
+GROUP BY 1;
+
+-- name: throughput_completions
+-- Tasks finished per bucket, as throughput_arrivals: a range of tasks_finished.
+SELECT CAST((updated_at - :from_at) / :bucket_s AS INTEGER), COUNT(*) FROM tasks
+WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :from_at
+  AND updated_at < :to_at AND (:name IS NULL OR name = :name)
+GROUP BY 1;
+
 -- name: late_effect_insert
 -- Append-only, unfenced: a call sent by a holder whose claim had been taken over.
 INSERT INTO late_effects (task_id, effect, key, generation, holder, at, outcome, detail)
@@ -298,6 +358,34 @@ ORDER BY seq DESC LIMIT :limit;
 -- name: late_effects_task
 SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
 WHERE task_id = :id ORDER BY seq DESC LIMIT :limit;
+
+-- name: effects_of_type
+-- ratchet reconcile / Control.effects: the effect records of one task type's tasks, newest
+-- task first (tasks_created, from :created_from on), by effect name within a task; keyset
+-- pagination on (created_at, id, effect name). The COALESCE bounds are the index range
+-- (a later page starts at its cursor instead of scanning the window again from its newest
+-- end); the OR below them is the exact keyset condition. Effects are read by their primary key
+-- (task_id, name) and deleted with their task (prune): no index of their own.
+SELECT t.id, t.state, t.generation, t.created_at,
+       e.name, e.key, e.params_digest, e.state, e.result, e.generation, e.attempt, e.calls,
+       e.via_lookup, e.updated_at, e.seq
+FROM tasks AS t JOIN effects AS e ON e.task_id = t.id
+WHERE t.name = :name
+  AND t.created_at >= COALESCE(:created_from, -1e308)
+  AND t.created_at <= COALESCE(:cursor_at, 1e308)
+  AND (:cursor_at IS NULL OR t.created_at < :cursor_at
+       OR (t.created_at = :cursor_at AND (t.id < :cursor_id
+           OR (t.id = :cursor_id AND e.name > :cursor_name))))
+ORDER BY t.created_at DESC, t.id DESC, e.name
+LIMIT :limit;
+
+-- name: late_effects_of_type
+-- ratchet reconcile: late effects of one task type's tasks (the table holds the rare calls
+-- of stale holders: a scan of it, each row's task by primary key).
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
+FROM late_effects AS l JOIN tasks AS t ON t.id = l.task_id
+WHERE t.name = :name AND (:since IS NULL OR l.at >= :since)
+ORDER BY l.seq DESC LIMIT :limit;
 
 -- name: stats_late
 SELECT COUNT(*) FROM late_effects;
@@ -314,7 +402,7 @@ SELECT generation FROM steps WHERE task_id = :task_id AND name = :name;
 -- hot path).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant
+       last_error, error_class, tenant, quarantined
 FROM tasks
 WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:names IS NULL OR name IN (SELECT value FROM json_each(:names)))
@@ -418,7 +506,7 @@ UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 
 WHERE id IN (SELECT id FROM temp.claim_pick)
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
-          control_request;
+          control_request, trace_context;
 
 -- name: limit_upsert
 INSERT INTO limits (scope, name, reserved, maximum, version, updated_at, updated_by, reason)

@@ -1,0 +1,157 @@
+"""Request bodies and the error body of the JSON API (:mod:`ratchet.web.api`).
+
+The responses are the :class:`~ratchet.control.Control` records themselves (frozen
+dataclasses; their JSON is ``dataclasses.asdict``, the same as ``ratchet ... --json``), so
+the OpenAPI document is generated from the records the API returns and cannot drift from
+them. Bodies refuse unknown fields (a typo is a 422 naming it, never silently ignored).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..control import TaskInfo
+
+__all__ = [
+    "CancelBody",
+    "ErrorBody",
+    "FieldError",
+    "PauseBody",
+    "ReplayBody",
+    "ResolveBody",
+    "ResumeBody",
+    "RetryBody",
+    "SubmitBody",
+    "SubmitResponse",
+]
+
+Reason = Annotated[
+    str,
+    Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*\S[^\x00]*$",
+          description="Why (kept in the audit log with the operator); not blank."),
+]
+"""The ``reason`` every mutation must give."""
+
+NO_NUL = r"^[^\x00]+$"
+"""Identifiers (names, ids, keys) are stored text: no NUL."""
+
+MAX_DELAY_S = 1e9
+"""The longest ``delay_s`` a submit accepts, seconds (about 31 years)."""
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SubmitBody(_Body):
+    """``POST /api/tasks``: one task to submit (``App.submit``)."""
+
+    name: str = Field(min_length=1, max_length=200, pattern=NO_NUL,
+                      description="A task name the service's app registers.")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the task function (plain JSON), validated "
+                    "against its signature or params model.")
+    version: int | None = Field(
+        default=None, ge=1, le=2**31 - 1,
+        description="Definition version to pin (default: the newest the app defines).")
+    tenant: str | None = Field(default=None, min_length=1, max_length=1024, pattern=NO_NUL,
+                               description="Whose work it is (tenant limits count it).")
+    delay_s: float = Field(default=0.0, ge=0.0, le=MAX_DELAY_S, allow_inf_nan=False,
+                           description="Earliest start, seconds from now.")
+
+
+class SubmitResponse(BaseModel):
+    """The answer to a submit: 201 when this request created the task, 200 when the
+    ``Idempotency-Key`` already named it (same name and params)."""
+
+    task_id: str
+    name: str
+    created: bool = Field(description="True: this request wrote the task; False: a replay.")
+    task: TaskInfo
+
+
+class CancelBody(_Body):
+    """``POST /api/tasks/{task_id}/cancel``."""
+
+    reason: Reason
+
+
+class RetryBody(_Body):
+    """``POST /api/tasks/{task_id}/retry``."""
+
+    reason: Reason
+
+
+class ResolveBody(_Body):
+    """``POST /api/tasks/{task_id}/resolve``: settle an ``UNKNOWN`` task's open effect."""
+
+    outcome: Literal["done", "not-done", "give-up"] = Field(
+        description="done: the effect happened (result = its return value); not-done: it "
+                    "did not (called again with the same key); give-up: nobody can tell "
+                    "(the task ends FAILED).")
+    result: Any = Field(default=None, description="With outcome done only: the effect's "
+                                                  "result, plain JSON.")
+    reason: Reason
+
+
+class PauseBody(_Body):
+    """``POST /api/pauses``: pause everything, a task type or one task."""
+
+    scope: Literal["all", "type", "task"]
+    target: str | None = Field(default=None, max_length=1024, pattern=NO_NUL,
+                               description="The task type (scope type) or task id (scope "
+                                           "task); none for all.")
+    reason: Reason
+
+
+class ResumeBody(_Body):
+    """``POST /api/resume``: end the active pause of a scope."""
+
+    scope: Literal["all", "type", "task"]
+    target: str | None = Field(default=None, max_length=1024, pattern=NO_NUL)
+    reason: Reason
+    rate_per_s: float | None = Field(
+        default=None, gt=0.0, le=100_000.0, allow_inf_nan=False,
+        description="Re-admit the paused tasks at this many per second (default: at once).")
+
+
+class ReplayBody(_Body):
+    """``POST /api/quarantine/{fingerprint}/replay``."""
+
+    rate_per_s: float = Field(gt=0.0, le=100_000.0, allow_inf_nan=False,
+                              description="Admission rate, tasks per second.")
+    dry_run: bool = Field(default=False, description="Only list what would be replayed.")
+    reason: str | None = Field(default=None, max_length=4096, pattern=r"^[^\x00]*$",
+                               description="Why (audited); required unless dry_run.")
+    limit: int = Field(default=10_000, ge=1, le=100_000,
+                       description="At most this many tasks.")
+
+
+class FieldError(BaseModel):
+    """One wrong input field."""
+
+    field: str = Field(description="Where: body.reason, query.limit, header.idempotency-key.")
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error the API returns (4xx and 5xx).
+
+    ``error`` is a stable code: ``unauthorized`` (401), ``submit_unavailable`` (403),
+    ``not_found`` (404), ``method_not_allowed`` (405), ``wrong_state`` (409),
+    ``idempotency_conflict`` (409, with both digests), ``payload_too_large`` (413),
+    ``invalid`` (422, the fields in ``errors``), ``ledger_unavailable`` (503).
+    """
+
+    error: str
+    message: str
+    errors: list[FieldError] = Field(default_factory=list)
+    task_id: str | None = None
+    state: str | None = None
+    existing_digest: str | None = Field(
+        default=None, description="idempotency_conflict: the digest stored with the task.")
+    new_digest: str | None = Field(
+        default=None, description="idempotency_conflict: this request's digest.")

@@ -1,0 +1,92 @@
+"""Running the web service (``ratchet serve``): the bind rule and uvicorn.
+
+Without ``RATCHET_API_TOKEN`` the service listens on a loopback address only (mutations
+from loopback need no token, :mod:`ratchet.web.auth`): another ``--host`` is refused before
+anything listens. The start line says which rule is in force.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import TextIO
+
+import uvicorn
+
+from ..config import parse_ledger_url, redact_url
+from ..errors import ConfigError
+from .app import WebSettings, create_app
+from .auth import LOOPBACK_HOSTS
+
+__all__ = ["bind_socket", "check_bind", "serve", "start_line"]
+
+
+def check_bind(settings: WebSettings, host: str) -> None:
+    """Refuse a non-loopback ``host`` when no token is configured.
+
+    Raises:
+        ConfigError: ``host`` is not 127.0.0.1 / ::1 / localhost and ``settings.api_token``
+            is None (the message says how to fix it).
+    """
+    if settings.api_token is None and host not in LOOPBACK_HOSTS:
+        raise ConfigError(
+            f"refusing to listen on {host!r} without RATCHET_API_TOKEN: anyone who can "
+            "reach the port could cancel, retry, pause or resolve tasks. Set "
+            "RATCHET_API_TOKEN (clients send 'Authorization: Bearer <token>'), or listen "
+            "on --host 127.0.0.1")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (``port`` 0: an ephemeral port; read it
+    with ``sock.getsockname()[1]``).
+
+    Raises:
+        ConfigError: the address cannot be bound (in use, not an address of this host).
+    """
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(info[4])
+        sock.listen(128)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def start_line(settings: WebSettings, host: str, port: int, ledger: str) -> str:
+    """What ``ratchet serve`` prints when it listens: where, which ledger, which rule."""
+    where = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    rule = ("mutations need 'Authorization: Bearer $RATCHET_API_TOKEN'"
+            if settings.api_token is not None else
+            "no RATCHET_API_TOKEN: listening on loopback only; mutations from loopback "
+            "need no token")
+    submit = (f"submit checked by {settings.app_spec}" if settings.app_spec is not None
+              else "no --app: POST /api/tasks refused (403)")
+    return (f"ratchet serve: {where} (API {where}/api, OpenAPI {where}/api/openapi.json) "
+            f"on ledger {ledger}; {rule}; {submit}")
+
+
+def serve(settings: WebSettings, host: str = "127.0.0.1", port: int = 8000, *,
+          log_level: str = "info", out: TextIO | None = None) -> None:
+    """Serve the API (and the dashboard) until SIGINT / SIGTERM.
+
+    Args:
+        settings: ledger, token, app (:class:`WebSettings`).
+        host, port: where to listen (``port`` 0: an ephemeral port, printed).
+        log_level: uvicorn's log level (``info``, ``warning``, ...).
+        out: where the start line goes (default stderr).
+
+    Raises:
+        ConfigError: a non-loopback host without a token, an address that cannot be bound,
+            a malformed ledger URL, an app that cannot be loaded.
+    """
+    check_bind(settings, host)
+    app = create_app(settings)
+    sock = bind_socket(host, port)
+    bound = sock.getsockname()[1]
+    ledger = redact_url(parse_ledger_url(settings.ledger_url).url)
+    print(start_line(settings, host, bound, ledger), file=out or sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level=log_level, access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])

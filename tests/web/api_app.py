@@ -1,0 +1,50 @@
+"""The app of the HTTP API tests (``ratchet serve --app tests.web.webapp:app``, or
+:func:`make_app` for an App of one's own).
+
+* ``web.echo(text)``: one step, returns ``{"echo": text}``.
+* ``web.fail()``: a permanent error: ``FAILED`` at once (for retry).
+* ``web.unknown(order_id)``: an effect whose call raises ``OutcomeUnknownError`` and has no
+  lookup: the task goes ``UNKNOWN`` (for resolve).
+* ``web.poison()``: the same error every time; quarantined after 2 failures in a row (for
+  replay).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ratchet import App, OutcomeUnknownError, PermanentError, RetryPolicy, TaskContext
+
+__all__ = ["app", "make_app"]
+
+POISON_POLICY = RetryPolicy(max_attempts=10, base_delay_s=0.01, max_delay_s=0.05, jitter=0.0,
+                            quarantine_after=2)
+
+
+def make_app(ledger_url: str | None = None) -> App:
+    """A fresh App with the test tasks, on ``ledger_url`` (None: ``RATCHET_LEDGER_URL``)."""
+    app = App(ledger_url) if ledger_url is not None else App()
+
+    @app.task(name="web.echo")
+    def echo(ctx: TaskContext, text: str) -> dict[str, Any]:
+        return ctx.step("echo", lambda: {"echo": text})
+
+    @app.task(name="web.fail", retry=RetryPolicy(max_attempts=1))
+    def fail(ctx: TaskContext) -> None:
+        raise PermanentError("web.fail always fails")
+
+    @app.task(name="web.unknown")
+    def unknown(ctx: TaskContext, order_id: str) -> Any:
+        def call(key: str) -> Any:
+            raise OutcomeUnknownError(f"the reply for {key} was lost")
+
+        return ctx.effect("send", call, key=f"send:{order_id}")
+
+    @app.task(name="web.poison", retry=POISON_POLICY)
+    def poison(ctx: TaskContext) -> None:
+        raise RuntimeError("poisoned input")
+
+    return app
+
+
+app = make_app()
