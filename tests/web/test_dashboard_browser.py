@@ -162,7 +162,7 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def page(browser: Any, system: System) -> Iterator[Any]:
     """A fresh browser context (no cookies) on the dashboard."""
-    context = browser.new_context(base_url=system.base, viewport={"width": 1400,
+    context = browser.new_context(base_url=system.base, viewport={"width": 1600,
                                                                    "height": 900})
     context.set_default_timeout(20_000)
     tab = context.new_page()
@@ -201,17 +201,36 @@ def test_overview_shows_the_types_and_counts_the_ledger_holds(
     rows = page.locator("#types tr.type-row")
     report = system.control.status()  # nothing moves now: the rest is finished or later
     assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.type)")) \
-        == sorted(report.counts)
-    for name, counts in report.counts.items():
-        row = page.locator(f'#types tr.type-row[data-type="{name}"]')
+        == sorted(report.counts) == sorted(t.name for t in report.types)
+    for view in report.types:
+        row = page.locator(f'#types tr.type-row[data-type="{view.name}"]')
         shown = {s: int(row.locator(f'td.count[data-state="{s}"]').inner_text())
                  for s in STATE_COLUMNS}
-        assert shown == {s: counts.get(s, 0) for s in STATE_COLUMNS}, name
-        assert int(row.locator("td.total").inner_text()) == sum(counts.values())
+        assert shown == {s: report.counts[view.name].get(s, 0) for s in STATE_COLUMNS}
+        assert shown == {s: view.counts.get(s, 0) for s in STATE_COLUMNS}
+        figures = {c: int(row.locator(f"td.{c}").inner_text())
+                   for c in ("total", "backlog", "scheduled", "unknown", "quarantined")}
+        assert figures == {"total": view.total, "backlog": view.backlog,
+                           "scheduled": view.scheduled, "unknown": view.unknown,
+                           "quarantined": view.quarantined}, view.name
     pack = page.locator('#types tr.type-row[data-type="shop.pack"]')
     assert pack.locator('td.count[data-state="SUCCEEDED"]').inner_text() == "5"
+    assert pack.locator("td.drain").inner_text() == "drained"
+    assert pack.locator("td.arrivals").inner_text() != "0/s"  # 5 in the last minute
     ship = page.locator('#types tr.type-row[data-type="shop.ship"]')
     assert ship.locator('td.count[data-state="PENDING"]').inner_text() == str(len(scheduled))
+    assert ship.locator("td.scheduled").inner_text() == str(len(scheduled))
+    assert ship.locator("td.backlog").inner_text() == "0"
+    assert ship.locator("td.drain").inner_text() == "nothing ready, 2 scheduled"
+    total = page.locator("#types tfoot tr.totals")
+    assert int(total.locator("td.total").inner_text()) == sum(
+        sum(c.values()) for c in report.counts.values())
+    # The charts: every type together, and each type, arrivals and completions.
+    assert page.locator("#chart-all svg polyline.arrivals").count() == 1
+    assert page.locator("#chart-all svg polyline.completions").count() == 1
+    dots = page.locator('figure.type-chart[data-type="shop.pack"] circle.completions title')
+    assert sum(int(re.search(r": (\d+) in", t).group(1))  # type: ignore[union-attr]
+               for t in dots.evaluate_all("els => els.map(e => e.textContent)")) == 5
     artifacts = os.environ.get("RATCHET_TEST_ARTIFACTS")
     where = Path(artifacts) if artifacts else tmp_path_factory.mktemp("artifacts")
     where.mkdir(parents=True, exist_ok=True)

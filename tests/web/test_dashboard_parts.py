@@ -44,10 +44,12 @@ class Row:
     backlog: int
     net_drain_per_s: float | None
     drain_eta_s: float | None
+    scheduled: int = 0
 
 
 @pytest.mark.parametrize(("row", "text"), [
     (Row(0, -3.0, None), "drained"),
+    (Row(0, -3.0, None, 2), "nothing ready, 2 scheduled"),
     (Row(100, 2.0, 50.0), "in 50.0 s"),
     (Row(100, -2.5, None), "backlog growing by 2.5/s"),
     (Row(100, 0.0, None), "not draining (0/s)"),

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -40,7 +41,7 @@ from ..control import Control, PauseRecord, StatusReport
 from ..errors import LedgerUnavailable, RatchetError, TaskNotFound
 from ..states import State
 from ..validation import MAX_KEY_BYTES, check_identifier
-from . import present
+from . import charts, present
 from .app import WebSettings
 from .auth import token_ok
 from .sessions import FLASH_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Session, SessionKeeper
@@ -61,37 +62,22 @@ TERMINAL = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
 STATE_COLUMNS = [s.value for s in State]
 """The overview's per-state columns, in the state machine's order."""
 
-WINDOW_S = 600.0
-"""The overview's rate window and chart span, seconds."""
+RATE_WINDOW_S = 60.0
+"""The overview's rate window (arrivals, completions, net drain), seconds: the same as
+``ratchet status``'s default."""
+
+CHART_WINDOW_S = 600.0
+"""The span of the overview's arrival vs completion charts, seconds."""
 
 BUCKET_S = 30.0
-"""The chart's bucket, seconds."""
+"""The charts' bucket, seconds."""
+
+MAX_TYPE_CHARTS = 12
+"""Task types that get a chart of their own on the overview (one throughput read each)."""
 
 
 class BadInput(Exception):
     """A form value the dashboard refuses before calling Control (shown on the page)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TypeRow:
-    """One task type on the overview (the capacity figures of ``ratchet status``)."""
-
-    name: str
-    counts: dict[str, int]
-    total: int
-    backlog: int
-    scheduled: int
-    running: int
-    arrival_per_s: float | None
-    completion_per_s: float | None
-    net_drain_per_s: float | None
-    drain_eta_s: float | None
-    oldest_pending_age_s: float | None
-    unknown: int
-    oldest_unknown_age_s: float | None
-    quarantined: int
-    paused: bool = False
-    chart: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,29 +175,33 @@ class Dashboard:
 
     async def overview(self, request: Request) -> Response:
         async def page() -> Response:
-            report: StatusReport = await self.call(self.control.status)
-            rows = await self.call(self._type_rows, report)
-            return self.render(request, "overview.html", report=report, types=rows,
-                               now=report.ledger_now, states=STATE_COLUMNS,
-                               window_s=WINDOW_S, bucket_s=BUCKET_S, chart=None)
+            report: StatusReport = await self.call(self.control.status, RATE_WINDOW_S)
+            everything = any(p.scope == "all" for p in report.pauses)
+            paused = {t.name for t in report.types
+                      if everything or any(p.scope == "type" and p.target == t.name
+                                           for p in report.pauses)}
+            chart, per_type = await self.call(self._charts, report)
+            return self.render(request, "overview.html", report=report, types=report.types,
+                               totals=report.totals, paused=paused, now=report.ledger_now,
+                               states=STATE_COLUMNS, window_s=report.window_s,
+                               chart_window_s=CHART_WINDOW_S, bucket_s=BUCKET_S,
+                               chart=chart, type_charts=per_type)
         return await self.guarded(request, page)
 
-    def _type_rows(self, report: StatusReport) -> list[TypeRow]:
-        """Per-type capacity rows (blocking: runs on the thread pool)."""
-        paused = {p.target for p in report.pauses if p.scope == "type"}
-        everything = any(p.scope == "all" for p in report.pauses)
-        rows = []
-        for name in sorted(report.counts):
-            counts = report.counts[name]
-            backlog = counts.get("PENDING", 0) + counts.get("RETRY_WAIT", 0)
-            rows.append(TypeRow(
-                name=name, counts=dict(counts), total=sum(counts.values()), backlog=backlog,
-                scheduled=0, running=counts.get("RUNNING", 0), arrival_per_s=None,
-                completion_per_s=None, net_drain_per_s=None, drain_eta_s=None,
-                oldest_pending_age_s=None, unknown=counts.get("UNKNOWN", 0),
-                oldest_unknown_age_s=None, quarantined=0,
-                paused=everything or name in paused))
-        return rows
+    def _charts(self, report: StatusReport) -> tuple[Markup, dict[str, Markup]]:
+        """The arrival vs completion chart of every type together, and of each of the
+        first :data:`MAX_TYPE_CHARTS` types with tasks (blocking: runs on the thread
+        pool). The SVG is built from numbers and escaped labels only."""
+        every = self.control.throughput(CHART_WINDOW_S, BUCKET_S)
+        chart = Markup(charts.arrival_completion_svg(
+            every, BUCKET_S, title="arrivals vs completions, all types"))
+        per_type: dict[str, Markup] = {}
+        for t in report.types[:MAX_TYPE_CHARTS]:
+            buckets = self.control.throughput(CHART_WINDOW_S, BUCKET_S, t.name)
+            per_type[t.name] = Markup(charts.arrival_completion_svg(
+                buckets, BUCKET_S, title=f"arrivals vs completions, {t.name}",
+                width=420, height=140))
+        return chart, per_type
 
     async def task_list(self, request: Request) -> Response:
         q = request.query_params

@@ -185,11 +185,12 @@ def timeline_rows(tl: TaskTimeline) -> list[TimelineRow]:
 
 def drain(row: Any) -> str:
     """The drain column of one task type (a ``TypeStatusView``-shaped record): ``drained``
-    when nothing is ready, ``in 4 min 10 s`` while the net drain rate is positive,
+    when nothing is ready (``nothing ready, N scheduled`` when tasks wait for their time),
+    ``in 4 min 10 s`` while the net drain rate is positive,
     ``backlog growing by 2.5/s`` while it is negative, ``not draining`` at exactly 0, ``-``
     when the rates are unknown."""
     if row.backlog == 0:
-        return "drained"
+        return f"nothing ready, {row.scheduled} scheduled" if row.scheduled else "drained"
     net = row.net_drain_per_s
     if net is None:
         return "-"
