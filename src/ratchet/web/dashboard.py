@@ -174,6 +174,7 @@ class Dashboard:
     # ------------------------------------------------------------------ pages
 
     async def overview(self, request: Request) -> Response:
+        """``GET /``: the capacity view per task type, the charts, the counters."""
         async def page() -> Response:
             report: StatusReport = await self.call(self.control.status, RATE_WINDOW_S)
             everything = any(p.scope == "all" for p in report.pauses)
@@ -204,6 +205,7 @@ class Dashboard:
         return chart, per_type
 
     async def task_list(self, request: Request) -> Response:
+        """``GET /tasks?state=&name=&key=&cursor=``: tasks, newest first, 50 a page."""
         q = request.query_params
         state, name, key, cursor = (q.get("state") or None, q.get("name") or None,
                                     q.get("key") or None, q.get("cursor") or None)
@@ -230,6 +232,8 @@ class Dashboard:
     async def task_page(self, request: Request, *, task_id: str | None = None,
                         error: str | None = None, form: Mapping[str, str] | None = None,
                         status: int = 200) -> Response:
+        """``GET /tasks/{id}``: one task, its timeline, steps, effects and actions
+        (re-rendered with ``error`` and the submitted ``form`` when an action is refused)."""
         tid = task_id if task_id is not None else str(request.path_params["task_id"])
 
         async def page() -> Response:
@@ -250,6 +254,8 @@ class Dashboard:
     async def unknown_page(self, request: Request, *, error: str | None = None,
                            form: Mapping[str, str] | None = None,
                            status: int = 200) -> Response:
+        """``GET /unknown``: the UNKNOWN queue with each task's open effects and a resolve
+        form (re-rendered with ``error`` when a resolution is refused)."""
         cursor = request.query_params.get("cursor") or None
 
         async def page() -> Response:
@@ -277,6 +283,8 @@ class Dashboard:
     async def quarantine_page(self, request: Request, *, error: str | None = None,
                               form: Mapping[str, str] | None = None,
                               status: int = 200) -> Response:
+        """``GET /quarantine[?dry_run=FINGERPRINT&rate=R]``: the groups, and a dry-run
+        replay's list (changes nothing) with the form of the real replay."""
         q = request.query_params
 
         async def page() -> Response:
@@ -305,6 +313,7 @@ class Dashboard:
     async def pauses_page(self, request: Request, *, error: str | None = None,
                           form: Mapping[str, str] | None = None,
                           status: int = 200) -> Response:
+        """``GET /pauses[?type=T]``: the active pauses and the pause form."""
         async def page() -> Response:
             report: StatusReport = await self.call(self.control.status)
             views = await self.call(self._pause_views, report)
@@ -337,10 +346,12 @@ class Dashboard:
     # ------------------------------------------------------------------ login
 
     async def login_form(self, request: Request) -> Response:
+        """``GET /login?next=``: the login form (name; the token in token mode)."""
         return self.render(request, "login.html", next=_safe_next(
             request.query_params.get("next")), error=None, form={})
 
     async def login(self, request: Request) -> Response:
+        """``POST /login``: check the token (:func:`token_ok`), set the session cookie."""
         if not _same_origin(request):
             return self.problem(request, 403, "Refused", _ORIGIN_MESSAGE)
         form = await _form(request)
@@ -372,6 +383,7 @@ class Dashboard:
         return response
 
     async def logout(self, request: Request) -> Response:
+        """``POST /logout`` (CSRF-checked): delete the session cookie."""
         form = await _form(request)
         session = self.session(request)
         if not _same_origin(request) or not self.keeper.csrf_ok(
@@ -540,7 +552,8 @@ async def _form(request: Request) -> FormData:
 
 def _safe_next(value: str | None) -> str:
     """A local path to return to after the login (never another site)."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+    if (not value or not value.startswith("/") or value.startswith("//")
+            or any(not ("!" <= c <= "~") or c == "\\" for c in value)):
         return "/"
     return value
 
