@@ -61,6 +61,12 @@ def test_every_page_and_two_actions(ledger_url: str) -> None:
             assert (pause.target, pause.paused_by, pause.reason) == (
                 "shop.ship", "frank", "maintenance")
             assert "maintenance" in client.get("/pauses").text
+            r = client.post("/actions/pause", data={"type": "shop.ship",
+                                                    "reason": "again", "csrf": csrf})
+            assert r.status_code == 303  # already paused: unchanged, said so
+            again = client.get("/pauses").text
+            assert "flash-unchanged" in again and "already paused" in again
+            assert len(control.pauses()) == 1
             r = client.post("/actions/resolve", data={
                 "task_id": unknown, "outcome": "not-done", "result": "",
                 "reason": "no such charge at the bank", "csrf": csrf})

@@ -13,7 +13,7 @@ from ratchet.control import EffectView, StepView, TaskTimeline
 from ratchet.ledger.base import AuditEvent, TaskInfo
 from ratchet.states import State
 from ratchet.web import charts, present
-from ratchet.web.sessions import SessionKeeper
+from ratchet.web.sessions import Flash, SessionKeeper
 
 
 def test_chart_is_valid_svg_with_both_series_scaled_per_second() -> None:
@@ -109,6 +109,6 @@ def test_sessions_are_signed_expire_and_bind_their_csrf_token() -> None:
     assert not keeper.csrf_ok(other, token)
     assert not keeper.csrf_ok(None, token) and not keeper.csrf_ok(session, "")
     flash = keeper.flash("paused", now=1000.0)
-    assert keeper.read_flash(flash, now=1010.0) == "paused"
+    assert keeper.read_flash(flash, now=1010.0) == Flash("paused", "ok")
     assert keeper.read_flash(flash, now=2000.0) is None
     assert keeper.read_flash(cookie, now=1001.0) is None  # a session is not a flash

@@ -155,10 +155,14 @@ class Dashboard:
         """A page that says what went wrong (and that nothing changed, for a mutation)."""
         return self.render(request, "problem.html", status, title=title, message=message)
 
-    def done(self, request: Request, location: str, message: str) -> Response:
-        """Redirect (303) to ``location`` with a one-shot success message."""
+    def done(self, request: Request, location: str, message: str,
+             outcome: str = "done") -> Response:
+        """Redirect (303) to ``location`` with a one-shot message (``outcome``
+        ``unchanged``: shown as a warning: nothing needed doing)."""
         response = RedirectResponse(request.scope.get("root_path", "") + location, 303)
-        response.set_cookie(FLASH_COOKIE, self.keeper.flash(message), max_age=60, path="/",
+        kind = "unchanged" if outcome == "unchanged" else "ok"
+        response.set_cookie(FLASH_COOKIE, self.keeper.flash(message, kind), max_age=60,
+                            path="/",
                             httponly=True, samesite="strict",
                             secure=request.url.scheme == "https")
         return response
@@ -433,7 +437,7 @@ class Dashboard:
         except (BadInput, RatchetError) as exc:
             return await self._refused(request, exc, lambda e: self.task_page(
                 request, task_id=tid, error=e, form=form, status=400))
-        return self.done(request, f"/tasks/{quote(tid, safe='')}", out.message)
+        return self.done(request, f"/tasks/{quote(tid, safe='')}", out.message, out.outcome)
 
     async def _retry(self, request: Request, session: Session,
                      form: dict[str, str]) -> Response:
@@ -445,7 +449,7 @@ class Dashboard:
         except (BadInput, RatchetError) as exc:
             return await self._refused(request, exc, lambda e: self.task_page(
                 request, task_id=tid, error=e, form=form, status=400))
-        return self.done(request, f"/tasks/{quote(tid, safe='')}", out.message)
+        return self.done(request, f"/tasks/{quote(tid, safe='')}", out.message, out.outcome)
 
     async def _resolve(self, request: Request, session: Session,
                        form: dict[str, str]) -> Response:
@@ -484,7 +488,7 @@ class Dashboard:
         except (BadInput, RatchetError) as exc:
             return await self._refused(request, exc, lambda e: self.pauses_page(
                 request, error=e, form=form, status=400))
-        return self.done(request, "/pauses", out.message)
+        return self.done(request, "/pauses", out.message, out.outcome)
 
     async def _resume(self, request: Request, session: Session,
                       form: dict[str, str]) -> Response:
@@ -498,7 +502,7 @@ class Dashboard:
         except (BadInput, RatchetError) as exc:
             return await self._refused(request, exc, lambda e: self.pauses_page(
                 request, error=e, form=form, status=400))
-        return self.done(request, "/pauses", out.message)
+        return self.done(request, "/pauses", out.message, out.outcome)
 
     async def _replay(self, request: Request, session: Session,
                       form: dict[str, str]) -> Response:

@@ -53,6 +53,14 @@ class Session:
     expires_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class Flash:
+    """A one-shot message shown after a redirect: ``kind`` ``ok`` or ``unchanged``."""
+
+    message: str
+    kind: str
+
+
 class SessionKeeper:
     """Signs and checks session cookies, CSRF tokens and flash messages.
 
@@ -129,17 +137,19 @@ class SessionKeeper:
 
     # ------------------------------------------------------------------ flash
 
-    def flash(self, message: str, now: float | None = None) -> str:
-        """A flash cookie value carrying ``message`` (one line for people)."""
+    def flash(self, message: str, kind: str = "ok", now: float | None = None) -> str:
+        """A flash cookie value carrying ``message`` (one line for people) and its
+        ``kind`` (``ok``: it was done; ``unchanged``: nothing needed doing)."""
         at = time.time() if now is None else now
-        return self._sign("flash", {"m": message, "exp": at + FLASH_TTL_S})
+        return self._sign("flash", {"m": message, "k": kind, "exp": at + FLASH_TTL_S})
 
-    def read_flash(self, cookie: str | None, now: float | None = None) -> str | None:
+    def read_flash(self, cookie: str | None, now: float | None = None) -> Flash | None:
         """The message of a flash cookie value, or ``None``."""
         data = self._unsign("flash", cookie)
         if data is None:
             return None
-        message, exp = data.get("m"), data.get("exp")
-        if not isinstance(message, str) or not isinstance(exp, int | float):
+        message, kind, exp = data.get("m"), data.get("k"), data.get("exp")
+        if not isinstance(message, str) or not isinstance(kind, str) \
+                or not isinstance(exp, int | float):
             return None
-        return message if (time.time() if now is None else now) < exp else None
+        return Flash(message, kind) if (time.time() if now is None else now) < exp else None
