@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -146,6 +147,7 @@ def test_overview_shows_the_types_and_counts_the_ledger_holds(
     total = page.locator("#types tfoot tr.totals")
     assert int(total.locator("td.total").inner_text()) == sum(
         sum(c.values()) for c in report.counts.values())
+    assert system.holder in page.inner_text("#workers")  # the running worker, registered
     # The charts: every type together, and each type, arrivals and completions.
     assert page.locator("#chart-all svg polyline.arrivals").count() == 1
     assert page.locator("#chart-all svg polyline.completions").count() == 1
@@ -315,6 +317,16 @@ def test_quarantine_dry_run_then_replay(system: System, page: Any) -> None:
 
 
 # ---------------------------------------------------------------------- no browser
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("", "skip"), ("true", "fail")])
+def test_without_chromium_the_module_skips_except_under_ci(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str, outcome: str) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", str(tmp_path / "no-chromium"))
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.skip.Exception if outcome == "skip" else pytest.fail.Exception
+    with pytest.raises(expected, match="apt-get install -y chromium"):
+        _require_chromium()
 
 
 def _csrf(html: str) -> str:

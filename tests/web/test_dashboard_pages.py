@@ -67,6 +67,19 @@ def test_every_page_and_two_actions(ledger_url: str) -> None:
             again = client.get("/pauses").text
             assert "flash-unchanged" in again and "already paused" in again
             assert len(control.pauses()) == 1
+            later = app.submit("shop.pack", {"order_id": "a-4"}, delay_s=3600).task_id
+            assert 'id="pause-task-form"' in client.get(f"/tasks/{later}").text
+            r = client.post("/actions/pause", data={"task_id": later, "reason": "hold it",
+                                                    "csrf": csrf})
+            assert r.status_code == 303 and r.headers["location"] == f"/tasks/{later}"
+            assert control.get(later).state is State.PAUSED
+            page = client.get(f"/tasks/{later}").text
+            assert 'id="resume-task-form"' in page and "hold it" in page
+            r = client.post("/actions/resume", data={
+                "scope": "task", "target": later, "back": "task", "reason": "go",
+                "csrf": csrf})
+            assert r.status_code == 303 and r.headers["location"] == f"/tasks/{later}"
+            assert control.get(later).state is State.PENDING
             r = client.post("/actions/resolve", data={
                 "task_id": unknown, "outcome": "not-done", "result": "",
                 "reason": "no such charge at the bank", "csrf": csrf})

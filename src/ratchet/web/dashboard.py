@@ -186,7 +186,10 @@ class Dashboard:
                       if everything or any(p.scope == "type" and p.target == t.name
                                            for p in report.pauses)}
             chart, per_type = await self.call(self._charts, report)
+            workers = await self.call(self.control.workers)
             return self.render(request, "overview.html", report=report, types=report.types,
+                               workers=[w for w in workers if w.state == "alive"],
+                               ended=Counter(w.state for w in workers if w.state != "alive"),
                                totals=report.totals, paused=paused, now=report.ledger_now,
                                states=STATE_COLUMNS, window_s=report.window_s,
                                chart_window_s=CHART_WINDOW_S, bucket_s=BUCKET_S,
@@ -478,6 +481,16 @@ class Dashboard:
 
     async def _pause(self, request: Request, session: Session,
                      form: dict[str, str]) -> Response:
+        tid = form.get("task_id", "")
+        if tid:  # one task, from its page
+            try:
+                out = await self.call(self.control.pause, "task", tid,
+                                      reason=_reason(form), by=session.operator)
+            except (BadInput, RatchetError) as exc:
+                return await self._refused(request, exc, lambda e: self.task_page(
+                    request, task_id=tid, error=e, form=form, status=400))
+            return self.done(request, f"/tasks/{quote(tid, safe='')}", out.message,
+                             out.outcome)
         try:
             name = form.get("type", "").strip()
             if not name:
@@ -492,17 +505,25 @@ class Dashboard:
 
     async def _resume(self, request: Request, session: Session,
                       form: dict[str, str]) -> Response:
+        scope = form.get("scope", "type")
+        target = form.get("target", "").strip() or None
+        on_task = form.get("back") == "task" and scope == "task" and target is not None
+
+        def again(e: str) -> Awaitable[Response]:
+            if on_task:
+                return self.task_page(request, task_id=target, error=e, form=form,
+                                      status=400)
+            return self.pauses_page(request, error=e, form=form, status=400)
+
         try:
-            scope = form.get("scope", "type")
-            target = form.get("target", "").strip() or None
             rate = _rate(form.get("rate", ""), required=False)
             reason = _reason(form)
             out = await self.call(self.control.resume, scope, target, reason=reason,
                                   by=session.operator, rate_per_s=rate)
         except (BadInput, RatchetError) as exc:
-            return await self._refused(request, exc, lambda e: self.pauses_page(
-                request, error=e, form=form, status=400))
-        return self.done(request, "/pauses", out.message, out.outcome)
+            return await self._refused(request, exc, again)
+        location = f"/tasks/{quote(target or '', safe='')}" if on_task else "/pauses"
+        return self.done(request, location, out.message, out.outcome)
 
     async def _replay(self, request: Request, session: Session,
                       form: dict[str, str]) -> Response:
