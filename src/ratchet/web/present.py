@@ -1,0 +1,202 @@
+"""What the dashboard's templates show, computed from Control's records: formatting of
+times, durations, rates and stored values, and a task's merged timeline.
+
+Pure functions over the frozen records of :mod:`ratchet.control`; nothing here reads the
+ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ..control import TaskTimeline
+from ..serde import Undecodable, printable
+
+__all__ = [
+    "TimelineRow",
+    "ago",
+    "drain",
+    "duration",
+    "last_line",
+    "rate",
+    "show_value",
+    "timeline_rows",
+    "when",
+]
+
+
+def when(epoch_s: float | None) -> str:
+    """``2026-12-01 11:30:02.125Z`` (UTC, milliseconds), ``-`` for None."""
+    if epoch_s is None:
+        return "-"
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def duration(seconds: float | None) -> str:
+    """A duration for people: ``850 ms``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``,
+    ``3 d 4 h``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    s = max(0.0, float(seconds))
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    if s < 86400:
+        return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+    return f"{int(s // 86400)} d {int(s % 86400 // 3600)} h"
+
+
+def ago(epoch_s: float | None, now: float) -> str:
+    """``12.3 s ago`` relative to ``now`` (the ledger clock), ``-`` for None."""
+    if epoch_s is None:
+        return "-"
+    return f"{duration(now - epoch_s)} ago"
+
+
+def rate(per_s: float | None) -> str:
+    """A rate in tasks per second: ``12.5/s``, ``0.25/s``, ``0/s``; ``-`` for None."""
+    if per_s is None:
+        return "-"
+    if per_s == 0:
+        return "0/s"
+    if abs(per_s) >= 100:
+        return f"{per_s:.0f}/s"
+    return f"{per_s:.3g}/s"
+
+
+def show_value(value: Any) -> str:
+    """A stored value as compact JSON text; an undecodable one as its text and the reason."""
+    if isinstance(value, Undecodable):
+        return f"(undecodable: {value.error}) {value.text}"
+    try:
+        return json.dumps(value, separators=(", ", ": "), ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return printable(repr(value))
+
+
+def last_line(text: str | None) -> str:
+    """The last non-blank line of an error text (a traceback's ``Class: message``)."""
+    lines = [ln for ln in (text or "").split("\n") if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineRow:
+    """One row of a task's timeline.
+
+    Attributes:
+        at: ledger clock, epoch seconds.
+        kind: a CSS-friendly category: ``submit``, ``claim``, ``takeover``,
+            ``transition``, ``step``, ``effect``, ``lookup``, ``stale``, ``late``,
+            ``operator``, ``other``.
+        label: what happened, one line.
+        generation: the fencing generation involved (None when none).
+        holder: the lease holder involved (None when none).
+        detail: further facts, ``key=value`` text.
+        operator, reason: who acted and why (operator actions).
+    """
+
+    at: float
+    kind: str
+    label: str
+    generation: int | None
+    holder: str | None
+    detail: str
+    operator: str | None = None
+    reason: str | None = None
+
+
+_LABELS = {
+    "claim": "claimed",
+    "takeover": "taken over (the previous lease had expired)",
+    "stale_rejected": "stale write rejected (old fencing generation)",
+    "lookup_hit": "lookup settled an effect",
+    "late_effect": "LATE effect: sent by a stale holder after a takeover",
+    "idempotency_conflict": "idempotency key reused with other params (refused)",
+}
+
+
+def _kind(kind: str) -> str:
+    if kind.startswith("operator_"):
+        return "operator"
+    return {"claim": "claim", "takeover": "takeover", "transition": "transition",
+            "stale_rejected": "stale", "lookup_hit": "lookup",
+            "late_effect": "late"}.get(kind, "other")
+
+
+def _detail(detail: dict[str, Any], skip: tuple[str, ...]) -> str:
+    return " ".join(f"{k}={show_value(v) if not isinstance(v, str) else printable(v)}"
+                    for k, v in detail.items() if k not in skip)
+
+
+def timeline_rows(tl: TaskTimeline) -> list[TimelineRow]:
+    """Every recorded fact of a task in time order: its submission, claims and takeovers
+    (holder, generation), transitions, committed steps, effects with their keys, lookups,
+    stale rejections, late effects and operator actions (who, why). Within one instant:
+    submitted, claims, steps and effects, then transitions (the CLI's order)."""
+    t = tl.task
+    rows: list[tuple[float, int, TimelineRow]] = [(t.created_at, 0, TimelineRow(
+        t.created_at, "submit", "submitted", None, None,
+        f"key={t.idempotency_key}" if t.idempotency_key is not None else "no idempotency key"))]
+    for e in tl.events:
+        if e.kind == "late_effect" and tl.late_effects:
+            continue  # shown from the late-effect records below, with what was recorded
+        kind = _kind(e.kind)
+        if e.kind == "transition":
+            label = f"{e.from_state} -> {e.to_state}"
+        elif kind == "operator":
+            action = e.kind.removeprefix("operator_")
+            moved = f" ({e.from_state} -> {e.to_state})" if e.to_state else ""
+            label = f"operator {action}{moved}"
+        else:
+            label = _LABELS.get(e.kind, e.kind)
+        detail = dict(e.detail)
+        if "error" in detail:
+            detail["error"] = last_line(str(detail["error"]))
+        operator = detail.get("operator") if kind == "operator" else None
+        reason = detail.get("reason") if kind == "operator" else None
+        rows.append((e.at, 3 if e.kind == "transition" else 1, TimelineRow(
+            e.at, kind, label, e.generation, e.holder,
+            _detail(detail, ("operator", "reason") if kind == "operator" else ()),
+            str(operator) if operator is not None else None,
+            str(reason) if reason is not None else None)))
+    for s in tl.steps:
+        rows.append((s.committed_at, 2, TimelineRow(
+            s.committed_at, "step", f"step {s.name} committed", s.generation, None,
+            f"result={show_value(s.result)}")))
+    for eff in tl.effects:
+        via = " via lookup" if eff.via_lookup else ""
+        rows.append((eff.updated_at, 2, TimelineRow(
+            eff.updated_at, "effect", f"effect {eff.name} {eff.state}{via}", eff.generation,
+            None, f"key={eff.key} calls={eff.calls} attempt={eff.attempt}")))
+    for le in tl.late_effects:
+        rows.append((le.at, 2, TimelineRow(
+            le.at, "late", f"LATE effect {le.effect} ({le.outcome})", le.generation,
+            le.holder, f"key={le.key} possible duplicate at the target; ledger recorded "
+                       f"key={le.recorded_key} generation={le.recorded_generation}")))
+    return [row for _, _, row in sorted(rows, key=lambda r: (r[0], r[1]))]
+
+
+def drain(row: Any) -> str:
+    """The drain column of one task type (a ``TypeStatusView``-shaped record): ``drained``
+    when nothing is ready (``nothing ready, N scheduled`` when tasks wait for their time),
+    ``in 4 min 10 s`` while the net drain rate is positive,
+    ``backlog growing by 2.5/s`` while it is negative, ``not draining`` at exactly 0, ``-``
+    when the rates are unknown."""
+    if row.backlog == 0:
+        return f"nothing ready, {row.scheduled} scheduled" if row.scheduled else "drained"
+    net = row.net_drain_per_s
+    if net is None:
+        return "-"
+    if net > 0:
+        eta = row.drain_eta_s if row.drain_eta_s is not None else row.backlog / net
+        return f"in {duration(eta)}"
+    if net < 0:
+        return f"backlog growing by {rate(-net)}"
+    return "not draining (0/s)"
