@@ -287,8 +287,9 @@ class WorkerProcess(ManagedProcess):
         """True once the start-up line is in the log (the worker is claiming)."""
         return _HOLDER_LINE.search(self.log()) is not None
 
-    def stop(self, timeout_s: float = 15.0) -> int:
-        """Graceful stop (SIGCONT, SIGTERM, wait; SIGKILL if it hangs).
+    def stop(self, timeout_s: float = 35.0) -> int:
+        """Graceful stop (SIGCONT, SIGTERM, wait; SIGKILL if it hangs). The default wait
+        covers the worker's default ``--shutdown-grace-s`` (25 s) and its exit.
 
         A worker that has not logged its start-up line yet is first given time to install
         its SIGTERM handler, so a stop is never mistaken for a crash.
