@@ -400,9 +400,11 @@ def test_cli_prune(app: App, ledger_url: str, tmp_path: Path) -> None:
     missing = runner.invoke(cli, ["prune", "--ledger", ledger_url])
     assert missing.exit_code != 0
     # The worker's options are checked before the app is loaded.
-    for option, value, message in (("--prune-every", "0s", "--prune-every must be longer"),
-                                   ("--prune-older-than", "soon", "--prune-older-than must")):
-        bad = runner.invoke(cli, ["worker", "no_such_module:app", option, value,
+    for options, message in (
+            (["--prune-older-than", "30d", "--prune-every", "0s"], "--prune-every must be longer"),
+            (["--prune-older-than", "soon"], "--prune-older-than must"),
+            (["--prune-every", "1h"], "--prune-every needs --prune-older-than")):
+        bad = runner.invoke(cli, ["worker", "no_such_module:app", *options,
                                   "--ledger", ledger_url])
         assert bad.exit_code == 2 and message in bad.output, bad.output
 

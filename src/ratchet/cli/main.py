@@ -257,10 +257,11 @@ def worker(
         ),
     ] = None,
     prune_every: Annotated[
-        str,
+        str | None,
         typer.Option("--prune-every", metavar="AGE",
-                     help="Time between those prunes (jittered)."),
-    ] = "1h",
+                     help="Time between those prunes (jittered; default 1h). Needs"
+                     " --prune-older-than."),
+    ] = None,
     log_format: Annotated[
         str,
         typer.Option(
@@ -348,7 +349,10 @@ def worker(
     def run() -> None:
         prune_age = (parse_duration_s(prune_older_than, "--prune-older-than")
                      if prune_older_than is not None else None)
-        prune_every_s = parse_duration_s(prune_every, "--prune-every")
+        if prune_every is not None and prune_older_than is None:
+            raise InvalidArguments("--prune-every needs --prune-older-than AGE (which tasks "
+                                   "to prune); without it the worker prunes nothing")
+        prune_every_s = parse_duration_s(prune_every or "1h", "--prune-every")
         if prune_every_s <= 0:
             raise InvalidArguments(f"--prune-every must be longer than 0, got {prune_every!r}")
         app = load_app(app_spec)
