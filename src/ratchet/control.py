@@ -29,6 +29,7 @@ the same two ledger handles (:meth:`_reader`, :meth:`_writer`), each returning a
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import math
@@ -1424,7 +1425,21 @@ class Control:
         """
         scope, key = _scope(scope, target)
         why, who = _operator_args(reason, by)
-        return self._writer().pause(scope, key, why, who)
+        result = self._writer().pause(scope, key, why, who)
+        if scope == "type" and key is not None and not self._type_known(key):
+            # Pausing a type before its workers deploy is legitimate, so not refused; but
+            # a typo would pause nothing, silently: say so.
+            result = dataclasses.replace(result, message=(
+                f"{result.message}; note: no worker has registered task type {key!r} and "
+                "the ledger holds no task of it (check the name)"))
+        return result
+
+    def _type_known(self, name: str) -> bool:
+        """Whether a worker registered a definition of ``name`` or the ledger holds a task
+        of it."""
+        if any(d.name == name for d in self.definitions()):
+            return True
+        return bool(self.list_tasks(name=name, limit=1).tasks)
 
     def resume(self, scope: str, target: str | None = None, *, reason: str,
                by: str | None = None, rate_per_s: float | None = None) -> PauseResult:

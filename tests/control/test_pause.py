@@ -248,3 +248,21 @@ def test_a_worker_process_pauses_and_resumes(ledger_url: str, tmp_path: Path) ->
             check_ledger_consistent(ledger_url)
     finally:
         app.close()
+
+
+def test_pausing_a_type_nothing_knows_says_so(ledger_url: str) -> None:
+    """A type no worker registered and no task has is paused (a type may be paused before
+    its workers deploy), but the answer says the name is unknown: a typo is visible."""
+    app = _app(ledger_url)
+    try:
+        with Control(app=app) as control:
+            app.submit("p.a", {})
+            known = control.pause("type", "p.a", reason="incident", by="alice")
+            assert known.outcome == "done" and "note:" not in known.message
+            typo = control.pause("type", "p.aa", reason="incident", by="alice")
+            assert typo.outcome == "done"
+            assert "no worker has registered task type 'p.aa'" in typo.message
+            assert [(p.target, p.paused_by) for p in control.pauses()] == [
+                ("p.a", "alice"), ("p.aa", "alice")]
+    finally:
+        app.close()
