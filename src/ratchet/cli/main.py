@@ -34,6 +34,7 @@ from rich.text import Text
 from typer.core import TyperArgument, TyperCommand
 
 from .. import __version__
+from ..config import redact_url
 from ..control import (
     Control,
     ControlOutcome,
@@ -398,8 +399,9 @@ def worker(
             prune_every_s=prune_every_s,
         )
         w.install_signal_handlers()
-        log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d", w.holder,
-                 [f"{n} v{v}" for n, v in w.kinds], concurrency, w.prefetch, w.writers)
+        log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d, ledger %s",
+                 w.holder, [f"{n} v{v}" for n, v in w.kinds], concurrency, w.prefetch,
+                 w.writers, redact_url(app.ledger.config.url))
         try:
             stats = w.run()
         finally:
