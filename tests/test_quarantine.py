@@ -13,9 +13,11 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -253,3 +255,41 @@ def test_cli_lists_and_replays(poison_app: App, ledger_url: str, tmp_path: Path)
     assert report["operator"] == "bob" and report["rate_per_s"] == 5.0
     assert [t["task_id"] for t in report["tasks"]] == [handle.task_id]
     assert handle.get().state is State.PENDING
+
+
+def test_an_unreachable_downstream_is_retried_to_max_attempts_not_quarantined(
+    ledger_url: str, service: CountingService,
+) -> None:
+    """A downstream outage (connection refused) fails every attempt with the same error,
+    but says nothing about the task: it is retried up to ``max_attempts`` and dead-lettered
+    unflagged, never quarantined after ``quarantine_after`` quick retries (a fresh user's
+    2-second outage quarantined every task in flight). The same task's own error is still
+    quarantined (the poison test above)."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: connection refused
+    app = App(ledger_url)
+    client = service.client()
+
+    @app.task(name="q.outage", retry=RetryPolicy(max_attempts=5, base_delay_s=0.01,
+                                                 max_delay_s=0.02, jitter=0.0,
+                                                 quarantine_after=3))
+    def outage(ctx: TaskContext) -> None:
+        client.execute(f"run:{ctx.task_id}", {})  # counted at the service, which is up
+        with httpx.Client(timeout=5.0) as down:
+            down.post(f"http://127.0.0.1:{port}/charge")
+
+    try:
+        h = app.submit("q.outage", {})
+        with running_worker(app):
+            wait_for("the dead letter", lambda: h.get().state is State.FAILED, 30)
+        info = h.get()
+        assert info.attempt == 5 and info.quarantined is False
+        assert "ConnectError" in (info.last_error or "")
+        assert _runs(service, h.task_id) == 5  # every attempt ran, counted at the service
+        with Control(ledger_url) as control:
+            assert control.quarantine_list() == []
+    finally:
+        client.close()
+        app.close()

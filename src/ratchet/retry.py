@@ -33,6 +33,7 @@ from .errors import (
 )
 
 __all__ = [
+    "downstream_unreachable",
     "DEFAULT_QUARANTINE_AFTER",
     "MAX_ATTEMPTS_LIMIT",
     "FailureClass",
@@ -269,6 +270,16 @@ def proves_not_executed(exc: BaseException) -> bool:
         status = exc.response.status_code
         return 400 <= status < 500 or status == 503
     return False
+
+
+def downstream_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` proves only that the downstream could not be reached (connection
+    refused, connect timeout, no free connection): the request never left. Such a failure
+    is transient but says nothing about the task, so it does not count toward quarantine
+    (DESIGN §7): an outage of a downstream would otherwise quarantine every task in flight
+    after ``quarantine_after`` quick retries, cutting ``max_attempts`` short."""
+    return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout
+                      | ConnectionRefusedError)
 
 
 def classify(exc: BaseException) -> FailureClass:

@@ -123,7 +123,7 @@ from ..ledger.base import (
     Transition,
 )
 from ..observe import tracing
-from ..retry import TIME_LIMIT, FailureClass, classify, retry_after_s
+from ..retry import TIME_LIMIT, FailureClass, classify, downstream_unreachable, retry_after_s
 from ..serde import dumps, printable
 from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
@@ -1129,9 +1129,11 @@ class Worker:
             error = "".join(traceback.format_exception(exc, limit=-6))[-4000:]
         error = printable(error)
         # Quarantine (DESIGN §7): the ledger counts the fingerprint of failures that say
-        # something about the task; overload and unknown outcomes are about the downstream.
+        # something about the task; overload, unknown outcomes and an unreachable
+        # downstream are about the downstream.
         fp = (of_exception(claim.name, exc)
-              if failure in (FailureClass.TRANSIENT, FailureClass.PERMANENT) else None)
+              if failure in (FailureClass.TRANSIENT, FailureClass.PERMANENT)
+              and not downstream_unreachable(exc) else None)
         if failure is FailureClass.PERMANENT or claim.attempt >= claim.max_attempts:
             reason = "permanent" if failure is FailureClass.PERMANENT else "attempts exhausted"
             if open_intents:
