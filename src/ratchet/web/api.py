@@ -158,7 +158,8 @@ def _message(error: Mapping[str, Any]) -> str:
     if error.get("type") == "string_pattern_mismatch" and loc and loc[-1] == "reason":
         return "must say why (not blank, no NUL): it is kept in the audit log"
     if error.get("type") == "string_pattern_mismatch":
-        return "must not contain a NUL character"
+        return ("must not be empty" if error.get("input") == ""
+                else "must not contain a NUL character")
     return printable(str(error.get("msg", "invalid")))
 
 
