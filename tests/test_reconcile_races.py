@@ -69,3 +69,31 @@ def test_apply_ignores_an_answer_about_an_older_intent(ledger_url: str) -> None:
     assert not finding.applied, finding
     assert control.get(task_id).state.value == "UNKNOWN"
     app.close()
+
+
+def test_a_lookup_raising_system_exit_is_inconclusive_at_once(ledger_url: str) -> None:
+    app = App(ledger_url)
+
+    @app.task(name=TASK)
+    def send(ctx: TaskContext, order: str) -> Any:
+        def call(key: str) -> Any:
+            raise OutcomeUnknownError(f"the reply for {key} was lost")
+
+        return ctx.effect("send", call, key=f"send:{order}")
+
+    @app.lookup(TASK, "send", worker=False)
+    def look(key: str) -> Any:
+        raise SystemExit(3)  # a careless lookup (a CLI helper calling sys.exit)
+
+    control = Control(app=app)
+    control.migrate()
+    task_id = app.submit(TASK, {"order": "o1"}).task_id
+    with running_worker(app):
+        wait_for("UNKNOWN", lambda: control.get(task_id).state.value == "UNKNOWN")
+    report = reconcile(control, app, TASK, apply=True, reason="r", by="ops",
+                       rate_per_s=None, lookup_timeout_s=30)
+    [finding] = report.findings
+    assert finding.outcome == "unknown" and "SystemExit" in finding.note, finding
+    assert report.elapsed_s < 20  # not left to the lookup timeout
+    assert control.get(task_id).state.value == "UNKNOWN"
+    app.close()

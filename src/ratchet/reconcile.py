@@ -167,7 +167,7 @@ def _ask(lookup: RegisteredLookup, key: str, token: int, pacer: _Pacer,
     def run() -> None:
         try:
             value = lookup.ask(key, token)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too: this thread's answer, not a hang
             box.append(("error", printable(f"{type(exc).__name__}: {exc}")[:500]))
         else:
             box.append(("absent", None) if isinstance(value, NotFound) else ("found", value))
