@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -69,7 +70,7 @@ class JsonFormatter(logging.Formatter):
                 timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": _message(record),
         }
         ambient = _current.get()
         if ambient is not None:
@@ -88,7 +89,28 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = record.exc_text
         if record.stack_info:
             out["stack"] = record.stack_info
-        return json.dumps(out, default=str, ensure_ascii=False)
+        try:
+            return json.dumps(out, default=str, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError):  # non-str keys, a cycle, NaN: written as text
+            return json.dumps({k: _plain(v) for k, v in out.items()}, ensure_ascii=False)
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's message; a format string its arguments do not fit is kept as text."""
+    try:
+        return record.getMessage()
+    except Exception as exc:
+        return (f"{record.msg!s} (log arguments {record.args!r} do not fit the format: "
+                f"{type(exc).__name__}: {exc})")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` if it is a JSON scalar (a finite float), else its ``str``."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    return str(value)
 
 
 def setup_logging(level: str, fmt: LogFormat = "text") -> None:
