@@ -83,3 +83,16 @@ def test_same_key_other_tenant_is_a_conflict(api: httpx.Client) -> None:
     other = api.post("/tasks", json={**body, "tenant": "acme"},
                      headers={**AUTH, "Idempotency-Key": "t-1"})
     assert other.status_code == 409, other.text
+
+
+def test_every_mutation_documents_the_body_cap(api: httpx.Client) -> None:
+    doc = api.get("/openapi.json").json()
+    over = b"{" + b" " * (body_limit_bytes(MIB) + 1) + b"}"
+    posts = [path for path, ops in doc["paths"].items() if "post" in ops]
+    assert len(posts) >= 7, posts
+    for path in posts:
+        url = path.replace("{task_id}", "t1").replace("{fingerprint}", "0123456789abcdef")
+        answer = api.post(url, content=over, headers={**AUTH, "Content-Type":
+                                                      "application/json"})
+        assert answer.status_code == 413, (path, answer.text)
+        assert "413" in doc["paths"][path]["post"]["responses"], path

@@ -21,8 +21,8 @@ the token is one shared secret, so it proves the right to act, not who acts.
 
 Errors are :class:`~ratchet.web.models.ErrorBody` JSON: 401 missing / wrong token, 403
 submit on a service started without ``--app``, 404 unknown task, 409 wrong state or an
-idempotency conflict (with both digests), 413 params too large, 422 bad input (the fields
-in ``errors``), 503 ledger unavailable.
+idempotency conflict (with both digests), 413 params (or the request body) too large,
+422 bad input (the fields in ``errors``), 503 ledger unavailable.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at
@@ -93,7 +93,8 @@ _DESCRIPTIONS = {
     404: "No such task.",
     409: "The task is in the wrong state for this action, or the Idempotency-Key belongs "
          "to a task with other params (both digests given).",
-    413: "The params are larger than the ledger's payload limit.",
+    413: "The params are larger than the ledger's payload limit, or the request body is "
+         "larger than the service accepts (ratchet.web.limits).",
     422: "Bad input; the message and errors name the field.",
     503: "The ledger is unavailable (missing, unreachable, or its schema is too old).",
 }
@@ -376,19 +377,19 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                               created=handle.created, task=control.get(handle.task_id))
 
     @api.post("/tasks/{task_id}/cancel", response_model=ControlOutcome,
-              responses=_errors(401, 404, 409, 422, 503),
+              responses=_errors(401, 404, 409, 413, 422, 503),
               summary="Cancel a task (running: at its next step boundary)")
     def cancel(task_id: TaskId, body: CancelBody, operator: Operator) -> ControlOutcome:
         return _unchanged_is_conflict(control.cancel(task_id, reason=body.reason, by=operator))
 
     @api.post("/tasks/{task_id}/retry", response_model=ControlOutcome,
-              responses=_errors(401, 404, 409, 422, 503),
+              responses=_errors(401, 404, 409, 413, 422, 503),
               summary="Run a FAILED task again, from its checkpoint")
     def retry(task_id: TaskId, body: RetryBody, operator: Operator) -> ControlOutcome:
         return _unchanged_is_conflict(control.retry(task_id, reason=body.reason, by=operator))
 
     @api.post("/tasks/{task_id}/resolve", response_model=TaskInfo,
-              responses=_errors(401, 404, 409, 422, 503),
+              responses=_errors(401, 404, 409, 413, 422, 503),
               summary="Settle an UNKNOWN task's open effect (done / not-done / give-up)")
     def resolve(task_id: TaskId, body: ResolveBody, operator: Operator) -> TaskInfo:
         try:
@@ -399,19 +400,19 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                            state=control.get(task_id).state.value) from None
 
     @api.post("/pauses", response_model=PauseResult,
-              responses=_errors(401, 404, 422, 503),
+              responses=_errors(401, 404, 413, 422, 503),
               summary="Pause everything, a task type or one task")
     def pause(body: PauseBody, operator: Operator) -> PauseResult:
         return control.pause(body.scope, body.target, reason=body.reason, by=operator)
 
-    @api.post("/resume", response_model=PauseResult, responses=_errors(401, 422, 503),
+    @api.post("/resume", response_model=PauseResult, responses=_errors(401, 413, 422, 503),
               summary="End a pause (optionally re-admitting at a rate)")
     def resume(body: ResumeBody, operator: Operator) -> PauseResult:
         return control.resume(body.scope, body.target, reason=body.reason, by=operator,
                               rate_per_s=body.rate_per_s)
 
     @api.post("/quarantine/{fingerprint}/replay", response_model=ReplayReport,
-              responses=_errors(401, 422, 503),
+              responses=_errors(401, 413, 422, 503),
               summary="Re-queue one fingerprint's quarantined tasks at a rate (or dry run)")
     def replay(
         fingerprint: Annotated[str, Path(pattern=r"^[0-9a-fA-F]{16}$",
