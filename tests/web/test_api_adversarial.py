@@ -12,9 +12,10 @@ import pytest
 from api_app import make_app
 from apisupport import AUTH, TOKEN, api_server
 
-from ratchet import Control
+from ratchet import ConfigError, Control
 from ratchet.web import WebSettings
 from ratchet.web.limits import body_limit_bytes
+from ratchet.web.serve import check_bind
 
 MIB = 1024 * 1024
 
@@ -96,3 +97,10 @@ def test_every_mutation_documents_the_body_cap(api: httpx.Client) -> None:
                                                       "application/json"})
         assert answer.status_code == 413, (path, answer.text)
         assert "413" in doc["paths"][path]["post"]["responses"], path
+
+
+@pytest.mark.parametrize("token", [" ", "secret ", "\tsecret", "secret\n"])
+def test_a_token_no_client_can_present_is_refused_at_start(token: str) -> None:
+    with pytest.raises(ConfigError, match="whitespace"):
+        check_bind(WebSettings(api_token=token), "0.0.0.0")
+    check_bind(WebSettings(api_token="secret"), "0.0.0.0")  # a usable token: fine
