@@ -59,7 +59,12 @@ def test_huge_bodies_are_refused_before_parsing(api: httpx.Client, ledger_url: s
     ok = api.post("/tasks", json={"name": "web.echo", "params": {"text": "fine"}},
                   headers=AUTH)
     assert ok.status_code == 201, ok.text
-    assert Control(ledger_url).status().counts == {"web.echo": {"PENDING": 1}}
+    chunked = api.post("/tasks", content=iter([b'{"name": "web.echo", ', b'"params": ',
+                                               b'{"text": "in pieces"}}']),
+                       headers={**AUTH, "Content-Type": "application/json"})
+    assert chunked.status_code == 201, chunked.text
+    assert chunked.json()["task"]["params"] == {"text": "in pieces"}
+    assert Control(ledger_url).status().counts == {"web.echo": {"PENDING": 2}}
 
 
 def test_empty_identifier_is_called_empty(api: httpx.Client) -> None:
