@@ -5,6 +5,8 @@ is not silently taken for the original."""
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Iterator
 
 import httpx
@@ -109,3 +111,41 @@ def test_a_token_no_client_can_present_is_refused_at_start(token: str) -> None:
     with pytest.raises(ConfigError, match="whitespace"):
         check_bind(WebSettings(api_token=token), "0.0.0.0")
     check_bind(WebSettings(api_token="secret"), "0.0.0.0")  # a usable token: fine
+
+
+def _raw_post(base: str, path: str, headers: list[tuple[str, bytes]], body: bytes) -> bytes:
+    """POST with header values sent as these exact bytes (httpx refuses non-ASCII)."""
+    host, port = base.removeprefix("http://").split("/")[0].split(":")
+    lines = [f"POST {path} HTTP/1.1".encode(), f"Host: {host}".encode(),
+             b"Content-Type: application/json", f"Content-Length: {len(body)}".encode(),
+             b"Connection: close", *[name.encode() + b": " + value for name, value in headers]]
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_non_ascii_header_values_are_utf8(api: httpx.Client, ledger_url: str) -> None:
+    base = str(api.base_url).rstrip("/")
+    body = json.dumps({"name": "web.echo", "params": {"text": "u"}}).encode()
+    auth = ("Authorization", f"Bearer {TOKEN}".encode())
+    answer = _raw_post(base, "/api/tasks", [auth, ("Idempotency-Key",
+                                                   "clé-日本".encode())], body)
+    assert answer.startswith(b"HTTP/1.1 201"), answer[:300]
+    task_id = json.loads(answer.split(b"\r\n\r\n", 1)[1])["task_id"]
+    found = api.get("/tasks", params={"key": "clé-日本"}).json()["tasks"]
+    assert [t["task_id"] for t in found] == [task_id]
+    # The same key from Python is the same task.
+    app = make_app(ledger_url)
+    assert app.submit("web.echo", {"text": "u"}, idempotency_key="clé-日本").task_id == task_id
+    app.close()
+    cancel = _raw_post(base, f"/api/tasks/{task_id}/cancel",
+                       [auth, ("X-Ratchet-Operator", "Zoë".encode())], b'{"reason": "r"}')
+    assert cancel.startswith(b"HTTP/1.1 200"), cancel[:300]
+    [event] = [e for e in Control(ledger_url).inspect(task_id).events
+               if e.kind == "operator_cancel"]
+    assert event.detail["operator"] == "Zoë"
+    not_utf8 = _raw_post(base, "/api/tasks", [auth, ("Idempotency-Key", b"\xff\xfe")], body)
+    assert not_utf8.startswith(b"HTTP/1.1 422") and b"UTF-8" in not_utf8, not_utf8[:300]

@@ -199,6 +199,23 @@ def _install_error_handlers(api: FastAPI) -> None:
     api.add_exception_handler(StarletteHTTPException, on_http)
 
 
+def _header_text(value: str, header: str) -> str:
+    """A header value as the client's UTF-8 text (HTTP servers hand header bytes over as
+    Latin-1, so ``clé`` would arrive as ``clÃ©`` and not match the same key given to
+    ``App.submit``, the CLI or a query parameter).
+
+    Raises:
+        ApiError: 422 when the bytes are not UTF-8.
+    """
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        message = "must be UTF-8 text"
+        raise ApiError(422, "invalid", f"bad input: header.{header}: {message}",
+                       errors=[FieldError(field=f"header.{header}", message=message)]
+                       ) from None
+
+
 def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
     """The dependency every mutation takes: checks the rule of :mod:`ratchet.web.auth`
     (401 otherwise) and returns the operator name to audit.
@@ -217,7 +234,8 @@ def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
             raise ApiError(401, "unauthorized",
                            "this mutation needs 'Authorization: Bearer <RATCHET_API_TOKEN>'"
                            if presented is None else "wrong bearer token")
-        return operator if operator is not None else f"api@{peer or 'unknown'}"
+        return (_header_text(operator, OPERATOR_HEADER) if operator is not None
+                else f"api@{peer or 'unknown'}")
 
     operator_header = Header(
         alias=OPERATOR_HEADER, min_length=1, max_length=1024, pattern=NO_NUL,
@@ -368,6 +386,8 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                 403, "submit_unavailable",
                 "submitting needs the application's task registry (to check the task name "
                 "and params): start the service with `ratchet serve --app MODULE:APP`")
+        if idempotency_key is not None:
+            idempotency_key = _header_text(idempotency_key, "Idempotency-Key")
         handle = control.submit(body.name, body.params, idempotency_key=idempotency_key,
                                 delay_s=body.delay_s, tenant=body.tenant,
                                 version=body.version)
