@@ -149,3 +149,18 @@ def test_non_ascii_header_values_are_utf8(api: httpx.Client, ledger_url: str) ->
     assert event.detail["operator"] == "Zoë"
     not_utf8 = _raw_post(base, "/api/tasks", [auth, ("Idempotency-Key", b"\xff\xfe")], body)
     assert not_utf8.startswith(b"HTTP/1.1 422") and b"UTF-8" in not_utf8, not_utf8[:300]
+
+
+def test_a_non_ascii_token_can_be_presented(ledger_url: str) -> None:
+    Control(ledger_url).migrate()
+    token = "pässwörd-日本"
+    settings = WebSettings(ledger_url=ledger_url, api_token=token)
+    body = json.dumps({"name": "web.echo", "params": {"text": "t"}}).encode()
+    with api_server(Control(app=make_app(ledger_url)), settings) as base:
+        right = _raw_post(base, "/api/tasks", [("Authorization", b"Bearer " + token.encode())],
+                          body)
+        assert right.startswith(b"HTTP/1.1 201"), right[:300]
+        wrong = _raw_post(base, "/api/tasks", [("Authorization",
+                                                b"Bearer " + token.encode("latin-1", "replace"))],
+                          body)
+        assert wrong.startswith(b"HTTP/1.1 401"), wrong[:300]

@@ -27,6 +27,7 @@ idempotency conflict (with both digests), 413 params (or the request body) too l
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at
 # definition time, and some name types local to build_api.
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -227,6 +228,9 @@ def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
     def check(request: Request, operator: str | None) -> str:
         peer = request.client.host if request.client else None
         presented = bearer(request.headers.get("authorization"))
+        if presented is not None:  # Latin-1 as the server hands it over: the UTF-8 text
+            with contextlib.suppress(UnicodeError):  # not UTF-8: compared as it is
+                presented = presented.encode("latin-1").decode("utf-8")
         if not token_ok(settings, presented, peer):
             if settings.api_token is None:
                 raise ApiError(401, "unauthorized",
