@@ -2,8 +2,11 @@
 before the application (or its JSON parser) sees it, so a client cannot make the service
 hold many times a huge body in memory (the params limit is checked only after parsing).
 
-A body with a ``Content-Length`` over the cap is refused without reading it; a chunked one
-is read up to the cap and refused as soon as it passes it. Bodies within the cap are read
+A body with a ``Content-Length`` over the cap is refused without keeping it; a chunked one
+is kept up to the cap and refused as soon as it passes it. The rest of a refused body is
+read and dropped before the answer (memory stays flat; closing with unread input would
+make TCP reset the connection and the client lose the 413), so a client can still make
+the service read a long upload: bound that with a proxy. Bodies within the cap are read
 whole and handed on unchanged (every route reads its whole body anyway).
 """
 
@@ -42,6 +45,7 @@ class BodyLimit:
             return
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
+            await _drain(receive)
             await self._refuse(send, length)
             return
         chunks: list[bytes] = []
@@ -55,6 +59,8 @@ class BodyLimit:
             body = message.get("body", b"")
             size += len(body)
             if size > self.max_bytes:
+                if message.get("more_body", False):
+                    await _drain(receive)
                 await self._refuse(send, None)
                 return
             chunks.append(body)
@@ -77,6 +83,15 @@ class BodyLimit:
                                 (b"content-length", str(len(payload)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": payload})
+
+
+async def _drain(receive: Receive) -> None:
+    """Read the rest of the body and drop it (memory stays flat): closing a connection
+    with unread input makes TCP reset it, and the client would lose the 413."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
 
 
 def _content_length(scope: Scope) -> int | None:
