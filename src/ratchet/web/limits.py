@@ -70,10 +70,10 @@ class BodyLimit:
         await self.app(scope, _replay([whole], then=receive), send)
 
     async def _refuse(self, send: Send, length: int | None) -> None:
-        size = f"{length} bytes" if length is not None else "more than that"
+        size = f" ({length} bytes)" if length is not None else ""
         payload = json.dumps({
             "error": "payload_too_large",
-            "message": f"the request body is {size}, over the service's limit of "
+            "message": f"the request body{size} is over the service's limit of "
                        f"{self.max_bytes} bytes; store large data elsewhere and pass a "
                        "reference",
             "errors": [], "task_id": None, "state": None, "existing_digest": None,
