@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
 from ratchet.observe.logs import JsonFormatter
+from ratchet.testing.processes import clean_env
 
 
 def _record(msg: object, args: tuple[Any, ...] = (), **extra: Any) -> logging.LogRecord:
@@ -47,3 +50,13 @@ def test_odd_records_are_still_json(record: logging.LogRecord, expect: str) -> N
     line = JsonFormatter().format(record)
     out = _strict(line)
     assert out["message"].startswith(expect) and "\n" not in line
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1", "utf-8"])
+def test_json_lines_stay_json_on_a_stderr_that_is_not_utf8(encoding: str) -> None:
+    code = ("import logging; from ratchet.observe.logs import setup_logging; "
+            "setup_logging('INFO', 'json'); logging.getLogger('x').info('café 日本')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
+                          env=clean_env({"PYTHONIOENCODING": encoding}), check=True)
+    [line] = done.stderr.decode(encoding).splitlines()
+    assert _strict(line)["message"] == "café 日本"
