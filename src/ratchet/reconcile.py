@@ -19,7 +19,9 @@ Nothing changes unless ``apply=True``: then the unambiguous findings are resolve
 :meth:`Control.resolve` (audited with the operator and reason): an ``UNKNOWN`` task whose
 only open effect the target has → ``done`` with the target's answer as the result; whose
 only open effect the target confirms absent → ``not-done`` (the task calls again, same
-key). Everything else is left for a person. Each run is audited (:meth:`Control.
+key). Both only while that open effect is still the intent of the generation that was
+looked up (a task resolved and run again meanwhile is left alone). Everything else is left
+for a person. Each run is audited (:meth:`Control.
 record_reconcile`): a ``reconcile`` row with the counts, and a ``reconcile_<outcome>`` row
 per finding on its task (``reconcile_resolved`` per resolution), so a ledger collector can
 count them (:meth:`Control.reconcile_counts`).
@@ -165,7 +167,7 @@ def _ask(lookup: RegisteredLookup, key: str, token: int, pacer: _Pacer,
     def run() -> None:
         try:
             value = lookup.ask(key, token)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too: this thread's answer, not a hang
             box.append(("error", printable(f"{type(exc).__name__}: {exc}")[:500]))
         else:
             box.append(("absent", None) if isinstance(value, NotFound) else ("found", value))
@@ -264,7 +266,8 @@ def _late_finding(le: LateEffectView, state: str, target: Any) -> Finding:
 
 
 def _apply(control: Control, f: Finding, reason: str, operator: str) -> Finding:
-    """Carry out ``f.action`` if the task still has exactly that one open effect."""
+    """Carry out ``f.action`` if the task still has exactly that one open effect, written
+    by the generation whose intent was looked up (else the answer may be stale)."""
     try:
         timeline = control.inspect(f.task_id)
     except TaskNotFound:
@@ -274,6 +277,11 @@ def _apply(control: Control, f: Finding, reason: str, operator: str) -> Finding:
         return _with(f, note=f"{f.note}; not applied: the task is {timeline.task.state.value}"
                      f" with open effects {open_effects} (resolve settles every open effect "
                      "at once: only a task whose one open effect is this one is resolved)")
+    [intent] = [e for e in timeline.effects if e.state == "intent"]
+    if intent.generation != f.generation:  # the task ran again since the lookup was asked
+        return _with(f, note=f"{f.note}; not applied: the open intent is now generation "
+                     f"{intent.generation}'s, not generation {f.generation}'s that was looked"
+                     " up (the answer may be stale: run reconcile again)")
     why = f"ratchet reconcile ({f.outcome}, the target's answer): {reason}"
     try:
         if f.action == "resolve done":

@@ -290,9 +290,20 @@ class SQLiteDialect:
     # ------------------------------------------------------------------ schema
 
     def schema_version(self) -> int:
-        """The file's ``PRAGMA user_version`` (0 for a new file)."""
+        """The file's ``PRAGMA user_version`` (0 for a new file).
+
+        Raises:
+            LedgerUnavailable: the file was removed while this ledger had it open (its
+                connections would go on reading and writing the deleted file).
+        """
         if not os.path.exists(self.path):
             self._check_directory()
+            with self._conn_lock:
+                opened = bool(self._connections)
+            if opened:
+                raise LedgerUnavailable(
+                    f"SQLite ledger {self.path!r} was removed while open: its open "
+                    "connections see only the deleted file")
             return 0
         version: int = self._peek("PRAGMA user_version")[0][0]
         return version

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -60,7 +61,16 @@ _current: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar
 
 class JsonFormatter(logging.Formatter):
     """Formats a record as one line of JSON (see the module docstring for the keys).
-    Values that are not JSON are written as their ``str``; never raises on odd input."""
+    Values that are not JSON are written as their ``str``; never raises on odd input.
+
+    Args:
+        ascii_only: escape every non-ASCII character (``\\u00e9``), for a stream that
+            is not UTF-8 (its error handler would write ``\\xe9``: not JSON).
+    """
+
+    def __init__(self, ascii_only: bool = False) -> None:
+        super().__init__()
+        self.ascii_only = ascii_only
 
     def format(self, record: logging.LogRecord) -> str:
         """The record as one JSON object (no newline inside: messages are escaped)."""
@@ -69,7 +79,7 @@ class JsonFormatter(logging.Formatter):
                 timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": _message(record),
         }
         ambient = _current.get()
         if ambient is not None:
@@ -88,13 +98,37 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = record.exc_text
         if record.stack_info:
             out["stack"] = record.stack_info
-        return json.dumps(out, default=str, ensure_ascii=False)
+        try:
+            return json.dumps(out, default=str, ensure_ascii=self.ascii_only,
+                              allow_nan=False)
+        except (TypeError, ValueError):  # non-str keys, a cycle, NaN: written as text
+            return json.dumps({k: _plain(v) for k, v in out.items()},
+                              ensure_ascii=self.ascii_only)
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's message; a format string its arguments do not fit is kept as text."""
+    try:
+        return record.getMessage()
+    except Exception as exc:
+        return (f"{record.msg!s} (log arguments {record.args!r} do not fit the format: "
+                f"{type(exc).__name__}: {exc})")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` if it is a JSON scalar (a finite float), else its ``str``."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    return str(value)
 
 
 def setup_logging(level: str, fmt: LogFormat = "text") -> None:
     """Configure the root logger for a worker process: one stderr handler, ``fmt``
     ``"text"`` (the classic line: time, level, logger, pid, message) or ``"json"``
-    (:class:`JsonFormatter`); :data:`CHATTY_LOGGERS` to WARNING unless ``level`` is DEBUG.
+    (:class:`JsonFormatter`, ASCII-only when stderr is not UTF-8); :data:`CHATTY_LOGGERS`
+    to WARNING unless ``level`` is DEBUG.
 
     Args:
         level: ``DEBUG``, ``INFO``, ``WARNING`` or ``ERROR``.
@@ -106,7 +140,9 @@ def setup_logging(level: str, fmt: LogFormat = "text") -> None:
     if fmt not in ("text", "json"):
         raise ValueError(f"log format must be 'text' or 'json', got {fmt!r}")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    encoding = (getattr(sys.stderr, "encoding", None) or "").lower().replace("_", "-")
+    handler.setFormatter(JsonFormatter(ascii_only=encoding not in ("utf-8", "utf8"))
+                         if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level, handlers=[handler])
     if level != "DEBUG":
         for chatty in CHATTY_LOGGERS:

@@ -21,12 +21,13 @@ the token is one shared secret, so it proves the right to act, not who acts.
 
 Errors are :class:`~ratchet.web.models.ErrorBody` JSON: 401 missing / wrong token, 403
 submit on a service started without ``--app``, 404 unknown task, 409 wrong state or an
-idempotency conflict (with both digests), 413 params too large, 422 bad input (the fields
-in ``errors``), 503 ledger unavailable.
+idempotency conflict (with both digests), 413 params (or the request body) too large,
+422 bad input (the fields in ``errors``), 503 ledger unavailable.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at
 # definition time, and some name types local to build_api.
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -93,7 +94,8 @@ _DESCRIPTIONS = {
     404: "No such task.",
     409: "The task is in the wrong state for this action, or the Idempotency-Key belongs "
          "to a task with other params (both digests given).",
-    413: "The params are larger than the ledger's payload limit.",
+    413: "The params are larger than the ledger's payload limit, or the request body is "
+         "larger than the service accepts (ratchet.web.limits).",
     422: "Bad input; the message and errors name the field.",
     503: "The ledger is unavailable (missing, unreachable, or its schema is too old).",
 }
@@ -158,7 +160,8 @@ def _message(error: Mapping[str, Any]) -> str:
     if error.get("type") == "string_pattern_mismatch" and loc and loc[-1] == "reason":
         return "must say why (not blank, no NUL): it is kept in the audit log"
     if error.get("type") == "string_pattern_mismatch":
-        return "must not contain a NUL character"
+        return ("must not be empty" if error.get("input") == ""
+                else "must not contain a NUL character")
     return printable(str(error.get("msg", "invalid")))
 
 
@@ -197,6 +200,23 @@ def _install_error_handlers(api: FastAPI) -> None:
     api.add_exception_handler(StarletteHTTPException, on_http)
 
 
+def _header_text(value: str, header: str) -> str:
+    """A header value as the client's UTF-8 text (HTTP servers hand header bytes over as
+    Latin-1, so ``clé`` would arrive as ``clÃ©`` and not match the same key given to
+    ``App.submit``, the CLI or a query parameter).
+
+    Raises:
+        ApiError: 422 when the bytes are not UTF-8.
+    """
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        message = "must be UTF-8 text"
+        raise ApiError(422, "invalid", f"bad input: header.{header}: {message}",
+                       errors=[FieldError(field=f"header.{header}", message=message)]
+                       ) from None
+
+
 def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
     """The dependency every mutation takes: checks the rule of :mod:`ratchet.web.auth`
     (401 otherwise) and returns the operator name to audit.
@@ -208,6 +228,9 @@ def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
     def check(request: Request, operator: str | None) -> str:
         peer = request.client.host if request.client else None
         presented = bearer(request.headers.get("authorization"))
+        if presented is not None:  # Latin-1 as the server hands it over: the UTF-8 text
+            with contextlib.suppress(UnicodeError):  # not UTF-8: compared as it is
+                presented = presented.encode("latin-1").decode("utf-8")
         if not token_ok(settings, presented, peer):
             if settings.api_token is None:
                 raise ApiError(401, "unauthorized",
@@ -215,7 +238,8 @@ def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
             raise ApiError(401, "unauthorized",
                            "this mutation needs 'Authorization: Bearer <RATCHET_API_TOKEN>'"
                            if presented is None else "wrong bearer token")
-        return operator if operator is not None else f"api@{peer or 'unknown'}"
+        return (_header_text(operator, OPERATOR_HEADER) if operator is not None
+                else f"api@{peer or 'unknown'}")
 
     operator_header = Header(
         alias=OPERATOR_HEADER, min_length=1, max_length=1024, pattern=NO_NUL,
@@ -366,6 +390,8 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                 403, "submit_unavailable",
                 "submitting needs the application's task registry (to check the task name "
                 "and params): start the service with `ratchet serve --app MODULE:APP`")
+        if idempotency_key is not None:
+            idempotency_key = _header_text(idempotency_key, "Idempotency-Key")
         handle = control.submit(body.name, body.params, idempotency_key=idempotency_key,
                                 delay_s=body.delay_s, tenant=body.tenant,
                                 version=body.version)
@@ -375,19 +401,19 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                               created=handle.created, task=control.get(handle.task_id))
 
     @api.post("/tasks/{task_id}/cancel", response_model=ControlOutcome,
-              responses=_errors(401, 404, 409, 422, 503),
+              responses=_errors(401, 404, 409, 413, 422, 503),
               summary="Cancel a task (running: at its next step boundary)")
     def cancel(task_id: TaskId, body: CancelBody, operator: Operator) -> ControlOutcome:
         return _unchanged_is_conflict(control.cancel(task_id, reason=body.reason, by=operator))
 
     @api.post("/tasks/{task_id}/retry", response_model=ControlOutcome,
-              responses=_errors(401, 404, 409, 422, 503),
+              responses=_errors(401, 404, 409, 413, 422, 503),
               summary="Run a FAILED task again, from its checkpoint")
     def retry(task_id: TaskId, body: RetryBody, operator: Operator) -> ControlOutcome:
         return _unchanged_is_conflict(control.retry(task_id, reason=body.reason, by=operator))
 
     @api.post("/tasks/{task_id}/resolve", response_model=TaskInfo,
-              responses=_errors(401, 404, 409, 422, 503),
+              responses=_errors(401, 404, 409, 413, 422, 503),
               summary="Settle an UNKNOWN task's open effect (done / not-done / give-up)")
     def resolve(task_id: TaskId, body: ResolveBody, operator: Operator) -> TaskInfo:
         try:
@@ -398,19 +424,19 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                            state=control.get(task_id).state.value) from None
 
     @api.post("/pauses", response_model=PauseResult,
-              responses=_errors(401, 404, 422, 503),
+              responses=_errors(401, 404, 413, 422, 503),
               summary="Pause everything, a task type or one task")
     def pause(body: PauseBody, operator: Operator) -> PauseResult:
         return control.pause(body.scope, body.target, reason=body.reason, by=operator)
 
-    @api.post("/resume", response_model=PauseResult, responses=_errors(401, 422, 503),
+    @api.post("/resume", response_model=PauseResult, responses=_errors(401, 413, 422, 503),
               summary="End a pause (optionally re-admitting at a rate)")
     def resume(body: ResumeBody, operator: Operator) -> PauseResult:
         return control.resume(body.scope, body.target, reason=body.reason, by=operator,
                               rate_per_s=body.rate_per_s)
 
     @api.post("/quarantine/{fingerprint}/replay", response_model=ReplayReport,
-              responses=_errors(401, 422, 503),
+              responses=_errors(401, 413, 422, 503),
               summary="Re-queue one fingerprint's quarantined tasks at a rate (or dry run)")
     def replay(
         fingerprint: Annotated[str, Path(pattern=r"^[0-9a-fA-F]{16}$",

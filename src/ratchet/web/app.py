@@ -9,13 +9,16 @@ from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ..app import App
+from ..config import max_payload_bytes_from_env
 from ..control import Control
 from ..loading import load_app
+from .limits import BodyLimit, body_limit_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,8 @@ class WebSettings:
 
 def create_app(settings: WebSettings, *, control: Control | None = None) -> Starlette:
     """Build the ASGI app: ``/api/...`` (JSON, OpenAPI at ``/api/openapi.json``), the
-    dashboard at ``/`` and Prometheus exposition at ``/metrics``.
+    dashboard at ``/`` and Prometheus exposition at ``/metrics``. Request bodies over
+    :func:`ratchet.web.limits.body_limit_bytes` of the payload limit are refused (413).
 
     Args:
         settings: see :class:`WebSettings`.
@@ -78,7 +82,11 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
         if loaded is not None:
             loaded.close()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    # Request bodies are capped before parsing (413): see ratchet.web.limits.
+    payload_limit = (loaded.max_payload_bytes if loaded is not None
+                     else max_payload_bytes_from_env())
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[
+        Middleware(BodyLimit, max_bytes=body_limit_bytes(payload_limit))])
     app.state.control = ctl
     app.state.settings = settings
     return app

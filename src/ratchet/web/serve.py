@@ -26,8 +26,15 @@ def check_bind(settings: WebSettings, host: str) -> None:
 
     Raises:
         ConfigError: ``host`` is not 127.0.0.1 / ::1 / localhost and ``settings.api_token``
-            is None (the message says how to fix it).
+            is None (the message says how to fix it); the token is blank or has leading
+            or trailing whitespace (HTTP strips header values: no client could present it).
     """
+    token = settings.api_token
+    if token is not None and (not token.strip() or token != token.strip()):
+        raise ConfigError(
+            "RATCHET_API_TOKEN is blank or starts or ends with whitespace: no client could "
+            "present it (HTTP strips header values), so every mutation would be refused. "
+            "Set it without the surrounding whitespace")
     if settings.api_token is None and host not in LOOPBACK_HOSTS:
         raise ConfigError(
             f"refusing to listen on {host!r} without RATCHET_API_TOKEN: anyone who can "
