@@ -322,7 +322,7 @@ def _pg_capacity_plans(conn: psycopg.Connection[Any]) -> None:
     now = 1e6 + READY
     for name, index, params in (
         ("status_ready", "tasks_ready", {"now": now}),
-        ("status_unknown", "tasks_parked", {"names": [NAME, "other"]}),
+        ("status_unknown", "tasks_parked", {"names": [NAME, "other"], "from_at": 0.0}),
         ("status_quarantined", "tasks_quarantine", {}),
         ("status_arrivals", "tasks_created", {"from_at": now - 100, "now": now}),
         ("status_completions", "tasks_finished",
@@ -400,7 +400,8 @@ def test_sqlite_prune_listing_and_status_use_their_indexes(
     recent = 1e6 + READY // 4
     for name, index, extra in (
         ("status_ready", "tasks_ready", {"now": recent}),
-        ("status_unknown", "tasks_active", {"names": json.dumps([NAME, "other"])}),
+        ("status_unknown", "tasks_active", {"names": json.dumps([NAME, "other"]),
+                                             "from_at": 0.0}),
         ("status_quarantined", "tasks_quarantine", {}),
         ("status_arrivals", "tasks_created", {"from_at": recent - 100, "now": recent}),
         ("status_completions", "tasks_finished",

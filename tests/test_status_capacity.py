@@ -102,12 +102,14 @@ def test_counts_backlog_scheduled_unknown_quarantined(capp: App, led: Ledger) ->
         assert view.backlog + view.scheduled == waiting
     assert total.total == a.total + b.total == 9
     assert report.counts == {A: a.counts, B: b.counts}
-    # Every task arrived in the window; completions: succeeded, cancelled, quarantined.
+    # Every task arrived in the window; completions: succeeded, cancelled, quarantined,
+    # and the task that went UNKNOWN (it waits for a person, not a worker).
     assert a.arrival_per_s == pytest.approx(6 / 3600)
+    assert a.completion_per_s == pytest.approx(2 / 3600)
     assert b.arrival_per_s == pytest.approx(3 / 3600)
     assert b.completion_per_s == pytest.approx(2 / 3600)
-    assert total.completion_per_s == pytest.approx(3 / 3600)
-    assert total.net_drain_per_s == pytest.approx(-6 / 3600)
+    assert total.completion_per_s == pytest.approx(4 / 3600)
+    assert total.net_drain_per_s == pytest.approx(-5 / 3600)
     assert total.drain_eta_s is None          # growing: no ETA
     assert (total.unknown, total.quarantined, total.backlog, total.scheduled) == (1, 1, 2, 2)
     assert total.running == 1

@@ -191,8 +191,11 @@ class TypeStatusView:
         running: ``RUNNING`` tasks (a dead holder's included until its lease is taken
             over or revoked).
         arrival_per_s: tasks created in the window / ``window_s``, tasks per second.
-        completion_per_s: tasks that reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED`` in
-            the window / ``window_s``, tasks per second.
+        completion_per_s: tasks that left the work in the window / ``window_s``, tasks per
+            second: reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED``, or went ``UNKNOWN``
+            (they wait for a person, not a worker; one resolved and finished within the
+            window counts twice). Rates are averages over the window, like Prometheus'
+            ``rate()``: after a burst the verdict lags by up to one window.
         net_drain_per_s: ``completion_per_s - arrival_per_s`` (negative: the work grows).
         drain_eta_s: ``backlog / net_drain_per_s`` seconds, only when the net rate is
             positive; None otherwise (not draining).
@@ -248,7 +251,7 @@ def _type_view(name: str, counts: Mapping[str, int], cap: TypeCapacity, now: flo
     scheduled = min(cap.scheduled, waiting)
     backlog = waiting - scheduled
     arrival = cap.arrivals / window_s
-    completion = cap.completions / window_s
+    completion = (cap.completions + cap.unknown_entered) / window_s
     net = completion - arrival
     return TypeStatusView(
         name=name,
@@ -292,7 +295,8 @@ def _capacity_views(counts: Mapping[str, Mapping[str, int]], caps: Sequence[Type
         unknown=sum(c.unknown for c in caps),
         quarantined=sum(c.quarantined for c in caps),
         arrivals=sum(c.arrivals for c in caps),
-        completions=sum(c.completions for c in caps))
+        completions=sum(c.completions for c in caps),
+        unknown_entered=sum(c.unknown_entered for c in caps))
     return views, _type_view(ALL_TYPES, summed, all_cap, now, window_s)
 
 

@@ -514,16 +514,16 @@ def _per_s(rate: float) -> str:
 
 def _drain(v: TypeStatusView) -> tuple[str, str]:
     """The drain column of ``ratchet status`` and its style: ``drains in ~X`` while the
-    net rate is positive, ``backlog growing by N/s`` while it is negative."""
+    net rate is positive, ``backlog growing by N/s`` while it is negative; ``no backlog``
+    (or ``nothing ready, N scheduled``) when nothing is ready."""
+    if not v.backlog:  # nothing ready: nothing to drain, whatever the rates say
+        return (f"nothing ready, {v.scheduled} scheduled", "") if v.scheduled else \
+            ("no backlog", "")
     if v.net_drain_per_s < 0:
         return f"backlog growing by {_per_s(-v.net_drain_per_s)}", "yellow"
     if v.drain_eta_s is not None:
-        if not v.backlog:
-            return "no backlog", ""
         return f"drains in ~{_span(v.drain_eta_s)}", "green"
-    if v.backlog:
-        return "not draining", "yellow"
-    return "-", ""
+    return "not draining", "yellow"
 
 
 def _status_view(s: StatusReport) -> list[RenderableType]:

@@ -744,6 +744,8 @@ class TypeCapacity:
         arrivals: its tasks created in the window (those the ledger still holds).
         completions: its tasks that reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED`` in
             the window (by ``updated_at``, the finish time).
+        unknown_entered: its ``UNKNOWN`` tasks that entered ``UNKNOWN`` in the window (they
+            wait for a person, not for a worker: the drain rate counts them as gone).
     """
 
     name: str
@@ -753,6 +755,7 @@ class TypeCapacity:
     unknown: int = 0
     quarantined: int = 0
     arrivals: int = 0
+    unknown_entered: int = 0
     completions: int = 0
 
 

@@ -1393,7 +1393,7 @@ class LedgerEngine:
             ("status_ready", {}), ("status_arrivals", {"from_at": from_at}),
             ("status_completions", {"from_at": from_at})]
         if waiting:
-            reads.append(("status_unknown", {"names": waiting}))
+            reads.append(("status_unknown", {"names": waiting, "from_at": from_at}))
         if quarantine:
             reads.append(("status_quarantined", {}))
         ready, arrivals, completions, *more = tx.rows_many(reads)
@@ -1404,8 +1404,9 @@ class LedgerEngine:
             by.setdefault(name, {}).update(
                 scheduled=int(later or 0),
                 oldest_ready_at=None if oldest is None else float(oldest))
-        for name, n, oldest in unknown:
-            by.setdefault(name, {}).update(unknown=int(n), oldest_unknown_at=float(oldest))
+        for name, n, oldest, entered in unknown:
+            by.setdefault(name, {}).update(unknown=int(n), oldest_unknown_at=float(oldest),
+                                           unknown_entered=int(entered or 0))
         for rows, key in ((quarantined, "quarantined"), (arrivals, "arrivals"),
                           (completions, "completions")):
             for name, n in rows:

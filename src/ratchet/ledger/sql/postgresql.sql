@@ -354,9 +354,11 @@ FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
 
 -- name: status_unknown
 -- UNKNOWN tasks of the given types (%(names)s: those the counts show with UNKNOWN tasks)
--- and the earliest updated_at (when each entered UNKNOWN), from tasks_parked (its
--- predicate written out).
-SELECT name, count(*), min(updated_at) FROM tasks
+-- and the earliest updated_at (when each entered UNKNOWN), and how many entered it since
+-- %(from_at)s (they left the work a worker can do: the drain rate counts them), from
+-- tasks_parked (its predicate written out).
+SELECT name, count(*), min(updated_at),
+       count(*) FILTER (WHERE updated_at >= %(from_at)s) FROM tasks
 WHERE name = ANY(%(names)s::text[])
   AND state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
   AND state = 'UNKNOWN'

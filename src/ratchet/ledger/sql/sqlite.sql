@@ -307,9 +307,11 @@ FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
 
 -- name: status_unknown
 -- UNKNOWN tasks of the given types (:names, JSON: those the counts show with UNKNOWN tasks)
--- and the earliest updated_at (when each entered UNKNOWN): one seek of tasks_active per
--- type (its predicate written out), never a walk of the whole backlog.
-SELECT name, COUNT(*), MIN(updated_at) FROM tasks
+-- and the earliest updated_at (when each entered UNKNOWN), and how many entered it since
+-- :from_at (they left the work a worker can do: the drain rate counts them): one seek of
+-- tasks_active per type (its predicate written out), never a walk of the whole backlog.
+SELECT name, COUNT(*), MIN(updated_at),
+       SUM(CASE WHEN updated_at >= :from_at THEN 1 ELSE 0 END) FROM tasks
 WHERE name IN (SELECT value FROM json_each(:names))
   AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN'
 GROUP BY name;
