@@ -397,12 +397,15 @@ def test_cli_prune(app: App, ledger_url: str, tmp_path: Path) -> None:
     assert len(export.read_text().splitlines()) == 4
     bad = runner.invoke(cli, ["prune", "--older-than", "soon", "--ledger", ledger_url])
     assert bad.exit_code == 2 and "--older-than must be a duration" in bad.output
+    bare = runner.invoke(cli, ["prune", "--older-than", "30", "--ledger", ledger_url])
+    assert bare.exit_code == 2 and "--older-than needs a unit: 30s, 30m" in bare.output
     missing = runner.invoke(cli, ["prune", "--ledger", ledger_url])
     assert missing.exit_code != 0
     # The worker's options are checked before the app is loaded.
     for options, message in (
             (["--prune-older-than", "30d", "--prune-every", "0s"], "--prune-every must be longer"),
             (["--prune-older-than", "soon"], "--prune-older-than must"),
+            (["--prune-older-than", "30"], "--prune-older-than needs a unit"),
             (["--prune-every", "1h"], "--prune-every needs --prune-older-than")):
         bad = runner.invoke(cli, ["worker", "no_such_module:app", *options,
                                   "--ledger", ledger_url])

@@ -91,8 +91,14 @@ _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(s|m|h|d)?\s*\Z")
 _UNIT_S = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def parse_duration_s(text: str, what: str) -> float:
-    """``"90"``, ``"90s"``, ``"5m"``, ``"1.5h"``, ``"7d"`` as seconds (a float >= 0).
+def parse_duration_s(text: str, what: str, *, unit_required: bool = False) -> float:
+    """``"90"``, ``"90s"``, ``"5m"``, ``"1.5h"``, ``"7d"`` as seconds (a float >= 0);
+    ``m`` is minutes.
+
+    Args:
+        unit_required: refuse a bare number other than 0 (for destructive options such as
+            ``prune --older-than``, where ``30`` meant as days would delete nearly
+            everything).
 
     Raises:
         InvalidArguments: anything else (named by ``what``, e.g. ``"--older-than"``).
@@ -100,8 +106,13 @@ def parse_duration_s(text: str, what: str) -> float:
     match = _DURATION.match(text) if isinstance(text, str) else None
     if match is None:
         raise InvalidArguments(
-            f"{what} must be a duration like 90s, 5m, 1.5h or 7d (seconds if no unit), "
-            f"got {text!r}")
+            f"{what} must be a duration like 90s, 5m, 1.5h or 7d"
+            f"{'' if unit_required else ' (seconds if no unit)'}, got {text!r}")
+    if unit_required and match.group(2) is None and float(match.group(1)) != 0:
+        raise InvalidArguments(
+            f"{what} needs a unit: {text.strip()}s, {text.strip()}m (minutes), "
+            f"{text.strip()}h or {text.strip()}d, got {text!r} (a bare number is refused here "
+            "because it deletes)")
     return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 

@@ -348,7 +348,8 @@ def worker(
         retrying(app_ledger)
 
     def run() -> None:
-        prune_age = (parse_duration_s(prune_older_than, "--prune-older-than")
+        prune_age = (parse_duration_s(prune_older_than, "--prune-older-than",
+                                      unit_required=True)
                      if prune_older_than is not None else None)
         if prune_every is not None and prune_older_than is None:
             raise InvalidArguments("--prune-every needs --prune-older-than AGE (which tasks "
@@ -1632,7 +1633,7 @@ def prune(
     """
 
     def run() -> None:
-        age = parse_duration_s(older_than, "--older-than")
+        age = parse_duration_s(older_than, "--older-than", unit_required=True)
         with Control(ledger) as control:
             try:
                 report = control.prune(age, dry_run=dry_run, batch_size=batch_size,
