@@ -566,6 +566,9 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
     if not s.types:
         cap.add_row("(no tasks)", "")
     parts.append(cap)
+    parts.append(line("running: leased tasks, executing or prefetched by a worker (up to "
+                      "--prefetch per worker); done/s: finished or gone UNKNOWN; rates are "
+                      "averages over the window"))
     age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
     parts.append(line(f"oldest pending age: {age}"))
     parts.append(line(f"unknown (waiting for an operator): {s.unknown}"))

@@ -962,7 +962,8 @@ class LedgerEngine:
             if same:
                 return PauseResult("pause", "unchanged", same, 0, 0,
                                    f"{_scope_text(scope, target)} is already paused "
-                                   f"(version {same[0].version}, by {same[0].paused_by})")
+                                   f"(pause record version {same[0].version}, "
+                                   f"by {same[0].paused_by})")
             version_row = tx.one("pause_version", {})
             version = int(version_row[0] or 0) + 1 if version_row else 1
             [(pause_id,)] = tx.rows("pause_insert", {
@@ -1005,7 +1006,7 @@ class LedgerEngine:
             record = PauseRecord(pause_id, scope, target, version, operator, reason, now,
                                  running)
             what = _scope_text(scope, target)
-            message = (f"{what} paused (version {version})"
+            message = (f"{what} paused (pause record version {version})"
                        + (f"; {running} running task(s) stop at their next step boundary"
                           if running else "")
                        + ("; the task is PAUSED now" if moved else ""))
@@ -1071,7 +1072,7 @@ class LedgerEngine:
                                            resume_reason=reason, resumed_version=version)
                        for r in records]
             kept = len(candidates) - len(readmit)
-            message = (f"{_scope_text(scope, target)} resumed (version {version}); "
+            message = (f"{_scope_text(scope, target)} resumed (pause record version {version}); "
                        f"{len(rows)} paused task(s) ready again"
                        + (f" at {rate_per_s:g}/s" if rate_per_s and rows else "")
                        + (f"; {kept} stay paused by another pause" if kept else ""))

@@ -50,8 +50,9 @@ log = logging.getLogger("ratchet.observe.metrics")
 
 _AUDIT_TOTALS = (
     ("claims", "Claims recorded in the audit log, ever."),
-    ("takeovers", "Claims that took over an expired or revoked lease, ever."),
-    ("revocations", "Leases revoked (operator, worker registry), ever."),
+    ("takeovers", "Claims that took a task over from an expired lease, ever (a revoked "
+     "lease's task goes back to ready and is claimed as new: see revocations)."),
+    ("revocations", "Leases revoked (a dead same-host holder, an operator), ever."),
     ("stale_rejections", "Writes rejected for a stale generation (fenced out), ever."),
     ("lookup_hits", "Effects settled by a lookup that found an earlier execution, ever."),
     ("idempotency_conflicts", "Submits refused: same idempotency key, other params, ever."),

@@ -220,8 +220,9 @@ class WorkerMetrics(Middleware):
 
         self.claims = counter("ratchet_claims", "Tasks claimed by this worker.", ["type"])
         self.takeovers = counter(
-            "ratchet_takeovers", "Claims of a task whose previous lease had expired or was "
-            "revoked.", ["type"])
+            "ratchet_takeovers", "Claims that took a task over from a holder whose lease "
+            "expired (a revoked holder's tasks go back to ready and are claimed as new: see "
+            "ratchet_leases_revoked_total).", ["type"])
         self.attempts = counter(
             "ratchet_attempts", "Attempts ended, by the outcome written.", ["type", "outcome"])
         self.attempt_duration = histogram(
