@@ -763,10 +763,12 @@ def tasks(
             if t.last_error:
                 lines = [ln for ln in t.last_error.split("\n") if ln.strip()]
                 error = clip(lines[-1], 120) if lines else ""
+                if error and t.state is State.SUCCEEDED:
+                    error = f"(earlier attempt) {error}"  # not why it failed: it did not
             table.add_row(field(t.task_id), field(t.name), _state_cell(t),
                           field(f"{t.attempt}/{t.max_attempts}"), field(_when(t.created_at)),
                           field(_runs_at(t, now)), field(t.idempotency_key or "-"),
-                          field(error))
+                          field(error, "dim" if t.state is State.SUCCEEDED else ""))
         if not page.tasks:
             table.add_row("(none)", "", "", "", "", "", "", "")
         console().print(table)
@@ -906,7 +908,9 @@ def _print_timeline(tl: TaskTimeline, now: float) -> None:
     if t.last_error:
         # The last line of a traceback names the exception; "\n" only (a "\r" is data).
         lines = [ln for ln in t.last_error.split("\n") if ln.strip()]
-        out.print(line("last error: ", (lines[-1] if lines else repr(t.last_error), "")))
+        label = ("last error (an earlier attempt; it succeeded): "
+                 if t.state is State.SUCCEEDED else "last error: ")
+        out.print(line(label, (lines[-1] if lines else repr(t.last_error), "")))
     table = Table(title="timeline")
     table.add_column("at (UTC)", no_wrap=True)
     table.add_column("event", overflow="fold")
