@@ -861,6 +861,15 @@ class Control:
         """
         return self._reader().now()
 
+    def schema_version(self) -> int:
+        """The ledger's schema version (one small read; ``ratchet serve``'s health check
+        with :meth:`ledger_now`).
+
+        Raises:
+            LedgerUnavailable: no ledger there, or unreachable.
+        """
+        return self._reader().schema_version()
+
     def inspect(self, task_id: str) -> TaskTimeline:
         """The task with its audit events, steps and effects (``ratchet inspect``).
 
