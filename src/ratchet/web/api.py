@@ -38,7 +38,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Mount, Route
@@ -574,24 +573,23 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
 
 
 def api_index(api: FastAPI, settings: WebSettings, prefix: str) -> ApiIndex:
-    """The index of ``GET /api``: every route of ``api`` (from its route table, so it
-    cannot drift), the OpenAPI document, the health check and the auth rule.
+    """The index of ``GET /api``: every operation of ``api``'s OpenAPI document (so it
+    cannot drift from the routes), where that document and the health check are, and the
+    auth rule in force.
 
     Args:
         api: the application :func:`build_api` made.
         settings: the service settings (the rule in force).
         prefix: where ``api`` is mounted, e.g. ``/api`` (behind a proxy's root path too).
     """
-    token_mode = settings.api_token is not None
-    open_paths = {"/health", "/"}
     endpoints = [
-        EndpointView(method=method, path=prefix + route.path, summary=route.summary or "",
-                     needs_token=token_mode and route.path not in open_paths)
-        for route in api.routes if isinstance(route, APIRoute) and route.path != "/"
-        for method in sorted(route.methods or ())]
+        EndpointView(method=method.upper(), path=prefix + path,
+                     summary=str(op.get("summary", "")), needs_token="security" in op)
+        for path, ops in api.openapi().get("paths", {}).items() if path != "/"
+        for method, op in ops.items()]
     rule = ("RATCHET_API_TOKEN is set: every endpoint but the health check, this index "
             "and the OpenAPI document needs 'Authorization: Bearer <token>'"
-            if token_mode else
+            if settings.api_token is not None else
             "no RATCHET_API_TOKEN: loopback only; reads are open, mutations from loopback "
             "need no token")
     return ApiIndex(name="Ratchet API", version=__version__,
