@@ -96,7 +96,12 @@ def test_health_says_whether_the_ledger_answers(ledger_url: str) -> None:
         body = down.json()
         assert (body["status"], body["ledger"], body["schema_version"]) == (
             "error", "down", None)
-        assert "LedgerUnavailable" in body["error"]
+        assert body["error"] == ("LedgerUnavailable (send the bearer token for the "
+                                 "message)")
+        detailed = httpx.get(f"{base}/api/health", headers=AUTH, timeout=30)
+        assert detailed.status_code == 503
+        assert detailed.json()["error"].startswith("LedgerUnavailable: no ")
+        assert "ratchet migrate" in detailed.json()["error"]
         version = Control(ledger_url).migrate()
         up = httpx.get(f"{base}/api/health", timeout=30)
         assert up.status_code == 200, up.text

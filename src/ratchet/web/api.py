@@ -395,13 +395,17 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                               "description": "The ledger does not answer (the error says "
                                              "why)."}},
              summary="Whether the service and its ledger answer (no token needed)")
-    def health() -> JSONResponse:
+    def health(request: Request) -> JSONResponse:
         try:
             schema_version = control.schema_version()
             now = control.ledger_now()
         except RatchetError as exc:
+            # The message names where the ledger is (a path, a host): with a token
+            # configured, only a client that sends it reads more than the error class.
+            detail = (f": {exc}" if read_ok(settings, bearer(request.headers.get(
+                "authorization"))) else " (send the bearer token for the message)")
             down = HealthBody(status="error", ledger="down", version=__version__,
-                              error=printable(f"{type(exc).__name__}: {exc}"))
+                              error=printable(f"{type(exc).__name__}{detail}"))
             return JSONResponse(down.model_dump(mode="json"), status_code=503,
                                 headers={"Cache-Control": "no-store"})
         return JSONResponse(HealthBody(status="ok", ledger="up", version=__version__,
