@@ -16,7 +16,8 @@ CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records
 
 Read-only calls (:meth:`Control.status`, :meth:`Control.throughput`,
 :meth:`Control.inspect`, :meth:`Control.workers`, :meth:`Control.late_effects`,
-:meth:`Control.limits`, :meth:`Control.effects`, :meth:`Control.reconcile_counts`)
+:meth:`Control.limits`, :meth:`Control.effects`, :meth:`Control.reconcile_counts`,
+:meth:`Control.schema_version`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -864,6 +865,15 @@ class Control:
             LedgerUnavailable: no ledger there.
         """
         return self._reader().now()
+
+    def schema_version(self) -> int:
+        """The ledger's schema version (one small read; ``ratchet serve``'s health check
+        with :meth:`ledger_now`).
+
+        Raises:
+            LedgerUnavailable: no ledger there, or unreachable.
+        """
+        return self._reader().schema_version()
 
     def inspect(self, task_id: str) -> TaskTimeline:
         """The task with its audit events, steps and effects (``ratchet inspect``).

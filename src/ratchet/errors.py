@@ -40,6 +40,8 @@ Driver errors (``sqlite3.Error``, ``psycopg.Error``) are converted at the ledger
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "ConfigError",
     "EffectOutcomeUnknown",
@@ -117,7 +119,23 @@ class InvalidArguments(SubmitError):
     """Arguments of a Ratchet call are invalid: params that do not bind to the task
     function's signature, a malformed task name or idempotency key
     (:func:`ratchet.validation.check_identifier`), a bad ``run_at`` / ``delay_s``, an operator
-    verdict or reason that is not allowed."""
+    verdict or reason that is not allowed.
+
+    Args:
+        message: what is wrong and how to fix it.
+        fields: the wrong fields when the check knows them, as ``(path, message)`` pairs:
+            ``path`` is the dotted place in the call's arguments (``"params.amount_cents"``,
+            ``"params"`` for the params object itself), ``message`` what is wrong there
+            (``"Input should be a valid integer (got '5')"``). Empty when unknown.
+
+    Attributes:
+        fields: as given, a tuple.
+    """
+
+    def __init__(self, message: str = "",
+                 fields: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.fields: tuple[tuple[str, str], ...] = tuple(fields)
 
 
 class PayloadNotSerializable(SubmitError):

@@ -68,28 +68,38 @@ class ParamsSchema:
         try:
             self._adapter.validate_json(params_json, strict=True)
         except pydantic.ValidationError as exc:
-            raise InvalidArguments(_describe(task, version, exc)) from None
+            message, fields = _describe(task, version, exc)
+            raise InvalidArguments(message, fields) from None
 
 
-def _describe(task: str, version: int, exc: pydantic.ValidationError) -> str:
-    """One line per wrong field of a pydantic error, for :class:`InvalidArguments`."""
+def _describe(task: str, version: int, exc: pydantic.ValidationError
+              ) -> tuple[str, list[tuple[str, str]]]:
+    """One line per wrong field of a pydantic error, for :class:`InvalidArguments`, and
+    the ``(path, message)`` of each (``path`` ``params.<field>``, its
+    :attr:`~ratchet.errors.InvalidArguments.fields`)."""
     errors = exc.errors(include_url=False)
     parts: list[str] = []
+    fields: list[tuple[str, str]] = []
     for error in errors[:MAX_REPORTED_ERRORS]:
         loc = ".".join(str(p) for p in error["loc"])
         kind = error["type"]
+        path = f"params.{loc}" if loc else "params"
         if kind == "missing":
             parts.append(f"missing required field {loc!r}")
+            fields.append((path, "missing required field"))
         elif kind == "extra_forbidden":
             parts.append(f"unknown field {loc!r}")
+            fields.append((path, "unknown field"))
         else:
             got = _short(error.get("input"))
             where = f"field {loc!r}" if loc else "params"
             parts.append(f"{where}: {error['msg']} (got {got})")
+            fields.append((path, f"{error['msg']} (got {got})"))
     more = len(errors) - MAX_REPORTED_ERRORS
     if more > 0:
         parts.append(f"and {more} more")
-    return f"params for task {task!r} (version {version}) refused: " + "; ".join(parts)
+    message = f"params for task {task!r} (version {version}) refused: " + "; ".join(parts)
+    return message, fields
 
 
 def _short(value: Any) -> str:

@@ -7,6 +7,7 @@
   lookup: the task goes ``UNKNOWN`` (for resolve).
 * ``web.poison()``: the same error every time; quarantined after 2 failures in a row (for
   replay).
+* ``web.pinned(text)``: versions 1 and 2 (for an Idempotency-Key replay pinning another).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def make_app(ledger_url: str | None = None) -> App:
     @app.task(name="web.poison", retry=POISON_POLICY)
     def poison(ctx: TaskContext) -> None:
         raise RuntimeError("poisoned input")
+
+    for version in (1, 2):
+        @app.task(name="web.pinned", version=version)
+        def pinned(ctx: TaskContext, text: str) -> str:
+            return text
 
     return app
 

@@ -11,7 +11,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import httpx
 import uvicorn
 
 from ratchet import Control
@@ -22,6 +24,12 @@ from ratchet.web.serve import bind_socket
 HERE = Path(__file__).resolve().parent
 TOKEN = "test-token-3f1c"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def bare(api: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """``method path`` on ``api``'s service without the client's default headers (the
+    token): what an anonymous client gets. ``path`` is relative to ``api.base_url``."""
+    return httpx.request(method, api.base_url.join(path.lstrip("/")), timeout=30, **kwargs)
 
 
 @contextmanager

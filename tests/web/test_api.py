@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from api_app import make_app
-from apisupport import AUTH, TOKEN, api_server, serve_process
+from apisupport import AUTH, TOKEN, api_server, bare, serve_process
 
 from ratchet import Control, State
 from ratchet.testing import running_worker
@@ -24,11 +24,12 @@ OPERATOR = {"X-Ratchet-Operator": "alice"}
 
 @pytest.fixture
 def api(ledger_url: str) -> Iterator[httpx.Client]:
-    """An httpx client on a service with a token and the test app, on a migrated ledger."""
+    """An httpx client on a service with a token and the test app, on a migrated ledger;
+    it sends the token on every request (:func:`bare` for one without)."""
     Control(ledger_url).migrate()
     settings = WebSettings(ledger_url=ledger_url, api_token=TOKEN)
     with api_server(Control(app=make_app(ledger_url)), settings) as base, \
-            httpx.Client(base_url=f"{base}/api", timeout=30) as client:
+            httpx.Client(base_url=f"{base}/api", headers=AUTH, timeout=30) as client:
         yield client
 
 
@@ -46,7 +47,7 @@ def _events(ledger_url: str, task_id: str, kind: str) -> list[dict[str, Any]]:
 
 def test_submit_idempotency_worker_and_timeline(api: httpx.Client, ledger_url: str) -> None:
     body = {"name": "web.echo", "params": {"text": "hi"}}
-    refused = api.post("/tasks", json=body, headers={"Idempotency-Key": "order-1"})
+    refused = bare(api, "POST", "/tasks", json=body, headers={"Idempotency-Key": "order-1"})
     assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
     assert refused.headers["www-authenticate"] == "Bearer"
     wrong = api.post("/tasks", json=body, headers={"Authorization": "Bearer nope"})
@@ -133,7 +134,7 @@ def test_operator_actions_change_the_ledger_and_are_audited(
     control = Control(ledger_url)
     # cancel: a task scheduled for later is CANCELLED at once.
     later = _submit(api, "web.echo", {"text": "later"}, delay_s=3600).json()["task_id"]
-    unauth = api.post(f"/tasks/{later}/cancel", json={"reason": "mistake"})
+    unauth = bare(api, "POST", f"/tasks/{later}/cancel", json={"reason": "mistake"})
     assert unauth.status_code == 401
     assert control.get(later).state is State.PENDING
     done = api.post(f"/tasks/{later}/cancel", json={"reason": "mistake"},
@@ -248,8 +249,8 @@ def test_two_replicas_racing_one_key_make_one_task(ledger_url: str) -> None:
             serve_process(ledger_url) as base_b:
         bases = [base_a, base_b]
         for base in bases:  # both answer before the race starts
-            wait_for(f"{base} to answer", lambda b=base: httpx.get(f"{b}/api/status",
-                                                                   timeout=10).is_success)
+            wait_for(f"{base} to answer", lambda b=base: httpx.get(
+                f"{b}/api/health", timeout=10).is_success)
         start = threading.Barrier(8)
         answers: list[httpx.Response] = []
         lock = threading.Lock()
@@ -276,7 +277,7 @@ def test_two_replicas_racing_one_key_make_one_task(ledger_url: str) -> None:
         # Concurrent requests on one replica's threadpool: distinct keys, reads between.
         def burst(i: int) -> httpx.Response:
             if i % 3 == 0:
-                return httpx.get(f"{base_a}/api/status", timeout=30)
+                return httpx.get(f"{base_a}/api/status", headers=AUTH, timeout=30)
             return httpx.post(f"{base_a}/api/tasks", timeout=30,
                               json={"name": "web.echo", "params": {"text": f"b{i}"}},
                               headers={**AUTH, "Idempotency-Key": f"burst-{i}"})

@@ -1,18 +1,20 @@
 """The HTTP API against a hostile or careless client, over real HTTP on loopback, on both
 ledgers: bodies far over the payload limit are refused before parsing (also without the
-token), error messages say what is wrong, and an Idempotency-Key replay with another body
-is not silently taken for the original."""
+token), error messages say what is wrong (the params fields, a body that is not JSON), and
+an Idempotency-Key replay with another body (params, tenant, pinned version) is not
+silently taken for the original."""
 
 from __future__ import annotations
 
 import json
 import socket
 from collections.abc import Iterator
+from functools import partial
 
 import httpx
 import pytest
 from api_app import make_app
-from apisupport import AUTH, TOKEN, api_server
+from apisupport import AUTH, TOKEN, api_server, bare
 
 from ratchet import ConfigError, Control
 from ratchet.web import WebSettings
@@ -24,11 +26,12 @@ MIB = 1024 * 1024
 
 @pytest.fixture
 def api(ledger_url: str) -> Iterator[httpx.Client]:
-    """An httpx client on a service with a token and the test app, on a migrated ledger."""
+    """An httpx client on a service with a token and the test app, on a migrated ledger;
+    it sends the token on every request (:func:`bare` for one without)."""
     Control(ledger_url).migrate()
     settings = WebSettings(ledger_url=ledger_url, api_token=TOKEN)
     with api_server(Control(app=make_app(ledger_url)), settings) as base, \
-            httpx.Client(base_url=f"{base}/api", timeout=60) as client:
+            httpx.Client(base_url=f"{base}/api", headers=AUTH, timeout=60) as client:
         yield client
 
 
@@ -45,9 +48,8 @@ def _chunks(total: int) -> Iterator[bytes]:
 def test_huge_bodies_are_refused_before_parsing(api: httpx.Client, ledger_url: str) -> None:
     limit = body_limit_bytes(MIB)  # the default payload limit
     over = b'{"name": "web.echo", "params": {"text": "' + b"x" * limit + b'"}}'
-    for headers in (AUTH, {}):  # the token is not needed to be refused early
-        sized = api.post("/tasks", content=over,
-                         headers={**headers, "Content-Type": "application/json"})
+    for post in (api.post, partial(bare, api, "POST")):  # refused early, token or not
+        sized = post("/tasks", content=over, headers={"Content-Type": "application/json"})
         assert sized.status_code == 413, sized.text
         assert sized.json()["error"] == "payload_too_large"
         assert "request body" in sized.json()["message"]
@@ -79,18 +81,76 @@ def test_empty_identifier_is_called_empty(api: httpx.Client) -> None:
     assert nul.status_code == 422 and "NUL" in nul.json()["errors"][0]["message"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the submit digest covers name and params only: the same Idempotency-Key with another "
-    "tenant or delay_s answers 200 with the original task, so the client believes its "
-    "tenant/delay was accepted (issue 11: 'different body -> 409'); fixing it changes the "
-    "digest App.submit stores"))
-def test_same_key_other_tenant_is_a_conflict(api: httpx.Client) -> None:
-    body = {"name": "web.echo", "params": {"text": "a"}}
-    first = api.post("/tasks", json=body, headers={**AUTH, "Idempotency-Key": "t-1"})
+def test_same_key_other_tenant_or_version_is_a_conflict(api: httpx.Client,
+                                                        ledger_url: str) -> None:
+    """Issue 11: the same key and body answer the original (200); another body is a 409.
+    The ledger's digest covers the name and params; the API compares the tenant and a
+    pinned version with the stored task too, and names what differs."""
+    def submit(key: str, **body: object) -> httpx.Response:
+        return api.post("/tasks", json={"name": "web.echo", "params": {"text": "a"}, **body},
+                        headers={"Idempotency-Key": key})
+
+    first = submit("t-1")
     assert first.status_code == 201
-    other = api.post("/tasks", json={**body, "tenant": "acme"},
-                     headers={**AUTH, "Idempotency-Key": "t-1"})
+    task_id, digest = first.json()["task_id"], first.json()["task"]["params_digest"]
+    assert submit("t-1").status_code == 200
+    other = submit("t-1", tenant="acme")
     assert other.status_code == 409, other.text
+    err = other.json()
+    assert err["error"] == "idempotency_conflict" and err["task_id"] == task_id
+    assert err["existing_digest"] == err["new_digest"] == digest
+    assert err["errors"] == [{"field": "body.tenant",
+                              "message": "the task has tenant None, this request 'acme'"}]
+    assert "tenant" in err["message"] and digest in err["message"]
+
+    with_tenant = submit("t-2", tenant="acme")
+    assert with_tenant.status_code == 201
+    assert submit("t-2", tenant="acme").status_code == 200
+    dropped = submit("t-2")  # the replay left the tenant out: another request
+    assert dropped.status_code == 409 and dropped.json()["errors"][0]["field"] == "body.tenant"
+    # delay_s cannot be compared (the task stores an absolute run_at): the original.
+    later = submit("t-2", tenant="acme", delay_s=3600)
+    assert later.status_code == 200
+    assert later.json()["task"]["run_at"] == with_tenant.json()["task"]["run_at"]
+
+    def pinned(version: int | None) -> httpx.Response:
+        body: dict[str, object] = {"name": "web.pinned", "params": {"text": "v"}}
+        if version is not None:
+            body["version"] = version
+        return api.post("/tasks", json=body, headers={"Idempotency-Key": "v-1"})
+
+    v1 = pinned(1)
+    assert v1.status_code == 201 and v1.json()["task"]["version"] == 1
+    assert pinned(1).status_code == 200
+    assert pinned(None).status_code == 200  # no version: whichever the task pinned
+    v2 = pinned(2)
+    assert v2.status_code == 409, v2.text
+    assert v2.json()["errors"] == [{"field": "body.version",
+                                    "message": "the task has version 1, this request 2"}]
+    # Nothing was written by the refused requests.
+    with Control(ledger_url) as control:
+        assert len(control.list_tasks(limit=100).tasks) == 3
+        assert control.get(task_id).tenant is None
+
+
+def test_params_errors_name_the_fields_and_bad_json_says_so(api: httpx.Client) -> None:
+    wrong = api.post("/tasks", json={"name": "web.echo", "params": {"text": 5, "x": 1}})
+    assert wrong.status_code == 422, wrong.text
+    assert wrong.json()["errors"] == [
+        {"field": "body.params.text", "message": "Input should be a valid string (got 5)"},
+        {"field": "body.params.x", "message": "unknown field"}]
+    assert "field 'text'" in wrong.json()["message"]
+    missing = api.post("/tasks", json={"name": "web.echo", "params": {}})
+    assert missing.status_code == 422
+    assert missing.json()["errors"] == [{"field": "body.params.text",
+                                         "message": "missing required field"}]
+    for broken in (b'{"name": "web.echo", "params": {', b"[1, 2", b"{'name': 1}"):
+        bad = api.post("/tasks", content=broken, headers={"Content-Type": "application/json"})
+        assert bad.status_code == 422, bad.text
+        [field] = bad.json()["errors"]
+        assert field["field"] == "body", field
+        assert field["message"].startswith("the body is not valid JSON"), field
+        assert "not valid JSON" in bad.json()["message"]
 
 
 def test_every_mutation_documents_the_body_cap(api: httpx.Client) -> None:

@@ -1,7 +1,8 @@
 """The OpenAPI document is accurate: schemathesis (its CLI) drives the running service from
 ``/api/openapi.json`` and checks every answer (no 5xx, documented status codes, content
 types and headers, bodies that conform to the documented schemas, schema-invalid requests
-refused, mutations refused without the token).
+refused, every operation that declares the bearer scheme, reads included, refused without
+the token: schemathesis sends it, and leaves it out for ``ignored_auth``).
 
 The ledger holds real tasks in several states first (succeeded, failed, unknown,
 quarantined, paused), and schemathesis draws task ids, task names and the quarantine
@@ -65,6 +66,11 @@ def test_openapi_document_matches_the_service(ledger_url: str, tmp_path: Path) -
         assert doc["servers"] == [{"url": "/api"}]
         assert "/tasks/{task_id}/resolve" in doc["paths"]
         assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+        for path, ops in doc["paths"].items():  # reads too; not the health check, the index
+            for method, op in ops.items():
+                secured = path not in ("/health", "/")
+                assert ("security" in op) is secured, (method, path)
+                assert ("401" in op["responses"]) is secured, (method, path)
 
         ids, fingerprint = _populate(base, ledger_url)
         config = tmp_path / "schemathesis.toml"
@@ -98,3 +104,5 @@ def test_openapi_document_without_a_token_declares_no_security(ledger_url: str) 
         cancel = doc["paths"]["/tasks/{task_id}/cancel"]["post"]
         assert "security" not in cancel
         assert {p["name"] for p in cancel["parameters"]} == {"task_id", "X-Ratchet-Operator"}
+        status = doc["paths"]["/status"]["get"]
+        assert "security" not in status and "401" not in status["responses"]

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -393,6 +394,39 @@ def test_with_a_token_the_login_needs_it(tmp_path: Path) -> None:
                                                 "reason": "x", "csrf": csrf})
         assert r.status_code == 401
     assert len(control.pauses()) == 1
+    control.close()
+
+
+def test_with_a_token_a_page_asks_for_the_login_and_comes_back(browser: Any,
+                                                              tmp_path: Path) -> None:
+    """Token mode: a page opened without a session shows the login form; logging in with
+    the token lands on the page asked for (its query too)."""
+    url = f"sqlite:///{tmp_path}/l.db"
+    control = Control(url)
+    control.migrate()
+    with serve(WebSettings(ledger_url=url, api_token="s3cret-token"), control) as base:
+        context = browser.new_context(base_url=base)
+        context.set_default_timeout(20_000)
+        tab = context.new_page()
+        try:
+            tab.goto("/tasks?state=FAILED")
+            assert urlsplit(tab.url).path == "/login"
+            assert "every page needs a login" in tab.inner_text("#login-rule")
+            tab.fill("#login-operator", "gina")
+            tab.fill("#login-token", "wrong")
+            tab.click("#login-form button[type=submit]")
+            assert "Wrong token" in tab.inner_text("#error")
+            tab.fill("#login-operator", "gina")
+            tab.fill("#login-token", "s3cret-token")
+            tab.click("#login-form button[type=submit]")
+            tab.wait_for_selector("#operator")
+            assert (urlsplit(tab.url).path, urlsplit(tab.url).query) == ("/tasks",
+                                                                         "state=FAILED")
+            assert "gina" in tab.inner_text("#operator")
+            tab.goto("/pauses")
+            assert urlsplit(tab.url).path == "/pauses"
+        finally:
+            context.close()
     control.close()
 
 

@@ -1691,13 +1691,22 @@ def serve(
         typer.Option("--log-level", metavar="LEVEL",
                      help="uvicorn's log level: debug, info, warning, error."),
     ] = "info",
+    metrics_auth: Annotated[
+        bool,
+        typer.Option("--metrics-auth",
+                     help="/metrics needs the bearer token too (needs RATCHET_API_TOKEN;"
+                     " Prometheus: the scrape config's authorization credentials)."
+                     " Default: /metrics is open (no task ids, keys or params)."),
+    ] = False,
 ) -> None:
     """Serve the HTTP API (/api, OpenAPI at /api/openapi.json) and the dashboard.
 
-    Stateless: several replicas may serve one ledger. Mutations need 'Authorization:
-    Bearer $RATCHET_API_TOKEN' when that variable is set; without it the service listens on
-    loopback only (another --host is refused) and accepts mutations from loopback. Operator
-    actions take a reason and are audited with the X-Ratchet-Operator header's name.
+    Stateless: several replicas may serve one ledger. With RATCHET_API_TOKEN set, every
+    /api read and mutation needs 'Authorization: Bearer $RATCHET_API_TOKEN' (but
+    /api/health and /api/openapi.json) and every dashboard page a login; without it the
+    service listens on loopback only (another --host is refused), reads are open and
+    mutations are accepted from loopback. Operator actions take a reason and are audited
+    with the X-Ratchet-Operator header's name.
     """
     from ..web import WebSettings
     from ..web.serve import serve as run_service
@@ -1709,7 +1718,8 @@ def serve(
                                  (repr(log_level), "")))
         raise typer.Exit(2)
     token = os.environ.get("RATCHET_API_TOKEN") or None
-    settings = WebSettings(ledger_url=ledger, api_token=token, app_spec=app_spec)
+    settings = WebSettings(ledger_url=ledger, api_token=token, app_spec=app_spec,
+                           metrics_auth=metrics_auth)
     _guard(lambda: run_service(settings, host, port, log_level=level))
 
 

@@ -6,37 +6,41 @@ Every route calls the public :class:`~ratchet.control.Control` API and returns i
 functions: Starlette runs them on its threadpool, concurrently, against the one Control
 (thread-safe: see :class:`~ratchet.control.Control`; the ledgers are).
 
-Reads: ``GET /api/status``, ``/api/tasks`` (``state``, ``type``, ``key``, ages,
-``limit``, ``cursor``), ``/api/tasks/{task_id}`` (the task with its timeline),
-``/api/workers``, ``/api/definitions``, ``/api/pauses``, ``/api/quarantine``,
-``/api/late-effects``.
+Open (no token ever): ``GET /api`` (an index of the endpoints), ``/api/health`` (200
+when the ledger answers, 503 naming the error otherwise), ``/api/openapi.json``.
 
-Mutations (:func:`ratchet.web.auth.token_ok`: ``Authorization: Bearer
-$RATCHET_API_TOKEN`` when a token is configured): ``POST /api/tasks`` (submit, with an
-optional ``Idempotency-Key`` header), ``POST /api/tasks/{task_id}/cancel``, ``/retry``,
-``/resolve``, ``POST /api/pauses``, ``POST /api/resume``, ``POST
-/api/quarantine/{fingerprint}/replay``. The operator actions take a ``reason`` and record
-the operator named by the ``X-Ratchet-Operator`` header (default ``api@<peer address>``):
-the token is one shared secret, so it proves the right to act, not who acts.
+Reads (:func:`ratchet.web.auth.read_ok`: ``Authorization: Bearer $RATCHET_API_TOKEN``
+when a token is configured, open otherwise): ``GET /api/status``, ``/api/tasks``
+(``state``, ``type``, ``key``, ages, ``limit``, ``cursor``), ``/api/tasks/{task_id}``
+(the task with its timeline), ``/api/workers``, ``/api/definitions``, ``/api/pauses``,
+``/api/quarantine``, ``/api/late-effects``.
+
+Mutations (:func:`ratchet.web.auth.token_ok`: the token when one is configured, else a
+loopback peer): ``POST /api/tasks`` (submit, with an optional ``Idempotency-Key``
+header), ``POST /api/tasks/{task_id}/cancel``, ``/retry``, ``/resolve``, ``POST
+/api/pauses``, ``POST /api/resume``, ``POST /api/quarantine/{fingerprint}/replay``. The
+operator actions take a ``reason`` and record the operator named by the
+``X-Ratchet-Operator`` header (default ``api@<peer address>``): the token is one shared
+secret, so it proves the right to act, not who acts.
 
 Errors are :class:`~ratchet.web.models.ErrorBody` JSON: 401 missing / wrong token, 403
 submit on a service started without ``--app``, 404 unknown task, 409 wrong state or an
-idempotency conflict (with both digests), 413 params (or the request body) too large,
+idempotency conflict (with both digests; also the same key and params with another
+``tenant`` or pinned ``version``, naming the field), 413 params (or the request body) too large,
 422 bad input (the fields in ``errors``), 503 ledger unavailable.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at
 # definition time, and some name types local to build_api.
-import contextlib
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import BaseRoute, Mount
+from starlette.routing import BaseRoute, Mount, Route
 
 from .. import __version__
 from ..control import (
@@ -57,6 +61,7 @@ from ..control import (
 from ..errors import (
     IdempotencyConflict,
     IllegalTransition,
+    InvalidArguments,
     LedgerError,
     PayloadTooLarge,
     RatchetError,
@@ -68,12 +73,15 @@ from ..errors import (
 from ..serde import printable
 from ..states import State
 from .app import WebSettings
-from .auth import bearer, token_ok
+from .auth import bearer, read_ok, token_ok
 from .models import (
     NO_NUL,
+    ApiIndex,
     CancelBody,
+    EndpointView,
     ErrorBody,
     FieldError,
+    HealthBody,
     PauseBody,
     ReplayBody,
     ResolveBody,
@@ -83,13 +91,15 @@ from .models import (
     SubmitResponse,
 )
 
-__all__ = ["ApiError", "build_api", "routes"]
+__all__ = ["ApiError", "api_index", "build_api", "routes"]
 
 OPERATOR_HEADER = "X-Ratchet-Operator"
 """The header naming the person behind a mutation (recorded as ``by=`` in the audit log)."""
 
 _DESCRIPTIONS = {
-    401: "Missing or wrong bearer token (mutations need RATCHET_API_TOKEN).",
+    401: "Missing or wrong bearer token (with RATCHET_API_TOKEN set every route needs it "
+         "but /health, /openapi.json and the index; without it, a mutation from a "
+         "non-loopback peer).",
     403: "Submitting needs the task registry: this service was started without --app.",
     404: "No such task.",
     409: "The task is in the wrong state for this action, or the Idempotency-Key belongs "
@@ -143,6 +153,10 @@ def _from_ratchet(exc: RatchetError) -> ApiError:
         where = "body.version" if "version" in message.split(";")[0] else "body.name"
         return ApiError(422, "invalid", message,
                         errors=[FieldError(field=where, message=message)])
+    if isinstance(exc, InvalidArguments) and exc.fields:
+        return ApiError(422, "invalid", message, errors=[
+            FieldError(field=f"body.{path}", message=printable(problem))
+            for path, problem in exc.fields])
     if isinstance(exc, SubmitError | UndecodableData):
         return ApiError(422, "invalid", message)
     if isinstance(exc, LedgerError):
@@ -165,6 +179,19 @@ def _message(error: Mapping[str, Any]) -> str:
     return printable(str(error.get("msg", "invalid")))
 
 
+def _field_error(error: Mapping[str, Any]) -> FieldError:
+    """A pydantic / FastAPI error as a :class:`FieldError` (a body that is not JSON is
+    ``body``, not FastAPI's ``body.<offset>``)."""
+    if error.get("type") == "json_invalid":
+        loc = tuple(error.get("loc", ()))
+        ctx = error.get("ctx") or {}
+        where = f" at character {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+        reason = f": {ctx['error']}" if isinstance(ctx, Mapping) and ctx.get("error") else ""
+        return FieldError(field="body",
+                          message=printable(f"the body is not valid JSON{reason}{where}"))
+    return FieldError(field=_loc(tuple(error.get("loc", ()))), message=_message(error))
+
+
 def _install_error_handlers(api: FastAPI) -> None:
     async def on_api_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
@@ -178,8 +205,7 @@ def _install_error_handlers(api: FastAPI) -> None:
 
     async def on_validation(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        fields = [FieldError(field=_loc(tuple(e.get("loc", ()))), message=_message(e))
-                  for e in exc.errors()]
+        fields = [_field_error(e) for e in exc.errors()]
         summary = "; ".join(f"{f.field}: {f.message}" for f in fields[:5])
         return _json_error(422, ErrorBody(error="invalid", message=f"bad input: {summary}",
                                           errors=fields))
@@ -217,7 +243,36 @@ def _header_text(value: str, header: str) -> str:
                        ) from None
 
 
-def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
+def _bearer_scheme(settings: WebSettings) -> HTTPBearer | None:
+    """The OpenAPI ``bearer`` security scheme when a token is configured (every route that
+    checks the token declares it); ``None`` in loopback mode, where none is asked for."""
+    if settings.api_token is None:
+        return None
+    return HTTPBearer(auto_error=False, scheme_name="bearer",
+                      description="RATCHET_API_TOKEN: every route needs it but /health, "
+                                  "/openapi.json and the index.")
+
+
+def _read_dependency(settings: WebSettings, scheme: HTTPBearer | None
+                     ) -> Callable[..., None] | None:
+    """The dependency every read takes when a token is configured (401 without it:
+    :func:`ratchet.web.auth.read_ok`); ``None`` in loopback mode (reads are open)."""
+    if scheme is None:
+        return None
+
+    def reader(request: Request, _credentials: Annotated[Any, Depends(scheme)]) -> None:
+        presented = bearer(request.headers.get("authorization"))
+        if not read_ok(settings, presented):
+            raise ApiError(401, "unauthorized",
+                           "this service has RATCHET_API_TOKEN: reads need "
+                           "'Authorization: Bearer <RATCHET_API_TOKEN>' too"
+                           if presented is None else "wrong bearer token")
+
+    return reader
+
+
+def _operator_dependency(settings: WebSettings, scheme: HTTPBearer | None
+                         ) -> Callable[..., str]:
     """The dependency every mutation takes: checks the rule of :mod:`ratchet.web.auth`
     (401 otherwise) and returns the operator name to audit.
 
@@ -228,9 +283,6 @@ def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
     def check(request: Request, operator: str | None) -> str:
         peer = request.client.host if request.client else None
         presented = bearer(request.headers.get("authorization"))
-        if presented is not None:  # Latin-1 as the server hands it over: the UTF-8 text
-            with contextlib.suppress(UnicodeError):  # not UTF-8: compared as it is
-                presented = presented.encode("latin-1").decode("utf-8")
         if not token_ok(settings, presented, peer):
             if settings.api_token is None:
                 raise ApiError(401, "unauthorized",
@@ -246,7 +298,7 @@ def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
         description="Who acts (recorded with the reason in the audit log); default "
                     "api@<peer address>.")
 
-    if settings.api_token is None:
+    if scheme is None:
         def loopback(
             request: Request,
             operator: Annotated[str | None, operator_header] = None,
@@ -254,9 +306,6 @@ def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
             return check(request, operator)
 
         return loopback
-
-    scheme = HTTPBearer(auto_error=False, scheme_name="bearer",
-                        description="RATCHET_API_TOKEN, needed by every mutation.")
 
     def with_token(
         request: Request,
@@ -266,6 +315,39 @@ def _operator_dependency(settings: WebSettings) -> Callable[..., str]:
         return check(request, operator)
 
     return with_token
+
+
+def _same_request_or_conflict(body: SubmitBody, task: TaskInfo, key: str) -> None:
+    """A submit the Idempotency-Key matched to an existing ``task`` (same name and params:
+    the ledger's digest) must also agree on what the digest leaves out: the tenant, and
+    the pinned version when the request gives one (without one it takes the newest, which
+    may have changed since). Else a 409 ``idempotency_conflict`` naming each difference
+    (both digests, which are equal). ``delay_s`` cannot be compared: the task stores an
+    absolute ``run_at``, so a replay with another delay answers the original (its
+    ``run_at`` says when it runs).
+
+    Raises:
+        ApiError: 409 on a difference.
+    """
+    differs: list[FieldError] = []
+    if body.tenant != task.tenant:
+        differs.append(FieldError(
+            field="body.tenant",
+            message=f"the task has tenant {task.tenant!r}, this request {body.tenant!r}"))
+    if body.version is not None and body.version != task.version:
+        differs.append(FieldError(
+            field="body.version",
+            message=f"the task has version {task.version}, this request {body.version}"))
+    if not differs:
+        return
+    what = "; ".join(f"{d.field.removeprefix('body.')}: {d.message}" for d in differs)
+    raise ApiError(
+        409, "idempotency_conflict", printable(
+            f"idempotency key {key!r} already belongs to task {task.task_id} with the same "
+            f"name and params (digest {task.params_digest}) but another request: {what}. "
+            "Use a new key for a different request, or resend the original one."),
+        errors=differs, task_id=task.task_id, existing_digest=task.params_digest,
+        new_digest=task.params_digest)
 
 
 def _unchanged_is_conflict(outcome: ControlOutcome) -> ControlOutcome:
@@ -285,26 +367,66 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
         control: every route's Control (shared by the threadpool's threads).
         settings: the service settings (the token rule of :mod:`ratchet.web.auth`).
     """
+    token_mode = settings.api_token is not None
     api = FastAPI(
         title="Ratchet API", version=__version__, openapi_url="/openapi.json",
         docs_url=None, redoc_url=None,
-        description="Submit, inspect and operate Ratchet tasks. Mutations need "
-                    "'Authorization: Bearer $RATCHET_API_TOKEN' when the service has a "
-                    "token; operator actions take a reason and are audited with the "
+        description="Submit, inspect and operate Ratchet tasks. When the service has a "
+                    "token, every route but /health, /openapi.json and the index needs "
+                    "'Authorization: Bearer $RATCHET_API_TOKEN' (reads included); without "
+                    "one it listens on loopback only, reads are open and loopback clients "
+                    "may mutate. Operator actions take a reason and are audited with the "
                     f"operator named by {OPERATOR_HEADER}.")
     _install_error_handlers(api)
-    Operator = Annotated[str, Depends(_operator_dependency(settings))]
+    scheme = _bearer_scheme(settings)
+    Operator = Annotated[str, Depends(_operator_dependency(settings, scheme))]
     TaskId = Annotated[str, Path(max_length=1024, pattern=NO_NUL, description="The task id.")]
+    reader = _read_dependency(settings, scheme)
+    reads = APIRouter(dependencies=[Depends(reader)] if reader is not None else [])
+
+    def read_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+        """A read's error responses: 401 too when a token is configured."""
+        return _errors(*((401,) if token_mode else ()), *codes)
+
+    # ------------------------------------------------------------------ open
+
+    @api.get("/health", response_model=HealthBody,
+             responses={503: {"model": HealthBody,
+                              "description": "The ledger does not answer (the error says "
+                                             "why)."}},
+             summary="Whether the service and its ledger answer (no token needed)")
+    def health(request: Request) -> JSONResponse:
+        try:
+            schema_version = control.schema_version()
+            now = control.ledger_now()
+        except RatchetError as exc:
+            # The message names where the ledger is (a path, a host): with a token
+            # configured, only a client that sends it reads more than the error class.
+            detail = (f": {exc}" if read_ok(settings, bearer(request.headers.get(
+                "authorization"))) else " (send the bearer token for the message)")
+            down = HealthBody(status="error", ledger="down", version=__version__,
+                              error=printable(f"{type(exc).__name__}{detail}"))
+            return JSONResponse(down.model_dump(mode="json"), status_code=503,
+                                headers={"Cache-Control": "no-store"})
+        return JSONResponse(HealthBody(status="ok", ledger="up", version=__version__,
+                                       schema_version=schema_version,
+                                       ledger_now=now).model_dump(mode="json"),
+                            headers={"Cache-Control": "no-store"})
+
+    @api.get("/", response_model=ApiIndex,
+             summary="This index: the endpoints, the OpenAPI document, the auth rule")
+    def index(request: Request) -> ApiIndex:
+        return api_index(api, settings, request.scope.get("root_path", ""))
 
     # ------------------------------------------------------------------ reads
 
-    @api.get("/status", response_model=StatusReport, responses=_errors(503),
-             summary="Counts per type and state, unknowns, audit counters, pauses")
+    @reads.get("/status", response_model=StatusReport, responses=read_errors(503),
+               summary="Counts per type and state, unknowns, audit counters, pauses")
     def get_status() -> StatusReport:
         return control.status()
 
-    @api.get("/tasks", response_model=TaskPage, responses=_errors(422, 503),
-             summary="List tasks, newest first (keyset pagination)")
+    @reads.get("/tasks", response_model=TaskPage, responses=read_errors(422, 503),
+               summary="List tasks, newest first (keyset pagination)")
     def list_tasks(
         state: Annotated[list[State] | None, Query(
             description="Only these states (repeat the parameter for several).")] = None,
@@ -327,45 +449,47 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                                   older_than_s=older_than_s, newer_than_s=newer_than_s,
                                   limit=limit, cursor=cursor)
 
-    @api.get("/tasks/{task_id}", response_model=TaskTimeline,
-             responses=_errors(404, 422, 503),
-             summary="A task with its timeline (events, steps, effects, late effects)")
+    @reads.get("/tasks/{task_id}", response_model=TaskTimeline,
+               responses=read_errors(404, 422, 503),
+               summary="A task with its timeline (events, steps, effects, late effects)")
     def get_task(task_id: TaskId) -> TaskTimeline:
         return control.inspect(task_id)
 
-    @api.get("/workers", response_model=list[WorkerView], responses=_errors(503),
-             summary="The worker registry")
+    @reads.get("/workers", response_model=list[WorkerView], responses=read_errors(503),
+               summary="The worker registry")
     def get_workers() -> list[WorkerView]:
         return control.workers()
 
-    @api.get("/definitions", response_model=list[DefinitionView], responses=_errors(503),
-             summary="Task definitions workers registered")
+    @reads.get("/definitions", response_model=list[DefinitionView],
+               responses=read_errors(503), summary="Task definitions workers registered")
     def get_definitions() -> list[DefinitionView]:
         return control.definitions()
 
-    @api.get("/pauses", response_model=list[PauseRecord], responses=_errors(503),
-             summary="The active pauses")
+    @reads.get("/pauses", response_model=list[PauseRecord], responses=read_errors(503),
+               summary="The active pauses")
     def get_pauses() -> list[PauseRecord]:
         return control.pauses()
 
-    @api.get("/quarantine", response_model=list[QuarantineGroupView],
-             responses=_errors(422, 503),
-             summary="Quarantined tasks grouped by error fingerprint")
+    @reads.get("/quarantine", response_model=list[QuarantineGroupView],
+               responses=read_errors(422, 503),
+               summary="Quarantined tasks grouped by error fingerprint")
     def get_quarantine(
         limit: Annotated[int, Query(ge=1, le=10_000, description="At most this many "
                                                                   "groups.")] = 100,
     ) -> list[QuarantineGroupView]:
         return control.quarantine_list(limit)
 
-    @api.get("/late-effects", response_model=list[LateEffectView],
-             responses=_errors(422, 503),
-             summary="Calls stale holders sent after a takeover (possible duplicates)")
+    @reads.get("/late-effects", response_model=list[LateEffectView],
+               responses=read_errors(422, 503),
+               summary="Calls stale holders sent after a takeover (possible duplicates)")
     def get_late_effects(
         task_id: Annotated[str | None, Query(max_length=1024, pattern=NO_NUL,
                                              description="Only this task's.")] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     ) -> list[LateEffectView]:
         return control.late_effects(task_id, limit)
+
+    api.include_router(reads)
 
     # ------------------------------------------------------------------ mutations
 
@@ -395,10 +519,12 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
         handle = control.submit(body.name, body.params, idempotency_key=idempotency_key,
                                 delay_s=body.delay_s, tenant=body.tenant,
                                 version=body.version)
+        task = control.get(handle.task_id)
         if not handle.created:
+            _same_request_or_conflict(body, task, idempotency_key or "")
             response.status_code = 200
         return SubmitResponse(task_id=handle.task_id, name=handle.name,
-                              created=handle.created, task=control.get(handle.task_id))
+                              created=handle.created, task=task)
 
     @api.post("/tasks/{task_id}/cancel", response_model=ControlOutcome,
               responses=_errors(401, 404, 409, 413, 422, 503),
@@ -450,6 +576,38 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
     return api
 
 
+def api_index(api: FastAPI, settings: WebSettings, prefix: str) -> ApiIndex:
+    """The index of ``GET /api``: every operation of ``api``'s OpenAPI document (so it
+    cannot drift from the routes), where that document and the health check are, and the
+    auth rule in force.
+
+    Args:
+        api: the application :func:`build_api` made.
+        settings: the service settings (the rule in force).
+        prefix: where ``api`` is mounted, e.g. ``/api`` (behind a proxy's root path too).
+    """
+    endpoints = [
+        EndpointView(method=method.upper(), path=prefix + path,
+                     summary=str(op.get("summary", "")), needs_token="security" in op)
+        for path, ops in api.openapi().get("paths", {}).items() if path != "/"
+        for method, op in ops.items()]
+    rule = ("RATCHET_API_TOKEN is set: every endpoint but the health check, this index "
+            "and the OpenAPI document needs 'Authorization: Bearer <token>'"
+            if settings.api_token is not None else
+            "no RATCHET_API_TOKEN: loopback only; reads are open, mutations from loopback "
+            "need no token")
+    return ApiIndex(name="Ratchet API", version=__version__,
+                    openapi=f"{prefix}/openapi.json", health=f"{prefix}/health", auth=rule,
+                    endpoints=endpoints)
+
+
 def routes(control: Control, settings: WebSettings) -> list[BaseRoute]:
-    """The API's routes: :func:`build_api` mounted at ``/api``."""
-    return [Mount("/api", app=build_api(control, settings))]
+    """The API's routes: :func:`build_api` mounted at ``/api``, and its index at ``/api``
+    itself (not a redirect to ``/api/``)."""
+    api = build_api(control, settings)
+
+    async def index(request: Request) -> JSONResponse:
+        body = api_index(api, settings, request.scope.get("root_path", "") + "/api")
+        return JSONResponse(body.model_dump(mode="json"))
+
+    return [Route("/api", index, methods=["GET"]), Mount("/api", app=api)]

@@ -28,21 +28,27 @@ class WebSettings:
     Attributes:
         ledger_url: the ledger URL (``None``: ``RATCHET_LEDGER_URL``, default
             ``sqlite:///ratchet.db``).
-        api_token: the bearer token mutations need (``RATCHET_API_TOKEN``); ``None``: the
-            service binds to 127.0.0.1 only and mutations from loopback need no token.
+        api_token: the bearer token every read and mutation needs (``RATCHET_API_TOKEN``;
+            :mod:`ratchet.web.auth`); ``None``: the service binds to 127.0.0.1 only, reads
+            are open and mutations from loopback need no token.
         app_spec: ``MODULE:APP`` of the application (``ratchet serve --app``): its task
             registry checks submits (``POST /api/tasks``); ``None``: submitting is refused
             (403 naming the fix), everything else works.
+        metrics_auth: ``/metrics`` needs the bearer token too (``ratchet serve
+            --metrics-auth``; needs ``api_token``); default open (it carries no task ids,
+            keys, params or tenants).
     """
 
     ledger_url: str | None = None
     api_token: str | None = None
     app_spec: str | None = None
+    metrics_auth: bool = False
 
 
 def create_app(settings: WebSettings, *, control: Control | None = None) -> Starlette:
     """Build the ASGI app: ``/api/...`` (JSON, OpenAPI at ``/api/openapi.json``), the
-    dashboard at ``/`` and Prometheus exposition at ``/metrics``. Request bodies over
+    dashboard at ``/`` and Prometheus exposition at ``/metrics``, under the rule of
+    :mod:`ratchet.web.auth`. Request bodies over
     :func:`ratchet.web.limits.body_limit_bytes` of the payload limit are refused (413).
 
     Args:
@@ -55,6 +61,7 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
             (:func:`ratchet.loading.load_app`).
     """
     from . import api, dashboard
+    from .auth import bearer, metrics_ok
 
     loaded: App | None = None
     if control is not None:
@@ -67,9 +74,14 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
         ctl = Control(settings.ledger_url)
     routes: list[BaseRoute] = [*api.routes(ctl, settings), *dashboard.routes(ctl, settings)]
 
-    async def metrics(_request: Request) -> Response:
+    async def metrics(request: Request) -> Response:
         from ..observe.ledger_metrics import render_ledger_metrics
 
+        if not metrics_ok(settings, bearer(request.headers.get("authorization"))):
+            return Response("/metrics needs 'Authorization: Bearer <RATCHET_API_TOKEN>' "
+                            "(ratchet serve --metrics-auth)\n", status_code=401,
+                            headers={"WWW-Authenticate": "Bearer"},
+                            media_type="text/plain")
         body, content_type = await run_in_threadpool(render_ledger_metrics, ctl)
         return Response(body, headers={"Content-Type": content_type})
 

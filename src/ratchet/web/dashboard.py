@@ -1,6 +1,8 @@
 """The server-rendered dashboard (``/``): Jinja2 pages over :class:`~ratchet.control.Control`.
 
-Pages (GET, no login needed: reads never need the token):
+Pages (GET; with ``RATCHET_API_TOKEN`` set each needs a logged-in session and redirects
+(303) to ``/login?next=<page>`` without one, :func:`ratchet.web.auth.read_ok`; without a
+token they are open; ``/login`` and ``/static`` are always open):
 
 * ``/`` overview per task type: counts by state, backlog, rates, drain ETA, oldest
   pending age, unknown and quarantined, a chart of arrivals vs completions;
@@ -43,7 +45,7 @@ from ..states import State
 from ..validation import MAX_KEY_BYTES, check_identifier
 from . import charts, present
 from .app import WebSettings
-from .auth import token_ok
+from .auth import read_ok, token_ok
 from .sessions import FLASH_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Session, SessionKeeper
 
 HERE = Path(__file__).parent
@@ -174,6 +176,26 @@ class Dashboard:
             return await page()
         except LedgerUnavailable as exc:
             return self.problem(request, 503, "Ledger unavailable", str(exc))
+
+    def gated(self, page: Callable[[Request], Awaitable[Response]]
+              ) -> Callable[[Request], Awaitable[Response]]:
+        """``page`` behind the read rule (:func:`ratchet.web.auth.read_ok`): with a token
+        configured, a request without a valid session is redirected (303) to the login,
+        which returns to this page (path and query) afterwards."""
+        async def endpoint(request: Request) -> Response:
+            if read_ok(self.settings, has_session=self.session(request) is not None):
+                return await page(request)
+            here = quote(request.url.path)
+            if request.url.query:
+                here += "?" + request.url.query
+            response = RedirectResponse(
+                request.scope.get("root_path", "") + "/login?" + urlencode(
+                    {"next": _safe_next(here)}), 303)
+            response.headers["Cache-Control"] = "no-store"
+            return response
+
+        endpoint.__name__ = getattr(page, "__name__", "page")
+        return endpoint
 
     # ------------------------------------------------------------------ pages
 
@@ -632,12 +654,12 @@ def routes(control: Control, settings: WebSettings) -> list[BaseRoute]:
     ``/static``), all around ``control``."""
     d = Dashboard(control, settings)
     return [
-        Route("/", d.overview, methods=["GET"]),
-        Route("/tasks", d.task_list, methods=["GET"]),
-        Route("/tasks/{task_id:path}", d.task_page, methods=["GET"]),
-        Route("/unknown", d.unknown_page, methods=["GET"]),
-        Route("/quarantine", d.quarantine_page, methods=["GET"]),
-        Route("/pauses", d.pauses_page, methods=["GET"]),
+        Route("/", d.gated(d.overview), methods=["GET"]),
+        Route("/tasks", d.gated(d.task_list), methods=["GET"]),
+        Route("/tasks/{task_id:path}", d.gated(d.task_page), methods=["GET"]),
+        Route("/unknown", d.gated(d.unknown_page), methods=["GET"]),
+        Route("/quarantine", d.gated(d.quarantine_page), methods=["GET"]),
+        Route("/pauses", d.gated(d.pauses_page), methods=["GET"]),
         Route("/login", d.login_form, methods=["GET"]),
         Route("/login", d.login, methods=["POST"]),
         Route("/logout", d.logout, methods=["POST"]),

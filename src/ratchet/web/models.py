@@ -15,9 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..control import TaskInfo
 
 __all__ = [
+    "ApiIndex",
     "CancelBody",
+    "EndpointView",
     "ErrorBody",
     "FieldError",
+    "HealthBody",
     "PauseBody",
     "ReplayBody",
     "ResolveBody",
@@ -155,3 +158,40 @@ class ErrorBody(BaseModel):
         default=None, description="idempotency_conflict: the digest stored with the task.")
     new_digest: str | None = Field(
         default=None, description="idempotency_conflict: this request's digest.")
+
+
+class HealthBody(BaseModel):
+    """``GET /api/health`` (no token needed): 200 when the ledger answers, 503 otherwise.
+
+    ``ledger_now`` and ``schema_version`` come from two small reads (the ledger clock and
+    the schema version), never from the task tables.
+    """
+
+    status: Literal["ok", "error"]
+    ledger: Literal["up", "down"]
+    schema_version: int | None = Field(default=None,
+                                       description="The ledger's schema version (up).")
+    ledger_now: float | None = Field(default=None,
+                                     description="The ledger clock, epoch seconds (up).")
+    version: str = Field(description="This Ratchet's version.")
+    error: str | None = Field(default=None, description="Why the ledger is down (down).")
+
+
+class EndpointView(BaseModel):
+    """One route of the API in :class:`ApiIndex`."""
+
+    method: str
+    path: str = Field(description="Absolute path, e.g. /api/tasks/{task_id}.")
+    summary: str
+    needs_token: bool = Field(description="True: send 'Authorization: Bearer <token>'.")
+
+
+class ApiIndex(BaseModel):
+    """``GET /api``: where things are (no token needed)."""
+
+    name: str
+    version: str
+    openapi: str = Field(description="Path of the OpenAPI document.")
+    health: str = Field(description="Path of the health check.")
+    auth: str = Field(description="The rule in force (ratchet.web.auth).")
+    endpoints: list[EndpointView]

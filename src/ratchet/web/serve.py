@@ -1,8 +1,9 @@
 """Running the web service (``ratchet serve``): the bind rule and uvicorn.
 
-Without ``RATCHET_API_TOKEN`` the service listens on a loopback address only (mutations
-from loopback need no token, :mod:`ratchet.web.auth`): another ``--host`` is refused before
-anything listens. The start line says which rule is in force.
+With ``RATCHET_API_TOKEN`` every read and mutation needs it (:mod:`ratchet.web.auth`).
+Without it the service listens on a loopback address only (reads are open, mutations from
+loopback need no token): another ``--host`` is refused before anything listens. The start
+line says which rule is in force.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def check_bind(settings: WebSettings, host: str) -> None:
     Raises:
         ConfigError: ``host`` is not 127.0.0.1 / ::1 / localhost and ``settings.api_token``
             is None (the message says how to fix it); the token is blank or has leading
-            or trailing whitespace (HTTP strips header values: no client could present it).
+            or trailing whitespace (HTTP strips header values: no client could present it);
+            ``settings.metrics_auth`` without a token.
     """
     token = settings.api_token
     if token is not None and (not token.strip() or token != token.strip()):
@@ -35,6 +37,11 @@ def check_bind(settings: WebSettings, host: str) -> None:
             "RATCHET_API_TOKEN is blank or starts or ends with whitespace: no client could "
             "present it (HTTP strips header values), so every mutation would be refused. "
             "Set it without the surrounding whitespace")
+    if settings.metrics_auth and token is None:
+        raise ConfigError(
+            "--metrics-auth needs RATCHET_API_TOKEN: /metrics would ask for a bearer token "
+            "there is none of. Set RATCHET_API_TOKEN (the scraper sends it as "
+            "'Authorization: Bearer <token>'), or drop --metrics-auth")
     if settings.api_token is None and host not in LOOPBACK_HOSTS:
         raise ConfigError(
             f"refusing to listen on {host!r} without RATCHET_API_TOKEN: anyone who can "
@@ -65,10 +72,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def start_line(settings: WebSettings, host: str, port: int, ledger: str) -> str:
     """What ``ratchet serve`` prints when it listens: where, which ledger, which rule."""
     where = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    rule = ("mutations need 'Authorization: Bearer $RATCHET_API_TOKEN'"
+    metrics = ("/metrics needs it too" if settings.metrics_auth
+               else "/metrics and /api/health open")
+    rule = ("reads and mutations need 'Authorization: Bearer $RATCHET_API_TOKEN' (the "
+            f"dashboard: a login), {metrics}"
             if settings.api_token is not None else
-            "no RATCHET_API_TOKEN: listening on loopback only; mutations from loopback "
-            "need no token")
+            "no RATCHET_API_TOKEN: listening on loopback only; reads open, mutations from "
+            "loopback need no token")
     submit = (f"submit checked by {settings.app_spec}" if settings.app_spec is not None
               else "no --app: POST /api/tasks refused (403)")
     return (f"ratchet serve: {where} (API {where}/api, OpenAPI {where}/api/openapi.json) "
