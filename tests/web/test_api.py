@@ -228,7 +228,7 @@ def test_operator_actions_change_the_ledger_and_are_audited(
 def test_without_a_token_loopback_mutations_need_none(ledger_url: str) -> None:
     Control(ledger_url).migrate()
     with api_server(Control(ledger_url), WebSettings(ledger_url=ledger_url)) as base, \
-            httpx.Client(base_url=f"{base}/api") as api:
+            httpx.Client(base_url=f"{base}/api", timeout=30) as api:
         later = api.post("/pauses", json={"scope": "all", "reason": "loopback"})
         assert later.status_code == 200, later.text
         assert Control(ledger_url).pauses()[0].reason == "loopback"

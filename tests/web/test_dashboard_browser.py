@@ -338,10 +338,10 @@ def _csrf(html: str) -> str:
 
 def test_mutations_need_a_session_its_csrf_token_and_this_origin(system: System) -> None:
     control = system.control
-    with httpx.Client(base_url=system.base) as anonymous:
+    with httpx.Client(base_url=system.base, timeout=30) as anonymous:
         r = anonymous.post("/actions/pause", data={"type": "shop.ship", "reason": "x"})
         assert r.status_code == 401 and "Log in first" in r.text
-    with httpx.Client(base_url=system.base) as client:
+    with httpx.Client(base_url=system.base, timeout=30) as client:
         r = client.post("/login", data={"operator": "dave", "next": "/pauses"})
         assert r.status_code == 303
         cookie = r.headers["set-cookie"].lower()
@@ -373,7 +373,7 @@ def test_with_a_token_the_login_needs_it(tmp_path: Path) -> None:
     control = Control(url)
     control.migrate()
     with serve(WebSettings(ledger_url=url, api_token="s3cret-token"), control) as base, \
-            httpx.Client(base_url=base) as client:
+            httpx.Client(base_url=base, timeout=30) as client:
         assert 'name="token"' in client.get("/login").text
         r = client.post("/login", data={"operator": "erin", "token": "wrong"})
         assert r.status_code == 401 and "Wrong token" in r.text
@@ -389,7 +389,8 @@ def test_with_a_token_the_login_needs_it(tmp_path: Path) -> None:
         assert (pause.paused_by, pause.reason) == ("erin", "maintenance")
     # Another service with another token does not accept this session (nor the key).
     with serve(WebSettings(ledger_url=url, api_token="other-token"), control) as base, \
-            httpx.Client(base_url=base, cookies={"ratchet_session": session}) as other:
+            httpx.Client(base_url=base, cookies={"ratchet_session": session},
+                         timeout=30) as other:
         r = other.post("/actions/resume", data={"scope": "type", "target": "t.x",
                                                 "reason": "x", "csrf": csrf})
         assert r.status_code == 401
@@ -431,7 +432,7 @@ def test_with_a_token_a_page_asks_for_the_login_and_comes_back(browser: Any,
 
 
 def test_reads_survive_a_missing_task_and_a_bad_filter(system: System) -> None:
-    with httpx.Client(base_url=system.base) as client:
+    with httpx.Client(base_url=system.base, timeout=30) as client:
         r = client.get("/tasks/" + "0" * 32)
         assert r.status_code == 404 and "No such task" in r.text
         r = client.get("/tasks", params={"state": "SLEEPING"})

@@ -31,7 +31,7 @@ def test_every_page_and_two_actions(ledger_url: str) -> None:
     try:
         with running_worker(app, concurrency=2, poll_interval_s=0.02), \
                 serve(WebSettings(ledger_url=ledger_url), control) as base, \
-                httpx.Client(base_url=base) as client:
+                httpx.Client(base_url=base, timeout=30) as client:
             done = app.submit("shop.pack", {"order_id": "a-1"}).task_id
             unknown = app.submit("bank.charge", {"order_id": "a-2"}).task_id
             quarantined = app.submit("feed.import", {"feed_id": "a-3"}).task_id
