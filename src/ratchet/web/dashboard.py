@@ -39,7 +39,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..control import Control, PauseRecord, StatusReport
+from ..control import Control, ControlOutcome, PauseRecord, StatusReport
 from ..errors import LedgerUnavailable, RatchetError, TaskNotFound
 from ..states import State
 from ..validation import MAX_KEY_BYTES, check_identifier
@@ -452,29 +452,27 @@ class Dashboard:
         values = {k: str(v) for k, v in form.items() if isinstance(v, str)}
         return await handler(self, request, session, values)
 
-    async def _cancel(self, request: Request, session: Session,
-                      form: dict[str, str]) -> Response:
+    async def _task_action(self, request: Request, session: Session, form: dict[str, str],
+                           action: Callable[..., ControlOutcome]) -> Response:
+        """Cancel or retry one task (``action``: ``Control.cancel`` / ``Control.retry``),
+        audited with the session's operator and the form's reason; a refusal is shown on
+        the task page, nothing changed."""
         tid = form.get("task_id", "")
         try:
             reason = _reason(form)
-            out = await self.call(self.control.cancel, tid, reason=reason,
-                                  by=session.operator)
+            out = await self.call(action, tid, reason=reason, by=session.operator)
         except (BadInput, RatchetError) as exc:
             return await self._refused(request, exc, lambda e: self.task_page(
                 request, task_id=tid, error=e, form=form, status=400))
         return self.done(request, f"/tasks/{quote(tid, safe='')}", out.message, out.outcome)
 
+    async def _cancel(self, request: Request, session: Session,
+                      form: dict[str, str]) -> Response:
+        return await self._task_action(request, session, form, self.control.cancel)
+
     async def _retry(self, request: Request, session: Session,
                      form: dict[str, str]) -> Response:
-        tid = form.get("task_id", "")
-        try:
-            reason = _reason(form)
-            out = await self.call(self.control.retry, tid, reason=reason,
-                                  by=session.operator)
-        except (BadInput, RatchetError) as exc:
-            return await self._refused(request, exc, lambda e: self.task_page(
-                request, task_id=tid, error=e, form=form, status=400))
-        return self.done(request, f"/tasks/{quote(tid, safe='')}", out.message, out.outcome)
+        return await self._task_action(request, session, form, self.control.retry)
 
     async def _resolve(self, request: Request, session: Session,
                        form: dict[str, str]) -> Response:
