@@ -22,7 +22,7 @@ from pgkit import (
 
 from ratchet import SubmitRequest
 
-pytestmark = [pytest.mark.crash, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(240)]
 
 TASKS = int(os.environ.get("PG_FAULT_TASKS", "5000"))
 WORKERS = 4
