@@ -593,7 +593,8 @@ class Worker:
 
         Args:
             max_tasks: stop after this many claims (tests, benchmarks).
-            idle_exit_s: stop after this many seconds without claimable work.
+            idle_exit_s: stop after this many seconds without claimable work: nothing
+                in flight, no claim in progress and none that returned work meanwhile.
 
         Returns:
             The worker's counters.
@@ -632,9 +633,16 @@ class Worker:
                 inflight = self._inflight
                 if max_tasks is not None and self.stats.claimed >= max_tasks and inflight == 0:
                     break
+                if inflight:  # idle counts from when the last task left, not from its claim
+                    idle_since = now
                 idle_since = max(idle_since, self._last_claimed_at)
                 if idle_exit_s is not None and inflight == 0 and now - idle_since >= idle_exit_s:
-                    break
+                    # A claim asked for or in progress may yet return work: let it end first
+                    # (else its tasks would be claimed only to be handed back at the exit).
+                    self.writer.sync()
+                    if self._inflight == 0 and self._last_claimed_at <= idle_since:
+                        break
+                    continue
                 # Busy: claims ride on the writer's commits. Poll only when nothing was
                 # tried for a while (idle, or a few threads free while long tasks run).
                 # Room for prefetch alone never polls: it is filled by the claims riding
