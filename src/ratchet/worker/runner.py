@@ -637,12 +637,17 @@ class Worker:
                     idle_since = now
                 idle_since = max(idle_since, self._last_claimed_at)
                 if idle_exit_s is not None and inflight == 0 and now - idle_since >= idle_exit_s:
-                    # A claim asked for or in progress may yet return work: let it end first
-                    # (else its tasks would be claimed only to be handed back at the exit).
-                    self.writer.sync()
-                    if self._inflight == 0 and self._last_claimed_at <= idle_since:
-                        break
-                    continue
+                    if max(last_poll, self.writer.last_claim_at) < idle_since:
+                        # No claim tried since the worker became idle (a slow start-up, e.g.
+                        # the LISTEN connection): try one before leaving.
+                        self._notified = True
+                    else:
+                        # A claim asked for or in progress may yet return work: let it end
+                        # first (else its tasks would be claimed only to be handed back).
+                        self.writer.sync()
+                        if self._inflight == 0 and self._last_claimed_at <= idle_since:
+                            break
+                        continue
                 # Busy: claims ride on the writer's commits. Poll only when nothing was
                 # tried for a while (idle, or a few threads free while long tasks run).
                 # Room for prefetch alone never polls: it is filled by the claims riding
