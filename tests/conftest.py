@@ -4,7 +4,11 @@
   points). A developer's shell must not change what a test sees, so they are cleared for
   every test.
 * Hypothesis runs with modest example counts and no deadline: the stateful tests drive a
-  real SQLite file, whose fsync latency varies from machine to machine.
+  real SQLite file, whose fsync latency varies from machine to machine (and, under
+  pytest-xdist, share the CPU with three other test processes).
+* Under pytest-xdist (``./scripts/test`` runs the full suite on 4 workers) the ``slow``
+  tests are handed out first, so no worker starts a minute-long test near the end of the
+  run while the others sit idle. A run in one process keeps the collection order.
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ratchet")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (a worker has ``workerinput``), move ``slow`` tests to the front,
+    keeping the order within each part (every worker must collect the same order)."""
+    if not hasattr(config, "workerinput"):
+        return
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

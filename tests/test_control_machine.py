@@ -345,6 +345,7 @@ def _postgres_machines() -> Iterator[Callable[[], ControlMachine]]:
             ledger.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_control_state_machine(backend: str, tmp_path: Path) -> None:
     """Random interleavings of holders and operators keep the arbitration rules."""

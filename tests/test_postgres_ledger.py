@@ -216,15 +216,17 @@ def test_long_schema_names_get_a_valid_notify_channel() -> None:
 
 
 def test_pool_recovers_at_once_after_its_connections_are_killed(pg: tuple[str, str]) -> None:
-    url, _ = pg
-    ledger = open_ledger(with_params(url, application_name="rt_kill_me", pool_size="4"))
+    url, schema = pg
+    # Named after the schema: a second copy of the suite on the same server has its own.
+    victim = f"kill_{schema}"
+    ledger = open_ledger(with_params(url, application_name=victim, pool_size="4"))
     try:
         ledger.submit([_task() for _ in range(4)])
         for _ in range(3):
             with _raw(url) as conn:
                 killed = conn.execute(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                    " WHERE application_name = 'rt_kill_me'"
+                    " WHERE application_name = %s", (victim,),
                 ).fetchone()
             assert killed is not None and killed[0] >= 1
             # Every operation right after the kill works: the pool is checked and refilled.

@@ -114,7 +114,11 @@ def test_prune_respects_the_age_and_never_touches_unfinished_tasks(
     new = [app.submit("t.ok", {"i": 10 + i}).task_id for i in range(3)]
     drain(app)
     with Control(ledger_url) as control:
-        age = control.get(new[0]).updated_at - t0 - 0.75  # between the two groups
+        # A cutoff between the two groups (the old finished before t0, the new 1.5 s
+        # later), from the ledger clock read just before the prune: time the machine takes
+        # until the prune reads its own clock only moves the cutoff later, with 1.25 s to
+        # spare (a cutoff from the new tasks' end failed on a loaded machine).
+        age = control.ledger_now() - (t0 + 0.25)
         report = control.prune(age, by="alice")
         assert (report.tasks, report.steps, report.effects) == (6, 4, 4)
         assert report.audit == 12 and not report.dry_run and report.by == "alice"

@@ -683,6 +683,7 @@ def _postgres_machines() -> Iterator[Callable[[], LedgerMachine]]:
 # A passing run takes well under a minute; a failing one shrinks for up to 300 s
 # (hypothesis's MAX_SHRINKING_SECONDS). The suite-wide 300 s timeout would fire during that
 # shrink and hypothesis would report the interruption as a FlakyFailure, hiding the bug.
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ledger_state_machine(backend: str, tmp_path: Path) -> None:
     """Random command sequences keep every ledger guarantee, on each backend."""

@@ -155,15 +155,24 @@ def test_limit_holds_with_several_worker_processes(rig_factory: Any, k: int) -> 
         assert len({iv[2]["pid"] for iv in intervals}) >= 2  # several processes took part
 
 
+def started_long_task(rig: Rig, workers: list[Any]) -> Any:
+    """The worker (of ``workers``) that started the first task body. Both workers are up
+    before the long task is submitted, so no worker start-up (seconds on a loaded machine)
+    falls between the body's start and what the test does to its holder."""
+    rig.wait("the long task to start", lambda: any(r["kind"] == "start" for r in rig.lines()))
+    pid = next(r["pid"] for r in rig.lines() if r["kind"] == "start")
+    return next(w for w in workers if w.pid == pid)
+
+
 def test_sigkill_and_restart_keep_the_slot_until_revoked(rig_factory: Any) -> None:
     rig = rig_factory(lease_s=3.0)
     rig.control.set_limit("type", "bh.limited", maximum=1, reason="test", by="t")
+    workers = [rig.worker("a", concurrency=2), rig.worker("b", concurrency=2)]
+    for w in workers:
+        w.holder()
     [long_id] = rig.submit("bh.limited", 1, 5000)
-    a = rig.worker("a", concurrency=2)
-    rig.wait("the long task to start", lambda: any(r["kind"] == "start" for r in rig.lines()))
+    a = started_long_task(rig, workers)
     short = rig.submit("bh.limited", 6, 50)
-    b = rig.worker("b", concurrency=2)
-    b.holder()
     a.kill()
     killed_at = time.time()
     rig.worker("a2", concurrency=2)
@@ -179,12 +188,12 @@ def test_sigkill_and_restart_keep_the_slot_until_revoked(rig_factory: Any) -> No
 def test_brief_heartbeat_outage_keeps_the_slot(rig_factory: Any) -> None:
     rig = rig_factory(lease_s=4.0)
     rig.control.set_limit("type", "bh.limited", maximum=1, reason="test", by="t")
+    workers = [rig.worker("a", concurrency=2), rig.worker("b", concurrency=2)]
+    for w in workers:
+        w.holder()
     [long_id] = rig.submit("bh.limited", 1, 2500)
-    a = rig.worker("a", concurrency=2)
-    rig.wait("the long task to start", lambda: any(r["kind"] == "start" for r in rig.lines()))
+    a = started_long_task(rig, workers)
     short = rig.submit("bh.limited", 4, 50)
-    b = rig.worker("b", concurrency=2)
-    b.holder()
     # The holder stops renewing for 1.2 s (well inside its 4 s lease): the slot stays its.
     a.signal(signal.SIGSTOP)
     a.wait_stopped()

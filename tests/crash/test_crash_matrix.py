@@ -215,7 +215,10 @@ def test_row5c_killed_while_call_in_flight_at_slow_target(rig: Rig, control: Any
     ``in_flight_s``), so B retries the lookup later instead of calling, finds A's late
     execution and reuses it: one execution (DESIGN §1.3, §5: never gamble)."""
     ctl = control()
-    slow_s = 4.0
+    # B's first lookup must come before the slow request executes: B's start-up (a Python
+    # process: seconds on a loaded machine, e.g. two suites at once) and A's 1 s lease fit
+    # well inside it.
+    slow_s = 8.0
     rig.start_service(honour_keys=False)
     rig.client.set_faults(slow_next=1, slow_s=slow_s)
     env = {"CRASH_IN_FLIGHT_S": str(slow_s + 1.5)}  # client timeout 1 s + processing bound

@@ -209,8 +209,10 @@ def execution_times(rig: PgRig) -> list[tuple[float, str]]:
 
 
 def _free_port() -> int:
+    # Below Linux's ephemeral range (32768-60999): while a cluster is stopped for a restart,
+    # no port-0 socket of a concurrent test (pytest-xdist, a second suite) can take its port.
     for _ in range(50):
-        port = 55432 + random.randrange(0, 5000)
+        port = 25432 + random.randrange(0, 5000)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -601,7 +601,8 @@ class Worker:
 
         Args:
             max_tasks: stop after this many claims (tests, benchmarks).
-            idle_exit_s: stop after this many seconds without claimable work.
+            idle_exit_s: stop after this many seconds without claimable work: nothing
+                in flight, no claim in progress and none that returned work meanwhile.
 
         Returns:
             The worker's counters.
@@ -640,9 +641,21 @@ class Worker:
                 inflight = self._inflight
                 if max_tasks is not None and self.stats.claimed >= max_tasks and inflight == 0:
                     break
+                if inflight:  # idle counts from when the last task left, not from its claim
+                    idle_since = now
                 idle_since = max(idle_since, self._last_claimed_at)
                 if idle_exit_s is not None and inflight == 0 and now - idle_since >= idle_exit_s:
-                    break
+                    if max(last_poll, self.writer.last_claim_at) < idle_since:
+                        # No claim tried since the worker became idle (a slow start-up, e.g.
+                        # the LISTEN connection): try one before leaving.
+                        self._notified = True
+                    else:
+                        # A claim asked for or in progress may yet return work: let it end
+                        # first (else its tasks would be claimed only to be handed back).
+                        self.writer.sync()
+                        if self._inflight == 0 and self._last_claimed_at <= idle_since:
+                            break
+                        continue
                 # Busy: claims ride on the writer's commits. Poll only when nothing was
                 # tried for a while (idle, or a few threads free while long tasks run).
                 # Room for prefetch alone never polls: it is filled by the claims riding
