@@ -178,11 +178,21 @@ def test_reserved_slots_are_lent_while_idle_and_handed_back(ledger: Ledger) -> N
     assert names_of(ledger.claim("w3", ["billing"], 50)) == {"billing": 2}
 
 
-def test_several_names_in_one_claim_share_the_pool(ledger: Ledger) -> None:
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_several_names_in_one_claim_share_the_pool(ledger: Ledger, interleaved: bool) -> None:
+    """The claim takes every free slot: the owed ones and the pool. ``interleaved``: both
+    names submitted in one transaction (equal ``run_at``, ordered by id), which once made
+    the claim take 4 of 5 (the tenant dimension, without tenant limits, ranked rows the
+    name filter dropped)."""
     ledger.set_limit(LimitScope.TOTAL, "", 0, 5, "alice", "five slots")
     ledger.set_limit(LimitScope.TYPE, "payment", 3, None, "alice", "keep three")
-    submit(ledger, "payment", 10)
-    submit(ledger, "bulk", 10)
+    if interleaved:
+        params = dumps({})
+        ledger.submit([NewTask(new_task_id(), name, 1, params, digest(name, params), None, 3,
+                               30.0) for _ in range(10) for name in ("payment", "bulk")])
+    else:
+        submit(ledger, "payment", 10)
+        submit(ledger, "bulk", 10)
     claims = ledger.claim("w", ["bulk", "payment"], 50)
     counts = names_of(claims)
     assert sum(counts.values()) == 5 and counts.get("payment", 0) >= 3
@@ -282,7 +292,8 @@ def test_allowance_owes_reservations_and_pools_the_rest() -> None:
     full = allowance(limits, ["a"], 32, {("a", None): 6}, {"payment"}, set())
     assert (full.pool, full.limit) == (0, 4)
     idle = allowance(limits, ["a"], 32, {("a", None): 6}, set(), set())
-    assert idle.pool == 4 and idle.tenant_pool == 4
+    # No tenant limit: the tenant dimension does not filter (the total is in ``limit``).
+    assert idle.pool == 4 and idle.tenant_pool == UNLIMITED and idle.limit == 4
     uncapped = allowance([], ["a"], 32, {}, set(), set())
     assert uncapped.pool == UNLIMITED and uncapped.name_limits == [32]
 

@@ -145,6 +145,12 @@ def allowance(
     tenant_limits = caps(LimitScope.TENANT, tenants, per_tenant)
     tenant_reserved, tenant_pool = owed(LimitScope.TENANT, tenants, per_tenant,
                                         ready_tenants, tenant_limits)
+    if not tenants:
+        # No tenant has a limit: the tenant dimension must not filter (the total is held by
+        # ``limit``). A tenant pool of ``free`` here ranked rows the name filter then
+        # dropped, so a claim could take fewer than the free slots (1 run in 25: tasks of
+        # two names with equal run_at, interleaved by id).
+        tenant_pool = UNLIMITED
     return Allowance(list(names), name_limits, name_reserved, min(pool, UNLIMITED), tenants,
                      tenant_limits, tenant_reserved, min(tenant_pool, UNLIMITED),
                      min(want, free))
