@@ -186,3 +186,33 @@ def test_reconcile_findings_are_counted_from_the_ledger(
     assert value(after, "ratchet_reconcile_findings_total", outcome="unrecorded") == 1
     assert value(after, "ratchet_reconcile_findings_total", outcome="late") == 0
     assert check_labels(ledger_metrics_registry(control)) == len(after)
+
+
+def test_a_flood_of_task_types_is_capped_with_an_other_bucket(
+        ledger_url: str, served: tuple[str, Control], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ledger metrics label values come from the ledger's task names: a ledger holding
+    more distinct types than ``MAX_TYPE_SERIES`` reports the first by name and sums the
+    rest (a real type named ``other`` included) under ``type="other"``: bounded series,
+    nothing lost from the totals."""
+    from ratchet.observe import ledger_metrics
+
+    monkeypatch.setattr(ledger_metrics, "MAX_TYPE_SERIES", 5)
+    url, _control = served
+    flood = App(ledger_url)
+    names = [f"flood.t{i:02d}" for i in range(12)] + ["other"]
+    try:
+        for name in names:
+            flood.task(name=name)(lambda ctx: None)
+            flood.submit(name, {})
+        s = parse(httpx.get(url, timeout=30.0).text)
+    finally:
+        flood.close()
+    types = {dict(labels)["type"] for name, labels in s
+             if name == "ratchet_ledger_tasks"}
+    assert types == {"flood.t00", "flood.t01", "flood.t02", "flood.t03", "other"}
+    assert value(s, "ratchet_ledger_tasks", type="other", state="pending") == 9
+    assert sum(v for (name, labels), v in s.items() if name == "ratchet_ledger_backlog_tasks"
+               ) == len(names)
+    for (name, labels) in s:
+        if name.startswith("ratchet_ledger_") and "type" in dict(labels):
+            assert dict(labels)["type"] in types

@@ -7,7 +7,8 @@ finished tasks; no history is read) and turns the report into gauges and counter
 per-state count is the ledger's own ``GROUP BY state``, never derived from event
 counters. Labels: ``type`` (task name) and ``state`` (lower case), from
 :data:`~ratchet.observe.metrics.ALLOWED_LABELS`; each type gets every state, zeros
-included, so the series stay the same while tasks move.
+included, so the series stay the same while tasks move. At most
+:data:`MAX_TYPE_SERIES` type values per scrape: the rest are summed under ``other``.
 
 Series:
 
@@ -39,10 +40,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..control import MAX_WINDOW_S, Control, StatusReport
+from ..control import MAX_WINDOW_S, Control, StatusReport, TypeStatusView
 from ..errors import InvalidArguments, RatchetError
 from ..states import State
-from .metrics import check_label_names, render
+from .metrics import OTHER, check_label_names, render
 
 __all__ = ["LedgerCollector", "ledger_metrics_registry", "render_ledger_metrics"]
 
@@ -84,6 +85,12 @@ _PER_TYPE = (
 )
 
 _ABSENT_WHEN_NONE = frozenset({"drain_eta_s"})
+
+MAX_TYPE_SERIES = 200
+"""Task types reported under their own ``type`` label per scrape; the types after the
+first ``MAX_TYPE_SERIES - 1`` (by name) are summed under ``type="other"`` (counts, backlog,
+rates; the oldest ages are the largest; no drain ETA), so a ledger holding thousands of
+distinct task names does not make thousands of series per metric."""
 
 
 class LedgerCollector(Collector):
@@ -161,7 +168,7 @@ class LedgerCollector(Collector):
 
 def _families(report: StatusReport) -> Iterator[Metric]:
     """The metric families of one status report."""
-    views = sorted(report.types, key=lambda v: v.name)
+    views = _capped(sorted(report.types, key=lambda v: v.name))
     tasks = GaugeMetricFamily("ratchet_ledger_tasks", "Tasks by type and state, as the "
                               "ledger holds them.", labels=["type", "state"])
     known = {s.value for s in State}
@@ -192,6 +199,40 @@ def _families(report: StatusReport) -> Iterator[Metric]:
         counter = CounterMetricFamily(f"ratchet_ledger_{attr}", doc)
         counter.add_metric([], float(getattr(report, attr)))
         yield counter
+
+
+def _capped(views: list[TypeStatusView]) -> list[TypeStatusView]:
+    """``views`` (sorted by name) if at most :data:`MAX_TYPE_SERIES`, else the first
+    ``MAX_TYPE_SERIES - 1`` and one ``other`` view summing the rest."""
+    if len(views) <= MAX_TYPE_SERIES:
+        return views
+    named = [v for v in views if v.name != OTHER]  # a type named "other" joins the sum
+    keep = named[:MAX_TYPE_SERIES - 1]
+    kept = {v.name for v in keep}
+    rest = [v for v in views if v.name not in kept]
+    counts: dict[str, int] = {}
+    for v in rest:
+        for state, n in v.counts.items():
+            counts[state] = counts.get(state, 0) + n
+
+    def total(attr: str) -> float:
+        return float(sum(getattr(v, attr) for v in rest))
+
+    def oldest(attr: str) -> float | None:
+        ages = [a for a in (getattr(v, attr) for v in rest) if a is not None]
+        return max(ages) if ages else None
+
+    other = TypeStatusView(
+        name=OTHER, counts=counts, total=sum(v.total for v in rest),
+        backlog=sum(v.backlog for v in rest), scheduled=sum(v.scheduled for v in rest),
+        running=sum(v.running for v in rest), arrival_per_s=total("arrival_per_s"),
+        completion_per_s=total("completion_per_s"),
+        net_drain_per_s=total("net_drain_per_s"), drain_eta_s=None,
+        oldest_pending_age_s=oldest("oldest_pending_age_s"),
+        unknown=sum(v.unknown for v in rest),
+        oldest_unknown_age_s=oldest("oldest_unknown_age_s"),
+        quarantined=sum(v.quarantined for v in rest))
+    return [*keep, other]
 
 
 def ledger_metrics_registry(control: Control, window_s: float = 60.0) -> CollectorRegistry:
