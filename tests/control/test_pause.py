@@ -266,3 +266,21 @@ def test_pausing_a_type_nothing_knows_says_so(ledger_url: str) -> None:
                 ("p.a", "alice"), ("p.aa", "alice")]
     finally:
         app.close()
+
+
+def test_a_delayed_task_keeps_its_schedule_through_a_pause(ledger_url: str) -> None:
+    """Pausing then resuming a task submitted with a delay hands it back at its own
+    ``run_at``, not at once (a dashboard test saw it claimed right after the resume)."""
+    app = _app(ledger_url)
+    try:
+        with Control(app=app) as control:
+            later = app.submit("p.a", {}, delay_s=3600).task_id
+            before = control.get(later).run_at
+            assert control.pause("task", later, reason="hold", by="op").outcome == "done"
+            assert control.get(later).state is State.PAUSED
+            assert control.resume("task", later, reason="go", by="op").outcome == "done"
+            after = control.get(later)
+            assert after.state is State.PENDING and after.run_at == pytest.approx(before)
+            assert app.ledger.claim("w1", ["p.a"], 10) == []  # not ready before its time
+    finally:
+        app.close()

@@ -79,7 +79,9 @@ def test_every_page_and_two_actions(ledger_url: str) -> None:
                 "scope": "task", "target": later, "back": "task", "reason": "go",
                 "csrf": csrf})
             assert r.status_code == 303 and r.headers["location"] == f"/tasks/{later}"
-            assert control.get(later).state is State.PENDING
+            resumed = control.get(later)  # back to PENDING, its delay kept (not claimed)
+            assert resumed.state is State.PENDING
+            assert resumed.run_at > control.ledger_now() + 3000
             r = client.post("/actions/resolve", data={
                 "task_id": unknown, "outcome": "not-done", "result": "",
                 "reason": "no such charge at the bank", "csrf": csrf})

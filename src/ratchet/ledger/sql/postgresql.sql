@@ -823,8 +823,9 @@ WHERE state = 'PAUSED' AND (%(name)s::text IS NULL OR name = %(name)s::text)
 ORDER BY updated_at, id FOR UPDATE;
 
 -- name: resume_tasks
--- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them).
-UPDATE tasks t SET state = 'PENDING', run_at = u.run_at, updated_at = %(now)s,
+-- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them), never
+-- before the run_at it had (a delayed task keeps its schedule through a pause).
+UPDATE tasks t SET state = 'PENDING', run_at = GREATEST(t.run_at, u.run_at), updated_at = %(now)s,
                    control_request = NULLIF(t.control_request, 'pause')
 FROM json_to_recordset(%(rows)s::json) AS u(id text, generation bigint, run_at float8)
 WHERE t.id = u.id AND t.state = 'PAUSED' AND t.generation = u.generation

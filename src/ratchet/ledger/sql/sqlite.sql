@@ -741,8 +741,9 @@ WHERE state = 'PAUSED' AND (:name IS NULL OR name = :name)
 ORDER BY updated_at, id;
 
 -- name: resume_tasks
--- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them).
-UPDATE tasks SET state = 'PENDING', run_at = :run_at, updated_at = :now,
+-- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them), never
+-- before the run_at it had (a delayed task keeps its schedule through a pause).
+UPDATE tasks SET state = 'PENDING', run_at = MAX(run_at, :run_at), updated_at = :now,
                  control_request = NULLIF(control_request, 'pause')
 WHERE id = :id AND state = 'PAUSED' AND generation = :generation;
 
