@@ -68,8 +68,8 @@ _PER_TYPE = (
      "scheduled"),
     ("ratchet_ledger_arrivals_per_second", "Tasks submitted per second over the status "
      "window.", "arrival_per_s"),
-    ("ratchet_ledger_completions_per_second", "Tasks finished per second over the status "
-     "window.", "completion_per_s"),
+    ("ratchet_ledger_completions_per_second", "Tasks that left the work per second over the "
+     "status window (finished, or gone UNKNOWN: waiting for a person).", "completion_per_s"),
     ("ratchet_ledger_net_drain_per_second", "Completions minus arrivals per second "
      "(negative: the backlog grows).", "net_drain_per_s"),
     ("ratchet_ledger_drain_eta_seconds", "Backlog / net drain rate; absent unless the "
