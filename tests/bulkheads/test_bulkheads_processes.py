@@ -137,13 +137,16 @@ def running_of(control: Control, name: str) -> int:
 def test_limit_holds_with_several_worker_processes(rig_factory: Any, k: int) -> None:
     rig = rig_factory()
     rig.control.set_limit("type", "bh.limited", maximum=k, reason="test", by="t")
-    ids = rig.submit("bh.limited", 12 * k, 40)
-    filler = rig.submit("bh.flood", 20, 10)
     # Four processes of two threads and no prefetch: more capacity than the limit, and no
     # single process can hold all of a limit of 3 (a process that holds the slots keeps
-    # winning them: its completion and its next claim are one transaction).
-    for i in range(4):
-        rig.worker(f"w{i}", concurrency=2, args=["--prefetch", "0"])
+    # winning them: its completion and its next claim are one transaction). All are up
+    # before the work is submitted: on a loaded machine a late starter found nothing left
+    # (a paired CI run saw one process do every task, within its 2 slots).
+    workers = [rig.worker(f"w{i}", concurrency=2, args=["--prefetch", "0"]) for i in range(4)]
+    for w in workers:
+        w.holder()
+    ids = rig.submit("bh.limited", 12 * k, 40)
+    filler = rig.submit("bh.flood", 20, 10)
     seen: list[int] = []
     rig.wait_done(ids + filler, sample=lambda: seen.append(running_of(rig.control,
                                                                       "bh.limited")))
