@@ -55,6 +55,19 @@ def api_server(control: Control, settings: WebSettings) -> Iterator[str]:
 
 
 @contextmanager
+def token_api(ledger_url: str, timeout_s: float = 60.0) -> Iterator[httpx.Client]:
+    """An httpx client on a service with a token and the test app (``api_app``), on a
+    migrated ledger; it sends the token on every request (:func:`bare` for one without)."""
+    from api_app import make_app
+
+    Control(ledger_url).migrate()
+    settings = WebSettings(ledger_url=ledger_url, api_token=TOKEN)
+    with api_server(Control(app=make_app(ledger_url)), settings) as base, \
+            httpx.Client(base_url=f"{base}/api", headers=AUTH, timeout=timeout_s) as client:
+        yield client
+
+
+@contextmanager
 def serve_process(ledger_url: str, *args: str, token: str | None = TOKEN
                   ) -> Iterator[str]:
     """``ratchet serve --ledger URL --port 0 --app api_app:app ARGS`` as a subprocess;

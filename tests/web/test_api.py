@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from api_app import make_app
-from apisupport import AUTH, TOKEN, api_server, bare, serve_process
+from apisupport import AUTH, TOKEN, api_server, bare, serve_process, token_api
 
 from ratchet import Control, State
 from ratchet.testing import running_worker
@@ -24,12 +24,8 @@ OPERATOR = {"X-Ratchet-Operator": "alice"}
 
 @pytest.fixture
 def api(ledger_url: str) -> Iterator[httpx.Client]:
-    """An httpx client on a service with a token and the test app, on a migrated ledger;
-    it sends the token on every request (:func:`bare` for one without)."""
-    Control(ledger_url).migrate()
-    settings = WebSettings(ledger_url=ledger_url, api_token=TOKEN)
-    with api_server(Control(app=make_app(ledger_url)), settings) as base, \
-            httpx.Client(base_url=f"{base}/api", headers=AUTH, timeout=30) as client:
+    """See :func:`apisupport.token_api`."""
+    with token_api(ledger_url, timeout_s=30) as client:
         yield client
 
 

@@ -14,7 +14,7 @@ from functools import partial
 import httpx
 import pytest
 from api_app import make_app
-from apisupport import AUTH, TOKEN, api_server, bare
+from apisupport import AUTH, TOKEN, api_server, bare, token_api
 
 from ratchet import ConfigError, Control
 from ratchet.web import WebSettings
@@ -26,12 +26,8 @@ MIB = 1024 * 1024
 
 @pytest.fixture
 def api(ledger_url: str) -> Iterator[httpx.Client]:
-    """An httpx client on a service with a token and the test app, on a migrated ledger;
-    it sends the token on every request (:func:`bare` for one without)."""
-    Control(ledger_url).migrate()
-    settings = WebSettings(ledger_url=ledger_url, api_token=TOKEN)
-    with api_server(Control(app=make_app(ledger_url)), settings) as base, \
-            httpx.Client(base_url=f"{base}/api", headers=AUTH, timeout=60) as client:
+    """See :func:`apisupport.token_api`."""
+    with token_api(ledger_url, timeout_s=60) as client:
         yield client
 
 
