@@ -147,7 +147,7 @@ def _corrupt_sqlite(path: Path, task_id: str, params_sql: str, result_sql: str) 
 @pytest.mark.parametrize(
     ("params_sql", "shown"),
     [
-        ("CAST(X'7B226E223AFF7D' AS TEXT)", '{"n":\\udcff}'),  # invalid UTF-8
+        ("CAST(X'7B226E223AFF7D' AS TEXT)", '{"n":\\xff}'),  # invalid UTF-8: the byte
         ("'{oops'", "{oops"),  # not JSON
         ("'" + "[" * 5000 + "'", "[" * 50),  # deeper than the decoder goes
     ],

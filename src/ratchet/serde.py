@@ -8,8 +8,9 @@ Limits (both directions raise a Ratchet error, never ``RecursionError`` or a
   Python's own JSON codec recurses once per level and gives up near the interpreter's
   recursion limit (1,000 frames, minus the caller's stack), so the limit sits well below
   it: anything :func:`dumps` accepts, :func:`loads` decodes again in any thread.
-* :func:`loads` of text that is not JSON (a corrupted row, invalid UTF-8 read back as
-  surrogate escapes, or nesting past the recursion limit) raises
+* :func:`loads` of text that is not JSON (a corrupted row, invalid UTF-8 read back as an
+  :class:`~ratchet.storedtext.UndecodableText` or as surrogate escapes, or nesting past
+  the recursion limit) raises
   :class:`~ratchet.errors.UndecodableData`; :func:`loads_stored` returns an
   :class:`Undecodable` marker instead, for code that shows stored data (``ratchet inspect``).
 """
@@ -25,6 +26,7 @@ from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore
 from typing import Any, Final
 
 from .errors import PayloadNotSerializable, UndecodableData
+from .storedtext import UndecodableText
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -195,6 +197,9 @@ def loads(text: str | None, what: str = "value") -> Any:
             return _CONSTANTS[text]
         if text == "{}":
             return {}
+    if type(text) is not str and isinstance(text, UndecodableText):
+        raise UndecodableData(
+            f"{what} is not valid UTF-8 text (byte {text.bad_offset} of the stored value)")
     if not text.isascii():  # O(1) for ASCII text; else find lone surrogates before decoding
         try:
             text.encode("utf-8")
@@ -222,8 +227,8 @@ class Undecodable:
     """A stored value that could not be decoded, kept as text for people to look at.
 
     Attributes:
-        text: the stored text, with characters that are not valid Unicode (surrogate
-            escapes of invalid UTF-8) replaced by ``\\udcXX`` escapes, so it can be printed.
+        text: the stored text, printable: bytes that are not valid UTF-8 as ``\\xNN``
+            escapes (as SQLite reads them), lone surrogates as ``\\udcXX`` escapes.
         error: why it could not be decoded (no part of the text).
         undecodable: always ``True``; marks the record in JSON output
             (``dataclasses.asdict``).
@@ -237,9 +242,13 @@ class Undecodable:
 def printable(text: str) -> str:
     """``text`` with lone surrogates (invalid UTF-8 read back with surrogate escapes)
     written as ``\\udcXX`` escapes and NUL as ``\\x00``, so it can be encoded as UTF-8,
-    printed, and stored in a PostgreSQL ``text`` column (which cannot hold NUL)."""
+    printed, and stored in a PostgreSQL ``text`` column (which cannot hold NUL). An
+    :class:`~ratchet.storedtext.UndecodableText` without NUL is returned as it is (already
+    escaped, and still marked)."""
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
+    elif isinstance(text, UndecodableText):
+        return text
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -250,7 +259,7 @@ def loads_stored(text: str | None, what: str = "value") -> Any:
         return loads(text, what)
     except UndecodableData as exc:
         assert text is not None
-        return Undecodable(printable(text), str(exc))
+        return Undecodable(str(printable(text)), str(exc))
 
 
 def digest(*parts: str) -> str:

@@ -897,6 +897,9 @@ def _print_timeline(tl: TaskTimeline, now: float) -> None:
                    (t.idempotency_key if t.idempotency_key is not None else "-", "")))
     if t.tenant is not None:
         out.print(line("tenant: ", (t.tenant, "")))
+    if t.undecodable:
+        out.print(line(("undecodable", "bold yellow"), ": ", (", ".join(t.undecodable), ""),
+                       " (shown as stored; bytes that are not valid UTF-8 as \\x escapes)"))
     if _runs_at(t, now) != "-":
         out.print(line("scheduled: runs at ", (_runs_at(t, now), ""), " UTC"))
     if t.quarantined:

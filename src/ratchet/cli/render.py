@@ -5,8 +5,8 @@ holder names, audit details) goes through :func:`plain` into a :class:`rich.text
 which Rich never parses as markup: a key ``[bold red]X[/bold red]`` prints as those
 characters, ``[/]`` cannot crash the renderer, ``[link=...]`` is not a link. Characters a
 terminal would act on (escape sequences, other control characters) and lone surrogates
-(invalid UTF-8 read back from a SQLite row) are printed as ``\\x1b`` / ``\\udcff``
-escapes.
+are printed as ``\\x1b`` / ``\\udcff`` escapes; stored text that is not valid UTF-8 (a
+damaged SQLite row) is printed with ``\\xff`` escapes and a note.
 
 When the output is not a terminal (a pipe, a file, a test), lines are not wrapped at 80
 columns: each record stays on one line for ``grep`` and scripts.
@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..serde import Undecodable, printable
+from ..storedtext import NOTE, UndecodableText
 
 __all__ = [
     "clip", "console", "echo_json", "echo_json_line", "err_console", "field", "line", "plain",
@@ -89,9 +90,10 @@ def err_console() -> Console:
 
 def plain(value: object) -> str:
     """``str(value)`` made safe to print: lone surrogates and control characters other than
-    newline and tab written as Python escapes."""
-    text = printable(str(value))
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    newline and tab written as Python escapes; stored text that is not valid UTF-8 (an
+    :class:`~ratchet.storedtext.UndecodableText`, already escaped) with a note saying so."""
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], printable(str(value)))
+    return f"{text} ({NOTE})" if isinstance(value, UndecodableText) else text
 
 
 def field(value: object, style: str = "") -> Text:

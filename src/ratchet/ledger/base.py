@@ -551,6 +551,10 @@ class TaskInfo:
     tenant: str | None = None
     quarantined: bool = False
     """A ``FAILED`` task taken out of the retry path (DESIGN §7; ``ratchet quarantine``)."""
+    undecodable: tuple[str, ...] = ()
+    """The fields whose stored value could not be decoded and are shown as stored: text
+    that is not valid UTF-8 (a :class:`~ratchet.storedtext.UndecodableText`, ``\\x``
+    escapes for the bytes) or JSON that is not (a :class:`~ratchet.serde.Undecodable`)."""
 
     @property
     def terminal(self) -> bool:

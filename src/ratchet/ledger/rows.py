@@ -9,6 +9,7 @@ from typing import Any
 
 from ..serde import Undecodable, dumps, loads, printable
 from ..states import State
+from ..storedtext import UndecodableText
 from .base import EffectRecord, EffectState, TaskInfo, TaskWrite, Transition
 
 __all__ = [
@@ -48,7 +49,7 @@ def decode_json(text: str | None) -> Any:
         return loads(text)
     except (ValueError, RecursionError, UnicodeEncodeError) as exc:
         reason = "invalid UTF-8" if isinstance(exc, UnicodeEncodeError) else str(exc)
-        return Undecodable(printable(text), reason)
+        return Undecodable(str(printable(text)), reason)
 
 
 def decode_detail(text: str | None) -> dict[str, Any]:
@@ -64,8 +65,29 @@ def reschedules(target: State) -> bool:
     return target is State.RETRY_WAIT or target is State.PENDING
 
 
+_TASK_FIELDS = ("task_id", "name", "version", "state", "generation", "attempt", "max_attempts",
+                "holder", "lease_until", "run_at", "created_at", "updated_at",
+                "idempotency_key", "params", "params_digest", "result", "last_error",
+                "error_class", "tenant", "quarantined")
+"""The :class:`TaskInfo` field of each column of :data:`TASK_COLUMNS`."""
+
+
+def _undecodable(row: Sequence[Any], params: Any, result: Any) -> tuple[str, ...]:
+    """The fields of a task row whose stored value could not be decoded (``()`` at the
+    cost of one scan of the row when there is none)."""
+    if (UndecodableText not in map(type, row) and type(params) is not Undecodable
+            and type(result) is not Undecodable):
+        return ()
+    decoded = {"params": params, "result": result}
+    return tuple(f for f, v in zip(_TASK_FIELDS, row, strict=False)
+                 if isinstance(decoded.get(f, v), UndecodableText | Undecodable))
+
+
 def task_info(row: Sequence[Any]) -> TaskInfo:
-    """A :class:`TaskInfo` from a row selected with :data:`TASK_COLUMNS`."""
+    """A :class:`TaskInfo` from a row selected with :data:`TASK_COLUMNS`; its
+    ``undecodable`` names the fields whose stored value could not be decoded."""
+    params = decode_json(row[13])
+    result = decode_json(row[15])
     return TaskInfo(
         task_id=row[0],
         name=row[1],
@@ -80,13 +102,14 @@ def task_info(row: Sequence[Any]) -> TaskInfo:
         created_at=row[10],
         updated_at=row[11],
         idempotency_key=row[12],
-        params=decode_json(row[13]),
+        params=params,
         params_digest=row[14],
-        result=decode_json(row[15]),
+        result=result,
         last_error=None if row[16] is None else printable(row[16]),
         error_class=row[17],
         tenant=row[18] if len(row) > 18 else None,
         quarantined=bool(row[19]) if len(row) > 19 else False,
+        undecodable=_undecodable(row, params, result),
     )
 
 

@@ -11,9 +11,11 @@ Durability levels map to ``PRAGMA synchronous``: ``fsync`` → ``FULL`` (the WAL
 on every commit), ``buffered`` → ``NORMAL`` (synced at checkpoints only; survives a
 process crash, not power loss).
 
-Stored text is read with ``errors="surrogateescape"``: a row whose bytes are not UTF-8
-(a damaged or hand-edited file) is handed over as text instead of failing every read of
-the table, so it affects only its own task.
+Stored text whose bytes are not UTF-8 (a damaged or hand-edited file), and a ``BLOB``
+where text belongs (the ledger stores none), are read as
+:class:`~ratchet.storedtext.UndecodableText`: printable text with ``\\xNN`` escapes that
+remembers its bytes, instead of failing every read of the table, so such a row affects
+only its own task and every face can show it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any, TypeVar
 from .. import faults
 from ..config import Durability, LedgerConfig, redact_url
 from ..errors import LedgerError, LedgerUnavailable, SchemaTooNew, WriteRejected
+from ..storedtext import decode_stored
 from .base import Subscription
 from .catalogue import load_catalogue
 from .engine import LedgerEngine
@@ -48,9 +51,20 @@ _REJECTED = {"SQLITE_TOOBIG", "SQLITE_CONSTRAINT", "SQLITE_MISMATCH", "SQLITE_RA
 """Primary result codes of a write refused for its content: WriteRejected."""
 
 
-def _decode(data: bytes) -> str:
-    """SQLite text → str; bytes that are not UTF-8 become surrogate escapes, not an error."""
-    return data.decode("utf-8", "surrogateescape")
+def _row(_cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row as read, except that a ``BLOB`` (bytes; the ledger stores none, a foreign
+    writer may) is decoded as stored text (:func:`decode_stored`)."""
+    for value in row:
+        if type(value) is bytes:
+            return tuple(decode_stored(v) if type(v) is bytes else v for v in row)
+    return row
+
+
+def _configure(conn: sqlite3.Connection) -> None:
+    """How a connection reads text: UTF-8, and bytes that are not UTF-8 (in ``TEXT`` or a
+    ``BLOB``) as :class:`~ratchet.storedtext.UndecodableText`, never an error."""
+    conn.text_factory = decode_stored
+    conn.row_factory = _row
 
 
 class _NoSubscription:
@@ -178,7 +192,7 @@ class SQLiteDialect:
             uri = "file:" + urllib.parse.quote(self.path) + "?mode=ro"
             conn = sqlite3.connect(uri, uri=True, timeout=self.config.busy_timeout_s)
             try:
-                conn.text_factory = _decode
+                _configure(conn)
                 return conn.execute(sql).fetchall()
             finally:
                 conn.close()
@@ -199,7 +213,7 @@ class SQLiteDialect:
                 isolation_level=None,
                 check_same_thread=False,
             )
-            conn.text_factory = _decode
+            _configure(conn)
             # Read the schema version before anything that could write the file header.
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:

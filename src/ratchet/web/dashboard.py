@@ -42,6 +42,7 @@ from starlette.staticfiles import StaticFiles
 from ..control import Control, ControlOutcome, PauseRecord, StatusReport
 from ..errors import LedgerUnavailable, RatchetError, TaskNotFound
 from ..states import State
+from ..storedtext import NOTE, UndecodableText
 from ..validation import MAX_KEY_BYTES, check_identifier
 from . import charts, present
 from .app import WebSettings
@@ -98,10 +99,16 @@ class PauseView:
     paused_tasks: int | None = None
 
 
+def _noted(value: Any) -> Any:
+    """Every ``{{ value }}`` of a page: stored text that is not valid UTF-8 (shown with
+    ``\\x`` escapes) gets a note saying so."""
+    return f"{value} ({NOTE})" if isinstance(value, UndecodableText) else value
+
+
 def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(HERE / "templates"),
                       autoescape=select_autoescape(["html"]), trim_blocks=True,
-                      lstrip_blocks=True)
+                      lstrip_blocks=True, finalize=_noted)
     env.filters.update(when=present.when, duration=present.duration, rate=present.rate,
                        value=present.show_value, last_line=present.last_line,
                        q=lambda s: quote(str(s), safe=""))

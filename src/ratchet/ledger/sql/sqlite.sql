@@ -593,11 +593,13 @@ GROUP BY name, state;
 SELECT kind, COUNT(*) FROM audit WHERE at >= :from_at AND at < :to_at GROUP BY kind;
 
 -- name: counts_add_tasks
-INSERT INTO finished_counts (name, state, n) VALUES (:name, :state, :n)
+-- CAST: a name read back as UndecodableText binds its stored bytes (a BLOB); as TEXT they
+-- are the name the tasks rows hold, so the rollup and the rows since the mark sum as one.
+INSERT INTO finished_counts (name, state, n) VALUES (CAST(:name AS TEXT), :state, :n)
 ON CONFLICT (name, state) DO UPDATE SET n = finished_counts.n + excluded.n;
 
 -- name: counts_add_audit
-INSERT INTO audit_counts (kind, n) VALUES (:kind, :n)
+INSERT INTO audit_counts (kind, n) VALUES (CAST(:kind AS TEXT), :n)
 ON CONFLICT (kind) DO UPDATE SET n = audit_counts.n + excluded.n;
 
 -- name: counts_set_mark
