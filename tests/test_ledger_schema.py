@@ -15,6 +15,7 @@ import pytest
 from pgsupport import private_schema
 from psycopg import sql
 
+import ratchet.ledger.clock as clock_module
 import ratchet.ledger.engine as engine_module
 from ratchet import open_ledger
 from ratchet.ledger.catalogue import load_catalogue, parse_catalogue
@@ -24,11 +25,13 @@ DIALECTS = ("sqlite", "postgresql")
 
 
 def _engine_statement_names() -> set[str]:
-    """Every statement name the engine passes to a transaction (first string argument of
+    """Every statement name the engine (and the module it runs statements through: the
+    clock repair) passes to a transaction (first string argument of
     ``tx.rows / one / execute / batch``)."""
-    tree = ast.parse(Path(engine_module.__file__).read_text(encoding="utf-8"))
     names: set[str] = set()
-    for node in ast.walk(tree):
+    nodes = [node for module in (engine_module, clock_module)
+             for node in ast.walk(ast.parse(Path(module.__file__).read_text(encoding="utf-8")))]
+    for node in nodes:
         if (
             isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
             and node.func.attr in {"rows", "one", "execute", "batch"} and node.args

@@ -7,7 +7,8 @@ supplies only what differs between databases:
 * **connections, transactions and locks** (:meth:`Dialect.run`): SQLite runs each write in
   ``BEGIN IMMEDIATE`` on a per-thread connection; PostgreSQL takes pooled connections and
   locks rows in its SQL (``FOR UPDATE [SKIP LOCKED]``, id order);
-* **the ledger clock**, read inside the transaction (:attr:`Tx.now`);
+* **the ledger clock**, read inside the transaction (:attr:`Tx.now`), mapped through
+  :attr:`Dialect.clock` when a test injects one (:mod:`ratchet.ledger.clock`);
 * **its SQL**, a catalogue of named statements (``ledger/sql/<dialect>.sql``), and how
   list parameters and batches are passed (SQLite: JSON arrays read with ``json_each`` and
   ``executemany``; PostgreSQL: arrays and ``unnest``, one round trip per batch);
@@ -32,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..errors import LedgerUnavailable
 from .base import Subscription
+from .clock import ClockFn
 
 __all__ = ["CommitOutcomeUnknown", "Dialect", "Tx"]
 
@@ -99,12 +101,17 @@ class Dialect(Protocol):
         single_writer: one write transaction at a time for the whole database (SQLite):
             background work in several transactions (prune batches) pauses between them
             so that waiting writers get the lock.
+        clock: the testing seam of the ledger clock: ``None`` (the database's clock is the
+            ledger clock), or a function of the database's reading (epoch seconds) that
+            returns the ledger clock every transaction and statement of this dialect
+            object then uses (a stepped or frozen clock, :mod:`ratchet.testing.clock`).
     """
 
     name: str
     where: str
     probe_before_claim: bool
     single_writer: bool
+    clock: ClockFn | None
 
     def run(self, body: Callable[[Tx], T], *, write: bool = True) -> T:
         """Run ``body`` in one transaction and commit (roll back if it raises).
@@ -119,8 +126,9 @@ class Dialect(Protocol):
         """
         ...
 
-    def probe(self) -> bool:
-        """Run ``claim_probe`` outside any write transaction: may anything be claimable?"""
+    def probe(self) -> tuple[bool, float | None]:
+        """Run ``claim_probe`` outside any write transaction: ``(may anything be
+        claimable?, the ledger clock it read, epoch seconds, or None if it read none)``."""
         ...
 
     def schema_version(self) -> int:

@@ -38,6 +38,7 @@ from ..fingerprint import worker_died
 from ..serde import dumps, printable
 from ..states import TERMINAL, State, check_operator_move, check_transition
 from . import bulkheads
+from . import clock as ledger_clock
 from .base import (
     MAX_VERSION,
     AuditEvent,
@@ -131,6 +132,8 @@ class LedgerEngine:
         # Transaction steps hold a connection while user code runs: never all of a pool's,
         # so the writer and the heartbeat always get one (a starved heartbeat loses leases).
         self._user_slots = threading.BoundedSemaphore(slots) if slots is not None else None
+        # Backward steps of the ledger clock, seen from this process (ledger/clock.py).
+        self._clock_watch = ledger_clock.ClockWatch()
 
     # ------------------------------------------------------------------ schema, clock
 
@@ -246,9 +249,22 @@ class LedgerEngine:
         """
         if limit <= 0 or not names:
             return []
-        if self.dialect.probe_before_claim and not self.dialect.probe():
-            return []
-        return self.dialect.run(lambda tx: self._claim_in(tx, holder, names, limit))
+        if self.dialect.probe_before_claim:
+            maybe, clock = self.dialect.probe()
+            # Nothing claimable on the clock as it is, but it stepped back: rows written
+            # ahead of it are re-anchored by the claim (ledger/clock.py).
+            if not maybe and (clock is None or not self._clock_watch.observe(clock)):
+                return []
+        repaired: list[bool] = []
+
+        def body(tx: Tx) -> list[Claim]:
+            repaired.clear()  # a retried attempt decides again
+            return self._claim_in(tx, holder, names, limit, repaired=repaired)
+
+        claims = self.dialect.run(body)
+        if repaired:
+            self._clock_watch.repaired()
+        return claims
 
     @staticmethod
     def _claim_reads(
@@ -264,9 +280,13 @@ class LedgerEngine:
     def _claim_in(
         self, tx: Tx, holder: str, names: Sequence[ClaimKind], limit: int,
         pre: Sequence[list[tuple[Any, ...]]] | None = None,
+        repaired: list[bool] | None = None,
     ) -> list[Claim]:
         """The claim, inside the caller's write transaction (see :meth:`claim`).
         ``pre``: the rows of :meth:`_claim_reads`, if the caller already read them.
+        ``repaired``: receives ``True`` when this transaction re-anchored the ledger's rows
+        after a backward step of its clock (:mod:`ratchet.ledger.clock`; the caller marks
+        the repair done once the transaction committed).
 
         No attempt starts in a paused scope (DESIGN §8): the active pauses are read under
         the pause gate, a paused type's tasks are neither claimed (under a limit or not)
@@ -279,6 +299,10 @@ class LedgerEngine:
             pre = tx.rows_many(self._claim_reads(names, limit))
         expired, _gate, pauses, limit_rows = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
+        if self._clock_watch.observe(now):
+            ledger_clock.repair(tx, now, self._clock_watch)
+            if repaired is not None:
+                repaired.append(True)
         paused_types: set[str] = set()
         if pauses:
             if any(p[1] == "all" for p in pauses):
@@ -587,8 +611,10 @@ class LedgerEngine:
         self._check_transitions(writes)
 
         claiming = limit > 0 and bool(names)
+        repaired: list[bool] = []
 
         def body(tx: Tx) -> tuple[list[CommitOutcome], list[Claim]]:
+            repaired.clear()  # a retried attempt decides again
             # The expired-lease scan, the pause gate, the pauses and the limits travel
             # with the fence read (one round trip).
             also = self._claim_reads(names, limit) if claiming else []
@@ -601,11 +627,15 @@ class LedgerEngine:
                      if o.ok and w.transition is not None
                      and w.transition.to is not State.RUNNING}
             still = [row for row in pre[0] if row[0] not in ended]
-            return outcomes, self._claim_in(tx, holder, names, limit, [still, *pre[1:]])
+            return outcomes, self._claim_in(tx, holder, names, limit, [still, *pre[1:]],
+                                            repaired)
 
         try:
             try:
-                return self.dialect.run(body)
+                result = self.dialect.run(body)
+                if repaired:
+                    self._clock_watch.repaired()
+                return result
             except CommitOutcomeUnknown:
                 return self.dialect.run(
                     lambda tx: self._commit_in(tx, writes, resend=True)[0]), []

@@ -21,7 +21,10 @@ control (the SQL is in ``ledger/sql/postgresql.sql``):
   ``idle_in_transaction_session_timeout`` on the session, which is what frees the row locks
   of a frozen worker). Sessions read UTF-8 (parameters travel inside the statement text).
 * **The ledger clock** is the server's transaction timestamp, ``now()``, read with the
-  transaction's first round trip — never a worker's clock.
+  transaction's first round trip — never a worker's clock: a step of the *server's* clock
+  is a step of the ledger clock (:mod:`ratchet.ledger.clock`). A test may map it through
+  :attr:`PostgresDialect.clock` (then the clock is read before any statement that needs
+  it, one round trip more).
 * **Durability** maps to ``synchronous_commit`` per connection: ``buffered`` → ``off``,
   ``fsync`` → ``on``, ``replicated`` → ``remote_apply`` (refused unless the server has a
   synchronous standby configured).
@@ -62,6 +65,7 @@ from ..errors import ConfigError, LedgerError, LedgerUnavailable, SchemaTooNew, 
 from ..serde import dumps_rows
 from .base import Subscription
 from .catalogue import load_catalogue
+from .clock import ClockFn
 from .dialect import CommitOutcomeUnknown
 from .engine import LedgerEngine
 from .migrations import load_migrations
@@ -170,8 +174,9 @@ class _PgTx:
     """
 
     def __init__(self, conn: psycopg.Connection[Any],
-                 catalogue: Mapping[str, tuple[str, ...]]) -> None:
+                 catalogue: Mapping[str, tuple[str, ...]], clock: ClockFn | None = None) -> None:
         self._conn = conn
+        self._clock = clock
         self._raw = conn.cursor()
         self._binder = psycopg.ClientCursor(conn)
         self.catalogue = catalogue
@@ -221,6 +226,8 @@ class _PgTx:
         """Send BEGIN (first time), the kept statements, then ``name`` and ``more`` (or
         ``tail``) as one query string; return the cursor positioned on the result of
         ``name`` (its last statement), followed by those of ``more``."""
+        if not self.started and self._clock is not None and name is not None:
+            self._send(None)  # an injected clock is not SQL: read it before binding
         parts: list[str] = []
         names = list(self._names)
         if not self.started:
@@ -248,6 +255,8 @@ class _PgTx:
             clock = cur.fetchone()
             assert clock is not None
             self._now = float(clock[0])
+            if self._clock is not None:
+                self._now = self._clock(self._now)
             skip -= 1
         for _ in range(skip):  # to the result of the last part
             cur.nextset()
@@ -284,6 +293,8 @@ class _PgTx:
         DataError: WriteRejected."""
         if not rows:
             return
+        if not self.started and self._clock is not None:
+            self._send(None)  # an injected clock is not SQL: read it before binding
         try:
             encoded = dumps_rows(rows)
         except ValueError as exc:  # NaN / Infinity: no JSON, no column can hold it
@@ -333,6 +344,7 @@ class PostgresDialect:
         host = parts.netloc.rsplit("@", 1)[-1] or "localhost"
         self.where = f"postgresql://{host}{parts.path} schema {self.schema}"
         self._closed = False
+        self.clock: ClockFn | None = None  # testing seam (Dialect.clock)
         self._notify = "SELECT pg_notify(" + sql.Literal(self.channel).as_string(None) + ", '')"
         try:
             psycopg.conninfo.conninfo_to_dict(self._conninfo)
@@ -435,7 +447,7 @@ class PostgresDialect:
         tx: _PgTx | None = None
         try:
             with self._connection() as conn:
-                tx = _PgTx(conn, self._catalogue)
+                tx = _PgTx(conn, self._catalogue, self.clock)
                 try:
                     result = body(tx)
                     if write:
@@ -493,9 +505,9 @@ class PostgresDialect:
             + f": {primary} [{diag.sqlstate}]"
         )
 
-    def probe(self) -> bool:
+    def probe(self) -> tuple[bool, float | None]:
         """Not used on PostgreSQL (claims never block each other)."""
-        return True
+        return True, None
 
     # ------------------------------------------------------------------ schema
 

@@ -5,7 +5,8 @@
 holds SQLite's single writer lock from its first statement and the fence check and the
 write it guards cannot be interleaved with another writer. The ledger clock is the host
 clock read *by SQLite inside the transaction* (``julianday('now')``), never a value passed
-in by a worker.
+in by a worker (a test may map it through :attr:`SQLiteDialect.clock`; what a step of the
+host clock does: :mod:`ratchet.ledger.clock`).
 
 Durability levels map to ``PRAGMA synchronous``: ``fsync`` → ``FULL`` (the WAL is synced
 on every commit), ``buffered`` → ``NORMAL`` (synced at checkpoints only; survives a
@@ -35,6 +36,7 @@ from ..errors import LedgerError, LedgerUnavailable, SchemaTooNew, WriteRejected
 from ..storedtext import decode_stored
 from .base import Subscription
 from .catalogue import load_catalogue
+from .clock import ClockFn
 from .engine import LedgerEngine
 from .migrations import load_migrations, split_statements
 
@@ -160,6 +162,7 @@ class SQLiteDialect:
         self._migrations = load_migrations("sqlite")
         self.latest_version = self._migrations[-1].version
         self._closed = False
+        self.clock: ClockFn | None = None  # testing seam (Dialect.clock)
 
     # ------------------------------------------------------------------ files
 
@@ -266,6 +269,12 @@ class SQLiteDialect:
                 f"SQLite ledger {self.path!r} is busy or gone: {text} [{code}]")
         return LedgerError(f"SQLite ledger {self.path!r} ({statement}): {text} [{code}]")
 
+    def _clock(self, conn_or_tx: Any) -> float:
+        """The ledger clock: SQLite's ``julianday('now')``, through :attr:`clock`."""
+        (sql,) = self._catalogue["now"]
+        now = float(conn_or_tx.execute(sql).fetchone()[0])
+        return self.clock(now) if self.clock is not None else now
+
     def run(self, body: Callable[[Any], T], *, write: bool = True) -> T:
         """One transaction; ``BEGIN IMMEDIATE`` for writes (see ``Dialect.run``)."""
         conn = self._conn()
@@ -277,7 +286,8 @@ class SQLiteDialect:
         cur = conn.cursor()
         tx = _SQLiteTx(cur, self._catalogue)
         try:
-            tx.now = float(tx.one("now")[0])  # type: ignore[index]
+            tx.statement = "now"
+            tx.now = self._clock(cur)
             result = body(tx)
             if write:
                 faults.point("commit.before_commit")
@@ -293,11 +303,13 @@ class SQLiteDialect:
         finally:
             cur.close()
 
-    def probe(self) -> bool:
-        """Lock-free look: may anything be claimable?"""
+    def probe(self) -> tuple[bool, float | None]:
+        """Lock-free look: may anything be claimable? Also returns the clock it read."""
         try:
+            conn = self._conn()
+            now = self._clock(conn)
             (sql,) = self._catalogue["claim_probe"]
-            return bool(self._conn().execute(sql).fetchone()[0])
+            return bool(conn.execute(sql, {"now": now}).fetchone()[0]), now
         except sqlite3.Error as exc:
             raise self._error(exc, "claim_probe") from exc
 

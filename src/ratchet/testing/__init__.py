@@ -10,6 +10,8 @@
 * the checks (:func:`check_exactly_once`, :func:`check_ledger_consistent`): one
   implementation on both ledgers, returning a report and raising :class:`CheckFailed`
   (an ``AssertionError``) with every violation listed;
+* a steppable, freezable ledger clock (:func:`inject_clock`, :class:`LedgerClock`, from
+  :mod:`ratchet.testing.clock`);
 * an in-process worker for pytest (:func:`running_worker`, :func:`worker_fixture`, from
   :mod:`ratchet.testing.worker`).
 
@@ -27,6 +29,7 @@ from .checks import (
     list_task_ids,
     sqlite_write_locked,
 )
+from .clock import LedgerClock, inject_clock
 from .processes import (
     ConditionTimeout,
     ManagedProcess,
@@ -55,6 +58,7 @@ __all__ = [
     "CountingService",
     "ExactlyOnceReport",
     "FaultSettings",
+    "LedgerClock",
     "ManagedProcess",
     "ProcessGroup",
     "ServiceError",
@@ -64,6 +68,7 @@ __all__ = [
     "check_exactly_once",
     "check_ledger_consistent",
     "clean_env",
+    "inject_clock",
     "list_task_ids",
     "read_records",
     "read_stored",

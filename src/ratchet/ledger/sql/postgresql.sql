@@ -18,6 +18,26 @@ SELECT extract(epoch FROM now())::float8;
 -- Not needed on PostgreSQL (claims never block each other); kept for the catalogue.
 SELECT true;
 
+-- name: clock_repair_ready
+-- After a backward step of the ledger clock (ledger/clock.py): a ready row written ahead
+-- of the clock waits at most its own wait (run_at - updated_at) from now; a release
+-- (run_at <= updated_at) is ready at once. Rows locked by others (a claim in flight) are
+-- skipped, not waited for.
+UPDATE tasks t
+SET run_at = LEAST(t.run_at, %(now)s::float8 + GREATEST(t.run_at - t.updated_at, 0)),
+    updated_at = %(now)s
+FROM (SELECT id FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
+        AND updated_at > %(now)s::float8 ORDER BY id FOR UPDATE SKIP LOCKED) AS s
+WHERE t.id = s.id;
+
+-- name: clock_repair_leases
+-- After a backward step: no lease ends later than now + its lease_s (tasks_leased; rows
+-- locked by their holder's renewal or commit are skipped).
+UPDATE tasks t SET lease_until = %(now)s::float8 + t.lease_s
+FROM (SELECT id FROM tasks WHERE lease_until IS NOT NULL AND state = 'RUNNING'
+        AND lease_until > %(now)s::float8 + lease_s ORDER BY id FOR UPDATE SKIP LOCKED) AS s
+WHERE t.id = s.id;
+
 -- name: submit_insert
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
 -- Rows arrive in idempotency-key order (and are inserted in that order), so two batches
@@ -196,12 +216,16 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = exclu
 
 -- name: transition
 -- A fenced RUNNING -> state change per row. run_at is set for RETRY_WAIT / PENDING
--- (backoff, release delay); a release (to PENDING) hands its attempt back; only RUNNING
--- keeps the lease. One primary-key probe per row: the "id = ANY(ids of the rows)" gives the
+-- (backoff, release delay); one ready now never moves later than it was (a clock stepped
+-- back since the claim leaves it claimable, ledger/clock.py); a release (to PENDING) hands
+-- its attempt back; only RUNNING keeps the lease. One primary-key probe per row: the "id = ANY(ids of the rows)" gives the
 -- planner an index condition on tasks_pkey; without it, on a table without statistics, it
 -- hash-joined the rows against a sequential scan of every task (3.6 ms at 20,000 tasks;
 -- tests/test_ledger_plans.py).
-UPDATE tasks t SET state = u.state, run_at = COALESCE(u.run_at, t.run_at),
+UPDATE tasks t SET state = u.state,
+    run_at = CASE WHEN u.run_at IS NULL THEN t.run_at
+                  WHEN u.run_at <= %(now)s::float8 THEN LEAST(t.run_at, u.run_at)
+                  ELSE u.run_at END,
     attempt = CASE WHEN u.release THEN t.attempt - 1 ELSE t.attempt END,
     holder = CASE WHEN u.keep THEN t.holder ELSE NULL END,
     lease_until = CASE WHEN u.keep THEN t.lease_until ELSE NULL END,
@@ -225,7 +249,7 @@ UPDATE effects SET state = %(state)s, result = %(result)s, updated_at = %(now)s
 WHERE task_id = %(id)s AND state = 'intent';
 
 -- name: resolve_task
-UPDATE tasks SET state = 'PENDING', run_at = %(now)s, updated_at = %(now)s
+UPDATE tasks SET state = 'PENDING', run_at = LEAST(run_at, %(now)s::float8), updated_at = %(now)s
 WHERE id = %(id)s AND state = 'UNKNOWN' AND generation = %(generation)s;
 
 -- name: holder_running
@@ -758,10 +782,13 @@ FROM tasks WHERE id = %(id)s FOR UPDATE;
 -- An operator's move of a task that is not running (cancel, resume, retry, give-up; checked
 -- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
 -- bump: added to the generation (1: whatever an older holder still writes is fenced out);
--- reset: a fresh set of attempts and quarantine counters (retry); run_at: when it is ready (NULL: unchanged).
+-- reset: a fresh set of attempts and quarantine counters (retry); run_at: when it is ready
+-- (NULL: unchanged; ready now: never later than it was, ledger/clock.py).
 UPDATE tasks SET state = %(state)s, generation = generation + %(bump)s, holder = NULL,
     lease_until = NULL, control_request = %(request)s::text,
-    run_at = COALESCE(%(run_at)s::float8, run_at),
+    run_at = CASE WHEN %(run_at)s::float8 IS NULL THEN run_at
+                  WHEN %(run_at)s::float8 <= %(now)s::float8 THEN LEAST(run_at, %(run_at)s::float8)
+                  ELSE %(run_at)s::float8 END,
     attempt = CASE WHEN %(reset)s::bool THEN 0 ELSE attempt END,
     quarantined = CASE WHEN %(reset)s::bool THEN false ELSE quarantined END,
     fingerprint_count = CASE WHEN %(reset)s::bool THEN 0 ELSE fingerprint_count END,
@@ -824,8 +851,13 @@ ORDER BY updated_at, id FOR UPDATE;
 
 -- name: resume_tasks
 -- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them), never
--- before the run_at it had (a delayed task keeps its schedule through a pause).
-UPDATE tasks t SET state = 'PENDING', run_at = GREATEST(t.run_at, u.run_at), updated_at = %(now)s,
+-- before the run_at it had (a delayed task keeps its schedule through a pause), that one
+-- capped at its wait when paused (run_at - updated_at) from now: a pause written ahead of
+-- a clock stepped back since does not stretch it (ledger/clock.py).
+UPDATE tasks t SET state = 'PENDING',
+                   run_at = GREATEST(LEAST(t.run_at, %(now)s::float8
+                                           + GREATEST(t.run_at - t.updated_at, 0)), u.run_at),
+                   updated_at = %(now)s,
                    control_request = NULLIF(t.control_request, 'pause')
 FROM json_to_recordset(%(rows)s::json) AS u(id text, generation bigint, run_at float8)
 WHERE t.id = u.id AND t.state = 'PAUSED' AND t.generation = u.generation
@@ -889,7 +921,9 @@ ORDER BY id FOR UPDATE;
 
 -- name: quarantine_replay_task
 -- An operator's replay: back to PENDING with fresh attempt counters at a staggered run_at.
-UPDATE tasks t SET state = 'PENDING', attempt = 0, run_at = u.run_at, quarantined = false,
+UPDATE tasks t SET state = 'PENDING', attempt = 0,
+    run_at = CASE WHEN u.run_at <= %(now)s::float8 THEN LEAST(t.run_at, u.run_at)
+                  ELSE u.run_at END, quarantined = false,
     fingerprint_count = 0, crash_count = 0, updated_at = %(now)s
 FROM json_to_recordset(%(rows)s::json) AS u(id text, run_at float8)
 WHERE t.id = u.id AND t.state = 'FAILED' AND t.quarantined

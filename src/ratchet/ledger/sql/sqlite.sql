@@ -13,11 +13,24 @@
 SELECT (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: claim_probe
--- A lock-free look, so that idle polling does not take SQLite's write lock.
+-- A lock-free look, so that idle polling does not take SQLite's write lock (now: the
+-- ledger clock, read with the "now" statement just before).
 SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
-               AND run_at <= (julianday('now') - 2440587.5) * 86400.0)
+               AND run_at <= :now)
     OR EXISTS (SELECT 1 FROM tasks WHERE lease_until IS NOT NULL AND state = 'RUNNING'
-               AND lease_until < (julianday('now') - 2440587.5) * 86400.0);
+               AND lease_until < :now);
+
+-- name: clock_repair_ready
+-- After a backward step of the ledger clock (ledger/clock.py): a ready row written ahead
+-- of the clock waits at most its own wait (run_at - updated_at) from now; a release
+-- (run_at <= updated_at) is ready at once.
+UPDATE tasks SET run_at = MIN(run_at, :now + MAX(run_at - updated_at, 0)), updated_at = :now
+WHERE state IN ('PENDING', 'RETRY_WAIT') AND updated_at > :now;
+
+-- name: clock_repair_leases
+-- After a backward step: no lease ends later than now + its lease_s.
+UPDATE tasks SET lease_until = :now + lease_s
+WHERE lease_until IS NOT NULL AND state = 'RUNNING' AND lease_until > :now + lease_s;
 
 -- name: submit_insert
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
@@ -169,9 +182,12 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = exclu
 
 -- name: transition
 -- A fenced RUNNING -> state change. run_at is set for RETRY_WAIT / PENDING (backoff,
--- release delay); a release (to PENDING) hands its attempt back; only RUNNING keeps the
--- lease.
-UPDATE tasks SET state = :state, run_at = COALESCE(:run_at, run_at),
+-- release delay); one ready now never moves later than it was (a clock stepped back
+-- since the claim leaves it claimable, ledger/clock.py); a release (to PENDING) hands its
+-- attempt back; only RUNNING keeps the lease.
+UPDATE tasks SET state = :state,
+    run_at = CASE WHEN :run_at IS NULL THEN run_at WHEN :run_at <= :now THEN MIN(run_at, :run_at)
+                  ELSE :run_at END,
     attempt = CASE WHEN :release THEN attempt - 1 ELSE attempt END,
     holder = CASE WHEN :keep THEN holder ELSE NULL END,
     lease_until = CASE WHEN :keep THEN lease_until ELSE NULL END,
@@ -191,7 +207,7 @@ UPDATE effects SET state = :state, result = :result, updated_at = :now
 WHERE task_id = :id AND state = 'intent';
 
 -- name: resolve_task
-UPDATE tasks SET state = 'PENDING', run_at = :now, updated_at = :now
+UPDATE tasks SET state = 'PENDING', run_at = MIN(run_at, :now), updated_at = :now
 WHERE id = :id AND state = 'UNKNOWN' AND generation = :generation;
 
 -- name: holder_running
@@ -681,9 +697,12 @@ FROM tasks WHERE id = :id;
 -- An operator's move of a task that is not running (cancel, resume, retry, give-up; checked
 -- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
 -- bump: added to the generation (1: whatever an older holder still writes is fenced out);
--- reset: a fresh set of attempts and quarantine counters (retry); run_at: when it is ready (NULL: unchanged).
+-- reset: a fresh set of attempts and quarantine counters (retry); run_at: when it is ready
+-- (NULL: unchanged; ready now: never later than it was, ledger/clock.py).
 UPDATE tasks SET state = :state, generation = generation + :bump, holder = NULL,
-    lease_until = NULL, control_request = :request, run_at = COALESCE(:run_at, run_at),
+    lease_until = NULL, control_request = :request,
+    run_at = CASE WHEN :run_at IS NULL THEN run_at WHEN :run_at <= :now THEN MIN(run_at, :run_at)
+                  ELSE :run_at END,
     attempt = CASE WHEN :reset THEN 0 ELSE attempt END,
     quarantined = CASE WHEN :reset THEN 0 ELSE quarantined END,
     fingerprint_count = CASE WHEN :reset THEN 0 ELSE fingerprint_count END,
@@ -744,8 +763,12 @@ ORDER BY updated_at, id;
 
 -- name: resume_tasks
 -- Re-admit PAUSED tasks, each at its own run_at (a resume's rate staggers them), never
--- before the run_at it had (a delayed task keeps its schedule through a pause).
-UPDATE tasks SET state = 'PENDING', run_at = MAX(run_at, :run_at), updated_at = :now,
+-- before the run_at it had (a delayed task keeps its schedule through a pause), that one
+-- capped at its wait when paused (run_at - updated_at) from now: a pause written ahead of
+-- a clock stepped back since does not stretch it (ledger/clock.py).
+UPDATE tasks SET state = 'PENDING',
+                 run_at = MAX(MIN(run_at, :now + MAX(run_at - updated_at, 0)), :run_at),
+                 updated_at = :now,
                  control_request = NULLIF(control_request, 'pause')
 WHERE id = :id AND state = 'PAUSED' AND generation = :generation;
 
@@ -794,7 +817,8 @@ ORDER BY quarantined_at, id LIMIT :limit;
 
 -- name: quarantine_replay_task
 -- An operator's replay: back to PENDING with fresh attempt counters at a staggered run_at.
-UPDATE tasks SET state = 'PENDING', attempt = 0, run_at = :run_at, quarantined = 0,
+UPDATE tasks SET state = 'PENDING', attempt = 0,
+    run_at = CASE WHEN :run_at <= :now THEN MIN(run_at, :run_at) ELSE :run_at END, quarantined = 0,
     fingerprint_count = 0, crash_count = 0, updated_at = :now
 WHERE id = :id AND state = 'FAILED' AND quarantined = 1;
 
