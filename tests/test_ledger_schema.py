@@ -15,6 +15,7 @@ import pytest
 from pgsupport import private_schema
 from psycopg import sql
 
+import ratchet.ledger.budgets as budgets_module
 import ratchet.ledger.clock as clock_module
 import ratchet.ledger.engine as engine_module
 from ratchet import open_ledger
@@ -25,11 +26,11 @@ DIALECTS = ("sqlite", "postgresql")
 
 
 def _engine_statement_names() -> set[str]:
-    """Every statement name the engine (and the module it runs statements through: the
-    clock repair) passes to a transaction (first string argument of
+    """Every statement name the engine (and the modules it runs statements through: the
+    retry budgets, the clock repair) passes to a transaction (first string argument of
     ``tx.rows / one / execute / batch``)."""
     names: set[str] = set()
-    nodes = [node for module in (engine_module, clock_module)
+    nodes = [node for module in (engine_module, budgets_module, clock_module)
              for node in ast.walk(ast.parse(Path(module.__file__).read_text(encoding="utf-8")))]
     for node in nodes:
         if (
