@@ -286,8 +286,19 @@ def test_pg_prune_listing_and_status_use_their_indexes(
     # ratchet limits' latest changes: a range of audit_task, never every audit row.
     plan = _pg_plan(conn, "limits_audit", {"limit": 20})
     assert "audit_task" in plan and "Seq Scan on audit" not in plan, plan
+    # Status counts the running tasks from tasks_leased and the audit since the mark from
+    # audit_at, also on a table drained before its first ANALYZE (a scan of the table reads
+    # every dead row version a drain left, of audit every row ever audited).
+    upto = {"upto": float(_HISTORY - 10)}
+    assert "tasks_leased" in _pg_plan(conn, "stats_counts", upto)
+    plan = _pg_plan(conn, "stats_kinds", upto)
+    assert "audit_at" in plan and "Seq Scan on audit " not in plan + " ", plan
     if not analyzed:
         return
+    plan = _pg_plan(conn, "stats_counts", upto)
+    for index in ("tasks_ready", "tasks_leased", "tasks_parked", "tasks_finished"):
+        assert index in plan, (index, plan)
+    assert "Seq Scan on tasks" not in plan, plan
     # With statistics (autovacuum's ANALYZE): every prune statement probes by id or walks
     # its index in order, and status reads no history.
     assert "Index Scan using tasks_finished" in _pg_plan(conn, "prune_pick", batch)
@@ -301,18 +312,27 @@ def test_pg_prune_listing_and_status_use_their_indexes(
     assert "Index Scan using audit_at" in plan and "Sort" not in plan, plan
     plan = _pg_plan(conn, "prune_audit_gone", {"seqs": list(range(1, 201))})
     assert "audit_pkey" in plan and "tasks_pkey" in plan and "Seq Scan" not in plan, plan
-    upto = {"upto": float(_HISTORY - 10)}
-    plan = _pg_plan(conn, "stats_counts", upto)
-    for index in ("tasks_ready", "tasks_leased", "tasks_parked", "tasks_finished"):
-        assert index in plan, (index, plan)
-    assert "Seq Scan on tasks" not in plan, plan
-    plan = _pg_plan(conn, "stats_kinds", upto)
-    assert "audit_at" in plan and "Seq Scan on audit " not in plan + " ", plan
     window = {"from_at": float(_HISTORY - 100), "to_at": float(_HISTORY)}
     assert "tasks_finished" in _pg_plan(conn, "counts_window_tasks", window)
     assert "audit_at" in _pg_plan(conn, "counts_window_audit", window)
     plan = _pg_plan(conn, "stats_unknown", {})
     assert "tasks_parked" in plan and "Seq Scan" not in plan, plan
+
+
+def test_pg_hot_tables_are_vacuumed_and_analyzed_early(
+    pg_history: psycopg.Connection[Any]
+) -> None:
+    # A drain leaves two dead row versions per task: the hot tables are vacuumed and
+    # analyzed after 2 % (tasks, audit) or 5 % (steps, effects) changed, not 10-20 %.
+    options = dict(pg_history.execute(
+        "SELECT relname, reloptions FROM pg_class WHERE relnamespace = "
+        "current_schema()::regnamespace AND relname IN ('tasks', 'audit', 'steps', 'effects')"
+    ).fetchall())
+    for table, factor in (("tasks", "0.02"), ("audit", "0.02"), ("steps", "0.05"),
+                          ("effects", "0.05")):
+        for option in ("autovacuum_vacuum_scale_factor", "autovacuum_analyze_scale_factor",
+                       "autovacuum_vacuum_insert_scale_factor"):
+            assert f"{option}={factor}" in options[table], (table, options[table])
 
 
 def _pg_capacity_plans(conn: psycopg.Connection[Any]) -> None:

@@ -328,13 +328,18 @@ FROM effects WHERE task_id = %(id)s ORDER BY seq NULLS FIRST, updated_at;
 -- finished ones: the rollup (finished before the counts mark) and what finished since
 -- (tasks_finished from the mark on). %(upto)s is the mark, read first by counts_read_mark
 -- and bound as a constant, so the planner sees how recent it is (a parameter of an
--- InitPlan would be estimated as a third of the table).
+-- InitPlan would be estimated as a third of the table). The running tasks are a range of
+-- tasks_leased with both bounds written (every lease lies between them): a planner without
+-- statistics (a table drained before autovacuum's first ANALYZE) estimates "lease_until IS
+-- NOT NULL" as nearly every row and scanned the whole table, dead rows of the drain
+-- included (bench/pg_status_after_drain.py).
 SELECT name, state, sum(n)::bigint FROM (
     SELECT name, state, count(*) AS n FROM tasks
     WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name, state
     UNION ALL
     SELECT name, 'RUNNING', count(*) FROM tasks
-    WHERE lease_until IS NOT NULL AND state = 'RUNNING' GROUP BY name
+    WHERE lease_until > '-Infinity'::float8 AND lease_until < 'Infinity'::float8
+      AND state = 'RUNNING' GROUP BY name
     UNION ALL
     SELECT name, state, count(*) FROM tasks
     WHERE state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED',
@@ -355,11 +360,14 @@ SELECT min(run_at) FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_a
 -- Audit rows ever written, per kind: the rollup (before the counts mark, kept when prune
 -- deletes the rows) plus the rows since the mark (audit_at). Every kind (a few dozen rows;
 -- the engine picks the ones it reports): a kind filter here would be pushed into the
--- window and let the planner walk an index of kinds, i.e. every claim ever audited.
+-- window and let the planner walk an index of kinds, i.e. every claim ever audited. The
+-- range has both bounds written so that a planner without statistics takes audit_at
+-- (one bound is estimated as a third of the table: a scan of every audit row).
 SELECT kind, sum(n)::bigint FROM (
     SELECT kind, n FROM audit_counts
     UNION ALL
-    SELECT kind, count(*) FROM audit WHERE at >= %(upto)s::float8 GROUP BY kind) AS k
+    SELECT kind, count(*) FROM audit WHERE at >= %(upto)s::float8 AND at < 'Infinity'::float8
+    GROUP BY kind) AS k
 GROUP BY kind;
 
 -- name: stats_unknown
