@@ -140,6 +140,11 @@ __all__ = [
     "DEFAULT_SHUTDOWN_GRACE_S",
     "EXIT_HANDED_BACK",
     "EXIT_STUCK_THREADS",
+    "MAX_CONCURRENCY",
+    "MAX_POLL_INTERVAL_S",
+    "MAX_PREFETCH",
+    "MAX_STUCK_THREADS",
+    "MAX_WRITERS",
     "Worker",
     "WorkerStats",
     "default_holder",
@@ -226,6 +231,39 @@ while task threads were still inside task code: their leases were handed back.""
 EXIT_STUCK_THREADS = 4
 """``ratchet worker`` exit status when the worker stopped itself because
 ``max_stuck_threads`` task threads were stuck past their attempt's end: restart it."""
+
+
+MAX_CONCURRENCY = 1024
+"""Most task threads one worker process runs (``concurrency``). Each is an OS thread with
+its stack, and all share one interpreter lock: past a few hundred, more threads add
+contention, not throughput; run more processes instead."""
+
+MAX_PREFETCH = 1024
+"""Most tasks one worker holds claimed beyond ``concurrency`` (``prefetch``). A prefetched
+task is leased and renewed but not running, and no other worker can take it: past the
+default's 32 the claim and completion batches stop growing (see :func:`default_prefetch`)
+while more work sits hidden in one process."""
+
+MAX_WRITERS = 32
+"""Most writer threads (``writers``): each holds a ledger connection and runs transactions
+of its own; more than the database has cores only queues."""
+
+MAX_STUCK_THREADS = 4 * MAX_CONCURRENCY
+"""Largest ``max_stuck_threads``: every stuck thread stays in the process until it returns
+(stack, sockets, memory), so a larger cap is no cap."""
+
+MAX_POLL_INTERVAL_S = 60.0
+"""Longest ``poll_interval_s`` (seconds): an idle worker on SQLite (no NOTIFY) finds new
+work only when it polls."""
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    """``value`` if it is an int in ``[low, high]``; else ``ConfigError`` naming the
+    option and both limits."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"Worker {name} must be an integer from {low} to {high}, got "
+                          f"{value!r}")
+    return value
 
 
 def default_max_stuck_threads(concurrency: int) -> int:
@@ -388,10 +426,12 @@ class Worker:
         prune_every_s: seconds between those prunes (jittered), default 3600.
 
     Raises:
-        ConfigError: ``concurrency`` is below 1, ``prefetch`` below 0, ``writers``
-            below 1, ``shutdown_grace_s`` not a finite number >= 0,
-            ``max_stuck_threads`` below 1, ``prune_older_than_s`` negative or
-            ``prune_every_s`` not positive.
+        ConfigError: ``concurrency`` not an integer from 1 to :data:`MAX_CONCURRENCY`,
+            ``prefetch`` not from 0 to :data:`MAX_PREFETCH`, ``writers`` not from 1 to
+            :data:`MAX_WRITERS`, ``poll_interval_s`` not above 0 and at most
+            :data:`MAX_POLL_INTERVAL_S`, ``shutdown_grace_s`` not a finite number >= 0,
+            ``max_stuck_threads`` not from 1 to :data:`MAX_STUCK_THREADS`,
+            ``prune_older_than_s`` negative or ``prune_every_s`` not positive.
         UnknownTask: a name in ``names`` is not registered.
     """
 
@@ -422,16 +462,17 @@ class Worker:
         self.prune_older_than_s = prune_older_than_s
         self.prune_every_s = prune_every_s
         self.pruner: Pruner | None = None
-        if concurrency < 1:
-            raise ConfigError(f"Worker concurrency must be >= 1, got {concurrency!r}")
+        concurrency = _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
         if prefetch is None:
             prefetch = default_prefetch(concurrency)
-        if prefetch < 0:
-            raise ConfigError(f"Worker prefetch must be >= 0, got {prefetch!r}")
+        prefetch = _check_int("prefetch", prefetch, 0, MAX_PREFETCH)
         if writers is None:
             writers = default_writers(app.ledger)
-        if writers < 1:
-            raise ConfigError(f"Worker writers must be >= 1, got {writers!r}")
+        writers = _check_int("writers", writers, 1, MAX_WRITERS)
+        if (isinstance(poll_interval_s, bool) or not isinstance(poll_interval_s, int | float)
+                or not 0 < poll_interval_s <= MAX_POLL_INTERVAL_S):
+            raise ConfigError(f"Worker poll_interval_s must be a number of seconds > 0 and "
+                              f"<= {MAX_POLL_INTERVAL_S:g}, got {poll_interval_s!r}")
         if (isinstance(shutdown_grace_s, bool) or not isinstance(shutdown_grace_s, int | float)
                 or not math.isfinite(shutdown_grace_s) or shutdown_grace_s < 0):
             raise ConfigError(
@@ -440,11 +481,8 @@ class Worker:
             )
         if max_stuck_threads is None:
             max_stuck_threads = default_max_stuck_threads(concurrency)
-        if isinstance(max_stuck_threads, bool) or not isinstance(max_stuck_threads, int) \
-                or max_stuck_threads < 1:
-            raise ConfigError(
-                f"Worker max_stuck_threads must be an integer >= 1, got {max_stuck_threads!r}"
-            )
+        max_stuck_threads = _check_int("max_stuck_threads", max_stuck_threads, 1,
+                                       MAX_STUCK_THREADS)
         self.shutdown_grace_s = float(shutdown_grace_s)
         self.max_stuck_threads = max_stuck_threads
         self.stop_reason: str | None = None
