@@ -536,7 +536,7 @@ class Worker:
         self._executor: Executor[tuple[Claim, LeaseHandle]] = Executor(
             concurrency, self._execute
         )
-        self._attempts = Attempts(self._on_time_limit)
+        self._attempts = Attempts(self._on_time_limit, self._taken_from_thread)
         self._stop_began: float | None = None  # monotonic: the shutdown grace runs from it
         self._last_signal_at = float("-inf")
         self._cold = False  # a second signal: hand the leases back now
@@ -965,14 +965,23 @@ class Worker:
             self.stats.add("handed_back")
             self._write_ended(attempt, Transition(State.PENDING, reason=reason), "hand_back")
 
-    def _give_up(self, attempt: Attempt) -> None:
-        """Stop acting for ``attempt``, whose thread is still in task code: its lease is no
-        longer trusted (no new effect call can start) nor renewed, and its task thread is
-        replaced, so the worker's concurrency is kept."""
-        attempt.lease.mark_lost()
-        self.heartbeat.remove(attempt.lease)
+    def _taken_from_thread(self, attempt: Attempt) -> None:
+        """``attempt`` was just ended without its thread (time limit, shutdown grace), under
+        the attempts register's lock (:meth:`Attempts.take`): its task thread is replaced,
+        so the worker's concurrency is kept, and counted stuck. Done there, not later by
+        the watchdog: a thread that comes back from task code at once (it was in a ledger
+        call, or about to start an effect) must find itself detached and counted, else it
+        would uncount itself first and then be detached while idle or running the next task
+        (stuck threads never reaching ``max_stuck_threads``, a healthy thread dropped)."""
         self._executor.detach(attempt.thread)
         self.stats.add("stuck_threads")
+
+    def _give_up(self, attempt: Attempt) -> None:
+        """Stop acting for ``attempt``, taken from its thread (which is detached and counted
+        stuck already: :meth:`_taken_from_thread`): its lease is no longer trusted (no new
+        effect call can start) nor renewed."""
+        attempt.lease.mark_lost()
+        self.heartbeat.remove(attempt.lease)
 
     def _write_ended(self, attempt: Attempt, transition: Transition, operation: str) -> None:
         """The fenced final write of an attempt ended without its thread (the holder's own
@@ -1003,7 +1012,8 @@ class Worker:
         later claim may have run the task again). Nothing else is reported: the attempt's
         outcome was reported when it was ended."""
         attempt = self._attempts.came_back(claim)
-        self.stats.add("stuck_threads", -1)
+        if attempt is not None:  # counted stuck when it was taken (_taken_from_thread)
+            self.stats.add("stuck_threads", -1)
         log.warning("task %s gen=%d: its task thread came back from the task's code after "
                     "the attempt was ended without it", claim.task_id, claim.generation)
         if late is None or attempt is None or attempt.end_sent is None:
