@@ -406,6 +406,7 @@ def worker(
             max_stuck_threads=max_stuck_threads,
             prune_older_than_s=prune_age,
             prune_every_s=prune_every_s,
+            stop_descendants=True,  # the process is the worker's: leave none behind
         )
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d, ledger %s",

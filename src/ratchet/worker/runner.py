@@ -129,6 +129,7 @@ from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
 from .context import ControlInterrupt, Shutdown, TaskContext
 from .executor import Executor
+from .forks import Descendants, exit_forked_child
 from .heartbeat import Heartbeat, LeaseHandle
 from .hooks import Hooks, Middleware
 from .registry import Registrar
@@ -424,6 +425,12 @@ class Worker:
             many seconds in a background thread (:mod:`ratchet.worker.retention`); None
             (the default): no pruning.
         prune_every_s: seconds between those prunes (jittered), default 3600.
+        stop_descendants: when :meth:`run` ends (stop, SIGTERM, ``max_stuck_threads``),
+            stop the processes that appeared below this process while it ran (children
+            forked by task code, subprocesses never waited for, their children): SIGTERM,
+            SIGKILL after :data:`~ratchet.worker.forks.DESCENDANT_GRACE_S`, each logged
+            (:mod:`ratchet.worker.forks`). ``ratchet worker`` sets it; off by default in
+            process, where other threads of the application may own such processes.
 
     Raises:
         ConfigError: ``concurrency`` not an integer from 1 to :data:`MAX_CONCURRENCY`,
@@ -452,6 +459,7 @@ class Worker:
         max_stuck_threads: int | None = None,
         prune_older_than_s: float | None = None,
         prune_every_s: float = 3600.0,
+        stop_descendants: bool = False,
     ) -> None:
         if prune_older_than_s is not None and not 0 <= prune_older_than_s < float("inf"):
             raise ConfigError(f"Worker prune_older_than_s must be a finite number of seconds "
@@ -461,6 +469,9 @@ class Worker:
                               f"got {prune_every_s!r}")
         self.prune_older_than_s = prune_older_than_s
         self.prune_every_s = prune_every_s
+        self.stop_descendants = stop_descendants
+        self._descendants: Descendants | None = None
+        self._pid = os.getpid()  # the worker's process (run() sets it): not a forked child
         self.pruner: Pruner | None = None
         concurrency = _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
         if prefetch is None:
@@ -623,6 +634,9 @@ class Worker:
         else:
             log.warning("signal %d a third time: exiting now (leases will expire and be "
                         "taken over)", signum)
+            if self._descendants is not None:
+                with contextlib.suppress(Exception):
+                    self._descendants.stop(grace_s=0.0)
             os._exit(1)
 
     def install_signal_handlers(self) -> None:
@@ -646,6 +660,9 @@ class Worker:
             The worker's counters.
         """
         self._max_tasks = max_tasks
+        self._pid = os.getpid()
+        if self.stop_descendants:
+            self._descendants = Descendants()  # what is there now is not the tasks'
         hooks = self._hooks
         if hooks is not None:
             hooks.worker_start()
@@ -748,6 +765,8 @@ class Worker:
                     self.pruner.stop()
                 self.heartbeat.stop()
                 self.heartbeat.join(timeout=5)
+                if self._descendants is not None:
+                    self._descendants.stop()
                 if hooks is not None:
                     hooks.worker_stop()
         return self.stats
@@ -1059,11 +1078,15 @@ class Worker:
                 ctx.ensure_lease()
                 params = ctx.load_params()
                 result = definition.fn(ctx, **params)
-            except BaseException:
+            except BaseException as exc:
+                if os.getpid() != self._pid:  # a child the task forked: not a worker
+                    exit_forked_child(claim.task_id, exc)
                 if self._attempts.is_running(claim):
                     raise
                 self._stuck_returned(claim, None)  # ended without us: nothing to say
                 return None
+            if os.getpid() != self._pid:
+                exit_forked_child(claim.task_id, None)
             if not self._attempts.is_running(claim):
                 self._stuck_returned(claim, (ctx, result))
                 return None
