@@ -134,6 +134,7 @@ from .heartbeat import Heartbeat, LeaseHandle
 from .hooks import Hooks, Middleware
 from .registry import Registrar
 from .retention import Pruner
+from .startcheck import StartCheck
 from .timelimit import ENDED_BY_SHUTDOWN_GRACE, Attempt, Attempts
 from .writer import LedgerWriter
 
@@ -523,6 +524,7 @@ class Worker:
         self.writers = writers
         self.writer = LedgerWriter(self.ledger, max_batch=max_batch, writers=writers)
         self.heartbeat = Heartbeat(self.ledger, self.holder)
+        self._start_check = StartCheck(self.heartbeat)
         self.stats = WorkerStats()
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
         traced = tracing.auto_middleware(self.middleware)  # DESIGN §9: first, if enabled
@@ -1073,7 +1075,13 @@ class Worker:
                 if self._stopping.is_set():
                     raise Shutdown()  # claimed (perhaps prefetched), not started: release it
                 # A prefetched task may have waited: start it only under a confirmed lease,
-                # and not at all if an operator has asked for it meanwhile (cancel, pause).
+                # and not at all if an operator has asked for it meanwhile (cancel, pause),
+                # as known from a read of the requests at most START_CHECK_S old.
+                try:
+                    self._start_check.ensure(ctx.lease)
+                except LedgerUnavailable as exc:
+                    ctx.ledger_outage = exc  # not the task's fault: hand the attempt back
+                    raise
                 ctx.check_control()
                 ctx.ensure_lease()
                 params = ctx.load_params()
