@@ -18,7 +18,9 @@ slots reserved while a claim is in flight so concurrent writers never exceed it)
 counting the slots its own completions free (one fsync for both). Prefetched tasks wait
 in the local queue, leased (the heartbeat renews them) but not started, so a thread that
 finishes a task starts the next at once while the completion commits; a task is started
-only while the worker is not stopping and its lease is confirmed. Claimed tasks go to a
+only while the worker is not stopping, its lease is confirmed and a read of the operator
+requests at most ``START_CHECK_S`` old (:mod:`ratchet.worker.startcheck`) shows none on it
+(a pause is honoured by every start more than that after it returned). Claimed tasks go to a
 local queue served by ``concurrency`` long-lived task threads
 (:class:`~ratchet.worker.executor.Executor`): a thread that finishes a task takes the next
 one without sleeping, and more threads are woken only when work waits. A task's
