@@ -221,6 +221,63 @@ def test_a_worker_stops_itself_at_max_stuck_threads(
     assert worker.stats.time_limited == 2 and worker.stats.stuck_threads == 2
 
 
+class _SlowWatchdog(Worker):
+    """A worker whose watchdog, after ending an attempt, goes on only once that attempt's
+    thread has come back from task code: the order a loaded machine can produce (the
+    thread was in a ledger call or about to start an effect, and the watchdog thread got
+    no CPU in between)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.came_back = threading.Event()
+        self.gauge_seen: list[int] = []
+
+    def _stuck_returned(self, claim: Claim, late: Any) -> None:
+        super()._stuck_returned(claim, late)
+        self.came_back.set()
+
+    def _give_up(self, attempt: Any) -> None:
+        self.came_back.wait(20)
+        self.gauge_seen.append(self.stats.stuck_threads)
+        super()._give_up(attempt)
+
+
+def test_a_thread_back_from_task_code_before_the_watchdog_goes_on_is_not_stuck(
+    app: App,
+) -> None:
+    """The thread of an attempt ended at its time limit comes back before the watchdog has
+    written the end: it was counted stuck and detached when the attempt was taken from it,
+    so its return uncounts it (the gauge never goes below 0) and it ends; the executor is
+    left with no detached thread, the next attempt runs on a fresh one."""
+    worker: _SlowWatchdog | None = None
+
+    @app.task(name="t.back", retry=FAST, time_limit_s=LIMIT_S)
+    def back(ctx: TaskContext) -> int:
+        assert worker is not None
+        if ctx.generation == 1:
+            # Return as soon as the watchdog has taken the attempt from this thread.
+            wait_for("the attempt to be ended", lambda: not any(
+                a.claim.task_id == ctx.task_id for a in worker._attempts.running()), 20,
+                interval_s=0.001)
+        return ctx.generation
+
+    handle = app.submit("t.back")
+    worker = _SlowWatchdog(app, concurrency=1, poll_interval_s=0.01, max_stuck_threads=1,
+                           shutdown_grace_s=1.0)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    try:
+        info = handle.wait(30)
+        assert info.state is State.SUCCEEDED and info.result == 2, info
+        assert worker.gauge_seen == [0], worker.gauge_seen
+        assert worker.stats.stuck_threads == 0 and worker.stats.time_limited == 1
+        wait_for("no detached task thread", lambda: worker._executor.detached() == 0, 10)
+        assert worker.stop_reason is None  # the thread came back: nothing is stuck
+    finally:
+        worker.stop()
+        runner.join(15)
+
+
 def test_the_shutdown_grace_hands_back_a_stuck_task(
     app: App, release: threading.Event
 ) -> None:

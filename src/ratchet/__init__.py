@@ -23,6 +23,7 @@ from .control import (
 from .errors import (
     CircuitOpen,
     ConfigError,
+    ContextUsedInAnotherProcess,
     EffectOutcomeUnknown,
     FenceError,
     IdempotencyConflict,
@@ -64,6 +65,7 @@ __all__ = [
     "NOT_FOUND",
     "App",
     "ConfigError",
+    "ContextUsedInAnotherProcess",
     "CircuitBreaker",
     "CircuitOpen",
     "Control",

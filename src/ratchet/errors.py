@@ -32,6 +32,7 @@
     │   └── OutcomeUnknownError        the call may or may not have happened: look up first
     ├── EffectOutcomeUnknown           lookup could not settle an effect; task goes UNKNOWN
     ├── UndecodableData                stored or given JSON text cannot be decoded
+    ├── ContextUsedInAnotherProcess    a task context used from a process its task forked
     └── WaitTimeout                    ``App.wait`` gave up before a terminal state
 
 Driver errors (``sqlite3.Error``, ``psycopg.Error``) are converted at the ledger boundary with
@@ -44,6 +45,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "ConfigError",
+    "ContextUsedInAnotherProcess",
     "EffectOutcomeUnknown",
     "FenceError",
     "IdempotencyConflict",
@@ -433,6 +435,29 @@ class UndecodableData(RatchetError, ValueError):
     Also a ``ValueError`` (as ``json.JSONDecodeError`` is), so code written against
     ``json.loads`` keeps catching it.
     """
+
+
+class ContextUsedInAnotherProcess(RatchetError):
+    """A task context (``ctx.step`` / ``ctx.effect`` / ``ctx.transaction`` / a fenced step,
+    its lease or its writer) was used from another process than the worker's: task code
+    called ``os.fork()`` and the child used the context it inherited. The child has none of
+    the worker's threads (writer, heartbeat) and its copies of their locks and ledger
+    connections are not usable, so the call would block for ever; it fails at once instead.
+    Do the context's work in the task's own process (the child can report back through a
+    pipe, a file or its exit status).
+
+    Attributes:
+        owner_pid: the worker process the context belongs to.
+        pid: the process that used it.
+    """
+
+    def __init__(self, what: str, owner_pid: int, pid: int) -> None:
+        self.owner_pid = owner_pid
+        self.pid = pid
+        super().__init__(
+            f"{what} belongs to the worker process (pid {owner_pid}), not to this process "
+            f"(pid {pid}, forked by task code): it cannot be used here"
+        )
 
 
 class WaitTimeout(RatchetError):

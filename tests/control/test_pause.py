@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from ratchet.testing import (
     start_counting_service,
     wait_for,
 )
+from ratchet.worker.startcheck import START_CHECK_S
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -283,4 +285,61 @@ def test_a_delayed_task_keeps_its_schedule_through_a_pause(ledger_url: str) -> N
             assert after.state is State.PENDING and after.run_at == pytest.approx(before)
             assert app.ledger.claim("w1", ["p.a"], 10) == []  # not ready before its time
     finally:
+        app.close()
+
+
+@pytest.mark.parametrize("scope", ["type", "all"])
+def test_a_prefetched_task_does_not_start_after_the_pause_returned(
+    ledger_url: str, scope: str
+) -> None:
+    """A worker (one thread, prefetch) holds tasks claimed before the pause, leased and not
+    started, behind a running one. Once the pause has returned and the start check's
+    window (START_CHECK_S) has passed, none of them starts when the thread frees up,
+    whatever the heartbeat knows by then (its own read comes every 0.5 s, NOTIFY on
+    PostgreSQL ~50 ms later): each goes PAUSED unstarted, attempt handed back."""
+    app = App(ledger_url)
+    gate = threading.Event()
+    started: list[int] = []
+
+    @app.task(name="p.first", retry=FAST)
+    def first(ctx: TaskContext) -> int:
+        gate.wait(30)
+        return 0
+
+    @app.task(name="p.later", retry=FAST)
+    def later(ctx: TaskContext, i: int) -> int:
+        started.append(i)
+        return i
+
+    try:
+        with Control(app=app) as control:
+            head = app.submit("p.first", {}).task_id
+            held = [app.submit("p.later", {"i": i}).task_id for i in range(3)]
+            with running_worker(app, concurrency=1, prefetch=4) as worker:
+                wait_for("the worker to hold every task", lambda: all(
+                    control.get(t).state is State.RUNNING for t in [head, *held]), 20)
+                target = "p.later" if scope == "type" else ""
+                control.pause(scope, target, reason="incident", by="alice")
+                returned = time.monotonic()
+                # A start more than START_CHECK_S after the pause returned must see it.
+                wait_for("the start check's window to pass",
+                         lambda: time.monotonic() - returned > START_CHECK_S, 5,
+                         interval_s=0.001)
+                gate.set()
+                wait_for("the held tasks to be PAUSED", lambda: all(
+                    control.get(t).state is State.PAUSED for t in held), 20)
+                assert started == [], started
+                assert control.get(head).state is State.SUCCEEDED
+                assert worker.stats.paused == len(held)
+            for task_id in held:
+                info = control.get(task_id)
+                assert info.attempt == 0 and info.holder is None, info  # handed back
+            control.resume(scope, target, reason="fine", by="alice")
+            with running_worker(app, concurrency=1):
+                for task_id in held:
+                    assert app.wait(task_id, timeout_s=20).state is State.SUCCEEDED
+            assert sorted(started) == [0, 1, 2]
+        check_ledger_consistent(ledger_url)
+    finally:
+        gate.set()
         app.close()

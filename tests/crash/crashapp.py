@@ -144,11 +144,13 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
         """A charge whose first claim (generation 1) hangs in task code without a step
         boundary: inside the effect's call after the service executed it (``in_call``: the
         intent stays open) or after the effect (``after_effect``). Logs a ``hang`` step
-        run when it starts hanging."""
+        run when it starts hanging. In a process with a time limit every claim hangs: on a
+        loaded machine the limit can end an attempt before it reaches the hang (its thread
+        then comes back at once, not stuck), and the next attempt must hang in its place."""
         client = payment_client()
         key = f"charge:{order_id}"
         body = {"order_id": order_id, "amount_cents": amount_cents}
-        stuck = ctx.generation == 1
+        stuck = ctx.generation == 1 or TIME_LIMIT_S is not None
 
         def hang_here() -> None:
             record_step(ctx, "hang")

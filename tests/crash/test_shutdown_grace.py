@@ -118,22 +118,30 @@ def test_a_repeated_signal_is_one_stop(rig: Rig) -> None:
 def test_a_time_limited_worker_exits_for_a_restart_at_max_stuck_threads(rig: Rig) -> None:
     """The worker's app gives the task a 0.5 s time limit: the stuck attempt is ended
     (RETRY_WAIT, error_class time_limit) and, with --max-stuck-threads 1, the worker exits
-    with status 4 for a restart; a second worker completes the task, one charge."""
+    with status 4 for a restart; a second worker completes the task, one charge.
+
+    On a loaded machine the limit may end an attempt before its body reaches the hang (in
+    the client's start-up, the intent's commit): that thread comes back at once and is not
+    stuck, so the worker goes on and its next attempt (which hangs too in this worker)
+    is the one that stops it. Every attempt before the last is such a time limit."""
     rig.start_service(honour_keys=False)
     task_id = submit_hang(rig, "after_effect")
     a = rig.worker("a", args=["--max-stuck-threads", "1", "--shutdown-grace-s", "5"],
                    env={"CRASH_TIME_LIMIT_S": "0.5"})
-    code = a.wait(timeout_s=90)  # start-up, the attempt, the limit, the exit: a paired CI
-    # run on the loaded machine needed more than 30 s
+    code = a.wait(timeout_s=90)
     assert code == EXIT_STUCK_THREADS, a.log()
     assert "max_stuck_threads=1" in a.log()
-    [limited] = [e for e in rig.ledger.timeline(task_id).events
-                 if e.kind == "transition" and e.to_state == "RETRY_WAIT"]
-    assert limited.generation == 1 and limited.detail["error_class"] == TIME_LIMIT
-    assert "attempt 1 of 30 ran past its time limit of 0.5 s" in limited.detail["error"]
+    limited = [e for e in rig.ledger.timeline(task_id).events
+               if e.kind == "transition" and e.to_state == "RETRY_WAIT"]
+    assert limited, rig.ledger.timeline(task_id).events
+    assert [e.generation for e in limited] == list(range(1, len(limited) + 1))
+    assert all(e.detail["error_class"] == TIME_LIMIT for e in limited)
+    n = len(limited)
+    assert f"attempt {n} of 30 ran past its time limit of 0.5 s" in limited[-1].detail["error"]
     b = rig.worker("b")
     done = rig.wait_state(task_id, timeout_s=45)
-    assert done.state is State.SUCCEEDED and done.generation == 2 and done.attempt == 2
+    assert done.state is State.SUCCEEDED and done.generation == n + 1, done
+    assert done.attempt == n + 1, done
     assert rig.executions() == {KEY: 1}
     assert b.stop() == 0
     rig.check_consistent()

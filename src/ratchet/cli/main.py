@@ -56,6 +56,13 @@ from ..loading import load_app, load_middleware
 from ..serde import loads
 from ..states import State
 from ..validation import parse_duration_s, parse_rate_per_s
+from ..worker.runner import (
+    MAX_CONCURRENCY,
+    MAX_POLL_INTERVAL_S,
+    MAX_PREFETCH,
+    MAX_STUCK_THREADS,
+    MAX_WRITERS,
+)
 from .render import (
     clip,
     console,
@@ -170,13 +177,13 @@ def worker(
     app_spec: AppArg,
     concurrency: Annotated[
         int,
-        typer.Option("--concurrency", "-c", min=1, metavar="N",
+        typer.Option("--concurrency", "-c", min=1, max=MAX_CONCURRENCY, metavar="N",
                      help="Tasks run at the same time (threads)."),
     ] = 8,
     prefetch: Annotated[
         int | None,
         typer.Option(
-            "--prefetch", min=0, metavar="N",
+            "--prefetch", min=0, max=MAX_PREFETCH, metavar="N",
             help="Tasks claimed beyond --concurrency and held (leased, not started) so the"
             " next task starts while the last completion commits (default: 4 per thread,"
             " at least 4, at most 32; 0 = none; long tasks over several workers: 0)."
@@ -186,7 +193,7 @@ def worker(
     writers: Annotated[
         int | None,
         typer.Option(
-            "--writers", min=1, metavar="N",
+            "--writers", min=1, max=MAX_WRITERS, metavar="N",
             help="Writer threads, each committing (and claiming) in transactions of its own"
             " (default 1; more help on PostgreSQL only while the server has CPU to spare;"
             " SQLite has one write lock).",
@@ -199,7 +206,8 @@ def worker(
     ] = None,
     poll_interval_s: Annotated[
         float,
-        typer.Option("--poll-interval-s", min=0.001, metavar="SECONDS",
+        typer.Option("--poll-interval-s", min=0.001, max=MAX_POLL_INTERVAL_S,
+                     metavar="SECONDS",
                      help="Seconds between claims when idle (PostgreSQL also wakes on NOTIFY)."),
     ] = 0.1,
     ledger: LedgerOpt = None,
@@ -243,7 +251,7 @@ def worker(
     max_stuck_threads: Annotated[
         int | None,
         typer.Option(
-            "--max-stuck-threads", min=1, metavar="N",
+            "--max-stuck-threads", min=1, max=MAX_STUCK_THREADS, metavar="N",
             help="Task threads stuck in task code past their attempt's time limit at which"
             " the worker stops and exits with status 4, for a restart (default: --concurrency,"
             " at least 4).",
@@ -398,6 +406,7 @@ def worker(
             max_stuck_threads=max_stuck_threads,
             prune_older_than_s=prune_age,
             prune_every_s=prune_every_s,
+            stop_descendants=True,  # the process is the worker's: leave none behind
         )
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d, ledger %s",

@@ -33,6 +33,10 @@ and raises :class:`ControlInterrupt` when one is there and no effect intent is o
 open one is settled first: the call's reply, or the lookup; a lookup that proves the call
 never executed records it ``not_done`` and then stops, no new call is made).
 
+A context belongs to the worker process: used from a child that task code forked, every
+checkpoint (and the lease check) raises :class:`~ratchet.errors.ContextUsedInAnotherProcess`
+at once (:mod:`ratchet.worker.forks`) instead of waiting for threads the child lacks.
+
 Step and effect names and effect keys are checked where they enter
 (:func:`ratchet.validation.check_identifier`: ``InvalidArguments``, a permanent failure).
 Values read back from the ledger (params, stored step values, recorded effect results)
@@ -46,6 +50,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -56,6 +61,7 @@ import tenacity
 from .. import faults
 from ..breaker import DownstreamBreaker
 from ..errors import (
+    ContextUsedInAnotherProcess,
     EffectOutcomeUnknown,
     FenceError,
     InvalidArguments,
@@ -204,6 +210,7 @@ class TaskContext:
         on_block: Callable[[], None] | None = None,
         hooks: Hooks | None = None,
     ) -> None:
+        self._pid = os.getpid()  # the worker process: a forked child may not use it
         self.task_id = claim.task_id
         self.name = claim.name
         self.generation = claim.generation
@@ -295,7 +302,21 @@ class TaskContext:
         ledger time plus local monotonic time elapsed since the context was built)."""
         return self._ledger_t0 + (time.monotonic() - self._mono_t0)
 
+    def check_process(self) -> None:
+        """Raise unless called in the worker process this context belongs to.
+
+        Raises:
+            ContextUsedInAnotherProcess: task code forked and the child uses the context
+                (its calls would wait for the worker's threads, which the child lacks).
+        """
+        pid = os.getpid()
+        if pid != self._pid:
+            raise ContextUsedInAnotherProcess(
+                f"the task context of {self.name} {self.task_id}", self._pid, pid)
+
     def _boundary(self) -> None:
+        if os.getpid() != self._pid:  # first: before any lock the fork may have copied held
+            self.check_process()
         if self._in_step:
             # A replay returns the step's stored value without running its function, so
             # checkpoints made inside it would vanish from the replayed code path.
@@ -327,6 +348,7 @@ class TaskContext:
         Raises:
             ControlInterrupt: stop here; the runner commits the fenced move.
         """
+        self.check_process()
         request = self._lease.request
         if request is not None and not self.open_intents():
             raise ControlInterrupt(request)
@@ -463,7 +485,9 @@ class TaskContext:
         return self._lease
 
     def ensure_lease(self) -> None:
-        """Raise :class:`~ratchet.errors.LeaseLost` unless the lease is confirmed right now."""
+        """Raise :class:`~ratchet.errors.LeaseLost` unless the lease is confirmed right now
+        (:class:`~ratchet.errors.ContextUsedInAnotherProcess` in a forked child)."""
+        self.check_process()
         self._lease.ensure()
 
     # ------------------------------------------------------------------ steps

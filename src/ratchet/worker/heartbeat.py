@@ -52,8 +52,8 @@ class LeaseHandle:
     """
 
     # No instance dict: one is built per claimed task.
-    __slots__ = ("_confirmed_until", "_heartbeat", "_lost", "generation", "lease_s",
-                 "renew_due", "request", "task_id")
+    __slots__ = ("_confirmed_until", "_heartbeat", "_lost", "checked_at", "generation",
+                 "lease_s", "renew_due", "request", "task_id")
 
     def __init__(
         self, heartbeat: Heartbeat, task_id: str, generation: int, lease_s: float,
@@ -72,6 +72,10 @@ class LeaseHandle:
         """An operator's request on this task (``"cancel"`` / ``"pause"``) once the
         heartbeat has read it (or the claim carried it): the task stops at its next
         step/effect boundary (:meth:`TaskContext._boundary`)."""
+        self.checked_at = float("-inf")
+        """Monotonic instant (seconds) at which the latest read of the operator requests
+        and pauses that covers this lease began: its claim's (the claim transaction reads
+        the pauses), or a :meth:`Heartbeat.check_control` begun after it was claimed."""
 
     @property
     def lost(self) -> bool:
@@ -174,6 +178,8 @@ class Heartbeat(threading.Thread):
         ]
         if not handles:
             return handles
+        for handle, lease in zip(handles, leases, strict=True):
+            handle.checked_at = lease[3]  # the claim read the pauses after t_sent
         earliest = min([h.renew_due for h in handles])
         with self._lock:
             held = self._leases
@@ -213,27 +219,42 @@ class Heartbeat(threading.Thread):
         self._control_due = min(self._control_due, time.monotonic() + 0.05)
         self._wake.set()
 
-    def check_control(self) -> None:
-        """One read of the operator requests on the held leases: each handle's
-        :attr:`LeaseHandle.request` is set; a pause no longer asked for (resumed) is
-        cleared, a cancel never is."""
-        self._control_due = time.monotonic() + CONTROL_POLL_S
-        if not self.held():
+    def check_control(self, raise_errors: bool = False) -> None:
+        """One read of the operator requests on the held leases (any thread: the heartbeat
+        every :data:`CONTROL_POLL_S`, a task thread before a start,
+        :mod:`ratchet.worker.startcheck`): each handle's :attr:`LeaseHandle.request` is
+        set; a pause no longer asked for (resumed) is cleared, a cancel never is. The
+        leases held when the read began get that instant as :attr:`LeaseHandle.checked_at`
+        (their rows were committed before it, so the read saw them).
+
+        Raises:
+            Exception: what the ledger raised, with ``raise_errors`` (else it is logged and
+                the next round asks again).
+        """
+        began = time.monotonic()
+        self._control_due = began + CONTROL_POLL_S
+        covered = self.held()
+        if not covered:
             return
         try:
             found = self._ledger.control_requests(self._holder)
         except Exception as exc:  # the next round asks again; leases are unaffected
+            if raise_errors:
+                raise
             log.warning("reading operator requests failed: %s", exc)
             return
         self.control_reads += 1
         asked = {(task_id, generation): request for task_id, generation, request in found}
         with self._lock:
-            for handle in self._leases.values():
+            # Only the leases held when the read began: a later claim's row may not be in
+            # what it read (a pause its claim carried must not be cleared).
+            for handle in covered:
                 request = asked.get((handle.task_id, handle.generation))
                 if request is not None:
                     handle.request = request
                 elif handle.request == "pause":
                     handle.request = None  # resumed before the task reached a boundary
+                handle.checked_at = max(handle.checked_at, began)
 
     def stop(self) -> None:
         """Stop the thread (leases are not renewed after this)."""

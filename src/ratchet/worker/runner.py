@@ -18,7 +18,9 @@ slots reserved while a claim is in flight so concurrent writers never exceed it)
 counting the slots its own completions free (one fsync for both). Prefetched tasks wait
 in the local queue, leased (the heartbeat renews them) but not started, so a thread that
 finishes a task starts the next at once while the completion commits; a task is started
-only while the worker is not stopping and its lease is confirmed. Claimed tasks go to a
+only while the worker is not stopping, its lease is confirmed and a read of the operator
+requests at most ``START_CHECK_S`` old (:mod:`ratchet.worker.startcheck`) shows none on it
+(a pause is honoured by every start more than that after it returned). Claimed tasks go to a
 local queue served by ``concurrency`` long-lived task threads
 (:class:`~ratchet.worker.executor.Executor`): a thread that finishes a task takes the next
 one without sleeping, and more threads are woken only when work waits. A task's
@@ -129,10 +131,12 @@ from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
 from .context import ControlInterrupt, Shutdown, TaskContext
 from .executor import Executor
+from .forks import Descendants, exit_forked_child
 from .heartbeat import Heartbeat, LeaseHandle
 from .hooks import Hooks, Middleware
 from .registry import Registrar
 from .retention import Pruner
+from .startcheck import StartCheck
 from .timelimit import ENDED_BY_SHUTDOWN_GRACE, Attempt, Attempts
 from .writer import LedgerWriter
 
@@ -140,6 +144,11 @@ __all__ = [
     "DEFAULT_SHUTDOWN_GRACE_S",
     "EXIT_HANDED_BACK",
     "EXIT_STUCK_THREADS",
+    "MAX_CONCURRENCY",
+    "MAX_POLL_INTERVAL_S",
+    "MAX_PREFETCH",
+    "MAX_STUCK_THREADS",
+    "MAX_WRITERS",
     "Worker",
     "WorkerStats",
     "default_holder",
@@ -226,6 +235,39 @@ while task threads were still inside task code: their leases were handed back.""
 EXIT_STUCK_THREADS = 4
 """``ratchet worker`` exit status when the worker stopped itself because
 ``max_stuck_threads`` task threads were stuck past their attempt's end: restart it."""
+
+
+MAX_CONCURRENCY = 1024
+"""Most task threads one worker process runs (``concurrency``). Each is an OS thread with
+its stack, and all share one interpreter lock: past a few hundred, more threads add
+contention, not throughput; run more processes instead."""
+
+MAX_PREFETCH = 1024
+"""Most tasks one worker holds claimed beyond ``concurrency`` (``prefetch``). A prefetched
+task is leased and renewed but not running, and no other worker can take it: past the
+default's 32 the claim and completion batches stop growing (see :func:`default_prefetch`)
+while more work sits hidden in one process."""
+
+MAX_WRITERS = 32
+"""Most writer threads (``writers``): each holds a ledger connection and runs transactions
+of its own; more than the database has cores only queues."""
+
+MAX_STUCK_THREADS = 4 * MAX_CONCURRENCY
+"""Largest ``max_stuck_threads``: every stuck thread stays in the process until it returns
+(stack, sockets, memory), so a larger cap is no cap."""
+
+MAX_POLL_INTERVAL_S = 60.0
+"""Longest ``poll_interval_s`` (seconds): an idle worker on SQLite (no NOTIFY) finds new
+work only when it polls."""
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    """``value`` if it is an int in ``[low, high]``; else ``ConfigError`` naming the
+    option and both limits."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"Worker {name} must be an integer from {low} to {high}, got "
+                          f"{value!r}")
+    return value
 
 
 def default_max_stuck_threads(concurrency: int) -> int:
@@ -386,12 +428,20 @@ class Worker:
             many seconds in a background thread (:mod:`ratchet.worker.retention`); None
             (the default): no pruning.
         prune_every_s: seconds between those prunes (jittered), default 3600.
+        stop_descendants: when :meth:`run` ends (stop, SIGTERM, ``max_stuck_threads``),
+            stop the processes that appeared below this process while it ran (children
+            forked by task code, subprocesses never waited for, their children): SIGTERM,
+            SIGKILL after :data:`~ratchet.worker.forks.DESCENDANT_GRACE_S`, each logged
+            (:mod:`ratchet.worker.forks`). ``ratchet worker`` sets it; off by default in
+            process, where other threads of the application may own such processes.
 
     Raises:
-        ConfigError: ``concurrency`` is below 1, ``prefetch`` below 0, ``writers``
-            below 1, ``shutdown_grace_s`` not a finite number >= 0,
-            ``max_stuck_threads`` below 1, ``prune_older_than_s`` negative or
-            ``prune_every_s`` not positive.
+        ConfigError: ``concurrency`` not an integer from 1 to :data:`MAX_CONCURRENCY`,
+            ``prefetch`` not from 0 to :data:`MAX_PREFETCH`, ``writers`` not from 1 to
+            :data:`MAX_WRITERS`, ``poll_interval_s`` not above 0 and at most
+            :data:`MAX_POLL_INTERVAL_S`, ``shutdown_grace_s`` not a finite number >= 0,
+            ``max_stuck_threads`` not from 1 to :data:`MAX_STUCK_THREADS`,
+            ``prune_older_than_s`` negative or ``prune_every_s`` not positive.
         UnknownTask: a name in ``names`` is not registered.
     """
 
@@ -412,6 +462,7 @@ class Worker:
         max_stuck_threads: int | None = None,
         prune_older_than_s: float | None = None,
         prune_every_s: float = 3600.0,
+        stop_descendants: bool = False,
     ) -> None:
         if prune_older_than_s is not None and not 0 <= prune_older_than_s < float("inf"):
             raise ConfigError(f"Worker prune_older_than_s must be a finite number of seconds "
@@ -421,17 +472,21 @@ class Worker:
                               f"got {prune_every_s!r}")
         self.prune_older_than_s = prune_older_than_s
         self.prune_every_s = prune_every_s
+        self.stop_descendants = stop_descendants
+        self._descendants: Descendants | None = None
+        self._pid = os.getpid()  # the worker's process (run() sets it): not a forked child
         self.pruner: Pruner | None = None
-        if concurrency < 1:
-            raise ConfigError(f"Worker concurrency must be >= 1, got {concurrency!r}")
+        concurrency = _check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
         if prefetch is None:
             prefetch = default_prefetch(concurrency)
-        if prefetch < 0:
-            raise ConfigError(f"Worker prefetch must be >= 0, got {prefetch!r}")
+        prefetch = _check_int("prefetch", prefetch, 0, MAX_PREFETCH)
         if writers is None:
             writers = default_writers(app.ledger)
-        if writers < 1:
-            raise ConfigError(f"Worker writers must be >= 1, got {writers!r}")
+        writers = _check_int("writers", writers, 1, MAX_WRITERS)
+        if (isinstance(poll_interval_s, bool) or not isinstance(poll_interval_s, int | float)
+                or not 0 < poll_interval_s <= MAX_POLL_INTERVAL_S):
+            raise ConfigError(f"Worker poll_interval_s must be a number of seconds > 0 and "
+                              f"<= {MAX_POLL_INTERVAL_S:g}, got {poll_interval_s!r}")
         if (isinstance(shutdown_grace_s, bool) or not isinstance(shutdown_grace_s, int | float)
                 or not math.isfinite(shutdown_grace_s) or shutdown_grace_s < 0):
             raise ConfigError(
@@ -440,11 +495,8 @@ class Worker:
             )
         if max_stuck_threads is None:
             max_stuck_threads = default_max_stuck_threads(concurrency)
-        if isinstance(max_stuck_threads, bool) or not isinstance(max_stuck_threads, int) \
-                or max_stuck_threads < 1:
-            raise ConfigError(
-                f"Worker max_stuck_threads must be an integer >= 1, got {max_stuck_threads!r}"
-            )
+        max_stuck_threads = _check_int("max_stuck_threads", max_stuck_threads, 1,
+                                       MAX_STUCK_THREADS)
         self.shutdown_grace_s = float(shutdown_grace_s)
         self.max_stuck_threads = max_stuck_threads
         self.stop_reason: str | None = None
@@ -474,6 +526,7 @@ class Worker:
         self.writers = writers
         self.writer = LedgerWriter(self.ledger, max_batch=max_batch, writers=writers)
         self.heartbeat = Heartbeat(self.ledger, self.holder)
+        self._start_check = StartCheck(self.heartbeat)
         self.stats = WorkerStats()
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
         traced = tracing.auto_middleware(self.middleware)  # DESIGN §9: first, if enabled
@@ -498,7 +551,7 @@ class Worker:
         self._executor: Executor[tuple[Claim, LeaseHandle]] = Executor(
             concurrency, self._execute
         )
-        self._attempts = Attempts(self._on_time_limit)
+        self._attempts = Attempts(self._on_time_limit, self._taken_from_thread)
         self._stop_began: float | None = None  # monotonic: the shutdown grace runs from it
         self._last_signal_at = float("-inf")
         self._cold = False  # a second signal: hand the leases back now
@@ -585,6 +638,9 @@ class Worker:
         else:
             log.warning("signal %d a third time: exiting now (leases will expire and be "
                         "taken over)", signum)
+            if self._descendants is not None:
+                with contextlib.suppress(Exception):
+                    self._descendants.stop(grace_s=0.0)
             os._exit(1)
 
     def install_signal_handlers(self) -> None:
@@ -608,6 +664,9 @@ class Worker:
             The worker's counters.
         """
         self._max_tasks = max_tasks
+        self._pid = os.getpid()
+        if self.stop_descendants:
+            self._descendants = Descendants()  # what is there now is not the tasks'
         hooks = self._hooks
         if hooks is not None:
             hooks.worker_start()
@@ -710,6 +769,8 @@ class Worker:
                     self.pruner.stop()
                 self.heartbeat.stop()
                 self.heartbeat.join(timeout=5)
+                if self._descendants is not None:
+                    self._descendants.stop()
                 if hooks is not None:
                     hooks.worker_stop()
         return self.stats
@@ -927,14 +988,23 @@ class Worker:
             self.stats.add("handed_back")
             self._write_ended(attempt, Transition(State.PENDING, reason=reason), "hand_back")
 
-    def _give_up(self, attempt: Attempt) -> None:
-        """Stop acting for ``attempt``, whose thread is still in task code: its lease is no
-        longer trusted (no new effect call can start) nor renewed, and its task thread is
-        replaced, so the worker's concurrency is kept."""
-        attempt.lease.mark_lost()
-        self.heartbeat.remove(attempt.lease)
+    def _taken_from_thread(self, attempt: Attempt) -> None:
+        """``attempt`` was just ended without its thread (time limit, shutdown grace), under
+        the attempts register's lock (:meth:`Attempts.take`): its task thread is replaced,
+        so the worker's concurrency is kept, and counted stuck. Done there, not later by
+        the watchdog: a thread that comes back from task code at once (it was in a ledger
+        call, or about to start an effect) must find itself detached and counted, else it
+        would uncount itself first and then be detached while idle or running the next task
+        (stuck threads never reaching ``max_stuck_threads``, a healthy thread dropped)."""
         self._executor.detach(attempt.thread)
         self.stats.add("stuck_threads")
+
+    def _give_up(self, attempt: Attempt) -> None:
+        """Stop acting for ``attempt``, taken from its thread (which is detached and counted
+        stuck already: :meth:`_taken_from_thread`): its lease is no longer trusted (no new
+        effect call can start) nor renewed."""
+        attempt.lease.mark_lost()
+        self.heartbeat.remove(attempt.lease)
 
     def _write_ended(self, attempt: Attempt, transition: Transition, operation: str) -> None:
         """The fenced final write of an attempt ended without its thread (the holder's own
@@ -965,7 +1035,8 @@ class Worker:
         later claim may have run the task again). Nothing else is reported: the attempt's
         outcome was reported when it was ended."""
         attempt = self._attempts.came_back(claim)
-        self.stats.add("stuck_threads", -1)
+        if attempt is not None:  # counted stuck when it was taken (_taken_from_thread)
+            self.stats.add("stuck_threads", -1)
         log.warning("task %s gen=%d: its task thread came back from the task's code after "
                     "the attempt was ended without it", claim.task_id, claim.generation)
         if late is None or attempt is None or attempt.end_sent is None:
@@ -1006,16 +1077,26 @@ class Worker:
                 if self._stopping.is_set():
                     raise Shutdown()  # claimed (perhaps prefetched), not started: release it
                 # A prefetched task may have waited: start it only under a confirmed lease,
-                # and not at all if an operator has asked for it meanwhile (cancel, pause).
+                # and not at all if an operator has asked for it meanwhile (cancel, pause),
+                # as known from a read of the requests at most START_CHECK_S old.
+                try:
+                    self._start_check.ensure(ctx.lease)
+                except LedgerUnavailable as exc:
+                    ctx.ledger_outage = exc  # not the task's fault: hand the attempt back
+                    raise
                 ctx.check_control()
                 ctx.ensure_lease()
                 params = ctx.load_params()
                 result = definition.fn(ctx, **params)
-            except BaseException:
+            except BaseException as exc:
+                if os.getpid() != self._pid:  # a child the task forked: not a worker
+                    exit_forked_child(claim.task_id, exc)
                 if self._attempts.is_running(claim):
                     raise
                 self._stuck_returned(claim, None)  # ended without us: nothing to say
                 return None
+            if os.getpid() != self._pid:
+                exit_forked_child(claim.task_id, None)
             if not self._attempts.is_running(claim):
                 self._stuck_returned(claim, (ctx, result))
                 return None

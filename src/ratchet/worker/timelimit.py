@@ -82,11 +82,20 @@ class Attempts(threading.Thread):
         on_time_limit: called in the watchdog thread with an attempt it ended at its time
             limit (the attempt is already ended: its lease, slot and outcome are the
             callee's). Must not raise (it is logged if it does).
+        on_taken: called with every attempt ended without its thread (:meth:`take`),
+            while the register's lock is held: the thread's own end (:meth:`end`,
+            :meth:`came_back`) waits for it, so what it does (detach the thread from the
+            executor, count it stuck) happens before that thread can come back. Must be
+            quick and must not call back into this register.
     """
 
-    def __init__(self, on_time_limit: Callable[[Attempt], None]) -> None:
+    def __init__(
+        self, on_time_limit: Callable[[Attempt], None],
+        on_taken: Callable[[Attempt], None] | None = None,
+    ) -> None:
         super().__init__(name="ratchet-time-limits", daemon=True)
         self._on_time_limit = on_time_limit
+        self._on_taken = on_taken
         self._cond = threading.Condition(threading.Lock())
         self._running: dict[tuple[str, int], Attempt] = {}
         self._stuck: dict[tuple[str, int], Attempt] = {}  # ended without their thread
@@ -144,6 +153,8 @@ class Attempts(threading.Thread):
             attempt.ended_by = by
             attempt.end_sent = threading.Event()
             self._stuck[key] = attempt
+            if self._on_taken is not None:
+                self._on_taken(attempt)
             return True
 
     def came_back(self, claim: Claim) -> Attempt | None:

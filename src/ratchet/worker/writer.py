@@ -35,6 +35,7 @@ lost during COMMIT may have been applied and must not be applied again write by 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import LedgerError, LedgerUnavailable
 from ..ledger.base import Claim, ClaimKind, CommitOutcome, Ledger, TaskWrite
+from .forks import check_process
 
 if TYPE_CHECKING:
     from .hooks import Hooks
@@ -178,6 +180,7 @@ class LedgerWriter:
         self._ledger = ledger
         self._max_batch = max_batch
         self._stopping = False
+        self._pid = os.getpid()  # the process whose threads serve the queues (start())
         self._policy: ClaimPolicy | None = None
         self.hooks: Hooks | None = None
         """Lifecycle hooks (claim and commit events), or None when no middleware is set."""
@@ -215,7 +218,8 @@ class LedgerWriter:
         self._policy = policy
 
     def start(self) -> None:
-        """Start the writer threads."""
+        """Start the writer threads (in this process: a forked child cannot use them)."""
+        self._pid = os.getpid()
         for lane in self._lanes:
             lane.start()
 
@@ -243,7 +247,11 @@ class LedgerWriter:
                 were committed without it).
             IllegalTransition: the transition is not allowed.
             WriterStopped: the writer was stopped.
+            ContextUsedInAnotherProcess: called in a process forked after start (its
+                writer threads are not there: the write would wait for ever).
         """
+        if os.getpid() != self._pid:
+            check_process(self._pid, "the ledger writer")
         if self._stopping:
             raise WriterStopped("ledger writer is stopped")
         pending = _Pending()
@@ -259,7 +267,10 @@ class LedgerWriter:
 
         Raises:
             WriterStopped: the writer was stopped.
+            ContextUsedInAnotherProcess: called in a process forked after start.
         """
+        if os.getpid() != self._pid:
+            check_process(self._pid, "the ledger writer")
         if self._stopping:
             raise WriterStopped("ledger writer is stopped")
         self._lane(write.task_id).queue.put((write, callback))
