@@ -34,6 +34,7 @@ from rich.text import Text
 from typer.core import TyperArgument, TyperCommand
 
 from .. import __version__
+from ..capacity import span as _span
 from ..config import redact_url
 from ..control import (
     Control,
@@ -490,20 +491,6 @@ def submit(
     _guard(run)
 
 
-def _span(seconds: float | None) -> str:
-    """A duration for people: ``12.3s``, ``4m05s``, ``2h03m``, ``3d04h``; ``-`` for None."""
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    whole = int(seconds)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
 def _rate(rate: float) -> str:
     """A rate, tasks per second, to three significant digits."""
     return "0" if rate == 0 else f"{rate:.3g}"
@@ -514,17 +501,12 @@ def _per_s(rate: float) -> str:
 
 
 def _drain(v: TypeStatusView) -> tuple[str, str]:
-    """The drain column of ``ratchet status`` and its style: ``drains in ~X`` while the
-    net rate is positive, ``backlog growing by N/s`` while it is negative; ``no backlog``
-    (or ``nothing ready, N scheduled``) when nothing is ready."""
-    if not v.backlog:  # nothing ready: nothing to drain, whatever the rates say
-        return (f"nothing ready, {v.scheduled} scheduled", "") if v.scheduled else \
-            ("no backlog", "")
-    if v.net_drain_per_s < 0:
-        return f"backlog growing by {_per_s(-v.net_drain_per_s)}", "yellow"
-    if v.drain_eta_s is not None:
-        return f"drains in ~{_span(v.drain_eta_s)}", "green"
-    return "not draining", "yellow"
+    """The drain column of ``ratchet status`` (the record's own verdict,
+    :attr:`TypeStatusView.drain`) and its style: yellow when paused, limited or not
+    draining, green while it drains."""
+    if v.paused is not None or v.limited or (v.backlog and v.drain_eta_s is None):
+        return v.drain, "yellow"
+    return v.drain, "green" if v.backlog else ""
 
 
 def _status_view(s: StatusReport) -> list[RenderableType]:
@@ -567,8 +549,10 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
         cap.add_row("(no tasks)", "")
     parts.append(cap)
     parts.append(line("running: leased tasks, executing or prefetched by a worker (up to "
-                      "--prefetch per worker); done/s: finished or gone UNKNOWN; rates are "
-                      "averages over the window"))
+                      "--prefetch per worker); done/s: finished or gone UNKNOWN; in/s and "
+                      "done/s are averages over the window; net/s and the drain estimate "
+                      "too, or over its last quarter once arrivals stopped (the drain column "
+                      "says which)"))
     age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
     parts.append(line(f"oldest pending age: {age}"))
     parts.append(line(f"unknown (waiting for an operator): {s.unknown}"))

@@ -40,6 +40,7 @@ from ..states import TERMINAL, State, check_operator_move, check_transition
 from . import bulkheads
 from .base import (
     MAX_VERSION,
+    RECENT_FRACTION,
     AuditEvent,
     BudgetUse,
     Claim,
@@ -1357,7 +1358,8 @@ class LedgerEngine:
             unknown_row = tx.one("stats_unknown")
             late_row = tx.one("stats_late")
             capacity = ([] if window_s is None else
-                        self._capacity(tx, tx.now - window_s, counts, quarantine))
+                        self._capacity(tx, tx.now - window_s, counts, quarantine,
+                                       tx.now - window_s * RECENT_FRACTION))
             return LedgerStats(
                 counts=counts,
                 oldest_pending_age_s=(tx.now - oldest) if oldest is not None else None,
@@ -1383,18 +1385,21 @@ class LedgerEngine:
 
     @staticmethod
     def _capacity(tx: Tx, from_at: float, counts: Mapping[str, Mapping[str, int]],
-                  quarantine: bool = True) -> list[TypeCapacity]:
+                  quarantine: bool = True, recent_at: float | None = None
+                  ) -> list[TypeCapacity]:
         """Per task type: scheduled / oldest ready (tasks_ready), unknown (the parked
         index), quarantined (tasks_quarantine), and arrivals / completions since
-        ``from_at`` (ranges of tasks_created / tasks_finished): the backlog and the window,
-        never the history (DESIGN §9)."""
+        ``from_at`` and since ``recent_at`` (the window's recent part; default
+        ``from_at``), with the newest arrival (ranges of tasks_created / tasks_finished,
+        the same rows): the backlog and the window, never the history (DESIGN §9)."""
+        window = {"from_at": from_at, "recent_at": from_at if recent_at is None else recent_at}
         # The UNKNOWN rows of the types the counts show with some (a seek per type).
         waiting = sorted(n for n, states in counts.items() if states.get("UNKNOWN"))
         reads: list[tuple[str, dict[str, Any]]] = [
-            ("status_ready", {}), ("status_arrivals", {"from_at": from_at}),
-            ("status_completions", {"from_at": from_at})]
+            ("status_ready", {}), ("status_arrivals", window),
+            ("status_completions", window)]
         if waiting:
-            reads.append(("status_unknown", {"names": waiting, "from_at": from_at}))
+            reads.append(("status_unknown", {"names": waiting, **window}))
         if quarantine:
             reads.append(("status_quarantined", {}))
         ready, arrivals, completions, *more = tx.rows_many(reads)
@@ -1405,13 +1410,18 @@ class LedgerEngine:
             by.setdefault(name, {}).update(
                 scheduled=int(later or 0),
                 oldest_ready_at=None if oldest is None else float(oldest))
-        for name, n, oldest, entered in unknown:
+        for name, n, oldest, entered, recent in unknown:
             by.setdefault(name, {}).update(unknown=int(n), oldest_unknown_at=float(oldest),
-                                           unknown_entered=int(entered or 0))
-        for rows, key in ((quarantined, "quarantined"), (arrivals, "arrivals"),
-                          (completions, "completions")):
-            for name, n in rows:
-                by.setdefault(name, {})[key] = int(n)
+                                           unknown_entered=int(entered or 0),
+                                           recent_unknown_entered=int(recent or 0))
+        for name, n in quarantined:
+            by.setdefault(name, {})["quarantined"] = int(n)
+        for name, n, recent, last in arrivals:
+            by.setdefault(name, {}).update(arrivals=int(n), recent_arrivals=int(recent or 0),
+                                           last_arrival_at=float(last))
+        for name, n, recent in completions:
+            by.setdefault(name, {}).update(completions=int(n),
+                                           recent_completions=int(recent or 0))
         return [TypeCapacity(name, **by[name]) for name in sorted(by)]
 
     def throughput(self, window_s: float, bucket_s: float,
