@@ -71,6 +71,7 @@ from .ledger.migrations import load_migrations
 from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
 from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier, check_rate_per_s
+from .worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_gone
 
 __all__ = [
     "ALL_TYPES",
@@ -475,6 +476,13 @@ class WorkerView:
             here), ``other host`` when it cannot be judged from here, ``-`` when not alive.
         started_at, last_seen: ledger clock, epoch seconds.
         last_seen_age_s: seconds between its last registry heartbeat and the ledger clock.
+        lease_s: the lease it is judged by, seconds: the shortest ``lease_s`` of the
+            definitions it registered (:data:`DEFAULT_LEASE_S` when it registered none).
+        unresponsive: an ``alive`` worker whose last heartbeat (registry heartbeat or lease
+            renewal) is older than ``lease_s`` (and than
+            :data:`~ratchet.worker.registry.UNRESPONSIVE_FLOOR_S`): frozen (SIGSTOP, a VM
+            pause), hung, or cut off from the ledger; its leases expire and are taken over.
+            Its process may still exist (``process`` says ``running``).
     """
 
     holder: str
@@ -486,6 +494,12 @@ class WorkerView:
     started_at: float
     last_seen: float
     last_seen_age_s: float
+    lease_s: float = 15.0
+    unresponsive: bool = False
+
+
+DEFAULT_LEASE_S = 15.0
+"""The lease of a task definition that names none (``App.task(lease_s=15.0)``), seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1001,11 +1015,15 @@ class Control:
         Raises:
             LedgerUnavailable: no ledger there.
         """
-        from .worker.registry import host_identity, process_gone
-
         led = self._reader()
         now = led.now()
         here = host_identity()
+        leases: dict[str, float] = {}
+        for holder, spec_json in led.worker_definition_specs():
+            spec = loads_stored(spec_json, f"worker {holder!r} definition spec")
+            lease = spec.get("lease_s") if isinstance(spec, dict) else None
+            if isinstance(lease, int | float) and not isinstance(lease, bool) and lease > 0:
+                leases[holder] = min(float(lease), leases.get(holder, math.inf))
         views = []
         for w in led.list_workers(None):
             if w.state != "alive":
@@ -1014,9 +1032,12 @@ class Control:
                 process = "gone" if process_gone(w.pid, w.pid_start) else "running"
             else:
                 process = "other host"
+            age = max(0.0, now - w.last_seen)
+            lease_s = leases.get(w.holder, DEFAULT_LEASE_S)
             views.append(
                 WorkerView(w.holder, w.host_id, w.hostname, w.pid, w.state, process,
-                           w.started_at, w.last_seen, max(0.0, now - w.last_seen))
+                           w.started_at, w.last_seen, age, lease_s,
+                           w.state == "alive" and age > max(lease_s, UNRESPONSIVE_FLOOR_S))
             )
         return views
 

@@ -785,7 +785,9 @@ def workers(
 
     Holder, host, pid, state: alive, STOPPED (clean exit) or DEAD (its leases were revoked
     by a same-host peer that found its process gone); for an alive worker on this host
-    whether its process still runs, and the time since its last heartbeat. Rows of stopped
+    whether its process still runs, and the time since its last heartbeat: an alive worker
+    whose heartbeat is older than its lease (the shortest of its task types', at least
+    10 s) is UNRESPONSIVE (frozen, hung or cut off; its leases expire). Rows of stopped
     and dead workers are kept 24 h after their last heartbeat, then running workers delete
     them (--prune-after AGE: now, for an older AGE).
     """
@@ -804,18 +806,26 @@ def workers(
             table.add_column(column, overflow="fold")
         for w in found:
             label, style = _WORKER_STATES.get(w.state, (w.state, ""))
+            if w.unresponsive:
+                label, style = "alive, UNRESPONSIVE", "bold yellow"
             gone = w.state == "alive" and w.process == "gone"
+            seen = f"{_span(w.last_seen_age_s)} ago"
+            if w.unresponsive:
+                seen += f" (past its {w.lease_s:g}s lease)"
             table.add_row(field(w.holder, "dim" if w.state != "alive" else ""),
                           field(w.hostname), field(w.pid), field(label, style),
                           field(w.process + (" (not yet revoked)" if gone else ""),
                                 "bold red" if gone else ""),
-                          field(f"{_span(w.last_seen_age_s)} ago"))
+                          field(seen, "bold yellow" if w.unresponsive else ""))
         if not found:
             table.add_row("(none registered)", "", "", "", "", "")
         out = console()
         out.print(table)
         by_state = {st: sum(1 for w in found if w.state == st) for st in _WORKER_STATES}
-        out.print(line(f"{by_state['alive']} alive, {by_state['stopped']} stopped, "
+        stuck = sum(1 for w in found if w.unresponsive)
+        out.print(line(f"{by_state['alive']} alive"
+                       + (f" ({stuck} unresponsive: no heartbeat within its lease)"
+                          if stuck else "") + f", {by_state['stopped']} stopped, "
                        f"{by_state['dead']} dead"
                        + (f"; pruned {len(pruned)} stopped/dead row(s) older than "
                           f"{prune_after}" if prune_after is not None else "")))

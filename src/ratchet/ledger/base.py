@@ -1338,6 +1338,12 @@ class Ledger(Protocol):
         """Live workers registered with ``host_id``, or every registered worker if None."""
         ...
 
+    def worker_definition_specs(self) -> list[tuple[str, str]]:
+        """``(holder, spec JSON)`` of every definition each registered worker has (the
+        ``worker_definitions`` rows joined with ``definitions``; ``ratchet workers`` reads
+        their ``lease_s``). None on a ledger not yet migrated to the definition tables."""
+        ...
+
     def prune_workers(self, older_than_s: float) -> list[str]:
         """Delete the registry rows of workers ``stopped`` or ``dead`` whose last heartbeat
         is more than ``older_than_s`` seconds old (ledger clock), with their definition

@@ -1882,6 +1882,13 @@ class LedgerEngine:
 
         return self.dialect.run(body, write=False)
 
+    def worker_definition_specs(self) -> list[tuple[str, str]]:
+        """See :meth:`Ledger.worker_definition_specs` (the registry is small)."""
+        if not self._has_definitions():
+            return []
+        return [(str(r[0]), str(r[1])) for r in self.dialect.run(
+            lambda tx: tx.rows("worker_definition_specs"), write=False)]
+
     def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
         """See :meth:`Ledger.version_backlog` (none on a ledger not yet migrated to the
         definition tables: no worker of this release has run on it)."""

@@ -616,6 +616,11 @@ INSERT INTO worker_definitions (holder, name, version)
 VALUES (%(holder)s, %(name)s, %(version)s)
 ON CONFLICT DO NOTHING;
 
+-- name: worker_definition_specs
+-- The spec of every definition each registered worker has (ratchet workers: its lease).
+SELECT w.holder, d.spec FROM worker_definitions AS w
+JOIN definitions AS d ON d.name = w.name AND d.version = w.version;
+
 -- name: definitions_all
 SELECT name, version, spec, first_registered_at, last_registered_at FROM definitions
 ORDER BY name, version;

@@ -564,6 +564,11 @@ DELETE FROM worker_definitions WHERE holder = :holder;
 INSERT INTO worker_definitions (holder, name, version) VALUES (:holder, :name, :version)
 ON CONFLICT DO NOTHING;
 
+-- name: worker_definition_specs
+-- The spec of every definition each registered worker has (ratchet workers: its lease).
+SELECT w.holder, d.spec FROM worker_definitions AS w
+JOIN definitions AS d ON d.name = w.name AND d.version = w.version;
+
 -- name: definitions_all
 SELECT name, version, spec, first_registered_at, last_registered_at FROM definitions
 ORDER BY name, version;
