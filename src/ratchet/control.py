@@ -90,6 +90,7 @@ __all__ = [
     "LimitView",
     "LimitsReport",
     "PruneReport",
+    "REASON_REQUIRED",
     "PauseRecord",
     "PauseResult",
     "QuarantineGroupView",
@@ -1454,8 +1455,7 @@ class Control:
             raise InvalidArguments(f"limit must be an integer from 1 to 100000, got {limit!r}")
         if reason is None or not isinstance(reason, str) or not reason.strip():
             if not dry_run:
-                raise InvalidArguments(
-                    "reason (--reason) must say why: it is kept in the audit log")
+                raise InvalidArguments(REASON_REQUIRED)
             reason = ""
         else:
             check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
@@ -1646,12 +1646,17 @@ def _scope(scope: object, target: object) -> tuple[str, str]:
     return "task", _task_id(target)
 
 
+REASON_REQUIRED = "reason (--reason) must say why: it is kept in the audit log"
+"""The message of the :class:`~ratchet.errors.InvalidArguments` an operator write without a
+reason raises; the CLI prints it for a missing ``--reason`` too (one style)."""
+
+
 def _operator_args(reason: object, by: object) -> tuple[str, str]:
     """``(reason, operator)`` of an operator command, checked (``InvalidArguments``): a
     reason that says something, an operator name that can be stored (default
     :func:`default_operator`)."""
     if not isinstance(reason, str) or not reason.strip():
-        raise InvalidArguments("reason (--reason) must say why: it is kept in the audit log")
+        raise InvalidArguments(REASON_REQUIRED)
     check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
     who = by if by is not None else default_operator()
     check_identifier(who, "operator name", MAX_KEY_BYTES)

@@ -37,6 +37,7 @@ from .. import __version__
 from ..capacity import span as _span
 from ..config import redact_url
 from ..control import (
+    REASON_REQUIRED,
     Control,
     ControlOutcome,
     PauseResult,
@@ -81,6 +82,14 @@ cli = typer.Typer(
     rich_markup_mode=None,
 )
 
+ReasonOpt = Annotated[
+    str | None,
+    typer.Option("--reason", metavar="TEXT",
+                 help="Why (kept in the audit log with --operator). Required."),
+]
+"""``--reason`` of every command that needs one. Not required at parse time: a missing
+reason is refused by Control like a blank one (``error: InvalidArguments: reason
+(--reason) must say why...``, status 2), so every command says the same, in one style."""
 LedgerOpt = Annotated[
     str | None,
     typer.Option(
@@ -120,12 +129,26 @@ class _Command(TyperCommand):
                 param.__class__ = _Argument
 
 
+
+def _reason(reason: str | None) -> str:
+    """``--reason`` of a command that needs one: a missing or blank one is the same
+    ``InvalidArguments`` as Control's (one message, one style, for every command)."""
+    if reason is None or not reason.strip():
+        raise InvalidArguments(REASON_REQUIRED)
+    return reason
+
+
+def _print_error(exc: RatchetError) -> None:
+    """A Ratchet error as the one line every command prints on stderr."""
+    err_console().print(line(("error: ", "bold red"), (f"{type(exc).__name__}: {exc}", "")))
+
+
 def _guard(fn: Callable[[], T]) -> T:
     """Run ``fn``; a Ratchet error becomes one line on stderr and exit status 2."""
     try:
         return fn()
     except RatchetError as exc:
-        err_console().print(line(("error: ", "bold red"), (f"{type(exc).__name__}: {exc}", "")))
+        _print_error(exc)
         raise typer.Exit(2) from None
 
 
@@ -1130,9 +1153,7 @@ def resolve(
                      help="done: the effect happened; not-done: it did not; give-up: nobody "
                           "can tell, end the task FAILED."),
     ],
-    reason: Annotated[
-        str, typer.Option("--reason", metavar="TEXT", help="Why (kept in the audit log).")
-    ],
+    reason: ReasonOpt = None,
     result: Annotated[
         str | None,
         typer.Option("--result", metavar="JSON",
@@ -1156,6 +1177,7 @@ def resolve(
     """
 
     def run() -> None:
+        why = _reason(reason)  # before the warning below
         if result is not None and outcome != "done":
             raise InvalidArguments(
                 f"--result goes with --outcome done only, not {outcome!r} (nothing changed)")
@@ -1168,7 +1190,7 @@ def resolve(
             ))
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
-            info = control.resolve(task_id, outcome, value, reason=reason, by=who)
+            info = control.resolve(task_id, outcome, value, reason=why, by=who)
         if as_json:
             echo_json(info)
             return
@@ -1191,9 +1213,6 @@ LimitTypeOpt = Annotated[
     str | None, typer.Option("--type", metavar="NAME", help="A task type.")]
 TenantOpt = Annotated[
     str | None, typer.Option("--tenant", metavar="TENANT", help="A tenant (App.submit tenant=).")]
-ReasonOpt = Annotated[
-    str, typer.Option("--reason", metavar="TEXT", help="Why (kept in the audit log).")
-]
 OperatorOpt = Annotated[
     str | None,
     typer.Option("--operator", metavar="NAME",
@@ -1269,7 +1288,7 @@ def limits(
 
 @limits_cli.command("set", cls=_Command)
 def limits_set(
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     type_name: LimitTypeOpt = None,
     tenant: TenantOpt = None,
     total: Annotated[
@@ -1298,7 +1317,7 @@ def limits_set(
         top = total if scope == "total" else maximum
         with Control(ledger) as control:
             lim = control.set_limit(scope, name, reserved=reserved, maximum=top,
-                                    reason=reason, by=operator)
+                                    reason=_reason(reason), by=operator)
         if as_json:
             echo_json(lim)
             return
@@ -1312,7 +1331,7 @@ def limits_set(
 
 @limits_cli.command("clear", cls=_Command)
 def limits_clear(
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     type_name: LimitTypeOpt = None,
     tenant: TenantOpt = None,
     total: Annotated[bool, typer.Option("--total", help="The total of slots.")] = False,
@@ -1326,7 +1345,7 @@ def limits_clear(
     def run() -> None:
         scope, name = _limit_scope(type_name, tenant, total)
         with Control(ledger) as control:
-            old = control.clear_limit(scope, name, reason=reason, by=operator)
+            old = control.clear_limit(scope, name, reason=_reason(reason), by=operator)
         if as_json:
             echo_json(old)
             return
@@ -1351,7 +1370,7 @@ def _print_control(outcome: ControlOutcome, who: str, as_json: bool) -> None:
 @cli.command(cls=_Command)
 def cancel(
     task_id: TaskArg,
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     operator: OperatorOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
@@ -1368,7 +1387,7 @@ def cancel(
     def run() -> None:
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
-            outcome = control.cancel(task_id, reason=reason, by=who)
+            outcome = control.cancel(task_id, reason=_reason(reason), by=who)
         _print_control(outcome, who, as_json)
 
     _guard(run)
@@ -1422,7 +1441,7 @@ def quarantine_list(
 @cli.command(cls=_Command)
 def retry(
     task_id: TaskArg,
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     operator: OperatorOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
@@ -1437,7 +1456,7 @@ def retry(
     def run() -> None:
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
-            outcome = control.retry(task_id, reason=reason, by=who)
+            outcome = control.retry(task_id, reason=_reason(reason), by=who)
         _print_control(outcome, who, as_json)
 
     _guard(run)
@@ -1479,7 +1498,7 @@ def _print_pause(result: PauseResult, who: str, as_json: bool) -> None:
 
 @cli.command(cls=_Command)
 def pause(
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     everything: AllOpt = False,
     task_type: TypeOpt = None,
     task: TaskOpt = None,
@@ -1500,7 +1519,7 @@ def pause(
         scope, target = _selector(everything, task_type, task)
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
-            result = control.pause(scope, target, reason=reason, by=who)
+            result = control.pause(scope, target, reason=_reason(reason), by=who)
         _print_pause(result, who, as_json)
 
     _guard(run)
@@ -1508,7 +1527,7 @@ def pause(
 
 @cli.command(cls=_Command)
 def resume(
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     everything: AllOpt = False,
     task_type: TypeOpt = None,
     task: TaskOpt = None,
@@ -1531,7 +1550,7 @@ def resume(
         scope, target = _selector(everything, task_type, task)
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
-            result = control.resume(scope, target, reason=reason, by=who,
+            result = control.resume(scope, target, reason=_reason(reason), by=who,
                                     rate_per_s=_parse_rate(rate))
         _print_pause(result, who, as_json)
 
