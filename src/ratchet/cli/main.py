@@ -54,10 +54,11 @@ from ..errors import (
     RatchetError,
     UndecodableData,
 )
+from ..ledger.base import MAX_VERSION
 from ..loading import load_app, load_middleware
 from ..serde import loads
 from ..states import State
-from ..validation import parse_duration_s, parse_rate_per_s
+from ..validation import MAX_DELAY_S, parse_duration_s, parse_rate_per_s
 from .render import (
     clip,
     console,
@@ -81,6 +82,15 @@ cli = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+MAX_THREADS = 4096
+"""The most task threads (``--concurrency``, ``--max-stuck-threads``) a worker takes."""
+
+MAX_PREFETCH = 100_000
+"""The most tasks a worker holds claimed beyond its threads (``--prefetch``)."""
+
+MAX_WAIT_S = 7 * 86_400.0
+"""The longest ``--ledger-wait-s`` / ``--shutdown-grace-s``, seconds (a week)."""
 
 ReasonOpt = Annotated[
     str | None,
@@ -194,13 +204,13 @@ def worker(
     app_spec: AppArg,
     concurrency: Annotated[
         int,
-        typer.Option("--concurrency", "-c", min=1, metavar="N",
+        typer.Option("--concurrency", "-c", min=1, max=MAX_THREADS, metavar="N",
                      help="Tasks run at the same time (threads)."),
     ] = 8,
     prefetch: Annotated[
         int | None,
         typer.Option(
-            "--prefetch", min=0, metavar="N",
+            "--prefetch", min=0, max=MAX_PREFETCH, metavar="N",
             help="Tasks claimed beyond --concurrency and held (leased, not started) so the"
             " next task starts while the last completion commits (default: 4 per thread,"
             " at least 4, at most 32; 0 = none; long tasks over several workers: 0)."
@@ -210,7 +220,7 @@ def worker(
     writers: Annotated[
         int | None,
         typer.Option(
-            "--writers", min=1, metavar="N",
+            "--writers", min=1, max=64, metavar="N",
             help="Writer threads, each committing (and claiming) in transactions of its own"
             " (default 1; more help on PostgreSQL only while the server has CPU to spare;"
             " SQLite has one write lock).",
@@ -223,7 +233,7 @@ def worker(
     ] = None,
     poll_interval_s: Annotated[
         float,
-        typer.Option("--poll-interval-s", min=0.001, metavar="SECONDS",
+        typer.Option("--poll-interval-s", min=0.001, max=3600.0, metavar="SECONDS",
                      help="Seconds between claims when idle (PostgreSQL also wakes on NOTIFY)."),
     ] = 0.1,
     ledger: LedgerOpt = None,
@@ -234,7 +244,7 @@ def worker(
     ledger_wait_s: Annotated[
         float,
         typer.Option(
-            "--ledger-wait-s", min=0.0, metavar="SECONDS",
+            "--ledger-wait-s", min=0.0, max=MAX_WAIT_S, metavar="SECONDS",
             help="Keep retrying an unreachable ledger this many seconds at start-up.",
         ),
     ] = 30.0,
@@ -257,7 +267,7 @@ def worker(
     shutdown_grace_s: Annotated[
         float,
         typer.Option(
-            "--shutdown-grace-s", min=0.0, metavar="SECONDS",
+            "--shutdown-grace-s", min=0.0, max=MAX_WAIT_S, metavar="SECONDS",
             help="After SIGTERM/Ctrl-C, how long running tasks get to reach their end or a"
             " step boundary; then their leases are handed back (released to PENDING, attempt"
             " not counted) and the worker exits (status 3). A second signal: at once. Keep it"
@@ -267,7 +277,7 @@ def worker(
     max_stuck_threads: Annotated[
         int | None,
         typer.Option(
-            "--max-stuck-threads", min=1, metavar="N",
+            "--max-stuck-threads", min=1, max=MAX_THREADS, metavar="N",
             help="Task threads stuck in task code past their attempt's time limit at which"
             " the worker stops and exits with status 4, for a restart (default: --concurrency,"
             " at least 4).",
@@ -469,7 +479,7 @@ def submit(
     ] = None,
     delay_s: Annotated[
         float,
-        typer.Option("--delay-s", min=0.0, metavar="SECONDS",
+        typer.Option("--delay-s", min=0.0, max=MAX_DELAY_S, metavar="SECONDS",
                      help="Earliest start, seconds from now."),
     ] = 0.0,
     tenant: Annotated[
@@ -479,7 +489,7 @@ def submit(
     ] = None,
     task_version: Annotated[
         int | None,
-        typer.Option("--task-version", min=1, metavar="N",
+        typer.Option("--task-version", min=1, max=MAX_VERSION, metavar="N",
                      help="Definition version to pin (default: the newest the app defines)."),
     ] = None,
     ledger: LedgerOpt = None,

@@ -2018,6 +2018,10 @@ def _limit_audit_id(scope: LimitScope, name: str) -> str:
     return f"limit:{scope.value}:{name}" if name else f"limit:{scope.value}"
 
 
+MAX_LIMIT = 2**31 - 1
+"""The largest ``reserved`` / ``maximum`` of a concurrency limit (PostgreSQL ``integer``)."""
+
+
 def _check_limit(scope: LimitScope, name: str, reserved: int, maximum: int | None) -> None:
     """Refuse a limit that cannot be right on its own (InvalidArguments)."""
     if scope is LimitScope.TOTAL:
@@ -2033,6 +2037,9 @@ def _check_limit(scope: LimitScope, name: str, reserved: int, maximum: int | Non
     for label, value in (("reserved", reserved), ("maximum", maximum)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidArguments(f"{label} must be an integer, got {value!r}")
+        if value is not None and value > MAX_LIMIT:
+            raise InvalidArguments(f"{label} must be at most {MAX_LIMIT} (the ledger stores "
+                                   f"a 32-bit integer), got {value}")
     if reserved < 0:
         raise InvalidArguments(f"reserved must be >= 0, got {reserved}")
     if maximum is not None and maximum < 1:
