@@ -386,12 +386,18 @@ class Worker:
             many seconds in a background thread (:mod:`ratchet.worker.retention`); None
             (the default): no pruning.
         prune_every_s: seconds between those prunes (jittered), default 3600.
+        overload_floor_s: the floor of the retry delay after an overload failure, seconds,
+            for every task this worker runs, in place of each ``RetryPolicy``'s
+            ``overload_min_delay_s`` (5 s by default): for tests against a flaky fake
+            (``running_worker(app, overload_floor_s=0.05)``). None (the default): each
+            policy's own floor. A downstream's ``Retry-After`` hint still applies.
 
     Raises:
         ConfigError: ``concurrency`` is below 1, ``prefetch`` below 0, ``writers``
             below 1, ``shutdown_grace_s`` not a finite number >= 0,
-            ``max_stuck_threads`` below 1, ``prune_older_than_s`` negative or
-            ``prune_every_s`` not positive.
+            ``max_stuck_threads`` below 1, ``prune_older_than_s`` negative,
+            ``prune_every_s`` not positive or ``overload_floor_s`` not None or a finite
+            number >= 0.
         UnknownTask: a name in ``names`` is not registered.
     """
 
@@ -412,7 +418,14 @@ class Worker:
         max_stuck_threads: int | None = None,
         prune_older_than_s: float | None = None,
         prune_every_s: float = 3600.0,
+        overload_floor_s: float | None = None,
     ) -> None:
+        if overload_floor_s is not None and (
+                isinstance(overload_floor_s, bool) or not isinstance(overload_floor_s, int | float)
+                or not 0 <= overload_floor_s < float("inf")):
+            raise ConfigError(f"Worker overload_floor_s must be None or a finite number of "
+                              f"seconds >= 0, got {overload_floor_s!r}")
+        self.overload_floor_s = overload_floor_s
         if prune_older_than_s is not None and not 0 <= prune_older_than_s < float("inf"):
             raise ConfigError(f"Worker prune_older_than_s must be a finite number of seconds "
                               f">= 0, got {prune_older_than_s!r}")
@@ -1158,7 +1171,8 @@ class Worker:
                 )
             return Transition(State.FAILED, error=error, error_class=recorded_class, reason=reason,
                               fingerprint=fp)
-        delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc))
+        delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc),
+                                           overload_floor_s=self.overload_floor_s)
         return Transition(
             State.RETRY_WAIT, delay_s=delay, error=error, error_class=recorded_class,
             reason="retry", fingerprint=fp,
