@@ -1886,7 +1886,8 @@ class LedgerEngine:
         """See :meth:`Ledger.worker_definition_specs` (the registry is small)."""
         if not self._has_definitions():
             return []
-        return [(str(r[0]), str(r[1])) for r in self.dialect.run(
+        # Kept as read (an undecodable holder stays equal to its registry row's).
+        return [(r[0], r[1]) for r in self.dialect.run(
             lambda tx: tx.rows("worker_definition_specs"), write=False)]
 
     def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
