@@ -618,8 +618,21 @@ class App:
     def configure(self, ledger: str | None = None, durability: str | None = None) -> None:
         """Point the app at another ledger before first use (the CLI's ``--ledger``).
 
+        The app's module usually builds ``App()`` without a URL (``RATCHET_LEDGER_URL`` or
+        ``sqlite:///ratchet.db``); ``configure`` lets a command, a service or a test aim the
+        same app at another ledger without editing the module::
+
+            from myapp import app
+            app.configure(ledger=f"sqlite:///{tmp_path}/test.db")
+
+        Args:
+            ledger: a ledger URL (``sqlite:///PATH`` or ``postgresql://...``, optionally
+                ``?schema=NAME``); None: keep the current one.
+            durability: ``fsync``, ``buffered`` or ``replicated`` (DESIGN §1); None: keep.
+
         Raises:
-            ConfigError: the ledger is already open.
+            ConfigError: the ledger is already open (a submit, a worker or
+                :attr:`ledger` opened it; configure first), or an argument is not a string.
         """
         with self._lock:
             if self._ledger is not None and (ledger is not None or durability is not None):

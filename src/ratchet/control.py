@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import Any
 
 from .app import App, TaskHandle
+from .capacity import ALL_TYPES, LimitReached, TypeStatusView, capacity_views
 from .config import parse_ledger_url, redact_url
 from .errors import ConfigError, InvalidArguments, LedgerError, TaskNotFound
 from .ledger import open_ledger
@@ -65,11 +66,12 @@ from .ledger.base import (
     TaskInfo,
     TaskQuery,
     Timeline,
-    TypeCapacity,
 )
+from .ledger.migrations import load_migrations
 from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
 from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier, check_rate_per_s
+from .worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_gone
 
 __all__ = [
     "ALL_TYPES",
@@ -84,9 +86,11 @@ __all__ = [
     "LateEffectView",
     "ReconcileCounts",
     "TaskEffectView",
+    "LimitReached",
     "LimitView",
     "LimitsReport",
     "PruneReport",
+    "REASON_REQUIRED",
     "PauseRecord",
     "PauseResult",
     "QuarantineGroupView",
@@ -165,65 +169,11 @@ class StatusReport:
     totals: TypeStatusView | None = None
 
 
-ALL_TYPES = "*"
-"""The ``name`` of :attr:`StatusReport.totals` (the figures over every task type)."""
-
 MAX_WINDOW_S = 86_400.0
 """The longest window of the status rates and of :meth:`Control.throughput`, seconds."""
 
 MAX_BUCKETS = 10_000
 """The most buckets :meth:`Control.throughput` returns."""
-
-
-@dataclass(frozen=True, slots=True)
-class TypeStatusView:
-    """The capacity view of one task type (``ratchet status``; DESIGN §9), read from the
-    ledger's rows and indexes, never from event counters.
-
-    Attributes:
-        name: the task type (:data:`ALL_TYPES` for :attr:`StatusReport.totals`).
-        counts: ``{state: count}``, what the ledger holds (states with none left out);
-            they add up to ``total``.
-        total: its tasks in the ledger.
-        backlog: ``PENDING`` / ``RETRY_WAIT`` tasks ready now (``run_at`` <= the ledger
-            clock): waiting for a worker.
-        scheduled: ``PENDING`` / ``RETRY_WAIT`` tasks with ``run_at`` later (submitted with
-            a delay, or backing off before a retry); ``backlog + scheduled`` is their count.
-        running: ``RUNNING`` tasks (a dead holder's included until its lease is taken
-            over or revoked).
-        arrival_per_s: tasks created in the window / ``window_s``, tasks per second.
-        completion_per_s: tasks that left the work in the window / ``window_s``, tasks per
-            second: reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED``, or went ``UNKNOWN``
-            (they wait for a person, not a worker; one resolved and finished within the
-            window counts twice). Rates are averages over the window, like Prometheus'
-            ``rate()``: after a burst the verdict lags by up to one window.
-        net_drain_per_s: ``completion_per_s - arrival_per_s`` (negative: the work grows).
-        drain_eta_s: ``backlog / net_drain_per_s`` seconds, only when the net rate is
-            positive; None otherwise (not draining).
-        oldest_pending_age_s: seconds the oldest ready task has waited since its
-            ``run_at`` (None: nothing is ready).
-        unknown: ``UNKNOWN`` tasks (waiting for an operator: ``ratchet resolve``).
-        oldest_unknown_age_s: seconds since the oldest of them entered ``UNKNOWN`` (its
-            row's last change), None when there is none.
-        quarantined: quarantined ``FAILED`` tasks (``ratchet quarantine list``).
-
-    Rates count rows the ledger still holds: a prune shorter than the window lowers them.
-    """
-
-    name: str
-    counts: dict[str, int]
-    total: int
-    backlog: int
-    scheduled: int
-    running: int
-    arrival_per_s: float
-    completion_per_s: float
-    net_drain_per_s: float
-    drain_eta_s: float | None
-    oldest_pending_age_s: float | None
-    unknown: int
-    oldest_unknown_age_s: float | None
-    quarantined: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,65 +190,6 @@ class ThroughputBucket:
     start: float
     arrivals: int
     completions: int
-
-
-def _type_view(name: str, counts: Mapping[str, int], cap: TypeCapacity, now: float,
-               window_s: float) -> TypeStatusView:
-    """One type's (or the totals') capacity figures: ``counts`` from the ledger's per-state
-    counts, ``cap`` the same read's backlog split, ages and window counts."""
-    waiting = counts.get(State.PENDING.value, 0) + counts.get(State.RETRY_WAIT.value, 0)
-    # Both from one read; on PostgreSQL (read committed) each statement has its own
-    # snapshot, so the split is clamped to the counts: backlog + scheduled == waiting.
-    scheduled = min(cap.scheduled, waiting)
-    backlog = waiting - scheduled
-    arrival = cap.arrivals / window_s
-    completion = (cap.completions + cap.unknown_entered) / window_s
-    net = completion - arrival
-    return TypeStatusView(
-        name=name,
-        counts={k: v for k, v in counts.items() if v},
-        total=sum(counts.values()),
-        backlog=backlog,
-        scheduled=scheduled,
-        running=counts.get(State.RUNNING.value, 0),
-        arrival_per_s=arrival,
-        completion_per_s=completion,
-        net_drain_per_s=net,
-        drain_eta_s=backlog / net if net > 0 else None,
-        oldest_pending_age_s=(max(0.0, now - cap.oldest_ready_at)
-                              if cap.oldest_ready_at is not None and backlog else None),
-        unknown=counts.get(State.UNKNOWN.value, 0),
-        oldest_unknown_age_s=(max(0.0, now - cap.oldest_unknown_at)
-                              if cap.oldest_unknown_at is not None else None),
-        quarantined=cap.quarantined,
-    )
-
-
-def _capacity_views(counts: Mapping[str, Mapping[str, int]], caps: Sequence[TypeCapacity],
-                    now: float, window_s: float) -> tuple[list[TypeStatusView],
-                                                          TypeStatusView]:
-    """The per-type views and the totals of one stats read."""
-    by_name = {c.name: c for c in caps}
-    names = sorted(set(counts) | set(by_name))
-    views = [_type_view(n, counts.get(n, {}), by_name.get(n, TypeCapacity(n)), now, window_s)
-             for n in names]
-    summed: dict[str, int] = {}
-    for n in names:
-        for st, k in counts.get(n, {}).items():
-            summed[st] = summed.get(st, 0) + k
-    readies = [c.oldest_ready_at for c in caps if c.oldest_ready_at is not None]
-    unknowns = [c.oldest_unknown_at for c in caps if c.oldest_unknown_at is not None]
-    all_cap = TypeCapacity(
-        ALL_TYPES,
-        scheduled=sum(v.scheduled for v in views),
-        oldest_ready_at=min(readies) if readies else None,
-        oldest_unknown_at=min(unknowns) if unknowns else None,
-        unknown=sum(c.unknown for c in caps),
-        quarantined=sum(c.quarantined for c in caps),
-        arrivals=sum(c.arrivals for c in caps),
-        completions=sum(c.completions for c in caps),
-        unknown_entered=sum(c.unknown_entered for c in caps))
-    return views, _type_view(ALL_TYPES, summed, all_cap, now, window_s)
 
 
 def _seconds(value: object, what: str, top: float) -> float:
@@ -586,6 +477,13 @@ class WorkerView:
             here), ``other host`` when it cannot be judged from here, ``-`` when not alive.
         started_at, last_seen: ledger clock, epoch seconds.
         last_seen_age_s: seconds between its last registry heartbeat and the ledger clock.
+        lease_s: the lease it is judged by, seconds: the shortest ``lease_s`` of the
+            definitions it registered (:data:`DEFAULT_LEASE_S` when it registered none).
+        unresponsive: an ``alive`` worker whose last heartbeat (registry heartbeat or lease
+            renewal) is older than ``lease_s`` (and than
+            :data:`~ratchet.worker.registry.UNRESPONSIVE_FLOOR_S`): frozen (SIGSTOP, a VM
+            pause), hung, or cut off from the ledger; its leases expire and are taken over.
+            Its process may still exist (``process`` says ``running``).
     """
 
     holder: str
@@ -597,6 +495,12 @@ class WorkerView:
     started_at: float
     last_seen: float
     last_seen_age_s: float
+    lease_s: float = 15.0
+    unresponsive: bool = False
+
+
+DEFAULT_LEASE_S = 15.0
+"""The lease of a task definition that names none (``App.task(lease_s=15.0)``), seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -771,7 +675,12 @@ class Control:
         window = _seconds(window_s, "window_s", MAX_WINDOW_S)
         led = self._reader()
         s = led.stats(window)
-        types, totals = _capacity_views(s.counts, s.capacity, s.ledger_now, window)
+        pauses = _active_pauses(led)
+        limits = _all_limits(led)
+        usage = (led.slot_usage() if any(lim.scope is LimitScope.TENANT for lim in limits)
+                 else None)
+        types, totals = capacity_views(s.counts, s.capacity, s.ledger_now, window,
+                                       pauses=pauses, limits=limits, usage=usage)
         return StatusReport(
             ledger=redact_url(led.config.url),
             backend=led.config.scheme,
@@ -797,7 +706,7 @@ class Control:
                                 if b.live_workers == 0 else "")
                 for b in led.version_backlog(LIVE_WORKER_S)
             ],
-            pauses=_active_pauses(led),
+            pauses=pauses,
             window_s=window,
             types=types,
             totals=totals,
@@ -1107,11 +1016,15 @@ class Control:
         Raises:
             LedgerUnavailable: no ledger there.
         """
-        from .worker.registry import host_identity, process_gone
-
         led = self._reader()
         now = led.now()
         here = host_identity()
+        leases: dict[str, float] = {}
+        for holder, spec_json in led.worker_definition_specs():
+            spec = loads_stored(spec_json, f"worker {holder!r} definition spec")
+            lease = spec.get("lease_s") if isinstance(spec, dict) else None
+            if isinstance(lease, int | float) and not isinstance(lease, bool) and lease > 0:
+                leases[holder] = min(float(lease), leases.get(holder, math.inf))
         views = []
         for w in led.list_workers(None):
             if w.state != "alive":
@@ -1120,9 +1033,12 @@ class Control:
                 process = "gone" if process_gone(w.pid, w.pid_start) else "running"
             else:
                 process = "other host"
+            age = max(0.0, now - w.last_seen)
+            lease_s = leases.get(w.holder, DEFAULT_LEASE_S)
             views.append(
                 WorkerView(w.holder, w.host_id, w.hostname, w.pid, w.state, process,
-                           w.started_at, w.last_seen, max(0.0, now - w.last_seen))
+                           w.started_at, w.last_seen, age, lease_s,
+                           w.state == "alive" and age > max(lease_s, UNRESPONSIVE_FLOOR_S))
             )
         return views
 
@@ -1539,8 +1455,7 @@ class Control:
             raise InvalidArguments(f"limit must be an integer from 1 to 100000, got {limit!r}")
         if reason is None or not isinstance(reason, str) or not reason.strip():
             if not dry_run:
-                raise InvalidArguments(
-                    "reason (--reason) must say why: it is kept in the audit log")
+                raise InvalidArguments(REASON_REQUIRED)
             reason = ""
         else:
             check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
@@ -1698,8 +1613,17 @@ def _active_pauses(led: Ledger) -> list[PauseRecord]:
     try:
         return led.pauses()
     except LedgerError:
-        from .ledger.migrations import load_migrations
+        if led.schema_version() >= load_migrations(led.config.scheme)[-1].version:
+            raise
+        return []
 
+
+def _all_limits(led: Ledger) -> list[Limit]:
+    """The concurrency limits; none on a ledger read-only opened before its migration to
+    the schema that has limits (``status`` still answers)."""
+    try:
+        return led.limits()
+    except LedgerError:
         if led.schema_version() >= load_migrations(led.config.scheme)[-1].version:
             raise
         return []
@@ -1722,12 +1646,17 @@ def _scope(scope: object, target: object) -> tuple[str, str]:
     return "task", _task_id(target)
 
 
+REASON_REQUIRED = "reason (--reason) must say why: it is kept in the audit log"
+"""The message of the :class:`~ratchet.errors.InvalidArguments` an operator write without a
+reason raises; the CLI prints it for a missing ``--reason`` too (one style)."""
+
+
 def _operator_args(reason: object, by: object) -> tuple[str, str]:
     """``(reason, operator)`` of an operator command, checked (``InvalidArguments``): a
     reason that says something, an operator name that can be stored (default
     :func:`default_operator`)."""
     if not isinstance(reason, str) or not reason.strip():
-        raise InvalidArguments("reason (--reason) must say why: it is kept in the audit log")
+        raise InvalidArguments(REASON_REQUIRED)
     check_identifier(reason, "reason", 4 * MAX_KEY_BYTES)
     who = by if by is not None else default_operator()
     check_identifier(who, "operator name", MAX_KEY_BYTES)

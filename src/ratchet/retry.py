@@ -216,18 +216,23 @@ class RetryPolicy:
         failure: FailureClass = FailureClass.TRANSIENT,
         hint_s: float | None = None,
         rng: random.Random | None = None,
+        *,
+        overload_floor_s: float | None = None,
     ) -> float:
         """Delay before the next attempt after attempt ``attempt`` failed, in seconds.
 
         The result lies in ``[ceiling * (1 - jitter), ceiling]``; for overload it is at least
         ``max(overload_min_delay_s, hint_s)``, otherwise at least ``hint_s`` when given
-        (both still capped by ``max_delay_s``).
+        (both still capped by ``max_delay_s``). ``overload_floor_s`` (seconds), when given,
+        replaces ``overload_min_delay_s`` (a worker's override for tests,
+        ``Worker(overload_floor_s=)``).
         """
         ceiling = self.ceiling_s(attempt)
         draw = (rng or random).random()
         delay = ceiling * (1.0 - self.jitter * draw)
         if failure is FailureClass.OVERLOAD:
-            floor = max(self.overload_min_delay_s, hint_s or 0.0)
+            own = self.overload_min_delay_s if overload_floor_s is None else overload_floor_s
+            floor = max(own, hint_s or 0.0)
             delay = max(delay, min(floor, self.max_delay_s))
         elif hint_s:
             delay = max(delay, min(hint_s, self.max_delay_s))

@@ -18,6 +18,7 @@ import re
 from .errors import InvalidArguments
 
 __all__ = [
+    "MAX_DELAY_S",
     "MAX_KEY_BYTES",
     "MAX_NAME_BYTES",
     "check_checkpoint_name",
@@ -117,6 +118,9 @@ def parse_duration_s(text: str, what: str, *, unit_required: bool = False) -> fl
 
 
 _RATE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?:/\s*(s|m|h))?\s*\Z")
+MAX_DELAY_S = 1e9
+"""The longest delay of a submit the CLI and the HTTP API accept, seconds (about 31 years)."""
+
 MAX_RATE_PER_S = 100_000.0
 """Largest replay rate accepted, tasks per second."""
 

@@ -138,7 +138,7 @@ def test_overview_shows_the_types_and_counts_the_ledger_holds(
                            "quarantined": view.quarantined}, view.name
     pack = page.locator('#types tr.type-row[data-type="shop.pack"]')
     assert pack.locator('td.count[data-state="SUCCEEDED"]').inner_text() == "5"
-    assert pack.locator("td.drain").inner_text() == "drained"
+    assert pack.locator("td.drain").inner_text() == "no backlog"
     assert pack.locator("td.arrivals").inner_text() != "0/s"  # 5 in the last minute
     ship = page.locator('#types tr.type-row[data-type="shop.ship"]')
     assert ship.locator('td.count[data-state="PENDING"]').inner_text() == str(len(scheduled))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 
 import pytest
 
+from ratchet.capacity import capacity_views
 from ratchet.control import EffectView, StepView, TaskTimeline
-from ratchet.ledger.base import AuditEvent, TaskInfo
+from ratchet.ledger.base import AuditEvent, TaskInfo, TypeCapacity
 from ratchet.states import State
 from ratchet.web import charts, present
 from ratchet.web.sessions import Flash, SessionKeeper
@@ -39,24 +39,12 @@ def test_chart_without_data_says_so() -> None:
         charts.arrival_completion_svg([], 0)
 
 
-@dataclass
-class Row:
-    backlog: int
-    net_drain_per_s: float | None
-    drain_eta_s: float | None
-    scheduled: int = 0
-
-
-@pytest.mark.parametrize(("row", "text"), [
-    (Row(0, -3.0, None), "drained"),
-    (Row(0, -3.0, None, 2), "nothing ready, 2 scheduled"),
-    (Row(100, 2.0, 50.0), "in 50.0 s"),
-    (Row(100, -2.5, None), "backlog growing by 2.5/s"),
-    (Row(100, 0.0, None), "not draining (0/s)"),
-    (Row(5, None, None), "-"),
-])
-def test_drain_text(row: Row, text: str) -> None:
-    assert present.drain(row) == text
+def test_drain_text_is_the_records_verdict() -> None:
+    # The verdict is made once, in ratchet.capacity, for the CLI, the API and the pages.
+    [view], _ = capacity_views({"t": {"PENDING": 3}}, [TypeCapacity("t")], 100.0, 60.0)
+    assert present.drain(view) == view.drain == "no arrivals in the last 60 s; not " \
+        "draining (no completion in the last 15 s)"
+    assert present.drain(object()) == "-"
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

@@ -34,8 +34,10 @@ from rich.text import Text
 from typer.core import TyperArgument, TyperCommand
 
 from .. import __version__
+from ..capacity import span as _span
 from ..config import redact_url
 from ..control import (
+    REASON_REQUIRED,
     Control,
     ControlOutcome,
     PauseResult,
@@ -52,10 +54,11 @@ from ..errors import (
     RatchetError,
     UndecodableData,
 )
+from ..ledger.base import MAX_VERSION
 from ..loading import load_app, load_middleware
 from ..serde import loads
 from ..states import State
-from ..validation import parse_duration_s, parse_rate_per_s
+from ..validation import MAX_DELAY_S, parse_duration_s, parse_rate_per_s
 from ..worker.runner import (
     MAX_CONCURRENCY,
     MAX_POLL_INTERVAL_S,
@@ -87,6 +90,17 @@ cli = typer.Typer(
     rich_markup_mode=None,
 )
 
+MAX_WAIT_S = 7 * 86_400.0
+"""The longest ``--ledger-wait-s`` / ``--shutdown-grace-s``, seconds (a week)."""
+
+ReasonOpt = Annotated[
+    str | None,
+    typer.Option("--reason", metavar="TEXT",
+                 help="Why (kept in the audit log with --operator). Required."),
+]
+"""``--reason`` of every command that needs one. Not required at parse time: a missing
+reason is refused by Control like a blank one (``error: InvalidArguments: reason
+(--reason) must say why...``, status 2), so every command says the same, in one style."""
 LedgerOpt = Annotated[
     str | None,
     typer.Option(
@@ -126,12 +140,26 @@ class _Command(TyperCommand):
                 param.__class__ = _Argument
 
 
+
+def _reason(reason: str | None) -> str:
+    """``--reason`` of a command that needs one: a missing or blank one is the same
+    ``InvalidArguments`` as Control's (one message, one style, for every command)."""
+    if reason is None or not reason.strip():
+        raise InvalidArguments(REASON_REQUIRED)
+    return reason
+
+
+def _print_error(exc: RatchetError) -> None:
+    """A Ratchet error as the one line every command prints on stderr."""
+    err_console().print(line(("error: ", "bold red"), (f"{type(exc).__name__}: {exc}", "")))
+
+
 def _guard(fn: Callable[[], T]) -> T:
     """Run ``fn``; a Ratchet error becomes one line on stderr and exit status 2."""
     try:
         return fn()
     except RatchetError as exc:
-        err_console().print(line(("error: ", "bold red"), (f"{type(exc).__name__}: {exc}", "")))
+        _print_error(exc)
         raise typer.Exit(2) from None
 
 
@@ -218,7 +246,7 @@ def worker(
     ledger_wait_s: Annotated[
         float,
         typer.Option(
-            "--ledger-wait-s", min=0.0, metavar="SECONDS",
+            "--ledger-wait-s", min=0.0, max=MAX_WAIT_S, metavar="SECONDS",
             help="Keep retrying an unreachable ledger this many seconds at start-up.",
         ),
     ] = 30.0,
@@ -241,7 +269,7 @@ def worker(
     shutdown_grace_s: Annotated[
         float,
         typer.Option(
-            "--shutdown-grace-s", min=0.0, metavar="SECONDS",
+            "--shutdown-grace-s", min=0.0, max=MAX_WAIT_S, metavar="SECONDS",
             help="After SIGTERM/Ctrl-C, how long running tasks get to reach their end or a"
             " step boundary; then their leases are handed back (released to PENDING, attempt"
             " not counted) and the worker exits (status 3). A second signal: at once. Keep it"
@@ -454,7 +482,7 @@ def submit(
     ] = None,
     delay_s: Annotated[
         float,
-        typer.Option("--delay-s", min=0.0, metavar="SECONDS",
+        typer.Option("--delay-s", min=0.0, max=MAX_DELAY_S, metavar="SECONDS",
                      help="Earliest start, seconds from now."),
     ] = 0.0,
     tenant: Annotated[
@@ -464,7 +492,7 @@ def submit(
     ] = None,
     task_version: Annotated[
         int | None,
-        typer.Option("--task-version", min=1, metavar="N",
+        typer.Option("--task-version", min=1, max=MAX_VERSION, metavar="N",
                      help="Definition version to pin (default: the newest the app defines)."),
     ] = None,
     ledger: LedgerOpt = None,
@@ -499,20 +527,6 @@ def submit(
     _guard(run)
 
 
-def _span(seconds: float | None) -> str:
-    """A duration for people: ``12.3s``, ``4m05s``, ``2h03m``, ``3d04h``; ``-`` for None."""
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    whole = int(seconds)
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
 def _rate(rate: float) -> str:
     """A rate, tasks per second, to three significant digits."""
     return "0" if rate == 0 else f"{rate:.3g}"
@@ -523,17 +537,12 @@ def _per_s(rate: float) -> str:
 
 
 def _drain(v: TypeStatusView) -> tuple[str, str]:
-    """The drain column of ``ratchet status`` and its style: ``drains in ~X`` while the
-    net rate is positive, ``backlog growing by N/s`` while it is negative; ``no backlog``
-    (or ``nothing ready, N scheduled``) when nothing is ready."""
-    if not v.backlog:  # nothing ready: nothing to drain, whatever the rates say
-        return (f"nothing ready, {v.scheduled} scheduled", "") if v.scheduled else \
-            ("no backlog", "")
-    if v.net_drain_per_s < 0:
-        return f"backlog growing by {_per_s(-v.net_drain_per_s)}", "yellow"
-    if v.drain_eta_s is not None:
-        return f"drains in ~{_span(v.drain_eta_s)}", "green"
-    return "not draining", "yellow"
+    """The drain column of ``ratchet status`` (the record's own verdict,
+    :attr:`TypeStatusView.drain`) and its style: yellow when paused, limited or not
+    draining, green while it drains."""
+    if v.paused is not None or v.limited or (v.backlog and v.drain_eta_s is None):
+        return v.drain, "yellow"
+    return v.drain, "green" if v.backlog else ""
 
 
 def _status_view(s: StatusReport) -> list[RenderableType]:
@@ -576,8 +585,10 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
         cap.add_row("(no tasks)", "")
     parts.append(cap)
     parts.append(line("running: leased tasks, executing or prefetched by a worker (up to "
-                      "--prefetch per worker); done/s: finished or gone UNKNOWN; rates are "
-                      "averages over the window"))
+                      "--prefetch per worker); done/s: finished or gone UNKNOWN; in/s and "
+                      "done/s are averages over the window; net/s and the drain estimate "
+                      "too, or over its last quarter once arrivals stopped (the drain column "
+                      "says which)"))
     age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
     parts.append(line(f"oldest pending age: {age}"))
     parts.append(line(f"unknown (waiting for an operator): {s.unknown}"))
@@ -810,7 +821,9 @@ def workers(
 
     Holder, host, pid, state: alive, STOPPED (clean exit) or DEAD (its leases were revoked
     by a same-host peer that found its process gone); for an alive worker on this host
-    whether its process still runs, and the time since its last heartbeat. Rows of stopped
+    whether its process still runs, and the time since its last heartbeat: an alive worker
+    whose heartbeat is older than its lease (the shortest of its task types', at least
+    10 s) is UNRESPONSIVE (frozen, hung or cut off; its leases expire). Rows of stopped
     and dead workers are kept 24 h after their last heartbeat, then running workers delete
     them (--prune-after AGE: now, for an older AGE).
     """
@@ -829,18 +842,26 @@ def workers(
             table.add_column(column, overflow="fold")
         for w in found:
             label, style = _WORKER_STATES.get(w.state, (w.state, ""))
+            if w.unresponsive:
+                label, style = "alive, UNRESPONSIVE", "bold yellow"
             gone = w.state == "alive" and w.process == "gone"
+            seen = f"{_span(w.last_seen_age_s)} ago"
+            if w.unresponsive:
+                seen += f" (past its {w.lease_s:g}s lease)"
             table.add_row(field(w.holder, "dim" if w.state != "alive" else ""),
                           field(w.hostname), field(w.pid), field(label, style),
                           field(w.process + (" (not yet revoked)" if gone else ""),
                                 "bold red" if gone else ""),
-                          field(f"{_span(w.last_seen_age_s)} ago"))
+                          field(seen, "bold yellow" if w.unresponsive else ""))
         if not found:
             table.add_row("(none registered)", "", "", "", "", "")
         out = console()
         out.print(table)
         by_state = {st: sum(1 for w in found if w.state == st) for st in _WORKER_STATES}
-        out.print(line(f"{by_state['alive']} alive, {by_state['stopped']} stopped, "
+        stuck = sum(1 for w in found if w.unresponsive)
+        out.print(line(f"{by_state['alive']} alive"
+                       + (f" ({stuck} unresponsive: no heartbeat within its lease)"
+                          if stuck else "") + f", {by_state['stopped']} stopped, "
                        f"{by_state['dead']} dead"
                        + (f"; pruned {len(pruned)} stopped/dead row(s) older than "
                           f"{prune_after}" if prune_after is not None else "")))
@@ -1145,9 +1166,7 @@ def resolve(
                      help="done: the effect happened; not-done: it did not; give-up: nobody "
                           "can tell, end the task FAILED."),
     ],
-    reason: Annotated[
-        str, typer.Option("--reason", metavar="TEXT", help="Why (kept in the audit log).")
-    ],
+    reason: ReasonOpt = None,
     result: Annotated[
         str | None,
         typer.Option("--result", metavar="JSON",
@@ -1171,6 +1190,7 @@ def resolve(
     """
 
     def run() -> None:
+        why = _reason(reason)  # before the warning below
         if result is not None and outcome != "done":
             raise InvalidArguments(
                 f"--result goes with --outcome done only, not {outcome!r} (nothing changed)")
@@ -1183,7 +1203,7 @@ def resolve(
             ))
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
-            info = control.resolve(task_id, outcome, value, reason=reason, by=who)
+            info = control.resolve(task_id, outcome, value, reason=why, by=who)
         if as_json:
             echo_json(info)
             return
@@ -1206,9 +1226,6 @@ LimitTypeOpt = Annotated[
     str | None, typer.Option("--type", metavar="NAME", help="A task type.")]
 TenantOpt = Annotated[
     str | None, typer.Option("--tenant", metavar="TENANT", help="A tenant (App.submit tenant=).")]
-ReasonOpt = Annotated[
-    str, typer.Option("--reason", metavar="TEXT", help="Why (kept in the audit log).")
-]
 OperatorOpt = Annotated[
     str | None,
     typer.Option("--operator", metavar="NAME",
@@ -1284,7 +1301,7 @@ def limits(
 
 @limits_cli.command("set", cls=_Command)
 def limits_set(
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     type_name: LimitTypeOpt = None,
     tenant: TenantOpt = None,
     total: Annotated[
@@ -1313,7 +1330,7 @@ def limits_set(
         top = total if scope == "total" else maximum
         with Control(ledger) as control:
             lim = control.set_limit(scope, name, reserved=reserved, maximum=top,
-                                    reason=reason, by=operator)
+                                    reason=_reason(reason), by=operator)
         if as_json:
             echo_json(lim)
             return
@@ -1327,7 +1344,7 @@ def limits_set(
 
 @limits_cli.command("clear", cls=_Command)
 def limits_clear(
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     type_name: LimitTypeOpt = None,
     tenant: TenantOpt = None,
     total: Annotated[bool, typer.Option("--total", help="The total of slots.")] = False,
@@ -1341,7 +1358,7 @@ def limits_clear(
     def run() -> None:
         scope, name = _limit_scope(type_name, tenant, total)
         with Control(ledger) as control:
-            old = control.clear_limit(scope, name, reason=reason, by=operator)
+            old = control.clear_limit(scope, name, reason=_reason(reason), by=operator)
         if as_json:
             echo_json(old)
             return
@@ -1366,7 +1383,7 @@ def _print_control(outcome: ControlOutcome, who: str, as_json: bool) -> None:
 @cli.command(cls=_Command)
 def cancel(
     task_id: TaskArg,
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     operator: OperatorOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
@@ -1383,7 +1400,7 @@ def cancel(
     def run() -> None:
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
-            outcome = control.cancel(task_id, reason=reason, by=who)
+            outcome = control.cancel(task_id, reason=_reason(reason), by=who)
         _print_control(outcome, who, as_json)
 
     _guard(run)
@@ -1437,7 +1454,7 @@ def quarantine_list(
 @cli.command(cls=_Command)
 def retry(
     task_id: TaskArg,
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     operator: OperatorOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
@@ -1452,7 +1469,7 @@ def retry(
     def run() -> None:
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
-            outcome = control.retry(task_id, reason=reason, by=who)
+            outcome = control.retry(task_id, reason=_reason(reason), by=who)
         _print_control(outcome, who, as_json)
 
     _guard(run)
@@ -1494,7 +1511,7 @@ def _print_pause(result: PauseResult, who: str, as_json: bool) -> None:
 
 @cli.command(cls=_Command)
 def pause(
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     everything: AllOpt = False,
     task_type: TypeOpt = None,
     task: TaskOpt = None,
@@ -1515,7 +1532,7 @@ def pause(
         scope, target = _selector(everything, task_type, task)
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
-            result = control.pause(scope, target, reason=reason, by=who)
+            result = control.pause(scope, target, reason=_reason(reason), by=who)
         _print_pause(result, who, as_json)
 
     _guard(run)
@@ -1523,7 +1540,7 @@ def pause(
 
 @cli.command(cls=_Command)
 def resume(
-    reason: ReasonOpt,
+    reason: ReasonOpt = None,
     everything: AllOpt = False,
     task_type: TypeOpt = None,
     task: TaskOpt = None,
@@ -1546,7 +1563,7 @@ def resume(
         scope, target = _selector(everything, task_type, task)
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
-            result = control.resume(scope, target, reason=reason, by=who,
+            result = control.resume(scope, target, reason=_reason(reason), by=who,
                                     rate_per_s=_parse_rate(rate))
         _print_pause(result, who, as_json)
 

@@ -23,6 +23,7 @@ from ..states import State
 
 __all__ = [
     "MAX_VERSION",
+    "RECENT_FRACTION",
     "AuditEvent",
     "BudgetUse",
     "Claim",
@@ -730,6 +731,12 @@ class LedgerStats:
     ``stats(window_s=...)`` asked for it."""
 
 
+RECENT_FRACTION = 0.25
+"""The recent part of the status window (:meth:`Ledger.stats`), as a fraction of it: the
+``recent_*`` counts of :class:`TypeCapacity` are over its last quarter (15 s of 60 s). No
+arrival in it means arrivals stopped (:mod:`ratchet.capacity`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TypeCapacity:
     """What the ledger holds about one task type's capacity (``ratchet status``, DESIGN §9):
@@ -750,6 +757,10 @@ class TypeCapacity:
             the window (by ``updated_at``, the finish time).
         unknown_entered: its ``UNKNOWN`` tasks that entered ``UNKNOWN`` in the window (they
             wait for a person, not for a worker: the drain rate counts them as gone).
+        recent_arrivals, recent_completions, recent_unknown_entered: the same three counted
+            over the window's recent part only (its last :data:`RECENT_FRACTION`).
+        last_arrival_at: the newest ``created_at`` in the window, epoch seconds (None: no
+            task arrived in it).
     """
 
     name: str
@@ -761,6 +772,10 @@ class TypeCapacity:
     arrivals: int = 0
     unknown_entered: int = 0
     completions: int = 0
+    recent_arrivals: int = 0
+    recent_completions: int = 0
+    recent_unknown_entered: int = 0
+    last_arrival_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1321,6 +1336,12 @@ class Ledger(Protocol):
 
     def list_workers(self, host_id: str | None = None) -> list[WorkerInfo]:
         """Live workers registered with ``host_id``, or every registered worker if None."""
+        ...
+
+    def worker_definition_specs(self) -> list[tuple[str, str]]:
+        """``(holder, spec JSON)`` of every definition each registered worker has (the
+        ``worker_definitions`` rows joined with ``definitions``; ``ratchet workers`` reads
+        their ``lease_s``). None on a ledger not yet migrated to the definition tables."""
         ...
 
     def prune_workers(self, older_than_s: float) -> list[str]:

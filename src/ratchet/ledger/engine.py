@@ -41,6 +41,7 @@ from . import bulkheads
 from . import clock as ledger_clock
 from .base import (
     MAX_VERSION,
+    RECENT_FRACTION,
     AuditEvent,
     Claim,
     ClaimKind,
@@ -1387,7 +1388,8 @@ class LedgerEngine:
             unknown_row = tx.one("stats_unknown")
             late_row = tx.one("stats_late")
             capacity = ([] if window_s is None else
-                        self._capacity(tx, tx.now - window_s, counts, quarantine))
+                        self._capacity(tx, tx.now - window_s, counts, quarantine,
+                                       tx.now - window_s * RECENT_FRACTION))
             return LedgerStats(
                 counts=counts,
                 oldest_pending_age_s=(tx.now - oldest) if oldest is not None else None,
@@ -1413,18 +1415,21 @@ class LedgerEngine:
 
     @staticmethod
     def _capacity(tx: Tx, from_at: float, counts: Mapping[str, Mapping[str, int]],
-                  quarantine: bool = True) -> list[TypeCapacity]:
+                  quarantine: bool = True, recent_at: float | None = None
+                  ) -> list[TypeCapacity]:
         """Per task type: scheduled / oldest ready (tasks_ready), unknown (the parked
         index), quarantined (tasks_quarantine), and arrivals / completions since
-        ``from_at`` (ranges of tasks_created / tasks_finished): the backlog and the window,
-        never the history (DESIGN §9)."""
+        ``from_at`` and since ``recent_at`` (the window's recent part; default
+        ``from_at``), with the newest arrival (ranges of tasks_created / tasks_finished,
+        the same rows): the backlog and the window, never the history (DESIGN §9)."""
+        window = {"from_at": from_at, "recent_at": from_at if recent_at is None else recent_at}
         # The UNKNOWN rows of the types the counts show with some (a seek per type).
         waiting = sorted(n for n, states in counts.items() if states.get("UNKNOWN"))
         reads: list[tuple[str, dict[str, Any]]] = [
-            ("status_ready", {}), ("status_arrivals", {"from_at": from_at}),
-            ("status_completions", {"from_at": from_at})]
+            ("status_ready", {}), ("status_arrivals", window),
+            ("status_completions", window)]
         if waiting:
-            reads.append(("status_unknown", {"names": waiting, "from_at": from_at}))
+            reads.append(("status_unknown", {"names": waiting, **window}))
         if quarantine:
             reads.append(("status_quarantined", {}))
         ready, arrivals, completions, *more = tx.rows_many(reads)
@@ -1435,13 +1440,18 @@ class LedgerEngine:
             by.setdefault(name, {}).update(
                 scheduled=int(later or 0),
                 oldest_ready_at=None if oldest is None else float(oldest))
-        for name, n, oldest, entered in unknown:
+        for name, n, oldest, entered, recent in unknown:
             by.setdefault(name, {}).update(unknown=int(n), oldest_unknown_at=float(oldest),
-                                           unknown_entered=int(entered or 0))
-        for rows, key in ((quarantined, "quarantined"), (arrivals, "arrivals"),
-                          (completions, "completions")):
-            for name, n in rows:
-                by.setdefault(name, {})[key] = int(n)
+                                           unknown_entered=int(entered or 0),
+                                           recent_unknown_entered=int(recent or 0))
+        for name, n in quarantined:
+            by.setdefault(name, {})["quarantined"] = int(n)
+        for name, n, recent, last in arrivals:
+            by.setdefault(name, {}).update(arrivals=int(n), recent_arrivals=int(recent or 0),
+                                           last_arrival_at=float(last))
+        for name, n, recent in completions:
+            by.setdefault(name, {}).update(completions=int(n),
+                                           recent_completions=int(recent or 0))
         return [TypeCapacity(name, **by[name]) for name in sorted(by)]
 
     def throughput(self, window_s: float, bucket_s: float,
@@ -1902,6 +1912,14 @@ class LedgerEngine:
 
         return self.dialect.run(body, write=False)
 
+    def worker_definition_specs(self) -> list[tuple[str, str]]:
+        """See :meth:`Ledger.worker_definition_specs` (the registry is small)."""
+        if not self._has_definitions():
+            return []
+        # Kept as read (an undecodable holder stays equal to its registry row's).
+        return [(r[0], r[1]) for r in self.dialect.run(
+            lambda tx: tx.rows("worker_definition_specs"), write=False)]
+
     def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
         """See :meth:`Ledger.version_backlog` (none on a ledger not yet migrated to the
         definition tables: no worker of this release has run on it)."""
@@ -2031,6 +2049,10 @@ def _limit_audit_id(scope: LimitScope, name: str) -> str:
     return f"limit:{scope.value}:{name}" if name else f"limit:{scope.value}"
 
 
+MAX_LIMIT = 2**31 - 1
+"""The largest ``reserved`` / ``maximum`` of a concurrency limit (PostgreSQL ``integer``)."""
+
+
 def _check_limit(scope: LimitScope, name: str, reserved: int, maximum: int | None) -> None:
     """Refuse a limit that cannot be right on its own (InvalidArguments)."""
     if scope is LimitScope.TOTAL:
@@ -2046,6 +2068,9 @@ def _check_limit(scope: LimitScope, name: str, reserved: int, maximum: int | Non
     for label, value in (("reserved", reserved), ("maximum", maximum)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidArguments(f"{label} must be an integer, got {value!r}")
+        if value is not None and value > MAX_LIMIT:
+            raise InvalidArguments(f"{label} must be at most {MAX_LIMIT} (the ledger stores "
+                                   f"a 32-bit integer), got {value}")
     if reserved < 0:
         raise InvalidArguments(f"reserved must be >= 0, got {reserved}")
     if maximum is not None and maximum < 1:

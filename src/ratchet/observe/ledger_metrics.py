@@ -18,7 +18,8 @@ Series:
 * per type: ``ratchet_ledger_backlog_tasks`` (ready to run now),
   ``ratchet_ledger_scheduled_tasks`` (waiting for a later ``run_at``),
   ``ratchet_ledger_arrivals_per_second``, ``ratchet_ledger_completions_per_second`` (over
-  the status window), ``ratchet_ledger_net_drain_per_second``,
+  the status window), ``ratchet_ledger_net_drain_per_second`` (over the window, or its
+  last quarter once arrivals stopped: ``ratchet.capacity``),
   ``ratchet_ledger_drain_eta_seconds`` (only while the backlog drains),
   ``ratchet_ledger_oldest_pending_age_seconds`` (0 when nothing is ready),
   ``ratchet_ledger_unknown_tasks``, ``ratchet_ledger_oldest_unknown_age_seconds`` (0 when
@@ -70,10 +71,11 @@ _PER_TYPE = (
      "window.", "arrival_per_s"),
     ("ratchet_ledger_completions_per_second", "Tasks that left the work per second over the "
      "status window (finished, or gone UNKNOWN: waiting for a person).", "completion_per_s"),
-    ("ratchet_ledger_net_drain_per_second", "Completions minus arrivals per second "
-     "(negative: the backlog grows).", "net_drain_per_s"),
+    ("ratchet_ledger_net_drain_per_second", "Completions minus arrivals per second over "
+     "the status window, or over its last quarter once arrivals stopped (negative: the "
+     "backlog grows).", "net_drain_per_s"),
     ("ratchet_ledger_drain_eta_seconds", "Backlog / net drain rate; absent unless the "
-     "backlog drains.", "drain_eta_s"),
+     "backlog drains (and while the type is paused).", "drain_eta_s"),
     ("ratchet_ledger_oldest_pending_age_seconds", "Age of the oldest ready task (0: none "
      "ready).", "oldest_pending_age_s"),
     ("ratchet_ledger_unknown_tasks", "Tasks in UNKNOWN, waiting for an operator "

@@ -56,6 +56,7 @@ def running_worker(
     concurrency: int = 4,
     poll_interval_s: float = 0.01,
     stop_timeout_s: float = 15.0,
+    overload_floor_s: float | None = None,
     **options: Any,
 ) -> Iterator[Worker]:
     """Run a :class:`~ratchet.Worker` for ``app`` on a thread for the duration of the block.
@@ -65,6 +66,10 @@ def running_worker(
         concurrency: task threads (>= 1).
         poll_interval_s: seconds between claim polls when idle (short: tests wait less).
         stop_timeout_s: seconds to wait, on leaving the block, for the worker to stop.
+        overload_floor_s: the floor of the retry delay after an overload failure, seconds,
+            in place of every task's ``RetryPolicy.overload_min_delay_s`` (5 s by default),
+            so a test against a flaky fake (503 bursts) does not wait 5 s per retry; None
+            (the default): the policies' own floors, as in production.
         **options: any other :class:`~ratchet.Worker` argument (``names``,
             ``middleware``, ``fast_takeover``, ``holder``, ...); ``shutdown_grace_s``
             defaults to ``min(5, stop_timeout_s / 2)`` seconds here, so that a body stuck
@@ -79,7 +84,8 @@ def running_worker(
         ConfigError, UnknownTask: the worker's arguments are invalid (raised at once).
     """
     options.setdefault("shutdown_grace_s", min(5.0, stop_timeout_s / 2))
-    worker = Worker(app, concurrency=concurrency, poll_interval_s=poll_interval_s, **options)
+    worker = Worker(app, concurrency=concurrency, poll_interval_s=poll_interval_s,
+                    overload_floor_s=overload_floor_s, **options)
     failures: list[BaseException] = []
 
     def target() -> None:

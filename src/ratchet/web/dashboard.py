@@ -9,7 +9,9 @@ token they are open; ``/login`` and ``/static`` are always open):
 * ``/tasks`` a filtered, paginated task list; ``/tasks/{id}`` one task's timeline;
 * ``/unknown`` the ``UNKNOWN`` queue with resolve forms;
 * ``/quarantine`` quarantined tasks by error fingerprint, a dry-run replay, a replay;
-* ``/pauses`` the active pauses (who, why, since, what still runs), pause / resume a type.
+* ``/pauses`` the active pauses (who, why, since, what still runs), pause / resume a type;
+* ``/limits`` the concurrency limits per type, tenant and total with their live use
+  (running, ready, oldest ready; a full one marked), the use per type, the latest changes.
 
 Mutations (POST ``/actions/...``) need a session (``/login``: the operator's name, and the
 token when ``RATCHET_API_TOKEN`` is set, checked by :func:`ratchet.web.auth.token_ok`), the
@@ -379,6 +381,13 @@ class Dashboard:
             views.append(PauseView(p, dict(holders), paused))
         return views
 
+    async def limits_page(self, request: Request) -> Response:
+        """``GET /limits``: every concurrency limit with its live use (``Control.limits``)."""
+        async def page() -> Response:
+            report = await self.call(self.control.limits)
+            return self.render(request, "limits.html", report=report)
+        return await self.guarded(request, page)
+
     # ------------------------------------------------------------------ login
 
     async def login_form(self, request: Request) -> Response:
@@ -665,6 +674,7 @@ def routes(control: Control, settings: WebSettings) -> list[BaseRoute]:
         Route("/unknown", d.gated(d.unknown_page), methods=["GET"]),
         Route("/quarantine", d.gated(d.quarantine_page), methods=["GET"]),
         Route("/pauses", d.gated(d.pauses_page), methods=["GET"]),
+        Route("/limits", d.gated(d.limits_page), methods=["GET"]),
         Route("/login", d.login_form, methods=["GET"]),
         Route("/login", d.login, methods=["POST"]),
         Route("/logout", d.logout, methods=["POST"]),

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..control import TaskInfo
+from ..validation import MAX_DELAY_S
 
 __all__ = [
     "ApiIndex",
@@ -40,8 +41,6 @@ Reason = Annotated[
 NO_NUL = r"^[^\x00]+$"
 """Identifiers (names, ids, keys) are stored text: no NUL."""
 
-MAX_DELAY_S = 1e9
-"""The longest ``delay_s`` a submit accepts, seconds (about 31 years)."""
 
 
 class _Body(BaseModel):

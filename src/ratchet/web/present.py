@@ -184,19 +184,8 @@ def timeline_rows(tl: TaskTimeline) -> list[TimelineRow]:
 
 
 def drain(row: Any) -> str:
-    """The drain column of one task type (a ``TypeStatusView``-shaped record): ``drained``
-    when nothing is ready (``nothing ready, N scheduled`` when tasks wait for their time),
-    ``in 4 min 10 s`` while the net drain rate is positive,
-    ``backlog growing by 2.5/s`` while it is negative, ``not draining`` at exactly 0, ``-``
-    when the rates are unknown."""
-    if row.backlog == 0:
-        return f"nothing ready, {row.scheduled} scheduled" if row.scheduled else "drained"
-    net = row.net_drain_per_s
-    if net is None:
-        return "-"
-    if net > 0:
-        eta = row.drain_eta_s if row.drain_eta_s is not None else row.backlog / net
-        return f"in {duration(eta)}"
-    if net < 0:
-        return f"backlog growing by {rate(-net)}"
-    return "not draining (0/s)"
+    """The drain column of one task type: the verdict of its ``TypeStatusView``
+    (``drain``: paused by whom since when, limited, ``drains in ~X (at the last N s's
+    rate)``, ``backlog growing by N/s``, ``no backlog``, ...), made once in
+    :mod:`ratchet.capacity` for every face; ``-`` when a record has none."""
+    return str(getattr(row, "drain", "") or "-")

@@ -41,14 +41,24 @@ import psutil
 from ..errors import RatchetError
 from ..ledger.base import Ledger, WorkerInfo
 
-__all__ = ["REGISTRY_RETENTION_S", "Registrar", "host_identity", "process_gone",
-           "process_start_time"]
+__all__ = ["REGISTRY_RETENTION_S", "TOUCH_INTERVAL_S", "UNRESPONSIVE_FLOOR_S", "Registrar",
+           "host_identity", "process_gone", "process_start_time"]
 
 log = logging.getLogger("ratchet.worker.registry")
 
 REGISTRY_RETENTION_S = 86_400.0
 """Registry rows of ``stopped`` / ``dead`` workers are deleted this many seconds after their
 last heartbeat (24 h)."""
+
+TOUCH_INTERVAL_S = 5.0
+"""Seconds between a worker's registry heartbeats (``last_seen``; its lease renewals move
+``last_seen`` too)."""
+
+UNRESPONSIVE_FLOOR_S = 2 * TOUCH_INTERVAL_S
+"""An ``alive`` worker is shown unresponsive (``ratchet workers``) once its last heartbeat is
+older than its lease, and never before this many seconds: two missed registry heartbeats
+(an idle worker with a short lease touches the registry only every
+:data:`TOUCH_INTERVAL_S`)."""
 
 
 def _read(path: str) -> str:
@@ -142,7 +152,7 @@ class Registrar(threading.Thread):
         ledger: Ledger,
         holder: str,
         scan_interval_s: float = 0.25,
-        touch_interval_s: float = 5.0,
+        touch_interval_s: float = TOUCH_INTERVAL_S,
         retention_s: float = REGISTRY_RETENTION_S,
         prune_interval_s: float = 60.0,
     ) -> None:

@@ -434,6 +434,11 @@ class Worker:
             SIGKILL after :data:`~ratchet.worker.forks.DESCENDANT_GRACE_S`, each logged
             (:mod:`ratchet.worker.forks`). ``ratchet worker`` sets it; off by default in
             process, where other threads of the application may own such processes.
+        overload_floor_s: the floor of the retry delay after an overload failure, seconds,
+            for every task this worker runs, in place of each ``RetryPolicy``'s
+            ``overload_min_delay_s`` (5 s by default): for tests against a flaky fake
+            (``running_worker(app, overload_floor_s=0.05)``). None (the default): each
+            policy's own floor. A downstream's ``Retry-After`` hint still applies.
 
     Raises:
         ConfigError: ``concurrency`` not an integer from 1 to :data:`MAX_CONCURRENCY`,
@@ -441,7 +446,8 @@ class Worker:
             :data:`MAX_WRITERS`, ``poll_interval_s`` not above 0 and at most
             :data:`MAX_POLL_INTERVAL_S`, ``shutdown_grace_s`` not a finite number >= 0,
             ``max_stuck_threads`` not from 1 to :data:`MAX_STUCK_THREADS`,
-            ``prune_older_than_s`` negative or ``prune_every_s`` not positive.
+            ``prune_older_than_s`` negative, ``prune_every_s`` not positive or
+            ``overload_floor_s`` not None or a finite number >= 0.
         UnknownTask: a name in ``names`` is not registered.
     """
 
@@ -463,7 +469,14 @@ class Worker:
         prune_older_than_s: float | None = None,
         prune_every_s: float = 3600.0,
         stop_descendants: bool = False,
+        overload_floor_s: float | None = None,
     ) -> None:
+        if overload_floor_s is not None and (
+                isinstance(overload_floor_s, bool) or not isinstance(overload_floor_s, int | float)
+                or not 0 <= overload_floor_s < float("inf")):
+            raise ConfigError(f"Worker overload_floor_s must be None or a finite number of "
+                              f"seconds >= 0, got {overload_floor_s!r}")
+        self.overload_floor_s = overload_floor_s
         if prune_older_than_s is not None and not 0 <= prune_older_than_s < float("inf"):
             raise ConfigError(f"Worker prune_older_than_s must be a finite number of seconds "
                               f">= 0, got {prune_older_than_s!r}")
@@ -1239,7 +1252,8 @@ class Worker:
                 )
             return Transition(State.FAILED, error=error, error_class=recorded_class, reason=reason,
                               fingerprint=fp)
-        delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc))
+        delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc),
+                                           overload_floor_s=self.overload_floor_s)
         return Transition(
             State.RETRY_WAIT, delay_s=delay, error=error, error_class=recorded_class,
             reason="retry", fingerprint=fp,

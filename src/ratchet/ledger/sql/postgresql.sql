@@ -387,10 +387,12 @@ FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
 -- name: status_unknown
 -- UNKNOWN tasks of the given types (%(names)s: those the counts show with UNKNOWN tasks)
 -- and the earliest updated_at (when each entered UNKNOWN), and how many entered it since
--- %(from_at)s (they left the work a worker can do: the drain rate counts them), from
+-- %(from_at)s and since %(recent_at)s (they left the work a worker can do: the drain rate
+-- counts them), from
 -- tasks_parked (its predicate written out).
 SELECT name, count(*), min(updated_at),
-       count(*) FILTER (WHERE updated_at >= %(from_at)s) FROM tasks
+       count(*) FILTER (WHERE updated_at >= %(from_at)s),
+       count(*) FILTER (WHERE updated_at >= %(recent_at)s) FROM tasks
 WHERE name = ANY(%(names)s::text[])
   AND state NOT IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'FAILED', 'CANCELLED')
   AND state = 'UNKNOWN'
@@ -401,15 +403,18 @@ GROUP BY name;
 SELECT name, count(*) FROM tasks WHERE quarantined AND state = 'FAILED' GROUP BY name;
 
 -- name: status_arrivals
--- Tasks created in the window (from_at, up to the read's clock) per type: a range of
+-- Tasks created in the window (from_at, up to the read's clock) per type, those since
+-- recent_at (the window's recent part) and the newest created_at: a range of
 -- tasks_created (two bounds: a planner without statistics still takes the index).
-SELECT name, count(*) FROM tasks
+SELECT name, count(*), count(*) FILTER (WHERE created_at >= %(recent_at)s::float8),
+       max(created_at) FROM tasks
 WHERE created_at >= %(from_at)s::float8 AND created_at <= %(now)s::float8
 GROUP BY name;
 
 -- name: status_completions
--- Tasks finished in the window per type: a range of tasks_finished.
-SELECT name, count(*) FROM tasks
+-- Tasks finished in the window per type, and since recent_at: a range of tasks_finished.
+SELECT name, count(*), count(*) FILTER (WHERE updated_at >= %(recent_at)s::float8)
+FROM tasks
 WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(from_at)s::float8
   AND updated_at <= %(now)s::float8
 GROUP BY name;
@@ -642,6 +647,11 @@ DELETE FROM worker_definitions WHERE holder = %(holder)s;
 INSERT INTO worker_definitions (holder, name, version)
 VALUES (%(holder)s, %(name)s, %(version)s)
 ON CONFLICT DO NOTHING;
+
+-- name: worker_definition_specs
+-- The spec of every definition each registered worker has (ratchet workers: its lease).
+SELECT w.holder, d.spec FROM worker_definitions AS w
+JOIN definitions AS d ON d.name = w.name AND d.version = w.version;
 
 -- name: definitions_all
 SELECT name, version, spec, first_registered_at, last_registered_at FROM definitions

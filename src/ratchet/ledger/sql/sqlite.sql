@@ -324,10 +324,12 @@ FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name;
 -- name: status_unknown
 -- UNKNOWN tasks of the given types (:names, JSON: those the counts show with UNKNOWN tasks)
 -- and the earliest updated_at (when each entered UNKNOWN), and how many entered it since
--- :from_at (they left the work a worker can do: the drain rate counts them): one seek of
+-- :from_at and since :recent_at (they left the work a worker can do: the drain rate counts
+-- them): one seek of
 -- tasks_active per type (its predicate written out), never a walk of the whole backlog.
 SELECT name, COUNT(*), MIN(updated_at),
-       SUM(CASE WHEN updated_at >= :from_at THEN 1 ELSE 0 END) FROM tasks
+       SUM(CASE WHEN updated_at >= :from_at THEN 1 ELSE 0 END),
+       SUM(CASE WHEN updated_at >= :recent_at THEN 1 ELSE 0 END) FROM tasks
 WHERE name IN (SELECT value FROM json_each(:names))
   AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND state = 'UNKNOWN'
 GROUP BY name;
@@ -337,14 +339,19 @@ GROUP BY name;
 SELECT name, COUNT(*) FROM tasks WHERE quarantined = 1 AND state = 'FAILED' GROUP BY name;
 
 -- name: status_arrivals
--- Tasks created in the window (:from_at, up to the read's clock) per type: a range of
+-- Tasks created in the window (:from_at, up to the read's clock) per type, those since
+-- :recent_at (the window's recent part) and the newest created_at: a range of
 -- tasks_created (two bounds: a planner without statistics still takes the index).
-SELECT name, COUNT(*) FROM tasks WHERE created_at >= :from_at AND created_at <= :now
+SELECT name, COUNT(*), SUM(CASE WHEN created_at >= :recent_at THEN 1 ELSE 0 END),
+       MAX(created_at)
+FROM tasks WHERE created_at >= :from_at AND created_at <= :now
 GROUP BY name;
 
 -- name: status_completions
--- Tasks finished in the window per type: a range of tasks_finished (index only).
-SELECT name, COUNT(*) FROM tasks
+-- Tasks finished in the window per type, and since :recent_at: a range of tasks_finished
+-- (index only).
+SELECT name, COUNT(*), SUM(CASE WHEN updated_at >= :recent_at THEN 1 ELSE 0 END)
+FROM tasks
 WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= :from_at
   AND updated_at <= :now
 GROUP BY name;
@@ -572,6 +579,11 @@ DELETE FROM worker_definitions WHERE holder = :holder;
 -- name: worker_definition_insert
 INSERT INTO worker_definitions (holder, name, version) VALUES (:holder, :name, :version)
 ON CONFLICT DO NOTHING;
+
+-- name: worker_definition_specs
+-- The spec of every definition each registered worker has (ratchet workers: its lease).
+SELECT w.holder, d.spec FROM worker_definitions AS w
+JOIN definitions AS d ON d.name = w.name AND d.version = w.version;
 
 -- name: definitions_all
 SELECT name, version, spec, first_registered_at, last_registered_at FROM definitions
