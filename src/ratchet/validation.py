@@ -118,6 +118,9 @@ def parse_duration_s(text: str, what: str, *, unit_required: bool = False) -> fl
 
 
 _RATE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?:/\s*(s|m|h))?\s*\Z")
+MAX_VERSION = 2**31 - 1
+"""Largest definition version (the ledger stores a 32-bit integer)."""
+
 MAX_DELAY_S = 1e9
 """The longest delay of a submit the CLI and the HTTP API accept, seconds (about 31 years)."""
 

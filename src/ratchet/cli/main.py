@@ -54,12 +54,11 @@ from ..errors import (
     RatchetError,
     UndecodableData,
 )
-from ..ledger.base import MAX_VERSION
 from ..loading import load_app, load_middleware
 from ..serde import loads
 from ..states import State
-from ..validation import MAX_DELAY_S, parse_duration_s, parse_rate_per_s
-from ..worker.runner import (
+from ..validation import MAX_DELAY_S, MAX_VERSION, parse_duration_s, parse_rate_per_s
+from ..worker import (
     MAX_CONCURRENCY,
     MAX_POLL_INTERVAL_S,
     MAX_PREFETCH,

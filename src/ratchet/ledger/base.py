@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..config import LedgerConfig
 from ..states import State
+from ..validation import MAX_VERSION
 
 __all__ = [
     "MAX_VERSION",
@@ -909,9 +910,6 @@ class WorkerInfo:
     last_seen: float = 0.0
     state: str = "alive"
 
-
-MAX_VERSION = 2**31 - 1
-"""Largest definition version (the ledger stores a 32-bit integer)."""
 
 ClaimKind = str | tuple[str, int]
 """What a claim asks for: ``(name, version)`` (a worker sends one pair per definition it

@@ -4,6 +4,20 @@ from __future__ import annotations
 
 from .context import NOT_FOUND, NotFound, TaskContext
 from .hooks import Middleware
-from .runner import Worker, WorkerStats
+from .runner import (
+    MAX_CONCURRENCY,
+    MAX_POLL_INTERVAL_S,
+    MAX_PREFETCH,
+    MAX_STUCK_THREADS,
+    MAX_WRITERS,
+    Worker,
+    WorkerStats,
+)
 
-__all__ = ["NOT_FOUND", "Middleware", "NotFound", "TaskContext", "Worker", "WorkerStats"]
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_POLL_INTERVAL_S",
+    "MAX_PREFETCH",
+    "MAX_STUCK_THREADS",
+    "MAX_WRITERS",
+    "NOT_FOUND", "Middleware", "NotFound", "TaskContext", "Worker", "WorkerStats"]
