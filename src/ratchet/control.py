@@ -45,6 +45,7 @@ from typing import Any
 from .app import App, TaskHandle
 from .config import parse_ledger_url, redact_url
 from .errors import ConfigError, InvalidArguments, LedgerError, TaskNotFound
+from .errortext import error_summary
 from .ledger import open_ledger
 from .ledger.base import (
     AuditEvent,
@@ -535,8 +536,9 @@ class QuarantineGroupView:
         count: quarantined ``FAILED`` tasks with it.
         error_class: the recorded failure class of the newest one (``lease_expired``: its
             worker died on every counted delivery).
-        example_message: the newest one's error, its last line (``Class: message``).
-        example_error: the newest one's recorded error in full (traceback text).
+        example_message: the newest one's error, one line (``Class: message``, the
+            message's first line).
+        example_error: the newest one's recorded error message in full.
         first_seen, last_seen: ledger clock of the first and the latest quarantine, epoch s.
         task_ids: a sample of its task ids (at most 5), newest first.
     """
@@ -1604,9 +1606,8 @@ def _limit_scope(scope: object) -> LimitScope:
 
 
 def _quarantine_view(g: QuarantineGroup) -> QuarantineGroupView:
-    lines = [ln for ln in (g.example_error or "").split("\n") if ln.strip()]
     return QuarantineGroupView(
-        g.fingerprint, g.name, g.count, g.error_class, lines[-1].strip() if lines else "",
+        g.fingerprint, g.name, g.count, g.error_class, error_summary(g.example_error),
         g.example_error, g.first_at, g.last_at, list(g.task_ids))
 
 

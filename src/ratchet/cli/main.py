@@ -52,6 +52,7 @@ from ..errors import (
     RatchetError,
     UndecodableData,
 )
+from ..errortext import error_summary
 from ..loading import load_app, load_middleware
 from ..serde import loads
 from ..states import State
@@ -770,8 +771,7 @@ def tasks(
         for t in page.tasks:
             error = ""
             if t.last_error:
-                lines = [ln for ln in t.last_error.split("\n") if ln.strip()]
-                error = clip(lines[-1], 120) if lines else ""
+                error = clip(error_summary(t.last_error), 120)
                 if error and t.state is State.SUCCEEDED:
                     error = f"(earlier attempt) {error}"  # not why it failed: it did not
             table.add_row(field(t.task_id), field(t.name), _state_cell(t),
@@ -897,8 +897,9 @@ def _state_cell(t: TaskInfo) -> Text:
     return field(t.state)
 
 
-def _print_timeline(tl: TaskTimeline, now: float) -> None:
-    """The text form of ``ratchet inspect``."""
+def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False) -> None:
+    """The text form of ``ratchet inspect`` (``with_traceback``: the last error's whole
+    message and its traceback too)."""
     out = console()
     t = tl.task
     out.print(line((t.name, "bold"), " ", (t.task_id, ""), "  state=", (t.state, "bold"),
@@ -918,11 +919,18 @@ def _print_timeline(tl: TaskTimeline, now: float) -> None:
     if t.result is not None:
         out.print(line("result: ") + show_value(t.result))
     if t.last_error:
-        # The last line of a traceback names the exception; "\n" only (a "\r" is data).
-        lines = [ln for ln in t.last_error.split("\n") if ln.strip()]
+        # The type and the first line of the message; "\n" only (a "\r" is data).
         label = ("last error (an earlier attempt; it succeeded): "
                  if t.state is State.SUCCEEDED else "last error: ")
-        out.print(line(label, (lines[-1] if lines else repr(t.last_error), "")))
+        out.print(line(label, (error_summary(t.last_error) or repr(t.last_error), "")))
+        if with_traceback:
+            out.print(line(("error message:", "bold")))
+            out.print(line((t.last_error, "")))
+            out.print(line(("traceback:", "bold")))
+            out.print(line((t.last_traceback or "(none recorded)", "")))
+        elif t.last_traceback or "\n" in t.last_error.strip():
+            out.print(line(("(the whole message and the traceback: ratchet inspect "
+                            "--traceback)", "dim")))
     table = Table(title="timeline")
     table.add_column("at (UTC)", no_wrap=True)
     table.add_column("event", overflow="fold")
@@ -961,11 +969,20 @@ def _print_timeline(tl: TaskTimeline, now: float) -> None:
 
 
 @cli.command(cls=_Command)
-def inspect(task_id: TaskArg, ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
+def inspect(
+    task_id: TaskArg,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+    with_traceback: Annotated[
+        bool, typer.Option("--traceback", help="Also the last error's whole message and "
+                           "its traceback (in --json: task.last_traceback, always).")
+    ] = False,
+) -> None:
     """One task and its timeline.
 
-    Params, result, last error; claims, steps, effects, retries, stale rejections and
-    operator actions in order.
+    Params, result, last error (its type and the first line of its message; --traceback
+    for the rest); claims, steps, effects, retries, stale rejections and operator actions
+    in order.
     """
 
     def run() -> None:
@@ -975,7 +992,7 @@ def inspect(task_id: TaskArg, ledger: LedgerOpt = None, as_json: JsonOpt = False
         if as_json:
             echo_json(tl)
         else:
-            _print_timeline(tl, now)
+            _print_timeline(tl, now, with_traceback)
 
     _guard(run)
 

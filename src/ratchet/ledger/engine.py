@@ -2152,6 +2152,7 @@ def _transition_row(write: TaskWrite, t: Transition, now: float,
         "keep": t.to is State.RUNNING, "request": request,
         "result": t.result_json, "error": printable(t.error) if t.error else t.error,
         "error_class": t.error_class,
+        "traceback": printable(t.traceback) if t.error and t.traceback else None,
     }
 
 
@@ -2221,7 +2222,8 @@ def _arbitrate(
         return write, t, None
     check_transition(State.RUNNING, target)
     applied = Transition(
-        target, error=t.error, error_class=t.error_class or _REQUEST_CLASS[request],
+        target, error=t.error, traceback=t.traceback,
+        error_class=t.error_class or _REQUEST_CLASS[request],
         reason=f"{request} requested by an operator; the attempt ended {t.to.value} "
                f"({t.reason or t.error_class or '-'})")
     return dataclasses.replace(write, transition=applied), applied, None

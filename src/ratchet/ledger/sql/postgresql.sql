@@ -136,7 +136,7 @@ ORDER BY task_id, name;
 -- generation moves on, so whatever the old holder still writes is fenced out.
 UPDATE tasks t SET state = u.state, holder = NULL, lease_until = NULL,
                    generation = t.generation + 1, last_error = u.error,
-                   error_class = u.error_class, updated_at = %(now)s,
+                   last_traceback = NULL, error_class = u.error_class, updated_at = %(now)s,
                    control_request = u.request
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, generation bigint, state text, error text, error_class text,
@@ -218,7 +218,9 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = exclu
 -- A fenced RUNNING -> state change per row. run_at is set for RETRY_WAIT / PENDING
 -- (backoff, release delay); one ready now never moves later than it was (a clock stepped
 -- back since the claim leaves it claimable, ledger/clock.py); a release (to PENDING) hands
--- its attempt back; only RUNNING keeps the lease. One primary-key probe per row: the "id = ANY(ids of the rows)" gives the
+-- its attempt back; only RUNNING keeps the lease; a new error replaces the traceback too
+-- (NULL when it has none). One primary-key probe per row: the "id = ANY(ids of the rows)"
+-- gives the
 -- planner an index condition on tasks_pkey; without it, on a table without statistics, it
 -- hash-joined the rows against a sequential scan of every task (3.6 ms at 20,000 tasks;
 -- tests/test_ledger_plans.py).
@@ -230,11 +232,12 @@ UPDATE tasks t SET state = u.state,
     holder = CASE WHEN u.keep THEN t.holder ELSE NULL END,
     lease_until = CASE WHEN u.keep THEN t.lease_until ELSE NULL END,
     result = COALESCE(u.result, t.result), last_error = COALESCE(u.error, t.last_error),
+    last_traceback = CASE WHEN u.error IS NULL THEN t.last_traceback ELSE u.traceback END,
     error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s,
     control_request = CASE WHEN u.keep THEN t.control_request ELSE u.request END
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, generation bigint, state text, run_at float8, release bool, keep bool,
-          result text, error text, error_class text, request text)
+          result text, error text, error_class text, request text, traceback text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'
   AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
 
@@ -260,7 +263,7 @@ FROM tasks WHERE holder = %(holder)s AND state = 'RUNNING' ORDER BY id FOR UPDAT
 -- name: revoke_retry
 UPDATE tasks SET state = 'RETRY_WAIT', holder = NULL, lease_until = NULL,
     generation = generation + 1, run_at = LEAST(run_at, %(now)s), updated_at = %(now)s,
-    last_error = %(error)s, error_class = 'holder_gone'
+    last_error = %(error)s, last_traceback = NULL, error_class = 'holder_gone'
 WHERE id = ANY(%(ids)s::text[]) AND state = 'RUNNING' AND holder = %(holder)s;
 
 -- name: worker_dead
@@ -300,7 +303,7 @@ FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined
+       last_error, error_class, tenant, quarantined, last_traceback
 FROM tasks WHERE id = %(id)s;
 
 -- name: task_get_many
@@ -802,6 +805,7 @@ UPDATE tasks SET state = %(state)s, generation = generation + %(bump)s, holder =
     fingerprint_count = CASE WHEN %(reset)s::bool THEN 0 ELSE fingerprint_count END,
     crash_count = CASE WHEN %(reset)s::bool THEN 0 ELSE crash_count END,
     last_error = COALESCE(%(error)s::text, last_error),
+    last_traceback = CASE WHEN %(error)s::text IS NULL THEN last_traceback ELSE NULL END,
     error_class = COALESCE(%(error_class)s::text, error_class), updated_at = %(now)s
 WHERE id = %(id)s AND state = %(from_state)s AND generation = %(generation)s;
 
