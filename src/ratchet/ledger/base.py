@@ -563,8 +563,8 @@ class TaskInfo:
     that is not valid UTF-8 (a :class:`~ratchet.storedtext.UndecodableText`, ``\\x``
     escapes for the bytes) or JSON that is not (a :class:`~ratchet.serde.Undecodable`)."""
     last_traceback: str | None = None
-    """The traceback of :attr:`last_error` (None when it has none). Read with one task
-    (``get``, ``timeline``); None in lists (:meth:`Ledger.list_tasks`)."""
+    """The traceback of :attr:`last_error` (None when it has none). Read by ``get``,
+    ``get_many`` and ``timeline``; None in lists (:meth:`Ledger.list_tasks`)."""
 
     @property
     def terminal(self) -> bool:

@@ -1675,7 +1675,7 @@ class LedgerEngine:
                              "max_attempts", "holder", "lease_until", "run_at", "created_at",
                              "updated_at", "idempotency_key", "params", "params_digest",
                              "result", "last_error", "error_class", "tenant",
-                             "quarantined"), r,
+                             "quarantined", "last_traceback"), r,
                             strict=True))
             tid = task["id"]
             records.append({"task": task, "steps": steps.get(tid, []),

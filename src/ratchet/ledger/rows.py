@@ -70,7 +70,7 @@ _TASK_FIELDS = ("task_id", "name", "version", "state", "generation", "attempt", 
                 "idempotency_key", "params", "params_digest", "result", "last_error",
                 "error_class", "tenant", "quarantined", "last_traceback")
 """The :class:`TaskInfo` field of each column of :data:`TASK_COLUMNS` (and of
-``last_traceback``, which ``task_get`` adds)."""
+``last_traceback``, which ``task_get`` and ``task_get_many`` add)."""
 
 
 def _undecodable(row: Sequence[Any], params: Any, result: Any) -> tuple[str, ...]:
@@ -86,8 +86,8 @@ def _undecodable(row: Sequence[Any], params: Any, result: Any) -> tuple[str, ...
 
 def task_info(row: Sequence[Any]) -> TaskInfo:
     """A :class:`TaskInfo` from a row selected with :data:`TASK_COLUMNS` (``task_get``
-    adds ``last_traceback``); its ``undecodable`` names the fields whose stored value
-    could not be decoded."""
+    and ``task_get_many`` add ``last_traceback``); its ``undecodable`` names the fields
+    whose stored value could not be decoded."""
     params = decode_json(row[13])
     result = decode_json(row[15])
     return TaskInfo(

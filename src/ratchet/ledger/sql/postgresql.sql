@@ -309,7 +309,7 @@ FROM tasks WHERE id = %(id)s;
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined
+       last_error, error_class, tenant, quarantined, last_traceback
 FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
 -- name: timeline_audit
