@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from ratchet import App, Control, RetryPolicy, State, TaskContext
 from ratchet.cli.main import cli
+from ratchet.errortext import MESSAGE_MAX_CHARS, error_message, error_summary
 from ratchet.observe.logs import AttemptLog
 from ratchet.testing.worker import running_worker
 from ratchet.web import WebSettings
@@ -127,3 +128,25 @@ def test_failed_attempt_shows_type_and_message_and_keeps_the_traceback_apart(
     assert "Traceback (most recent call last):" in expander and "raise_for_status()" in expander
     assert first in html.unescape(listing)
     assert "For more information" not in listing
+
+
+def test_error_text_of_odd_exceptions_and_of_rows_that_hold_a_traceback() -> None:
+    """The recorded message is bounded, names the type alone when the message is empty,
+    and the one-line form of a row whose last_error is a whole traceback (written by a
+    release that kept no message apart) is still the exception's line."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert error_message(KeyError()) == "KeyError"
+    assert error_message(ValueError("a\nb")) == "ValueError: a\nb"
+    assert error_message(Unprintable()).startswith("Unprintable: (its message could not")
+    long = error_message(ValueError("x" * 10_000))
+    assert len(long) == MESSAGE_MAX_CHARS and long.endswith("…")
+    old = ('Traceback (most recent call last):\n  File "t.py", line 1, in <module>\n'
+           "ValueError: bad input\n")
+    assert error_summary(old) == "ValueError: bad input"
+    assert error_summary("HTTPStatusError: 503\nFor more information check: x") == (
+        "HTTPStatusError: 503")
+    assert error_summary(None) == error_summary("  \n") == ""

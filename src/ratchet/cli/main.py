@@ -36,6 +36,7 @@ from typer.core import TyperArgument, TyperCommand
 from .. import __version__
 from ..config import redact_url
 from ..control import (
+    LATE_ACCOUNTED_FOR,
     Control,
     ControlOutcome,
     PauseResult,
@@ -587,9 +588,12 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
             parts.append(line(("waiting: ", "bold yellow"), f"{ver.ready} task(s) of ",
                               (ver.name, "bold"), f" version {ver.version}: {ver.note} (they "
                               "run once a worker that has it starts)"))
-    late_style = "bold yellow" if s.late_effects else ""
+    duplicates = s.late_effects - s.late_effects_accounted_for
+    late_style = "bold yellow" if duplicates else ""
     parts.append(line("late effects (possible duplicates, see ratchet late-effects): ",
-                      (str(s.late_effects), late_style)))
+                      (str(duplicates), late_style),
+                      f" (and {s.late_effects_accounted_for} accounted for)"
+                      if s.late_effects_accounted_for else ""))
     parts.append(line(
         f"claims: {s.claims}  takeovers: {s.takeovers}  revocations of dead holders: "
         f"{s.revocations}  stale-generation rejections: {s.stale_rejections}  "
@@ -957,13 +961,16 @@ def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False) 
                      f"key={eff.key} calls={eff.calls}"
                      + (" via lookup" if eff.via_lookup else "")))
     for le in tl.late_effects:
+        what = ("accounted for: the only request sent; a lookup hit settled the effect"
+                if le.kind == LATE_ACCOUNTED_FOR else "possible duplicate")
         rows.append((le.at, 2, f"LATE effect {le.effect} ({le.outcome})", str(le.generation),
-                     le.holder, f"key={le.key} possible duplicate; sent after a takeover"))
+                     le.holder, f"key={le.key} {what}; sent after a takeover"))
     for at, _, label, gen, holder, detail in sorted(rows, key=lambda r: (r[0], r[1])):
         table.add_row(field(_when(at)), field(label), field(gen), field(holder), field(detail))
     out.print(table)
-    if tl.late_effects:
-        out.print(line(("warning: ", "yellow"), f"{len(tl.late_effects)} late effect(s): a "
+    duplicates = [le for le in tl.late_effects if le.kind != LATE_ACCOUNTED_FOR]
+    if duplicates:
+        out.print(line(("warning: ", "yellow"), f"{len(duplicates)} late effect(s): a "
                        "holder sent a call after its claim was taken over; check the target "
                        "for a duplicate (ratchet late-effects)"))
 
@@ -1008,13 +1015,14 @@ def late_effects(
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Possible duplicates: calls stale holders sent after a takeover.
+    """Calls stale holders sent after a takeover: possible duplicates, or accounted for.
 
     A holder frozen between its lease check and its send (SIGSTOP, GC pause, VM migration)
     can send after another holder took the task over. Targets that honour the key or check
     fencing tokens absorb it; at a lookup-only target it may have executed twice. Each
-    record shows the late call's key and generation and what the ledger recorded, for
-    reconciliation against the target.
+    record shows the late call's key and generation, what the ledger recorded, and its
+    kind: accounted_for when the new holder's lookup found this call's execution and
+    settled the effect with it (the only request sent), else possible_duplicate.
     """
 
     def run() -> None:
@@ -1023,20 +1031,27 @@ def late_effects(
         if as_json:
             echo_json(found)
             return
-        table = Table(title="late effects (possible duplicates)")
+        table = Table(title="late effects")
         for column in ("at (UTC)", "task", "effect", "key", "gen", "holder", "outcome",
-                       "ledger recorded"):
+                       "kind", "ledger recorded"):
             table.add_column(column, overflow="fold")
         for le in found:
             gen = le.recorded_generation if le.recorded_generation is not None else "-"
             recorded = (f"key={le.recorded_key} gen={gen}"
                         if le.recorded_key is not None else "-")
+            kind = le.kind.replace("_", " ")
             table.add_row(field(_when(le.at)), field(f"{le.task_name} {le.task_id}"),
                           field(le.effect), field(le.key), field(le.generation),
-                          field(le.holder), field(le.outcome), field(recorded))
+                          field(le.holder), field(le.outcome),
+                          field(kind, "" if le.kind == LATE_ACCOUNTED_FOR else "bold yellow"),
+                          field(recorded))
         if not found:
-            table.add_row("(none)", "", "", "", "", "", "", "")
+            table.add_row("(none)", "", "", "", "", "", "", "", "")
         console().print(table)
+        accounted = sum(le.kind == LATE_ACCOUNTED_FOR for le in found)
+        console().print(line(f"{len(found) - accounted} possible duplicate(s): check the "
+                             f"target; {accounted} accounted for (a lookup hit settled the "
+                             "effect with the late call, the only one sent)"))
 
     _guard(run)
 

@@ -1400,6 +1400,7 @@ class LedgerEngine:
                 operator_actions=sum(kinds.get(k, 0) for k in _OPERATOR_KINDS),
                 revocations=kinds.get("revoke", 0),
                 late_effects=int(late_row[0]) if late_row else 0,
+                late_effects_accounted_for=int(late_row[1]) if late_row else 0,
                 durability=self.config.durability.value,
                 backend_settings=self.dialect.backend_settings(tx),
                 schema_version=0,

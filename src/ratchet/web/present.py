@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..control import TaskTimeline
+from ..control import LATE_ACCOUNTED_FOR, TaskTimeline
 from ..errortext import error_summary
 from ..serde import Undecodable, printable
 
@@ -179,8 +179,10 @@ def timeline_rows(tl: TaskTimeline) -> list[TimelineRow]:
     for le in tl.late_effects:
         rows.append((le.at, 2, TimelineRow(
             le.at, "late", f"LATE effect {le.effect} ({le.outcome})", le.generation,
-            le.holder, f"key={le.key} possible duplicate at the target; ledger recorded "
-                       f"key={le.recorded_key} generation={le.recorded_generation}")))
+            le.holder, f"key={le.key} "
+            + ("accounted for (the only request sent; a lookup hit settled the effect)"
+               if le.kind == LATE_ACCOUNTED_FOR else "possible duplicate at the target")
+            + f"; ledger recorded key={le.recorded_key} generation={le.recorded_generation}")))
     return [row for _, _, row in sorted(rows, key=lambda r: (r[0], r[1]))]
 
 

@@ -441,12 +441,22 @@ VALUES (%(task_id)s, %(effect)s, %(key)s, %(generation)s, %(holder)s, %(now)s, %
         %(detail)s);
 
 -- name: late_effects_all
-SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
-ORDER BY seq DESC LIMIT %(limit)s;
+-- A late effect's kind is read with it, from its effect's record as it is now (the new
+-- holder may settle the record after the late effect was recorded): 'accounted_for' when a
+-- lookup hit settled the record and only one intent was ever recorded (calls = 1: one
+-- request was sent, the late one, and the hit found it), else 'possible_duplicate'.
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail,
+       CASE WHEN e.state = 'done' AND e.via_lookup AND e.calls = 1 AND e.key = l.key
+            THEN 'accounted_for' ELSE 'possible_duplicate' END
+FROM late_effects AS l LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect
+ORDER BY l.seq DESC LIMIT %(limit)s;
 
 -- name: late_effects_task
-SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
-WHERE task_id = %(id)s ORDER BY seq DESC LIMIT %(limit)s;
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail,
+       CASE WHEN e.state = 'done' AND e.via_lookup AND e.calls = 1 AND e.key = l.key
+            THEN 'accounted_for' ELSE 'possible_duplicate' END
+FROM late_effects AS l LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect
+WHERE l.task_id = %(id)s ORDER BY l.seq DESC LIMIT %(limit)s;
 
 -- name: effects_of_type
 -- ratchet reconcile / Control.effects: the effect records of one task type's tasks, newest
@@ -468,13 +478,19 @@ LIMIT %(limit)s;
 -- name: late_effects_of_type
 -- ratchet reconcile: late effects of one task type's tasks (the table holds the rare calls
 -- of stale holders: a scan of it, each row's task by primary key).
-SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail,
+       CASE WHEN e.state = 'done' AND e.via_lookup AND e.calls = 1 AND e.key = l.key
+            THEN 'accounted_for' ELSE 'possible_duplicate' END
 FROM late_effects AS l JOIN tasks AS t ON t.id = l.task_id
+LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect
 WHERE t.name = %(name)s AND (%(since)s::float8 IS NULL OR l.at >= %(since)s::float8)
 ORDER BY l.seq DESC LIMIT %(limit)s;
 
 -- name: stats_late
-SELECT count(*) FROM late_effects;
+-- Every late effect, and those accounted for (the kind of late_effects_all).
+SELECT count(*), count(*) FILTER (WHERE e.state = 'done' AND e.via_lookup AND e.calls = 1
+                                  AND e.key = l.key)
+FROM late_effects AS l LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect;
 
 -- name: transaction_step_read
 -- A transaction step's checkpoint (ctx.transaction), read after a lost COMMIT reply: it
