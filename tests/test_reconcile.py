@@ -115,7 +115,8 @@ def test_reconcile_finds_applies_and_leaves_the_ambiguous(
         before = _snapshot(control, ids)
         report = reconcile(control, rc_app, TASK, newer_than_s=3600, rate_per_s=None)
         assert report.counts == {"absent": 1, "unrecorded": 1, "not_executed": 1,
-                                 "unknown": 1, "late": 1, "no_lookup": 1}, report
+                                 "unknown": 1, "late": 1, "late_accounted_for": 0,
+                                 "no_lookup": 1}, report
         by = {(f.outcome, f.task_id): f for f in report.findings}
         lost = by[("unrecorded", ids["o-lost"])]
         assert lost.action == "resolve done" and not lost.applied

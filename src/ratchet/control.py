@@ -46,8 +46,11 @@ from .app import App, TaskHandle
 from .capacity import ALL_TYPES, LimitReached, TypeStatusView, capacity_views
 from .config import parse_ledger_url, redact_url
 from .errors import ConfigError, InvalidArguments, LedgerError, TaskNotFound
+from .errortext import error_summary
 from .ledger import open_ledger
 from .ledger.base import (
+    LATE_ACCOUNTED_FOR,
+    LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
     ControlOutcome,
     EffectRecord,
@@ -75,6 +78,8 @@ from .worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_gone
 
 __all__ = [
     "ALL_TYPES",
+    "LATE_ACCOUNTED_FOR",
+    "LATE_POSSIBLE_DUPLICATE",
     "AuditEvent",
     "Control",
     "DefinitionView",
@@ -130,8 +135,10 @@ class StatusReport:
         backend_settings: what the level maps to (SQLite pragmas, PostgreSQL settings).
         schema_version: the ledger's schema version.
         ledger_now: the ledger clock, epoch seconds.
-        late_effects: calls sent by holders after their claim was taken over (possible
-            duplicates at targets that cannot deduplicate; :meth:`Control.late_effects`).
+        late_effects: calls sent by holders after their claim was taken over
+            (:meth:`Control.late_effects`), both kinds; late_effects_accounted_for: those
+            of them accounted for (a lookup hit settled the effect with the late call's
+            execution); the rest are possible duplicates.
         pauses: the active pauses (scope, target, who, why, since, version) with the
             RUNNING tasks in each scope still short of a safe boundary.
         window_s: the window of the arrival and completion rates, seconds.
@@ -160,6 +167,7 @@ class StatusReport:
     schema_version: int
     ledger_now: float
     late_effects: int = 0
+    late_effects_accounted_for: int = 0
     versions: list[VersionWaitView] = field(default_factory=list)
     pauses: list[PauseRecord] = field(default_factory=list)
     """Ready tasks per pinned (name, version) with the live workers that have it; a
@@ -256,8 +264,9 @@ class DefinitionView:
 
 @dataclass(frozen=True, slots=True)
 class LateEffectView:
-    """A call a stale holder sent after its claim was taken over (DESIGN §5): a possible
-    duplicate at a target that cannot deduplicate, for reconciliation.
+    """A call a stale holder sent after its claim was taken over (DESIGN §5), for
+    reconciliation: a possible duplicate at a target that cannot deduplicate, unless
+    accounted for (``kind``).
 
     Attributes:
         seq: the record's sequence number in the ledger.
@@ -272,6 +281,12 @@ class LateEffectView:
         recorded_key: the key the ledger recorded for this effect (what the current
             holder settled), None if none.
         recorded_generation: the generation that recorded the effect's outcome, if any.
+        kind: ``accounted_for`` (:data:`~ratchet.ledger.base.LATE_ACCOUNTED_FOR`): the
+            effect's record was settled by a lookup hit and only one intent was ever
+            recorded for it, so the late call was the only request sent and the hit found
+            its execution (the new holder did not call); ``possible_duplicate``: anything
+            else (check the target). Read from the record as it is now: a late effect
+            recorded before the new holder's lookup settled the record changes kind then.
     """
 
     seq: int
@@ -286,6 +301,7 @@ class LateEffectView:
     detail: Any
     recorded_key: str | None
     recorded_generation: int | None
+    kind: str = LATE_POSSIBLE_DUPLICATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +389,8 @@ class ReconcileCounts:
     Attributes:
         runs: reconcile runs (audit kind ``reconcile``).
         findings: findings per outcome (``absent``, ``unrecorded``, ``not_executed``,
-            ``unknown``, ``late``, ``no_lookup``; audit kind ``reconcile_<outcome>``),
+            ``unknown``, ``late``, ``late_accounted_for``, ``no_lookup``; audit kind
+            ``reconcile_<outcome>``),
             and ``resolved``: findings a run's ``--apply`` resolved.
     """
 
@@ -426,8 +443,9 @@ class QuarantineGroupView:
         count: quarantined ``FAILED`` tasks with it.
         error_class: the recorded failure class of the newest one (``lease_expired``: its
             worker died on every counted delivery).
-        example_message: the newest one's error, its last line (``Class: message``).
-        example_error: the newest one's recorded error in full (traceback text).
+        example_message: the newest one's error, one line (``Class: message``, the
+            message's first line).
+        example_error: the newest one's recorded error message in full.
         first_seen, last_seen: ledger clock of the first and the latest quarantine, epoch s.
         task_ids: a sample of its task ids (at most 5), newest first.
     """
@@ -699,6 +717,7 @@ class Control:
             schema_version=s.schema_version,
             ledger_now=s.ledger_now,
             late_effects=s.late_effects,
+            late_effects_accounted_for=s.late_effects_accounted_for,
             versions=[
                 VersionWaitView(b.name, b.version, b.ready, b.oldest_run_at, b.live_workers,
                                 b.live_workers == 0,
@@ -1519,9 +1538,8 @@ def _limit_scope(scope: object) -> LimitScope:
 
 
 def _quarantine_view(g: QuarantineGroup) -> QuarantineGroupView:
-    lines = [ln for ln in (g.example_error or "").split("\n") if ln.strip()]
     return QuarantineGroupView(
-        g.fingerprint, g.name, g.count, g.error_class, lines[-1].strip() if lines else "",
+        g.fingerprint, g.name, g.count, g.error_class, error_summary(g.example_error),
         g.example_error, g.first_at, g.last_at, list(g.task_ids))
 
 
@@ -1534,6 +1552,7 @@ def _late_view(le: LateEffect, task_name: str | None,
         if le.outcome == "done" and le.detail is not None else le.detail,
         recorded.key if recorded else None,
         recorded.generation if recorded and recorded.state is not EffectState.INTENT else None,
+        le.kind,
     )
 
 

@@ -12,6 +12,9 @@ for its key. Each disagreement is a :class:`Finding` with an ``outcome``:
 * ``unknown`` — the lookup raised, timed out, or said "not found" while a request may
   still be in flight: nothing is established;
 * ``late`` — a stale holder's late call (``late_effects``): a possible duplicate;
+* ``late_accounted_for`` — a stale holder's late call that was the only request sent, whose
+  execution a lookup hit settled the effect with (the new holder did not call): reported
+  and counted, but not a disagreement (not in ``open_findings``);
 * ``no_lookup`` — effects of a name with no registered lookup (one finding per name).
 
 An intent of a ``RUNNING`` task is in flight (its worker settles it) and is not looked up.
@@ -41,18 +44,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .app import App
-from .control import Control, LateEffectView, TaskEffectView, default_operator
+from .control import (
+    LATE_ACCOUNTED_FOR,
+    Control,
+    LateEffectView,
+    TaskEffectView,
+    default_operator,
+)
 from .errors import IllegalTransition, InvalidArguments, RatchetError, TaskNotFound
 from .lookups import RegisteredLookup, effect_base_name
 from .serde import dumps, printable
 from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
 from .worker.context import NotFound
 
-__all__ = ["OUTCOMES", "Finding", "ReconcileReport", "reconcile"]
+__all__ = ["AGREEING", "OUTCOMES", "Finding", "ReconcileReport", "reconcile"]
 
 OUTCOMES: tuple[str, ...] = ("absent", "unrecorded", "not_executed", "unknown", "late",
-                             "no_lookup")
+                             "late_accounted_for", "no_lookup")
 """Every finding outcome, in report order (audit kinds ``reconcile_<outcome>``)."""
+
+AGREEING: frozenset[str] = frozenset({"late_accounted_for"})
+"""Outcomes reported and counted but not left open: the ledger accounts for them."""
 
 MAX_DETAIL_CHARS = 2000
 """A target's answer longer than this (as JSON) is left out of the audit row."""
@@ -110,8 +122,8 @@ class ReconcileReport:
             them).
         counts: findings per outcome (every outcome of :data:`OUTCOMES`, zeros too).
         resolved: findings resolved by ``apply``.
-        open_findings: findings left (not resolved): non-zero means disagreement (the
-            CLI's exit status 1).
+        open_findings: findings left (not resolved, and not of an outcome in
+            :data:`AGREEING`): non-zero means disagreement (the CLI's exit status 1).
         findings: every finding, ``no_lookup`` first, then in walk order, late ones last.
         recorded: the run was audited in the ledger.
         ledger_now: the ledger clock at the start, epoch seconds. elapsed_s: run time.
@@ -258,9 +270,16 @@ def _late_finding(le: LateEffectView, state: str, target: Any) -> Finding:
     recorded = (f"the ledger recorded generation {le.recorded_generation}'s outcome"
                 if le.recorded_generation is not None
                 else "the ledger has no outcome recorded for it")
-    note = (f"generation {le.generation} ({le.holder}) sent {le.effect!r} after its claim "
-            f"was taken over: outcome {le.outcome}; {recorded}. A lookup proves presence, "
-            "not how often it executed: check the target for a duplicate")
+    sent = (f"generation {le.generation} ({le.holder}) sent {le.effect!r} after its claim "
+            f"was taken over: outcome {le.outcome}; {recorded}")
+    if le.kind == LATE_ACCOUNTED_FOR:
+        return Finding("late_accounted_for", le.task_id, state, le.effect, le.key,
+                       le.outcome, le.detail, le.generation, target,
+                       f"{sent} by a lookup hit, and it was the only request sent for the "
+                       "key (one intent recorded): the execution the ledger records is "
+                       "this call's, no duplicate")
+    note = (f"{sent}. A lookup proves presence, not how often it executed: check the target "
+            "for a duplicate")
     return Finding("late", le.task_id, state, le.effect, le.key, le.outcome, le.detail,
                    le.generation, target, note)
 
@@ -426,7 +445,9 @@ def reconcile(
         task_type=task_type, newer_than_s=newer_than_s, limit=limit, apply=apply,
         operator=operator, reason=reason or "", effects=len(rows), truncated=truncated,
         lookups=len(to_ask), agreed=agreed, in_flight=in_flight, counts=counts,
-        resolved=resolved, open_findings=sum(f.count for f in findings if not f.applied),
+        resolved=resolved,
+        open_findings=sum(f.count for f in findings
+                          if not f.applied and f.outcome not in AGREEING),
         findings=findings, recorded=record, ledger_now=ledger_now,
         elapsed_s=time.monotonic() - started)
     if record:

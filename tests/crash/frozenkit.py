@@ -37,7 +37,7 @@ from typing import Any
 from crashkit import KEY, PARAMS, Rig, WorkerProcess, wait_for
 
 from ratchet import State, TaskInfo
-from ratchet.ledger.base import EffectRecord, EffectState, LateEffect
+from ratchet.ledger.base import LATE_POSSIBLE_DUPLICATE, EffectRecord, EffectState, LateEffect
 from ratchet.testing import ServiceRecords
 
 __all__ = [
@@ -365,6 +365,10 @@ def assert_guarantee(rig: Rig, run: FrozenRun) -> None:
     stats = rig.ledger.stats()
     assert stats.takeovers == 1
     assert stats.late_effects == expect.late_effects == len(run.late), run.late
+    # B called (or could not settle the intent): A's late request is not accounted for by
+    # a lookup hit, whatever the target counted.
+    assert stats.late_effects_accounted_for == 0, run.late
+    assert all(late.kind == LATE_POSSIBLE_DUPLICATE for late in run.late), run.late
     assert len(run.late_events) == expect.late_effects, run.late_events
     for late in run.late:
         assert (late.task_id, late.effect, late.key) == (run.task_id, "charge", KEY), late

@@ -37,6 +37,7 @@ from .. import __version__
 from ..capacity import span as _span
 from ..config import redact_url
 from ..control import (
+    LATE_ACCOUNTED_FOR,
     REASON_REQUIRED,
     Control,
     ControlOutcome,
@@ -54,6 +55,7 @@ from ..errors import (
     RatchetError,
     UndecodableData,
 )
+from ..errortext import error_summary
 from ..loading import load_app, load_middleware
 from ..serde import loads
 from ..states import State
@@ -596,9 +598,12 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
             parts.append(line(("waiting: ", "bold yellow"), f"{ver.ready} task(s) of ",
                               (ver.name, "bold"), f" version {ver.version}: {ver.note} (they "
                               "run once a worker that has it starts)"))
-    late_style = "bold yellow" if s.late_effects else ""
+    duplicates = s.late_effects - s.late_effects_accounted_for
+    late_style = "bold yellow" if duplicates else ""
     parts.append(line("late effects (possible duplicates, see ratchet late-effects): ",
-                      (str(s.late_effects), late_style)))
+                      (str(duplicates), late_style),
+                      f" (and {s.late_effects_accounted_for} accounted for)"
+                      if s.late_effects_accounted_for else ""))
     parts.append(line(
         f"claims: {s.claims}  takeovers: {s.takeovers}  revocations of dead holders: "
         f"{s.revocations}  stale-generation rejections: {s.stale_rejections}  "
@@ -780,8 +785,7 @@ def tasks(
         for t in page.tasks:
             error = ""
             if t.last_error:
-                lines = [ln for ln in t.last_error.split("\n") if ln.strip()]
-                error = clip(lines[-1], 120) if lines else ""
+                error = clip(error_summary(t.last_error), 120)
                 if error and t.state is State.SUCCEEDED:
                     error = f"(earlier attempt) {error}"  # not why it failed: it did not
             table.add_row(field(t.task_id), field(t.name), _state_cell(t),
@@ -917,8 +921,9 @@ def _state_cell(t: TaskInfo) -> Text:
     return field(t.state)
 
 
-def _print_timeline(tl: TaskTimeline, now: float) -> None:
-    """The text form of ``ratchet inspect``."""
+def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False) -> None:
+    """The text form of ``ratchet inspect`` (``with_traceback``: the last error's whole
+    message and its traceback too)."""
     out = console()
     t = tl.task
     out.print(line((t.name, "bold"), " ", (t.task_id, ""), "  state=", (t.state, "bold"),
@@ -938,11 +943,18 @@ def _print_timeline(tl: TaskTimeline, now: float) -> None:
     if t.result is not None:
         out.print(line("result: ") + show_value(t.result))
     if t.last_error:
-        # The last line of a traceback names the exception; "\n" only (a "\r" is data).
-        lines = [ln for ln in t.last_error.split("\n") if ln.strip()]
+        # The type and the first line of the message; "\n" only (a "\r" is data).
         label = ("last error (an earlier attempt; it succeeded): "
                  if t.state is State.SUCCEEDED else "last error: ")
-        out.print(line(label, (lines[-1] if lines else repr(t.last_error), "")))
+        out.print(line(label, (error_summary(t.last_error) or repr(t.last_error), "")))
+        if with_traceback:
+            out.print(line(("error message:", "bold")))
+            out.print(line((t.last_error, "")))
+            out.print(line(("traceback:", "bold")))
+            out.print(line((t.last_traceback or "(none recorded)", "")))
+        elif t.last_traceback or "\n" in t.last_error.strip():
+            out.print(line(("(the whole message and the traceback: ratchet inspect "
+                            "--traceback)", "dim")))
     table = Table(title="timeline")
     table.add_column("at (UTC)", no_wrap=True)
     table.add_column("event", overflow="fold")
@@ -969,23 +981,35 @@ def _print_timeline(tl: TaskTimeline, now: float) -> None:
                      f"key={eff.key} calls={eff.calls}"
                      + (" via lookup" if eff.via_lookup else "")))
     for le in tl.late_effects:
+        what = ("accounted for: the only request sent; a lookup hit settled the effect"
+                if le.kind == LATE_ACCOUNTED_FOR else "possible duplicate")
         rows.append((le.at, 2, f"LATE effect {le.effect} ({le.outcome})", str(le.generation),
-                     le.holder, f"key={le.key} possible duplicate; sent after a takeover"))
+                     le.holder, f"key={le.key} {what}; sent after a takeover"))
     for at, _, label, gen, holder, detail in sorted(rows, key=lambda r: (r[0], r[1])):
         table.add_row(field(_when(at)), field(label), field(gen), field(holder), field(detail))
     out.print(table)
-    if tl.late_effects:
-        out.print(line(("warning: ", "yellow"), f"{len(tl.late_effects)} late effect(s): a "
+    duplicates = [le for le in tl.late_effects if le.kind != LATE_ACCOUNTED_FOR]
+    if duplicates:
+        out.print(line(("warning: ", "yellow"), f"{len(duplicates)} late effect(s): a "
                        "holder sent a call after its claim was taken over; check the target "
                        "for a duplicate (ratchet late-effects)"))
 
 
 @cli.command(cls=_Command)
-def inspect(task_id: TaskArg, ledger: LedgerOpt = None, as_json: JsonOpt = False) -> None:
+def inspect(
+    task_id: TaskArg,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+    with_traceback: Annotated[
+        bool, typer.Option("--traceback", help="Also the last error's whole message and "
+                           "its traceback (in --json: task.last_traceback, always).")
+    ] = False,
+) -> None:
     """One task and its timeline.
 
-    Params, result, last error; claims, steps, effects, retries, stale rejections and
-    operator actions in order.
+    Params, result, last error (its type and the first line of its message; --traceback
+    for the rest); claims, steps, effects, retries, stale rejections and operator actions
+    in order.
     """
 
     def run() -> None:
@@ -995,7 +1019,7 @@ def inspect(task_id: TaskArg, ledger: LedgerOpt = None, as_json: JsonOpt = False
         if as_json:
             echo_json(tl)
         else:
-            _print_timeline(tl, now)
+            _print_timeline(tl, now, with_traceback)
 
     _guard(run)
 
@@ -1011,13 +1035,14 @@ def late_effects(
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Possible duplicates: calls stale holders sent after a takeover.
+    """Calls stale holders sent after a takeover: possible duplicates, or accounted for.
 
     A holder frozen between its lease check and its send (SIGSTOP, GC pause, VM migration)
     can send after another holder took the task over. Targets that honour the key or check
     fencing tokens absorb it; at a lookup-only target it may have executed twice. Each
-    record shows the late call's key and generation and what the ledger recorded, for
-    reconciliation against the target.
+    record shows the late call's key and generation, what the ledger recorded, and its
+    kind: accounted_for when the new holder's lookup found this call's execution and
+    settled the effect with it (the only request sent), else possible_duplicate.
     """
 
     def run() -> None:
@@ -1026,20 +1051,27 @@ def late_effects(
         if as_json:
             echo_json(found)
             return
-        table = Table(title="late effects (possible duplicates)")
+        table = Table(title="late effects")
         for column in ("at (UTC)", "task", "effect", "key", "gen", "holder", "outcome",
-                       "ledger recorded"):
+                       "kind", "ledger recorded"):
             table.add_column(column, overflow="fold")
         for le in found:
             gen = le.recorded_generation if le.recorded_generation is not None else "-"
             recorded = (f"key={le.recorded_key} gen={gen}"
                         if le.recorded_key is not None else "-")
+            kind = le.kind.replace("_", " ")
             table.add_row(field(_when(le.at)), field(f"{le.task_name} {le.task_id}"),
                           field(le.effect), field(le.key), field(le.generation),
-                          field(le.holder), field(le.outcome), field(recorded))
+                          field(le.holder), field(le.outcome),
+                          field(kind, "" if le.kind == LATE_ACCOUNTED_FOR else "bold yellow"),
+                          field(recorded))
         if not found:
-            table.add_row("(none)", "", "", "", "", "", "", "")
+            table.add_row("(none)", "", "", "", "", "", "", "", "")
         console().print(table)
+        accounted = sum(le.kind == LATE_ACCOUNTED_FOR for le in found)
+        console().print(line(f"{len(found) - accounted} possible duplicate(s): check the "
+                             f"target; {accounted} accounted for (a lookup hit settled the "
+                             "effect with the late call, the only one sent)"))
 
     _guard(run)
 

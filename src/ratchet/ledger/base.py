@@ -40,6 +40,8 @@ __all__ = [
     "EffectRecord",
     "EffectState",
     "EffectWrite",
+    "LATE_ACCOUNTED_FOR",
+    "LATE_POSSIBLE_DUPLICATE",
     "LateEffect",
     "Ledger",
     "Limit",
@@ -466,8 +468,12 @@ class Transition:
         to: target state (checked against the transition table).
         delay_s: for ``RETRY_WAIT``/``PENDING``: seconds after ledger-now before it is ready.
         result_json: the task's return value, for ``SUCCEEDED``.
-        error: last error text, for ``RETRY_WAIT``/``FAILED``/``UNKNOWN``.
+        error: last error text, for ``RETRY_WAIT``/``FAILED``/``UNKNOWN``: the
+            exception's type and message (:func:`ratchet.errortext.error_message`).
         error_class: failure class name.
+        traceback: the failure's traceback, kept apart from ``error``
+            (``tasks.last_traceback``); None when there is none. Written with ``error``:
+            a new error without one clears the previous traceback.
         reason: audit detail (e.g. ``"shutdown"``, ``"retry"``).
         fingerprint: the error's fingerprint (:mod:`ratchet.fingerprint`) for a failure
             that counts toward quarantine; the engine counts it in the same transaction
@@ -484,6 +490,7 @@ class Transition:
     reason: str | None = None
     fingerprint: str | None = None
     budgets: tuple[BudgetUse, ...] = ()
+    traceback: str | None = None
 
 
 @_fast_init
@@ -557,6 +564,9 @@ class TaskInfo:
     """The fields whose stored value could not be decoded and are shown as stored: text
     that is not valid UTF-8 (a :class:`~ratchet.storedtext.UndecodableText`, ``\\x``
     escapes for the bytes) or JSON that is not (a :class:`~ratchet.serde.Undecodable`)."""
+    last_traceback: str | None = None
+    """The traceback of :attr:`last_error` (None when it has none). Read by ``get``,
+    ``get_many`` and ``timeline``; None in lists (:meth:`Ledger.list_tasks`)."""
 
     @property
     def terminal(self) -> bool:
@@ -657,7 +667,7 @@ class QuarantineGroup:
         first_at, last_at: ledger clock of the first and the latest quarantine, epoch s.
         error_class: the recorded failure class of the newest one (``lease_expired`` for
             a worker that died).
-        example_error: the newest one's recorded error (traceback text).
+        example_error: the newest one's recorded error (``Type: message``).
         task_ids: up to ``per_group`` task ids, newest quarantine first.
     """
 
@@ -723,7 +733,11 @@ class LedgerStats:
     ledger_now: float
     revocations: int = 0
     late_effects: int = 0
-    """Calls sent by a holder after its claim was taken over (:class:`LateEffect` rows)."""
+    """Calls sent by a holder after its claim was taken over (:class:`LateEffect` rows),
+    every kind."""
+    late_effects_accounted_for: int = 0
+    """Of :attr:`late_effects`, those of kind :data:`LATE_ACCOUNTED_FOR` (the rest are
+    possible duplicates)."""
     window_s: float = 0.0
     """The window of :attr:`capacity`'s arrivals and completions, seconds (0: not read)."""
     capacity: list[TypeCapacity] = field(default_factory=list)
@@ -850,6 +864,14 @@ class SlotUsage:
     ledger_now: float
 
 
+LATE_POSSIBLE_DUPLICATE = "possible_duplicate"
+"""A late effect's kind: it may have executed a second time (check the target)."""
+
+LATE_ACCOUNTED_FOR = "accounted_for"
+"""A late effect's kind: its request was the only one sent, and the new holder's lookup
+found its execution and settled the effect with it (no second call)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LateEffect:
     """A call that a stale holder sent after its claim had been taken over (DESIGN §5).
@@ -869,6 +891,12 @@ class LateEffect:
         outcome: ``"done"`` (the call returned) or ``"unknown"`` (it raised; it may have
             executed).
         detail: the call's JSON result, or the error text.
+        kind: :data:`LATE_ACCOUNTED_FOR` when the effect's current record was settled by
+            a lookup hit and only one intent was ever recorded for it (so only one request
+            was ever sent: the late one, which the hit found; the new holder did not call),
+            else :data:`LATE_POSSIBLE_DUPLICATE`. Derived when read, from the record as it
+            is then: a late effect recorded before the new holder's lookup settled the
+            record is a possible duplicate until it does.
     """
 
     seq: int
@@ -880,6 +908,7 @@ class LateEffect:
     at: float
     outcome: str
     detail: str | None
+    kind: str = LATE_POSSIBLE_DUPLICATE
 
 
 @dataclass(frozen=True, slots=True)

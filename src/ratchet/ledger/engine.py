@@ -1402,6 +1402,7 @@ class LedgerEngine:
                 operator_actions=sum(kinds.get(k, 0) for k in _OPERATOR_KINDS),
                 revocations=kinds.get("revoke", 0),
                 late_effects=int(late_row[0]) if late_row else 0,
+                late_effects_accounted_for=int(late_row[1]) if late_row else 0,
                 durability=self.config.durability.value,
                 backend_settings=self.dialect.backend_settings(tx),
                 schema_version=0,
@@ -1426,8 +1427,8 @@ class LedgerEngine:
         # The UNKNOWN rows of the types the counts show with some (a seek per type).
         waiting = sorted(n for n, states in counts.items() if states.get("UNKNOWN"))
         reads: list[tuple[str, dict[str, Any]]] = [
-            ("status_ready", {}), ("status_arrivals", window),
-            ("status_completions", window)]
+            ("status_ready", {}), ("status_arrivals", {**window}),
+            ("status_completions", {**window})]
         if waiting:
             reads.append(("status_unknown", {"names": waiting, **window}))
         if quarantine:
@@ -1685,7 +1686,7 @@ class LedgerEngine:
                              "max_attempts", "holder", "lease_until", "run_at", "created_at",
                              "updated_at", "idempotency_key", "params", "params_digest",
                              "result", "last_error", "error_class", "tenant",
-                             "quarantined"), r,
+                             "quarantined", "last_traceback"), r,
                             strict=True))
             tid = task["id"]
             records.append({"task": task, "steps": steps.get(tid, []),
@@ -2177,6 +2178,7 @@ def _transition_row(write: TaskWrite, t: Transition, now: float,
         "keep": t.to is State.RUNNING, "request": request,
         "result": t.result_json, "error": printable(t.error) if t.error else t.error,
         "error_class": t.error_class,
+        "traceback": printable(t.traceback) if t.error and t.traceback else None,
     }
 
 
@@ -2246,7 +2248,8 @@ def _arbitrate(
         return write, t, None
     check_transition(State.RUNNING, target)
     applied = Transition(
-        target, error=t.error, error_class=t.error_class or _REQUEST_CLASS[request],
+        target, error=t.error, traceback=t.traceback,
+        error_class=t.error_class or _REQUEST_CLASS[request],
         reason=f"{request} requested by an operator; the attempt ended {t.to.value} "
                f"({t.reason or t.error_class or '-'})")
     return dataclasses.replace(write, transition=applied), applied, None

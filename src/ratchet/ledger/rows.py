@@ -68,8 +68,9 @@ def reschedules(target: State) -> bool:
 _TASK_FIELDS = ("task_id", "name", "version", "state", "generation", "attempt", "max_attempts",
                 "holder", "lease_until", "run_at", "created_at", "updated_at",
                 "idempotency_key", "params", "params_digest", "result", "last_error",
-                "error_class", "tenant", "quarantined")
-"""The :class:`TaskInfo` field of each column of :data:`TASK_COLUMNS`."""
+                "error_class", "tenant", "quarantined", "last_traceback")
+"""The :class:`TaskInfo` field of each column of :data:`TASK_COLUMNS` (and of
+``last_traceback``, which ``task_get`` and ``task_get_many`` add)."""
 
 
 def _undecodable(row: Sequence[Any], params: Any, result: Any) -> tuple[str, ...]:
@@ -84,8 +85,9 @@ def _undecodable(row: Sequence[Any], params: Any, result: Any) -> tuple[str, ...
 
 
 def task_info(row: Sequence[Any]) -> TaskInfo:
-    """A :class:`TaskInfo` from a row selected with :data:`TASK_COLUMNS`; its
-    ``undecodable`` names the fields whose stored value could not be decoded."""
+    """A :class:`TaskInfo` from a row selected with :data:`TASK_COLUMNS` (``task_get``
+    and ``task_get_many`` add ``last_traceback``); its ``undecodable`` names the fields
+    whose stored value could not be decoded."""
     params = decode_json(row[13])
     result = decode_json(row[15])
     return TaskInfo(
@@ -110,6 +112,7 @@ def task_info(row: Sequence[Any]) -> TaskInfo:
         tenant=row[18] if len(row) > 18 else None,
         quarantined=bool(row[19]) if len(row) > 19 else False,
         undecodable=_undecodable(row, params, result),
+        last_traceback=printable(row[20]) if len(row) > 20 and row[20] is not None else None,
     )
 
 

@@ -24,7 +24,10 @@ Series:
   ``ratchet_ledger_oldest_pending_age_seconds`` (0 when nothing is ready),
   ``ratchet_ledger_unknown_tasks``, ``ratchet_ledger_oldest_unknown_age_seconds`` (0 when
   none), ``ratchet_ledger_quarantined_tasks``;
-* ledger-wide: ``ratchet_ledger_late_effects`` (recorded now) and the audit totals, ever
+* ledger-wide: ``ratchet_ledger_late_effects`` (recorded now, both kinds),
+  ``ratchet_ledger_late_effects_possible_duplicates`` and
+  ``ratchet_ledger_late_effects_accounted_for`` (its two kinds: alert on the first), and
+  the audit totals, ever
   (kept by ``prune``): ``ratchet_ledger_claims_total``, ``..._takeovers_total``,
   ``..._revocations_total``, ``..._stale_rejections_total``, ``..._lookup_hits_total``,
   ``..._idempotency_conflicts_total``, ``..._operator_actions_total``.
@@ -194,9 +197,19 @@ def _families(report: StatusReport) -> Iterator[Metric]:
     window.add_metric([], float(report.window_s))
     yield window
     late = GaugeMetricFamily("ratchet_ledger_late_effects", "Late effects recorded (calls "
-                             "sent by holders after a takeover: possible duplicates).")
+                             "sent by holders after a takeover), both kinds.")
     late.add_metric([], float(report.late_effects))
     yield late
+    duplicates = GaugeMetricFamily(
+        "ratchet_ledger_late_effects_possible_duplicates", "Late effects that may have "
+        "executed a second time at the target (check it).")
+    duplicates.add_metric([], float(report.late_effects - report.late_effects_accounted_for))
+    yield duplicates
+    accounted = GaugeMetricFamily(
+        "ratchet_ledger_late_effects_accounted_for", "Late effects accounted for: the only "
+        "request sent, whose execution a lookup hit settled the effect with.")
+    accounted.add_metric([], float(report.late_effects_accounted_for))
+    yield accounted
     for attr, doc in _AUDIT_TOTALS:
         counter = CounterMetricFamily(f"ratchet_ledger_{attr}", doc)
         counter.add_metric([], float(getattr(report, attr)))

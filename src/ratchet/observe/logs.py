@@ -30,6 +30,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..errortext import error_message, error_summary
 from ..worker.hooks import EffectSettlement, Middleware
 from . import tracing
 
@@ -200,11 +201,9 @@ class AttemptLog(Middleware):
         level = _LEVELS.get(outcome, logging.ERROR)
         if not self.log.isEnabledFor(level):
             return
-        error = ""
-        if exception is not None:
-            lines = str(exception).strip().splitlines()
-            error = f"{type(exception).__name__}: {lines[-1]}" if lines \
-                else type(exception).__name__
+        # The type and the first line of the message (not its last line: httpx's
+        # raise_for_status() ends its message with a "For more information" line).
+        error = error_summary(error_message(exception)) if exception is not None else ""
         self.log.log(
             level, "task %s %s gen=%d attempt %d/%d: %s in %.3f s%s", claim.name,
             claim.task_id, claim.generation, claim.attempt, claim.max_attempts, outcome,

@@ -112,7 +112,7 @@ def _env() -> Environment:
                       autoescape=select_autoescape(["html"]), trim_blocks=True,
                       lstrip_blocks=True, finalize=_noted)
     env.filters.update(when=present.when, duration=present.duration, rate=present.rate,
-                       value=present.show_value, last_line=present.last_line,
+                       value=present.show_value, error_line=present.error_line,
                        q=lambda s: quote(str(s), safe=""))
     env.globals.update(ago=present.ago, drain=present.drain)
     return env

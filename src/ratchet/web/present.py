@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..control import TaskTimeline
+from ..control import LATE_ACCOUNTED_FOR, TaskTimeline
+from ..errortext import error_summary
 from ..serde import Undecodable, printable
 
 __all__ = [
@@ -20,7 +21,7 @@ __all__ = [
     "ago",
     "drain",
     "duration",
-    "last_line",
+    "error_line",
     "rate",
     "show_value",
     "timeline_rows",
@@ -80,10 +81,10 @@ def show_value(value: Any) -> str:
         return printable(repr(value))
 
 
-def last_line(text: str | None) -> str:
-    """The last non-blank line of an error text (a traceback's ``Class: message``)."""
-    lines = [ln for ln in (text or "").split("\n") if ln.strip()]
-    return lines[-1].strip() if lines else ""
+def error_line(text: str | None) -> str:
+    """One line of a recorded error: its type and the first line of its message
+    (:func:`ratchet.errortext.error_summary`)."""
+    return error_summary(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,7 @@ def timeline_rows(tl: TaskTimeline) -> list[TimelineRow]:
             label = _LABELS.get(e.kind, e.kind)
         detail = dict(e.detail)
         if "error" in detail:
-            detail["error"] = last_line(str(detail["error"]))
+            detail["error"] = error_line(str(detail["error"]))
         operator = detail.get("operator") if kind == "operator" else None
         reason = detail.get("reason") if kind == "operator" else None
         rows.append((e.at, 3 if e.kind == "transition" else 1, TimelineRow(
@@ -178,8 +179,10 @@ def timeline_rows(tl: TaskTimeline) -> list[TimelineRow]:
     for le in tl.late_effects:
         rows.append((le.at, 2, TimelineRow(
             le.at, "late", f"LATE effect {le.effect} ({le.outcome})", le.generation,
-            le.holder, f"key={le.key} possible duplicate at the target; ledger recorded "
-                       f"key={le.recorded_key} generation={le.recorded_generation}")))
+            le.holder, f"key={le.key} "
+            + ("accounted for (the only request sent; a lookup hit settled the effect)"
+               if le.kind == LATE_ACCOUNTED_FOR else "possible duplicate at the target")
+            + f"; ledger recorded key={le.recorded_key} generation={le.recorded_generation}")))
     return [row for _, _, row in sorted(rows, key=lambda r: (r[0], r[1]))]
 
 

@@ -114,6 +114,7 @@ from ..errors import (
     UndecodableData,
     WriteRejected,
 )
+from ..errortext import bounded, error_message, error_summary, error_traceback
 from ..fingerprint import of_exception
 from ..ledger.base import (
     BudgetUse,
@@ -126,7 +127,7 @@ from ..ledger.base import (
 )
 from ..observe import tracing
 from ..retry import TIME_LIMIT, FailureClass, classify, downstream_unreachable, retry_after_s
-from ..serde import dumps, printable
+from ..serde import dumps
 from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
 from .context import ControlInterrupt, Shutdown, TaskContext
@@ -587,19 +588,19 @@ class Worker:
         """Hook: a task is about to be retried, dead-lettered or parked as UNKNOWN.
 
         Logs one WARNING line (ERROR for FAILED / UNKNOWN) with the task, the attempt and
-        the last line of the error; the full traceback at DEBUG.
+        the error's type and message (its first line); the traceback at DEBUG.
         """
-        error = (transition.error or "").strip()
-        last = error.splitlines()[-1] if error else ""
+        summary = error_summary(transition.error)
         level = logging.WARNING if transition.to is State.RETRY_WAIT else logging.ERROR
         extra = f" in {transition.delay_s:.2f} s" if transition.to is State.RETRY_WAIT else ""
         log.log(
             level, "task %s %s gen=%d attempt %d/%d -> %s%s (%s): %s", claim.name,
             claim.task_id, claim.generation, claim.attempt, claim.max_attempts,
-            transition.to.value, extra, transition.reason or transition.error_class, last,
+            transition.to.value, extra, transition.reason or transition.error_class, summary,
         )
-        if error and log.isEnabledFor(logging.DEBUG):
-            log.debug("task %s traceback:\n%s", claim.task_id, error)
+        if log.isEnabledFor(logging.DEBUG) and (transition.traceback or transition.error):
+            log.debug("task %s error:\n%s\n%s", claim.task_id, transition.error or "",
+                      transition.traceback or "")
 
     # ------------------------------------------------------------------ control
 
@@ -967,7 +968,7 @@ class Worker:
             transition = self._failure_transition(
                 self.app.definition(claim.name, claim.version), claim, exc, open_intents,
                 error_class=TIME_LIMIT,
-                error=f"{_where(attempt.thread)}TimeLimitExceeded: {exc}",
+                error=error_message(exc), trace=_where(attempt.thread),
             )
             self.on_failure(claim, transition)
         except BaseException:  # e.g. an overridden on_failure: never leak the slot
@@ -1133,7 +1134,7 @@ class Worker:
             # wait until it may probe, instead of spending a retry on it (DESIGN §7).
             ctx.exception = exc
             transition = Transition(
-                State.PENDING, delay_s=exc.retry_after_s or 0.0, error=printable(str(exc)),
+                State.PENDING, delay_s=exc.retry_after_s or 0.0, error=error_message(exc),
                 error_class="circuit_open", reason=f"circuit open toward {exc.downstream}",
             )
         except (StaleGeneration, TokenRejected) as exc:
@@ -1157,7 +1158,7 @@ class Worker:
         except EffectOutcomeUnknown as exc:
             ctx.exception = exc
             transition = Transition(
-                State.UNKNOWN, error=printable(str(exc)),
+                State.UNKNOWN, error=error_message(exc), traceback=error_traceback(exc),
                 error_class=FailureClass.UNKNOWN_OUTCOME.value, reason="effect outcome unknown",
             )
             self.on_failure(claim, transition)
@@ -1168,7 +1169,7 @@ class Worker:
                 # attempt back (release to PENDING, after a pause) instead of spending the
                 # retry budget on a database outage.
                 transition = Transition(
-                    State.PENDING, delay_s=1.0, error=printable(str(exc)),
+                    State.PENDING, delay_s=1.0, error=error_message(exc),
                     error_class="ledger_unavailable", reason="ledger unavailable",
                 )
             else:
@@ -1183,7 +1184,7 @@ class Worker:
             ctx.exception = exc
             transition = self._failure_transition(
                 definition, claim, exc, ctx.open_intents(), failure=FailureClass.PERMANENT,
-                error_class=UNDECODABLE, error=str(exc),
+                error_class=UNDECODABLE,
             )
             self.on_failure(claim, transition)
         except WriteRejected as exc:
@@ -1223,18 +1224,20 @@ class Worker:
         failure: FailureClass | None = None,
         error_class: str | None = None,
         error: str | None = None,
+        trace: str | None = None,
     ) -> Transition:
         """The transition after the body raised ``exc``: ``RETRY_WAIT`` while attempts
         remain for a retryable failure, else ``FAILED`` (``UNKNOWN`` while an effect's
         intent is open). ``failure`` overrides :func:`classify`; ``error_class`` the class
-        recorded (default the failure class); ``error`` the recorded text (default the
-        traceback's last 4,000 characters)."""
+        recorded (default the failure class); ``error`` the recorded message (default
+        :func:`~ratchet.errortext.error_message`: ``Type: message``) and ``trace``
+        its traceback (default :func:`~ratchet.errortext.error_traceback`), kept apart."""
         if failure is None:
             failure = classify(exc)
         recorded_class = error_class or failure.value
-        if error is None:
-            error = "".join(traceback.format_exception(exc, limit=-6))[-4000:]
-        error = printable(error)
+        error = bounded(error) if error is not None else error_message(exc)
+        if trace is None:
+            trace = error_traceback(exc)
         # Quarantine (DESIGN §7): the ledger counts the fingerprint of failures that say
         # something about the task; overload, unknown outcomes and an unreachable
         # downstream are about the downstream.
@@ -1248,15 +1251,15 @@ class Worker:
                 return Transition(
                     State.UNKNOWN, error=error, error_class=recorded_class,
                     reason=f"{reason} with open effect intent(s) {', '.join(open_intents)}",
-                    fingerprint=fp,
+                    fingerprint=fp, traceback=trace,
                 )
             return Transition(State.FAILED, error=error, error_class=recorded_class, reason=reason,
-                              fingerprint=fp)
+                              fingerprint=fp, traceback=trace)
         delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc),
                                            overload_floor_s=self.overload_floor_s)
         return Transition(
             State.RETRY_WAIT, delay_s=delay, error=error, error_class=recorded_class,
-            reason="retry", fingerprint=fp,
+            reason="retry", fingerprint=fp, traceback=trace,
         )
 
     def _finish(
@@ -1389,7 +1392,8 @@ class Worker:
         failure = self._failure_transition(
             self.app.definition(claim.name, claim.version), claim, error, ctx.open_intents(),
             failure=FailureClass.PERMANENT, error_class=WRITE_REJECTED,
-            error=f"{error}\n(refused write: {transition.to.value} of task {claim.task_id})",
+            error=f"{error_message(error)} (refused write: {transition.to.value} of task "
+                  f"{claim.task_id})",
         )
         self.on_failure(claim, failure)
         write = TaskWrite(

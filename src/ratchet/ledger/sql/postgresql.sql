@@ -136,7 +136,7 @@ ORDER BY task_id, name;
 -- generation moves on, so whatever the old holder still writes is fenced out.
 UPDATE tasks t SET state = u.state, holder = NULL, lease_until = NULL,
                    generation = t.generation + 1, last_error = u.error,
-                   error_class = u.error_class, updated_at = %(now)s,
+                   last_traceback = NULL, error_class = u.error_class, updated_at = %(now)s,
                    control_request = u.request
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, generation bigint, state text, error text, error_class text,
@@ -218,7 +218,9 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = exclu
 -- A fenced RUNNING -> state change per row. run_at is set for RETRY_WAIT / PENDING
 -- (backoff, release delay); one ready now never moves later than it was (a clock stepped
 -- back since the claim leaves it claimable, ledger/clock.py); a release (to PENDING) hands
--- its attempt back; only RUNNING keeps the lease. One primary-key probe per row: the "id = ANY(ids of the rows)" gives the
+-- its attempt back; only RUNNING keeps the lease; a new error replaces the traceback too
+-- (NULL when it has none). One primary-key probe per row: the "id = ANY(ids of the rows)"
+-- gives the
 -- planner an index condition on tasks_pkey; without it, on a table without statistics, it
 -- hash-joined the rows against a sequential scan of every task (3.6 ms at 20,000 tasks;
 -- tests/test_ledger_plans.py).
@@ -230,11 +232,12 @@ UPDATE tasks t SET state = u.state,
     holder = CASE WHEN u.keep THEN t.holder ELSE NULL END,
     lease_until = CASE WHEN u.keep THEN t.lease_until ELSE NULL END,
     result = COALESCE(u.result, t.result), last_error = COALESCE(u.error, t.last_error),
+    last_traceback = CASE WHEN u.error IS NULL THEN t.last_traceback ELSE u.traceback END,
     error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s,
     control_request = CASE WHEN u.keep THEN t.control_request ELSE u.request END
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, generation bigint, state text, run_at float8, release bool, keep bool,
-          result text, error text, error_class text, request text)
+          result text, error text, error_class text, request text, traceback text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'
   AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
 
@@ -260,7 +263,7 @@ FROM tasks WHERE holder = %(holder)s AND state = 'RUNNING' ORDER BY id FOR UPDAT
 -- name: revoke_retry
 UPDATE tasks SET state = 'RETRY_WAIT', holder = NULL, lease_until = NULL,
     generation = generation + 1, run_at = LEAST(run_at, %(now)s), updated_at = %(now)s,
-    last_error = %(error)s, error_class = 'holder_gone'
+    last_error = %(error)s, last_traceback = NULL, error_class = 'holder_gone'
 WHERE id = ANY(%(ids)s::text[]) AND state = 'RUNNING' AND holder = %(holder)s;
 
 -- name: worker_dead
@@ -300,13 +303,13 @@ FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined
+       last_error, error_class, tenant, quarantined, last_traceback
 FROM tasks WHERE id = %(id)s;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined
+       last_error, error_class, tenant, quarantined, last_traceback
 FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
 -- name: timeline_audit
@@ -443,12 +446,22 @@ VALUES (%(task_id)s, %(effect)s, %(key)s, %(generation)s, %(holder)s, %(now)s, %
         %(detail)s);
 
 -- name: late_effects_all
-SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
-ORDER BY seq DESC LIMIT %(limit)s;
+-- A late effect's kind is read with it, from its effect's record as it is now (the new
+-- holder may settle the record after the late effect was recorded): 'accounted_for' when a
+-- lookup hit settled the record and only one intent was ever recorded (calls = 1: one
+-- request was sent, the late one, and the hit found it), else 'possible_duplicate'.
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail,
+       CASE WHEN e.state = 'done' AND e.via_lookup AND e.calls = 1 AND e.key = l.key
+            THEN 'accounted_for' ELSE 'possible_duplicate' END
+FROM late_effects AS l LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect
+ORDER BY l.seq DESC LIMIT %(limit)s;
 
 -- name: late_effects_task
-SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
-WHERE task_id = %(id)s ORDER BY seq DESC LIMIT %(limit)s;
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail,
+       CASE WHEN e.state = 'done' AND e.via_lookup AND e.calls = 1 AND e.key = l.key
+            THEN 'accounted_for' ELSE 'possible_duplicate' END
+FROM late_effects AS l LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect
+WHERE l.task_id = %(id)s ORDER BY l.seq DESC LIMIT %(limit)s;
 
 -- name: effects_of_type
 -- ratchet reconcile / Control.effects: the effect records of one task type's tasks, newest
@@ -470,13 +483,19 @@ LIMIT %(limit)s;
 -- name: late_effects_of_type
 -- ratchet reconcile: late effects of one task type's tasks (the table holds the rare calls
 -- of stale holders: a scan of it, each row's task by primary key).
-SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail,
+       CASE WHEN e.state = 'done' AND e.via_lookup AND e.calls = 1 AND e.key = l.key
+            THEN 'accounted_for' ELSE 'possible_duplicate' END
 FROM late_effects AS l JOIN tasks AS t ON t.id = l.task_id
+LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect
 WHERE t.name = %(name)s AND (%(since)s::float8 IS NULL OR l.at >= %(since)s::float8)
 ORDER BY l.seq DESC LIMIT %(limit)s;
 
 -- name: stats_late
-SELECT count(*) FROM late_effects;
+-- Every late effect, and those accounted for (the kind of late_effects_all).
+SELECT count(*), count(*) FILTER (WHERE e.state = 'done' AND e.via_lookup AND e.calls = 1
+                                  AND e.key = l.key)
+FROM late_effects AS l LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect;
 
 -- name: transaction_step_read
 -- A transaction step's checkpoint (ctx.transaction), read after a lost COMMIT reply: it
@@ -812,6 +831,7 @@ UPDATE tasks SET state = %(state)s, generation = generation + %(bump)s, holder =
     fingerprint_count = CASE WHEN %(reset)s::bool THEN 0 ELSE fingerprint_count END,
     crash_count = CASE WHEN %(reset)s::bool THEN 0 ELSE crash_count END,
     last_error = COALESCE(%(error)s::text, last_error),
+    last_traceback = CASE WHEN %(error)s::text IS NULL THEN last_traceback ELSE NULL END,
     error_class = COALESCE(%(error_class)s::text, error_class), updated_at = %(now)s
 WHERE id = %(id)s AND state = %(from_state)s AND generation = %(generation)s;
 

@@ -122,7 +122,7 @@ ORDER BY task_id, name;
 -- A holder gone on its final attempt: FAILED, or UNKNOWN with an open effect intent. The
 -- generation moves on, so whatever the old holder still writes is fenced out.
 UPDATE tasks SET state = :state, holder = NULL, lease_until = NULL,
-                 generation = generation + 1, last_error = :error,
+                 generation = generation + 1, last_error = :error, last_traceback = NULL,
                  error_class = :error_class, updated_at = :now, control_request = :request
 WHERE id = :id AND generation = :generation AND state = 'RUNNING';
 
@@ -184,7 +184,8 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = exclu
 -- A fenced RUNNING -> state change. run_at is set for RETRY_WAIT / PENDING (backoff,
 -- release delay); one ready now never moves later than it was (a clock stepped back
 -- since the claim leaves it claimable, ledger/clock.py); a release (to PENDING) hands its
--- attempt back; only RUNNING keeps the lease.
+-- attempt back; only RUNNING keeps the lease. A new error replaces the traceback too
+-- (NULL when it has none).
 UPDATE tasks SET state = :state,
     run_at = CASE WHEN :run_at IS NULL THEN run_at WHEN :run_at <= :now THEN MIN(run_at, :run_at)
                   ELSE :run_at END,
@@ -192,6 +193,7 @@ UPDATE tasks SET state = :state,
     holder = CASE WHEN :keep THEN holder ELSE NULL END,
     lease_until = CASE WHEN :keep THEN lease_until ELSE NULL END,
     result = COALESCE(:result, result), last_error = COALESCE(:error, last_error),
+    last_traceback = CASE WHEN :error IS NULL THEN last_traceback ELSE :traceback END,
     error_class = COALESCE(:error_class, error_class), updated_at = :now,
     control_request = CASE WHEN :keep THEN control_request ELSE :request END
 WHERE id = :id AND generation = :generation AND state = 'RUNNING';
@@ -218,7 +220,7 @@ FROM tasks WHERE holder = :holder AND state = 'RUNNING' ORDER BY id;
 -- name: revoke_retry
 UPDATE tasks SET state = 'RETRY_WAIT', holder = NULL, lease_until = NULL,
     generation = generation + 1, run_at = MIN(run_at, :now), updated_at = :now,
-    last_error = :error, error_class = 'holder_gone'
+    last_error = :error, last_traceback = NULL, error_class = 'holder_gone'
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'RUNNING' AND holder = :holder;
 
 -- name: worker_dead
@@ -256,13 +258,13 @@ FROM workers WHERE host_id = :host_id AND state = 'alive' ORDER BY started_at;
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined
+       last_error, error_class, tenant, quarantined, last_traceback
 FROM tasks WHERE id = :id;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined
+       last_error, error_class, tenant, quarantined, last_traceback
 FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: timeline_audit
@@ -377,12 +379,22 @@ VALUES (:task_id, :effect, :key, :generation, :holder, :now, :outcome,
         :detail);
 
 -- name: late_effects_all
-SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
-ORDER BY seq DESC LIMIT :limit;
+-- A late effect's kind is read with it, from its effect's record as it is now (the new
+-- holder may settle the record after the late effect was recorded): 'accounted_for' when a
+-- lookup hit settled the record and only one intent was ever recorded (calls = 1: one
+-- request was sent, the late one, and the hit found it), else 'possible_duplicate'.
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail,
+       CASE WHEN e.state = 'done' AND e.via_lookup <> 0 AND e.calls = 1 AND e.key = l.key
+            THEN 'accounted_for' ELSE 'possible_duplicate' END
+FROM late_effects AS l LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect
+ORDER BY l.seq DESC LIMIT :limit;
 
 -- name: late_effects_task
-SELECT seq, task_id, effect, key, generation, holder, at, outcome, detail FROM late_effects
-WHERE task_id = :id ORDER BY seq DESC LIMIT :limit;
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail,
+       CASE WHEN e.state = 'done' AND e.via_lookup <> 0 AND e.calls = 1 AND e.key = l.key
+            THEN 'accounted_for' ELSE 'possible_duplicate' END
+FROM late_effects AS l LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect
+WHERE l.task_id = :id ORDER BY l.seq DESC LIMIT :limit;
 
 -- name: effects_of_type
 -- ratchet reconcile / Control.effects: the effect records of one task type's tasks, newest
@@ -407,13 +419,19 @@ LIMIT :limit;
 -- name: late_effects_of_type
 -- ratchet reconcile: late effects of one task type's tasks (the table holds the rare calls
 -- of stale holders: a scan of it, each row's task by primary key).
-SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail
+SELECT l.seq, l.task_id, l.effect, l.key, l.generation, l.holder, l.at, l.outcome, l.detail,
+       CASE WHEN e.state = 'done' AND e.via_lookup <> 0 AND e.calls = 1 AND e.key = l.key
+            THEN 'accounted_for' ELSE 'possible_duplicate' END
 FROM late_effects AS l JOIN tasks AS t ON t.id = l.task_id
+LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect
 WHERE t.name = :name AND (:since IS NULL OR l.at >= :since)
 ORDER BY l.seq DESC LIMIT :limit;
 
 -- name: stats_late
-SELECT COUNT(*) FROM late_effects;
+-- Every late effect, and those accounted for (the kind of late_effects_all).
+SELECT COUNT(*), COALESCE(SUM(e.state = 'done' AND e.via_lookup <> 0 AND e.calls = 1
+                              AND e.key = l.key), 0)
+FROM late_effects AS l LEFT JOIN effects AS e ON e.task_id = l.task_id AND e.name = l.effect;
 
 -- name: transaction_step_read
 -- A transaction step's checkpoint (ctx.transaction), read after a lost COMMIT reply: it
@@ -720,6 +738,7 @@ UPDATE tasks SET state = :state, generation = generation + :bump, holder = NULL,
     fingerprint_count = CASE WHEN :reset THEN 0 ELSE fingerprint_count END,
     crash_count = CASE WHEN :reset THEN 0 ELSE crash_count END,
     last_error = COALESCE(:error, last_error),
+    last_traceback = CASE WHEN :error IS NULL THEN last_traceback ELSE NULL END,
     error_class = COALESCE(:error_class, error_class), updated_at = :now
 WHERE id = :id AND state = :from_state AND generation = :generation;
 
