@@ -34,6 +34,7 @@ from ratchet.ledger.base import (
 )
 from ratchet.serde import Undecodable, digest, dumps
 from ratchet.states import State
+from ratchet.storedtext import UndecodableText, is_undecodable
 
 NAME = "faults.task"
 BAD_UTF8 = "CAST(X'7B226E223AFF7D' AS TEXT)"
@@ -99,7 +100,11 @@ def test_undecodable_stored_data_affects_only_its_own_task(
         resumed = claims[bad.task_id]
         assert resumed.steps["s"].result_json and resumed.effects["pay"].result_json
         if backend == "sqlite":
-            assert "\udcff" in resumed.params_json  # the bad byte, surrogate-escaped
+            # the bad byte, kept as stored and shown as an escape
+            assert is_undecodable(resumed.params_json)
+            assert isinstance(resumed.params_json, UndecodableText)
+            assert resumed.params_json.stored == b'{"n":\xff}'
+            assert "\\xff" in resumed.params_json
         else:
             assert resumed.params_json == "{oops"
 
@@ -115,9 +120,11 @@ def test_undecodable_stored_data_affects_only_its_own_task(
         assert isinstance(timeline.task.params, Undecodable)
         assert ledger.stats().counts[NAME] == {"RUNNING": 2}
 
-        # The worker fails the task with an error quoting the bad text: stored printable.
+        # The worker fails the task with an error quoting the bad text (a message it
+        # composes, as serde.loads does): stored printable.
         failed = TaskWrite(bad.task_id, resumed.generation, "b", "complete",
-                           transition=Transition(State.FAILED, error=resumed.params_json,
+                           transition=Transition(State.FAILED,
+                                                 error=f"not JSON: {resumed.params_json}",
                                                  error_class="undecodable"))
         assert ledger.commit([failed])[0].ok
         stored = ledger.get(bad.task_id).last_error
