@@ -9,7 +9,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-__all__ = ["damage_task_pages", "truncate_ledger"]
+__all__ = ["cut_in_half", "damage_task_pages", "truncate_ledger"]
 
 
 def _checkpoint(path: Path) -> tuple[int, list[int], int]:
@@ -55,6 +55,17 @@ def damage_task_pages(path: Path) -> None:
 
 
 def truncate_ledger(path: Path) -> None:
-    """Cut the file (WAL checkpointed into it first) to half its length."""
+    """Cut the file (WAL checkpointed into it first) short, just before the first root
+    page of ``tasks`` and its indexes: every read of the table then meets a missing page
+    (SQLITE_CORRUPT), whichever pages a process reads first."""
+    page_size, roots, version = _checkpoint(path)
+    _touch(path, version)  # first: a write could not read the cut file
+    os.truncate(path, (min(roots) - 1) * page_size)
+
+
+def cut_in_half(path: Path) -> None:
+    """Cut the file (WAL checkpointed into it first, no WAL left) to half its length: even
+    ``PRAGMA user_version`` of a new connection then reports SQLITE_CORRUPT (the header
+    counts more pages than the file holds)."""
     _checkpoint(path)
     os.truncate(path, os.path.getsize(path) // 2)

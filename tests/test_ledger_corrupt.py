@@ -1,5 +1,5 @@
 """A corrupt ledger is :class:`~ratchet.LedgerCorrupt`, never "busy" (DESIGN §10.1): real
-SQLite files damaged in place (bytes overwritten in the task pages, the file cut in half)
+SQLite files damaged in place (bytes overwritten in the task pages, the file cut short)
 under a running worker process, which stops claiming, logs it once and exits with
 :data:`~ratchet.errors.EXIT_LEDGER_CORRUPT`; ``ratchet status`` prints it and exits with
 that status, without a traceback; the ledger metrics and the worker's say so. PostgreSQL:

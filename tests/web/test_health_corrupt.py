@@ -1,6 +1,6 @@
 """``GET /api/health`` of a real service on a SQLite ledger damaged in place: 503
 ``"ledger": "corrupt"`` naming :class:`~ratchet.LedgerCorrupt` (the message for a client
-with the token), whether its own small reads see the damage (a truncated file) or another
+with the token), whether its own small reads see the damage (a file cut in half) or another
 call of the service found it (a damaged task page, met by ``/api/status``, which answers
 503 ``ledger_corrupt``)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from apisupport import AUTH, TOKEN, api_server
-from corruptsupport import damage_task_pages, truncate_ledger
+from corruptsupport import cut_in_half, damage_task_pages
 
 from ratchet import App, Control
 from ratchet.web import WebSettings
@@ -50,7 +50,7 @@ def test_health_reports_a_truncated_ledger(tmp_path: Path) -> None:
     url = _ledger(tmp_path / "l.db")
     with api_server(Control(url), WebSettings(ledger_url=url, api_token=TOKEN)) as base:
         assert httpx.get(f"{base}/api/health", timeout=30).status_code == 200
-        truncate_ledger(tmp_path / "l.db")
+        cut_in_half(tmp_path / "l.db")
         _corrupt_health(base)
 
 

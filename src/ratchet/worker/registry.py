@@ -239,5 +239,8 @@ class Registrar(threading.Thread):
         if clean and self._registered:
             try:
                 self.ledger.touch_worker(self.holder, state="stopped")
+            except LedgerCorrupt:  # said once already, by the worker's claim path
+                log.warning("worker registry: could not mark %s stopped (corrupt ledger)",
+                            self.holder)
             except RatchetError as exc:
                 log.warning("worker registry: could not mark %s stopped: %s", self.holder, exc)
