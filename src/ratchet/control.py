@@ -45,7 +45,7 @@ from typing import Any
 from .app import App, TaskHandle
 from .capacity import ALL_TYPES, LimitReached, TypeStatusView, capacity_views
 from .config import parse_ledger_url, redact_url
-from .errors import ConfigError, InvalidArguments, LedgerError, TaskNotFound
+from .errors import ConfigError, InvalidArguments, LedgerCorrupt, LedgerError, TaskNotFound
 from .errortext import error_summary
 from .ledger import open_ledger
 from .ledger.base import (
@@ -793,6 +793,20 @@ class Control:
             LedgerUnavailable: no ledger there.
         """
         return self._reader().now()
+
+    def ledger_corruption(self) -> LedgerCorrupt | None:
+        """The last :class:`~ratchet.errors.LedgerCorrupt` a call of this Control (or of
+        its App's ledger object) raised, or None: no read, what was seen. A damaged page
+        fails only the calls that read it; ``ratchet serve``'s health check reports it.
+        Kept until :meth:`close` (a restored ledger is a new file or server state, which
+        a process opens anew)."""
+        ledgers = [self._read, self._write]
+        if self._app is not None and self._app.holds_ledger_object:
+            ledgers.insert(0, self._app.ledger)
+        for led in ledgers:
+            if led is not None and led.corruption is not None:
+                return led.corruption
+        return None
 
     def schema_version(self) -> int:
         """The ledger's schema version (one small read; ``ratchet serve``'s health check

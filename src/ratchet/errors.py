@@ -12,6 +12,7 @@
     │   └── IdempotencyConflict        same idempotency key, different params digest
     ├── LedgerError                    the storage layer
     │   ├── LedgerUnavailable          cannot open / reach the ledger
+    │   ├── LedgerCorrupt              the database says its data is damaged: restore it
     │   ├── WriteRejected              the database refused this write (not an outage)
     │   ├── SchemaTooNew               ledger written by a newer Ratchet; left untouched
     │   ├── SchemaTooOld               a read-only call needs a newer schema (ratchet migrate)
@@ -52,6 +53,7 @@ __all__ = [
     "IllegalTransition",
     "InvalidArguments",
     "LeaseLost",
+    "LedgerCorrupt",
     "LedgerError",
     "LedgerUnavailable",
     "NonDeterministicReplay",
@@ -193,6 +195,41 @@ class LedgerError(RatchetError):
 
 class LedgerUnavailable(LedgerError):
     """The ledger cannot be opened or reached (missing directory, dead server, locked file)."""
+
+
+EXIT_LEDGER_CORRUPT = 5
+"""Exit status of ``ratchet worker`` (and of every ``ratchet`` command) that stopped on a
+:class:`LedgerCorrupt`: an operator must restore the ledger before anything runs again."""
+
+
+class LedgerCorrupt(LedgerError):
+    """The database reports that the ledger's stored data is damaged (SQLite
+    ``SQLITE_CORRUPT`` / ``SQLITE_NOTADB`` on a file that was a database; PostgreSQL SQLSTATE
+    ``XX001`` data_corrupted / ``XX002`` index_corrupted).
+
+    Not a :class:`LedgerUnavailable`: waiting does not repair it, so nothing retries it. A
+    worker stops claiming and exits with :data:`EXIT_LEDGER_CORRUPT`; ``ratchet`` commands
+    print it and exit with that status; ``/api/health`` answers 503 ``"ledger": "corrupt"``.
+
+    Args:
+        where: the ledger (SQLite path, PostgreSQL host/database/schema; no password).
+        detail: what the database said, with its code (``database disk image is malformed
+            [SQLITE_CORRUPT]``).
+        remedy: a further way out for this database (SQLite: ``sqlite3 PATH .recover``),
+            said after the default (stop every process using it, restore from a backup).
+
+    Attributes:
+        where, detail: as given.
+    """
+
+    def __init__(self, where: str, detail: str, remedy: str | None = None) -> None:
+        self.where = where
+        self.detail = detail
+        super().__init__(
+            f"ledger {where} is corrupt: {detail}. Stop every worker and service using it, "
+            "then restore it from a backup" + (f", or {remedy}" if remedy else "")
+            + " (nothing retries a corrupt ledger)"
+        )
 
 
 class WriteRejected(LedgerError):

@@ -7,7 +7,8 @@ Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect`
 ``sqlite:///ratchet.db``). The commands call only the public API (``Control``, ``App``,
 ``Worker``, :func:`ratchet.loading.load_app`), never the ledger modules. Ratchet errors
 print one line saying what to fix (stored data and user input printed as text, never as
-markup; passwords redacted) and exit with status 2.
+markup; passwords redacted) and exit with status 2; a corrupt ledger
+(:class:`~ratchet.errors.LedgerCorrupt`) with :data:`~ratchet.errors.EXIT_LEDGER_CORRUPT`.
 ``--json`` (every command but ``worker`` and ``demo``; ``ratchet --version --json``) prints
 ``dataclasses.asdict`` of the records ``Control`` returns. Piped output is never wrapped
 or cut (:mod:`ratchet.cli.render`).
@@ -49,8 +50,10 @@ from ..control import (
     default_operator,
 )
 from ..errors import (
+    EXIT_LEDGER_CORRUPT,
     ConfigError,
     InvalidArguments,
+    LedgerCorrupt,
     LedgerUnavailable,
     RatchetError,
     UndecodableData,
@@ -156,12 +159,13 @@ def _print_error(exc: RatchetError) -> None:
 
 
 def _guard(fn: Callable[[], T]) -> T:
-    """Run ``fn``; a Ratchet error becomes one line on stderr and exit status 2."""
+    """Run ``fn``; a Ratchet error becomes one line on stderr and exit status 2
+    (:data:`~ratchet.errors.EXIT_LEDGER_CORRUPT` for a corrupt ledger)."""
     try:
         return fn()
     except RatchetError as exc:
         _print_error(exc)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_LEDGER_CORRUPT if isinstance(exc, LedgerCorrupt) else 2) from None
 
 
 def _json_arg(text: str, option: str) -> object:

@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..config import LedgerConfig
+from ..errors import LedgerCorrupt
 from ..states import State
 from ..validation import MAX_VERSION
 
@@ -1072,6 +1073,13 @@ class Ledger(Protocol):
 
     def now(self) -> float:
         """The ledger clock, epoch seconds."""
+        ...
+
+    @property
+    def corruption(self) -> LedgerCorrupt | None:
+        """The last :class:`~ratchet.errors.LedgerCorrupt` any call of this object raised
+        (None while none did): a damaged page fails only the calls that read it, so a
+        health check that reads little asks this too."""
         ...
 
     def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
-from ..errors import LedgerUnavailable
+from ..errors import LedgerCorrupt, LedgerUnavailable
 from .base import Subscription
 from .clock import ClockFn
 
@@ -105,6 +105,8 @@ class Dialect(Protocol):
             ledger clock), or a function of the database's reading (epoch seconds) that
             returns the ledger clock every transaction and statement of this dialect
             object then uses (a stepped or frozen clock, :mod:`ratchet.testing.clock`).
+        corruption: the last :class:`~ratchet.errors.LedgerCorrupt` the dialect raised
+            (None while it raised none).
     """
 
     name: str
@@ -112,6 +114,7 @@ class Dialect(Protocol):
     probe_before_claim: bool
     single_writer: bool
     clock: ClockFn | None
+    corruption: LedgerCorrupt | None
 
     def run(self, body: Callable[[Tx], T], *, write: bool = True) -> T:
         """Run ``body`` in one transaction and commit (roll back if it raises).

@@ -28,6 +28,7 @@ from ..errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidArguments,
+    LedgerCorrupt,
     LedgerError,
     SchemaTooOld,
     TaskNotFound,
@@ -149,6 +150,11 @@ class LedgerEngine:
     def now(self) -> float:
         """See :meth:`Ledger.now`: the ledger clock, epoch seconds."""
         return self.dialect.run(lambda tx: tx.now, write=False)
+
+    @property
+    def corruption(self) -> LedgerCorrupt | None:
+        """See :attr:`Ledger.corruption`."""
+        return self.dialect.corruption
 
     # ------------------------------------------------------------------ submit
 

@@ -40,7 +40,8 @@ backoff). A connection the server dropped (restart, ``pg_terminate_backend``) is
 by the pool; a transaction that failed before its ``COMMIT`` was sent is retried on a fresh
 connection (the server rolled it back), one that failed during ``COMMIT`` raises
 :class:`~ratchet.ledger.dialect.CommitOutcomeUnknown`, which the engine answers by
-re-sending its fenced writes.
+re-sending its fenced writes. A server error of SQLSTATE ``XX001`` (data corrupted) or
+``XX002`` (index corrupted) is :class:`~ratchet.errors.LedgerCorrupt`, never retried.
 """
 
 from __future__ import annotations
@@ -61,7 +62,14 @@ from psycopg_pool import PoolTimeout
 
 from .. import faults
 from ..config import Durability, LedgerConfig, redact_url
-from ..errors import ConfigError, LedgerError, LedgerUnavailable, SchemaTooNew, WriteRejected
+from ..errors import (
+    ConfigError,
+    LedgerCorrupt,
+    LedgerError,
+    LedgerUnavailable,
+    SchemaTooNew,
+    WriteRejected,
+)
 from ..serde import dumps_rows
 from .base import Subscription
 from .catalogue import load_catalogue
@@ -97,6 +105,10 @@ _OPEN = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INER
 ATTEMPTS = 3
 """Attempts of a transaction the server rolled back (deadlock, connection lost before
 COMMIT) before its error is raised."""
+
+_CORRUPT = (pg_errors.DataCorrupted, pg_errors.IndexCorrupted)
+"""SQLSTATE XX001 data_corrupted, XX002 index_corrupted (a damaged page or index; not XX000,
+an internal error): LedgerCorrupt."""
 
 _REJECTED = (pg_errors.DataError, pg_errors.ProgramLimitExceeded, pg_errors.IntegrityError)
 """Driver errors that refuse a write for its content (a value over an index row's limit, a
@@ -345,6 +357,8 @@ class PostgresDialect:
         self.where = f"postgresql://{host}{parts.path} schema {self.schema}"
         self._closed = False
         self.clock: ClockFn | None = None  # testing seam (Dialect.clock)
+        self.corruption: LedgerCorrupt | None = None
+        """The last :class:`LedgerCorrupt` this dialect raised, if any (kept until closed)."""
         self._notify = "SELECT pg_notify(" + sql.Literal(self.channel).as_string(None) + ", '')"
         try:
             psycopg.conninfo.conninfo_to_dict(self._conninfo)
@@ -468,6 +482,8 @@ class PostgresDialect:
             raise _RolledBack(
                 LedgerError(f"PostgreSQL ledger {self.where}: {exc}"), connection_lost=False
             ) from exc
+        except _CORRUPT as exc:
+            raise self._corrupt(exc) from exc
         except _REJECTED as exc:
             raise self._rejected(exc, tx.statement if tx else "begin") from exc
         except pg_errors.IdleInTransactionSessionTimeout as exc:
@@ -491,6 +507,17 @@ class PostgresDialect:
             ) from exc
         except psycopg.Error as exc:
             raise LedgerError(f"PostgreSQL ledger {self.where}: {exc}") from exc
+
+    def _corrupt(self, exc: psycopg.Error) -> LedgerCorrupt:
+        """The :class:`LedgerCorrupt` for a server error of SQLSTATE class XX (data or index
+        corrupted), remembered in :attr:`corruption`."""
+        diag = exc.diag
+        primary = diag.message_primary or str(exc).splitlines()[0]
+        remedy = ("rebuild the index with REINDEX, as the server's message names it"
+                  if isinstance(exc, pg_errors.IndexCorrupted) else None)
+        error = LedgerCorrupt(self.where, f"{primary} [{diag.sqlstate}]", remedy=remedy)
+        self.corruption = error
+        return error
 
     def _rejected(self, exc: psycopg.Error, statement: str) -> WriteRejected:
         """WriteRejected naming the statement and the constraint or index refused."""

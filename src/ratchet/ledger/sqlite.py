@@ -12,6 +12,21 @@ Durability levels map to ``PRAGMA synchronous``: ``fsync`` → ``FULL`` (the WAL
 on every commit), ``buffered`` → ``NORMAL`` (synced at checkpoints only; survives a
 process crash, not power loss).
 
+The WAL is kept within the volume's free space: before a write, when the volume has less
+than twice the WAL file's size free, the dialect checkpoints the WAL into the database file
+and truncates it (``wal_checkpoint(TRUNCATE)``, :meth:`SQLiteDialect._make_room`).
+SQLite's own checkpoint runs only once the WAL holds ``wal_autocheckpoint`` pages (about 4
+MiB), so on a volume with less room than that the WAL would otherwise fill it, and then no
+checkpoint could run (it needs room for the database file to grow) and every write would
+fail until the volume was enlarged. A full disk (``SQLITE_FULL``) still rolls the
+transaction back, nothing committed is lost, and is ``LedgerUnavailable``; once space is
+freed, the next write checkpoints first, before new WAL frames could take that space.
+A write that would leave less room than the WAL's size (what its checkpoint needs) is
+refused as a full disk when the checkpoint cannot complete. ``journal_size_limit`` cuts
+the WAL file back after any checkpoint has emptied it. A file
+SQLite calls damaged (``SQLITE_CORRUPT``, or ``SQLITE_NOTADB`` for a
+file that was a database) is :class:`~ratchet.errors.LedgerCorrupt`.
+
 Stored text whose bytes are not UTF-8 (a damaged or hand-edited file), and a ``BLOB``
 where text belongs (the ledger stores none), are read as
 :class:`~ratchet.storedtext.UndecodableText`: printable text with ``\\xNN`` escapes that
@@ -23,16 +38,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .. import faults
 from ..config import Durability, LedgerConfig, redact_url
-from ..errors import LedgerError, LedgerUnavailable, SchemaTooNew, WriteRejected
+from ..errors import LedgerCorrupt, LedgerError, LedgerUnavailable, SchemaTooNew, WriteRejected
 from ..storedtext import decode_stored
 from .base import Subscription
 from .catalogue import load_catalogue
@@ -44,11 +61,40 @@ __all__ = ["SQLiteDialect", "SQLiteLedger"]
 
 T = TypeVar("T")
 
+log = logging.getLogger("ratchet.ledger.sqlite")
+
 _SYNCHRONOUS = {Durability.FSYNC: "FULL", Durability.BUFFERED: "NORMAL"}
 _UNAVAILABLE = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN", "SQLITE_IOERR",
-                "SQLITE_READONLY", "SQLITE_FULL", "SQLITE_NOTADB", "SQLITE_CORRUPT",
-                "SQLITE_PERM", "SQLITE_PROTOCOL"}
+                "SQLITE_READONLY", "SQLITE_FULL", "SQLITE_PERM", "SQLITE_PROTOCOL"}
 """Primary result codes of a file that cannot be used now: LedgerUnavailable."""
+_CORRUPT = {"SQLITE_CORRUPT", "SQLITE_NOTADB"}
+"""Primary result codes of a damaged file: LedgerCorrupt (``SQLITE_NOTADB`` only for a file
+that was a database: see :meth:`SQLiteDialect._is_corruption`)."""
+_MAGIC = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file."""
+JOURNAL_SIZE_LIMIT_BYTES = 4 * 1024 * 1024
+"""``PRAGMA journal_size_limit``: a WAL file that grew past this (a long transaction, a
+checkpoint held back by readers) is cut back to it once a checkpoint has emptied it, so
+its space goes back to the volume. About the size SQLite's automatic checkpoint
+(1000 pages of 4 KiB) lets the WAL reach."""
+RECLAIM_BUSY_TIMEOUT_S = 0.25
+"""Longest wait (seconds) of a room-making checkpoint for readers and another process's
+writer (it blocks this thread's write meanwhile)."""
+RECLAIM_RETRY_S = 1.0
+"""After a room-making checkpoint that did not complete (a reader in the way), seconds
+before writes try another while the volume is merely short of room (a write after a full
+disk, or on a volume too full to write, always tries)."""
+WAL_HEADROOM_BYTES = 256 * 1024
+"""Room kept free beyond the WAL's size for the next write's own WAL frames, bytes (see
+:meth:`SQLiteDialect._make_room`)."""
+
+
+def _primary(exc: sqlite3.Error) -> tuple[str, str]:
+    """``(primary result code, extended code)`` of a driver error, e.g. ``("SQLITE_IOERR",
+    "SQLITE_IOERR_SHORT_READ")``; empty strings when the driver gives none."""
+    code = getattr(exc, "sqlite_errorname", None) or ""
+    primary = "_".join(code.split("_")[:2]) if code.count("_") else code
+    return primary, code
 _REJECTED = {"SQLITE_TOOBIG", "SQLITE_CONSTRAINT", "SQLITE_MISMATCH", "SQLITE_RANGE"}
 """Primary result codes of a write refused for its content: WriteRejected."""
 
@@ -163,6 +209,13 @@ class SQLiteDialect:
         self.latest_version = self._migrations[-1].version
         self._closed = False
         self.clock: ClockFn | None = None  # testing seam (Dialect.clock)
+        self._wal_path = self.path + "-wal"
+        self._room_check_at = float("-inf")  # monotonic: _make_room may checkpoint again
+        self._full = False  # a write failed on a full disk and no checkpoint completed since
+        self.corruption: LedgerCorrupt | None = None
+        """The last :class:`LedgerCorrupt` this dialect raised, if any (kept until it is
+        closed: a damaged page stays damaged, and a restored file is a new file, which
+        every process must open anew)."""
 
     # ------------------------------------------------------------------ files
 
@@ -200,6 +253,8 @@ class SQLiteDialect:
             finally:
                 conn.close()
         except sqlite3.DatabaseError as exc:
+            if self._is_corruption(exc):
+                raise self._corrupt(exc) from exc
             raise LedgerUnavailable(
                 f"cannot read SQLite ledger {self.path!r}: {exc} "
                 "(is it a Ratchet ledger file, and readable?)"
@@ -220,6 +275,8 @@ class SQLiteDialect:
             # Read the schema version before anything that could write the file header.
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
+            if self._is_corruption(exc):
+                raise self._corrupt(exc) from exc
             raise LedgerUnavailable(
                 f"cannot open SQLite ledger {self.path!r}: {exc} "
                 "(is it a Ratchet ledger file, and readable?)"
@@ -235,10 +292,13 @@ class SQLiteDialect:
                 )
             conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.config.durability]}")
             conn.execute("PRAGMA foreign_keys=OFF")
+            conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT_BYTES}")
             conn.execute("CREATE TEMP TABLE IF NOT EXISTS claim_pick"
                          " (id TEXT PRIMARY KEY, from_state TEXT) WITHOUT ROWID")
         except sqlite3.DatabaseError as exc:
             conn.close()
+            if self._is_corruption(exc):
+                raise self._corrupt(exc) from exc
             raise LedgerUnavailable(
                 f"cannot configure SQLite ledger {self.path!r}: {exc}"
             ) from exc
@@ -255,15 +315,51 @@ class SQLiteDialect:
                 self._connections.append(conn)
         return conn
 
+    def _is_corruption(self, exc: sqlite3.Error) -> bool:
+        """True when ``exc`` says the file is damaged: ``SQLITE_CORRUPT``, or
+        ``SQLITE_NOTADB`` for a file that starts like a SQLite database or that this dialect
+        already had open (a file that never was one, e.g. a wrong path, is not corrupt)."""
+        primary, _ = _primary(exc)
+        if primary not in _CORRUPT:
+            return False
+        if primary == "SQLITE_CORRUPT":
+            return True
+        with self._conn_lock:
+            if self._connections:
+                return True
+        try:
+            with open(self.path, "rb") as f:
+                return f.read(len(_MAGIC)) == _MAGIC
+        except OSError:
+            return False
+
+    def _corrupt(self, exc: sqlite3.Error) -> LedgerCorrupt:
+        """The :class:`LedgerCorrupt` for ``exc``, remembered in :attr:`corruption`."""
+        _, code = _primary(exc)
+        error = LedgerCorrupt(
+            self.path, f"{exc} [{code}]",
+            remedy="salvage what is readable into a new file with "
+                   f"`sqlite3 {self.path} .recover | sqlite3 NEW.db`")
+        self.corruption = error
+        return error
+
     def _error(self, exc: sqlite3.Error, statement: str) -> LedgerError:
-        """Map a driver error: content refused → WriteRejected, file trouble →
-        LedgerUnavailable, anything else → LedgerError."""
+        """Map a driver error: content refused → WriteRejected, a damaged file →
+        LedgerCorrupt, a full disk or file trouble → LedgerUnavailable, anything else →
+        LedgerError."""
         text = str(exc)
-        code = getattr(exc, "sqlite_errorname", None) or ""
-        primary = code.split("_")[0] + "_" + code.split("_")[1] if code.count("_") else code
+        primary, code = _primary(exc)
         if primary in _REJECTED or isinstance(exc, sqlite3.DataError | sqlite3.IntegrityError):
             return WriteRejected(
                 f"SQLite ledger {self.path!r} refused write {statement!r}: {text} [{code}]")
+        if self._is_corruption(exc):
+            return self._corrupt(exc)
+        if primary == "SQLITE_FULL":
+            return LedgerUnavailable(
+                f"SQLite ledger {self.path!r}: the disk is full ({text} [{code}]); the "
+                f"transaction ({statement}) was rolled back, nothing committed is lost. Free "
+                f"space on the volume of {os.path.dirname(self.path)!r}: the ledger then "
+                "checkpoints its WAL and carries on by itself")
         if primary in _UNAVAILABLE:
             return LedgerUnavailable(
                 f"SQLite ledger {self.path!r} is busy or gone: {text} [{code}]")
@@ -275,12 +371,92 @@ class SQLiteDialect:
         now = float(conn_or_tx.execute(sql).fetchone()[0])
         return self.clock(now) if self.clock is not None else now
 
+    def _make_room(self, conn: sqlite3.Connection) -> None:
+        """Before a write: keep the WAL within the volume's free space.
+
+        When the volume has less than twice the WAL file's size free (or a write failed on
+        a full disk), checkpoint the WAL into the database file and truncate it
+        (:meth:`_reclaim`; one that did not complete is tried again after
+        :data:`RECLAIM_RETRY_S`). When the free space is also below the WAL's size plus
+        :data:`WAL_HEADROOM_BYTES` and the checkpoint did not complete, the write is
+        refused: the checkpoint needs that room for the database file to grow into, and
+        once a write had taken it no checkpoint could run until space was freed by hand.
+        Two ``stat`` calls when there is room.
+
+        Raises:
+            LedgerUnavailable: the volume is too full to write and keep a checkpoint
+                possible (nothing was written).
+        """
+        if self._full:
+            self._reclaim(conn)
+            return
+        try:
+            wal_bytes = os.stat(self._wal_path).st_size
+            if not wal_bytes:
+                return
+            volume = os.statvfs(os.path.dirname(self.path))
+        except OSError:
+            return
+        free = volume.f_bavail * volume.f_frsize
+        if free >= 2 * wal_bytes:
+            return
+        critical = free < wal_bytes + WAL_HEADROOM_BYTES
+        now = time.monotonic()
+        if critical or now >= self._room_check_at:
+            if self._reclaim(conn):
+                return
+            self._room_check_at = now + RECLAIM_RETRY_S
+        if critical:
+            raise LedgerUnavailable(
+                f"SQLite ledger {self.path!r}: the disk is full: {free} bytes free on its "
+                f"volume, not enough for the {wal_bytes}-byte WAL to be checkpointed after "
+                "one more write; the write was refused, nothing committed is lost. Free "
+                f"space on the volume of {os.path.dirname(self.path)!r}: the ledger then "
+                "checkpoints its WAL and carries on by itself")
+
+    def _reclaim(self, conn: sqlite3.Connection) -> bool:
+        """``PRAGMA wal_checkpoint(TRUNCATE)`` on ``conn`` (outside any transaction),
+        waiting at most :data:`RECLAIM_BUSY_TIMEOUT_S` for readers and writers. Copies the
+        WAL into the database file (which grows into the room there is) and truncates the
+        WAL to 0 bytes, giving its space back. Ends the full-disk state when it completes;
+        a failure (no room yet, a reader in the way) is left for a later write to try
+        again.
+
+        Returns:
+            True when the checkpoint completed.
+        """
+        short_ms = int(min(RECLAIM_BUSY_TIMEOUT_S, self.config.busy_timeout_s) * 1000)
+        try:
+            conn.execute(f"PRAGMA busy_timeout={short_ms}")
+            try:
+                busy, wal_frames, moved = conn.execute(
+                    "PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={int(self.config.busy_timeout_s * 1000)}")
+        except sqlite3.Error as exc:
+            log.debug("SQLite ledger %s: checkpoint to make room failed: %s", self.path, exc)
+            return False
+        if busy:
+            log.debug("SQLite ledger %s: checkpoint to make room did not complete (%d of %d "
+                      "WAL frames moved)", self.path, moved, wal_frames)
+            return False
+        if self._full:
+            self._full = False
+            log.info("SQLite ledger %s: the WAL was checkpointed and truncated after a full "
+                     "disk", self.path)
+        return True
+
     def run(self, body: Callable[[Any], T], *, write: bool = True) -> T:
-        """One transaction; ``BEGIN IMMEDIATE`` for writes (see ``Dialect.run``)."""
+        """One transaction; ``BEGIN IMMEDIATE`` for writes (see ``Dialect.run``), which
+        first make room for the WAL if the volume is short of it (:meth:`_make_room`)."""
         conn = self._conn()
+        if write:
+            self._make_room(conn)
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.Error as exc:
+            if self._is_corruption(exc):
+                raise self._corrupt(exc) from exc
             raise LedgerUnavailable(
                 f"SQLite ledger {self.path!r} is busy or gone: {exc}") from exc
         cur = conn.cursor()
@@ -298,6 +474,9 @@ class SQLiteDialect:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
+                if _primary(exc)[0] == "SQLITE_FULL":
+                    self._full = True
+                    self._reclaim(conn)
                 raise self._error(exc, tx.statement) from exc
             raise
         finally:

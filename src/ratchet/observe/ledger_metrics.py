@@ -13,7 +13,9 @@ included, so the series stay the same while tasks move. At most
 Series:
 
 * ``ratchet_ledger_up`` (1: the status read succeeded; 0: it failed, nothing else is
-  reported), ``ratchet_ledger_scrape_duration_seconds``;
+  reported), ``ratchet_ledger_corrupt`` (1: this read or an earlier call of the same
+  Control found the ledger corrupt, :class:`~ratchet.errors.LedgerCorrupt`; alert on it),
+  ``ratchet_ledger_scrape_duration_seconds``;
 * ``ratchet_ledger_tasks{type,state}``;
 * per type: ``ratchet_ledger_backlog_tasks`` (ready to run now),
   ``ratchet_ledger_scheduled_tasks`` (waiting for a later ``run_at``),
@@ -45,7 +47,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from ..control import MAX_WINDOW_S, Control, StatusReport, TypeStatusView
-from ..errors import InvalidArguments, RatchetError
+from ..errors import InvalidArguments, LedgerCorrupt, RatchetError
 from ..states import State
 from .metrics import OTHER, check_label_names, render
 
@@ -131,15 +133,22 @@ class LedgerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         t0 = time.perf_counter()
         up = GaugeMetricFamily("ratchet_ledger_up", "1 if the ledger status read succeeded.")
+        corrupt = GaugeMetricFamily(
+            "ratchet_ledger_corrupt", "1 if the database reported the ledger's data damaged "
+            "(to this read or an earlier call of this service): restore it from a backup.")
         try:
             report = self._control.status(window_s=self._window_s)
         except RatchetError as exc:
             log.warning("ledger metrics: status read failed: %s", exc)
             up.add_metric([], 0.0)
+            corrupt.add_metric([], 1.0 if isinstance(exc, LedgerCorrupt) else self._corrupt())
             yield up
+            yield corrupt
             return
         up.add_metric([], 1.0)
+        corrupt.add_metric([], self._corrupt())
         yield up
+        yield corrupt
         yield from _families(report)
         yield from self._reconcile_families()
         took = GaugeMetricFamily("ratchet_ledger_scrape_duration_seconds",
@@ -147,6 +156,9 @@ class LedgerCollector(Collector):
         took.add_metric([], time.perf_counter() - t0)
         yield took
 
+
+    def _corrupt(self) -> float:
+        return 0.0 if self._control.ledger_corruption() is None else 1.0
 
     def _reconcile_families(self) -> Iterator[Metric]:
         """``ratchet_reconcile_runs_total`` and ``ratchet_reconcile_findings_total{outcome}``

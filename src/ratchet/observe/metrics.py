@@ -189,7 +189,10 @@ class WorkerMetrics(Middleware):
       writer's transactions: group commits, with claims riding on them, and a task's own
       writes such as effect intents);
     * ``ratchet_stuck_threads`` (task threads still in the code of an attempt ended
-      without them).
+      without them);
+    * ``ratchet_ledger_corrupt`` (1 once a call of this worker's ledger raised
+      :class:`~ratchet.errors.LedgerCorrupt`: the worker stops and exits with
+      :data:`~ratchet.errors.EXIT_LEDGER_CORRUPT`).
 
     Args:
         registry: where the series go; default a new :class:`CollectorRegistry`.
@@ -452,7 +455,11 @@ class _WorkerStateCollector(Collector):
         opened = CounterMetricFamily(
             "ratchet_circuit_breaker_opened", "Times this process's breaker opened.",
             labels=["downstream"])
+        corrupt = GaugeMetricFamily(
+            "ratchet_ledger_corrupt", "1 once the database reported this worker's ledger "
+            "damaged (the worker stops): restore it from a backup.")
         if worker is not None:
+            corrupt.add_metric([], 0.0 if worker.ledger.corruption is None else 1.0)
             leases = worker.heartbeat.held()
             held.add_metric([], len(leases))
             if leases:
@@ -465,7 +472,7 @@ class _WorkerStateCollector(Collector):
                 for s in BreakerState:
                     state.add_metric([name, s.value], 1.0 if s is current else 0.0)
                 opened.add_metric([name], breaker.opened)
-        yield from (held, remaining, stuck, state, opened)
+        yield from (held, remaining, stuck, state, opened, corrupt)
 
 
 class MetricsServer:

@@ -7,7 +7,8 @@ functions: Starlette runs them on its threadpool, concurrently, against the one 
 (thread-safe: see :class:`~ratchet.control.Control`; the ledgers are).
 
 Open (no token ever): ``GET /api`` (an index of the endpoints), ``/api/health`` (200
-when the ledger answers, 503 naming the error otherwise), ``/api/openapi.json``.
+when the ledger answers, 503 naming the error otherwise: ``"ledger": "corrupt"`` once any
+call of this service found the ledger corrupt), ``/api/openapi.json``.
 
 Reads (:func:`ratchet.web.auth.read_ok`: ``Authorization: Bearer $RATCHET_API_TOKEN``
 when a token is configured, open otherwise): ``GET /api/status``, ``/api/tasks``
@@ -27,7 +28,8 @@ Errors are :class:`~ratchet.web.models.ErrorBody` JSON: 401 missing / wrong toke
 submit on a service started without ``--app``, 404 unknown task, 409 wrong state or an
 idempotency conflict (with both digests; also the same key and params with another
 ``tenant`` or pinned ``version``, naming the field), 413 params (or the request body) too large,
-422 bad input (the fields in ``errors``), 503 ledger unavailable.
+422 bad input (the fields in ``errors``), 503 ledger unavailable (``ledger_corrupt``: the
+database says its data is damaged).
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at
@@ -62,6 +64,7 @@ from ..errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidArguments,
+    LedgerCorrupt,
     LedgerError,
     PayloadTooLarge,
     RatchetError,
@@ -107,7 +110,8 @@ _DESCRIPTIONS = {
     413: "The params are larger than the ledger's payload limit, or the request body is "
          "larger than the service accepts (ratchet.web.limits).",
     422: "Bad input; the message and errors name the field.",
-    503: "The ledger is unavailable (missing, unreachable, or its schema is too old).",
+    503: "The ledger is unavailable (missing, unreachable, or its schema is too old), or "
+         "corrupt (error ledger_corrupt).",
 }
 
 
@@ -159,6 +163,8 @@ def _from_ratchet(exc: RatchetError) -> ApiError:
             for path, problem in exc.fields])
     if isinstance(exc, SubmitError | UndecodableData):
         return ApiError(422, "invalid", message)
+    if isinstance(exc, LedgerCorrupt):
+        return ApiError(503, "ledger_corrupt", message)
     if isinstance(exc, LedgerError):
         return ApiError(503, "ledger_unavailable", message)
     return ApiError(500, "internal", f"{type(exc).__name__}: {message}")
@@ -392,19 +398,25 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
 
     @api.get("/health", response_model=HealthBody,
              responses={503: {"model": HealthBody,
-                              "description": "The ledger does not answer (the error says "
-                                             "why)."}},
+                              "description": "The ledger does not answer, or is corrupt "
+                                             "(the error says why)."}},
              summary="Whether the service and its ledger answer (no token needed)")
     def health(request: Request) -> JSONResponse:
         try:
             schema_version = control.schema_version()
             now = control.ledger_now()
+            # Two small reads see a damaged header, not a damaged task page: report what
+            # any other call of this service found too.
+            corrupt = control.ledger_corruption()
+            if corrupt is not None:
+                raise corrupt
         except RatchetError as exc:
             # The message names where the ledger is (a path, a host): with a token
             # configured, only a client that sends it reads more than the error class.
             detail = (f": {exc}" if read_ok(settings, bearer(request.headers.get(
                 "authorization"))) else " (send the bearer token for the message)")
-            down = HealthBody(status="error", ledger="down", version=__version__,
+            down = HealthBody(status="error", version=__version__,
+                              ledger="corrupt" if isinstance(exc, LedgerCorrupt) else "down",
                               error=printable(f"{type(exc).__name__}{detail}"))
             return JSONResponse(down.model_dump(mode="json"), status_code=503,
                                 headers={"Cache-Control": "no-store"})

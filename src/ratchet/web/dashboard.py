@@ -42,7 +42,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..control import Control, ControlOutcome, PauseRecord, StatusReport
-from ..errors import LedgerUnavailable, RatchetError, TaskNotFound
+from ..errors import LedgerCorrupt, LedgerUnavailable, RatchetError, TaskNotFound
 from ..states import State
 from ..storedtext import NOTE, UndecodableText
 from ..validation import MAX_KEY_BYTES, check_identifier
@@ -180,9 +180,12 @@ class Dashboard:
 
     async def guarded(self, request: Request,
                       page: Callable[[], Awaitable[Response]]) -> Response:
-        """Run a page; a ledger that cannot be reached is a 503 page, not a traceback."""
+        """Run a page; a ledger that cannot be reached or is corrupt is a 503 page, not a
+        traceback."""
         try:
             return await page()
+        except LedgerCorrupt as exc:
+            return self.problem(request, 503, "Ledger corrupt", str(exc))
         except LedgerUnavailable as exc:
             return self.problem(request, 503, "Ledger unavailable", str(exc))
 
@@ -253,7 +256,7 @@ class Dashboard:
                 found = await self.call(self.control.list_tasks, state=state, name=name,
                                         key=key, limit=TASKS_PAGE, cursor=cursor)
             except RatchetError as exc:
-                if isinstance(exc, LedgerUnavailable):
+                if isinstance(exc, LedgerUnavailable | LedgerCorrupt):
                     raise
                 return self.render(request, "tasks.html", 400, error=str(exc), tasks=[],
                                    next_url=None, filters=q, states=list(State), now=None)
@@ -280,7 +283,7 @@ class Dashboard:
             except TaskNotFound as exc:
                 return self.problem(request, 404, "No such task", str(exc))
             except RatchetError as exc:
-                if isinstance(exc, LedgerUnavailable):
+                if isinstance(exc, LedgerUnavailable | LedgerCorrupt):
                     raise
                 return self.problem(request, 400, "Bad task id", str(exc))
             now = await self.call(self.control.ledger_now)
@@ -301,7 +304,7 @@ class Dashboard:
                 found = await self.call(self.control.list_tasks, state="UNKNOWN",
                                         limit=UNKNOWN_PAGE, cursor=cursor)
             except RatchetError as exc:
-                if isinstance(exc, LedgerUnavailable):
+                if isinstance(exc, LedgerUnavailable | LedgerCorrupt):
                     raise
                 return self.problem(request, 400, "Bad page", str(exc))
             items = []

@@ -145,7 +145,8 @@ class ErrorBody(BaseModel):
     ``error`` is a stable code: ``unauthorized`` (401), ``submit_unavailable`` (403),
     ``not_found`` (404), ``method_not_allowed`` (405), ``wrong_state`` (409),
     ``idempotency_conflict`` (409, with both digests), ``payload_too_large`` (413),
-    ``invalid`` (422, the fields in ``errors``), ``ledger_unavailable`` (503).
+    ``invalid`` (422, the fields in ``errors``), ``ledger_unavailable`` (503),
+    ``ledger_corrupt`` (503: the database says the ledger's data is damaged).
     """
 
     error: str
@@ -160,14 +161,15 @@ class ErrorBody(BaseModel):
 
 
 class HealthBody(BaseModel):
-    """``GET /api/health`` (no token needed): 200 when the ledger answers, 503 otherwise.
+    """``GET /api/health`` (no token needed): 200 when the ledger answers, 503 otherwise
+    (``ledger``: ``down``, or ``corrupt`` when a call of this service found it damaged).
 
     ``ledger_now`` and ``schema_version`` come from two small reads (the ledger clock and
     the schema version), never from the task tables.
     """
 
     status: Literal["ok", "error"]
-    ledger: Literal["up", "down"]
+    ledger: Literal["up", "down", "corrupt"]
     schema_version: int | None = Field(default=None,
                                        description="The ledger's schema version (up).")
     ledger_now: float | None = Field(default=None,

@@ -38,8 +38,9 @@ from pathlib import Path
 
 import psutil
 
-from ..errors import RatchetError
+from ..errors import LedgerCorrupt, RatchetError
 from ..ledger.base import Ledger, WorkerInfo
+from .backoff import RepeatedFailure
 
 __all__ = ["REGISTRY_RETENTION_S", "TOUCH_INTERVAL_S", "UNRESPONSIVE_FLOOR_S", "Registrar",
            "host_identity", "process_gone", "process_start_time"]
@@ -167,6 +168,9 @@ class Registrar(threading.Thread):
         self.revoked: dict[str, list[str]] = {}
         self._stop_event = threading.Event()
         self._registered = False
+        # A ledger that stays unavailable: its first error and a summary now and then, not
+        # a line per scan.
+        self._failures = RepeatedFailure("worker registry", log, level=logging.WARNING)
 
     def info(self) -> WorkerInfo:
         """This worker's registry entry."""
@@ -215,14 +219,17 @@ class Registrar(threading.Thread):
                 if since_touch >= self.touch_interval_s:
                     since_touch = 0.0
                     self.ledger.touch_worker(self.holder)
+                    self._failures.succeeded()  # a write: the reads alone may pass
                 if since_prune >= self.prune_interval_s:
                     since_prune = 0.0
                     pruned = self.ledger.prune_workers(self.retention_s)
                     if pruned:
                         log.info("worker registry: pruned %d stopped/dead worker row(s)",
                                  len(pruned))
+            except LedgerCorrupt:
+                pass  # the worker's claim path reports it once, and stops the worker
             except RatchetError as exc:
-                log.warning("worker registry: %s", exc)
+                self._failures.failed(exc)
 
     def stop(self, clean: bool = True) -> None:
         """Stop the thread; on a clean exit mark this worker ``stopped`` in the registry."""
@@ -232,5 +239,8 @@ class Registrar(threading.Thread):
         if clean and self._registered:
             try:
                 self.ledger.touch_worker(self.holder, state="stopped")
+            except LedgerCorrupt:  # said once already, by the worker's claim path
+                log.warning("worker registry: could not mark %s stopped (corrupt ledger)",
+                            self.holder)
             except RatchetError as exc:
                 log.warning("worker registry: could not mark %s stopped: %s", self.holder, exc)

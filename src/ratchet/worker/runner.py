@@ -101,11 +101,13 @@ import tenacity
 from .. import faults
 from ..app import App, TaskDefinition
 from ..errors import (
+    EXIT_LEDGER_CORRUPT,
     CircuitOpen,
     ConfigError,
     EffectOutcomeUnknown,
     FenceError,
     LeaseLost,
+    LedgerCorrupt,
     LedgerUnavailable,
     RatchetError,
     StaleGeneration,
@@ -144,6 +146,7 @@ from .writer import LedgerWriter
 __all__ = [
     "DEFAULT_SHUTDOWN_GRACE_S",
     "EXIT_HANDED_BACK",
+    "EXIT_LEDGER_CORRUPT",
     "EXIT_STUCK_THREADS",
     "MAX_CONCURRENCY",
     "MAX_POLL_INTERVAL_S",
@@ -298,6 +301,10 @@ class _Policy:
 
     def release(self, reserved: int, freed: int) -> None:
         self._worker._release(reserved, freed)
+
+    def claim_failed(self, error: BaseException) -> None:
+        if isinstance(error, LedgerCorrupt):
+            self._worker._stop_corrupt(error)
 
 
 UNDECODABLE = "undecodable"
@@ -515,7 +522,8 @@ class Worker:
         self.max_stuck_threads = max_stuck_threads
         self.stop_reason: str | None = None
         """Why :meth:`run` ended early, if it did: ``"stuck_threads"`` (the cap was
-        reached); None otherwise."""
+        reached), ``"ledger_corrupt"`` (a claim raised :class:`LedgerCorrupt`); None
+        otherwise."""
         self.app = app
         self.concurrency = concurrency
         self.prefetch = prefetch
@@ -618,7 +626,10 @@ class Worker:
         running attempt ended or was released at a step boundary),
         :data:`EXIT_HANDED_BACK` (the grace ended or a second signal came: leases of
         running tasks handed back), :data:`EXIT_STUCK_THREADS` (stopped itself at
-        ``max_stuck_threads``; restart it)."""
+        ``max_stuck_threads``; restart it), :data:`EXIT_LEDGER_CORRUPT` (stopped itself on a
+        corrupt ledger; restore it before restarting)."""
+        if self.stop_reason == "ledger_corrupt":
+            return EXIT_LEDGER_CORRUPT
         if self.stop_reason == "stuck_threads":
             return EXIT_STUCK_THREADS
         if self.stats.handed_back:
@@ -983,6 +994,18 @@ class Worker:
                       stuck, self.max_stuck_threads)
             self.stop_reason = "stuck_threads"
             self.stop()
+
+    def _stop_corrupt(self, error: LedgerCorrupt) -> None:
+        """A claim found the ledger corrupt (writer thread): retrying cannot repair it, so
+        stop claiming and end :meth:`run` as on SIGTERM (exit status
+        :data:`EXIT_LEDGER_CORRUPT`). Logged once, however many claims fail."""
+        with self._lock:
+            if self.stop_reason == "ledger_corrupt":
+                return
+            self.stop_reason = "ledger_corrupt"
+        log.critical("%s: this worker stops claiming and exits (status %d)", error,
+                     EXIT_LEDGER_CORRUPT)
+        self.stop()
 
     def _hand_back(self, reason: str) -> None:
         """Hand back the lease of every attempt still running (the shutdown grace ended, or

@@ -25,6 +25,13 @@ claims as many tasks as the policy allows, counting the slots its own completion
 claim asks for until its outcome is known, so two lanes claiming at once never take more
 than the worker has room for.
 
+A poll's claim that fails (the ledger unavailable: a full disk, a database restart) is
+retried with exponential backoff and logged once, then summarised
+(:class:`~ratchet.worker.backoff.RepeatedFailure`); every failed claim, alone or riding on a
+commit, is also reported to the policy (``claim_failed``: the worker stops on a corrupt
+ledger), and so is a corruption any other call of the ledger found
+(:attr:`Ledger.corruption <ratchet.ledger.base.Ledger.corruption>`).
+
 A write the database refuses for its content (:class:`~ratchet.errors.WriteRejected`, or
 any error that is not an outage) fails only that write: the other writes of its batch are
 then committed one by one, and only the refused one's callback gets the error. An outage
@@ -42,8 +49,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from ..errors import LedgerError, LedgerUnavailable
+from ..errors import LedgerCorrupt, LedgerError, LedgerUnavailable
 from ..ledger.base import Claim, ClaimKind, CommitOutcome, Ledger, TaskWrite
+from .backoff import RepeatedFailure
 from .forks import check_process
 
 if TYPE_CHECKING:
@@ -117,6 +125,11 @@ class ClaimPolicy(Protocol):
         """Nothing was claimed for a reservation of ``reserved`` slots: free them."""
         ...
 
+    def claim_failed(self, error: BaseException) -> None:
+        """A claim (a poll's, or riding on a commit) failed with ``error``; its reservation
+        was released already."""
+        ...
+
 
 class _Pending:
     """A write (or claim) waiting for the writer: a result slot on a pre-acquired lock.
@@ -186,6 +199,8 @@ class LedgerWriter:
         """Lifecycle hooks (claim and commit events), or None when no middleware is set."""
         self._lanes = [_Lane(self, i) for i in range(writers)]
         self._next_poll = 0
+        self.claim_failures = RepeatedFailure("claim", log)
+        """Backoff and log throttling of failing poll claims (all writer threads)."""
 
     @property
     def ledger(self) -> Ledger:
@@ -373,6 +388,13 @@ class _Lane(threading.Thread):
         except Exception:
             log.exception("ledger writer: claim policy release failed")
 
+    @staticmethod
+    def _claim_failed(policy: ClaimPolicy, error: BaseException) -> None:
+        try:
+            policy.claim_failed(error)
+        except Exception:
+            log.exception("ledger writer: claim policy claim_failed failed")
+
     def _dispatch(self, policy: ClaimPolicy, claims: list[Claim], t_sent: float,
                   reserved: int, freed: int) -> None:
         """Hand ``claims`` to the policy; end the reservation of ``reserved`` slots."""
@@ -397,6 +419,12 @@ class _Lane(threading.Thread):
         policy = self._owner._policy
         hooks = self._owner.hooks
         claimed_here = False
+        corrupt = self._ledger.corruption
+        if corrupt is not None and policy is not None:
+            # Found by another call of this ledger (the registry, a renewal, a commit):
+            # the claims here may read only pages that are still whole, but the ledger is
+            # damaged all the same.
+            self._claim_failed(policy, corrupt)
         while writes:
             chunk, writes = writes[: self._max_batch], writes[self._max_batch :]
             limit = freed = 0
@@ -419,6 +447,7 @@ class _Lane(threading.Thread):
                     # Unreachable, or lost during COMMIT (outcome unknown): never apply
                     # these writes a second time; each task handles the failure.
                     self._release(policy, limit, freed)
+                    self._claim_failed(policy, exc)
                     if hooks is not None:
                         hooks.after_commit(len(chunk), time.monotonic() - t_sent, exc)
                     for _, cb in chunk:
@@ -427,6 +456,7 @@ class _Lane(threading.Thread):
                 except Exception as exc:
                     # Commit alone (below), so errors land where they belong.
                     self._release(policy, limit, freed)
+                    self._claim_failed(policy, exc)
                     if hooks is not None:
                         hooks.after_commit(len(chunk), time.monotonic() - t_sent, exc)
                     log.debug("commit_and_claim failed; committing without the claim",
@@ -436,12 +466,14 @@ class _Lane(threading.Thread):
                         hooks.after_commit(len(chunk), time.monotonic() - t_sent, None)
                     self.transactions += 1
                     self.writes += len(chunk)
+                    self._owner.claim_failures.succeeded()
                     self._dispatch(policy, claimed, t_sent, limit, freed)
                     for (_, cb), outcome in zip(chunk, outcomes, strict=True):
                         _resolve(cb, outcome, None)
                     continue
             self._commit_chunk(chunk)
-        if poll and not claimed_here and policy is not None:
+        failures = self._owner.claim_failures
+        if poll and not claimed_here and policy is not None and failures.ready():
             limit = self._policy_limit(policy, 0, forced=True)
             if limit > 0:
                 t_sent = time.monotonic()
@@ -452,8 +484,11 @@ class _Lane(threading.Thread):
                     claimed = self._ledger.claim(policy.holder, policy.names, limit)
                 except Exception as exc:  # keep the worker alive; the main loop polls again
                     self._release(policy, limit, 0)
-                    log.error("claim failed: %s", exc)
+                    if not isinstance(exc, LedgerCorrupt):  # never retried: the policy's
+                        failures.failed(exc)  # polls skipped until the backoff has passed
+                    self._claim_failed(policy, exc)
                 else:
+                    failures.succeeded()
                     self._dispatch(policy, claimed, t_sent, limit, 0)
         for cb in syncs:
             _resolve(cb, [], None)
