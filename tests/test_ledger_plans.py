@@ -187,7 +187,7 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
         "ids": json.dumps(["x1", "x2"]), "generations": json.dumps([1, 1]),
         "keys": json.dumps(["k1"]), "id": "x1", "generation": 1, "state": "SUCCEEDED",
         "run_at": None, "release": 0, "keep": 0, "result": None, "error": None,
-        "error_class": None, "request": None,
+        "error_class": None, "traceback": None, "request": None,
     }
     for kinds in ([NAME], [(NAME, 1)], [(NAME, 2), ("other.task", 1)], [(NAME, 1), (NAME, 2)]):
         ready = {**params, **{k: json.dumps(v) for k, v in claim_kinds(kinds).items()}}
