@@ -28,8 +28,9 @@ Errors are :class:`~ratchet.web.models.ErrorBody` JSON: 401 missing / wrong toke
 submit on a service started without ``--app``, 404 unknown task, 409 wrong state or an
 idempotency conflict (with both digests; also the same key and params with another
 ``tenant`` or pinned ``version``, naming the field), 413 params (or the request body) too large,
-422 bad input (the fields in ``errors``), 503 ledger unavailable (``ledger_corrupt``: the
-database says its data is damaged).
+422 bad input (the fields in ``errors``; a JSON body with a key twice in one object too:
+:mod:`ratchet.web.jsonbody`), 503 ledger unavailable (``ledger_corrupt``: the database
+says its data is damaged).
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at
@@ -77,6 +78,7 @@ from ..serde import printable
 from ..states import State
 from .app import WebSettings
 from .auth import bearer, read_ok, token_ok
+from .jsonbody import DuplicateKeyBody, StrictJsonRoute
 from .models import (
     NO_NUL,
     ApiIndex,
@@ -218,6 +220,10 @@ def _install_error_handlers(api: FastAPI) -> None:
 
     async def on_http(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if isinstance(exc, DuplicateKeyBody):  # a JSON body with a key twice
+            return _json_error(422, ErrorBody(
+                error="invalid", message=f"bad input: body: {exc.detail}",
+                errors=[FieldError(field="body", message=exc.detail)]))
         if exc.status_code == 400:  # FastAPI could not read the body (bytes that are not text)
             return _json_error(422, ErrorBody(
                 error="invalid", message=f"bad input: body: {exc.detail} (send JSON text)",
@@ -383,12 +389,14 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                     "one it listens on loopback only, reads are open and loopback clients "
                     "may mutate. Operator actions take a reason and are audited with the "
                     f"operator named by {OPERATOR_HEADER}.")
+    api.router.route_class = StrictJsonRoute  # a JSON body with a key twice is a 422
     _install_error_handlers(api)
     scheme = _bearer_scheme(settings)
     Operator = Annotated[str, Depends(_operator_dependency(settings, scheme))]
     TaskId = Annotated[str, Path(max_length=1024, pattern=NO_NUL, description="The task id.")]
     reader = _read_dependency(settings, scheme)
-    reads = APIRouter(dependencies=[Depends(reader)] if reader is not None else [])
+    reads = APIRouter(dependencies=[Depends(reader)] if reader is not None else [],
+                      route_class=StrictJsonRoute)
 
     def read_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         """A read's error responses: 401 too when a token is configured."""
