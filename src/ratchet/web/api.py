@@ -106,7 +106,11 @@ _DESCRIPTIONS = {
          "but /health, /openapi.json and the index; without it, a mutation from a "
          "non-loopback peer).",
     403: "Submitting needs the task registry: this service was started without --app.",
-    404: "No such task.",
+    400: "The Host header names a host this service does not answer to (ratchet serve "
+         "--allowed-host adds one): a guard against DNS rebinding. Plain text.",
+    404: "No such task (or a path parameter that is empty or holds '/': no such route).",
+    408: "The request body did not arrive within the service's body timeout (ratchet "
+         "serve --body-timeout-s); the connection is closed.",
     409: "The task is in the wrong state for this action, or the Idempotency-Key belongs "
          "to a task with other params (both digests given).",
     413: "The params are larger than the ledger's payload limit, or the request body is "
@@ -136,6 +140,19 @@ class ApiError(Exception):
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The ``responses=`` of a route for these error status codes."""
     return {code: {"model": ErrorBody, "description": _DESCRIPTIONS[code]} for code in codes}
+
+
+NO_ROUTE: dict[int | str, dict[str, Any]] = {404: {
+    "model": ErrorBody,
+    "description": "No such route: the fingerprint is empty or holds '/' (an unknown "
+                   "fingerprint of 16 hex digits replays nothing: 200)."}}
+"""The 404 of ``POST /quarantine/{fingerprint}/replay``."""
+
+BAD_HOST: dict[int | str, dict[str, Any]] = {400: {
+    "description": _DESCRIPTIONS[400],
+    "content": {"text/plain": {"schema": {"type": "string"}}}}}
+"""The answer of every route to a ``Host`` it does not serve (:mod:`ratchet.web.hosts`:
+Starlette's ``TrustedHostMiddleware``, before the API)."""
 
 
 def _json_error(status: int, body: ErrorBody, headers: dict[str, str] | None = None
@@ -181,6 +198,8 @@ def _message(error: Mapping[str, Any]) -> str:
     loc = error.get("loc", ())
     if error.get("type") == "string_pattern_mismatch" and loc and loc[-1] == "reason":
         return "must say why (not blank, no NUL): it is kept in the audit log"
+    if error.get("type") == "string_pattern_mismatch" and loc and loc[-1] == "fingerprint":
+        return "must be the 16 hex digits GET /api/quarantine lists"
     if error.get("type") == "string_pattern_mismatch":
         return ("must not be empty" if error.get("input") == ""
                 else "must not contain a NUL character")
@@ -382,7 +401,7 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
     token_mode = settings.api_token is not None
     api = FastAPI(
         title="Ratchet API", version=__version__, openapi_url="/openapi.json",
-        docs_url=None, redoc_url=None,
+        docs_url=None, redoc_url=None, responses=BAD_HOST,
         description="Submit, inspect and operate Ratchet tasks. When the service has a "
                     "token, every route but /health, /openapi.json and the index needs "
                     "'Authorization: Bearer $RATCHET_API_TOKEN' (reads included); without "
@@ -517,7 +536,7 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
               responses={200: {"model": SubmitResponse,
                                "description": "The Idempotency-Key already names this task "
                                               "(same name and params): the original."},
-                         **_errors(401, 403, 409, 413, 422, 503)},
+                         **_errors(401, 403, 408, 409, 413, 422, 503)},
               summary="Submit a task (Idempotency-Key: same key and params → the original)")
     def submit(
         body: SubmitBody,
@@ -547,19 +566,19 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                               created=handle.created, task=task)
 
     @api.post("/tasks/{task_id}/cancel", response_model=ControlOutcome,
-              responses=_errors(401, 404, 409, 413, 422, 503),
+              responses=_errors(401, 404, 408, 409, 413, 422, 503),
               summary="Cancel a task (running: at its next step boundary)")
     def cancel(task_id: TaskId, body: CancelBody, operator: Operator) -> ControlOutcome:
         return _unchanged_is_conflict(control.cancel(task_id, reason=body.reason, by=operator))
 
     @api.post("/tasks/{task_id}/retry", response_model=ControlOutcome,
-              responses=_errors(401, 404, 409, 413, 422, 503),
+              responses=_errors(401, 404, 408, 409, 413, 422, 503),
               summary="Run a FAILED task again, from its checkpoint")
     def retry(task_id: TaskId, body: RetryBody, operator: Operator) -> ControlOutcome:
         return _unchanged_is_conflict(control.retry(task_id, reason=body.reason, by=operator))
 
     @api.post("/tasks/{task_id}/resolve", response_model=TaskInfo,
-              responses=_errors(401, 404, 409, 413, 422, 503),
+              responses=_errors(401, 404, 408, 409, 413, 422, 503),
               summary="Settle an UNKNOWN task's open effect (done / not-done / give-up)")
     def resolve(task_id: TaskId, body: ResolveBody, operator: Operator) -> TaskInfo:
         try:
@@ -570,19 +589,20 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                            state=control.get(task_id).state.value) from None
 
     @api.post("/pauses", response_model=PauseResult,
-              responses=_errors(401, 404, 413, 422, 503),
+              responses=_errors(401, 404, 408, 413, 422, 503),
               summary="Pause everything, a task type or one task")
     def pause(body: PauseBody, operator: Operator) -> PauseResult:
         return control.pause(body.scope, body.target, reason=body.reason, by=operator)
 
-    @api.post("/resume", response_model=PauseResult, responses=_errors(401, 413, 422, 503),
+    @api.post("/resume", response_model=PauseResult,
+              responses=_errors(401, 408, 413, 422, 503),
               summary="End a pause (optionally re-admitting at a rate)")
     def resume(body: ResumeBody, operator: Operator) -> PauseResult:
         return control.resume(body.scope, body.target, reason=body.reason, by=operator,
                               rate_per_s=body.rate_per_s)
 
     @api.post("/quarantine/{fingerprint}/replay", response_model=ReplayReport,
-              responses=_errors(401, 413, 422, 503),
+              responses={**_errors(401, 408, 413, 422, 503), **NO_ROUTE},
               summary="Re-queue one fingerprint's quarantined tasks at a rate (or dry run)")
     def replay(
         fingerprint: Annotated[str, Path(pattern=r"^[0-9a-fA-F]{16}$",
