@@ -68,14 +68,15 @@ def token_api(ledger_url: str, timeout_s: float = 60.0) -> Iterator[httpx.Client
 
 
 @contextmanager
-def serve_process(ledger_url: str, *args: str, token: str | None = TOKEN
-                  ) -> Iterator[str]:
-    """``ratchet serve --ledger URL --port 0 --app api_app:app ARGS`` as a subprocess;
-    yields its base URL (read from the start line). SIGTERM at exit."""
+def serve_process(ledger_url: str, *args: str, token: str | None = TOKEN,
+                  env: dict[str, str] | None = None) -> Iterator[str]:
+    """``ratchet serve --ledger URL --port 0 --app api_app:app ARGS`` as a subprocess
+    (``env``: more environment variables); yields its base URL (read from the start
+    line). SIGTERM at exit."""
     cmd = [sys.executable, "-m", "ratchet.cli.main", "serve", "--ledger", ledger_url,
            "--port", "0", "--app", "api_app:app", "--log-level", "warning", *args]
-    proc = subprocess.Popen(cmd, cwd=HERE, env=clean_env({"RATCHET_API_TOKEN": token},
-                                                         pythonpath=[HERE]),
+    variables: dict[str, str | None] = {"RATCHET_API_TOKEN": token, **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=HERE, env=clean_env(variables, pythonpath=[HERE]),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     drain: threading.Thread | None = None
     try:

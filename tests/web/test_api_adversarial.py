@@ -2,7 +2,7 @@
 ledgers: bodies far over the payload limit are refused before parsing (also without the
 token), error messages say what is wrong (the params fields, a body that is not JSON), and
 an Idempotency-Key replay with another body (params, tenant, pinned version) is not
-silently taken for the original."""
+silently taken for the original, and a JSON body with a key twice is refused."""
 
 from __future__ import annotations
 
@@ -147,6 +147,44 @@ def test_params_errors_name_the_fields_and_bad_json_says_so(api: httpx.Client) -
         assert field["field"] == "body", field
         assert field["message"].startswith("the body is not valid JSON"), field
         assert "not valid JSON" in bad.json()["message"]
+
+
+DUPLICATED = {
+    "/tasks": b'{"name": "web.echo", "params": {"text": "a", "text": "b"}}',
+    "/tasks/{task_id}/cancel": b'{"reason": "ok", "reason": ""}',
+    "/tasks/{task_id}/retry": b'{"reason": "x", "reason": "y"}',
+    "/tasks/{task_id}/resolve": b'{"outcome": "done", "result": {"id": 1, "id": 2}, '
+                                b'"reason": "r"}',
+    "/pauses": b'{"scope": "all", "scope": "type", "target": "web.echo", "reason": "r"}',
+    "/resume": b'{"scope": "all", "reason": "r", "reason": "s"}',
+    "/quarantine/{fingerprint}/replay": b'{"rate_per_s": 1, "rate_per_s": 1000, '
+                                        b'"reason": "r"}',
+}
+"""A body with a key twice for every POST of the API (nested in params and result too)."""
+
+
+def test_a_json_key_twice_is_refused_on_every_body(api: httpx.Client,
+                                                   ledger_url: str) -> None:
+    task_id = api.post("/tasks", json={"name": "web.echo", "params": {"text": "t"}}
+                       ).json()["task_id"]
+    doc = api.get("/openapi.json").json()
+    assert sorted(DUPLICATED) == sorted(p for p, ops in doc["paths"].items() if "post" in ops)
+    for path, body in DUPLICATED.items():
+        url = path.replace("{task_id}", task_id).replace("{fingerprint}", "0123456789abcdef")
+        answer = api.post(url, content=body, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 422, (path, answer.text)
+        error = answer.json()
+        assert error["error"] == "invalid", error
+        assert error["errors"][0]["field"] == "body", error
+        assert "appears twice in one object" in error["message"], error
+    control = Control(ledger_url)
+    assert [t.task_id for t in control.list_tasks(limit=10).tasks] == [task_id]
+    assert control.pauses() == [] and control.get(task_id).state.value == "PENDING"
+    control.close()
+    same = api.post("/tasks", content=b'{"name": "web.echo", "params": {"text": "a"}, '
+                                      b'"delay_s": 0}',
+                    headers={"Content-Type": "application/json"})
+    assert same.status_code == 201, same.text
 
 
 def test_every_mutation_documents_the_body_cap(api: httpx.Client) -> None:

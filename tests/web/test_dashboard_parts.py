@@ -13,6 +13,7 @@ from ratchet.control import EffectView, StepView, TaskTimeline
 from ratchet.ledger.base import AuditEvent, TaskInfo, TypeCapacity
 from ratchet.states import State
 from ratchet.web import charts, present
+from ratchet.web.dashboard import BadInput, _result
 from ratchet.web.sessions import Flash, SessionKeeper
 
 
@@ -100,3 +101,9 @@ def test_sessions_are_signed_expire_and_bind_their_csrf_token() -> None:
     assert keeper.read_flash(flash, now=1010.0) == Flash("paused", "ok")
     assert keeper.read_flash(flash, now=2000.0) is None
     assert keeper.read_flash(cookie, now=1001.0) is None  # a session is not a flash
+
+
+def test_a_resolve_result_with_a_key_twice_is_refused() -> None:
+    assert _result('{"id": 1, "nested": {"id": 2}}', "done") == {"id": 1, "nested": {"id": 2}}
+    with pytest.raises(BadInput, match="'id' appears twice in one object"):
+        _result('{"charge": {"id": 1, "id": 2}}', "done")

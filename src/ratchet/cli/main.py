@@ -17,6 +17,7 @@ or cut (:mod:`ratchet.cli.render`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -1762,6 +1763,21 @@ def serve(
                      " Prometheus: the scrape config's authorization credentials)."
                      " Default: /metrics is open (no task ids, keys or params)."),
     ] = False,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option("--allowed-host", metavar="NAME",
+                     help="A Host name to answer to besides localhost, 127.0.0.1, [::1] and"
+                     " --host (repeat for several; '*.example.com' for subdomains; also"
+                     " $RATCHET_ALLOWED_HOSTS, comma-separated): e.g. a reverse proxy's"
+                     " name. Requests for any other Host are refused (400), which stops DNS"
+                     " rebinding."),
+    ] = None,
+    body_timeout_s: Annotated[
+        float | None,
+        typer.Option("--body-timeout-s", min=0.001, metavar="SECONDS",
+                     help="Seconds a request body may take to arrive; then 408 and the"
+                     " connection is closed. Default: 30."),
+    ] = None,
 ) -> None:
     """Serve the HTTP API (/api, OpenAPI at /api/openapi.json) and the dashboard.
 
@@ -1769,10 +1785,12 @@ def serve(
     /api read and mutation needs 'Authorization: Bearer $RATCHET_API_TOKEN' (but
     /api/health and /api/openapi.json) and every dashboard page a login; without it the
     service listens on loopback only (another --host is refused), reads are open and
-    mutations are accepted from loopback. Operator actions take a reason and are audited
-    with the X-Ratchet-Operator header's name.
+    mutations are accepted from loopback. Either way only requests for an allowed Host
+    (localhost, 127.0.0.1, [::1], --host, --allowed-host) are answered. Operator actions
+    take a reason and are audited with the X-Ratchet-Operator header's name.
     """
     from ..web import WebSettings
+    from ..web.hosts import ALLOWED_HOSTS_ENV, parse_allowed_hosts
     from ..web.serve import serve as run_service
 
     level = log_level.lower()
@@ -1782,8 +1800,11 @@ def serve(
                                  (repr(log_level), "")))
         raise typer.Exit(2)
     token = os.environ.get("RATCHET_API_TOKEN") or None
+    extra = (*parse_allowed_hosts(os.environ.get(ALLOWED_HOSTS_ENV)), *(allowed_host or ()))
     settings = WebSettings(ledger_url=ledger, api_token=token, app_spec=app_spec,
-                           metrics_auth=metrics_auth)
+                           metrics_auth=metrics_auth, allowed_hosts=extra)
+    if body_timeout_s is not None:
+        settings = dataclasses.replace(settings, body_timeout_s=body_timeout_s)
     _guard(lambda: run_service(settings, host, port, log_level=level))
 
 

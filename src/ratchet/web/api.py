@@ -28,8 +28,9 @@ Errors are :class:`~ratchet.web.models.ErrorBody` JSON: 401 missing / wrong toke
 submit on a service started without ``--app``, 404 unknown task, 409 wrong state or an
 idempotency conflict (with both digests; also the same key and params with another
 ``tenant`` or pinned ``version``, naming the field), 413 params (or the request body) too large,
-422 bad input (the fields in ``errors``), 503 ledger unavailable (``ledger_corrupt``: the
-database says its data is damaged).
+422 bad input (the fields in ``errors``; a JSON body with a key twice in one object too:
+:mod:`ratchet.web.jsonbody`), 503 ledger unavailable (``ledger_corrupt``: the database
+says its data is damaged).
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at
@@ -77,6 +78,7 @@ from ..serde import printable
 from ..states import State
 from .app import WebSettings
 from .auth import bearer, read_ok, token_ok
+from .jsonbody import DuplicateKeyBody, StrictJsonRoute
 from .models import (
     NO_NUL,
     ApiIndex,
@@ -104,7 +106,11 @@ _DESCRIPTIONS = {
          "but /health, /openapi.json and the index; without it, a mutation from a "
          "non-loopback peer).",
     403: "Submitting needs the task registry: this service was started without --app.",
-    404: "No such task.",
+    400: "The Host header names a host this service does not answer to (ratchet serve "
+         "--allowed-host adds one): a guard against DNS rebinding. Plain text.",
+    404: "No such task (or a path parameter that is empty or holds '/': no such route).",
+    408: "The request body did not arrive within the service's body timeout (ratchet "
+         "serve --body-timeout-s); the connection is closed.",
     409: "The task is in the wrong state for this action, or the Idempotency-Key belongs "
          "to a task with other params (both digests given).",
     413: "The params are larger than the ledger's payload limit, or the request body is "
@@ -134,6 +140,19 @@ class ApiError(Exception):
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The ``responses=`` of a route for these error status codes."""
     return {code: {"model": ErrorBody, "description": _DESCRIPTIONS[code]} for code in codes}
+
+
+NO_ROUTE: dict[int | str, dict[str, Any]] = {404: {
+    "model": ErrorBody,
+    "description": "No such route: the fingerprint is empty or holds '/' (an unknown "
+                   "fingerprint of 16 hex digits replays nothing: 200)."}}
+"""The 404 of ``POST /quarantine/{fingerprint}/replay``."""
+
+BAD_HOST: dict[int | str, dict[str, Any]] = {400: {
+    "description": _DESCRIPTIONS[400],
+    "content": {"text/plain": {"schema": {"type": "string"}}}}}
+"""The answer of every route to a ``Host`` it does not serve (:mod:`ratchet.web.hosts`:
+Starlette's ``TrustedHostMiddleware``, before the API)."""
 
 
 def _json_error(status: int, body: ErrorBody, headers: dict[str, str] | None = None
@@ -179,6 +198,8 @@ def _message(error: Mapping[str, Any]) -> str:
     loc = error.get("loc", ())
     if error.get("type") == "string_pattern_mismatch" and loc and loc[-1] == "reason":
         return "must say why (not blank, no NUL): it is kept in the audit log"
+    if error.get("type") == "string_pattern_mismatch" and loc and loc[-1] == "fingerprint":
+        return "must be the 16 hex digits GET /api/quarantine lists"
     if error.get("type") == "string_pattern_mismatch":
         return ("must not be empty" if error.get("input") == ""
                 else "must not contain a NUL character")
@@ -218,6 +239,10 @@ def _install_error_handlers(api: FastAPI) -> None:
 
     async def on_http(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if isinstance(exc, DuplicateKeyBody):  # a JSON body with a key twice
+            return _json_error(422, ErrorBody(
+                error="invalid", message=f"bad input: body: {exc.detail}",
+                errors=[FieldError(field="body", message=exc.detail)]))
         if exc.status_code == 400:  # FastAPI could not read the body (bytes that are not text)
             return _json_error(422, ErrorBody(
                 error="invalid", message=f"bad input: body: {exc.detail} (send JSON text)",
@@ -376,19 +401,21 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
     token_mode = settings.api_token is not None
     api = FastAPI(
         title="Ratchet API", version=__version__, openapi_url="/openapi.json",
-        docs_url=None, redoc_url=None,
+        docs_url=None, redoc_url=None, responses=BAD_HOST,
         description="Submit, inspect and operate Ratchet tasks. When the service has a "
                     "token, every route but /health, /openapi.json and the index needs "
                     "'Authorization: Bearer $RATCHET_API_TOKEN' (reads included); without "
                     "one it listens on loopback only, reads are open and loopback clients "
                     "may mutate. Operator actions take a reason and are audited with the "
                     f"operator named by {OPERATOR_HEADER}.")
+    api.router.route_class = StrictJsonRoute  # a JSON body with a key twice is a 422
     _install_error_handlers(api)
     scheme = _bearer_scheme(settings)
     Operator = Annotated[str, Depends(_operator_dependency(settings, scheme))]
     TaskId = Annotated[str, Path(max_length=1024, pattern=NO_NUL, description="The task id.")]
     reader = _read_dependency(settings, scheme)
-    reads = APIRouter(dependencies=[Depends(reader)] if reader is not None else [])
+    reads = APIRouter(dependencies=[Depends(reader)] if reader is not None else [],
+                      route_class=StrictJsonRoute)
 
     def read_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         """A read's error responses: 401 too when a token is configured."""
@@ -509,7 +536,7 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
               responses={200: {"model": SubmitResponse,
                                "description": "The Idempotency-Key already names this task "
                                               "(same name and params): the original."},
-                         **_errors(401, 403, 409, 413, 422, 503)},
+                         **_errors(401, 403, 408, 409, 413, 422, 503)},
               summary="Submit a task (Idempotency-Key: same key and params → the original)")
     def submit(
         body: SubmitBody,
@@ -539,19 +566,19 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                               created=handle.created, task=task)
 
     @api.post("/tasks/{task_id}/cancel", response_model=ControlOutcome,
-              responses=_errors(401, 404, 409, 413, 422, 503),
+              responses=_errors(401, 404, 408, 409, 413, 422, 503),
               summary="Cancel a task (running: at its next step boundary)")
     def cancel(task_id: TaskId, body: CancelBody, operator: Operator) -> ControlOutcome:
         return _unchanged_is_conflict(control.cancel(task_id, reason=body.reason, by=operator))
 
     @api.post("/tasks/{task_id}/retry", response_model=ControlOutcome,
-              responses=_errors(401, 404, 409, 413, 422, 503),
+              responses=_errors(401, 404, 408, 409, 413, 422, 503),
               summary="Run a FAILED task again, from its checkpoint")
     def retry(task_id: TaskId, body: RetryBody, operator: Operator) -> ControlOutcome:
         return _unchanged_is_conflict(control.retry(task_id, reason=body.reason, by=operator))
 
     @api.post("/tasks/{task_id}/resolve", response_model=TaskInfo,
-              responses=_errors(401, 404, 409, 413, 422, 503),
+              responses=_errors(401, 404, 408, 409, 413, 422, 503),
               summary="Settle an UNKNOWN task's open effect (done / not-done / give-up)")
     def resolve(task_id: TaskId, body: ResolveBody, operator: Operator) -> TaskInfo:
         try:
@@ -562,19 +589,20 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                            state=control.get(task_id).state.value) from None
 
     @api.post("/pauses", response_model=PauseResult,
-              responses=_errors(401, 404, 413, 422, 503),
+              responses=_errors(401, 404, 408, 413, 422, 503),
               summary="Pause everything, a task type or one task")
     def pause(body: PauseBody, operator: Operator) -> PauseResult:
         return control.pause(body.scope, body.target, reason=body.reason, by=operator)
 
-    @api.post("/resume", response_model=PauseResult, responses=_errors(401, 413, 422, 503),
+    @api.post("/resume", response_model=PauseResult,
+              responses=_errors(401, 408, 413, 422, 503),
               summary="End a pause (optionally re-admitting at a rate)")
     def resume(body: ResumeBody, operator: Operator) -> PauseResult:
         return control.resume(body.scope, body.target, reason=body.reason, by=operator,
                               rate_per_s=body.rate_per_s)
 
     @api.post("/quarantine/{fingerprint}/replay", response_model=ReplayReport,
-              responses=_errors(401, 413, 422, 503),
+              responses={**_errors(401, 408, 413, 422, 503), **NO_ROUTE},
               summary="Re-queue one fingerprint's quarantined tasks at a rate (or dry run)")
     def replay(
         fingerprint: Annotated[str, Path(pattern=r"^[0-9a-fA-F]{16}$",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -18,7 +19,8 @@ from ..app import App
 from ..config import max_payload_bytes_from_env
 from ..control import Control
 from ..loading import load_app
-from .limits import BodyLimit, body_limit_bytes
+from .hosts import allowed_hosts, check_allowed_hosts
+from .limits import DEFAULT_BODY_TIMEOUT_S, BodyLimit, body_limit_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,19 +39,30 @@ class WebSettings:
         metrics_auth: ``/metrics`` needs the bearer token too (``ratchet serve
             --metrics-auth``; needs ``api_token``); default open (it carries no task ids,
             keys, params or tenants).
+        allowed_hosts: ``Host`` names answered besides localhost, 127.0.0.1 and [::1]
+            (``ratchet serve --allowed-host``, ``RATCHET_ALLOWED_HOSTS``; ``serve`` adds
+            the address it listens on): any other is refused with 400, the guard against
+            DNS rebinding (:mod:`ratchet.web.hosts`).
+        body_timeout_s: seconds a request's whole body may take to arrive (``ratchet
+            serve --body-timeout-s``); later, 408 and the connection is closed
+            (:mod:`ratchet.web.limits`).
     """
 
     ledger_url: str | None = None
     api_token: str | None = None
     app_spec: str | None = None
     metrics_auth: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
 
 def create_app(settings: WebSettings, *, control: Control | None = None) -> Starlette:
     """Build the ASGI app: ``/api/...`` (JSON, OpenAPI at ``/api/openapi.json``), the
     dashboard at ``/`` and Prometheus exposition at ``/metrics``, under the rule of
-    :mod:`ratchet.web.auth`. Request bodies over
-    :func:`ratchet.web.limits.body_limit_bytes` of the payload limit are refused (413).
+    :mod:`ratchet.web.auth`. A ``Host`` other than the allowed ones
+    (:func:`ratchet.web.hosts.allowed_hosts`) is refused (400); request bodies over
+    :func:`ratchet.web.limits.body_limit_bytes` of the payload limit are refused (413),
+    and those that do not arrive within ``settings.body_timeout_s`` too (408).
 
     Args:
         settings: see :class:`WebSettings`.
@@ -58,8 +71,11 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
 
     Raises:
         ConfigError: malformed ledger URL; the app cannot be loaded
-            (:func:`ratchet.loading.load_app`).
+            (:func:`ratchet.loading.load_app`); an allowed host that is not a host name
+            (:func:`ratchet.web.hosts.check_allowed_hosts`).
     """
+    hosts = allowed_hosts(check_allowed_hosts(settings.allowed_hosts,
+                                              token_mode=settings.api_token is not None))
     from . import api, dashboard
     from .auth import bearer, metrics_ok
 
@@ -94,11 +110,14 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
         if loaded is not None:
             loaded.close()
 
-    # Request bodies are capped before parsing (413): see ratchet.web.limits.
+    # The Host is checked first (ratchet.web.hosts); request bodies are capped in size
+    # and time before parsing (413, 408): see ratchet.web.limits.
     payload_limit = (loaded.max_payload_bytes if loaded is not None
                      else max_payload_bytes_from_env())
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[
-        Middleware(BodyLimit, max_bytes=body_limit_bytes(payload_limit))])
+        Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False),
+        Middleware(BodyLimit, max_bytes=body_limit_bytes(payload_limit),
+                   timeout_s=settings.body_timeout_s)])
     app.state.control = ctl
     app.state.settings = settings
     return app

@@ -49,6 +49,7 @@ from ..validation import MAX_KEY_BYTES, check_identifier
 from . import charts, present
 from .app import WebSettings
 from .auth import read_ok, token_ok
+from .jsonbody import DuplicateKey, unique_keys
 from .sessions import FLASH_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Session, SessionKeeper
 
 HERE = Path(__file__).parent
@@ -638,7 +639,9 @@ def _result(text: str, outcome: str) -> Any:
         raise BadInput(f"A result is recorded only with outcome done, not {outcome}: clear "
                        "the result field. Nothing was changed.")
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        raise BadInput(f"The result is refused: {exc}. Nothing was changed.") from None
     except ValueError as exc:
         raise BadInput(f"The result is not valid JSON ({exc}). Nothing was changed.") \
             from None

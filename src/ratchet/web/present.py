@@ -60,15 +60,16 @@ def ago(epoch_s: float | None, now: float) -> str:
     return f"{duration(now - epoch_s)} ago"
 
 
-def rate(per_s: float | None) -> str:
-    """A rate in tasks per second: ``12.5/s``, ``0.25/s``, ``0/s``; ``-`` for None."""
+def rate(per_s: float | None, unit: str = "/s") -> str:
+    """A rate in tasks per second: ``12.5/s``, ``0.25/s``, ``0/s``; ``-`` for None
+    (``unit=""``: the number alone, under a "per second" heading)."""
     if per_s is None:
         return "-"
     if per_s == 0:
-        return "0/s"
+        return f"0{unit}"
     if abs(per_s) >= 100:
-        return f"{per_s:.0f}/s"
-    return f"{per_s:.3g}/s"
+        return f"{per_s:.0f}{unit}"
+    return f"{per_s:.3g}{unit}"
 
 
 def show_value(value: Any) -> str:

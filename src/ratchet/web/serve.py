@@ -2,12 +2,16 @@
 
 With ``RATCHET_API_TOKEN`` every read and mutation needs it (:mod:`ratchet.web.auth`).
 Without it the service listens on a loopback address only (reads are open, mutations from
-loopback need no token): another ``--host`` is refused before anything listens. The start
-line says which rule is in force.
+loopback need no token): another ``--host`` is refused before anything listens. Either way
+it answers only to the allowed ``Host`` names (:mod:`ratchet.web.hosts`): localhost,
+127.0.0.1, [::1], the ``--host`` it listens on and ``--allowed-host`` /
+``RATCHET_ALLOWED_HOSTS``. The start line says which rule is in force and which names.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import socket
 import sys
 from typing import TextIO
@@ -18,6 +22,7 @@ from ..config import parse_ledger_url, redact_url
 from ..errors import ConfigError
 from .app import WebSettings, create_app
 from .auth import LOOPBACK_HOSTS
+from .hosts import allowed_hosts, check_allowed_hosts
 
 __all__ = ["bind_socket", "check_bind", "serve", "start_line"]
 
@@ -29,7 +34,9 @@ def check_bind(settings: WebSettings, host: str) -> None:
         ConfigError: ``host`` is not 127.0.0.1 / ::1 / localhost and ``settings.api_token``
             is None (the message says how to fix it); the token is blank or has leading
             or trailing whitespace (HTTP strips header values: no client could present it);
-            ``settings.metrics_auth`` without a token.
+            ``settings.metrics_auth`` without a token; an allowed host that is not a host
+            name, or ``*`` without a token (:func:`ratchet.web.hosts.check_allowed_hosts`);
+            a ``body_timeout_s`` that is not a positive number of seconds.
     """
     token = settings.api_token
     if token is not None and (not token.strip() or token != token.strip()):
@@ -42,6 +49,10 @@ def check_bind(settings: WebSettings, host: str) -> None:
             "--metrics-auth needs RATCHET_API_TOKEN: /metrics would ask for a bearer token "
             "there is none of. Set RATCHET_API_TOKEN (the scraper sends it as "
             "'Authorization: Bearer <token>'), or drop --metrics-auth")
+    check_allowed_hosts(settings.allowed_hosts, token_mode=token is not None)
+    if not (math.isfinite(settings.body_timeout_s) and settings.body_timeout_s > 0):
+        raise ConfigError(f"--body-timeout-s must be a positive number of seconds, not "
+                          f"{settings.body_timeout_s!r}")
     if settings.api_token is None and host not in LOOPBACK_HOSTS:
         raise ConfigError(
             f"refusing to listen on {host!r} without RATCHET_API_TOKEN: anyone who can "
@@ -81,8 +92,11 @@ def start_line(settings: WebSettings, host: str, port: int, ledger: str) -> str:
             "loopback need no token")
     submit = (f"submit checked by {settings.app_spec}" if settings.app_spec is not None
               else "no --app: POST /api/tasks refused (403)")
+    names = allowed_hosts(settings.allowed_hosts, host)
+    hosts = ("any Host (--allowed-host '*')" if "*" in names else
+             f"answers to Host {', '.join(names)} only (more: --allowed-host NAME)")
     return (f"ratchet serve: {where} (API {where}/api, OpenAPI {where}/api/openapi.json) "
-            f"on ledger {ledger}; {rule}; {submit}")
+            f"on ledger {ledger}; {rule}; {hosts}; {submit}")
 
 
 def serve(settings: WebSettings, host: str = "127.0.0.1", port: int = 8000, *,
@@ -96,10 +110,13 @@ def serve(settings: WebSettings, host: str = "127.0.0.1", port: int = 8000, *,
         out: where the start line goes (default stderr).
 
     Raises:
-        ConfigError: a non-loopback host without a token, an address that cannot be bound,
-            a malformed ledger URL, an app that cannot be loaded.
+        ConfigError: a non-loopback host without a token, a bad allowed host or body
+            timeout (:func:`check_bind`), an address that cannot be bound, a malformed
+            ledger URL, an app that cannot be loaded.
     """
     check_bind(settings, host)
+    settings = dataclasses.replace(
+        settings, allowed_hosts=tuple(allowed_hosts(settings.allowed_hosts, host)))
     app = create_app(settings)
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
