@@ -20,8 +20,13 @@ early safe). A backward step would make them last longer by the step's length, s
   updated_at, 0))``, ``updated_at = now`` (a delayed retry waits at most its delay from
   then; a release is ready at once), and caps every lease at ``now + lease_s`` (a dead
   holder's lease does not outlast the step; a live holder's own deadline, kept on its
-  monotonic clock, ends before the capped one). A resume caps a paused task's kept
-  ``run_at`` by the same rule.
+  monotonic clock, ends before the capped one). The operator's pause and resume run the
+  same repair. A resume caps a paused task's kept ``run_at`` by the same rule;
+* so that ``run_at - updated_at`` stays the row's own wait, every statement that rewrites
+  ``updated_at`` of a row whose ``run_at`` it keeps (a takeover, a retirement, a fenced
+  transition to ``PAUSED`` or an end, an operator's move) re-anchors that ``run_at`` by
+  the same expression (the identity unless ``updated_at > now``): a pause written after a
+  step back on a row written before it then keeps the row's wait, not the step's.
 
 The clock is injectable for tests through :attr:`ClockFn` on the dialect
 (``Dialect.clock``; :mod:`ratchet.testing.clock` has a steppable and a frozen one).

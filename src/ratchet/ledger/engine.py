@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..config import LedgerConfig
 from ..errors import (
@@ -94,6 +94,8 @@ from .rows import (
 )
 
 __all__ = ["LedgerEngine"]
+
+_T = TypeVar("_T")
 
 _AUDIT_KEYS = ("task_id", "at", "kind", "from_state", "to_state", "generation", "holder",
                "detail")
@@ -262,16 +264,34 @@ class LedgerEngine:
             # ahead of it are re-anchored by the claim (ledger/clock.py).
             if not maybe and (clock is None or not self._clock_watch.observe(clock)):
                 return []
+        return self._run_repairing(
+            lambda tx, repaired: self._claim_in(tx, holder, names, limit, repaired=repaired))
+
+    def _repair_clock(self, tx: Tx, now: float, repaired: list[bool] | None) -> None:
+        """Re-anchor the rows written ahead of the ledger clock ``now`` (epoch seconds) in
+        ``tx`` when this process's watch saw it step back, or is new
+        (:func:`ratchet.ledger.clock.repair`). ``repaired`` receives ``True`` when it did:
+        the caller marks the repair done once ``tx`` committed. Run by every claim and by
+        the operator's pause and resume (which come while workers are stopped: a type's
+        delayed rows then wait their own wait from the command, not from the first claim)."""
+        if self._clock_watch.observe(now):
+            ledger_clock.repair(tx, now, self._clock_watch)
+            if repaired is not None:
+                repaired.append(True)
+
+    def _run_repairing(self, body: Callable[[Tx, list[bool]], _T]) -> _T:
+        """``dialect.run(body)`` for a body that may call :meth:`_repair_clock` with the
+        list it is given; the repair is marked done after the commit."""
         repaired: list[bool] = []
 
-        def body(tx: Tx) -> list[Claim]:
+        def run(tx: Tx) -> _T:
             repaired.clear()  # a retried attempt decides again
-            return self._claim_in(tx, holder, names, limit, repaired=repaired)
+            return body(tx, repaired)
 
-        claims = self.dialect.run(body)
+        result = self.dialect.run(run)
         if repaired:
             self._clock_watch.repaired()
-        return claims
+        return result
 
     @staticmethod
     def _claim_reads(
@@ -306,10 +326,7 @@ class LedgerEngine:
             pre = tx.rows_many(self._claim_reads(names, limit))
         expired, _gate, pauses, limit_rows = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
-        if self._clock_watch.observe(now):
-            ledger_clock.repair(tx, now, self._clock_watch)
-            if repaired is not None:
-                repaired.append(True)
+        self._repair_clock(tx, now, repaired)
         paused_types: set[str] = set()
         if pauses:
             if any(p[1] == "all" for p in pauses):
@@ -980,7 +997,7 @@ class LedgerEngine:
             raise InvalidArguments(f"pause scope must be one of {', '.join(_SCOPES)}, "
                                    f"got {scope!r}")
 
-        def body(tx: Tx) -> PauseResult:
+        def body(tx: Tx, repaired: list[bool]) -> PauseResult:
             task: tuple[Any, ...] | None = None
             if scope == "task":
                 # One task: its row lock serializes with its claims and its holder.
@@ -994,6 +1011,7 @@ class LedgerEngine:
             else:
                 tx.one("pause_gate", {})  # claims in flight finish first; later ones see it
             now = tx.now
+            self._repair_clock(tx, now, repaired)  # after the lock or gate: it never waits
             active = [_pause_record(r) for r in tx.rows("pauses_active")]
             same = [p for p in active if (p.scope, p.target) == (scope, target)]
             if same:
@@ -1049,7 +1067,7 @@ class LedgerEngine:
                        + ("; the task is PAUSED now" if moved else ""))
             return PauseResult("pause", "done", [record], moved, running, message)
 
-        return self.dialect.run(body)
+        return self._run_repairing(body)
 
     def resume(self, scope: str, target: str, reason: str, operator: str,
                rate_per_s: float | None = None) -> PauseResult:
@@ -1058,9 +1076,10 @@ class LedgerEngine:
             raise InvalidArguments(f"resume scope must be one of {', '.join(_SCOPES)}, "
                                    f"got {scope!r}")
 
-        def body(tx: Tx) -> PauseResult:
+        def body(tx: Tx, repaired: list[bool]) -> PauseResult:
             before = tx.rows("pauses_active")
             now = tx.now
+            self._repair_clock(tx, now, repaired)
             version_row = tx.one("pause_version", {})
             version = int(version_row[0] or 0) + 1 if version_row else 1
             ended = tx.rows("pause_resume", {"scope": scope, "target": target, "now": now,
@@ -1115,7 +1134,7 @@ class LedgerEngine:
                        + (f"; {kept} stay paused by another pause" if kept else ""))
             return PauseResult("resume", "done", records, len(rows), 0, message)
 
-        return self.dialect.run(body)
+        return self._run_repairing(body)
 
     def pauses(self) -> list[PauseRecord]:
         """See :meth:`Ledger.pauses`."""

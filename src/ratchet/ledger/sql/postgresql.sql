@@ -22,7 +22,10 @@ SELECT true;
 -- After a backward step of the ledger clock (ledger/clock.py): a ready row written ahead
 -- of the clock waits at most its own wait (run_at - updated_at) from now; a release
 -- (run_at <= updated_at) is ready at once. Rows locked by others (a claim in flight) are
--- skipped, not waited for.
+-- skipped, not waited for. Every other statement that rewrites updated_at of a row whose
+-- run_at it keeps (claim_takeover, retire, transition, control_move) re-anchors that run_at
+-- by the same expression, the identity unless updated_at > now, so run_at - updated_at
+-- stays the row's own wait (resume_tasks and this repair read it).
 UPDATE tasks t
 SET run_at = LEAST(t.run_at, %(now)s::float8 + GREATEST(t.run_at - t.updated_at, 0)),
     updated_at = %(now)s
@@ -86,7 +89,9 @@ WHERE lease_until IS NOT NULL AND lease_until < %(now)s AND state = 'RUNNING'
 ORDER BY lease_until LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
 
 -- name: claim_takeover
+-- run_at re-anchored like every write that keeps it and rewrites updated_at (ledger/clock.py).
 UPDATE tasks SET holder = %(holder)s, generation = generation + 1, attempt = attempt + 1,
+                 run_at = LEAST(run_at, %(now)s::float8 + GREATEST(run_at - updated_at, 0)),
                  lease_until = %(now)s + lease_s, updated_at = %(now)s
 WHERE id = ANY(%(ids)s::text[]) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
@@ -132,9 +137,12 @@ WHERE task_id = ANY(%(ids)s::text[]) AND state = 'intent'
 ORDER BY task_id, name;
 
 -- name: retire
--- A holder gone on its final attempt: FAILED, or UNKNOWN with an open effect intent. The
--- generation moves on, so whatever the old holder still writes is fenced out.
+-- A holder gone on its final attempt: FAILED, or UNKNOWN with an open effect intent (or an
+-- operator's request applied: CANCELLED, PAUSED). The generation moves on, so whatever the
+-- old holder still writes is fenced out; run_at is re-anchored (clock_repair_ready).
 UPDATE tasks t SET state = u.state, holder = NULL, lease_until = NULL,
+                   run_at = LEAST(t.run_at, %(now)s::float8
+                                  + GREATEST(t.run_at - t.updated_at, 0)),
                    generation = t.generation + 1, last_error = u.error,
                    last_traceback = NULL, error_class = u.error_class, updated_at = %(now)s,
                    control_request = u.request
@@ -217,7 +225,8 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = exclu
 -- name: transition
 -- A fenced RUNNING -> state change per row. run_at is set for RETRY_WAIT / PENDING
 -- (backoff, release delay); one ready now never moves later than it was (a clock stepped
--- back since the claim leaves it claimable, ledger/clock.py); a release (to PENDING) hands
+-- back since the claim leaves it claimable, ledger/clock.py), one kept is re-anchored
+-- (clock_repair_ready: a PAUSED row's wait stays its own); a release (to PENDING) hands
 -- its attempt back; only RUNNING keeps the lease; a new error replaces the traceback too
 -- (NULL when it has none). One primary-key probe per row: the "id = ANY(ids of the rows)"
 -- gives the
@@ -225,7 +234,8 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = exclu
 -- hash-joined the rows against a sequential scan of every task (3.6 ms at 20,000 tasks;
 -- tests/test_ledger_plans.py).
 UPDATE tasks t SET state = u.state,
-    run_at = CASE WHEN u.run_at IS NULL THEN t.run_at
+    run_at = CASE WHEN u.run_at IS NULL
+                  THEN LEAST(t.run_at, %(now)s::float8 + GREATEST(t.run_at - t.updated_at, 0))
                   WHEN u.run_at <= %(now)s::float8 THEN LEAST(t.run_at, u.run_at)
                   ELSE u.run_at END,
     attempt = CASE WHEN u.release THEN t.attempt - 1 ELSE t.attempt END,
@@ -820,10 +830,12 @@ FROM tasks WHERE id = %(id)s FOR UPDATE;
 -- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
 -- bump: added to the generation (1: whatever an older holder still writes is fenced out);
 -- reset: a fresh set of attempts and quarantine counters (retry); run_at: when it is ready
--- (NULL: unchanged; ready now: never later than it was, ledger/clock.py).
+-- (NULL: kept, re-anchored as in clock_repair_ready; ready now: never later than it was,
+-- ledger/clock.py).
 UPDATE tasks SET state = %(state)s, generation = generation + %(bump)s, holder = NULL,
     lease_until = NULL, control_request = %(request)s::text,
-    run_at = CASE WHEN %(run_at)s::float8 IS NULL THEN run_at
+    run_at = CASE WHEN %(run_at)s::float8 IS NULL
+                  THEN LEAST(run_at, %(now)s::float8 + GREATEST(run_at - updated_at, 0))
                   WHEN %(run_at)s::float8 <= %(now)s::float8 THEN LEAST(run_at, %(run_at)s::float8)
                   ELSE %(run_at)s::float8 END,
     attempt = CASE WHEN %(reset)s::bool THEN 0 ELSE attempt END,

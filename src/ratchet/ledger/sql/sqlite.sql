@@ -23,7 +23,10 @@ SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
 -- name: clock_repair_ready
 -- After a backward step of the ledger clock (ledger/clock.py): a ready row written ahead
 -- of the clock waits at most its own wait (run_at - updated_at) from now; a release
--- (run_at <= updated_at) is ready at once.
+-- (run_at <= updated_at) is ready at once. Every other statement that rewrites updated_at
+-- of a row whose run_at it keeps (claim_takeover, retire, transition, control_move)
+-- re-anchors that run_at by the same expression, the identity unless updated_at > now, so
+-- run_at - updated_at stays the row's own wait (resume_tasks and this repair read it).
 UPDATE tasks SET run_at = MIN(run_at, :now + MAX(run_at - updated_at, 0)), updated_at = :now
 WHERE state IN ('PENDING', 'RETRY_WAIT') AND updated_at > :now;
 
@@ -72,7 +75,9 @@ WHERE lease_until IS NOT NULL AND lease_until < :now AND state = 'RUNNING'
 ORDER BY lease_until LIMIT :limit;
 
 -- name: claim_takeover
+-- run_at re-anchored like every write that keeps it and rewrites updated_at (ledger/clock.py).
 UPDATE tasks SET holder = :holder, generation = generation + 1, attempt = attempt + 1,
+                 run_at = MIN(run_at, :now + MAX(run_at - updated_at, 0)),
                  lease_until = :now + lease_s, updated_at = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'RUNNING'
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
@@ -119,9 +124,11 @@ WHERE task_id IN (SELECT value FROM json_each(:ids)) AND state = 'intent'
 ORDER BY task_id, name;
 
 -- name: retire
--- A holder gone on its final attempt: FAILED, or UNKNOWN with an open effect intent. The
--- generation moves on, so whatever the old holder still writes is fenced out.
+-- A holder gone on its final attempt: FAILED, or UNKNOWN with an open effect intent (or an
+-- operator's request applied: CANCELLED, PAUSED). The generation moves on, so whatever the
+-- old holder still writes is fenced out; run_at is re-anchored (clock_repair_ready).
 UPDATE tasks SET state = :state, holder = NULL, lease_until = NULL,
+                 run_at = MIN(run_at, :now + MAX(run_at - updated_at, 0)),
                  generation = generation + 1, last_error = :error, last_traceback = NULL,
                  error_class = :error_class, updated_at = :now, control_request = :request
 WHERE id = :id AND generation = :generation AND state = 'RUNNING';
@@ -183,11 +190,13 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = exclu
 -- name: transition
 -- A fenced RUNNING -> state change. run_at is set for RETRY_WAIT / PENDING (backoff,
 -- release delay); one ready now never moves later than it was (a clock stepped back
--- since the claim leaves it claimable, ledger/clock.py); a release (to PENDING) hands its
+-- since the claim leaves it claimable, ledger/clock.py), one kept is re-anchored
+-- (clock_repair_ready: a PAUSED row's wait stays its own); a release (to PENDING) hands its
 -- attempt back; only RUNNING keeps the lease. A new error replaces the traceback too
 -- (NULL when it has none).
 UPDATE tasks SET state = :state,
-    run_at = CASE WHEN :run_at IS NULL THEN run_at WHEN :run_at <= :now THEN MIN(run_at, :run_at)
+    run_at = CASE WHEN :run_at IS NULL THEN MIN(run_at, :now + MAX(run_at - updated_at, 0))
+                  WHEN :run_at <= :now THEN MIN(run_at, :run_at)
                   ELSE :run_at END,
     attempt = CASE WHEN :release THEN attempt - 1 ELSE attempt END,
     holder = CASE WHEN :keep THEN holder ELSE NULL END,
@@ -728,10 +737,12 @@ FROM tasks WHERE id = :id;
 -- against OPERATOR_MOVES by the engine), conditional on the state and generation read.
 -- bump: added to the generation (1: whatever an older holder still writes is fenced out);
 -- reset: a fresh set of attempts and quarantine counters (retry); run_at: when it is ready
--- (NULL: unchanged; ready now: never later than it was, ledger/clock.py).
+-- (NULL: kept, re-anchored as in clock_repair_ready; ready now: never later than it was,
+-- ledger/clock.py).
 UPDATE tasks SET state = :state, generation = generation + :bump, holder = NULL,
     lease_until = NULL, control_request = :request,
-    run_at = CASE WHEN :run_at IS NULL THEN run_at WHEN :run_at <= :now THEN MIN(run_at, :run_at)
+    run_at = CASE WHEN :run_at IS NULL THEN MIN(run_at, :now + MAX(run_at - updated_at, 0))
+                  WHEN :run_at <= :now THEN MIN(run_at, :run_at)
                   ELSE :run_at END,
     attempt = CASE WHEN :reset THEN 0 ELSE attempt END,
     quarantined = CASE WHEN :reset THEN 0 ELSE quarantined END,
