@@ -4,14 +4,17 @@ A child forked by a task body has none of the worker's threads: its use of the t
 context (``ctx.effect``, ``ctx.step``) fails at once with ``ContextUsedInAnotherProcess``
 instead of waiting for ever, a child that returns into the worker's code exits there, and
 the parent's attempt goes on and ends normally. Processes left by task code (a forked child
-sleeping for ever, its own child, one that ignores SIGTERM) do not outlive the worker: it
-stops them when it exits, after a SIGTERM or at ``--max-stuck-threads``.
+sleeping for ever, its own child, one that ignores SIGTERM, one started during the grace,
+a double-forked orphan) do not outlive the worker: it stops them when it exits, after a
+SIGTERM or at ``--max-stuck-threads``. A forked child ends on a plain SIGTERM.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import secrets
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +34,7 @@ APP_SOURCE = textwrap.dedent('''
     import json
     import os
     import signal
+    import subprocess
     import time
 
     import ratchet
@@ -96,6 +100,36 @@ APP_SOURCE = textwrap.dedent('''
         if hang:
             time.sleep(3600)  # past the time limit: the worker stops at max-stuck-threads
         return {"child": child, "worker_pid": os.getpid()}
+
+
+    @app.task(name="fork.trap")
+    def fork_trap(ctx, marker):
+        # On SIGTERM the shell starts a grandchild (during the worker's grace) and exits.
+        shell = subprocess.Popen(["bash", "-c", f"trap 'sleep {marker} & exit 0' TERM; "
+                                  "while true; do sleep 0.1; done"])
+        note("child", pid=shell.pid)
+        return {"child": shell.pid}
+
+
+    @app.task(name="fork.double")
+    def fork_double(ctx):
+        child = os.fork()
+        if child == 0:
+            if os.fork() == 0:  # the grandchild: its parent exits at once
+                note("child", pid=os.getpid())
+                sleep_for_ever(ignore_term=False)
+            os._exit(0)
+        os.waitpid(child, 0)
+        return {"child": child}
+
+
+    @app.task(name="fork.plain")
+    def fork_plain(ctx):
+        child = os.fork()
+        if child == 0:  # a copy of the worker: plain SIGTERM must end it
+            note("child", pid=os.getpid())
+            sleep_for_ever(ignore_term=False)
+        return {"child": child}
 ''')
 
 
@@ -107,7 +141,25 @@ def out(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def procs(tmp_path: Path, out: Path) -> Iterator[ProcessGroup]:
+def marker() -> str:
+    """A sleep duration no other process uses (``304.x`` seconds): it names the processes
+    the ``fork.trap`` task starts, by their command line."""
+    return f"304.{secrets.randbelow(10**6):06d}"
+
+
+def _marked(marker: str) -> list[psutil.Process]:
+    """The live processes (zombies aside) whose command line holds ``marker``."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if (any(marker in arg for arg in process.cmdline())
+                    and process.status() != psutil.STATUS_ZOMBIE):
+                found.append(process)
+    return found
+
+
+@pytest.fixture
+def procs(tmp_path: Path, out: Path, marker: str) -> Iterator[ProcessGroup]:
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "forkapp.py").write_text(APP_SOURCE)
     group = ProcessGroup(tmp_path / "procs", pythonpath=[tmp_path / "app"],
@@ -131,6 +183,9 @@ def procs(tmp_path: Path, out: Path) -> Iterator[ProcessGroup]:
             with contextlib.suppress(psutil.Error):
                 if "forkapp:app" in process.cmdline():  # not a recycled pid: one of ours
                     process.kill()
+        for process in _marked(marker):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
 
 
 def _children(pid: int) -> list[psutil.Process]:
@@ -141,7 +196,7 @@ def _children(pid: int) -> list[psutil.Process]:
 
 
 def _stubs(app: App) -> None:
-    for name in ("fork.effect", "fork.leave"):
+    for name in ("fork.effect", "fork.leave", "fork.trap", "fork.double", "fork.plain"):
         def stub(ctx: TaskContext, **params: Any) -> None:  # runs in the workers only
             raise AssertionError("not run here")
 
@@ -219,3 +274,67 @@ def test_processes_left_by_a_task_are_stopped_at_max_stuck_threads(
     assert worker.wait(timeout_s=60) == EXIT_STUCK_THREADS, worker.log()
     assert _gone(child) and _gone(grandchild), worker.log()
     assert "stopping 2 process(es) left by task code" in worker.log()
+
+
+linux_only = pytest.mark.skipif(sys.platform != "linux",
+                                reason="a child subreaper (prctl) is Linux-only")
+
+
+@linux_only
+def test_a_process_started_during_the_grace_is_stopped_too(
+    app: App, ledger_url: str, procs: ProcessGroup, out: Path, marker: str
+) -> None:
+    # The shell traps the worker's SIGTERM: it starts `sleep <marker>` and exits, so the
+    # sleep appears after the worker listed its descendants, and its parent is gone.
+    _stubs(app)
+    handle = app.submit("fork.trap", {"marker": marker})
+    worker = procs.worker("forkapp:app", ledger_url)
+    info = app.wait(handle.task_id, timeout_s=45)
+    assert info.state is State.SUCCEEDED, (info, procs.dump())
+    shell = info.result["child"]
+    assert not _gone(shell)
+    assert worker.stop() == 0, worker.log()
+    assert _gone(shell), worker.log()
+    assert _marked(marker) == [], worker.log()  # the trap's sleep did not escape
+    log = worker.log()
+    assert f"(sleep {marker})" in log, log  # found after the SIGTERM, logged
+
+
+@linux_only
+def test_a_double_forked_process_is_stopped_when_the_worker_stops(
+    app: App, ledger_url: str, procs: ProcessGroup, out: Path
+) -> None:
+    # fork, fork, the middle one exits: the grandchild is no longer below the worker
+    # unless the worker is its subreaper (Linux).
+    _stubs(app)
+    handle = app.submit("fork.double", {})
+    worker = procs.worker("forkapp:app", ledger_url)
+    info = app.wait(handle.task_id, timeout_s=45)
+    assert info.state is State.SUCCEEDED, (info, procs.dump())
+    grandchild = int(wait_for("the grandchild to start", lambda: (
+        json.loads((out / "child").read_text()) if (out / "child").exists() else None),
+        30)["pid"])
+    assert not _gone(grandchild)
+    assert psutil.Process(grandchild).ppid() == worker.pid  # adopted by the worker
+    assert worker.stop() == 0, worker.log()
+    assert _gone(grandchild), worker.log()
+    assert str(grandchild) in worker.log()
+
+
+def test_a_forked_child_of_a_task_ends_on_a_plain_sigterm(
+    app: App, ledger_url: str, procs: ProcessGroup, out: Path
+) -> None:
+    # The child is a copy of the worker: it must not keep the worker's graceful SIGTERM
+    # handler (which would only start a "shutdown" of threads the child does not have).
+    _stubs(app)
+    handle = app.submit("fork.plain", {})
+    worker = procs.worker("forkapp:app", ledger_url)
+    info = app.wait(handle.task_id, timeout_s=45)
+    assert info.state is State.SUCCEEDED, (info, procs.dump())
+    child = info.result["child"]
+    wait_for("the child to start", lambda: (out / "child").exists(), 30)
+    psutil.Process(child).terminate()
+    wait_for("the child to end on SIGTERM", lambda: _gone(child), 15)
+    assert worker.alive()
+    assert worker.stop() == 0, worker.log()
+    assert "left by task code" not in worker.log()  # nothing left to stop

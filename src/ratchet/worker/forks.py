@@ -11,35 +11,74 @@ exist (or on locks held at the fork by threads that are gone), for ever. Two thi
   :func:`exit_forked_child`: a child whose task function returns or raises into the
   worker's code leaves with ``os._exit`` (0, its ``SystemExit`` code, or 1 after printing
   the traceback) instead of running the worker's machinery as a copy of it.
+* :func:`install_signal_handler`: the worker's graceful SIGTERM/SIGINT handlers are put
+  back to what they were before (SIGTERM: default, SIGINT: ``KeyboardInterrupt``) in a
+  child forked from the worker (``os.register_at_fork``), so that a plain ``kill`` ends
+  that child as it ends any process (the worker's handler would only start a shutdown of
+  threads the child does not have).
 * :class:`Descendants`: the processes that appeared below the worker process while it ran
   (forked children, ``subprocess.Popen`` never waited for, their children), which the
   worker stops when it exits (``ratchet worker`` always; ``Worker(stop_descendants=True)``
   in process): SIGTERM, then SIGKILL for those still alive after
-  :data:`DESCENDANT_GRACE_S`; each is logged. Limits: a descendant that detached itself
-  (double fork, ``setsid`` + reparenting to init) is no longer below the worker and is not
-  found; a worker killed with SIGKILL stops nothing.
+  :data:`DESCENDANT_GRACE_S`; each is logged. The list is taken again and again until
+  none is left, so a process started during the grace (a shell trapping SIGTERM to start
+  one more) is stopped too. On Linux the worker is made a *child subreaper*
+  (``prctl(PR_SET_CHILD_SUBREAPER)``): a process whose parent exits (a double fork, a
+  shell's ``cmd &``) is reparented to the worker instead of init, so it stays below the
+  worker and is found; the worker reaps (``waitpid``) those it stopped. Elsewhere such an
+  orphan is reparented to init and escapes. Limits: an orphan that ends while the worker
+  runs stays a zombie of the worker until it exits (nothing tells it apart from a child
+  that task code may still wait for, whose status must not be taken from it); a worker
+  killed with SIGKILL stops nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
+import signal
 import sys
+import time
 import traceback
-from typing import NoReturn
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NoReturn
 
 import psutil
 
 from ..errors import ContextUsedInAnotherProcess
 
-__all__ = ["DESCENDANT_GRACE_S", "Descendants", "check_process", "exit_forked_child"]
+__all__ = [
+    "DESCENDANT_GRACE_S",
+    "DESCENDANT_KILL_S",
+    "Descendants",
+    "check_process",
+    "exit_forked_child",
+    "install_signal_handler",
+    "set_child_subreaper",
+]
 
 log = logging.getLogger("ratchet.worker")
 
 DESCENDANT_GRACE_S = 3.0
 """Seconds the processes left by task code get between SIGTERM and SIGKILL when the worker
 exits (the tasks' own shutdown grace has already run by then)."""
+
+DESCENDANT_KILL_S = 5.0
+"""Seconds the worker goes on listing and SIGKILLing the processes left by task code, once
+their grace ended, until none is left (a process can still start one before its SIGKILL)."""
+
+_SCAN_S = 0.05  # seconds between two listings of the descendants while they stop
+
+_PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+_PR_GET_CHILD_SUBREAPER = 37
+
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+# signum -> (the handler before the worker's, the worker's)
+_worker_handlers: dict[int, tuple[SignalHandler, SignalHandler]] = {}
 
 
 def check_process(owner_pid: int, what: str) -> None:
@@ -75,16 +114,70 @@ def exit_forked_child(task_id: str, exc: BaseException | None) -> NoReturn:
     os._exit(code)
 
 
+def install_signal_handler(signum: int, handler: Callable[[int, FrameType | None], Any]
+                           ) -> None:
+    """``signal.signal(signum, handler)`` for the worker (main thread only), remembering
+    the handler it replaces: in a child forked from this process that one is put back
+    (see :func:`_restore_signals_in_child`). Raises ``ValueError`` off the main thread."""
+    previous = signal.signal(signum, handler)
+    if signum in _worker_handlers:  # a second worker in this process: keep the first one
+        previous = _worker_handlers[signum][0]
+    _worker_handlers[signum] = (previous, handler)
+
+
+def _restore_signals_in_child() -> None:
+    """In a child just forked: each signal still handled by the worker's handler gets back
+    the one it replaced (SIG_DFL if that was not set from Python): a copy of the worker is
+    a plain process."""
+    for signum, (previous, installed) in _worker_handlers.items():
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            if signal.getsignal(signum) == installed:
+                signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+
+
+os.register_at_fork(after_in_child=_restore_signals_in_child)
+
+
+def set_child_subreaper(on: bool) -> bool | None:
+    """Make this process a child subreaper (``on``) or not: on Linux,
+    ``prctl(PR_SET_CHILD_SUBREAPER)``, so that a process below this one whose parent exits
+    is reparented to this process instead of init (and this process reaps it).
+
+    Returns:
+        The setting before the call, or None where it is not supported (not Linux, or
+        the call failed: logged), and nothing changed.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        was = ctypes.c_int(0)
+        if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        log.warning("could not make the worker a child subreaper (%s): a process left by "
+                    "task code whose parent exits is reparented to init, not stopped", exc)
+        return None
+    return bool(was.value)
+
+
 class Descendants:
     """The processes started below this one after the instance was made.
 
     Processes are known by pid and start time (a pid reused by an unrelated process later
     is not mistaken for one seen at the start).
+
+    Args:
+        subreaper: make this process a child subreaper until :meth:`stop` (Linux; see
+            :func:`set_child_subreaper`), so that orphans stay below it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, subreaper: bool = False) -> None:
         self._me = psutil.Process()
         self._before = {self._key(p) for p in self._below()}
+        self._subreaper_was = set_child_subreaper(True) if subreaper else None
 
     def _below(self) -> list[psutil.Process]:
         try:
@@ -115,26 +208,85 @@ class Descendants:
         return out
 
     def stop(self, grace_s: float = DESCENDANT_GRACE_S) -> list[int]:
-        """SIGTERM every new descendant, SIGKILL those still alive ``grace_s`` seconds
-        later, reap the direct children; log each. Returns the pids signalled."""
-        found = self.new()
-        if not found:
-            return []
-        names = ", ".join(f"{p.pid} ({_describe(p)})" for p in found)
-        log.warning("stopping %d process(es) left by task code (SIGTERM, SIGKILL after "
-                    "%g s): %s", len(found), grace_s, names)
-        for process in found:
-            with contextlib.suppress(psutil.Error):
-                process.terminate()
-        _, alive = psutil.wait_procs(found, timeout=grace_s)
-        if alive:
-            log.warning("killing %d process(es) left by task code still alive after "
-                        "SIGTERM: %s", len(alive), ", ".join(str(p.pid) for p in alive))
-            for process in alive:
+        """SIGTERM every new descendant, listing them again every few milliseconds (those
+        that appear meanwhile get SIGTERM too) until none is alive or ``grace_s`` seconds
+        passed; then SIGKILL those alive, listing again until none is left (at most
+        :data:`DESCENDANT_KILL_S` seconds). New zombie children are reaped throughout.
+        Each is logged. Ends the subreaper setting taken by the constructor.
+
+        Returns:
+            The pids signalled, in the order found.
+        """
+        signalled: dict[tuple[int, float], psutil.Process] = {}
+        try:
+            self._signal_all(signalled, grace_s, kill=False)
+            self._signal_all(signalled, DESCENDANT_KILL_S, kill=True)
+            self._reap()  # the last ones killed
+        finally:
+            if self._subreaper_was is not None:
+                set_child_subreaper(self._subreaper_was)
+                self._subreaper_was = None
+        return [p.pid for p in signalled.values()]
+
+    def _signal_all(self, signalled: dict[tuple[int, float], psutil.Process],
+                    for_s: float, kill: bool) -> None:
+        """Until no new descendant is alive or ``for_s`` seconds passed: list them, reap
+        the zombie children, signal those not signalled yet in this phase (SIGKILL:
+        each time found). Adds to ``signalled``."""
+        deadline = time.monotonic() + for_s
+        first = not signalled
+        done: set[tuple[int, float]] = set() if kill else set(signalled)
+        while True:
+            self._reap()
+            alive = self.new()
+            if not alive:
+                return
+            fresh = [p for p in alive if self._key(p) not in done]
+            if fresh:
+                self._log(fresh, kill, first, for_s)
+                first = False
+            for process in fresh if not kill else alive:  # SIGKILL again: a stopped one
+                key = self._key(process)
+                signalled.setdefault(key, process)
+                done.add(key)
                 with contextlib.suppress(psutil.Error):
-                    process.kill()
-            psutil.wait_procs(alive, timeout=grace_s)
-        return [p.pid for p in found]
+                    if kill:
+                        process.kill()
+                    else:
+                        process.terminate()
+            if time.monotonic() >= deadline:
+                if kill:
+                    log.error("%d process(es) left by task code still alive after %g s of "
+                              "SIGKILL: %s", len(alive), for_s,
+                              ", ".join(str(p.pid) for p in alive))
+                return
+            time.sleep(_SCAN_S)
+
+    @staticmethod
+    def _log(found: list[psutil.Process], kill: bool, first: bool, for_s: float) -> None:
+        names = ", ".join(f"{p.pid} ({_describe(p)})" for p in found)
+        if kill:
+            log.warning("killing %d process(es) left by task code still alive after "
+                        "SIGTERM: %s", len(found), names)
+        elif first:
+            log.warning("stopping %d process(es) left by task code (SIGTERM, SIGKILL after "
+                        "%g s): %s", len(found), for_s, names)
+        else:
+            log.warning("stopping %d more process(es) left by task code, started since: %s",
+                        len(found), names)
+
+    def _reap(self) -> None:
+        """``waitpid`` the zombie children of this process that are new (ours to reap:
+        task code is done with them, or they are orphans this subreaper adopted)."""
+        try:
+            children = self._me.children()
+        except psutil.Error:
+            return
+        for process in children:
+            with contextlib.suppress(psutil.Error, ChildProcessError):
+                if (self._key(process) not in self._before
+                        and process.status() == psutil.STATUS_ZOMBIE):
+                    os.waitpid(process.pid, os.WNOHANG)
 
 
 def _describe(process: psutil.Process) -> str:

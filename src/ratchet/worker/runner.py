@@ -134,7 +134,7 @@ from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
 from .context import ControlInterrupt, Shutdown, TaskContext
 from .executor import Executor
-from .forks import Descendants, exit_forked_child
+from .forks import Descendants, exit_forked_child, install_signal_handler
 from .heartbeat import Heartbeat, LeaseHandle
 from .hooks import Hooks, Middleware
 from .registry import Registrar
@@ -438,10 +438,13 @@ class Worker:
         prune_every_s: seconds between those prunes (jittered), default 3600.
         stop_descendants: when :meth:`run` ends (stop, SIGTERM, ``max_stuck_threads``),
             stop the processes that appeared below this process while it ran (children
-            forked by task code, subprocesses never waited for, their children): SIGTERM,
-            SIGKILL after :data:`~ratchet.worker.forks.DESCENDANT_GRACE_S`, each logged
-            (:mod:`ratchet.worker.forks`). ``ratchet worker`` sets it; off by default in
-            process, where other threads of the application may own such processes.
+            forked by task code, subprocesses never waited for, their children, and those
+            started meanwhile): SIGTERM, SIGKILL after
+            :data:`~ratchet.worker.forks.DESCENDANT_GRACE_S`, each logged
+            (:mod:`ratchet.worker.forks`). On Linux the process is a child subreaper while
+            :meth:`run` runs, so orphans (double forks) stay below it and are stopped
+            too. ``ratchet worker`` sets it; off by default in process, where other threads
+            of the application may own such processes.
         overload_floor_s: the floor of the retry delay after an overload failure, seconds,
             for every task this worker runs, in place of each ``RetryPolicy``'s
             ``overload_min_delay_s`` (5 s by default): for tests against a flaky fake
@@ -671,9 +674,10 @@ class Worker:
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT stop the worker gracefully; a second one (more than
         :data:`SIGNAL_REPEAT_S` later) ends the grace at once; a third exits at once
-        (main thread only)."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        (main thread only). A child forked from the worker gets the handlers it replaced
+        back (:func:`~ratchet.worker.forks.install_signal_handler`): ``kill`` ends it."""
+        install_signal_handler(signal.SIGTERM, self._on_signal)
+        install_signal_handler(signal.SIGINT, self._on_signal)
 
     # ------------------------------------------------------------------ main loop
 
@@ -691,7 +695,8 @@ class Worker:
         self._max_tasks = max_tasks
         self._pid = os.getpid()
         if self.stop_descendants:
-            self._descendants = Descendants()  # what is there now is not the tasks'
+            # What is there now is not the tasks'; orphans below are reparented to the worker.
+            self._descendants = Descendants(subreaper=True)
         hooks = self._hooks
         if hooks is not None:
             hooks.worker_start()
