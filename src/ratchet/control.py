@@ -73,6 +73,7 @@ from .ledger.base import (
 from .ledger.migrations import load_migrations
 from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
+from .storedtext import StoredState, UndecodableText
 from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier, check_rate_per_s
 from .worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_gone
 
@@ -328,12 +329,15 @@ class EffectView:
 
     Attributes:
         name: effect name; key: its business idempotency key.
-        state: ``intent`` (outcome not recorded), ``done`` or ``not_done``.
+        state: ``intent`` (outcome not recorded), ``done``, ``not_done`` or ``given_up``;
+            a :class:`~ratchet.storedtext.StoredState` when the row holds another value.
         result: the recorded result, decoded (``Undecodable`` when not JSON).
         generation, attempt: the claim that wrote it last.
         calls: how many times the call was made.
         via_lookup: the result came from a lookup, not from a call.
         updated_at: ledger clock, epoch seconds.
+        undecodable: the fields shown as stored (``"state"`` for a state that is not a
+            known one; ``"name"``, ``"key"`` for text that is not valid UTF-8).
     """
 
     name: str
@@ -345,6 +349,7 @@ class EffectView:
     calls: int
     via_lookup: bool
     updated_at: float
+    undecodable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -837,10 +842,7 @@ class Control:
                 for s in tl.steps
             ],
             effects=[
-                EffectView(e.name, e.key, e.state.value,
-                           loads_stored(e.result_json, f"effect {e.name!r} result"),
-                           e.generation, e.attempt, e.calls, e.via_lookup, e.updated_at)
-                for e in tl.effects
+                _effect_view(e) for e in tl.effects
             ],
             late_effects=[_late_view(le, task.name, tl.effects) for le in tl.late_effects],
         )
@@ -1571,12 +1573,18 @@ def _late_view(le: LateEffect, task_name: str | None,
 
 
 def _task_effect_view(te: TaskEffect, task_type: str) -> TaskEffectView:
-    e = te.effect
     return TaskEffectView(
         te.task_id, task_type, te.task_state.value, te.task_generation, te.task_created_at,
-        EffectView(e.name, e.key, e.state.value,
-                   loads_stored(e.result_json, f"effect {e.name!r} result"),
-                   e.generation, e.attempt, e.calls, e.via_lookup, e.updated_at))
+        _effect_view(te.effect))
+
+
+def _effect_view(e: EffectRecord) -> EffectView:
+    """An effect record as shown; ``undecodable`` names its fields shown as stored."""
+    shown = tuple(f for f, v in (("name", e.name), ("key", e.key), ("state", e.state))
+                  if isinstance(v, UndecodableText | StoredState))
+    return EffectView(e.name, e.key, e.state.value,
+                      loads_stored(e.result_json, f"effect {e.name!r} result"),
+                      e.generation, e.attempt, e.calls, e.via_lookup, e.updated_at, shown)
 
 
 def _check_age(age: object, label: str) -> None:

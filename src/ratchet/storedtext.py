@@ -12,6 +12,12 @@ value; the ones that show text add a note (``ratchet`` commands, the dashboard),
 Written back through the SQLite ledger, it binds its stored bytes (``__conform__``), so
 the rollups keyed by a task name (the status counts) keep the value they were read from.
 PostgreSQL ``text`` holds only valid UTF-8 (without NUL), so it never produces one.
+
+A state column (``tasks.state``, ``effects.state``) holding a value that is not one of the
+states Ratchet writes (invalid UTF-8, a BLOB, or any unknown string such as ``'BOGUS'``,
+which PostgreSQL can hold too: its state columns have no CHECK constraint) is read as a
+:class:`StoredState`: the value as stored, which no state comparison matches, so the row
+is listed and shown (with :data:`STATE_NOTE`) but never claimed or moved.
 """
 
 from __future__ import annotations
@@ -19,7 +25,11 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-__all__ = ["NOTE", "UndecodableText", "decode_stored", "is_undecodable"]
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import CoreSchema
+
+__all__ = ["NOTE", "STATE_NOTE", "StoredState", "UndecodableText", "decode_stored",
+           "is_undecodable", "stored_note"]
 
 NOTE = "not valid UTF-8; shown with \\x escapes for the stored bytes"
 """What faces say next to an :class:`UndecodableText`."""
@@ -95,3 +105,65 @@ def decode_stored(data: bytes) -> str:
 def is_undecodable(value: object) -> bool:
     """Whether ``value`` is stored text that was not valid UTF-8."""
     return isinstance(value, UndecodableText)
+
+
+STATE_NOTE = "not a known state; shown as stored"
+"""What faces say next to a :class:`StoredState`."""
+
+
+class StoredState(str):
+    """A state column's value that is not a known state (``'BOGUS'``, or stored bytes that
+    are not valid UTF-8, then with ``\\x`` escapes), carried as stored.
+
+    A ``str`` (prints, encodes and goes into JSON as the stored text) that is never equal
+    to a :class:`~ratchet.states.State` or :class:`~ratchet.ledger.EffectState` member:
+    every ``state is State.X`` test and ``in TERMINAL`` check is false for it, so no read
+    path fails on the row and no worker or operator move takes it for a known state.
+    ``value`` is the instance itself (the spelling code uses for an enum member's text).
+
+    Args:
+        stored: the column's value as read (``str``, :class:`UndecodableText`, or any
+            other value a foreign writer left, shown with ``str``).
+
+    Attributes:
+        stored: the value as read.
+    """
+
+    stored: object
+
+    def __new__(cls, stored: object) -> StoredState:
+        self = super().__new__(cls, stored if isinstance(stored, str) else str(stored))
+        self.stored = stored
+        return self
+
+    def __getnewargs__(self) -> tuple[object]:  # type: ignore[override]
+        return (self.stored,)
+
+    @property
+    def value(self) -> str:
+        """The stored text (this instance, so faces that show it can add the note)."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"StoredState({self.stored!r})"
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        """Its schema in the API's OpenAPI document (records that carry one, such as
+        ``TaskInfo.state``): a string."""
+        return handler.generate_schema(str)
+
+
+def stored_note(value: object) -> str | None:
+    """The note a face shows next to ``value``: :data:`NOTE` for an
+    :class:`UndecodableText`, :data:`STATE_NOTE` for a :class:`StoredState` (both for one
+    whose stored bytes are not valid UTF-8), None for anything else."""
+    if isinstance(value, UndecodableText):
+        return NOTE
+    if isinstance(value, StoredState):
+        if isinstance(value.stored, UndecodableText):
+            return f"{STATE_NOTE}; {NOTE}"
+        return STATE_NOTE
+    return None

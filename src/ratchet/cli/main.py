@@ -938,7 +938,8 @@ def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False) 
         out.print(line("tenant: ", (t.tenant, "")))
     if t.undecodable:
         out.print(line(("undecodable", "bold yellow"), ": ", (", ".join(t.undecodable), ""),
-                       " (shown as stored; bytes that are not valid UTF-8 as \\x escapes)"))
+                       " (shown as stored; bytes that are not valid UTF-8 as \\x escapes, a"
+                       " state that is not a known one as it is: never claimed or moved)"))
     if _runs_at(t, now) != "-":
         out.print(line("scheduled: runs at ", (_runs_at(t, now), ""), " UTC"))
     if t.quarantined:
@@ -981,7 +982,7 @@ def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False) 
     for s in tl.steps:
         rows.append((s.committed_at, 2, f"step {s.name} done", str(s.generation), "-", ""))
     for eff in tl.effects:
-        rows.append((eff.updated_at, 2, f"effect {eff.name} {eff.state}",
+        rows.append((eff.updated_at, 2, f"effect {eff.name} {plain(eff.state)}",
                      str(eff.generation), "-",
                      f"key={eff.key} calls={eff.calls}"
                      + (" via lookup" if eff.via_lookup else "")))

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..serde import Undecodable, printable
-from ..storedtext import NOTE, UndecodableText
+from ..storedtext import stored_note
 
 __all__ = [
     "clip", "console", "echo_json", "echo_json_line", "err_console", "field", "line", "plain",
@@ -91,9 +91,11 @@ def err_console() -> Console:
 def plain(value: object) -> str:
     """``str(value)`` made safe to print: lone surrogates and control characters other than
     newline and tab written as Python escapes; stored text that is not valid UTF-8 (an
-    :class:`~ratchet.storedtext.UndecodableText`, already escaped) with a note saying so."""
+    :class:`~ratchet.storedtext.UndecodableText`, already escaped) and a state that is not
+    a known one (a :class:`~ratchet.storedtext.StoredState`) with a note saying so."""
     text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], printable(str(value)))
-    return f"{text} ({NOTE})" if isinstance(value, UndecodableText) else text
+    note = stored_note(value)
+    return text if note is None else f"{text} ({note})"
 
 
 def field(value: object, style: str = "") -> Text:

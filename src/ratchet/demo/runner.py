@@ -93,6 +93,7 @@ from ..config import parse_ledger_url
 from ..control import AuditEvent, Control, LateEffectView, TaskInfo
 from ..errors import ConfigError, LedgerUnavailable, RatchetError
 from ..states import State
+from ..storedtext import StoredState
 from ..testing import (
     ConditionTimeout,
     ExactlyOnceReport,
@@ -402,7 +403,7 @@ class _Reclaims:
 class _Snapshot:
     """What the ledger says about this run's tasks at one instant."""
 
-    states: Counter[State]
+    states: Counter[State | StoredState]
     inflight: dict[int, list[str]]
     settled_of: Counter[str] = field(default_factory=Counter)
     takeovers: int = 0
@@ -432,7 +433,7 @@ class _KindResult:
 
     kind: str
     task_ids: list[str]
-    states: Counter[State]
+    states: Counter[State | StoredState]
     once: ExactlyOnceReport
     records: ServiceRecords
     late: dict[str, list[LateEffectView]]
@@ -589,7 +590,7 @@ class _DemoRun:
 
     def snapshot(self) -> _Snapshot:
         infos = self.control.get_many(self.task_ids) if self.task_ids else []
-        states: Counter[State] = Counter(i.state for i in infos)
+        states: Counter[State | StoredState] = Counter(i.state for i in infos)
         settled_of: Counter[str] = Counter(
             self.kind_of[i.task_id] for i in infos if i.state in _SETTLED
         )
@@ -1016,7 +1017,7 @@ class _DemoRun:
         for le in late_all:
             if le.task_id in mine:
                 late.setdefault(le.key, []).append(le)
-        states: Counter[State] = Counter(infos[t].state for t in ids)
+        states: Counter[State | StoredState] = Counter(infos[t].state for t in ids)
         r = _KindResult(kind, ids, states, once, records, late)
         executions = records.executions
         for key, n in once.duplicated.items():
@@ -1107,7 +1108,7 @@ class _DemoRun:
             with contextlib.suppress(Exception), PaymentClient(service.url, 5.0) as client:
                 service_stats[kind] = client.stats()
 
-        states: Counter[State] = Counter(i.state for i in infos.values())
+        states: Counter[State | StoredState] = Counter(i.state for i in infos.values())
         key_of = {tid: f"charge:{i.params['order_id']}" for tid, i in infos.items()}
 
         # Per-task records from the ledger: effects, retries, releases.
@@ -1417,7 +1418,7 @@ class _DemoRun:
         ]
 
 
-def _fmt_states(states: Counter[State]) -> str:
+def _fmt_states(states: Counter[State | StoredState]) -> str:
     return ", ".join(f"{s.value} {n}" for s, n in sorted(states.items())) or "-"
 
 

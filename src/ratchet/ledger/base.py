@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from ..config import LedgerConfig
 from ..errors import LedgerCorrupt
 from ..states import State
+from ..storedtext import StoredState
 from ..validation import MAX_VERSION
 
 __all__ = [
@@ -323,7 +324,9 @@ class EffectRecord:
     name: str
     key: str
     params_digest: str
-    state: EffectState
+    state: EffectState | StoredState
+    """A :class:`~ratchet.storedtext.StoredState` when the row holds a value that is not a
+    known effect state (shown as stored; settled by nothing)."""
     result_json: str | None
     generation: int
     attempt: int
@@ -346,7 +349,7 @@ class TaskEffect:
     """
 
     task_id: str
-    task_state: State
+    task_state: State | StoredState
     task_generation: int
     task_created_at: float
     effect: EffectRecord
@@ -432,7 +435,9 @@ class EffectWrite:
     name: str
     key: str
     params_digest: str
-    state: EffectState
+    state: EffectState | StoredState
+    """A :class:`~ratchet.storedtext.StoredState` when the row holds a value that is not a
+    known effect state (shown as stored; settled by nothing)."""
     result_json: str | None = None
     via_lookup: bool = False
     seq: int | None = None
@@ -533,7 +538,7 @@ class CommitOutcome:
     ok: bool
     stale: bool
     current_generation: int | None = None
-    current_state: State | None = None
+    current_state: State | StoredState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -543,7 +548,10 @@ class TaskInfo:
     task_id: str
     name: str
     version: int
-    state: State
+    state: State | StoredState
+    """The task's state; a :class:`~ratchet.storedtext.StoredState` (as stored, with
+    ``"state"`` in :attr:`undecodable`) when the row holds a value that is not a known
+    state: such a row is never claimed or moved."""
     generation: int
     attempt: int
     max_attempts: int
@@ -564,7 +572,9 @@ class TaskInfo:
     undecodable: tuple[str, ...] = ()
     """The fields whose stored value could not be decoded and are shown as stored: text
     that is not valid UTF-8 (a :class:`~ratchet.storedtext.UndecodableText`, ``\\x``
-    escapes for the bytes) or JSON that is not (a :class:`~ratchet.serde.Undecodable`)."""
+    escapes for the bytes), JSON that is not (a :class:`~ratchet.serde.Undecodable`), or
+    a state that is not a known one (``"state"``, a
+    :class:`~ratchet.storedtext.StoredState`)."""
     last_traceback: str | None = None
     """The traceback of :attr:`last_error` (None when it has none). Read by ``get``,
     ``get_many`` and ``timeline``; None in lists (:meth:`Ledger.list_tasks`)."""

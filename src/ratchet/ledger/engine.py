@@ -88,8 +88,10 @@ from .rows import (
     AuditRow,
     decode_detail,
     effect_record,
+    known_state,
     reschedules,
     task_info,
+    task_state,
     transition_audit,
 )
 
@@ -740,13 +742,14 @@ class LedgerEngine:
                 outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation)
                 continue
             if row is None or row[0] != State.RUNNING.value or row[1] != write.generation:
-                state = State(row[0]) if row is not None else None
+                state = task_state(row[0]) if row is not None else None
                 generation = row[1] if row is not None else None
                 audit.append((write.task_id, now, "stale_rejected", None, None,
                               write.generation, write.holder,
                               dumps({"operation": printable(write.operation),
                                      "current_generation": generation,
-                                     "current_state": state.value if state else None})))
+                                     "current_state": None if state is None
+                                     else str(state)})))
                 outcomes[index] = CommitOutcome(write.task_id, False, True, generation, state)
                 continue
             attempt = row[2]
@@ -899,7 +902,7 @@ class LedgerEngine:
             row = tx.one("control_lock", {"id": task_id})
             if row is None:
                 raise TaskNotFound(f"no task {task_id!r} in the ledger")
-            state, generation, lease_until = State(row[0]), row[1], row[5]
+            state, generation, lease_until = known_state(task_id, row[0], "cancel"), row[1], row[5]
             now = tx.now
             if state in TERMINAL:
                 return ControlOutcome(
@@ -965,7 +968,7 @@ class LedgerEngine:
             row = tx.one("control_lock", {"id": task_id})
             if row is None:
                 raise TaskNotFound(f"no task {task_id!r} in the ledger")
-            state, generation, attempts = State(row[0]), row[1], row[6]
+            state, generation, attempts = known_state(task_id, row[0], "retry"), row[1], row[6]
             if state is not State.FAILED:
                 why = ("it never moves again" if state in TERMINAL
                        else "it has not failed")
@@ -1004,7 +1007,7 @@ class LedgerEngine:
                 task = tx.one("control_lock", {"id": target})
                 if task is None:
                     raise TaskNotFound(f"no task {target!r} in the ledger")
-                if State(task[0]) in TERMINAL:
+                if known_state(target, task[0], "pause") in TERMINAL:
                     return PauseResult("pause", "unchanged", [], 0, 0,
                                        f"task {target} already ended {task[0]}: nothing to "
                                        "pause")
@@ -1029,7 +1032,7 @@ class LedgerEngine:
             detail = {"operator": operator, "reason": reason, "scope": scope,
                       "target": target, "version": version, "pause_id": pause_id}
             if task is not None:
-                state, generation = State(task[0]), task[1]
+                state, generation = known_state(target, task[0], "pause"), task[1]
                 if state in (State.PENDING, State.RETRY_WAIT):
                     check_operator_move(state, State.PAUSED)
                     tx.execute("control_move", {
@@ -1765,7 +1768,7 @@ class LedgerEngine:
             "cursor_name": after[2] if after else None,
         }
         rows = self.dialect.run(lambda tx: tx.rows("effects_of_type", params), write=False)
-        return [TaskEffect(r[0], State(r[1]), int(r[2]), float(r[3]), effect_record(r[4:]))
+        return [TaskEffect(r[0], task_state(r[1]), int(r[2]), float(r[3]), effect_record(r[4:]))
                 for r in rows]
 
     def late_effects_of_type(
@@ -2028,13 +2031,14 @@ class LedgerEngine:
                 # The lost COMMIT went through: the user's writes with it.
                 return CommitOutcome(write.task_id, True, False, write.generation), resend
         if row is None or row[1] != State.RUNNING.value or row[2] != write.generation:
-            state = State(row[1]) if row is not None else None
+            state = task_state(row[1]) if row is not None else None
             generation = row[2] if row is not None else None
             _audit(tx, [(write.task_id, now, "stale_rejected", None, None, write.generation,
                          write.holder,
                          dumps({"operation": printable(write.operation),
                                 "current_generation": generation,
-                                "current_state": state.value if state else None}))])
+                                "current_state": None if state is None
+                                else str(state)}))])
             return CommitOutcome(write.task_id, False, True, generation, state), None
         with self.dialect.user_connection(tx) as conn:
             try:

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import IllegalTransition
 from ..serde import Undecodable, dumps, loads, printable
 from ..states import State
-from ..storedtext import UndecodableText
+from ..storedtext import StoredState, UndecodableText, stored_note
 from .base import EffectRecord, EffectState, TaskInfo, TaskWrite, Transition
 
 __all__ = [
@@ -19,8 +20,11 @@ __all__ = [
     "decode_detail",
     "decode_json",
     "effect_record",
+    "effect_state",
+    "known_state",
     "reschedules",
     "task_info",
+    "task_state",
     "transition_audit",
 ]
 
@@ -60,6 +64,45 @@ def decode_detail(text: str | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+_STATES: dict[object, State] = {s.value: s for s in State}
+_EFFECT_STATES: dict[object, EffectState] = {s.value: s for s in EffectState}
+
+
+def task_state(value: object) -> State | StoredState:
+    """A stored ``tasks.state`` as a :class:`State`, or as a
+    :class:`~ratchet.storedtext.StoredState` when it is not one (an unknown string,
+    undecodable bytes, a BLOB): never an error, so one such row affects only itself."""
+    try:
+        return _STATES[value]
+    except (KeyError, TypeError):
+        return StoredState(value)
+
+
+def known_state(task_id: str, value: object, action: str) -> State:
+    """A stored ``tasks.state`` an operator command (``action``: ``"cancel"``, ...) acts
+    on, as a :class:`State`.
+
+    Raises:
+        IllegalTransition: the row holds a value that is not a known state: the command
+            changes nothing (no transition of the state machine starts from it).
+    """
+    state = task_state(value)
+    if isinstance(state, StoredState):
+        raise IllegalTransition(
+            f"task {task_id} holds state '{state}' ({stored_note(state)}): "
+            f"{action} changed nothing (the row must be repaired first)")
+    return state
+
+
+def effect_state(value: object) -> EffectState | StoredState:
+    """A stored ``effects.state`` as an :class:`EffectState`, or as a
+    :class:`~ratchet.storedtext.StoredState` when it is not one."""
+    try:
+        return _EFFECT_STATES[value]
+    except (KeyError, TypeError):
+        return StoredState(value)
+
+
 def reschedules(target: State) -> bool:
     """True for targets that get a new ``run_at`` (backoff, release delay)."""
     return target is State.RETRY_WAIT or target is State.PENDING
@@ -73,28 +116,32 @@ _TASK_FIELDS = ("task_id", "name", "version", "state", "generation", "attempt", 
 ``last_traceback``, which ``task_get`` and ``task_get_many`` add)."""
 
 
-def _undecodable(row: Sequence[Any], params: Any, result: Any) -> tuple[str, ...]:
-    """The fields of a task row whose stored value could not be decoded (``()`` at the
-    cost of one scan of the row when there is none)."""
+def _undecodable(
+    row: Sequence[Any], state: State | StoredState, params: Any, result: Any
+) -> tuple[str, ...]:
+    """The fields of a task row whose stored value could not be decoded, or is not a known
+    state (``()`` at the cost of one scan of the row when there is none)."""
     if (UndecodableText not in map(type, row) and type(params) is not Undecodable
-            and type(result) is not Undecodable):
+            and type(result) is not Undecodable and type(state) is not StoredState):
         return ()
-    decoded = {"params": params, "result": result}
+    decoded = {"state": state, "params": params, "result": result}
     return tuple(f for f, v in zip(_TASK_FIELDS, row, strict=False)
-                 if isinstance(decoded.get(f, v), UndecodableText | Undecodable))
+                 if isinstance(decoded.get(f, v), UndecodableText | Undecodable | StoredState))
 
 
 def task_info(row: Sequence[Any]) -> TaskInfo:
     """A :class:`TaskInfo` from a row selected with :data:`TASK_COLUMNS` (``task_get``
     and ``task_get_many`` add ``last_traceback``); its ``undecodable`` names the fields
-    whose stored value could not be decoded."""
+    whose stored value could not be decoded (``"state"`` for a state that is not a known
+    one, read as a :class:`~ratchet.storedtext.StoredState`)."""
+    state = task_state(row[3])
     params = decode_json(row[13])
     result = decode_json(row[15])
     return TaskInfo(
         task_id=row[0],
         name=row[1],
         version=row[2],
-        state=State(row[3]),
+        state=state,
         generation=row[4],
         attempt=row[5],
         max_attempts=row[6],
@@ -111,18 +158,19 @@ def task_info(row: Sequence[Any]) -> TaskInfo:
         error_class=row[17],
         tenant=row[18] if len(row) > 18 else None,
         quarantined=bool(row[19]) if len(row) > 19 else False,
-        undecodable=_undecodable(row, params, result),
+        undecodable=_undecodable(row, state, params, result),
         last_traceback=printable(row[20]) if len(row) > 20 and row[20] is not None else None,
     )
 
 
 def effect_record(row: Sequence[Any]) -> EffectRecord:
-    """An :class:`EffectRecord` from a row selected with :data:`EFFECT_COLUMNS`."""
+    """An :class:`EffectRecord` from a row selected with :data:`EFFECT_COLUMNS` (a state
+    that is not a known one as a :class:`~ratchet.storedtext.StoredState`)."""
     return EffectRecord(
         name=row[0],
         key=row[1],
         params_digest=row[2],
-        state=EffectState(row[3]),
+        state=effect_state(row[3]),
         result_json=row[4],
         generation=row[5],
         attempt=row[6],

@@ -44,7 +44,7 @@ from starlette.staticfiles import StaticFiles
 from ..control import Control, ControlOutcome, PauseRecord, StatusReport
 from ..errors import LedgerCorrupt, LedgerUnavailable, RatchetError, TaskNotFound
 from ..states import State
-from ..storedtext import NOTE, UndecodableText
+from ..storedtext import stored_note
 from ..validation import MAX_KEY_BYTES, check_identifier
 from . import charts, present
 from .app import WebSettings
@@ -104,8 +104,10 @@ class PauseView:
 
 def _noted(value: Any) -> Any:
     """Every ``{{ value }}`` of a page: stored text that is not valid UTF-8 (shown with
-    ``\\x`` escapes) gets a note saying so."""
-    return f"{value} ({NOTE})" if isinstance(value, UndecodableText) else value
+    ``\\x`` escapes) and a state that is not a known one (a
+    :class:`~ratchet.storedtext.StoredState`) get a note saying so."""
+    note = stored_note(value)
+    return value if note is None else f"{value} ({note})"
 
 
 def _env() -> Environment:

@@ -1479,7 +1479,7 @@ def _where(thread: threading.Thread) -> str:
     return f"the task thread ({thread.name}) is at (innermost last):\n{stack}"[-1500:]
 
 
-_COUNTERS = {
+_COUNTERS: dict[str, str] = {
     State.CANCELLED: "cancelled",
     State.PAUSED: "paused",
     State.SUCCEEDED: "succeeded",
