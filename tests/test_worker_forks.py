@@ -3,10 +3,12 @@
 A child forked by a task body has none of the worker's threads: its use of the task
 context (``ctx.effect``, ``ctx.step``) fails at once with ``ContextUsedInAnotherProcess``
 instead of waiting for ever, a child that returns into the worker's code exits there, and
-the parent's attempt goes on and ends normally. Processes left by task code (a forked child
-sleeping for ever, its own child, one that ignores SIGTERM, one started during the grace,
-a double-forked orphan) do not outlive the worker: it stops them when it exits, after a
-SIGTERM or at ``--max-stuck-threads``. A forked child ends on a plain SIGTERM.
+the parent's attempt goes on and ends normally. Orphans the worker adopted (a shell's
+``cmd &``) are reaped while it runs; a task's own child keeps its exit status for it.
+Processes left by task code (a forked child sleeping for ever, its own child, one that
+ignores SIGTERM, one started during the grace, a double-forked orphan) do not outlive the
+worker: it stops them when it exits, after a SIGTERM or at ``--max-stuck-threads``.
+A forked child ends on a plain SIGTERM.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 
 from ratchet import App, State, TaskContext
 from ratchet.testing import ProcessGroup, wait_for
+from ratchet.worker.forks import REAP_EVERY_S
 from ratchet.worker.runner import EXIT_STUCK_THREADS
 
 pytestmark = pytest.mark.timeout(120)
@@ -130,6 +133,27 @@ APP_SOURCE = textwrap.dedent('''
             note("child", pid=os.getpid())
             sleep_for_ever(ignore_term=False)
         return {"child": child}
+
+
+    @app.task(name="fork.background")
+    def fork_background(ctx, count):
+        # A shell's `cmd &`: the shell exits at once, the sleep is orphaned (adopted by the
+        # worker) and ends 0.2 s later.
+        pids = []
+        for _ in range(count):
+            done = subprocess.run("sleep 0.2 >/dev/null 2>&1 & echo $!", shell=True,
+                                  capture_output=True, text=True, check=True)
+            pids.append(int(done.stdout))
+        return {"pids": pids, "worker_pid": os.getpid()}
+
+
+    @app.task(name="fork.wait")
+    def fork_wait(ctx, idle_s):
+        # The child ends at once and stays a zombie while the task does something else
+        # for longer than two reaper rounds: its status is the task's to take.
+        child = subprocess.Popen(["sh", "-c", "exit 3"])
+        time.sleep(idle_s)
+        return {"returncode": child.wait()}
 ''')
 
 
@@ -196,7 +220,8 @@ def _children(pid: int) -> list[psutil.Process]:
 
 
 def _stubs(app: App) -> None:
-    for name in ("fork.effect", "fork.leave", "fork.trap", "fork.double", "fork.plain"):
+    for name in ("fork.effect", "fork.leave", "fork.trap", "fork.double", "fork.plain",
+                 "fork.background", "fork.wait"):
         def stub(ctx: TaskContext, **params: Any) -> None:  # runs in the workers only
             raise AssertionError("not run here")
 
@@ -338,3 +363,31 @@ def test_a_forked_child_of_a_task_ends_on_a_plain_sigterm(
     assert worker.alive()
     assert worker.stop() == 0, worker.log()
     assert "left by task code" not in worker.log()  # nothing left to stop
+
+
+@linux_only
+def test_adopted_orphans_are_reaped_while_the_worker_runs_and_a_tasks_child_is_not(
+    app: App, ledger_url: str, procs: ProcessGroup
+) -> None:
+    # Without reaping, each orphan that ended stays a zombie of a long-running worker (a
+    # pid-table entry) until it exits; reaping blindly would take the status of a child a
+    # task is about to wait() for.
+    _stubs(app)
+    waiting = app.submit("fork.wait", {"idle_s": 2.5 * REAP_EVERY_S})
+    background = app.submit("fork.background", {"count": 20})
+    worker = procs.worker("forkapp:app", ledger_url)
+    info = app.wait(background.task_id, timeout_s=45)
+    assert info.state is State.SUCCEEDED, (info, procs.dump())
+    assert info.result["worker_pid"] == worker.pid
+    orphans = set(info.result["pids"])
+    assert len(orphans) == 20
+
+    def left() -> list[int]:
+        return [c.pid for c in _children(worker.pid) if c.pid in orphans]  # zombies too
+
+    wait_for("the ended orphans to be reaped", lambda: not left(), 30)
+    assert worker.alive(), worker.log()
+    info = app.wait(waiting.task_id, timeout_s=45)
+    assert info.state is State.SUCCEEDED, (info, procs.dump())
+    assert info.result["returncode"] == 3  # not stolen by the reaper (0 if it had been)
+    assert worker.stop() == 0, worker.log()

@@ -26,10 +26,19 @@ exist (or on locks held at the fork by threads that are gone), for ever. Two thi
   (``prctl(PR_SET_CHILD_SUBREAPER)``): a process whose parent exits (a double fork, a
   shell's ``cmd &``) is reparented to the worker instead of init, so it stays below the
   worker and is found; the worker reaps (``waitpid``) those it stopped. Elsewhere such an
-  orphan is reparented to init and escapes. Limits: an orphan that ends while the worker
-  runs stays a zombie of the worker until it exits (nothing tells it apart from a child
-  that task code may still wait for, whose status must not be taken from it); a worker
-  killed with SIGKILL stops nothing.
+  orphan is reparented to init and escapes. A worker killed with SIGKILL stops nothing.
+* Adopted orphans that end while the worker runs are reaped every :data:`REAP_EVERY_S`
+  seconds (a thread; Linux, when :meth:`Descendants` was made on the main thread). Only
+  those: a zombie child a task thread started may be one its ``Popen`` is about to
+  ``wait()`` for, and its exit status must not be taken from it. Linux lists a child
+  under the thread that created it (``/proc/self/task/<tid>/children``) and an adopted
+  orphan under the main thread (the first live thread of the process). The main thread
+  runs the worker's loop and starts no process, so a zombie listed under it is an adopted
+  orphan (or the child of a task thread that has exited, which nothing waits for any
+  more): it is reaped. Limit: a child the main thread started itself (a ``worker_start``
+  hook, or the application's main thread when the worker runs on another thread: then
+  nothing is reaped while it runs) must not be waited for by task code; a zombie of a
+  task thread that is still alive is reaped only when the worker exits.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -53,6 +63,7 @@ from ..errors import ContextUsedInAnotherProcess
 __all__ = [
     "DESCENDANT_GRACE_S",
     "DESCENDANT_KILL_S",
+    "REAP_EVERY_S",
     "Descendants",
     "check_process",
     "exit_forked_child",
@@ -69,6 +80,10 @@ exits (the tasks' own shutdown grace has already run by then)."""
 DESCENDANT_KILL_S = 5.0
 """Seconds the worker goes on listing and SIGKILLing the processes left by task code, once
 their grace ended, until none is left (a process can still start one before its SIGKILL)."""
+
+REAP_EVERY_S = 2.0
+"""Seconds between two reaps of the adopted orphans that ended while the worker runs
+(one small ``/proc`` read each time)."""
 
 _SCAN_S = 0.05  # seconds between two listings of the descendants while they stop
 
@@ -171,13 +186,44 @@ class Descendants:
 
     Args:
         subreaper: make this process a child subreaper until :meth:`stop` (Linux; see
-            :func:`set_child_subreaper`), so that orphans stay below it.
+            :func:`set_child_subreaper`), so that orphans stay below it; made on the main
+            thread, also reap the adopted orphans that end, every :data:`REAP_EVERY_S`
+            seconds until :meth:`stop` (:meth:`reap_adopted`).
     """
 
     def __init__(self, subreaper: bool = False) -> None:
         self._me = psutil.Process()
         self._before = {self._key(p) for p in self._below()}
         self._subreaper_was = set_child_subreaper(True) if subreaper else None
+        self._reaping = threading.Event()
+        self._reaper: threading.Thread | None = None
+        if (self._subreaper_was is not None
+                and threading.current_thread() is threading.main_thread()
+                and _main_thread_children() is not None):
+            self._reaper = threading.Thread(target=self._reap_every, name="ratchet-reaper",
+                                            daemon=True)
+            self._reaper.start()
+
+    def _reap_every(self) -> None:
+        while not self._reaping.wait(REAP_EVERY_S):
+            try:
+                self.reap_adopted()
+            except Exception:  # never let the reaper die: log and go on
+                log.exception("reaping the orphans adopted by the worker")
+
+    def reap_adopted(self) -> list[int]:
+        """``waitpid`` (WNOHANG) the zombie children listed under the main thread that
+        were not there when this instance was made: adopted orphans that ended (see the
+        module docstring for why only those). Returns the pids reaped."""
+        reaped = []
+        for pid in _main_thread_children() or []:
+            with contextlib.suppress(psutil.Error, ChildProcessError):
+                process = psutil.Process(pid)
+                if (process.status() == psutil.STATUS_ZOMBIE
+                        and self._key(process) not in self._before
+                        and os.waitpid(pid, os.WNOHANG)[0] == pid):
+                    reaped.append(pid)
+        return reaped
 
     def _below(self) -> list[psutil.Process]:
         try:
@@ -218,6 +264,9 @@ class Descendants:
             The pids signalled, in the order found.
         """
         signalled: dict[tuple[int, float], psutil.Process] = {}
+        self._reaping.set()
+        if self._reaper is not None and self._reaper is not threading.current_thread():
+            self._reaper.join(timeout=5)
         try:
             self._signal_all(signalled, grace_s, kill=False)
             self._signal_all(signalled, DESCENDANT_KILL_S, kill=True)
@@ -287,6 +336,17 @@ class Descendants:
                 if (self._key(process) not in self._before
                         and process.status() == psutil.STATUS_ZOMBIE):
                     os.waitpid(process.pid, os.WNOHANG)
+
+
+def _main_thread_children() -> list[int] | None:
+    """The pids Linux lists under this process's main thread
+    (``/proc/self/task/<pid>/children``: the children it created and the orphans adopted),
+    or None where that file is not there (not Linux, kernel without it)."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children") as f:
+            return [int(pid) for pid in f.read().split()]
+    except (OSError, ValueError):
+        return None
 
 
 def _describe(process: psutil.Process) -> str:

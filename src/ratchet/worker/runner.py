@@ -443,8 +443,10 @@ class Worker:
             :data:`~ratchet.worker.forks.DESCENDANT_GRACE_S`, each logged
             (:mod:`ratchet.worker.forks`). On Linux the process is a child subreaper while
             :meth:`run` runs, so orphans (double forks) stay below it and are stopped
-            too. ``ratchet worker`` sets it; off by default in process, where other threads
-            of the application may own such processes.
+            too; run on the main thread, those that end meanwhile are reaped every
+            :data:`~ratchet.worker.forks.REAP_EVERY_S` seconds. ``ratchet worker`` sets
+            it; off by default in process, where other threads of the application may own
+            such processes.
         overload_floor_s: the floor of the retry delay after an overload failure, seconds,
             for every task this worker runs, in place of each ``RetryPolicy``'s
             ``overload_min_delay_s`` (5 s by default): for tests against a flaky fake
