@@ -1,7 +1,7 @@
 """A SQLite ledger on a small volume of its own (a real tmpfs mounted for the test) that
 fills up while a real worker process runs: the full disk is a clear ``SQLITE_FULL``,
-nothing committed is lost, the worker logs its failing claims once (then a summary,
-with backoff), and once space is freed the ledger and the worker carry on by themselves,
+nothing committed is lost, the worker logs its failing claims, lease renewals and final
+commits once each (then a summary, with backoff for the claims), and once space is freed the ledger and the worker carry on by themselves,
 through more tasks than the freed space could hold as WAL (SQLite's own checkpoint waits
 for about 4 MiB of WAL, more than this volume has). Also the backoff and log throttling
 of :class:`~ratchet.worker.backoff.RepeatedFailure` on their own."""
@@ -33,7 +33,11 @@ BEFORE = 20
 AFTER = 80
 """Tasks run once space is freed: about 95 KiB of WAL each, over twice the room freed."""
 
+HOLDERS = 4
+"""Tasks running when the volume fills: their lease renewals and final commits fail."""
+
 MODULE = '''
+import os, time
 import ratchet
 
 app = ratchet.App()
@@ -42,6 +46,13 @@ app = ratchet.App()
 @app.task(name="full.pad")
 def pad(ctx, pad):
     return {"length": len(pad)}
+
+
+@app.task(name="full.hold", lease_s=2.0)
+def hold(ctx, gate):
+    while not os.path.exists(gate):
+        time.sleep(0.01)
+    return {}
 '''
 
 
@@ -51,6 +62,10 @@ def _make_app(url: str) -> App:
     @app.task(name="full.pad")
     def pad(ctx: TaskContext, pad: str) -> dict[str, int]:
         return {"length": len(pad)}
+
+    @app.task(name="full.hold", lease_s=2.0)
+    def hold(ctx: TaskContext, gate: str) -> None:
+        raise AssertionError("runs in the worker process only")
 
     return app
 
@@ -118,11 +133,18 @@ def test_full_volume_loses_nothing_and_recovers_once_space_is_freed(
     control = Control(url)
     with ProcessGroup(tmp_path / "logs", pythonpath=[project]) as group:
         try:
-            worker = group.worker("fullapp:app", url, poll_interval_s=0.02)
+            worker = group.worker("fullapp:app", url, poll_interval_s=0.02,
+                                  concurrency=HOLDERS + 1)
             worker.holder()
             committed = [app.submit("full.pad", _pad()).task_id for _ in range(BEFORE)]
             wait_for("the first tasks to succeed", lambda: control.status().counts.get(
                 "full.pad", {}).get("SUCCEEDED", 0) == BEFORE, timeout_s=60)
+            # Tasks running through the outage: renewals fail, then their final commits.
+            gate = tmp_path / "gate"
+            holders = [app.submit("full.hold", {"gate": str(gate)}).task_id
+                       for _ in range(HOLDERS)]
+            wait_for("the holding tasks to run", lambda: control.status().counts.get(
+                "full.hold", {}).get("RUNNING", 0) == HOLDERS, timeout_s=60)
             # Tasks that become ready during the outage: the worker's claims then fail.
             committed += [app.submit("full.pad", _pad(), delay_s=1.0).task_id
                           for _ in range(10)]
@@ -138,6 +160,11 @@ def test_full_volume_loses_nothing_and_recovers_once_space_is_freed(
             # The outage lasts a few seconds: long enough for a poll every 20 ms to have
             # logged a hundred lines without backoff.
             outage_ends = time.monotonic() + 3.0
+            wait_for("a lease renewal to fail", lambda: "lease renewal failed" in worker.log(),
+                     timeout_s=30)
+            gate.touch()  # the holding tasks end: their final commits fail
+            wait_for("a final commit to fail", lambda: "final commit failed" in worker.log(),
+                     timeout_s=30)
             while time.monotonic() < outage_ends:
                 with pytest.raises(LedgerUnavailable, match="disk is full"):
                     app.submit("full.pad", _pad())
@@ -152,13 +179,21 @@ def test_full_volume_loses_nothing_and_recovers_once_space_is_freed(
                     counts = control.status().counts.get("full.pad", {})
                 except LedgerUnavailable:  # the status read's mark write met a full disk
                     return False
-                return counts.get("SUCCEEDED", 0) == len(committed) + len(after)
+                held = control.status().counts.get("full.hold", {})
+                return (counts.get("SUCCEEDED", 0) == len(committed) + len(after)
+                        and held.get("SUCCEEDED", 0) == len(holders))
 
             wait_for("every task, before and after the full disk, to succeed", all_succeeded,
                      timeout_s=max(deadline - time.monotonic(), 30))
             assert worker.alive(), worker.describe()
-            failed = worker.log().count("claim failed")
-            assert 1 <= failed <= 3, worker.log()[-4000:]
+            log = worker.log()
+            failed = log.count("claim failed")
+            assert 1 <= failed <= 3, log[-4000:]
+            # Each failing path logs its first failure, a count per 10 s, its recovery.
+            renewals = log.count("lease renewal failed")
+            assert 1 <= renewals <= 3, log[-4000:]
+            resends = log.count("sending it again")
+            assert 1 <= resends <= 3, log[-4000:]
         finally:
             control.close()
             app.close()

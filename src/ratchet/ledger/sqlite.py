@@ -37,6 +37,7 @@ only its own task and every face can show it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -56,6 +57,7 @@ from .catalogue import load_catalogue
 from .clock import ClockFn
 from .engine import LedgerEngine
 from .migrations import load_migrations, split_statements
+from .sqlitefile import EMPTY_DETAIL, FILE_CHECK_S, MAGIC, create_whole, file_identity, file_problem
 
 __all__ = ["SQLiteDialect", "SQLiteLedger"]
 
@@ -70,8 +72,6 @@ _UNAVAILABLE = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN", "SQLITE_IOERR
 _CORRUPT = {"SQLITE_CORRUPT", "SQLITE_NOTADB"}
 """Primary result codes of a damaged file: LedgerCorrupt (``SQLITE_NOTADB`` only for a file
 that was a database: see :meth:`SQLiteDialect._is_corruption`)."""
-_MAGIC = b"SQLite format 3\x00"
-"""The first 16 bytes of every SQLite database file."""
 JOURNAL_SIZE_LIMIT_BYTES = 4 * 1024 * 1024
 """``PRAGMA journal_size_limit``: a WAL file that grew past this (a long transaction, a
 checkpoint held back by readers) is cut back to it once a checkpoint has emptied it, so
@@ -216,6 +216,9 @@ class SQLiteDialect:
         """The last :class:`LedgerCorrupt` this dialect raised, if any (kept until it is
         closed: a damaged page stays damaged, and a restored file is a new file, which
         every process must open anew)."""
+        self._opened: tuple[int, int] | None = None  # file_identity when first opened
+        self._file_check_at = float("-inf")  # monotonic: next look at the file
+        self._file_lost: LedgerCorrupt | None = None  # the file is gone from under us
 
     # ------------------------------------------------------------------ files
 
@@ -226,12 +229,86 @@ class SQLiteDialect:
                 f"cannot open SQLite ledger {self.path!r}: directory {directory!r} does not exist"
             )
 
-    def create_private(self) -> None:
-        """Create the ledger file readable by its owner only (0600) if it does not exist;
-        SQLite gives its -wal and -shm files the same mode."""
+    def create(self) -> bool:
+        """Create a new ledger at the latest schema version unless a file is at the path.
+
+        The schema is built in a temporary file (mode 0600; SQLite gives its -wal and
+        -shm files the same mode) in the same directory and linked into place only once
+        complete (:func:`~ratchet.ledger.sqlitefile.create_whole`), so the path never
+        holds an empty or half-made ledger, and of two processes creating it at once one
+        links its file and the other opens that one.
+
+        Returns:
+            True when this call created the file; False when a file was already there.
+
+        Raises:
+            LedgerUnavailable: the directory is missing, or the file could not be made
+                (a full disk, no permission); nothing appears at the path.
+        """
         self._check_directory()
-        with contextlib.suppress(FileExistsError):
-            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+        def build(temp: str) -> None:
+            builder = SQLiteDialect(dataclasses.replace(self.config, path=temp))
+            try:
+                builder.migrate()
+                # Everything into the file itself: only the file is linked into place.
+                busy, _, _ = builder._conn().execute(
+                    "PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                if busy:
+                    raise LedgerUnavailable(
+                        f"could not checkpoint the new SQLite ledger {temp!r}")
+            finally:
+                builder.close()
+
+        try:
+            return create_whole(self.path, build)
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerUnavailable(
+                f"cannot create SQLite ledger {self.path!r}: {exc}") from exc
+
+    def check_not_empty(self) -> None:
+        """Refuse an existing file that is empty: a ledger Ratchet created never is
+        (:meth:`create`), so it was truncated, and migrating it would silently start a new
+        ledger in place of the lost one.
+
+        Raises:
+            LedgerCorrupt: the file is empty (remembered in :attr:`corruption`).
+        """
+        try:
+            empty = os.stat(self.path).st_size == 0
+        except OSError:
+            return
+        if empty:
+            raise self._file_corrupt(EMPTY_DETAIL)
+
+    def _file_corrupt(self, detail: str) -> LedgerCorrupt:
+        """The :class:`LedgerCorrupt` of a file truncated, replaced or removed (``detail``),
+        remembered in :attr:`corruption`."""
+        error = LedgerCorrupt(
+            self.path, detail, remedy="delete the file (and its -wal and -shm files) to "
+                                      "start a new, empty ledger")
+        self.corruption = error
+        return error
+
+    def _check_file(self) -> None:
+        """At most every :data:`FILE_CHECK_S`: is the open file still whole at its path?
+        SQLite's open connections go on with what they cached when the file is truncated,
+        replaced or removed, so this dialect looks (:func:`file_problem`). Once it found
+        such a problem every later call raises it again.
+
+        Raises:
+            LedgerCorrupt: the file is gone, another one, empty or overwritten.
+        """
+        if self._file_lost is not None:
+            raise self._file_lost
+        now = time.monotonic()
+        if self._opened is None or now < self._file_check_at:
+            return
+        self._file_check_at = now + FILE_CHECK_S
+        problem = file_problem(self.path, self._opened)
+        if problem is not None:
+            self._file_lost = self._file_corrupt(problem)
+            raise self._file_lost
 
     def tables(self) -> list[str]:
         """Names of the tables in the file (read-only look; [] for a missing file)."""
@@ -302,6 +379,9 @@ class SQLiteDialect:
             raise LedgerUnavailable(
                 f"cannot configure SQLite ledger {self.path!r}: {exc}"
             ) from exc
+        if self._opened is None:
+            with contextlib.suppress(OSError):
+                self._opened = file_identity(self.path)
         return conn
 
     def _conn(self) -> sqlite3.Connection:
@@ -329,7 +409,7 @@ class SQLiteDialect:
                 return True
         try:
             with open(self.path, "rb") as f:
-                return f.read(len(_MAGIC)) == _MAGIC
+                return f.read(len(MAGIC)) == MAGIC
         except OSError:
             return False
 
@@ -449,6 +529,7 @@ class SQLiteDialect:
     def run(self, body: Callable[[Any], T], *, write: bool = True) -> T:
         """One transaction; ``BEGIN IMMEDIATE`` for writes (see ``Dialect.run``), which
         first make room for the WAL if the volume is short of it (:meth:`_make_room`)."""
+        self._check_file()
         conn = self._conn()
         if write:
             self._make_room(conn)
@@ -484,6 +565,7 @@ class SQLiteDialect:
 
     def probe(self) -> tuple[bool, float | None]:
         """Lock-free look: may anything be claimable? Also returns the clock it read."""
+        self._check_file()
         try:
             conn = self._conn()
             now = self._clock(conn)
@@ -593,15 +675,18 @@ class SQLiteLedger(LedgerEngine):
         must_exist: raise ``LedgerUnavailable`` instead of creating a new file (read-only
             commands).
 
-    A file that exists but holds no Ratchet ledger (``user_version`` 0: an application's
-    own database, a typo in the path) is refused untouched when ``must_exist`` is set or
-    ``migrate`` is not, and also by ``migrate`` unless it is empty (no tables); so is a file
-    whose ``user_version`` is one Ratchet knows but which lacks Ratchet's tables (an
-    application numbering its own schema).
+    A missing file is created whole, at the latest schema version
+    (:meth:`SQLiteDialect.create`), unless ``must_exist`` is set. A file that exists but
+    holds no Ratchet ledger (``user_version`` 0: an application's own database, a typo in
+    the path) is refused untouched, also by ``migrate``; so is a file whose
+    ``user_version`` is one Ratchet knows but which lacks Ratchet's tables (an application
+    numbering its own schema). An existing empty file is corrupt: Ratchet never leaves one
+    (it was truncated), and making a new ledger of it would hide the loss.
 
     Raises:
-        LedgerUnavailable: the file cannot be opened (missing directory, not a database,
-            no ledger in it).
+        LedgerUnavailable: the file cannot be opened or created (missing directory, not a
+            database, no ledger in it).
+        LedgerCorrupt: the file is empty.
         SchemaTooNew: the file has a newer schema; it is not modified.
     """
 
@@ -620,20 +705,17 @@ class SQLiteLedger(LedgerEngine):
                 "to the current directory). Check --ledger / RATCHET_LEDGER_URL, or create it "
                 "with `ratchet migrate`."
             )
+        if not exists:
+            dialect.create()  # or another process just did: its file is checked below
+        dialect.check_not_empty()
         current = dialect.schema_version()
         if current > self.latest_version:
             raise SchemaTooNew(current, self.latest_version, dialect.path)
-        if exists and current == 0:
-            tables = dialect.tables()
-            foreign = must_exist or not migrate or bool(tables)
-        elif exists:
-            # Applications number their own schemas with user_version too: a version we
-            # know is only ours if our tables are there (checked read-only, before anything
-            # could switch the file to WAL).
-            tables = dialect.tables()
-            foreign = not _LEDGER_TABLES.issubset(tables)
-        else:
-            tables, foreign = [], False
+        # Applications number their own schemas with user_version too: a version we know
+        # is only ours if our tables are there (checked read-only, before anything could
+        # switch the file to WAL).
+        tables = dialect.tables()
+        foreign = current == 0 or not _LEDGER_TABLES.issubset(tables)
         if foreign:
             listed = ", ".join(tables) if tables else "none"
             raise LedgerUnavailable(
@@ -641,7 +723,5 @@ class SQLiteLedger(LedgerEngine):
                 f"{listed}); it was left untouched. Point --ledger / RATCHET_LEDGER_URL "
                 "at a Ratchet ledger file, or at a new path to create one."
             )
-        if not exists:
-            dialect.create_private()
         if migrate:
             self.migrate()

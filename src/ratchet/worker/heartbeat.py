@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import LeaseLost
 from ..ledger.base import Ledger, RenewResult
+from .backoff import RepeatedFailure
 
 if TYPE_CHECKING:
     from .hooks import Hooks
@@ -157,6 +158,9 @@ class Heartbeat(threading.Thread):
         self._planned = float("-inf")  # monotonic time the loop will next wake up by itself
         self.renewals = 0
         self.failures = 0
+        self.renew_failures = RepeatedFailure("lease renewal", log, level=logging.WARNING)
+        """Log throttling of failing renewals (the first at once, then a count every
+        10 s, then the recovery); a failing round is retried within 0.25 s regardless."""
         self._control_due = float("-inf")  # monotonic: next read of operator requests
         self.control_reads = 0
         self.hooks: Hooks | None = None
@@ -307,9 +311,10 @@ class Heartbeat(threading.Thread):
                 retry_at = time.monotonic()
                 for h in handles:  # try again soon, without spinning on a dead ledger
                     h.renew_due = retry_at + min(0.25, h.lease_s / 10.0)
-                log.warning("lease renewal failed (%d leases): %s", len(handles), exc)
+                self.renew_failures.failed(RuntimeError(f"{len(handles)} leases: {exc}"))
             else:
                 self.renewals += 1
+                self.renew_failures.succeeded()
                 t_answered = time.monotonic()
                 refused = 0
                 by_id = {h.task_id: h for h in handles}

@@ -132,6 +132,7 @@ from ..retry import TIME_LIMIT, FailureClass, classify, downstream_unreachable, 
 from ..serde import dumps
 from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
+from .backoff import RepeatedFailure
 from .context import ControlInterrupt, Shutdown, TaskContext
 from .executor import Executor
 from .forks import Descendants, exit_forked_child, install_signal_handler
@@ -553,6 +554,9 @@ class Worker:
         self.writers = writers
         self.writer = LedgerWriter(self.ledger, max_batch=max_batch, writers=writers)
         self.heartbeat = Heartbeat(self.ledger, self.holder)
+        self.final_commit_failures = RepeatedFailure("final commit", log, level=logging.WARNING)
+        """Log throttling of final writes sent again while the ledger is unreachable (all
+        tasks together: a full disk fails every one of them at once)."""
         self._start_check = StartCheck(self.heartbeat)
         self.stats = WorkerStats()
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
@@ -1389,8 +1393,8 @@ class Worker:
         def log_retry(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome is not None else None
             delay = state.next_action.sleep if state.next_action is not None else 0.0
-            log.warning("task %s: final commit failed (%s); sending it again in %.2f s",
-                        claim.task_id, error, delay)
+            self.final_commit_failures.failed(RuntimeError(
+                f"task {claim.task_id}: {error}; sending it again in {delay:.2f} s"))
 
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(LedgerUnavailable),
@@ -1407,6 +1411,8 @@ class Worker:
             outcome = retrying(self.writer.commit, write)
         except Exception as exc:  # writer stopped, lease gone, or still unreachable
             error = exc
+        else:
+            self.final_commit_failures.succeeded()
         self._finished(claim, lease, ctx, steps, transition, label, outcome, error)
 
     def _reject(
