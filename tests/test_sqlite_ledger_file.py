@@ -13,6 +13,8 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -243,5 +245,34 @@ def test_an_open_ledger_notices_its_file_replaced_or_removed(tmp_path: Path) -> 
         os.unlink(db)
         with pytest.raises(LedgerCorrupt, match="removed while in use"):
             wait_for("the removal to be noticed", lambda: ledger.now() < 0, timeout_s=10)
+    finally:
+        ledger.close()
+
+
+def test_a_new_connection_to_a_truncated_file_fails_at_once(tmp_path: Path) -> None:
+    # A thread's first connection, to a file truncated a moment after another thread
+    # looked at it, would otherwise wait for the open connections' locks (the busy
+    # timeout) to write a new, empty database into the file.
+    db = tmp_path / "l.db"
+    _ledger_with_tasks(db)
+    ledger = open_ledger(f"sqlite:///{db}", must_exist=True)
+    try:
+        ledger.now()  # this thread's connection, and a look at the file
+        _truncate(db)
+        caught: list[BaseException] = []
+
+        def first_use() -> None:
+            try:
+                ledger.now()
+            except BaseException as exc:
+                caught.append(exc)
+
+        thread = threading.Thread(target=first_use)
+        started = time.monotonic()
+        thread.start()
+        thread.join(timeout=60)
+        assert time.monotonic() - started < 5
+        assert len(caught) == 1 and isinstance(caught[0], LedgerCorrupt), caught
+        assert db.stat().st_size == 0
     finally:
         ledger.close()

@@ -290,11 +290,12 @@ class SQLiteDialect:
         self.corruption = error
         return error
 
-    def _check_file(self) -> None:
-        """At most every :data:`FILE_CHECK_S`: is the open file still whole at its path?
-        SQLite's open connections go on with what they cached when the file is truncated,
-        replaced or removed, so this dialect looks (:func:`file_problem`). Once it found
-        such a problem every later call raises it again.
+    def _check_file(self, now_too: bool = False) -> None:
+        """At most every :data:`FILE_CHECK_S` (or at once, ``now_too``): is the open file
+        still whole at its path? SQLite's open connections go on with what they cached
+        when the file is truncated, replaced or removed, so this dialect looks
+        (:func:`file_problem`). Once it found such a problem every later call raises it
+        again.
 
         Raises:
             LedgerCorrupt: the file is gone, another one, empty or overwritten.
@@ -302,7 +303,7 @@ class SQLiteDialect:
         if self._file_lost is not None:
             raise self._file_lost
         now = time.monotonic()
-        if self._opened is None or now < self._file_check_at:
+        if self._opened is None or (now < self._file_check_at and not now_too):
             return
         self._file_check_at = now + FILE_CHECK_S
         problem = file_problem(self.path, self._opened)
@@ -389,6 +390,9 @@ class SQLiteDialect:
             raise LedgerError("ledger is closed")
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            # A new connection to a file truncated under the open ones would wait for their
+            # locks (the busy timeout) to write a new, empty database into it.
+            self._check_file(now_too=True)
             conn = self._open()
             self._local.conn = conn
             with self._conn_lock:
