@@ -23,7 +23,7 @@ from psycopg import sql
 
 from ratchet import open_ledger
 from ratchet.app import new_task_id
-from ratchet.errors import LedgerUnavailable, WriteRejected
+from ratchet.errors import LedgerCorrupt, LedgerUnavailable, WriteRejected
 from ratchet.ledger.base import (
     EffectState,
     EffectWrite,
@@ -225,16 +225,15 @@ def test_sqlite_file_without_a_ledger_is_refused_untouched(
     assert sorted(os.listdir(tmp_path)) == ["app.db"]
 
 
-def test_an_empty_sqlite_file_becomes_a_ledger_but_not_for_readers(tmp_path: Path) -> None:
+def test_an_empty_sqlite_file_is_a_truncated_ledger_never_a_new_one(tmp_path: Path) -> None:
+    # Ratchet links a new ledger into place whole: an empty file was truncated.
     path = tmp_path / "empty.db"
     path.touch()
-    with pytest.raises(LedgerUnavailable, match=r"holds no Ratchet ledger \(tables: none\)"):
-        open_ledger(f"sqlite:///{path}", must_exist=True)
-    ledger = open_ledger(f"sqlite:///{path}")
-    try:
-        assert ledger.schema_version() >= 3
-    finally:
-        ledger.close()
+    for kwargs in ({"must_exist": True}, {"migrate": False}, {}):
+        with pytest.raises(LedgerCorrupt, match="the file is empty"):
+            open_ledger(f"sqlite:///{path}", **kwargs)
+    assert path.stat().st_size == 0
+    assert sorted(os.listdir(tmp_path)) == ["empty.db"]
 
 
 def test_a_new_sqlite_ledger_is_readable_by_its_owner_only(tmp_path: Path) -> None:

@@ -181,7 +181,7 @@ class SQLiteDialect:
     thread, its heartbeat thread and API readers never share one.
 
     Opening is lazy: nothing touches the file until the first transaction (or
-    :meth:`create_private`, :meth:`tables`, :meth:`schema_version`), so
+    :meth:`create`, :meth:`tables`, :meth:`schema_version`), so
     :class:`SQLiteLedger` can look at a file before deciding to use it.
 
     Args:
