@@ -1,9 +1,10 @@
 """A SQLite ledger on a small volume of its own (a real tmpfs mounted for the test) that
 fills up while a real worker process runs: the full disk is a clear ``SQLITE_FULL``,
 nothing committed is lost, the worker logs its failing claims, lease renewals and final
-commits once each (then a summary, with backoff for the claims), and once space is freed the ledger and the worker carry on by themselves,
-through more tasks than the freed space could hold as WAL (SQLite's own checkpoint waits
-for about 4 MiB of WAL, more than this volume has). Also the backoff and log throttling
+commits once each (then a summary, with backoff for the claims), and once space is freed
+the ledger and the worker carry on by themselves, through more tasks than the freed space
+could hold as WAL (SQLite's own checkpoint waits for about 4 MiB of WAL, more than this
+volume has). Also the backoff and log throttling
 of :class:`~ratchet.worker.backoff.RepeatedFailure` on their own."""
 
 from __future__ import annotations
