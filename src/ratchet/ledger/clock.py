@@ -37,13 +37,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from ..serde import dumps
-
-if TYPE_CHECKING:
-    from .dialect import Tx
 
 __all__ = ["STEP_TOLERANCE_S", "ClockFn", "ClockWatch", "repair"]
 
@@ -52,6 +49,17 @@ log = logging.getLogger("ratchet.ledger")
 ClockFn = Callable[[float], float]
 """Maps the database's clock reading (epoch seconds) to the ledger clock (epoch seconds).
 ``None`` on a dialect (production): the database's reading is the ledger clock."""
+
+
+
+class Tx(Protocol):
+    """What the repair needs of a transaction (:class:`ratchet.ledger.dialect.Tx`, which
+    imports :data:`ClockFn` from here: the dialect module is not imported back)."""
+
+    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int: ...
+
+    def batch(self, name: str, rows: Sequence[Mapping[str, Any]], **scalars: Any) -> None: ...
+
 
 STEP_TOLERANCE_S = 2.0
 """A fall of the ledger clock against the monotonic clock smaller than this many seconds is
