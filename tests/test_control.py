@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -33,6 +35,7 @@ from ratchet import (
 from ratchet.cli.main import cli
 from ratchet.ledger.base import EffectState, EffectWrite, TaskWrite, Transition, WorkerInfo
 from ratchet.serde import digest
+from ratchet.testing import wait_for
 from ratchet.worker.registry import host_identity, process_start_time
 
 
@@ -207,6 +210,68 @@ def test_workers_judges_processes_on_this_host(ledger_url: str) -> None:
         h: w.process for h, w in views.items()
     }
     assert list(shown[0]) == [f.name for f in dataclasses.fields(WorkerView)]
+
+
+def test_workers_shows_the_os_process_state(ledger_url: str) -> None:
+    """A SIGSTOPped worker process is shown ``stopped`` (it runs nothing until continued),
+    an exited unreaped one ``zombie`` (gone: it will never write again)."""
+    Control(ledger_url).migrate()
+    here = host_identity()
+    frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        wait_for("the kernel to say it is stopped",
+                 lambda: psutil.Process(frozen.pid).status() == psutil.STATUS_STOPPED)
+        wait_for("the child to exit, unreaped",
+                 lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE)
+        ledger = open_ledger(ledger_url)
+        try:
+            for holder, proc in (("w-frozen", frozen), ("w-zombie", zombie)):
+                ledger.register_worker(WorkerInfo(holder, here, "h", proc.pid,
+                                                  process_start_time(proc.pid)))
+        finally:
+            ledger.close()
+        with Control(ledger_url) as control:
+            views = {w.holder: w.process for w in control.workers()}
+        assert views == {"w-frozen": "stopped", "w-zombie": "zombie"}
+        result = CliRunner().invoke(cli, ["workers", "--ledger", ledger_url])
+        assert result.exit_code == 0, result.output
+        [row] = [ln for ln in result.stdout.splitlines() if "w-frozen" in ln]
+        assert "stopped" in row and "running" not in row, row
+        [row] = [ln for ln in result.stdout.splitlines() if "w-zombie" in ln]
+        assert "zombie (not yet revoked)" in row, row
+    finally:
+        frozen.kill()
+        frozen.wait()
+        zombie.wait()
+
+
+def test_every_audited_operator_command_is_counted(ledger_url: str) -> None:
+    """pause, resume, limits set and limits clear (each audited with a reason) are four
+    operator actions in ``ratchet status``."""
+    Control(ledger_url).migrate()
+    for args in (["pause", "--type", "billing.charge"], ["resume", "--type", "billing.charge"],
+                 ["limits", "set", "--type", "billing.charge", "--max", "2"],
+                 ["limits", "clear", "--type", "billing.charge"]):
+        result = CliRunner().invoke(cli, [*args, "--reason", "trial", "--ledger", ledger_url])
+        assert result.exit_code == 0, (args, result.output)
+    with Control(ledger_url) as control:
+        assert control.status().operator_actions == 4
+    result = CliRunner().invoke(cli, ["status", "--ledger", ledger_url])
+    assert "operator actions: 4" in result.stdout, result.stdout
+
+
+def test_cli_resolve_warns_of_no_result_only_when_accepted(ledger_url: str) -> None:
+    task_id = unknown_task(ledger_url)
+    args = ["resolve", task_id, "--outcome", "done", "--reason", "x", "--ledger", ledger_url]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "warning: no --result given" in result.stderr, result.stderr
+    result = CliRunner().invoke(cli, args)  # the task is PENDING now: refused
+    assert result.exit_code == 2, result.output
+    assert "error: IllegalTransition: " in result.stderr, result.stderr
+    assert "warning" not in result.stderr, result.stderr
 
 
 def test_submit_needs_an_app(tmp_path: Path) -> None:

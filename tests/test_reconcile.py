@@ -207,7 +207,9 @@ def test_clean_run_exits_zero_and_unknown_type_is_refused(
     assert unknown.exit_code == 2 and "no task type 'rc.nope'" in unknown.output
     for args, words in ((["--since", "yesterday"], "--since"),
                         (["--rate", "fast"], "--rate"),
-                        (["--lookup-timeout", "0"], "lookup_timeout_s")):
+                        (["--lookup-timeout", "0"], "--lookup-timeout must be above 0"),
+                        (["--lookup-timeout", "2h"],
+                         "--lookup-timeout must be at most 1h (3600 s), got 2h")):
         bad = runner.invoke(cli, ["reconcile", TASK, "--app", spec, "--ledger", ledger_url,
                                   *args])
         assert bad.exit_code == 2 and words in bad.output, (args, bad.output)
@@ -253,6 +255,46 @@ def test_lookups_are_paced_and_timed_out(tmp_path: Path, service: CountingServic
     close(app)
     close(rc_app)
     slow.close()
+
+
+def test_failed_lookups_are_tried_again(ledger_url: str, service: CountingService,
+                                        tmp_path: Path) -> None:
+    """A target that answers 503 to a fixed run of lookups: without retries those effects
+    are left unknown, each note one line (the error's type and first line, not httpx's
+    whole message); with --lookup-retries every effect is checked and agrees."""
+    app = make_app(ledger_url, service.url)
+    for i in range(3):
+        app.submit(TASK, {"order": f"o-{i}"})
+    _run(app)
+    rc_app = make_app(ledger_url, service.url, lookups=True)
+    with service.client() as c, Control(ledger_url) as control:
+        c.set_faults(fail_next_503=2)
+        report = reconcile(control, rc_app, TASK, concurrency=1, rate_per_s=None,
+                           lookup_retries=0, record=False)
+        assert report.counts["unknown"] == 2 and report.agreed == 1, report
+        for f in report.findings:
+            assert f.note.startswith("the lookup could not tell: HTTPStatusError: Server "
+                                     "error '503 Service Unavailable' for url "), f.note
+            assert "\n" not in f.note and "For more information" not in f.note, f.note
+        c.set_faults(fail_next_503=4)  # the first lookup's 3 tries fail, then the next's 1st
+        report = reconcile(control, rc_app, TASK, concurrency=1, rate_per_s=None,
+                           lookup_retries=2, record=False)
+        assert report.counts["unknown"] == 1 and report.agreed == 2, report
+        [f] = report.findings
+        assert f.note.startswith("the lookup could not tell: 3 tries failed, the last: "
+                                 "HTTPStatusError: Server error '503"), f.note
+        with pytest.raises(InvalidArguments, match="lookup_retries"):
+            reconcile(control, rc_app, TASK, lookup_retries=11)
+        c.set_faults(fail_next_503=4)
+        module = _app_module(tmp_path, ledger_url, service.url)
+        result = CliRunner().invoke(cli, [
+            "reconcile", TASK, "--app", module, "--lookup-retries", "4",
+            "--concurrency", "2", "--rate", "none", "--ledger", ledger_url])
+        assert result.exit_code == 0, result.output
+        assert "3 agree" in result.stdout and "left: 0" in result.stdout, result.stdout
+        assert c.set_faults()["fail_next_503"] == 0  # every injected 503 was asked
+    close(app)
+    close(rc_app)
 
 
 def test_worker_uses_the_registered_lookup(

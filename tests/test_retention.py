@@ -407,7 +407,7 @@ def test_cli_prune(app: App, ledger_url: str, tmp_path: Path) -> None:
     assert missing.exit_code != 0
     # The worker's options are checked before the app is loaded.
     for options, message in (
-            (["--prune-older-than", "30d", "--prune-every", "0s"], "--prune-every must be longer"),
+            (["--prune-older-than", "30d", "--prune-every", "0s"], "--prune-every must be above 0"),
             (["--prune-older-than", "soon"], "--prune-older-than must"),
             (["--prune-older-than", "30"], "--prune-older-than needs a unit"),
             (["--prune-every", "1h"], "--prune-every needs --prune-older-than")):

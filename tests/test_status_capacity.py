@@ -160,6 +160,31 @@ def test_drain_eta_when_completions_outpace_arrivals(capp: App, led: Ledger) -> 
         assert a.drain_eta_s == pytest.approx(3 / a.net_drain_per_s)
 
 
+def test_the_totals_verdict_accounts_for_paused_types(capp: App, led: Ledger) -> None:
+    """The only backlog is a paused type's: the totals' row says it waits in a paused type,
+    not that the backlog grows; with ready work elsewhere it says how much is held."""
+    for n in range(5):
+        capp.submit(B, {"n": n})
+    with Control(app=capp) as control:
+        control.pause("type", B, reason="trial", by="op")
+        report = control.status(window_s=60.0)
+        b = _view(report.types, B)
+        assert b.paused is not None and b.held_back == 5
+        assert report.totals.backlog == 5 and report.totals.net_drain_per_s < 0
+        assert report.totals.held_back == 5 and report.totals.held_in == [f"{B} (paused)"]
+        assert "growing" not in report.totals.drain, report.totals.drain
+        assert report.totals.drain.endswith(
+            f"5 ready wait in paused or limited types ({B} (paused))"), report.totals.drain
+        assert report.totals.drain_eta_s is None
+        for n in range(2):
+            capp.submit(A, {"n": n})
+        totals = control.status(window_s=60.0).totals
+        assert totals.backlog == 7 and totals.held_back == 5
+        assert totals.drain.startswith("backlog growing by "), totals.drain
+        assert totals.drain.endswith(
+            f"of them 5 ready wait in paused or limited types ({B} (paused))"), totals.drain
+
+
 def _cap(name: str, **kw: object) -> TypeCapacity:
     return TypeCapacity(name, **kw)  # type: ignore[arg-type]
 

@@ -95,6 +95,11 @@ class TypeStatusView:
         limited: the concurrency limits that are full while the type has ready work (its
             type cap, a cap of a tenant with ready tasks of it, the total): why it runs
             no more than it does. Empty when none is.
+        held_back: of ``backlog``, the ready tasks of types that are paused or held by a
+            full limit (a type's own row: all of its backlog or none); for the totals,
+            the sum over the types, whose verdict then says so and makes no growth or
+            drain claim for them. held_in: those types, sorted (``name (paused)`` /
+            ``name (limited)``).
         drain: the one-line verdict every face shows: paused (by whom, since when),
             limited (N running, of the limit), then ``drains in ~X (at the last N s's
             rate)``, ``backlog growing by N/s (over the last N s)``, ``not draining
@@ -123,6 +128,8 @@ class TypeStatusView:
     last_arrival_age_s: float | None = None
     paused: PauseRecord | None = None
     limited: list[LimitReached] = field(default_factory=list)
+    held_back: int = 0
+    held_in: list[str] = field(default_factory=list)
     drain: str = ""
 
 
@@ -168,11 +175,17 @@ def _verdict(v: TypeStatusView, now: float) -> str:
     elif v.arrivals_stopped and v.backlog:
         parts.append(f"no arrivals in the last {v.drain_window_s / RECENT_FRACTION:g} s")
     basis = f"{v.drain_window_s:g} s"
+    held = ""
+    if v.name == ALL_TYPES and v.held_back and v.paused is None:
+        held = (f"{v.held_back} ready wait in paused or limited types "
+                f"({', '.join(v.held_in)})")
     if not v.backlog:  # nothing ready: nothing to drain, whatever the rates say
         parts.append(f"nothing ready, {v.scheduled} scheduled" if v.scheduled
                      else "no backlog")
     elif v.paused is not None:
         parts.append(f"{v.backlog} ready wait for the resume")
+    elif held and v.held_back >= v.backlog:  # no worker may take any of it: no rate claim
+        parts.append(held)
     elif v.drain_eta_s is not None:
         parts.append(f"drains in ~{span(v.drain_eta_s)} (at the last {basis}'s rate)")
     elif v.net_drain_per_s < 0:
@@ -182,6 +195,8 @@ def _verdict(v: TypeStatusView, now: float) -> str:
         parts.append(f"not draining (no completion in the last {basis})")
     else:
         parts.append(f"not draining (0/s over the last {basis})")
+    if held and v.held_back < v.backlog:
+        parts.append(f"of them {held}")
     return "; ".join(parts)
 
 
@@ -228,6 +243,7 @@ def _type_view(name: str, counts: Mapping[str, int], cap: TypeCapacity, now: flo
                             if cap.last_arrival_at is not None else None),
         paused=paused,
         limited=list(limited) if backlog else [],
+        held_back=backlog if paused is not None or (limited and backlog) else 0,
     )
     return _with_verdict(view, now)
 
@@ -317,4 +333,16 @@ def capacity_views(counts: Mapping[str, Mapping[str, int]], caps: Sequence[TypeC
     totals = _type_view(ALL_TYPES, summed, all_cap, now, window_s,
                         _pause_of(ALL_TYPES, pauses),
                         _full_limits(ALL_TYPES, total_running, total_running, limits, None))
+    held = [v for v in views if v.held_back]
+    if held:
+        # The held types' backlog drains only on a resume or a freed slot: the totals'
+        # ETA counts the rest, and the verdict names them instead of a growth claim.
+        held_back = sum(v.held_back for v in held)
+        free = totals.backlog - held_back
+        totals = _with_verdict(dataclasses.replace(
+            totals, held_back=held_back,
+            held_in=[f"{v.name} ({'paused' if v.paused is not None else 'limited'})"
+                     for v in held],
+            drain_eta_s=(free / totals.net_drain_per_s
+                         if free > 0 and totals.drain_eta_s is not None else None)), now)
     return views, totals

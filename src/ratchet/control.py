@@ -75,7 +75,7 @@ from .serde import Undecodable, dumps, loads_stored, printable
 from .states import State
 from .storedtext import StoredState, UndecodableText
 from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier, check_rate_per_s
-from .worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_gone
+from .worker.registry import GONE_STATES, UNRESPONSIVE_FLOOR_S, host_identity, process_state
 
 __all__ = [
     "ALL_TYPES",
@@ -496,8 +496,10 @@ class WorkerView:
         holder: lease-holder identity. host_id: host + PID-namespace identity.
         hostname, pid: where it runs.
         state: ``alive``, ``stopped`` (clean exit) or ``dead`` (revoked).
-        process: ``running`` / ``gone`` for an ``alive`` worker on this host (judged from
-            here), ``other host`` when it cannot be judged from here, ``-`` when not alive.
+        process: for an ``alive`` worker on this host, what the OS says of its process
+            (:func:`~ratchet.worker.registry.process_state`: ``running``, ``stopped``,
+            ``tracing-stop``, ``disk-sleep``, ``zombie`` or ``gone``); ``other host`` when
+            it cannot be judged from here, ``-`` when not alive.
         started_at, last_seen: ledger clock, epoch seconds.
         last_seen_age_s: seconds between its last registry heartbeat and the ledger clock.
         lease_s: the lease it is judged by, seconds: the shortest ``lease_s`` of the
@@ -506,7 +508,7 @@ class WorkerView:
             renewal) is older than ``lease_s`` (and than
             :data:`~ratchet.worker.registry.UNRESPONSIVE_FLOOR_S`): frozen (SIGSTOP, a VM
             pause), hung, or cut off from the ledger; its leases expire and are taken over.
-            Its process may still exist (``process`` says ``running``).
+            Its process may still exist (``process`` says ``stopped`` for a SIGSTOP).
     """
 
     holder: str
@@ -520,6 +522,12 @@ class WorkerView:
     last_seen_age_s: float
     lease_s: float = 15.0
     unresponsive: bool = False
+
+    @property
+    def process_gone(self) -> bool:
+        """An ``alive`` worker on this host whose process is ``gone`` or a ``zombie``: it
+        will never write again (its leases are revoked by a same-host peer)."""
+        return self.state == "alive" and self.process in GONE_STATES
 
 
 DEFAULT_LEASE_S = 15.0
@@ -1065,7 +1073,7 @@ class Control:
             if w.state != "alive":
                 process = "-"
             elif w.host_id == here:
-                process = "gone" if process_gone(w.pid, w.pid_start) else "running"
+                process = process_state(w.pid, w.pid_start)
             else:
                 process = "other host"
             age = max(0.0, now - w.last_seen)

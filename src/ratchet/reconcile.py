@@ -30,8 +30,13 @@ per finding on its task (``reconcile_resolved`` per resolution), so a ledger col
 count them (:meth:`Control.reconcile_counts`).
 
 Lookups are bounded: at most ``concurrency`` at once, at most ``rate_per_s`` started per
-second, each given ``lookup_timeout_s`` seconds (a lookup still running then counts as
-``unknown``; its thread cannot be killed and is left to finish on its own).
+second (retries included), each given ``lookup_timeout_s`` seconds (a lookup still running
+then counts as ``unknown``; its thread cannot be killed and is left to finish on its own,
+and it is not tried again). A lookup that raises (a 503, a refused connection) is tried
+again up to ``lookup_retries`` times, after a jittered exponential backoff
+(:data:`RETRY_BACKOFF_S` doubling up to :data:`RETRY_BACKOFF_MAX_S`), so a target that
+fails some requests does not leave its effects unchecked; the note of one that still
+fails names the tries and the last error's type and first line.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import tenacity
+
 from .app import App
 from .control import (
     LATE_ACCOUNTED_FOR,
@@ -52,12 +59,27 @@ from .control import (
     default_operator,
 )
 from .errors import IllegalTransition, InvalidArguments, RatchetError, TaskNotFound
+from .errortext import error_message, error_summary
 from .lookups import RegisteredLookup, effect_base_name
 from .serde import dumps, printable
 from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
 from .worker.context import NotFound
 
-__all__ = ["AGREEING", "OUTCOMES", "Finding", "ReconcileReport", "reconcile"]
+__all__ = ["AGREEING", "MAX_LOOKUP_RETRIES", "MAX_LOOKUP_TIMEOUT_S", "OUTCOMES", "Finding",
+           "ReconcileReport", "reconcile"]
+
+MAX_LOOKUP_TIMEOUT_S = 3600.0
+"""The longest ``lookup_timeout_s`` (``--lookup-timeout``), seconds."""
+
+MAX_LOOKUP_RETRIES = 10
+"""The most ``lookup_retries`` (``--lookup-retries``): tries after the first."""
+
+RETRY_BACKOFF_S = 0.2
+"""The first wait before a failed lookup is tried again, seconds (full jitter: a random
+wait up to it, doubling each try)."""
+
+RETRY_BACKOFF_MAX_S = 5.0
+"""The longest wait between two tries of a lookup, seconds."""
 
 OUTCOMES: tuple[str, ...] = ("absent", "unrecorded", "not_executed", "unknown", "late",
                              "late_accounted_for", "no_lookup")
@@ -170,9 +192,21 @@ _Answer = tuple[str, Any]
 """``("found", result)``, ``("absent", None)`` or ``("error", text)``."""
 
 
-def _ask(lookup: RegisteredLookup, key: str, token: int, pacer: _Pacer,
-         timeout_s: float) -> _Answer:
-    """One lookup, paced, on a thread of its own bounded by ``timeout_s``."""
+class _LookupFailed(Exception):
+    """One try of a lookup raised: ``text`` is its error's type and first line."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+def _try_once(lookup: RegisteredLookup, key: str, token: int, pacer: _Pacer,
+              timeout_s: float) -> _Answer:
+    """One try, paced, on a thread of its own bounded by ``timeout_s``.
+
+    Raises:
+        _LookupFailed: the lookup raised (worth another try).
+    """
     pacer.wait()
     box: list[_Answer] = []
 
@@ -180,20 +214,41 @@ def _ask(lookup: RegisteredLookup, key: str, token: int, pacer: _Pacer,
         try:
             value = lookup.ask(key, token)
         except BaseException as exc:  # SystemExit too: this thread's answer, not a hang
-            box.append(("error", printable(f"{type(exc).__name__}: {exc}")[:500]))
+            box.append(("raised", error_summary(error_message(exc))[:500]))
         else:
             box.append(("absent", None) if isinstance(value, NotFound) else ("found", value))
 
     thread = threading.Thread(target=run, name="ratchet-reconcile-lookup", daemon=True)
     thread.start()
     thread.join(timeout_s)
-    if not box:
+    if not box:  # still running: not tried again (its thread cannot be stopped)
         return "error", f"lookup timed out after {timeout_s} s"
+    if box[0][0] == "raised":
+        raise _LookupFailed(box[0][1])
     return box[0]
 
 
+def _ask(lookup: RegisteredLookup, key: str, token: int, pacer: _Pacer,
+         timeout_s: float, retries: int) -> _Answer:
+    """The lookup's answer, tried up to ``1 + retries`` times while it raises (jittered
+    exponential backoff between tries); ``("error", note text)`` when it never answered."""
+    tries = 1 + retries
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(_LookupFailed),
+        stop=tenacity.stop_after_attempt(tries),
+        wait=tenacity.wait_random_exponential(multiplier=RETRY_BACKOFF_S,
+                                              max=RETRY_BACKOFF_MAX_S),
+        reraise=True,
+    )
+    try:
+        return retrying(_try_once, lookup, key, token, pacer, timeout_s)
+    except _LookupFailed as failed:
+        return "error", (failed.text if tries == 1
+                         else f"{tries} tries failed, the last: {failed.text}")
+
+
 def _check_args(task_type: object, newer_than_s: object, limit: object, concurrency: object,
-                rate_per_s: object, lookup_timeout_s: object) -> None:
+                rate_per_s: object, lookup_timeout_s: object, lookup_retries: object) -> None:
     check_identifier(task_type, "task type", MAX_NAME_BYTES)
     if newer_than_s is not None and (
             isinstance(newer_than_s, bool) or not isinstance(newer_than_s, int | float)
@@ -210,9 +265,15 @@ def _check_args(task_type: object, newer_than_s: object, limit: object, concurre
         raise InvalidArguments(f"rate_per_s (--rate) must be above 0 and at most 100000 "
                                f"lookups per second, or None, got {rate_per_s!r}")
     if (isinstance(lookup_timeout_s, bool) or not isinstance(lookup_timeout_s, int | float)
-            or not math.isfinite(lookup_timeout_s) or not 0 < lookup_timeout_s <= 3600):
+            or not math.isfinite(lookup_timeout_s)
+            or not 0 < lookup_timeout_s <= MAX_LOOKUP_TIMEOUT_S):
         raise InvalidArguments(f"lookup_timeout_s (--lookup-timeout) must be above 0 and at "
-                               f"most 3600 seconds, got {lookup_timeout_s!r}")
+                               f"most {MAX_LOOKUP_TIMEOUT_S:g} seconds, got "
+                               f"{lookup_timeout_s!r}")
+    if (isinstance(lookup_retries, bool) or not isinstance(lookup_retries, int)
+            or not 0 <= lookup_retries <= MAX_LOOKUP_RETRIES):
+        raise InvalidArguments(f"lookup_retries (--lookup-retries) must be an integer from 0 "
+                               f"to {MAX_LOOKUP_RETRIES}, got {lookup_retries!r}")
 
 
 def _walk(control: Control, task_type: str, newer_than_s: float | None,
@@ -344,6 +405,7 @@ def reconcile(
     concurrency: int = 4,
     rate_per_s: float | None = 20.0,
     lookup_timeout_s: float = 10.0,
+    lookup_retries: int = 2,
     record: bool = True,
 ) -> ReconcileReport:
     """Check the recent effects of ``task_type`` against their targets (module docstring).
@@ -358,7 +420,10 @@ def reconcile(
         reason: why, for the audit log (required with ``apply``).
         by: the operator (default: the login name).
         concurrency: lookups at once (1-64). rate_per_s: lookups started per second
-            (None: no limit). lookup_timeout_s: seconds each lookup may take.
+            (None: no limit; retries count). lookup_timeout_s: seconds each try of a
+            lookup may take (one that times out is not tried again).
+        lookup_retries: tries after the first of a lookup that raised (0 to
+            :data:`MAX_LOOKUP_RETRIES`), after a jittered exponential backoff.
         record: audit the run and its findings in the ledger (False: a read-only run).
 
     Returns:
@@ -370,7 +435,8 @@ def reconcile(
             ``unknown`` findings.
     """
     started = time.monotonic()
-    _check_args(task_type, newer_than_s, limit, concurrency, rate_per_s, lookup_timeout_s)
+    _check_args(task_type, newer_than_s, limit, concurrency, rate_per_s, lookup_timeout_s,
+                lookup_retries)
     if task_type not in app.tasks and not any(t == task_type for t, _ in app.lookups):
         known = sorted(set(app.tasks) | {t for t, _ in app.lookups})
         raise InvalidArguments(
@@ -406,7 +472,7 @@ def reconcile(
     try:
         answers = list(pool.map(
             lambda job: _ask(job[1], job[0].effect.key, job[0].task_generation, pacer,
-                             lookup_timeout_s), to_ask))
+                             lookup_timeout_s, lookup_retries), to_ask))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

@@ -19,10 +19,12 @@ from .errors import InvalidArguments
 
 __all__ = [
     "MAX_DELAY_S",
+    "MAX_DURATION_S",
     "MAX_KEY_BYTES",
     "MAX_NAME_BYTES",
     "check_checkpoint_name",
     "check_identifier",
+    "duration_text",
     "parse_duration_s",
     "parse_rate_per_s",
 ]
@@ -88,21 +90,44 @@ def check_checkpoint_name(value: object, what: str) -> str:
     return name
 
 
-_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(s|m|h|d)?\s*\Z")
+_DURATION = re.compile(
+    r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*(s|m|h|d)?\s*\Z")
 _UNIT_S = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
+MAX_DURATION_S = 100 * 365 * 86400.0
+"""The longest duration :func:`parse_duration_s` accepts by default, seconds (100 years):
+an age or window past it means nothing on a ledger's clock (and ``now - age`` would
+reach before the epoch)."""
 
-def parse_duration_s(text: str, what: str, *, unit_required: bool = False) -> float:
-    """``"90"``, ``"90s"``, ``"5m"``, ``"1.5h"``, ``"7d"`` as seconds (a float >= 0);
-    ``m`` is minutes.
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` in the largest unit that divides it, as the options take it (``1d``,
+    ``90m``, ``0.1s``), followed by `` (N s)`` when that unit is not seconds."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit} ({seconds:.0f} s)"
+    return f"{seconds:g}s"
+
+
+def parse_duration_s(text: str, what: str, *, unit_required: bool = False,
+                     minimum_s: float = 0.0, maximum_s: float = MAX_DURATION_S,
+                     above_zero: bool = False) -> float:
+    """``"90"``, ``"90s"``, ``"5m"``, ``"1.5h"``, ``"7d"``, ``"1e3s"`` as seconds (a float
+    from ``minimum_s`` to ``maximum_s``); ``m`` is minutes.
 
     Args:
+        text: the option's value.
+        what: the option, for errors (e.g. ``"--older-than"``).
         unit_required: refuse a bare number other than 0 (for destructive options such as
             ``prune --older-than``, where ``30`` meant as days would delete nearly
             everything).
+        minimum_s, maximum_s: the bounds, seconds (inclusive; default 0 and
+            :data:`MAX_DURATION_S`).
+        above_zero: refuse 0 as well (a window, an interval).
 
     Raises:
-        InvalidArguments: anything else (named by ``what``, e.g. ``"--older-than"``).
+        InvalidArguments: not a duration ("must be a duration like ..."), or one out of
+            range ("must be at most 1d (86400 s), got 2d"), named by ``what``.
     """
     match = _DURATION.match(text) if isinstance(text, str) else None
     if match is None:
@@ -114,7 +139,17 @@ def parse_duration_s(text: str, what: str, *, unit_required: bool = False) -> fl
             f"{what} needs a unit: {text.strip()}s, {text.strip()}m (minutes), "
             f"{text.strip()}h or {text.strip()}d, got {text!r} (a bare number is refused here "
             "because it deletes)")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2)]  # inf for 1e999: too long
+    shown = text.strip() if len(text.strip()) <= 40 else text.strip()[:40] + "..."
+    if seconds > maximum_s:
+        raise InvalidArguments(
+            f"{what} must be at most {duration_text(maximum_s)}, got {shown}")
+    if above_zero and seconds <= 0:
+        raise InvalidArguments(f"{what} must be above 0, got {shown}")
+    if seconds < minimum_s:
+        raise InvalidArguments(
+            f"{what} must be at least {duration_text(minimum_s)}, got {shown}")
+    return seconds
 
 
 _RATE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?:/\s*(s|m|h))?\s*\Z")

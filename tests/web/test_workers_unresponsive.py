@@ -66,12 +66,13 @@ def test_a_sigstopped_worker_is_unresponsive_past_its_lease(ledger_url: str,
         try:
             frozen = wait_for("the frozen worker to be shown unresponsive", unresponsive,
                               timeout_s=90, interval_s=0.5)
-            assert frozen.state == "alive" and frozen.process == "running"
+            assert frozen.state == "alive" and frozen.process == "stopped"
             assert frozen.last_seen_age_s > max(frozen.lease_s, UNRESPONSIVE_FLOOR_S)
             result = CliRunner().invoke(cli, ["workers", "--ledger", ledger_url])
             assert result.exit_code == 0, result.output
             [row] = [ln for ln in result.stdout.splitlines() if holder in ln]
             assert "alive, UNRESPONSIVE" in row and "past its 2s lease" in row, row
+            assert "stopped" in row and "running" not in row, row
             assert "1 alive (1 unresponsive" in result.stdout, result.stdout
             result = CliRunner().invoke(cli, ["workers", "--json", "--ledger", ledger_url])
             [j] = [x for x in json.loads(result.stdout) if x["holder"] == holder]

@@ -40,6 +40,7 @@ from ..capacity import span as _span
 from ..config import redact_url
 from ..control import (
     LATE_ACCOUNTED_FOR,
+    MAX_WINDOW_S,
     REASON_REQUIRED,
     Control,
     ControlOutcome,
@@ -61,6 +62,8 @@ from ..errors import (
 )
 from ..errortext import error_summary
 from ..loading import load_app, load_middleware
+from ..reconcile import MAX_LOOKUP_RETRIES, MAX_LOOKUP_TIMEOUT_S
+from ..reconcile import reconcile as run_reconcile
 from ..serde import loads
 from ..states import State
 from ..validation import MAX_DELAY_S, MAX_VERSION, parse_duration_s, parse_rate_per_s
@@ -96,7 +99,12 @@ cli = typer.Typer(
 )
 
 MAX_WAIT_S = 7 * 86_400.0
-"""The longest ``--ledger-wait-s`` / ``--shutdown-grace-s``, seconds (a week)."""
+"""The longest ``--ledger-wait-s`` / ``--shutdown-grace-s`` (and the other timeouts given
+in seconds), seconds (a week)."""
+
+MIN_WATCH_S = 0.1
+MAX_WATCH_S = 3600.0
+"""The bounds of ``status --watch SECONDS``, seconds."""
 
 ReasonOpt = Annotated[
     str | None,
@@ -396,9 +404,7 @@ def worker(
         if prune_every is not None and prune_older_than is None:
             raise InvalidArguments("--prune-every needs --prune-older-than AGE (which tasks "
                                    "to prune); without it the worker prunes nothing")
-        prune_every_s = parse_duration_s(prune_every or "1h", "--prune-every")
-        if prune_every_s <= 0:
-            raise InvalidArguments(f"--prune-every must be longer than 0, got {prune_every!r}")
+        prune_every_s = parse_duration_s(prune_every or "1h", "--prune-every", above_zero=True)
         app = load_app(app_spec)
         installed = [load_middleware(spec) for spec in middleware or []]
         provider = tracing.file_provider(trace_file) if trace_file is not None else None
@@ -683,15 +689,15 @@ def status(
     """
 
     def run() -> None:
-        window_s = parse_duration_s(window, "--window")
+        window_s = parse_duration_s(window, "--window", maximum_s=MAX_WINDOW_S,
+                                    above_zero=True)
         every_s = 2.0
         if interval is not None:
             if not watch:
                 raise InvalidArguments(
                     f"a SECONDS argument ({interval!r}) goes with --watch only")
-            every_s = parse_duration_s(interval, "--watch SECONDS")
-            if every_s <= 0:
-                raise InvalidArguments(f"--watch SECONDS must be above 0, got {interval!r}")
+            every_s = parse_duration_s(interval, "--watch SECONDS", minimum_s=MIN_WATCH_S,
+                                       maximum_s=MAX_WATCH_S)
         if count is not None and not watch:
             raise InvalidArguments("--count goes with --watch only")
         with Control(ledger) as control:
@@ -829,7 +835,8 @@ def workers(
 
     Holder, host, pid, state: alive, STOPPED (clean exit) or DEAD (its leases were revoked
     by a same-host peer that found its process gone); for an alive worker on this host
-    whether its process still runs, and the time since its last heartbeat: an alive worker
+    what the OS says of its process (running, stopped, disk-sleep, zombie, gone), and the
+    time since its last heartbeat: an alive worker
     whose heartbeat is older than its lease (the shortest of its task types', at least
     10 s) is UNRESPONSIVE (frozen, hung or cut off; its leases expire). Rows of stopped
     and dead workers are kept 24 h after their last heartbeat, then running workers delete
@@ -852,14 +859,15 @@ def workers(
             label, style = _WORKER_STATES.get(w.state, (w.state, ""))
             if w.unresponsive:
                 label, style = "alive, UNRESPONSIVE", "bold yellow"
-            gone = w.state == "alive" and w.process == "gone"
+            gone = w.process_gone
             seen = f"{_span(w.last_seen_age_s)} ago"
             if w.unresponsive:
                 seen += f" (past its {w.lease_s:g}s lease)"
             table.add_row(field(w.holder, "dim" if w.state != "alive" else ""),
                           field(w.hostname), field(w.pid), field(label, style),
                           field(w.process + (" (not yet revoked)" if gone else ""),
-                                "bold red" if gone else ""),
+                                "bold red" if gone else "" if w.process in (
+                                    "running", "-", "other host") else "bold yellow"),
                           field(seen, "bold yellow" if w.unresponsive else ""))
         if not found:
             table.add_row("(none registered)", "", "", "", "", "")
@@ -1124,6 +1132,11 @@ def reconcile(
         str, typer.Option("--lookup-timeout", metavar="SECONDS",
                           help="Time each lookup may take; slower counts as unknown."),
     ] = "10s",
+    lookup_retries: Annotated[
+        int, typer.Option("--lookup-retries", min=0, max=MAX_LOOKUP_RETRIES, metavar="N",
+                          help="Tries again a lookup that raised (a 503, a refused "
+                          "connection) up to N times, with jittered backoff."),
+    ] = 2,
     no_record: Annotated[
         bool, typer.Option("--no-record",
                            help="Do not audit the run and its findings in the ledger."),
@@ -1137,22 +1150,22 @@ def reconcile(
     Findings: absent (recorded done, the target has no such key), unrecorded (the target
     has it, the ledger records an open intent / not_done / given_up), not_executed (an
     UNKNOWN task's open intent the target confirms never executed), unknown (the lookup
-    raised or timed out), late (a stale holder's late call: a possible duplicate), no_lookup
-    (effects of a name with no registered lookup). Nothing changes unless --apply: then an
-    UNKNOWN task whose one open effect the target has is resolved done with the target's
-    answer, and one the target confirms absent is resolved not-done (audited with
-    --operator and --reason); the rest is left for a person. Every run is audited (kinds
-    reconcile, reconcile_<outcome>) unless --no-record. Exit status: 0 no finding left,
-    1 findings left (disagreement or not checked), 2 an error.
+    raised, tried --lookup-retries times more, or timed out), late (a stale holder's late
+    call: a possible duplicate), no_lookup (effects of a name with no registered lookup).
+    Nothing changes unless --apply: then an UNKNOWN task whose one open effect the target
+    has is resolved done with the target's answer, and one the target confirms absent is
+    resolved not-done (audited with --operator and --reason); the rest is left for a
+    person. Every run is audited (kinds reconcile, reconcile_<outcome>) unless
+    --no-record. Exit status: 0 no finding left, 1 findings left (disagreement or not
+    checked), 2 an error.
     """
-    from ..reconcile import reconcile as run_reconcile
-
     outcome: dict[str, int] = {}
 
     def run() -> None:
         window = None if since.strip().lower() == "all" else parse_duration_s(since, "--since")
         per_s = None if rate.strip().lower() == "none" else parse_rate_per_s(rate, "--rate")
-        timeout_s = parse_duration_s(lookup_timeout, "--lookup-timeout")
+        timeout_s = parse_duration_s(lookup_timeout, "--lookup-timeout",
+                                     maximum_s=MAX_LOOKUP_TIMEOUT_S, above_zero=True)
         app = load_app(app_spec)
         if ledger is not None:
             app.configure(ledger=ledger)
@@ -1160,7 +1173,8 @@ def reconcile(
             report = run_reconcile(
                 control, app, task_type, newer_than_s=window, limit=limit, apply=apply,
                 reason=reason, by=operator, concurrency=concurrency, rate_per_s=per_s,
-                lookup_timeout_s=timeout_s, record=not no_record)
+                lookup_timeout_s=timeout_s, lookup_retries=lookup_retries,
+                record=not no_record)
         outcome["open"] = report.open_findings
         if as_json:
             echo_json(report)
@@ -1227,20 +1241,20 @@ def resolve(
     """
 
     def run() -> None:
-        why = _reason(reason)  # before the warning below
+        why = _reason(reason)
         if result is not None and outcome != "done":
             raise InvalidArguments(
                 f"--result goes with --outcome done only, not {outcome!r} (nothing changed)")
         value = _json_arg(result, "--result") if result is not None else None
-        if outcome == "done" and result is None:
-            err_console().print(line(
-                ("warning: ", "yellow"),
-                "no --result given: the effect's result is recorded as null, and the task "
-                "resumes with None as the effect's return value",
-            ))
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
             info = control.resolve(task_id, outcome, value, reason=why, by=who)
+        if outcome == "done" and result is None:  # only once the resolve was accepted
+            err_console().print(line(
+                ("warning: ", "yellow"),
+                "no --result given: the effect's result was recorded as null, and the task "
+                "resumes with None as the effect's return value",
+            ))
         if as_json:
             echo_json(info)
             return
@@ -1720,7 +1734,7 @@ def prune(
         verb = "would delete" if report.dry_run else "deleted"
         console().print(line(
             f"{verb} {report.tasks} finished task(s) older than {older_than} (finished before ",
-            (datetime.fromtimestamp(max(report.cutoff, 0.0), UTC)
+            (datetime.fromtimestamp(report.cutoff, UTC)
              .strftime("%Y-%m-%d %H:%M:%S"), ""),
             f" UTC): {report.steps} step(s), {report.effects} effect(s), "
             f"{report.late_effects} late effect(s), {report.audit} audit row(s)",
@@ -1775,7 +1789,7 @@ def serve(
     ] = None,
     body_timeout_s: Annotated[
         float | None,
-        typer.Option("--body-timeout-s", min=0.001, metavar="SECONDS",
+        typer.Option("--body-timeout-s", min=0.001, max=MAX_WAIT_S, metavar="SECONDS",
                      help="Seconds a request body may take to arrive; then 408 and the"
                      " connection is closed. Default: 30."),
     ] = None,
@@ -1861,13 +1875,13 @@ def demo(
     ] = 8,
     stall_s: Annotated[
         float,
-        typer.Option("--stall-s", min=1.0, metavar="SECONDS",
+        typer.Option("--stall-s", min=1.0, max=MAX_WAIT_S, metavar="SECONDS",
                      help="Once every task is submitted, fail when no task changed state for "
                      "this long (the deadline follows the workload)."),
     ] = 30.0,
     deadline_s: Annotated[
         float | None,
-        typer.Option("--deadline-s", min=1.0, metavar="SECONDS",
+        typer.Option("--deadline-s", min=1.0, max=MAX_WAIT_S, metavar="SECONDS",
                      help="Optional hard cap on the whole run (default: none)."),
     ] = None,
 ) -> None:

@@ -2212,8 +2212,10 @@ def _transition_row(write: TaskWrite, t: Transition, now: float,
 
 
 _OPERATOR_KINDS = ("operator_resolve", "operator_cancel", "operator_retry", "operator_pause",
-                   "operator_resume", "operator_replay")
-"""Audit kinds of operator commands (``ratchet status``: operator actions)."""
+                   "operator_resume", "operator_replay", "limit_set", "limit_cleared")
+"""Audit kinds of operator commands, every one audited with who and a reason (``ratchet
+status``: operator actions): resolve, cancel, retry, pause, resume, quarantine replay,
+``limits set`` and ``limits clear``. A prune is not one: workers prune on their own."""
 
 _SCOPES = ("all", "type", "task")
 

@@ -42,8 +42,8 @@ from ..errors import LedgerCorrupt, RatchetError
 from ..ledger.base import Ledger, WorkerInfo
 from .backoff import RepeatedFailure
 
-__all__ = ["REGISTRY_RETENTION_S", "TOUCH_INTERVAL_S", "UNRESPONSIVE_FLOOR_S", "Registrar",
-           "host_identity", "process_gone", "process_start_time"]
+__all__ = ["GONE_STATES", "REGISTRY_RETENTION_S", "TOUCH_INTERVAL_S", "UNRESPONSIVE_FLOOR_S",
+           "Registrar", "host_identity", "process_gone", "process_start_time", "process_state"]
 
 log = logging.getLogger("ratchet.worker.registry")
 
@@ -107,32 +107,52 @@ def _exists(pid: int) -> bool:
     return True
 
 
-def process_gone(pid: int, start_time: str | None) -> bool:
-    """True when process ``pid`` (started at ``start_time``, if known) no longer runs.
+GONE_STATES = frozenset({"gone", "zombie"})
+""":func:`process_state` answers of a process that will never write again."""
 
-    A zombie counts as gone (it will never write again); a stopped process does not; a
-    process whose start time differs from ``start_time`` is another process on a recycled
-    pid. A process we cannot look at (``hidepid``, another user's) is judged alive. (A
-    start time registered by an older Ratchet, in kernel clock ticks, never matches: such a
-    holder is revoked, which is safe — a live holder is fenced like any stale one.)
+
+def process_state(pid: int, start_time: str | None) -> str:
+    """What the OS says of process ``pid`` (started at ``start_time``, if known).
+
+    Returns:
+        ``"gone"`` (no such process, dead, or another process on a recycled pid: its start
+        time differs from ``start_time``), ``"zombie"`` (exited, not yet reaped),
+        ``"stopped"`` (SIGSTOP / SIGTSTP: it runs nothing until continued),
+        ``"tracing-stop"`` (stopped by a debugger), ``"disk-sleep"`` (waiting on I/O it
+        cannot be interrupted in), or ``"running"`` (running, sleeping, idle: it can run).
+        A process we cannot look at (``hidepid``, another user's) is ``"running"``. (A
+        start time registered by an older Ratchet, in kernel clock ticks, never matches:
+        such a holder is ``"gone"`` and revoked, which is safe — a live holder is fenced
+        like any stale one.)
     """
     if not _exists(pid):
-        return True
+        return "gone"
     try:
         proc = psutil.Process(pid)
         status = proc.status()
         created = f"{proc.create_time():.2f}"
     except psutil.ZombieProcess:
-        return True
+        return "zombie"
     except psutil.NoSuchProcess:
         # kill(0) said it exists: either it died in between (look again) or psutil
         # cannot see it in /proc (hidepid), which is not death.
-        return not _exists(pid)
+        return "running" if _exists(pid) else "gone"
     except psutil.AccessDenied:
-        return False
-    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-        return True
-    return start_time is not None and created != start_time
+        return "running"
+    if status == psutil.STATUS_DEAD or (start_time is not None and created != start_time):
+        return "gone"
+    if status == psutil.STATUS_ZOMBIE:
+        return "zombie"
+    if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_DISK_SLEEP):
+        return str(status)
+    return "running"
+
+
+def process_gone(pid: int, start_time: str | None) -> bool:
+    """True when process ``pid`` (started at ``start_time``, if known) no longer runs
+    (:func:`process_state` is ``gone`` or ``zombie``): a zombie will never write again; a
+    stopped process is not gone."""
+    return process_state(pid, start_time) in GONE_STATES
 
 
 class Registrar(threading.Thread):
