@@ -10,8 +10,9 @@ ledger at once end up on one file: the first to link it.
 
 An open SQLite connection keeps reading what it has cached (pages, and the WAL index in
 the ``-shm`` file) when its file is truncated, replaced or removed under it, and never
-reports an error. :func:`file_problem` is the cheap look (a ``stat``, and 16 bytes read)
-the dialect takes every :data:`FILE_CHECK_S` of use to notice.
+reports an error. :func:`file_problem` is the cheap look (one ``stat``; never an
+``open``, which would drop SQLite's locks) the dialect takes every :data:`FILE_CHECK_S`
+of use to notice.
 """
 
 from __future__ import annotations
@@ -108,9 +109,17 @@ def file_identity(path: str) -> Identity:
 
 def file_problem(path: str, opened: Identity | None) -> str | None:
     """What is wrong with the ledger file at ``path``, or None: it is gone, it is another
-    file than the one opened (``opened``: its :func:`file_identity`; None: not checked),
-    it is empty, or it does not start with the SQLite header. One ``stat`` and a 16-byte
-    read; a file that cannot be looked at now (permissions) is not called damaged."""
+    file than the one opened (``opened``: its :func:`file_identity`; None: not checked), or
+    it is empty. One ``stat``; a file that cannot be looked at now (permissions) is not
+    called damaged.
+
+    It never opens the file: SQLite holds POSIX advisory locks on it, which the kernel
+    drops for the whole process when *any* descriptor of the file in the process is closed
+    (fcntl(2)). A look through ``open()``/``close()`` would release the locks of every open
+    connection, so another process could take the file for its last user, checkpoint and
+    delete the ``-wal`` and ``-shm`` files under them. A header overwritten in place is
+    left to SQLite, which reports it (``SQLITE_NOTADB``) at the next read of that page.
+    """
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -123,11 +132,4 @@ def file_problem(path: str, opened: Identity | None) -> str | None:
                 "the open connections see only the old one")
     if st.st_size == 0:
         return EMPTY_DETAIL
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(MAGIC))
-    except OSError:
-        return None
-    if head != MAGIC:
-        return "the file no longer starts with the SQLite header (overwritten)"
     return None
