@@ -261,6 +261,11 @@ MAX_STUCK_THREADS = 4 * MAX_CONCURRENCY
 """Largest ``max_stuck_threads``: every stuck thread stays in the process until it returns
 (stack, sockets, memory), so a larger cap is no cap."""
 
+STUCK_CONFIRM_S = 1.0
+"""Seconds a thread taken from its attempt (time limit) must stay in task code before it
+counts towards ``max_stuck_threads``: a body that ends a few milliseconds past its limit
+is not stuck, and on a loaded host every thread can be in that moment at once."""
+
 MAX_POLL_INTERVAL_S = 60.0
 """Longest ``poll_interval_s`` (seconds): an idle worker on SQLite (no NOTIFY) finds new
 work only when it polls."""
@@ -998,6 +1003,17 @@ class Worker:
             self._done(claim, attempt.lease, "abandoned", exc)  # the lease will expire
         else:
             self._write_ended(attempt, transition, "time_limit")
+        if self.stats.stuck_threads >= self.max_stuck_threads:
+            # Decide once the threads had STUCK_CONFIRM_S to come back (each one back has
+            # uncounted itself by then), never at the moment of the time limit.
+            confirm = threading.Timer(STUCK_CONFIRM_S, self._stop_if_stuck)
+            confirm.daemon = True
+            confirm.start()
+
+    def _stop_if_stuck(self) -> None:
+        """Stop the worker (for a restart) when ``max_stuck_threads`` threads are still in
+        task code past their attempts' ends, :data:`STUCK_CONFIRM_S` after a time limit
+        brought the count there."""
         stuck = self.stats.stuck_threads
         if stuck >= self.max_stuck_threads and not self._stopping.is_set():
             log.error("%d task threads are stuck in task code past their attempt's end "
