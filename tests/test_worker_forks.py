@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import secrets
 import sys
 import textwrap
@@ -298,7 +299,10 @@ def test_processes_left_by_a_task_are_stopped_at_max_stuck_threads(
     child, grandchild = _started_children(out)
     assert worker.wait(timeout_s=60) == EXIT_STUCK_THREADS, worker.log()
     assert _gone(child) and _gone(grandchild), worker.log()
-    assert "stopping 2 process(es) left by task code" in worker.log()
+    # Two per attempt: another attempt may start (and hang) in the second the worker
+    # waits before it counts its threads stuck (STUCK_CONFIRM_S).
+    stopped = re.search(r"stopping (\d+) process\(es\) left by task code", worker.log())
+    assert stopped and int(stopped.group(1)) >= 2, worker.log()
 
 
 linux_only = pytest.mark.skipif(sys.platform != "linux",
