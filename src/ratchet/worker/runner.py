@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import math
 import os
@@ -1494,9 +1495,23 @@ class Worker:
             self._done(claim, lease, label or result, ctx.exception)
 
 
+def _current_frames() -> dict[int, FrameType]:
+    """``sys._current_frames()`` with the garbage collector held off: up to CPython 3.11 a
+    collection that starts inside it (it allocates frame objects while holding the
+    runtime's thread-list lock) can free a ``threading.local``, whose deallocation takes
+    that lock again, and the process deadlocks (python/cpython#106883)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _where(thread: threading.Thread) -> str:
     """Where ``thread`` is now: its innermost frames, for the time-limit error."""
-    frame = sys._current_frames().get(thread.ident or -1)
+    frame = _current_frames().get(thread.ident or -1)
     if frame is None:
         return "(its thread has just ended)\n"
     stack = "".join(traceback.format_stack(frame, limit=8))
