@@ -281,6 +281,20 @@ def _check_int(name: str, value: object, low: int, high: int) -> int:
     return value
 
 
+def _check_seconds(name: str, value: object, *, above_zero: bool = False,
+                   high: float = math.inf) -> float:
+    """``value`` as a number of seconds: finite (or up to ``high``), at least 0 (above 0
+    when ``above_zero``); else ``ConfigError`` naming the option and its range."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value < 0 or (above_zero and value == 0)
+            or value > high):
+        bound = "> 0" if above_zero else ">= 0"
+        top = f" and <= {high:g}" if high < math.inf else ""
+        raise ConfigError(f"Worker {name} must be a finite number of seconds {bound}{top}, "
+                          f"got {value!r}")
+    return float(value)
+
+
 def default_max_stuck_threads(concurrency: int) -> int:
     """Default :class:`Worker` ``max_stuck_threads``: ``max(4, concurrency)``.
 
@@ -491,11 +505,8 @@ class Worker:
         stop_descendants: bool = False,
         overload_floor_s: float | None = None,
     ) -> None:
-        if overload_floor_s is not None and (
-                isinstance(overload_floor_s, bool) or not isinstance(overload_floor_s, int | float)
-                or not 0 <= overload_floor_s < float("inf")):
-            raise ConfigError(f"Worker overload_floor_s must be None or a finite number of "
-                              f"seconds >= 0, got {overload_floor_s!r}")
+        if overload_floor_s is not None:
+            overload_floor_s = _check_seconds("overload_floor_s", overload_floor_s)
         self.overload_floor_s = overload_floor_s
         if prune_older_than_s is not None and not 0 <= prune_older_than_s < float("inf"):
             raise ConfigError(f"Worker prune_older_than_s must be a finite number of seconds "
@@ -516,16 +527,9 @@ class Worker:
         if writers is None:
             writers = default_writers(app.ledger)
         writers = _check_int("writers", writers, 1, MAX_WRITERS)
-        if (isinstance(poll_interval_s, bool) or not isinstance(poll_interval_s, int | float)
-                or not 0 < poll_interval_s <= MAX_POLL_INTERVAL_S):
-            raise ConfigError(f"Worker poll_interval_s must be a number of seconds > 0 and "
-                              f"<= {MAX_POLL_INTERVAL_S:g}, got {poll_interval_s!r}")
-        if (isinstance(shutdown_grace_s, bool) or not isinstance(shutdown_grace_s, int | float)
-                or not math.isfinite(shutdown_grace_s) or shutdown_grace_s < 0):
-            raise ConfigError(
-                f"Worker shutdown_grace_s must be a finite number of seconds >= 0, got "
-                f"{shutdown_grace_s!r}"
-            )
+        poll_interval_s = _check_seconds("poll_interval_s", poll_interval_s, above_zero=True,
+                                         high=MAX_POLL_INTERVAL_S)
+        shutdown_grace_s = _check_seconds("shutdown_grace_s", shutdown_grace_s)
         if max_stuck_threads is None:
             max_stuck_threads = default_max_stuck_threads(concurrency)
         max_stuck_threads = _check_int("max_stuck_threads", max_stuck_threads, 1,
