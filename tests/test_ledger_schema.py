@@ -20,7 +20,7 @@ import ratchet.ledger.clock as clock_module
 import ratchet.ledger.engine as engine_module
 from ratchet import open_ledger
 from ratchet.ledger.catalogue import load_catalogue, parse_catalogue
-from ratchet.ledger.migrations import load_migrations, split_statements
+from ratchet.ledger.migrations import ALIGNED_VERSION, load_migrations, split_statements
 
 DIALECTS = ("sqlite", "postgresql")
 
@@ -151,3 +151,40 @@ def test_postgresql_schema_replayed_from_every_version_equals_a_new_one() -> Non
             open_ledger(url).close()  # migrates the rest
             with psycopg.connect(url.split("?", 1)[0], autocommit=True) as conn:
                 assert _pg_schema(conn, schema) == expected, f"replayed from version {start}"
+
+
+# ------------------------------------------------------------- one numbering, both dialects
+
+
+def test_from_the_aligned_version_a_number_names_the_same_migration_on_both_dialects() -> None:
+    sqlite_steps = {m.version: m.name for m in load_migrations("sqlite")}
+    pg_steps = {m.version: m.name for m in load_migrations("postgresql")}
+    assert max(sqlite_steps) == max(pg_steps) >= ALIGNED_VERSION
+    later = range(ALIGNED_VERSION, max(sqlite_steps) + 1)
+    assert [sqlite_steps[v] for v in later] == [pg_steps[v] for v in later]
+
+
+def test_the_latest_schema_has_the_same_tables_and_columns_on_both_dialects(
+        tmp_path: Path) -> None:
+    path = tmp_path / "same.db"
+    open_ledger(f"sqlite:///{path}").close()
+    conn = sqlite3.connect(path)
+    try:
+        tables = [name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"
+            " AND name NOT LIKE 'sqlite_%'")]
+        on_sqlite = {(table, col[1]) for table in tables
+                     for col in conn.execute(f"PRAGMA table_info({table})")}
+        sqlite_version = conn.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        conn.close()
+    with private_schema("rt_same") as (url, schema):
+        ledger = open_ledger(url)
+        pg_version = ledger.schema_version()
+        ledger.close()
+        with psycopg.connect(url.split("?", 1)[0], autocommit=True) as pg:
+            on_pg = {(t, c) for t, c in pg.execute(
+                "SELECT table_name, column_name FROM information_schema.columns"
+                " WHERE table_schema = %s AND table_name <> 'schema_version'", (schema,))}
+    assert sqlite_version == pg_version
+    assert on_sqlite == on_pg

@@ -1,6 +1,12 @@
 """Versioned schema migrations, one directory per dialect.
 
 File names are ``NNNN_description.sql``; ``NNNN`` is the schema version the file produces.
+
+From :data:`ALIGNED_VERSION` on, a version number names the same schema on both dialects:
+each later version is one file with the same name in ``sqlite/`` and ``postgresql/``, and
+both directories end at the same version (``tests/test_ledger_schema.py`` holds this).
+Below it the numbers name different steps per dialect (the first migrations were written
+separately); an upgrade from any of them still ends at the same schema.
 """
 
 from __future__ import annotations
@@ -9,7 +15,10 @@ import sqlite3
 from dataclasses import dataclass
 from importlib import resources
 
-__all__ = ["Migration", "load_migrations", "split_statements"]
+__all__ = ["ALIGNED_VERSION", "Migration", "load_migrations", "split_statements"]
+
+ALIGNED_VERSION = 12
+"""The first schema version that is the same schema on SQLite and PostgreSQL."""
 
 
 @dataclass(frozen=True, slots=True)
