@@ -145,7 +145,7 @@ def _ref_name(schema: dict[str, Any]) -> str:
 
 
 def _operation_md(method: str, path: str, op: dict[str, Any], out: list[str]) -> None:
-    out.append(f"### `{method.upper()} {path}`\n")
+    out.append(f"### `{method.upper()} /api{path}`\n")
     if op.get("summary"):
         out.append(f"**{op['summary']}**\n")
     if op.get("description"):
@@ -194,8 +194,8 @@ def openapi_markdown() -> str:
     doc = openapi_document()
     info = doc.get("info", {})
     out = [f"OpenAPI {doc.get('openapi', '')}, *{info.get('title', '')}* "
-           f"version {info.get('version', '')}. The operations below are mounted under "
-           "`/api`.\n", "## Operations\n"]
+           f"version {info.get('version', '')}; the document's paths are relative to `/api`, "
+           "shown here in full.\n", "## Operations\n"]
     for path, item in doc.get("paths", {}).items():
         for method, op in item.items():
             if method in {"get", "post", "put", "patch", "delete"}:
