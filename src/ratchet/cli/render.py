@@ -18,6 +18,7 @@ import dataclasses
 import json
 import re
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import typer
@@ -29,7 +30,7 @@ from ..storedtext import stored_note
 
 __all__ = [
     "clip", "console", "echo_json", "echo_json_line", "err_console", "field", "line", "plain",
-    "report_console", "show_value", "stdout_is_terminal",
+    "report_console", "show_value", "stdout_is_terminal", "when",
 ]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -152,3 +153,10 @@ def echo_json_line(record: Any) -> None:
     is_record = dataclasses.is_dataclass(record) and not isinstance(record, type)
     data = dataclasses.asdict(record) if is_record else record
     typer.echo(json.dumps(data, separators=(",", ":"), default=_json_default))
+
+
+def when(epoch_s: float | None) -> str:
+    """An instant as ``HH:MM:SS.mmm`` UTC (``epoch_s``: epoch seconds); ``-`` for None."""
+    if epoch_s is None:
+        return "-"
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%H:%M:%S.%f")[:-3]
