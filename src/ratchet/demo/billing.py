@@ -42,11 +42,9 @@ import os
 import threading
 from typing import Any
 
-from ..app import App
-from ..errors import ConfigError
-from ..retry import RetryPolicy
-from ..worker.context import TaskContext
+from .. import App, ConfigError, RetryPolicy, TaskContext
 from .payments import KINDS, PaymentClient
+from .settings import GUARANTEES, TASKS
 
 __all__ = [
     "CLIENT_TIMEOUT_S",
@@ -85,25 +83,6 @@ RETRY = RetryPolicy(max_attempts=20, base_delay_s=0.05, max_delay_s=1.0, overloa
 """Retry policy of every demo task: fast backoff, a 0.2 s floor after a 503; quarantine only
 after 10 identical failures or lost workers (the demo SIGKILLs workers on purpose, so one
 task can lose several holders without being poison)."""
-
-TASKS: dict[str, str] = {
-    "idempotent": "billing.charge",
-    "fenced": "billing.charge_fenced",
-    "lookup": "billing.charge_lookup",
-    "neither": "billing.charge_neither",
-}
-"""Task name per kind of payment target (:data:`~ratchet.demo.payments.KINDS`)."""
-
-GUARANTEES: dict[str, str] = {
-    "idempotent": "exactly once (the service deduplicates the key)",
-    "fenced": "exactly once (the service refuses a stale fencing token)",
-    "lookup": "exactly once, unless a sender froze past its lease: then the duplicate "
-    "is recorded as a late effect",
-    "neither": "at most one send per attempt; an unknown outcome goes to UNKNOWN for a "
-    "person (at-least-once if resolved not-done)",
-}
-"""What each kind of target guarantees for a charge (the demo's report checks it)."""
-
 
 def _seconds_from_env(name: str, default: float) -> float:
     raw = os.environ.get(name)

@@ -32,10 +32,12 @@ see :data:`KINDS`):
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .. import NOT_FOUND
 from ..testing.services import (
     CountingClient,
     CountingService,
@@ -46,7 +48,6 @@ from ..testing.services import (
     start_counting_service,
 )
 from ..testing.services import main as _service_main
-from ..worker.context import NOT_FOUND, NotFound
 
 __all__ = [
     "KINDS",
@@ -151,7 +152,7 @@ class PaymentClient:
             return charge_of(self._client.execute(key, body))
         return charge_of(self._client.execute(key, body, token=token))
 
-    def lookup(self, key: str, token: int | None = None) -> dict[str, Any] | NotFound:
+    def lookup(self, key: str, token: int | None = None) -> object:
         """The stored charge for ``key``, or ``NOT_FOUND`` when the service confirms the
         key never executed. A fenced service records ``token`` as seen before it answers,
         so a ``NOT_FOUND`` to token T means no request with a lower token will execute.
@@ -162,7 +163,7 @@ class PaymentClient:
             httpx.TransportError: the service could not answer.
         """
         found = self._client.lookup(key) if token is None else self._client.lookup(key, token)
-        return NOT_FOUND if isinstance(found, NotFound) else charge_of(found)
+        return charge_of(found) if isinstance(found, dict) else NOT_FOUND
 
     def stats(self) -> dict[str, Any]:
         """The service's counters (see :meth:`~ratchet.testing.CountingClient.stats`)."""
@@ -228,8 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run the payment service (the counting service with ``ch_`` ids) until SIGTERM."""
     args = list(argv) if argv is not None else None
     if args is None:
-        import sys
-
         args = sys.argv[1:]
     if "--id-prefix" not in args:
         args = [*args, "--id-prefix", CHARGE_ID_PREFIX]
