@@ -10,7 +10,12 @@
 * :mod:`ratchet.demo.runner` — :func:`~ratchet.demo.runner.run_demo`: submits the work,
   runs worker processes, kills them, freezes one sender per kind mid-call past its lease
   (:class:`ratchet.testing.ProcessGroup`), and checks each kind's guarantee at its service
-  (:func:`ratchet.testing.check_exactly_once`, late effects through :class:`ratchet.Control`).
+  (:func:`ratchet.testing.check_exactly_once`, late effects through :class:`ratchet.Control`);
+  its parts: :mod:`~ratchet.demo.settings` (knobs, the task and guarantee of each kind),
+  :mod:`~ratchet.demo.prepare` (work dir, PostgreSQL schema), :mod:`~ratchet.demo.state`
+  (what the parts of a run share), :mod:`~ratchet.demo.chaos` (kills, frozen senders),
+  :mod:`~ratchet.demo.judging` (the verdict) and :mod:`~ratchet.demo.display` (progress
+  and report).
 """
 
 from __future__ import annotations
