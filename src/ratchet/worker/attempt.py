@@ -1,7 +1,21 @@
 """One attempt: build its context, start its body only when it may start, and turn
 every way the body can end into an outcome (the exception ladder of
-:meth:`AttemptLadder._run_body`; the classification is in the
-:mod:`ratchet.worker.runner` docstring and DESIGN §7)."""
+:meth:`AttemptLadder._run_body`).
+
+How a task body can end, and what is recorded (DESIGN §7): a return is ``SUCCEEDED``; an
+``Exception`` is classified by :func:`~ratchet.retry.classify`. Every other
+``BaseException`` raised by task code also ends the attempt with a recorded outcome, the
+lease released and the slot freed, and the worker keeps running: ``SystemExit`` (e.g.
+argparse on bad arguments) and ``KeyboardInterrupt`` are permanent failures with
+``error_class`` ``"system_exit"`` / ``"keyboard_interrupt"`` (running again cannot
+change them); any other ``BaseException`` (``GeneratorExit``, a custom one) is transient.
+The worker's own :class:`~ratchet.worker.context.Shutdown` is the exception: it releases
+the task to ``PENDING`` at a step boundary. Params, step values or effect results that
+cannot be decoded fail the task permanently (``error_class`` ``"undecodable"``), and a
+write the database refuses (:class:`~ratchet.errors.WriteRejected`) fails it permanently
+(``"write_rejected"``). As everywhere, a failure while an effect's intent is open goes to
+``UNKNOWN`` instead of ``FAILED``.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,19 @@
 """Attempts ended without their thread: at the task type's time limit (the watchdog of
 :mod:`ratchet.worker.timelimit`), or when the shutdown grace ended (their leases handed
 back). The thread, which Python cannot kill, is replaced and counted stuck; at
-``max_stuck_threads`` the worker stops itself, for a restart (DESIGN §7)."""
+``max_stuck_threads`` the worker stops itself, for a restart (DESIGN §7).
+
+Time limits (DESIGN §7): an attempt of a task type with ``time_limit_s`` that runs longer
+is ended by the watchdog thread (:mod:`ratchet.worker.timelimit`) as a failed attempt
+(``error_class`` ``"time_limit"``: ``RETRY_WAIT`` with backoff, ``FAILED`` on the last
+attempt, ``UNKNOWN`` then if an effect's intent is open), written by this holder at the
+attempt's generation. Its lease is no longer trusted (no new effect call can start) nor
+renewed, its slot is freed, and its task thread, which Python cannot kill, is replaced by
+a fresh one; the stuck thread's next ``ctx.step`` / ``ctx.effect`` raises
+:class:`~ratchet.errors.TimeLimitExceeded`, and whatever it writes later is fenced out.
+Stuck threads are counted (``stats.stuck_threads``); at ``max_stuck_threads`` the worker
+stops itself, for a restart.
+"""
 
 from __future__ import annotations
 

@@ -129,7 +129,7 @@ also wakes it at once with a NOTIFY (:meth:`Heartbeat.poke_control`)."""
 class Heartbeat(threading.Thread):
     """Renews all held leases in one batch as soon as any of them is a third of a lease
     past its last confirmation (a new claim re-plans the wait at once), and every
-    :data:`CONTROL_POLL_S` reads the operator requests on them (issue 10: a running task
+    :data:`CONTROL_POLL_S` reads the operator requests on them (so that a running task
     learns of a cancel or pause within about a second).
 
     Args:

@@ -29,34 +29,14 @@ heartbeat renews it) and its slot in the concurrency limit until the completion 
 committed, and ``on_finished`` fires once the outcome is known. The calling thread only
 polls for work when idle, watches for stalled task threads and decides when to stop.
 Leases are renewed by one :class:`~ratchet.worker.heartbeat.Heartbeat`. An ``async def``
-runner would replace only :meth:`Worker._run_body` with an event loop; the ledger, writer,
-heartbeat and context protocol stay as they are.
+runner would replace only :meth:`~ratchet.worker.attempt.AttemptLadder._run_body` with an
+event loop; the ledger, writer, heartbeat and context protocol stay as they are.
 
-How a task body can end, and what is recorded (DESIGN §7): a return is ``SUCCEEDED``; an
-``Exception`` is classified by :func:`~ratchet.retry.classify`. Every other
-``BaseException`` raised by task code also ends the attempt with a recorded outcome, the
-lease released and the slot freed, and the worker keeps running: ``SystemExit`` (e.g.
-argparse on bad arguments) and ``KeyboardInterrupt`` are permanent failures with
-``error_class`` ``"system_exit"`` / ``"keyboard_interrupt"`` (running again cannot
-change them); any other ``BaseException`` (``GeneratorExit``, a custom one) is transient.
-The worker's own :class:`~ratchet.worker.context.Shutdown` is the exception: it releases
-the task to ``PENDING`` at a step boundary. Params, step values or effect results that
-cannot be decoded fail the task permanently (``error_class`` ``"undecodable"``), and a
-write the database refuses (:class:`~ratchet.errors.WriteRejected`) fails it permanently
-(``"write_rejected"``). As everywhere, a failure while an effect's intent is open goes to
-``UNKNOWN`` instead of ``FAILED``.
+How a task body can end and what is recorded: :mod:`ratchet.worker.attempt`. Attempts
+ended without their thread (time limits, the shutdown grace): :mod:`ratchet.worker.ended`.
+The layers of :class:`Worker`, one module each: :mod:`ratchet.worker.core`.
 
-Time limits (DESIGN §7): an attempt of a task type with ``time_limit_s`` that runs longer
-is ended by the watchdog thread (:mod:`ratchet.worker.timelimit`) as a failed attempt
-(``error_class`` ``"time_limit"``: ``RETRY_WAIT`` with backoff, ``FAILED`` on the last
-attempt, ``UNKNOWN`` then if an effect's intent is open), written by this holder at the
-attempt's generation. Its lease is no longer trusted (no new effect call can start) nor
-renewed, its slot is freed, and its task thread, which Python cannot kill, is replaced by
-a fresh one; the stuck thread's next ``ctx.step`` / ``ctx.effect`` raises
-:class:`~ratchet.errors.TimeLimitExceeded`, and whatever it writes later is fenced out.
-Stuck threads are counted (``stats.stuck_threads``); at ``max_stuck_threads`` the worker
-stops itself, for a restart.
-Operator requests (issue 10, DESIGN §3 arbitration): a cancel or pause the heartbeat has
+Operator requests (DESIGN §3, arbitration): a cancel or pause the heartbeat has
 read for a lease (:attr:`~ratchet.worker.heartbeat.LeaseHandle.request`) makes the task's
 next step/effect boundary raise :class:`~ratchet.worker.context.ControlInterrupt` (never
 while an effect intent is open: it is settled first), which becomes the fenced ``RUNNING
