@@ -56,11 +56,15 @@ from .errors import (
 )
 from .ledger import open_ledger
 from .ledger.base import Limit, LimitScope, TaskInfo
+
+# A worker traces by itself when OpenTelemetry records (DESIGN §9): the tracing exporter
+# registers its middleware with the worker (ratchet.worker.hooks.add_default_middleware)
+# when imported, so every program that imports ratchet has it.
+from .observe import tracing as _tracing  # noqa: F401  (registers on import)
 from .retry import FailureClass, RetryBudget, RetryPolicy
 from .states import State
+from .version import __version__ as __version__
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
-
-__version__ = "0.1.0"
 
 __all__ = [
     "NOT_FOUND",

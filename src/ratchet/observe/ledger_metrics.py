@@ -38,7 +38,6 @@ Series:
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Iterable, Iterator
 
@@ -48,7 +47,9 @@ from prometheus_client.registry import Collector
 
 from ..control import MAX_WINDOW_S, Control, StatusReport, TypeStatusView
 from ..errors import InvalidArguments, LedgerCorrupt, RatchetError
+from ..reconcile import OUTCOMES
 from ..states import State
+from ..validation import check_finite
 from .metrics import OTHER, check_label_names, render
 
 __all__ = ["LedgerCollector", "ledger_metrics_registry", "render_ledger_metrics"]
@@ -117,12 +118,16 @@ class LedgerCollector(Collector):
     """
 
     def __init__(self, control: Control, window_s: float = 60.0) -> None:
-        if (isinstance(window_s, bool) or not isinstance(window_s, int | float)
-                or not math.isfinite(window_s) or not 0 < window_s <= MAX_WINDOW_S):
+        try:
+            window = check_finite(window_s, "ledger metrics window_s", minimum=0.0,
+                                  maximum=MAX_WINDOW_S)
+        except InvalidArguments:
+            window = 0.0
+        if window == 0:
             raise InvalidArguments(f"ledger metrics window_s must be a number of seconds above "
                                    f"0 and at most {MAX_WINDOW_S:g}, got {window_s!r}")
         self._control = control
-        self._window_s = float(window_s)
+        self._window_s = window
         for name, _help, _attr in _PER_TYPE:
             check_label_names(name, ["type"])
         check_label_names("ratchet_ledger_tasks", ["type", "state"])
@@ -164,8 +169,6 @@ class LedgerCollector(Collector):
         """``ratchet_reconcile_runs_total`` and ``ratchet_reconcile_findings_total{outcome}``
         (every outcome of :data:`ratchet.reconcile.OUTCOMES` plus ``resolved``, zeros too),
         from the audit rollup (:meth:`Control.reconcile_counts`; DESIGN §5.1)."""
-        from ..reconcile import OUTCOMES
-
         try:
             counts = self._control.reconcile_counts()
         except RatchetError as exc:

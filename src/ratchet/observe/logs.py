@@ -31,13 +31,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errortext import error_message, error_summary
-from ..worker.hooks import EffectSettlement, Middleware
+from ..worker.hooks import ContextLike, EffectSettlement, Middleware, WorkerLike
 from . import tracing
 
 if TYPE_CHECKING:
     from ..ledger.base import Claim
-    from ..worker.context import TaskContext
-    from ..worker.runner import Worker
 
 __all__ = ["CHATTY_LOGGERS", "CORRELATION_FIELDS", "AttemptLog", "JsonFormatter",
            "LogFormat", "setup_logging"]
@@ -150,7 +148,7 @@ def setup_logging(level: str, fmt: LogFormat = "text") -> None:
             logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
-def _fields(worker: Worker, claim: Claim) -> dict[str, Any]:
+def _fields(worker: WorkerLike, claim: Claim) -> dict[str, Any]:
     return {"task_id": claim.task_id, "type": claim.name, "generation": claim.generation,
             "attempt": claim.attempt, "max_attempts": claim.max_attempts,
             "version": claim.version, "holder": worker.holder}
@@ -176,7 +174,7 @@ class AttemptLog(Middleware):
                          tuple[float, dict[str, Any], int, tuple[str, str] | None]] = {}
         self._lock = threading.Lock()
 
-    def before_attempt(self, worker: Worker, claim: Claim) -> None:
+    def before_attempt(self, worker: WorkerLike, claim: Claim) -> None:
         """Start timing the attempt; its fields become this thread's correlation fields."""
         fields = _fields(worker, claim)
         ids = tracing.current_ids()  # the attempt span, current now (it ends elsewhere)
@@ -186,7 +184,7 @@ class AttemptLog(Middleware):
         _current.set(fields)
 
     def after_attempt(
-        self, worker: Worker, claim: Claim, outcome: str, exception: BaseException | None
+        self, worker: WorkerLike, claim: Claim, outcome: str, exception: BaseException | None
     ) -> None:
         """Log the outcome line (``event`` ``"attempt"``, ``outcome``, ``duration_s``)."""
         with self._lock:
@@ -212,14 +210,14 @@ class AttemptLog(Middleware):
                    "duration_s": round(duration_s, 6), **({"error": error} if error else {}),
                    **({"trace_id": ids[0], "span_id": ids[1]} if ids is not None else {})})
 
-    def before_effect(self, ctx: TaskContext, name: str, key: str) -> None:
+    def before_effect(self, ctx: ContextLike, name: str, key: str) -> None:
         """Lines logged inside the effect also carry ``effect`` and ``key``."""
         fields = _current.get()
         if fields is not None:
             _current.set({**fields, "effect": name, "key": key})
 
     def after_effect(
-        self, ctx: TaskContext, name: str, key: str, settled: EffectSettlement,
+        self, ctx: ContextLike, name: str, key: str, settled: EffectSettlement,
         duration_s: float, exception: BaseException | None,
     ) -> None:
         """Back to the attempt's fields."""

@@ -42,15 +42,14 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..breaker import BreakerState
 from ..errors import CircuitOpen, ConfigError
 from ..ledger.base import Claim
-from ..worker.hooks import EffectSettlement, Middleware
+from ..worker.hooks import ContextLike, EffectSettlement, Middleware, WorkerLike
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from ..worker.context import TaskContext
-    from ..worker.runner import Worker
 
 __all__ = [
     "ALLOWED_LABELS",
@@ -205,7 +204,7 @@ class WorkerMetrics(Middleware):
                  process: bool = False) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         """The registry holding this worker's series."""
-        self._worker: Worker | None = None
+        self._worker: WorkerLike | None = None
         self._types: frozenset[str] = frozenset()
         self._downstreams: frozenset[str] = frozenset()
         self._attempt_started: dict[tuple[str, int], float] = {}
@@ -299,13 +298,13 @@ class WorkerMetrics(Middleware):
         return name if name is not None and name in self._downstreams else OTHER
 
     @property
-    def worker(self) -> Worker | None:
+    def worker(self) -> WorkerLike | None:
         """The worker reported on (set by ``worker_start``), or None before."""
         return self._worker
 
     # ------------------------------------------------------------------ hooks
 
-    def worker_start(self, worker: Worker) -> None:
+    def worker_start(self, worker: WorkerLike) -> None:
         """Bind to ``worker`` and create every labelled series at zero (its task types,
         its app's downstreams), so series exist before the first event."""
         self._worker = worker
@@ -327,7 +326,7 @@ class WorkerMetrics(Middleware):
             self._c_requests.get(d)
             self._c_circuit_open.get(d)
 
-    def after_claim(self, worker: Worker, claims: list[Claim]) -> None:
+    def after_claim(self, worker: WorkerLike, claims: list[Claim]) -> None:
         """Count claims and takeovers by type."""
         for claim in claims:
             t = self._type(claim.name)
@@ -335,12 +334,12 @@ class WorkerMetrics(Middleware):
             if claim.takeover:
                 self._c_takeovers.get(t).inc()
 
-    def before_attempt(self, worker: Worker, claim: Claim) -> None:
+    def before_attempt(self, worker: WorkerLike, claim: Claim) -> None:
         """Note when the attempt started."""
         self._attempt_started[(claim.task_id, claim.generation)] = time.perf_counter()
 
     def after_attempt(
-        self, worker: Worker, claim: Claim, outcome: str, exception: BaseException | None
+        self, worker: WorkerLike, claim: Claim, outcome: str, exception: BaseException | None
     ) -> None:
         """Count the attempt by type and outcome; observe its duration."""
         plan = self._attempt_plan.get((claim.name, outcome))
@@ -369,21 +368,21 @@ class WorkerMetrics(Middleware):
         return plan
 
     def after_step(
-        self, ctx: TaskContext, name: str, cached: bool, duration_s: float,
+        self, ctx: ContextLike, name: str, cached: bool, duration_s: float,
         exception: BaseException | None,
     ) -> None:
         """Count the step: ran, cached or failed."""
         outcome = "cached" if cached else "failed" if exception is not None else "ran"
         self._c_steps.get(self._type(ctx.name), outcome).inc()
 
-    def before_effect(self, ctx: TaskContext, name: str, key: str) -> None:
+    def before_effect(self, ctx: ContextLike, name: str, key: str) -> None:
         """Note the requests already sent toward the effect's downstream."""
         downstream = ctx.effect_downstream
         if downstream is not None:
             self._sent_before.value = ctx.downstream_calls.get(downstream, 0)
 
     def after_effect(
-        self, ctx: TaskContext, name: str, key: str, settled: EffectSettlement,
+        self, ctx: ContextLike, name: str, key: str, settled: EffectSettlement,
         duration_s: float, exception: BaseException | None,
     ) -> None:
         """Count the settlement; the requests sent toward its downstream; a breaker's
@@ -402,12 +401,12 @@ class WorkerMetrics(Middleware):
             self._c_circuit_open.get(
                 self._downstream(exception.downstream)).inc()
 
-    def late_effect(self, ctx: TaskContext, name: str, key: str, outcome: str) -> None:
+    def late_effect(self, ctx: ContextLike, name: str, key: str, outcome: str) -> None:
         """Count a late effect of this (stale) worker."""
         self._c_late.get(self._type(ctx.name)).inc()
 
     def after_renew(
-        self, worker: Worker, leases: int, refused: int, duration_s: float,
+        self, worker: WorkerLike, leases: int, refused: int, duration_s: float,
         error: BaseException | None,
     ) -> None:
         """Count the renewal, observe its latency, count refused leases."""
@@ -420,7 +419,7 @@ class WorkerMetrics(Middleware):
             self.revoked.inc(refused)
 
     def after_commit(
-        self, worker: Worker, batch_size: int, duration_s: float, error: BaseException | None
+        self, worker: WorkerLike, batch_size: int, duration_s: float, error: BaseException | None
     ) -> None:
         """Count the writer's transaction and observe its latency."""
         (self._commit_ok if error is None else self._commit_error).inc()
@@ -465,8 +464,6 @@ class _WorkerStateCollector(Collector):
             if leases:
                 remaining.add_metric([], min(h.remaining_s() for h in leases))
             stuck.add_metric([], worker.stats.stuck_threads)
-            from ..breaker import BreakerState
-
             for name, breaker in sorted(worker.app.breakers.items()):
                 current = breaker.state
                 for s in BreakerState:

@@ -50,7 +50,15 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..worker.hooks import EffectSettlement, Middleware
+from ..errors import ConfigError
+from ..version import __version__
+from ..worker.hooks import (
+    ContextLike,
+    EffectSettlement,
+    Middleware,
+    WorkerLike,
+    add_default_middleware,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -59,8 +67,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from ..ledger.base import Claim
-    from ..worker.context import TaskContext
-    from ..worker.runner import Worker
 
 __all__ = [
     "MAX_TRACE_CONTEXT_CHARS",
@@ -192,8 +198,6 @@ def _tracer_of(provider: TracerProvider) -> Tracer:
     if cached is not None and cached[0] is provider:
         tracer: Tracer = cached[1]
         return tracer
-    from .. import __version__
-
     tracer = provider.get_tracer(TRACER_NAME, __version__)
     _tracers[id(provider)] = (provider, tracer)
     return tracer
@@ -363,8 +367,6 @@ class TracingMiddleware(Middleware):
         self, parent: bool | None = None, tracer_provider: TracerProvider | None = None
     ) -> None:
         if not available():
-            from ..errors import ConfigError
-
             raise ConfigError("tracing needs OpenTelemetry: pip install 'ratchet[otel]'")
         if parent is None:
             parent = os.environ.get("RATCHET_TRACE_PARENT", "").strip().lower() in (
@@ -382,7 +384,7 @@ class TracingMiddleware(Middleware):
                 self._provider if self._provider is not None else _provider())
         return self._tracer
 
-    def worker_stop(self, worker: Worker) -> None:
+    def worker_stop(self, worker: WorkerLike) -> None:
         """Flush the provider's span processors (an SDK provider), so that a worker that
         exits right after :meth:`Worker.run` loses no span."""
         provider = self._provider if self._provider is not None else _provider()
@@ -390,7 +392,7 @@ class TracingMiddleware(Middleware):
         if callable(flush):
             flush()
 
-    def before_attempt(self, worker: Worker, claim: Claim) -> None:
+    def before_attempt(self, worker: WorkerLike, claim: Claim) -> None:
         """Start the attempt span (linked to the submit span) and make it current."""
         api = _api
         otel_context, trace = api.context, api.trace
@@ -422,7 +424,7 @@ class TracingMiddleware(Middleware):
         self._local.key = (claim.task_id, claim.generation)
 
     def after_attempt(
-        self, worker: Worker, claim: Claim, outcome: str, exception: BaseException | None
+        self, worker: WorkerLike, claim: Claim, outcome: str, exception: BaseException | None
     ) -> None:
         """End the attempt span with its outcome; ``exception`` is recorded on it."""
         api = _api
@@ -445,7 +447,7 @@ class TracingMiddleware(Middleware):
                                        else f"{outcome}: {type(exception).__name__}"))
         span.end()
 
-    def _start_inner(self, ctx: TaskContext, name: str, kind_name: str,
+    def _start_inner(self, ctx: ContextLike, name: str, kind_name: str,
                      attributes: dict[str, Any]) -> None:
         api = _api
         with self._lock:
@@ -463,7 +465,7 @@ class TracingMiddleware(Middleware):
         opened.inner.append(span)
         tokens.append(api.context.attach(trace.set_span_in_context(span, parent)))
 
-    def _end_inner(self, ctx: TaskContext, attributes: dict[str, Any],
+    def _end_inner(self, ctx: ContextLike, attributes: dict[str, Any],
                    exception: BaseException | None) -> None:
         api = _api
         with self._lock:
@@ -481,27 +483,27 @@ class TracingMiddleware(Middleware):
             span.set_status(api.Status(api.StatusCode.ERROR, type(exception).__name__))
         span.end()
 
-    def before_step(self, ctx: TaskContext, name: str) -> None:
+    def before_step(self, ctx: ContextLike, name: str) -> None:
         """Start a ``step NAME`` span, current while the step runs."""
         self._start_inner(ctx, f"step {name}", "INTERNAL", {
             "ratchet.step.name": name, "ratchet.task.id": ctx.task_id,
             "ratchet.task.generation": ctx.generation})
 
     def after_step(
-        self, ctx: TaskContext, name: str, cached: bool, duration_s: float,
+        self, ctx: ContextLike, name: str, cached: bool, duration_s: float,
         exception: BaseException | None,
     ) -> None:
         """End the step span (``ratchet.step.cached``; the exception recorded)."""
         self._end_inner(ctx, {"ratchet.step.cached": cached}, exception)
 
-    def before_effect(self, ctx: TaskContext, name: str, key: str) -> None:
+    def before_effect(self, ctx: ContextLike, name: str, key: str) -> None:
         """Start an ``effect NAME`` span with the business key, current while it runs."""
         self._start_inner(ctx, f"effect {name}", "CLIENT", {
             "ratchet.effect.name": name, "ratchet.effect.key": key,
             "ratchet.task.id": ctx.task_id, "ratchet.task.generation": ctx.generation})
 
     def after_effect(
-        self, ctx: TaskContext, name: str, key: str, settled: EffectSettlement,
+        self, ctx: ContextLike, name: str, key: str, settled: EffectSettlement,
         duration_s: float, exception: BaseException | None,
     ) -> None:
         """End the effect span (``ratchet.effect.settled``; the exception recorded)."""
@@ -591,8 +593,6 @@ def file_provider(path: str | os.PathLike[str], service_name: str = "ratchet-wor
         OSError: the file cannot be opened.
     """
     if not available():
-        from ..errors import ConfigError
-
         raise ConfigError("--trace-file needs OpenTelemetry: pip install 'ratchet[otel]'")
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider as SdkProvider
@@ -601,3 +601,6 @@ def file_provider(path: str | os.PathLike[str], service_name: str = "ratchet-wor
     provider = SdkProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(path)))  # type: ignore[arg-type]
     return provider
+
+
+add_default_middleware(auto_middleware)  # every worker: first, when spans are recorded

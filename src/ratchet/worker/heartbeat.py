@@ -16,14 +16,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from ..errors import LeaseLost
 from ..ledger.base import Ledger, RenewResult
 from .backoff import RepeatedFailure
-
-if TYPE_CHECKING:
-    from .hooks import Hooks
+from .events import RenewEvents
 
 __all__ = ["Heartbeat", "LeaseHandle", "margin_for"]
 
@@ -132,7 +129,7 @@ also wakes it at once with a NOTIFY (:meth:`Heartbeat.poke_control`)."""
 class Heartbeat(threading.Thread):
     """Renews all held leases in one batch as soon as any of them is a third of a lease
     past its last confirmation (a new claim re-plans the wait at once), and every
-    :data:`CONTROL_POLL_S` reads the operator requests on them (issue 10: a running task
+    :data:`CONTROL_POLL_S` reads the operator requests on them (so that a running task
     learns of a cancel or pause within about a second).
 
     Args:
@@ -163,7 +160,7 @@ class Heartbeat(threading.Thread):
         10 s, then the recovery); a failing round is retried within 0.25 s regardless."""
         self._control_due = float("-inf")  # monotonic: next read of operator requests
         self.control_reads = 0
-        self.hooks: Hooks | None = None
+        self.hooks: RenewEvents | None = None
         """Lifecycle hooks (``after_renew``), or None when no middleware is set."""
 
     def add_many(

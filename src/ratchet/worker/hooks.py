@@ -28,34 +28,126 @@ otherwise ignored: it never stops the worker, fails a task or changes its outcom
 
 With no middleware installed the worker keeps ``None`` instead of a :class:`Hooks`
 dispatcher and every call site is one ``is None`` test, so hooks cost nothing then.
+
+Hooks are given the worker and the task context as :class:`WorkerLike` and
+:class:`ContextLike`: protocols of what a hook reads, which the
+:class:`~ratchet.worker.runner.Worker` and :class:`~ratchet.worker.context.TaskContext`
+satisfy. The worker's modules below the runner (the context, the heartbeat, the writer)
+report to this module without importing the runner back.
+
+:func:`add_default_middleware` lets a package above the worker (the OpenTelemetry tracing
+of :mod:`ratchet.observe.tracing`) add a middleware every worker installs by itself.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
-from ..ledger.base import Claim
+from ..breaker import DownstreamBreaker
+from ..ledger.base import Claim, Ledger
+from ..retry import RetryBudget
+from .events import EffectSettlement
+from .heartbeat import Heartbeat
+from .stats import WorkerStats
 
-if TYPE_CHECKING:
-    from .context import TaskContext
-    from .runner import Worker
-
-__all__ = ["EffectSettlement", "Hooks", "Middleware"]
+__all__ = [
+    "AppLike", "ContextLike", "DefaultMiddleware", "EffectSettlement", "Hooks", "Middleware",
+    "WorkerLike", "add_default_middleware", "with_defaults",
+]
 
 log = logging.getLogger("ratchet.worker.hooks")
 
-EffectSettlement = Literal["call", "lookup", "cached", "unknown", "failed"]
-"""How an effect was settled, as ``after_effect`` reports it:
 
-* ``"call"``: ``call(key)`` ran and its result was recorded;
-* ``"lookup"``: the lookup found an earlier execution (no new call);
-* ``"cached"``: a result recorded by an earlier attempt was returned (nothing asked);
-* ``"unknown"``: the outcome could not be established (``EffectOutcomeUnknown``: the task
-  goes to ``UNKNOWN``);
-* ``"failed"``: the call, lookup or a ledger write raised (the exception is passed).
-"""
+class AppLike(Protocol):
+    """What a hook sees of the worker's :class:`~ratchet.app.App`."""
+
+    @property
+    def downstreams(self) -> Mapping[str, RetryBudget]:
+        """Retry budgets of the declared downstreams, by name."""
+
+    @property
+    def breakers(self) -> Mapping[str, DownstreamBreaker]:
+        """Circuit breakers of the declared downstreams, by name."""
+
+
+class WorkerLike(Protocol):
+    """What a hook is given as ``worker``: the :class:`~ratchet.worker.runner.Worker`,
+    described by what hooks read (so that this module needs nothing above it)."""
+
+    @property
+    def app(self) -> AppLike:
+        """The worker's application."""
+
+    @property
+    def holder(self) -> str:
+        """The worker's identity (``host:pid:random`` by default)."""
+
+    @property
+    def names(self) -> Sequence[str]:
+        """The task names it claims."""
+
+    @property
+    def concurrency(self) -> int:
+        """Its task threads."""
+
+    @property
+    def ledger(self) -> Ledger:
+        """Its ledger."""
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """The thread renewing its leases (``held()``: the leases it holds)."""
+
+    @property
+    def stats(self) -> WorkerStats:
+        """Its counters."""
+
+
+class ContextLike(Protocol):
+    """What a hook is given as ``ctx``: the running task's
+    :class:`~ratchet.worker.context.TaskContext`, described by what hooks read."""
+
+    @property
+    def task_id(self) -> str:
+        """The task's id."""
+
+    @property
+    def name(self) -> str:
+        """The task name."""
+
+    @property
+    def generation(self) -> int:
+        """The claim's fencing token."""
+
+    @property
+    def attempt(self) -> int:
+        """1-based claim count."""
+
+    @property
+    def holder(self) -> str:
+        """The worker holding the lease."""
+
+    @property
+    def params(self) -> Any:
+        """The decoded params (None until decoded)."""
+
+    @property
+    def exception(self) -> BaseException | None:
+        """What the body raised, once it ended."""
+
+    @property
+    def effect_downstream(self) -> str | None:
+        """The ``downstream=`` of the effect being performed."""
+
+    @property
+    def downstream_calls(self) -> Mapping[str, int]:
+        """Requests this attempt's effects sent, per declared downstream."""
+
+    @property
+    def failed_downstream(self) -> str | None:
+        """The downstream of the effect whose call raised last, if any."""
 
 
 class Middleware:
@@ -67,55 +159,55 @@ class Middleware:
     ``"abandoned"`` when the worker wrote nothing final.
     """
 
-    def worker_start(self, worker: Worker) -> None:
+    def worker_start(self, worker: WorkerLike) -> None:
         """The worker is about to claim for the first time."""
 
-    def worker_stop(self, worker: Worker) -> None:
+    def worker_stop(self, worker: WorkerLike) -> None:
         """The worker has stopped: every task ended and every final write was handled."""
 
-    def before_claim(self, worker: Worker, limit: int) -> None:
+    def before_claim(self, worker: WorkerLike, limit: int) -> None:
         """A claim of at most ``limit`` tasks is about to be sent (``after_claim`` follows
         only if its transaction commits)."""
 
-    def after_claim(self, worker: Worker, claims: list[Claim]) -> None:
+    def after_claim(self, worker: WorkerLike, claims: list[Claim]) -> None:
         """A claim committed with ``claims`` (possibly empty); their bodies have not run."""
 
-    def before_attempt(self, worker: Worker, claim: Claim) -> None:
+    def before_attempt(self, worker: WorkerLike, claim: Claim) -> None:
         """The task body of ``claim`` is about to run."""
 
     def after_attempt(
-        self, worker: Worker, claim: Claim, outcome: str, exception: BaseException | None
+        self, worker: WorkerLike, claim: Claim, outcome: str, exception: BaseException | None
     ) -> None:
         """The attempt ended with ``outcome``; ``exception`` is what the body raised, if any."""
 
-    def before_step(self, ctx: TaskContext, name: str) -> None:
+    def before_step(self, ctx: ContextLike, name: str) -> None:
         """``ctx.step(name, ...)`` starts (after the name was validated)."""
 
     def after_step(
-        self, ctx: TaskContext, name: str, cached: bool, duration_s: float,
+        self, ctx: ContextLike, name: str, cached: bool, duration_s: float,
         exception: BaseException | None,
     ) -> None:
         """``ctx.step`` ended; ``cached``: the stored value was returned without running."""
 
-    def before_effect(self, ctx: TaskContext, name: str, key: str) -> None:
+    def before_effect(self, ctx: ContextLike, name: str, key: str) -> None:
         """``ctx.effect(name, key=key)`` starts (after name and key were validated)."""
 
     def after_effect(
-        self, ctx: TaskContext, name: str, key: str, settled: EffectSettlement,
+        self, ctx: ContextLike, name: str, key: str, settled: EffectSettlement,
         duration_s: float, exception: BaseException | None,
     ) -> None:
         """``ctx.effect`` ended, settled as ``settled`` (see :data:`EffectSettlement`)."""
 
-    def before_commit(self, worker: Worker, batch_size: int) -> None:
+    def before_commit(self, worker: WorkerLike, batch_size: int) -> None:
         """A group commit of ``batch_size`` task writes is about to be sent."""
 
     def after_commit(
-        self, worker: Worker, batch_size: int, duration_s: float, error: BaseException | None
+        self, worker: WorkerLike, batch_size: int, duration_s: float, error: BaseException | None
     ) -> None:
         """That group commit ended; ``error`` is the ledger's error when it failed."""
 
     def after_renew(
-        self, worker: Worker, leases: int, refused: int, duration_s: float,
+        self, worker: WorkerLike, leases: int, refused: int, duration_s: float,
         error: BaseException | None,
     ) -> None:
         """One batched renewal of ``leases`` held leases ended after ``duration_s`` seconds
@@ -123,7 +215,7 @@ class Middleware:
         operator or the worker registry, or taken over after expiry): they are lost.
         ``error``: the ledger's error when the whole renewal failed (nothing confirmed)."""
 
-    def late_effect(self, ctx: TaskContext, name: str, key: str, outcome: str) -> None:
+    def late_effect(self, ctx: ContextLike, name: str, key: str, outcome: str) -> None:
         """This worker, no longer the task's holder, sent effect ``name`` (key ``key``)
         after its safe window closed to a target that does not deduplicate; a late-effect
         record is being written (``outcome``: ``"done"`` or ``"unknown"``)."""
@@ -140,7 +232,7 @@ class Hooks:
         middleware: the middleware, called in this order.
     """
 
-    def __init__(self, worker: Worker, middleware: Sequence[Middleware]) -> None:
+    def __init__(self, worker: WorkerLike, middleware: Sequence[Middleware]) -> None:
         self.worker = worker
         self.middleware = tuple(middleware)
 
@@ -195,7 +287,7 @@ class Hooks:
             except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "after_attempt")
 
-    def before_step(self, ctx: TaskContext, name: str) -> None:
+    def before_step(self, ctx: ContextLike, name: str) -> None:
         """Call ``before_step`` on every middleware."""
         for mw in self.middleware:
             try:
@@ -204,7 +296,7 @@ class Hooks:
                 self._failed(mw, "before_step")
 
     def after_step(
-        self, ctx: TaskContext, name: str, cached: bool, duration_s: float,
+        self, ctx: ContextLike, name: str, cached: bool, duration_s: float,
         exception: BaseException | None,
     ) -> None:
         """Call ``after_step`` on every middleware."""
@@ -214,7 +306,7 @@ class Hooks:
             except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "after_step")
 
-    def before_effect(self, ctx: TaskContext, name: str, key: str) -> None:
+    def before_effect(self, ctx: ContextLike, name: str, key: str) -> None:
         """Call ``before_effect`` on every middleware."""
         for mw in self.middleware:
             try:
@@ -223,7 +315,7 @@ class Hooks:
                 self._failed(mw, "before_effect")
 
     def after_effect(
-        self, ctx: TaskContext, name: str, key: str, settled: EffectSettlement,
+        self, ctx: ContextLike, name: str, key: str, settled: EffectSettlement,
         duration_s: float, exception: BaseException | None,
     ) -> None:
         """Call ``after_effect`` on every middleware."""
@@ -261,10 +353,38 @@ class Hooks:
             except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "after_renew")
 
-    def late_effect(self, ctx: TaskContext, name: str, key: str, outcome: str) -> None:
+    def late_effect(self, ctx: ContextLike, name: str, key: str, outcome: str) -> None:
         """Call ``late_effect`` on every middleware."""
         for mw in self.middleware:
             try:
                 mw.late_effect(ctx, name, key, outcome)
             except BaseException:  # even SystemExit from a plugin: log, go on
                 self._failed(mw, "late_effect")
+
+
+DefaultMiddleware = Callable[[Sequence[Middleware]], Middleware | None]
+"""``provider(given) -> Middleware | None``: called by every new worker with the
+middleware it was given; a middleware returned is put first."""
+
+_defaults: list[DefaultMiddleware] = []
+
+
+def add_default_middleware(provider: DefaultMiddleware) -> None:
+    """Have every :class:`~ratchet.worker.runner.Worker` built from now on call
+    ``provider`` with the middleware it was given and put what it returns (if not None)
+    first. Adding the same provider twice adds it once. Used by
+    :mod:`ratchet.observe.tracing`, which the ``ratchet`` package imports: a worker traces
+    by itself when OpenTelemetry records (DESIGN §9)."""
+    if provider not in _defaults:
+        _defaults.append(provider)
+
+
+def with_defaults(given: Sequence[Middleware]) -> tuple[Middleware, ...]:
+    """``given`` with the middleware of every :func:`add_default_middleware` provider in
+    front (the last provider added first), those returning None left out."""
+    installed = tuple(given)
+    for provider in _defaults:
+        extra = provider(installed)
+        if extra is not None:
+            installed = (extra, *installed)
+    return installed

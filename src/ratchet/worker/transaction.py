@@ -21,22 +21,20 @@ resumed) rolls back as a whole.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import faults
 from ..errors import LedgerUnavailable, StaleGeneration, TransactionMisuse, WriteRejected
+from ..faults import point as fault_point
 from ..ledger.base import TaskWrite
 from ..serde import dumps, loads
 from ..validation import check_checkpoint_name
-
-if TYPE_CHECKING:
-    from .context import TaskContext
+from .checkpoints import CheckpointState
 
 __all__ = ["run_transaction"]
 
 
 def run_transaction(
-    ctx: TaskContext,
+    ctx: CheckpointState,
     name: str,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -99,7 +97,7 @@ def run_transaction(
 
 
 def _transaction(
-    ctx: TaskContext, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+    ctx: CheckpointState, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> tuple[Any, bool]:
     """:func:`run_transaction` without its checks and hooks; ``(value, cached)``."""
@@ -115,7 +113,7 @@ def _transaction(
 
     def body(conn: Any) -> tuple[Any, ...]:
         nested = ctx._next_seq
-        ctx._in_transaction = True  # see TaskContext._boundary
+        ctx._in_transaction = True  # see CheckpointState._boundary
         try:
             value = fn(conn, *args, **kwargs)
         except BaseException as exc:
@@ -137,7 +135,7 @@ def _transaction(
 
     # A holder frozen here (past its last look at the ledger) is fenced by the
     # transaction's own fence read when it resumes.
-    faults.point("transaction.before_begin")
+    fault_point("transaction.before_begin")
     if ctx._on_block is not None:
         ctx._on_block()
     try:
@@ -156,5 +154,5 @@ def _transaction(
     ctx.steps_saved(carried)
     result_json: str = entry[1]
     ctx._steps[stored_name] = result_json
-    faults.point("transaction.after_commit")
+    fault_point("transaction.after_commit")
     return loads(result_json), False

@@ -47,15 +47,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..errors import LedgerCorrupt, LedgerError, LedgerUnavailable
 from ..ledger.base import Claim, ClaimKind, CommitOutcome, Ledger, TaskWrite
 from .backoff import RepeatedFailure
+from .events import CommitEvents
 from .forks import check_process
-
-if TYPE_CHECKING:
-    from .hooks import Hooks
 
 __all__ = ["ClaimPolicy", "LedgerWriter", "WriteCallback", "WriterStopped"]
 
@@ -195,7 +193,7 @@ class LedgerWriter:
         self._stopping = False
         self._pid = os.getpid()  # the process whose threads serve the queues (start())
         self._policy: ClaimPolicy | None = None
-        self.hooks: Hooks | None = None
+        self.hooks: CommitEvents | None = None
         """Lifecycle hooks (claim and commit events), or None when no middleware is set."""
         self._lanes = [_Lane(self, i) for i in range(writers)]
         self._next_poll = 0

@@ -1,0 +1,168 @@
+"""What every part of the worker shares: its state, the decision after a failed attempt
+(:meth:`~WorkerCore._failure_transition`: retry, dead-letter or ``UNKNOWN``) and freeing
+a finished task's slot (:meth:`~WorkerCore._done`). The per-task hooks a subclass may
+override (``on_claimed``, ``on_finished``, ``on_failure``) and ``stop`` are declared here
+for the layers that call them and defined, with their documentation, by the ``Worker``.
+
+The :class:`~ratchet.worker.runner.Worker` is built in layers, each a module with one
+job, each class extending the one below: this core; claim slots
+(:mod:`ratchet.worker.slots`); final writes (:mod:`ratchet.worker.finalwrite`); one
+attempt and how its body can end (:mod:`ratchet.worker.attempt`); attempts ended without
+their thread (:mod:`ratchet.worker.ended`: time limits, the shutdown grace); the loop and
+signals (:mod:`ratchet.worker.runner`). The attributes are declared here and set by
+``Worker.__init__``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..app import App, TaskDefinition
+from ..errortext import bounded, error_message, error_traceback
+from ..fingerprint import of_exception
+from ..ledger.base import Claim, Ledger, Transition
+from ..retry import FailureClass, classify, downstream_unreachable, retry_after_s
+from ..states import State
+from .backoff import RepeatedFailure
+from .executor import Executor
+from .heartbeat import Heartbeat, LeaseHandle
+from .hooks import Hooks
+from .startcheck import StartCheck
+from .stats import WorkerStats
+from .timelimit import Attempts
+from .writer import LedgerWriter
+
+__all__ = ["UNDECODABLE", "WRITE_REJECTED", "WorkerCore"]
+
+log = logging.getLogger("ratchet.worker")
+
+UNDECODABLE = "undecodable"
+"""``error_class`` of a task failed because a value stored for it (params, a step value, an
+effect result) cannot be decoded (:class:`~ratchet.errors.UndecodableData`)."""
+
+WRITE_REJECTED = "write_rejected"
+"""``error_class`` of a task failed because the database refused one of its writes."""
+
+
+class WorkerCore:
+    """The worker's shared state and the methods every layer uses (see the module
+    docstring); :class:`~ratchet.worker.runner.Worker` is the class to use."""
+
+    app: App
+    ledger: Ledger
+    holder: str
+    kinds: list[tuple[str, int]]
+    concurrency: int
+    max_stuck_threads: int
+    overload_floor_s: float | None
+    stop_reason: str | None
+    stats: WorkerStats
+    writer: LedgerWriter
+    heartbeat: Heartbeat
+    final_commit_failures: RepeatedFailure
+    _hooks: Hooks | None
+    _start_check: StartCheck
+    _stopping: threading.Event
+    _wake: threading.Event
+    _lock: threading.Lock
+    _capacity: int
+    _claim_batch: int
+    _inflight: int
+    _reserved: int
+    _reserved_room: int
+    _max_tasks: int | None
+    _last_claimed_at: float
+    _executor: Executor[tuple[Claim, LeaseHandle]]
+    _attempts: Attempts
+    _stop_began: float | None
+    _pid: int
+
+    # Defined by Worker (ratchet.worker.runner), where they are documented; declared here
+    # for the layers below it that call them.
+
+    def on_claimed(self, claim: Claim) -> None:
+        """Hook: a task was claimed (see ``Worker.on_claimed``)."""
+        raise NotImplementedError
+
+    def on_finished(self, claim: Claim, outcome: str) -> None:
+        """Hook: the worker is done with a claim (see ``Worker.on_finished``)."""
+        raise NotImplementedError
+
+    def on_failure(self, claim: Claim, transition: Transition) -> None:
+        """Hook: a task is about to be retried, dead-lettered or parked as UNKNOWN (see
+        ``Worker.on_failure``)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop claiming (see ``Worker.stop``)."""
+        raise NotImplementedError
+
+    def _done(
+        self, claim: Claim, lease: LeaseHandle, outcome: str,
+        exception: BaseException | None = None,
+    ) -> None:
+        """The worker is done with ``claim``: free its lease and slot, fire on_finished."""
+        try:
+            self.heartbeat.remove(lease)
+            self.stats.add_outcome(outcome)
+            with self._lock:
+                self._inflight -= 1
+                idle = self._inflight == 0
+            if idle:
+                self._wake.set()
+        finally:
+            try:
+                self.on_finished(claim, outcome)
+            finally:
+                if self._hooks is not None:
+                    self._hooks.after_attempt(claim, outcome, exception)
+
+    def _failure_transition(
+        self,
+        definition: TaskDefinition,
+        claim: Claim,
+        exc: BaseException,
+        open_intents: list[str],
+        *,
+        failure: FailureClass | None = None,
+        error_class: str | None = None,
+        error: str | None = None,
+        trace: str | None = None,
+    ) -> Transition:
+        """The transition after the body raised ``exc``: ``RETRY_WAIT`` while attempts
+        remain for a retryable failure, else ``FAILED`` (``UNKNOWN`` while an effect's
+        intent is open). ``failure`` overrides :func:`classify`; ``error_class`` the class
+        recorded (default the failure class); ``error`` the recorded message (default
+        :func:`~ratchet.errortext.error_message`: ``Type: message``) and ``trace``
+        its traceback (default :func:`~ratchet.errortext.error_traceback`), kept apart."""
+        if failure is None:
+            failure = classify(exc)
+        recorded_class = error_class or failure.value
+        error = bounded(error) if error is not None else error_message(exc)
+        if trace is None:
+            trace = error_traceback(exc)
+        # Quarantine (DESIGN §7): the ledger counts the fingerprint of failures that say
+        # something about the task; overload, unknown outcomes and an unreachable
+        # downstream are about the downstream.
+        fp = (of_exception(claim.name, exc)
+              if failure in (FailureClass.TRANSIENT, FailureClass.PERMANENT)
+              and not downstream_unreachable(exc) else None)
+        if failure is FailureClass.PERMANENT or claim.attempt >= claim.max_attempts:
+            reason = "permanent" if failure is FailureClass.PERMANENT else "attempts exhausted"
+            if open_intents:
+                # The call may have happened: a dead-letter would hide a possible charge.
+                return Transition(
+                    State.UNKNOWN, error=error, error_class=recorded_class,
+                    reason=f"{reason} with open effect intent(s) {', '.join(open_intents)}",
+                    fingerprint=fp, traceback=trace,
+                )
+            return Transition(State.FAILED, error=error, error_class=recorded_class, reason=reason,
+                              fingerprint=fp, traceback=trace)
+        delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc),
+                                           overload_floor_s=self.overload_floor_s)
+        return Transition(
+            State.RETRY_WAIT, delay_s=delay, error=error, error_class=recorded_class,
+            reason="retry", fingerprint=fp, traceback=trace,
+        )
+

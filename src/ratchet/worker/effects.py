@@ -1,0 +1,455 @@
+"""Effects: the intent-before-call, lookup-first protocol of ``ctx.effect`` (DESIGN §5).
+
+:class:`EffectCalls` performs one effect once its arguments were checked
+(:meth:`~ratchet.worker.context.TaskContext.effect`): reuse a recorded result; settle an
+intent an earlier attempt left open (the lookup first; call again only when the lookup
+confirms absence or the target honours the key, else ``UNKNOWN``); else record the intent,
+call, record the result. A call sent after this holder's safe window closed, to a target
+that does not deduplicate, is recorded as a late effect for reconciliation. The circuit
+breaker of the effect's downstream is asked before the intent.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import tenacity
+
+from ..breaker import DownstreamBreaker
+from ..errors import (
+    EffectOutcomeUnknown,
+    FenceError,
+    InvalidArguments,
+    LedgerError,
+    LedgerUnavailable,
+    NonDeterministicReplay,
+    PermanentError,
+    StaleGeneration,
+    TokenRejected,
+    TransientError,
+)
+from ..faults import point as fault_point
+from ..ledger.base import EffectRecord, EffectState, EffectWrite, LateEffect
+from ..retry import FailureClass, classify, proves_not_executed
+from ..serde import digest, dumps, loads, printable
+from .checkpoints import Checkpoint, CheckpointState, ControlInterrupt
+from .events import EffectSettlement
+
+__all__ = ["LATE_EVIDENCE_WAIT_S", "NOT_FOUND", "EffectCalls", "EffectTarget", "NotFound",
+           "check_effect_callable"]
+
+log = logging.getLogger("ratchet.worker")
+
+T = TypeVar("T")
+
+
+LATE_EVIDENCE_WAIT_S: Final = 30.0
+"""How long a stale holder keeps trying to reach the ledger to record a late effect (or to
+learn whether it was taken over), seconds: the evidence of a possible duplicate outlives a
+short outage instead of being lost with it."""
+
+
+class NotFound:
+    """Type of :data:`NOT_FOUND`, the answer of a lookup that confirms the key is absent."""
+
+    _instance: NotFound | None = None
+
+    def __new__(cls) -> NotFound:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_FOUND"
+
+
+NOT_FOUND: Final = NotFound()
+"""Return this from a ``lookup`` to say: the target confirms this key never executed."""
+
+
+class EffectCalls(CheckpointState):
+    """The effect protocol of a task context (see the module docstring)."""
+
+    def _effect(
+        self, name: str, key: str, target: EffectTarget, params: Any,
+    ) -> tuple[Any, EffectSettlement]:
+        """:meth:`effect` without its checks and hooks; returns ``(value, how settled)``."""
+        cp = self._checkpoint("effect", name)
+        stored_name = cp.stored_name
+        params_digest = digest(name, key, dumps(params, what=f"params of effect {name!r}"))
+        record = self._effects.get(stored_name)
+        if record is not None and record.key != key:
+            raise NonDeterministicReplay(
+                self.task_id, cp.seq, f"{cp.describe()} with idempotency key {record.key!r}",
+                f"{cp.describe()} with idempotency key {key!r} (keys must come from the "
+                "business intent, not the attempt)")
+        if record is not None and record.params_digest != params_digest:
+            raise PermanentError(
+                f"{cp.describe()} (key {key!r}) was recorded with params digest "
+                f"{record.params_digest} and is now asked with {params_digest}: the same key "
+                "must always carry the same request (DESIGN §5)"
+            )
+        if record is not None and record.state is EffectState.DONE:
+            return loads(record.result_json, f"recorded result of {cp.describe()}"), "cached"
+        if record is not None and record.state in (EffectState.INTENT, EffectState.GIVEN_UP):
+            # An earlier attempt recorded the intent but not the outcome (or an operator
+            # gave up on it, then retried the task): query first.
+            found, value = self._settle(cp, key, params_digest, target,
+                                        "intent without result from an earlier attempt",
+                                        record.updated_at)
+            if found:
+                return value, "lookup"
+            self._settled_absent(cp, key, params_digest)
+        breaker = self.breakers.get(self._downstream) if self._downstream else None
+        # Raises CircuitOpen while the downstream's breaker is open: nothing is sent and no
+        # intent recorded; the worker hands the attempt back (DESIGN §7).
+        probe = breaker.acquire() if breaker is not None else False
+        try:
+            return self._send(cp, key, params_digest, target, breaker, probe)
+        finally:
+            if breaker is not None and not self._released:
+                breaker.cancel(probe)  # ended before the call (e.g. the lease was lost)
+
+    def _send(
+        self, cp: Checkpoint, key: str, params_digest: str, target: EffectTarget,
+        breaker: DownstreamBreaker | None, probe: bool,
+    ) -> tuple[Any, EffectSettlement]:
+        """Record the intent, call, record the outcome (:meth:`_effect` after the checks
+        of an existing record and the breaker)."""
+        self._released = breaker is None
+        stored_name = cp.stored_name
+        self._lease.ensure()
+        self._commit(
+            f"effect_intent:{stored_name}",
+            effects=[EffectWrite(stored_name, key, params_digest, EffectState.INTENT,
+                                 seq=cp.seq)],
+        )
+        self._effects[stored_name] = EffectRecord(
+            stored_name, key, params_digest, EffectState.INTENT, None, self.generation,
+            self.attempt, 1, False, self._ledger_now(), cp.seq,
+        )
+        fault_point("effect.after_intent")
+        if self._on_block is not None:
+            self._on_block()
+        # The last check before the request leaves: the safe window (which keeps a margin
+        # of the lease, DESIGN §4) must still be open. A holder frozen after this line can
+        # still send late; what that means per kind of target is in the docstring.
+        self._lease.ensure()
+        fault_point("effect.before_call")
+        sent_at = self._ledger_now()
+        downstream = self._downstream
+        if downstream is not None:
+            self.downstream_calls[downstream] = self.downstream_calls.get(downstream, 0) + 1
+        try:
+            result = target.send(key, self.generation)
+        except Exception as exc:
+            if breaker is not None:
+                self._released = True
+                breaker.release(probe, exc)
+            if downstream is not None:
+                self.failed_downstream = downstream
+            in_window = self._lease.remaining_s() > 0
+            if isinstance(exc, TokenRejected):
+                self._token_rejected(cp, key, params_digest, exc)
+            if isinstance(exc, FenceError):
+                raise
+            if proves_not_executed(exc):
+                # Evidence that nothing happened: the next attempt calls again (same key)
+                # without a lookup, even when the target cannot be asked.
+                self._record(cp, key, params_digest, EffectState.NOT_DONE, None, False)
+                raise
+            late = (not in_window and not target.idempotent
+                    and self._taken_over(LATE_EVIDENCE_WAIT_S) is True)
+            if late:
+                # Sent after our safe window closed, and another holder has the task: the
+                # request may have executed after its lookup. Keep the evidence now: what
+                # this attempt writes next is fenced out (with no lookup the UNKNOWN
+                # write, which would otherwise be the only trace, is rejected too).
+                self._record_late(cp, key, "unknown", printable(repr(exc)))
+            if classify(exc) is not FailureClass.UNKNOWN_OUTCOME:
+                raise
+            try:
+                found, value = self._settle(cp, key, params_digest, target,
+                                            f"call failed with unknown outcome: {exc!r}",
+                                            sent_at)
+            except StaleGeneration:
+                if not late and not in_window and not target.idempotent:
+                    self._record_late(cp, key, "unknown", printable(repr(exc)))
+                raise
+            if found:
+                return value, "lookup"
+            self._settled_absent(cp, key, params_digest)
+            raise TransientError(
+                f"{cp.describe()} (key {key!r}) had an unknown outcome and the target "
+                "confirmed it did not execute; retrying with the same key"
+            ) from exc
+        if breaker is not None:
+            self._released = True
+            breaker.release(probe, None)
+        if downstream is not None and self.failed_downstream == downstream:
+            self.failed_downstream = None  # it answered since
+        # A reply that arrived inside the safe window proves the request executed before
+        # the lease could expire, so before any takeover: the next holder's lookup sees it.
+        in_window = self._lease.remaining_s() > 0
+        fault_point("effect.after_call")
+        try:
+            return self._record_done(cp, key, params_digest, result, via_lookup=False), "call"
+        except StaleGeneration:
+            # The reply came after our safe window closed and another holder took the task
+            # over: the request may have executed after the new holder looked up (we were
+            # frozen between the lease check and the send). Keep the evidence, unfenced,
+            # unless the target deduplicates the key itself (then it was a replay).
+            if not in_window and not target.idempotent:
+                self._record_late(cp, key, "done", _json_or_repr(result))
+            raise
+        except LedgerUnavailable:
+            # The result write did not reach the ledger; if another holder has the task,
+            # this late call is still evidence to keep (waiting for the ledger a while).
+            if (not in_window and not target.idempotent
+                    and self._taken_over(LATE_EVIDENCE_WAIT_S) is True):
+                self._record_late(cp, key, "done", _json_or_repr(result))
+            raise
+
+    def _settled_absent(self, cp: Checkpoint, key: str, params_digest: str) -> None:
+        """An open intent was settled as "call again" (a lookup confirmed the call did not
+        execute, or the target honours the key). With an operator request on the task,
+        no new call is made: a confirmed absence is recorded (``not_done``) and the request
+        applied; without that proof the outcome stays unknown (``UNKNOWN``, the request
+        kept for the resolution; DESIGN §3).
+
+        Raises:
+            ControlInterrupt: the request, once the effect is recorded not done.
+            EffectOutcomeUnknown: only a new call could settle it, and a request forbids it.
+        """
+        request = self._lease.request
+        if request is None:
+            return
+        if self._proved_absent:
+            self._record(cp, key, params_digest, EffectState.NOT_DONE, None, False)
+            raise ControlInterrupt(request)
+        raise EffectOutcomeUnknown(
+            cp.stored_name, key,
+            f"an operator asked to {request} the task, and only calling again could settle "
+            "the open intent (the target honours the key but no lookup confirmed the "
+            "outcome); resolve it (ratchet resolve)")
+
+    def _token_rejected(
+        self, cp: Checkpoint, key: str, params_digest: str, exc: TokenRejected
+    ) -> None:
+        """The target refused this claim's fencing token. Return (the caller re-raises
+        ``exc``: this holder is stale) when the ledger has a newer claim or cannot tell;
+        when this claim is still the current one, the target's tokens for ``key`` come from
+        elsewhere (another task uses the key, or the target counts its own): record the
+        effect as not done (the target refused it) and fail permanently instead of idling
+        until the lease expires.
+
+        Raises:
+            PermanentError: this claim is current, yet the target refused its token.
+        """
+        log.warning("task %s: %s", self.task_id, exc)
+        if self._taken_over(1.0) is not False:
+            return
+        self._record(cp, key, params_digest, EffectState.NOT_DONE, None, False)
+        raise PermanentError(
+            f"{cp.describe()}: the target refused fencing token {exc.token} for key {key!r}"
+            f" (highest it has seen: {exc.highest}), but this claim (generation "
+            f"{self.generation}) is the task's current one: another task uses the same key, "
+            "or the target's tokens do not come from this task's claims. Keys of a fenced "
+            "effect must belong to one task."
+        ) from exc
+
+    def _taken_over(self, wait_s: float) -> bool | None:
+        """True when the ledger says another claim of this task exists (a read, not
+        fenced); None when the ledger could not be read within ``wait_s`` seconds."""
+        try:
+            info = _until_ledger_answers(lambda: self._writer.ledger.get(self.task_id), wait_s)
+        except (LedgerError, OSError) as exc:
+            log.error("task %s: cannot tell whether the task was taken over (%s)",
+                      self.task_id, exc)
+            return None
+        return info.generation != self.generation
+
+    def _record_late(self, cp: Checkpoint, key: str, outcome: str, detail: str | None) -> None:
+        """Append a late-effect record for a call this stale holder sent after its safe
+        window closed, to a target that does not deduplicate keys (never raises: a ledger
+        failure here is logged; the stale rejection itself is audited anyway)."""
+        log.warning(
+            "task %s: %s (key %s) was sent by generation %d after a takeover; recording a "
+            "late effect (possible duplicate at a target that cannot deduplicate)",
+            self.task_id, cp.describe(), key, self.generation,
+        )
+        if self._hooks is not None:
+            self._hooks.late_effect(self, cp.name, key, outcome)
+        late = LateEffect(0, self.task_id, cp.stored_name, key, self.generation, self.holder,
+                          0.0, outcome, detail)
+        try:
+            _until_ledger_answers(lambda: self._writer.ledger.record_late_effect(late),
+                                  LATE_EVIDENCE_WAIT_S)
+        except (LedgerError, OSError) as exc:
+            log.error("task %s: could not record the late effect of %s (key %s, "
+                      "generation %d): %s", self.task_id, cp.describe(), key,
+                      self.generation, exc)
+
+    def _record_done(
+        self, cp: Checkpoint, key: str, params_digest: str, result: Any, via_lookup: bool
+    ) -> Any:
+        result_json = dumps(result, what=f"result of {cp.describe()}")
+        self._record(cp, key, params_digest, EffectState.DONE, result_json, via_lookup)
+        return loads(result_json)
+
+    def _record(
+        self,
+        cp: Checkpoint,
+        key: str,
+        params_digest: str,
+        state: EffectState,
+        result_json: str | None,
+        via_lookup: bool,
+    ) -> None:
+        name = cp.stored_name
+        self._commit(
+            f"effect_{state.value}:{name}",
+            effects=[EffectWrite(name, key, params_digest, state, result_json, via_lookup,
+                                 cp.seq)],
+        )
+        self._effects[name] = EffectRecord(
+            name, key, params_digest, state, result_json, self.generation, self.attempt, 0,
+            via_lookup, 0.0, cp.seq,
+        )
+
+    def _settle(
+        self,
+        cp: Checkpoint,
+        key: str,
+        params_digest: str,
+        target: EffectTarget,
+        why: str,
+        intent_at: float,
+    ) -> tuple[bool, Any]:
+        """Resolve an unknown outcome. Returns ``(True, result)`` when the lookup found it,
+        ``(False, None)`` when calling again with the same key is safe.
+
+        Raises:
+            TransientError: the lookup failed transiently, or said "not found" while a
+                request may still be in flight; try again later (lookup first).
+            TokenRejected: the fenced target refused this holder's token.
+            EffectOutcomeUnknown: nothing can settle it and the target does not dedupe.
+        """
+        reason = f"{why}; no lookup given"
+        what = cp.describe()
+        self._proved_absent = False
+        if target.lookup is not None:
+            try:
+                answer = target.ask(key, self.generation)
+            except TokenRejected as exc:
+                self._token_rejected(cp, key, params_digest, exc)
+                raise
+            except FenceError:
+                raise
+            except Exception as exc:
+                cls = classify(exc)
+                reason = f"{why}; lookup inconclusive: {exc!r}"
+                if not target.idempotent and cls in (FailureClass.TRANSIENT,
+                                                     FailureClass.OVERLOAD):
+                    raise TransientError(
+                        f"lookup for {what} (key {key!r}) failed: {exc!r}; will look up "
+                        "again before any new call"
+                    ) from exc
+            else:
+                if isinstance(answer, NotFound):
+                    waited_s = self._ledger_now() - intent_at
+                    in_flight_s = target.in_flight_s
+                    if (not target.fenced and in_flight_s is not None
+                            and waited_s < in_flight_s):
+                        raise TransientError(
+                            f"lookup for {what} (key {key!r}) found nothing, but the "
+                            f"request sent {waited_s:.1f} s ago may still be in flight "
+                            f"(in_flight_s={in_flight_s}); looking up again later",
+                            retry_after_s=in_flight_s - waited_s,
+                        )
+                    log.info("%s key %s: lookup confirms not executed", what, key)
+                    self._proved_absent = True
+                    return False, None
+                log.info("%s key %s: lookup found an earlier execution", what, key)
+                return True, self._record_done(cp, key, params_digest, answer, via_lookup=True)
+        if target.idempotent:
+            return False, None
+        raise EffectOutcomeUnknown(cp.stored_name, key, reason)
+
+
+class EffectTarget:
+    """How to reach one effect's target: its call, lookup and what it guarantees."""
+
+    __slots__ = ("call", "fenced", "idempotent", "in_flight_s", "lookup")
+
+    def __init__(
+        self, call: Callable[..., Any], lookup: Callable[..., Any] | None, idempotent: bool,
+        fenced: bool, in_flight_s: float | None,
+    ) -> None:
+        self.call = call
+        self.lookup = lookup
+        self.idempotent = idempotent
+        self.fenced = fenced
+        self.in_flight_s = in_flight_s
+
+    def send(self, key: str, token: int) -> Any:
+        """Call the target (with the fencing token when it checks tokens)."""
+        return self.call(key, token) if self.fenced else self.call(key)
+
+    def ask(self, key: str, token: int) -> Any:
+        """Ask the target's lookup (with the fencing token when it checks tokens)."""
+        assert self.lookup is not None
+        return self.lookup(key, token) if self.fenced else self.lookup(key)
+
+
+def _until_ledger_answers(call: Callable[[], T], wait_s: float) -> T:
+    """``call()``, tried again while the ledger is unreachable (``LedgerError``,
+    ``OSError``), backing off from 0.05 s to at most 1 s, for up to ``wait_s`` seconds.
+
+    Raises:
+        LedgerError, OSError: the last failure, once ``wait_s`` has passed.
+    """
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type((LedgerError, OSError)),
+        wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+        stop=tenacity.stop_after_delay(wait_s),
+        reraise=True,
+    )
+    return retrying(call)
+
+
+def check_effect_callable(fn: object, args: int, what: str, shape: str) -> None:
+    """Refuse a ``call``/``lookup`` that cannot take ``args`` positional arguments, before
+    any intent is recorded (a ``TypeError`` after the intent would send the task to
+    ``UNKNOWN`` although nothing was called).
+
+    Raises:
+        InvalidArguments: ``fn`` is not callable, or its signature cannot bind ``args``
+            positional arguments (signatures that cannot be read are not checked).
+    """
+    if not callable(fn):
+        raise InvalidArguments(f"ctx.effect {what} must be callable as {shape}, got {fn!r}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable without a readable signature: trust it
+    try:
+        signature.bind(*range(args))
+    except TypeError as exc:
+        raise InvalidArguments(
+            f"ctx.effect calls its {what} as {shape}, but {fn!r} cannot take {args} "
+            f"positional argument(s) ({exc})"
+            + ("; fenced=True passes the fencing token as the second argument" if args == 2
+               else "")
+        ) from None
+
+
+def _json_or_repr(value: Any) -> str:
+    """``value`` as JSON text for a late-effect record, or its repr if it is not JSON."""
+    try:
+        return dumps(value)
+    except Exception:
+        return printable(repr(value))
