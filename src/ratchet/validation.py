@@ -227,3 +227,30 @@ def check_finite(value: object, what: str, *, minimum: float | None = None,
         high = "" if maximum is None else f"{' and' if low else ''} <= {maximum:g}"
         raise InvalidArguments(f"{what} must be a finite number{low}{high}, got {value!r}")
     return number
+
+
+# Bounds of the worker's options (here, in the core, so that every face checks the same
+# numbers as Worker does without importing the worker).
+
+MAX_CONCURRENCY = 1024
+"""Most task threads one worker process runs (``concurrency``). Each is an OS thread with
+its stack, and all share one interpreter lock: past a few hundred, more threads add
+contention, not throughput; run more processes instead."""
+
+MAX_PREFETCH = 1024
+"""Most tasks one worker holds claimed beyond ``concurrency`` (``prefetch``). A prefetched
+task is leased and renewed but not running, and no other worker can take it: past the
+default's 32 the claim and completion batches stop growing (see :func:`ratchet.worker.default_prefetch`)
+while more work sits hidden in one process."""
+
+MAX_WRITERS = 32
+"""Most writer threads (``writers``): each holds a ledger connection and runs transactions
+of its own; more than the database has cores only queues."""
+
+MAX_STUCK_THREADS = 4 * MAX_CONCURRENCY
+"""Largest ``max_stuck_threads``: every stuck thread stays in the process until it returns
+(stack, sockets, memory), so a larger cap is no cap."""
+
+MAX_POLL_INTERVAL_S = 60.0
+"""Longest ``poll_interval_s`` (seconds): an idle worker on SQLite (no NOTIFY) finds new
+work only when it polls."""

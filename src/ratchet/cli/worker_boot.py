@@ -18,13 +18,13 @@ from ..config import redact_url
 from ..loading import load_app, load_middleware
 from ..observe import logs, tracing
 from ..observe.metrics import MetricsServer, WorkerMetrics
-from ..validation import parse_duration_s
-from ..worker import (
+from ..validation import (
     MAX_CONCURRENCY,
     MAX_POLL_INTERVAL_S,
     MAX_PREFETCH,
     MAX_STUCK_THREADS,
     MAX_WRITERS,
+    parse_duration_s,
 )
 from .guard import guard
 from .options import (

@@ -9,7 +9,14 @@ import secrets
 import socket
 
 from ..errors import ConfigError, InvalidArguments
-from ..validation import check_finite
+from ..validation import (
+    MAX_CONCURRENCY,
+    MAX_POLL_INTERVAL_S,
+    MAX_PREFETCH,
+    MAX_STUCK_THREADS,
+    MAX_WRITERS,
+    check_finite,
+)
 
 __all__ = [
     "DEFAULT_SHUTDOWN_GRACE_S",
@@ -99,33 +106,10 @@ EXIT_STUCK_THREADS = 4
 ``max_stuck_threads`` task threads were stuck past their attempt's end: restart it."""
 
 
-MAX_CONCURRENCY = 1024
-"""Most task threads one worker process runs (``concurrency``). Each is an OS thread with
-its stack, and all share one interpreter lock: past a few hundred, more threads add
-contention, not throughput; run more processes instead."""
-
-MAX_PREFETCH = 1024
-"""Most tasks one worker holds claimed beyond ``concurrency`` (``prefetch``). A prefetched
-task is leased and renewed but not running, and no other worker can take it: past the
-default's 32 the claim and completion batches stop growing (see :func:`default_prefetch`)
-while more work sits hidden in one process."""
-
-MAX_WRITERS = 32
-"""Most writer threads (``writers``): each holds a ledger connection and runs transactions
-of its own; more than the database has cores only queues."""
-
-MAX_STUCK_THREADS = 4 * MAX_CONCURRENCY
-"""Largest ``max_stuck_threads``: every stuck thread stays in the process until it returns
-(stack, sockets, memory), so a larger cap is no cap."""
-
 STUCK_CONFIRM_S = 1.0
 """Seconds a thread taken from its attempt (time limit) must stay in task code before it
 counts towards ``max_stuck_threads``: a body that ends a few milliseconds past its limit
 is not stuck, and on a loaded host every thread can be in that moment at once."""
-
-MAX_POLL_INTERVAL_S = 60.0
-"""Longest ``poll_interval_s`` (seconds): an idle worker on SQLite (no NOTIFY) finds new
-work only when it polls."""
 
 
 def check_int(name: str, value: object, low: int, high: int) -> int:
