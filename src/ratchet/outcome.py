@@ -178,7 +178,7 @@ RULES: tuple[Rule, ...] = (
     # stage, rule, when the facts say ..., then the attempt ends ..., reason
     # -- end: the worker's half (what the body did) ---------------------------------------
     Rule("end", "returned", lambda f, e: f.happened is Happened.RETURNED,
-         _to(State.SUCCEEDED), "the task function returned"),
+         _to(State.SUCCEEDED, error_class=None), "the task function returned"),
     Rule("end", "final_intent_open", lambda f, e: _raised(f) and _final(f) and f.intent_open,
          _to(State.UNKNOWN), "the call may have happened: a dead-letter would hide it"),
     Rule("end", "final", lambda f, e: _raised(f) and _final(f),
