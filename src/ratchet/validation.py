@@ -240,8 +240,8 @@ contention, not throughput; run more processes instead."""
 MAX_PREFETCH = 1024
 """Most tasks one worker holds claimed beyond ``concurrency`` (``prefetch``). A prefetched
 task is leased and renewed but not running, and no other worker can take it: past the
-default's 32 the claim and completion batches stop growing (see :func:`ratchet.worker.default_prefetch`)
-while more work sits hidden in one process."""
+default's 32 the claim and completion batches stop growing (see
+:func:`ratchet.worker.default_prefetch`) while more work sits hidden in one process."""
 
 MAX_WRITERS = 32
 """Most writer threads (``writers``): each holds a ledger connection and runs transactions

@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..outcome import AttemptFacts, Happened, decide
 from ..states import State
 from .base import BudgetUse, TaskWrite, Transition
 from .dialect import Tx
@@ -111,7 +112,9 @@ class BudgetBook:
         return bucket, allowed_in(recent), used_now
 
     def charge(self, holder: str, t: Transition, now: float) -> Transition:
-        """Count ``t``'s calls; admit its retry (a later run_at when over budget)."""
+        """Count ``t``'s calls; admit its retry: the first second with room is reserved,
+        and the outcome table (:func:`ratchet.outcome.decide`) moves ``run_at`` there when
+        it is later than the backoff's."""
         now_bucket = math.floor(now)
         for use in t.budgets:
             if use.calls:
@@ -134,9 +137,13 @@ class BudgetBook:
             start = found
         for use in uses:
             self._bump(use.key, start, holder, 0, 1)
-        if start <= ready:
+        # Whether the retry waits longer is the outcome table's (its budget rule).
+        ending = decide(AttemptFacts(Happened.ASKED, now=now, proposed=t.to,
+                                     error_class=t.error_class, delay_s=max(0.0, t.delay_s),
+                                     budget_at=float(start)))
+        if "budget_wait" not in ending.rules or ending.run_at is None:
             return t
-        wait = start - ready
+        wait = ending.run_at - ready
         spent = ", ".join(f"{k} ({used} of {allowed:g} retries in the window)"
                           for k, (allowed, used) in notes.items())
         reason = f"retry budget spent: {spent}; waits {wait:.1f} s more"

@@ -36,6 +36,7 @@ from ..errors import (
     WriteRejected,
 )
 from ..fingerprint import worker_died
+from ..outcome import AttemptFacts, Ending, Happened, decide
 from ..serde import dumps, printable
 from ..states import TERMINAL, State, check_operator_move, check_transition
 from . import bulkheads
@@ -417,12 +418,12 @@ class LedgerEngine:
         poisoned: list[tuple[Any, ...]] = []
         crashes: dict[str, int] = {}
         for row in rows:
-            count = int(row[7] or 0) + 1
-            crashes[row[0]] = count
-            limit = row[8]
-            if limit and count >= limit:
+            crashes[row[0]] = int(row[7] or 0) + 1
+            # The outcome table without the intent read (made for the retired rows only).
+            rules = decide(_gone_facts(row, now, False, with_request=False)).rules
+            if "gone_quarantine" in rules:
                 poisoned.append(row)
-            elif row[3] >= row[4]:
+            elif "gone_final" in rules:
                 exhausted.append(row)
             else:
                 survivors.append(row)
@@ -507,17 +508,20 @@ class LedgerEngine:
         self, tx: Tx, rows: Sequence[tuple[Any, ...]], audit: list[AuditRow], reason: str
     ) -> dict[str, State]:
         """Retire locked RUNNING rows ``(id, holder, generation, attempt, max_attempts, ...)``
-        whose holder is gone on the final attempt: ``FAILED``, or ``UNKNOWN`` when an effect
-        intent is open (the call may have happened; an operator resolves it). Returns each
-        task's new state."""
+        whose holder is gone on the final attempt or quarantined: where each ends is the
+        outcome table's (:func:`ratchet.outcome.decide`): ``FAILED``, or ``UNKNOWN`` when an
+        effect intent is open (the call may have happened; an operator resolves it).
+        Returns each task's new state."""
         open_intents: dict[str, tuple[str, str]] = {}
         for task_id, name, key in tx.rows("open_intents", {"ids": [r[0] for r in rows]}):
             open_intents.setdefault(task_id, (name, key))
         batch: list[dict[str, Any]] = []
         targets: dict[str, State] = {}
-        for task_id, holder, generation, attempt, max_attempts, *rest in rows:
+        for row in rows:
+            task_id, holder, generation, attempt, max_attempts = row[:5]
             intent = open_intents.get(task_id)
-            target = State.UNKNOWN if intent else State.FAILED
+            ending = decide(_gone_facts(row, tx.now, intent is not None))
+            target = ending.state
             targets[task_id] = target
             check_transition(State.RUNNING, target)
             error = (f"holder {holder} is gone ({reason}) during attempt {attempt} of "
@@ -525,9 +529,9 @@ class LedgerEngine:
             if intent:
                 error += f"; effect {intent[0]!r} (key {intent[1]!r}) has an open intent"
             # An operator's request waits on UNKNOWN for the resolution (DESIGN §3).
-            request = rest[1] if len(rest) > 1 and target is State.UNKNOWN else None
             batch.append({"id": task_id, "generation": generation, "state": target.value,
-                          "error": error, "error_class": "lease_expired", "request": request})
+                          "error": error, "error_class": ending.error_class,
+                          "request": ending.request})
             audit.append((task_id, tx.now, "transition", State.RUNNING.value, target.value,
                           generation + 1, None,
                           dumps({"reason": reason, "previous_holder": holder, "error": error})))
@@ -547,14 +551,16 @@ class LedgerEngine:
             return set()
         open_ids = {r[0] for r in tx.rows("open_intents", {"ids": [r[0] for r in requested]})}
         batch: list[dict[str, Any]] = []
-        for task_id, holder, generation, _attempt, _max, _name, request, *_ in requested:
-            if task_id in open_ids:
-                continue
-            target = State.CANCELLED if request == ControlRequest.CANCEL else State.PAUSED
+        for row in requested:
+            task_id, holder, generation, request = row[0], row[1], row[2], row[6]
+            ending = decide(_gone_facts(row, tx.now, task_id in open_ids))
+            if "gone_request" not in ending.rules:
+                continue  # an intent is open: the takeover's holder settles it first
+            target = ending.state
             check_transition(State.RUNNING, target)
             error = f"{request} requested by an operator; holder {holder} is gone ({why})"
             batch.append({"id": task_id, "generation": generation, "state": target.value,
-                          "error": error, "error_class": _REQUEST_CLASS[request],
+                          "error": error, "error_class": ending.error_class,
                           "request": None})
             audit.append((task_id, tx.now, "transition", State.RUNNING.value, target.value,
                           generation + 1, None,
@@ -754,20 +760,13 @@ class LedgerEngine:
                 continue
             attempt = row[2]
             original = t.to if t is not None else None
-            if t is not None and row[4] and t.to is not State.RUNNING:
-                write, t, request = _arbitrate(write, t, ControlRequest(row[4]),
-                                               open_db.get(write.task_id, set()))
+            if t is not None and t.to is not State.RUNNING:
+                # The ledger's half of the outcome table: request, pause, quarantine.
+                t, request = self._arbitrate(tx, write, t, row, open_db.get(write.task_id),
+                                             active, streaks, marks, audit, now)
+                write = dataclasses.replace(write, transition=t)
             else:
                 request = row[4] if t is None or t.to is State.RUNNING else None
-            if (t is not None and t.to is State.PAUSED and row[4] != ControlRequest.PAUSE
-                    and not _covered(active or [], write.task_id, row[3])):
-                # Resumed before this holder reached its boundary: released instead.
-                t = Transition(State.PENDING, reason="paused, then resumed before the "
-                               "boundary: released (attempt handed back)")
-                write = dataclasses.replace(write, transition=t)
-            if t is not None and t.fingerprint is not None:
-                t = self._count_failure(tx, write, t, streaks, marks, audit, now)
-                write = dataclasses.replace(write, transition=t)
             if t is not None and t.budgets:
                 t = book.charge(write.holder, t, now)
                 write = dataclasses.replace(write, transition=t)
@@ -791,39 +790,85 @@ class LedgerEngine:
         return [outcomes[i] for i in range(len(writes))], extra
 
     @staticmethod
+    def _arbitrate(
+        tx: Tx, write: TaskWrite, t: Transition, row: tuple[str, int, int, str, str | None],
+        open_before: set[str] | None, active: list[tuple[Any, ...]] | None,
+        streaks: dict[str, tuple[str | None, int, int | None]],
+        marks: list[dict[str, Any]], audit: list[AuditRow], now: float,
+    ) -> tuple[Transition, str | None]:
+        """Complete a holder's fenced move out of ``RUNNING`` with the ledger's facts
+        (DESIGN §3 arbitration, §7 quarantine) through the outcome table
+        (:func:`ratchet.outcome.decide`): the operator request on the task (``row[4]``),
+        whether a pause still covers it, the quarantine streak. ``row``: the fence row
+        ``(state, generation, attempt, name, control_request)``; ``open_before``: the
+        task's open intents when it has a request (read with the batch). Returns the
+        transition to apply and the request the task keeps."""
+        request = row[4]
+        fp = t.fingerprint
+        count, limit = 0, None
+        if fp is not None:
+            previous, count, limit = streaks.get(write.task_id, (None, 0, None))
+            count = count + 1 if previous == fp else 1
+        intent_open = False
+        if request or (limit and count >= limit):
+            if open_before is None:
+                open_before = {r[1] for r in tx.rows("open_intents", {"ids": [write.task_id]})}
+            settled = {e.name for e in write.effects if e.state is not EffectState.INTENT}
+            opened = {e.name for e in write.effects if e.state is EffectState.INTENT}
+            intent_open = bool((open_before - settled) | opened)
+        ending = decide(AttemptFacts(
+            Happened.ASKED, now=now, error_class=t.error_class, delay_s=t.delay_s,
+            intent_open=intent_open, proposed=t.to, request=request,
+            pause_active=t.to is not State.PAUSED or _covered(active or [], write.task_id, row[3]),
+            streak=count, quarantine_after=limit))
+        rules = set(ending.rules)
+        if "request_applied" in rules:
+            check_transition(State.RUNNING, ending.state)
+            t = Transition(
+                ending.state, error=t.error, traceback=t.traceback, error_class=ending.error_class,
+                reason=f"{request} requested by an operator; the attempt ended {t.to.value} "
+                       f"({t.reason or t.error_class or '-'})")
+        elif "pause_lifted" in rules:
+            # Resumed before this holder reached its boundary: released instead.
+            t = Transition(State.PENDING, reason="paused, then resumed before the "
+                           "boundary: released (attempt handed back)")
+        elif "request_dropped" in rules:
+            why = f"{request} request dropped: the attempt ended {t.to.value} first"
+            t = dataclasses.replace(t, reason=f"{t.reason}; {why}" if t.reason else why)
+        if fp is not None and not ending.replaced:
+            t = LedgerEngine._count_failure(write, t, ending, count, limit, streaks, marks,
+                                            audit, now)
+        return t, ending.request
+
+    @staticmethod
     def _count_failure(
-        tx: Tx, write: TaskWrite, t: Transition,
+        write: TaskWrite, t: Transition, ending: Ending, count: int, limit: int | None,
         streaks: dict[str, tuple[str | None, int, int | None]],
         marks: list[dict[str, Any]], audit: list[AuditRow], now: float,
     ) -> Transition:
         """Count a fenced failure that carries an error fingerprint (DESIGN §7): the
-        streak of failures in a row with the same fingerprint grows, or restarts at 1. At
-        the task's ``quarantine_after`` a ``RETRY_WAIT`` becomes a quarantined ``FAILED``
-        (``UNKNOWN``, not flagged, when an effect intent is open), and a ``FAILED`` (attempts
-        exhausted, permanent) is flagged. Returns the transition to apply."""
+        streak of failures in a row with the same fingerprint grows, or restarts at 1
+        (``count``, this failure included). Where it ends at the task's
+        ``quarantine_after`` is the outcome table's (``ending``): a ``RETRY_WAIT`` becomes
+        a quarantined ``FAILED`` (``UNKNOWN``, not flagged, when an effect intent is open),
+        and a ``FAILED`` (attempts exhausted, permanent) is flagged. Returns the transition
+        to apply."""
         fp = t.fingerprint
-        previous, count, limit = streaks.get(write.task_id, (None, 0, None))
-        count = count + 1 if previous == fp else 1
         streaks[write.task_id] = (fp, count, limit)
-        flagged = False
-        if limit and count >= limit and t.to in (State.RETRY_WAIT, State.FAILED):
+        rules = set(ending.rules)
+        if rules & {"quarantine", "quarantine_intent_open"}:
             why = f"quarantined: the same error {count} times in a row (fingerprint {fp})"
-            flagged = True
-            if t.to is State.RETRY_WAIT:
-                open_intent = bool(tx.rows("open_intents", {"ids": [write.task_id]}))
-                target = State.UNKNOWN if open_intent else State.FAILED
-                check_transition(State.RUNNING, target)
-                flagged = target is State.FAILED
-                t = dataclasses.replace(
-                    t, to=target, delay_s=0.0,
-                    reason=why if flagged else f"{why}; an effect intent is open")
-            if flagged:
-                audit.append((write.task_id, now, "quarantine", State.RUNNING.value,
-                              State.FAILED.value, write.generation, write.holder,
-                              dumps({"fingerprint": fp, "cause": "error", "count": count,
-                                     "error_class": t.error_class})))
+            check_transition(State.RUNNING, ending.state)
+            t = dataclasses.replace(
+                t, to=ending.state, delay_s=0.0,
+                reason=why if ending.quarantined else f"{why}; an effect intent is open")
+        if ending.quarantined:
+            audit.append((write.task_id, now, "quarantine", State.RUNNING.value,
+                          State.FAILED.value, write.generation, write.holder,
+                          dumps({"fingerprint": fp, "cause": "error", "count": count,
+                                 "error_class": t.error_class})))
         marks.append({"id": write.task_id, "fingerprint": fp, "count": count, "crashes": None,
-                      "quarantined": flagged})
+                      "quarantined": ending.quarantined})
         return t
 
     # ------------------------------------------------------------------ operator
@@ -2247,43 +2292,17 @@ _REQUEST_CLASS = {ControlRequest.CANCEL: "cancelled", ControlRequest.PAUSE: "pau
 """``error_class`` recorded when an operator request ends a task's run."""
 
 
-def _arbitrate(
-    write: TaskWrite, t: Transition, request: ControlRequest, open_before: set[str]
-) -> tuple[TaskWrite, Transition, str | None]:
-    """A holder's fenced move out of ``RUNNING`` against an operator request on the task
-    (DESIGN §3, arbitration). Returns the write and transition to apply and the request
-    the task keeps afterwards.
-
-    * a terminal outcome (``SUCCEEDED``, ``FAILED``, ``CANCELLED``) committed first stands;
-      the request is dropped (the audit row says so);
-    * ``UNKNOWN`` keeps the request: the resolution applies it;
-    * a release, a retry or a pause (``PENDING``, ``RETRY_WAIT``, ``PAUSED``): with an effect
-      intent still open after this write, the move stands and the request waits for the
-      next holder's lookup; otherwise the request is applied instead: ``CANCELLED`` (cancel
-      wins over a pause) or ``PAUSED``.
-    """
-    if t.to is State.CANCELLED and request is ControlRequest.CANCEL:
-        return write, t, None  # the holder applied the cancel itself
-    if t.to in (State.SUCCEEDED, State.FAILED, State.CANCELLED):
-        why = f"{request} request dropped: the attempt ended {t.to.value} first"
-        return write, dataclasses.replace(
-            t, reason=f"{t.reason}; {why}" if t.reason else why), None
-    if t.to is State.UNKNOWN:
-        return write, t, request.value
-    settled = {e.name for e in write.effects if e.state is not EffectState.INTENT}
-    opened = {e.name for e in write.effects if e.state is EffectState.INTENT}
-    if (open_before - settled) | opened:
-        return write, t, request.value
-    target = State.CANCELLED if request is ControlRequest.CANCEL else State.PAUSED
-    if target is t.to:
-        return write, t, None
-    check_transition(State.RUNNING, target)
-    applied = Transition(
-        target, error=t.error, traceback=t.traceback,
-        error_class=t.error_class or _REQUEST_CLASS[request],
-        reason=f"{request} requested by an operator; the attempt ended {t.to.value} "
-               f"({t.reason or t.error_class or '-'})")
-    return dataclasses.replace(write, transition=applied), applied, None
+def _gone_facts(row: Sequence[Any], now: float, intent_open: bool, *,
+                with_request: bool = True) -> AttemptFacts:
+    """The outcome table's facts of a locked RUNNING row whose holder is gone: ``(id,
+    holder, generation, attempt, max_attempts, name, control_request, crash_count,
+    quarantine_after)`` (the last two absent: no quarantine); this delivery counts as a
+    crash."""
+    return AttemptFacts(
+        Happened.HOLDER_GONE, now=now, attempt=row[3], max_attempts=row[4],
+        intent_open=intent_open, request=row[6] if with_request and len(row) > 6 else None,
+        streak=int(row[7] or 0) + 1 if len(row) > 7 else 0,
+        quarantine_after=row[8] if len(row) > 8 else None)
 
 
 class _UserCodeFailed(Exception):

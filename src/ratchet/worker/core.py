@@ -15,6 +15,7 @@ signals (:mod:`ratchet.worker.runner`). The attributes are declared here and set
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 
@@ -22,7 +23,8 @@ from ..app import App, TaskDefinition
 from ..errortext import bounded, error_message, error_traceback
 from ..fingerprint import of_exception
 from ..ledger.base import Claim, Ledger, Transition
-from ..retry import FailureClass, classify, downstream_unreachable, retry_after_s
+from ..outcome import AttemptFacts, Happened, decide
+from ..retry import TIME_LIMIT, FailureClass, classify, downstream_unreachable, retry_after_s
 from ..states import State
 from .backoff import RepeatedFailure
 from .executor import Executor
@@ -130,12 +132,14 @@ class WorkerCore:
         error: str | None = None,
         trace: str | None = None,
     ) -> Transition:
-        """The transition after the body raised ``exc``: ``RETRY_WAIT`` while attempts
+        """The transition after the body raised ``exc``, as the outcome table says
+        (:func:`ratchet.outcome.decide`, the worker's half): ``RETRY_WAIT`` while attempts
         remain for a retryable failure, else ``FAILED`` (``UNKNOWN`` while an effect's
-        intent is open). ``failure`` overrides :func:`classify`; ``error_class`` the class
-        recorded (default the failure class); ``error`` the recorded message (default
-        :func:`~ratchet.errortext.error_message`: ``Type: message``) and ``trace``
-        its traceback (default :func:`~ratchet.errortext.error_traceback`), kept apart."""
+        intent is open); the ledger completes it. ``failure`` overrides :func:`classify`;
+        ``error_class`` the class recorded (default the failure class); ``error`` the
+        recorded message (default :func:`~ratchet.errortext.error_message`: ``Type:
+        message``) and ``trace`` its traceback (default
+        :func:`~ratchet.errortext.error_traceback`), kept apart."""
         if failure is None:
             failure = classify(exc)
         recorded_class = error_class or failure.value
@@ -148,21 +152,24 @@ class WorkerCore:
         fp = (of_exception(claim.name, exc)
               if failure in (FailureClass.TRANSIENT, FailureClass.PERMANENT)
               and not downstream_unreachable(exc) else None)
-        if failure is FailureClass.PERMANENT or claim.attempt >= claim.max_attempts:
-            reason = "permanent" if failure is FailureClass.PERMANENT else "attempts exhausted"
-            if open_intents:
-                # The call may have happened: a dead-letter would hide a possible charge.
-                return Transition(
-                    State.UNKNOWN, error=error, error_class=recorded_class,
-                    reason=f"{reason} with open effect intent(s) {', '.join(open_intents)}",
-                    fingerprint=fp, traceback=trace,
-                )
-            return Transition(State.FAILED, error=error, error_class=recorded_class, reason=reason,
-                              fingerprint=fp, traceback=trace)
-        delay = definition.retry.backoff_s(claim.attempt, failure, retry_after_s(exc),
-                                           overload_floor_s=self.overload_floor_s)
-        return Transition(
-            State.RETRY_WAIT, delay_s=delay, error=error, error_class=recorded_class,
-            reason="retry", fingerprint=fp, traceback=trace,
-        )
+        # Where it ends is the outcome table's (the worker's half; the ledger completes it).
+        facts = AttemptFacts(
+            Happened.TIME_LIMIT if error_class == TIME_LIMIT else Happened.RAISED,
+            failure=failure, error_class=recorded_class, attempt=claim.attempt,
+            max_attempts=claim.max_attempts, intent_open=bool(open_intents))
+        ending = decide(facts)
+        if ending.state is State.RETRY_WAIT:  # the backoff draws only for a retry
+            ending = decide(dataclasses.replace(facts, delay_s=definition.retry.backoff_s(
+                claim.attempt, failure, retry_after_s(exc),
+                overload_floor_s=self.overload_floor_s)))
+            return Transition(
+                State.RETRY_WAIT, delay_s=ending.run_at or 0.0, error=error,
+                error_class=ending.error_class, reason="retry", fingerprint=fp, traceback=trace,
+            )
+        reason = "permanent" if failure is FailureClass.PERMANENT else "attempts exhausted"
+        if ending.state is State.UNKNOWN:
+            # The call may have happened: a dead-letter would hide a possible charge.
+            reason = f"{reason} with open effect intent(s) {', '.join(open_intents)}"
+        return Transition(ending.state, error=error, error_class=ending.error_class,
+                          reason=reason, fingerprint=fp, traceback=trace)
 

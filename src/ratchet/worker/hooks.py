@@ -1,6 +1,8 @@
 """Worker lifecycle hooks: :class:`Middleware`, in the manner of dramatiq's middleware.
 
-Metrics, tracing and retry governance plug in here instead of in the claim loop. Subclass
+Metrics and tracing plug in here instead of in the claim loop; where an attempt ends (retry,
+dead-letter, quarantine, budget) is not a hook's: it is the outcome table's
+(:func:`ratchet.outcome.decide`), and a hook only observes it. Subclass
 :class:`Middleware`, override the methods you need (each does nothing by default) and pass
 instances as ``Worker(app, middleware=[...])``; they are called in list order.
 
