@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,6 +57,7 @@ from ratchet.ledger.base import (
 )
 from ratchet.serde import digest, dumps
 from ratchet.states import State
+from ratchet.testing import wait_for
 
 TASKS = ("cm.a", "cm.b")
 HOLDERS = ("w1", "w2")
@@ -272,8 +272,8 @@ class ControlMachine(RuleBasedStateMachine):
     @invariant()
     def clock_moves(self) -> None:
         mark = self.ledger.now()
-        while self.ledger.now() <= mark + CLOCK_TICK_S:
-            time.sleep(0.0005)  # a poll of the ledger clock, not a wait before an assertion
+        wait_for("the ledger clock to move by CLOCK_TICK_S",
+                 lambda: self.ledger.now() > mark + CLOCK_TICK_S, timeout_s=10, interval_s=0.0005)
 
     @invariant()
     def never_back(self) -> None:

@@ -15,12 +15,13 @@ from collections.abc import Callable
 
 import pytest
 
-from ratchet import App, RetryPolicy, State, TaskContext
+from ratchet import App, State, TaskContext
+from ratchet.testing import fast_retry_policy
 from ratchet.testing.worker import running_worker
 
 pytestmark = pytest.mark.timeout(60)
 
-FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.05, jitter=0.0)
+FAST = fast_retry_policy(max_delay_s=0.05)
 
 
 class CustomBase(BaseException):

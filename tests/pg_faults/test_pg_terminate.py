@@ -132,7 +132,7 @@ def test_pg_terminate_backend_leases_unconfirmed_no_new_effects(pg_rig: PgRig) -
         held = rig.running_held_by(holder)
         gen_at_cut = {t.task_id: t.generation for t in rig.ledger.get_many(held)}
         outage_s = 2 * LEASE_S + 1.0
-        time.sleep(outage_s)
+        time.sleep(outage_s)  # the outage itself (the fault under test), not a wait for state
         # Still down: it has no connection at all, and its leases have expired.
         assert backends_of(rig.raw, app) == []
         assert proxy.refused > 0, "W did not even try to reconnect"
