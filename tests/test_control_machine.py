@@ -1,4 +1,4 @@
-"""A stateful property test of operator control against holders (issue 10; DESIGN §3
+"""A stateful property test of operator control against holders (DESIGN §3
 arbitration), on both ledgers.
 
 Hypothesis drives a real ledger with random interleavings of claims (0 s and 1 h leases,

@@ -1,4 +1,4 @@
-"""Ledger-level faults (issue 7), each on both dialects where it applies: undecodable stored
+"""Ledger-level faults, each on both dialects where it applies: undecodable stored
 data affects only its own task; a write the database refuses is ``WriteRejected``, not an
 outage; a SQLite file that holds no ledger is refused untouched; a new SQLite ledger is
 private to its owner; renewing a lease is a registry heartbeat too."""

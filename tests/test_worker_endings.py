@@ -1,4 +1,4 @@
-"""Every way a task body can end ends the attempt with a recorded outcome (issue 7).
+"""Every way a task body can end ends the attempt with a recorded outcome.
 
 A task that calls ``sys.exit()`` (argparse does on bad arguments), raises
 ``KeyboardInterrupt``, ``GeneratorExit`` or its own ``BaseException`` must not stay

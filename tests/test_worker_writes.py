@@ -1,4 +1,4 @@
-"""A write the database refuses is that write's error, isolated from its batch (issue 7),
+"""A write the database refuses is that write's error, isolated from its batch,
 and step / effect identifiers are checked where they enter.
 
 Every value the worker writes is validated before it reaches the ledger, so no real write

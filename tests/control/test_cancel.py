@@ -1,4 +1,4 @@
-"""``ratchet cancel`` / ``Control.cancel`` (issue 10, DESIGN §3 arbitration), on both
+"""``ratchet cancel`` / ``Control.cancel`` (DESIGN §3 arbitration), on both
 ledgers: cancel before start wins (pending, scheduled); a success committed first stays a
 success; a running task stops at its next step boundary with a fenced move (an effect in
 flight executed exactly once, counted at the counting service); a task whose holder was

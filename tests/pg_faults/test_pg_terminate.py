@@ -124,7 +124,7 @@ def test_pg_terminate_backend_leases_unconfirmed_no_new_effects(pg_rig: PgRig) -
         terminated = terminate_backends(rig.raw, app)
         assert terminated
         # A connection the proxy accepted just before the block may finish its start-up
-        # after that terminate (a paired CI run saw one survive the outage): terminate
+        # after that terminate and then survive the outage: terminate
         # until none is left, so the worker really has no connection.
         wait_for("every connection of W terminated",
                  lambda: not terminate_backends(rig.raw, app) and not backends_of(rig.raw, app),
