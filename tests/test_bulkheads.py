@@ -1,4 +1,4 @@
-"""Bulkheads (issue 10, DESIGN §8) at the ledger: cluster-wide caps per task type and per
+"""Bulkheads (DESIGN §8) at the ledger: cluster-wide caps per task type and per
 tenant, a total of slots, reservations that are lent while idle and handed back (new claims
 of borrowers refused) as soon as their owner has work, on both ledgers; the limits' control
 API (audited) and its errors. Real processes: tests/test_bulkheads_processes.py."""

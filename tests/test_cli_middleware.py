@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from ratchet import App, State
 from ratchet.errors import ConfigError
 from ratchet.loading import load_middleware
+from ratchet.testing import wait_for
 
 MODULE = '''
 from pathlib import Path
@@ -97,12 +97,13 @@ def test_worker_process_runs_the_middleware(project: Path, ledger_url: str) -> N
         handle = app.submit("mw.echo", {"n": 21})
         info = app.wait(handle.task_id, timeout_s=60)
         assert info.state is State.SUCCEEDED and info.result == 42
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def logged() -> list[str] | None:
             lines = log_path.read_text().splitlines() if log_path.exists() else []
-            if "attempt mw.echo SUCCEEDED" in lines:
-                break
-            time.sleep(0.05)
+            return lines if "attempt mw.echo SUCCEEDED" in lines else None
+
+        lines = wait_for("the middleware to log the attempt's end", logged, timeout_s=30,
+                         interval_s=0.05)
         assert lines[0] == "start", lines
         assert "step double" in lines and "attempt mw.echo SUCCEEDED" in lines, lines
     finally:

@@ -1,4 +1,4 @@
-"""A stateful property test of operator control against holders (issue 10; DESIGN §3
+"""A stateful property test of operator control against holders (DESIGN §3
 arbitration), on both ledgers.
 
 Hypothesis drives a real ledger with random interleavings of claims (0 s and 1 h leases,
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,6 +57,7 @@ from ratchet.ledger.base import (
 )
 from ratchet.serde import digest, dumps
 from ratchet.states import State
+from ratchet.testing import wait_for
 
 TASKS = ("cm.a", "cm.b")
 HOLDERS = ("w1", "w2")
@@ -272,8 +272,8 @@ class ControlMachine(RuleBasedStateMachine):
     @invariant()
     def clock_moves(self) -> None:
         mark = self.ledger.now()
-        while self.ledger.now() <= mark + CLOCK_TICK_S:
-            time.sleep(0.0005)  # a poll of the ledger clock, not a wait before an assertion
+        wait_for("the ledger clock to move by CLOCK_TICK_S",
+                 lambda: self.ledger.now() > mark + CLOCK_TICK_S, timeout_s=10, interval_s=0.0005)
 
     @invariant()
     def never_back(self) -> None:

@@ -1,4 +1,4 @@
-"""The counting service's fenced mode (issue 9): Kleppmann's fencing token checked at the
+"""The counting service's fenced mode: Kleppmann's fencing token checked at the
 storage side, over real HTTP on loopback against the service's own process and file.
 
 With ``check_tokens`` the service keeps, per key, the highest ``Fencing-Token`` it has seen

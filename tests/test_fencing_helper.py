@@ -1,4 +1,4 @@
-"""The fencing helper for tables kept in another database (issue 9): ``ratchet.fencing``.
+"""The fencing helper for tables kept in another database: ``ratchet.fencing``.
 
 A write to the user's own database (SQLite file, or PostgreSQL) carries the task's fencing
 token; a stale holder's write changes nothing and raises ``StaleFencingToken``, and the done

@@ -10,13 +10,14 @@ import pytest
 
 from ratchet import App, RetryPolicy, State, TaskContext, TransientError
 from ratchet.ledger.base import Claim
+from ratchet.testing import fast_retry_policy
 from ratchet.testing.worker import running_worker
 from ratchet.worker import Worker
 from ratchet.worker.hooks import EffectSettlement, Middleware
 
 pytestmark = pytest.mark.timeout(60)
 
-FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.1, jitter=0.0)
+FAST = fast_retry_policy()
 
 
 class Recorder(Middleware):

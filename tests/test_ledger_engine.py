@@ -7,8 +7,7 @@ connection drops while ``COMMIT`` is in flight.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from ratchet import open_ledger
 from ratchet.app import new_task_id
@@ -17,29 +16,27 @@ from ratchet.ledger.dialect import CommitOutcomeUnknown, Dialect
 from ratchet.ledger.engine import LedgerEngine
 from ratchet.serde import digest, dumps
 from ratchet.states import State
+from ratchet.testing import LedgerProxy
 
-T = TypeVar("T")
 NAME = "engine.task"
 
 
-class _LoseNextReply:
-    """Wraps a dialect: the next write transaction commits, then its reply is 'lost'."""
+def _lose_next_reply(inner: Dialect) -> LedgerProxy:
+    """The dialect, wrapped: once ``armed`` is set, the next write transaction commits on the
+    real ledger, then its reply is 'lost' (counted in ``lost``)."""
+    proxy = LedgerProxy(inner)
+    proxy.armed = False  # type: ignore[attr-defined]
+    proxy.lost = 0  # type: ignore[attr-defined]
 
-    def __init__(self, inner: Dialect) -> None:
-        self.inner = inner
-        self.armed = False
-        self.lost = 0
+    def lose(result: Any, body: Any, *, write: bool = True) -> BaseException | None:
+        if proxy.armed and write:  # type: ignore[attr-defined]
+            proxy.armed = False  # type: ignore[attr-defined]
+            proxy.lost += 1  # type: ignore[attr-defined]
+            return CommitOutcomeUnknown("injected: connection lost during COMMIT")
+        return None
 
-    def run(self, body: Callable[[Any], T], *, write: bool = True) -> T:
-        result = self.inner.run(body, write=write)
-        if self.armed and write:
-            self.armed = False
-            self.lost += 1
-            raise CommitOutcomeUnknown("injected: connection lost during COMMIT")
-        return result
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    proxy.after["run"] = lose
+    return proxy
 
 
 def _task() -> NewTask:
@@ -52,7 +49,7 @@ def test_writes_whose_commit_reply_was_lost_are_resent_and_acknowledged(
 ) -> None:
     ledger = open_ledger(ledger_url)
     assert isinstance(ledger, LedgerEngine)
-    lossy = _LoseNextReply(ledger.dialect)
+    lossy = _lose_next_reply(ledger.dialect)
     ledger.dialect = lossy
     try:
         ledger.submit([_task(), _task()])
@@ -86,7 +83,7 @@ def test_writes_whose_commit_reply_was_lost_are_resent_and_acknowledged(
 def test_commit_and_claim_resends_the_writes_only(ledger_url: str) -> None:
     ledger = open_ledger(ledger_url)
     assert isinstance(ledger, LedgerEngine)
-    lossy = _LoseNextReply(ledger.dialect)
+    lossy = _lose_next_reply(ledger.dialect)
     ledger.dialect = lossy
     try:
         ledger.submit([_task(), _task()])
@@ -108,7 +105,7 @@ def test_a_submit_whose_commit_reply_was_lost_is_resent_once(ledger_url: str) ->
     ids are unique per NewTask), with and without idempotency keys."""
     ledger = open_ledger(ledger_url)
     assert isinstance(ledger, LedgerEngine)
-    lossy = _LoseNextReply(ledger.dialect)
+    lossy = _lose_next_reply(ledger.dialect)
     ledger.dialect = lossy
     try:
         params = dumps({})

@@ -1,4 +1,4 @@
-"""Ledger-level faults (issue 7), each on both dialects where it applies: undecodable stored
+"""Ledger-level faults, each on both dialects where it applies: undecodable stored
 data affects only its own task; a write the database refuses is ``WriteRejected``, not an
 outage; a SQLite file that holds no ledger is refused untouched; a new SQLite ledger is
 private to its owner; renewing a lease is a registry heartbeat too."""
@@ -10,7 +10,6 @@ import os
 import secrets
 import sqlite3
 import stat
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +34,7 @@ from ratchet.ledger.base import (
 from ratchet.serde import Undecodable, digest, dumps
 from ratchet.states import State
 from ratchet.storedtext import UndecodableText, is_undecodable
+from ratchet.testing import wait_for
 
 NAME = "faults.task"
 BAD_UTF8 = "CAST(X'7B226E223AFF7D' AS TEXT)"
@@ -181,10 +181,8 @@ def test_renew_touches_the_registry_heartbeat(ledger_url: str) -> None:
     try:
         ledger.register_worker(WorkerInfo("w1", "host", "hostname", os.getpid(), None))
         [before] = ledger.list_workers()
-        deadline = time.monotonic() + 5
-        while ledger.now() <= before.last_seen:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for("the ledger clock to pass the registration",
+                 lambda: ledger.now() > before.last_seen, timeout_s=5, interval_s=0.01)
         ledger.submit([_task()])
         [claim] = ledger.claim("w1", [NAME], 1)
         [renewed] = ledger.renew("w1", [(claim.task_id, claim.generation)])

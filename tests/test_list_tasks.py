@@ -1,4 +1,4 @@
-"""Listing tasks (issue 10, its first part): ``Control.list_tasks``, ``App.list_tasks`` and
+"""Listing tasks: ``Control.list_tasks``, ``App.list_tasks`` and
 ``ratchet tasks`` on both ledgers: filters by state, type, key and age, newest first,
 keyset pages that neither skip nor repeat tasks while more are submitted, JSON output, and
 clear errors for bad input."""

@@ -20,7 +20,6 @@ from ratchet import (
     App,
     CircuitBreaker,
     OutcomeUnknownError,
-    RetryPolicy,
     State,
     SubmitRequest,
     TaskContext,
@@ -35,13 +34,14 @@ from ratchet.observe.metrics import (
     check_label_names,
     check_labels,
 )
+from ratchet.testing import fast_retry_policy
 from ratchet.testing.processes import ProcessGroup, wait_for
 from ratchet.testing.worker import running_worker
 from ratchet.worker import Worker
 
 pytestmark = pytest.mark.timeout(120)
 
-FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.05, jitter=0.0)
+FAST = fast_retry_policy(max_delay_s=0.05)
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -36,12 +36,12 @@ from ratchet import (
 )
 from ratchet.ledger.base import EffectState, TaskWrite
 from ratchet.serde import dumps
-from ratchet.testing import ProcessGroup, start_counting_service, wait_for
+from ratchet.testing import ProcessGroup, fast_retry_policy, start_counting_service, wait_for
 from ratchet.testing.worker import running_worker
 
 pytestmark = pytest.mark.timeout(60)
 
-FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.1, jitter=0.0)
+FAST = fast_retry_policy()
 
 
 def drain(app: App) -> None:

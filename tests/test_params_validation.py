@@ -1,4 +1,4 @@
-"""Validation at the edges (issue 10, "Versioned definitions"): a task function without a
+"""Validation at the edges (DESIGN, "Versioned definitions"): a task function without a
 context first parameter is refused at ``@app.task``; params are validated at submit
 against the function's signature (or a pydantic model) in strict JSON mode, refused naming
 the field before anything is written, on both ledgers, through ``App.submit``,

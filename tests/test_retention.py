@@ -1,4 +1,4 @@
-"""Retention (issue 10): ``Ledger.prune``, ``Control.prune``, ``ratchet prune`` and the
+"""Retention: ``Ledger.prune``, ``Control.prune``, ``ratchet prune`` and the
 worker's periodic prune, on both ledgers. Ages are respected and non-terminal tasks are
 never deleted; a dry run changes nothing; the export holds each task with its history and
 is written before the delete; batches; two prunes at once; prunes while real workers

@@ -1,6 +1,6 @@
 """serde.dumps / loads fast paths give exactly the canonical encoder's text and errors.
 
-``dumps`` answers scalars and flat containers without the general encoder (issue 8: Python
+``dumps`` answers scalars and flat containers without the general encoder (to save Python
 CPU per task); the canonical form (sorted keys, compact separators, ASCII, no NaN) must not
 change, since the params digest is computed over it.
 """

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,6 +61,7 @@ from ratchet.ledger.base import (
 )
 from ratchet.serde import digest, dumps
 from ratchet.states import CLAIMABLE, TERMINAL, State, is_allowed
+from ratchet.testing import wait_for
 
 TASK = "sm.task"
 HOLDERS = ("w1", "w2", "w3")
@@ -151,8 +151,8 @@ class LedgerMachine(RuleBasedStateMachine):
         :data:`CLOCK_TICK_S`: 0 s leases are expired at the next step, and run_at /
         lease_until of two steps never tie (a tie would make the run depend on timing)."""
         mark = self.ledger.now()
-        while self.ledger.now() <= mark + CLOCK_TICK_S:
-            time.sleep(0.0005)  # a poll of the ledger clock, not a wait before an assertion
+        wait_for("the ledger clock to move by CLOCK_TICK_S",
+                 lambda: self.ledger.now() > mark + CLOCK_TICK_S, timeout_s=10, interval_s=0.0005)
 
     # ------------------------------------------------------------------ rules
 

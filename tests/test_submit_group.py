@@ -31,6 +31,7 @@ from ratchet.errors import (
     WriteRejected,
 )
 from ratchet.ledger.base import Ledger, NewTask, SubmitResult
+from ratchet.testing import LedgerProxy, wait_for
 
 THREADS = 16
 TASK = "group.task"
@@ -46,15 +47,6 @@ def register(app: App) -> App:
 
 def total_tasks(ledger: Ledger) -> int:
     return sum(n for by_state in ledger.stats().counts.values() for n in by_state.values())
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    """Poll ``condition`` until true; fail with ``what`` after ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.002)
 
 
 def run_threads(count: int, body: Callable[[int], Any]) -> list[Any]:
@@ -192,35 +184,30 @@ def test_bad_submits_fail_in_their_own_thread(app: App) -> None:
 # ---------------------------------------------------------------------- exact batches
 
 
-class GatedLedger:
-    """A ledger wrapper: records each ``submit`` batch (and the thread that sent it); while
-    ``gate`` is clear, a ``submit`` waits for it; ``refuse(batch)`` may return an error to
-    raise instead of submitting (nothing is written then, as a refused transaction)."""
+class GatedLedger(LedgerProxy):
+    """A ledger wrapper: records each ``submit`` batch (and the thread that sent it) in
+    ``batches``; while ``gate`` is clear, a ``submit`` waits for it; ``refuse(batch)`` may
+    return an error to raise instead of submitting (nothing is written then, as a refused
+    transaction)."""
 
     def __init__(self, inner: Ledger) -> None:
-        self.inner = inner
+        super().__init__(inner, fail={"submit": self._gate})
         self.gate = threading.Event()
         self.gate.set()
-        self.calls: list[tuple[list[NewTask], str]] = []
+        self.batches: list[tuple[list[NewTask], str]] = []
         self.refuse: Callable[[list[NewTask]], Exception | None] = lambda batch: None
-        self._lock = threading.Lock()
+        self._guard = threading.Lock()
 
-    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+    def _gate(self, tasks: Sequence[NewTask]) -> BaseException | None:
         batch = list(tasks)
-        with self._lock:
-            self.calls.append((batch, threading.current_thread().name))
+        with self._guard:
+            self.batches.append((batch, threading.current_thread().name))
         assert self.gate.wait(timeout=60)
-        refused = self.refuse(batch)
-        if refused is not None:
-            raise refused
-        return self.inner.submit(batch)
+        return self.refuse(batch)
 
     def sizes(self) -> list[int]:
-        with self._lock:
-            return [len(batch) for batch, _ in self.calls]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        with self._guard:
+            return [len(batch) for batch, _ in self.batches]
 
 
 @pytest.fixture
@@ -239,11 +226,12 @@ def in_one_batch(app: App, ledger: GatedLedger, calls: list[Callable[[], Any]],
     ``ledger.submit`` calls expected after the holder's (default: one with every call).
     Returns each call's result or error."""
     group: _SubmitGroup = app._submit_group
-    before = len(ledger.calls)
+    before = len(ledger.batches)
     ledger.gate.clear()
     holder = threading.Thread(target=app.submit, args=(TASK, {"tag": "holder"}))
     holder.start()
-    wait_for(lambda: len(ledger.calls) == before + 1, "the holder's submit to reach the ledger")
+    wait_for("the holder's submit to reach the ledger", lambda: len(ledger.batches) == before + 1,
+             timeout_s=30.0, interval_s=0.002)
     out: list[Any] = [None] * len(calls)
 
     def run(i: int) -> None:
@@ -255,7 +243,8 @@ def in_one_batch(app: App, ledger: GatedLedger, calls: list[Callable[[], Any]],
     pool = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
     for i, th in enumerate(pool):
         th.start()
-        wait_for(lambda i=i: group.waiting == i + 1, f"caller {i} to queue")  # keeps order
+        wait_for(f"caller {i} to queue", lambda i=i: group.waiting == i + 1,  # keeps order
+                 timeout_s=30.0, interval_s=0.002)
     ledger.gate.set()
     for th in [holder, *pool]:
         th.join(timeout=60)
@@ -269,7 +258,7 @@ def test_uncontended_submit_runs_in_the_callers_thread(
     app, ledger = gated
     h = app.submit(TASK, {"n": 1})
     assert h.created
-    assert ledger.calls[0][1] == threading.current_thread().name
+    assert ledger.batches[0][1] == threading.current_thread().name
     assert app._submit_group.transactions == 1
     assert app._submit_group.waiting == 0
 
@@ -285,7 +274,7 @@ def test_callers_arriving_during_a_submit_share_the_next_transaction(
     assert total_tasks(app.ledger) == THREADS
     assert app._submit_group.transactions == 2
     # the batch was sent by one of its callers (no thread of the group's own)
-    assert ledger.calls[1][1] != threading.current_thread().name
+    assert ledger.batches[1][1] != threading.current_thread().name
 
 
 def test_a_batch_holds_at_most_max_batch(gated: tuple[App, GatedLedger]) -> None:
@@ -294,11 +283,13 @@ def test_a_batch_holds_at_most_max_batch(gated: tuple[App, GatedLedger]) -> None
     ledger.gate.clear()
     holder = threading.Thread(target=app.submit, args=(TASK,))
     holder.start()
-    wait_for(lambda: len(ledger.calls) == 1, "the holder's submit")
+    wait_for("the holder's submit", lambda: len(ledger.batches) == 1,
+             timeout_s=30.0, interval_s=0.002)
     pool = [threading.Thread(target=app.submit, args=(TASK, {"n": n})) for n in range(10)]
     for th in pool:
         th.start()
-    wait_for(lambda: app._submit_group.waiting == 10, "ten callers to queue")
+    wait_for("ten callers to queue", lambda: app._submit_group.waiting == 10,
+             timeout_s=30.0, interval_s=0.002)
     ledger.gate.set()
     for th in [holder, *pool]:
         th.join(timeout=60)
@@ -402,7 +393,8 @@ def test_validation_does_not_queue(gated: tuple[App, GatedLedger]) -> None:
     holder = threading.Thread(target=app.submit, args=(TASK,))
     holder.start()
     try:
-        wait_for(lambda: len(ledger.calls) == 1, "the holder's submit")
+        wait_for("the holder's submit", lambda: len(ledger.batches) == 1,
+                 timeout_s=30.0, interval_s=0.002)
         with pytest.raises(InvalidArguments):
             app.submit(TASK, {"n": 1}, delay_s=float("nan"))
         with pytest.raises(UnknownTask):
@@ -442,7 +434,7 @@ def test_a_forked_child_does_not_wait_for_the_parents_submit() -> None:
     follower = threading.Thread(target=group.submit, args=(slow, _new_task("t-follower")))
     leader.start()
     follower.start()
-    wait_for(lambda: group.waiting == 1, "the follower to queue")
+    wait_for("the follower to queue", lambda: group.waiting == 1, timeout_s=30.0, interval_s=0.002)
     pid = os.fork()
     if pid == 0:  # the child: one submit, then out without running pytest's teardown
         code = 1

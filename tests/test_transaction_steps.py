@@ -1,4 +1,4 @@
-"""Transaction steps (issue 9, "fencing for the user's own tables"): ``ctx.transaction``.
+"""Transaction steps ("fencing for the user's own tables"): ``ctx.transaction``.
 
 The user's writes to tables in the ledger's own database commit in one transaction with
 the step's checkpoint and the fence check; a stale holder's transaction never runs its

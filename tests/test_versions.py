@@ -1,4 +1,4 @@
-"""Versioned definitions (issue 10, DESIGN §8), on both ledgers: an instance pins the
+"""Versioned definitions (DESIGN §8), on both ledgers: an instance pins the
 version it was submitted with; a worker claims only the (name, version) pairs its app
 defines and runs each claim with that version's function; a task whose version no live
 worker has waits (never failed or dropped), is shown in ``Control.status()`` / ``ratchet

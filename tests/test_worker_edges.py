@@ -1,4 +1,4 @@
-"""Edges found by the adversarial review of issue 7, each on both ledgers with a real worker:
+"""Odd inputs at a worker's edges, each on both ledgers with a real worker:
 an error message holding NUL, a ``LedgerUnavailable`` raised by the task's own code, an
 unstorable worker holder, a nonsensical ``in_flight_s``; and ``ratchet inspect`` of a task
 whose recorded error is only white space."""

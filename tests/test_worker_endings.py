@@ -1,4 +1,4 @@
-"""Every way a task body can end ends the attempt with a recorded outcome (issue 7).
+"""Every way a task body can end ends the attempt with a recorded outcome.
 
 A task that calls ``sys.exit()`` (argparse does on bad arguments), raises
 ``KeyboardInterrupt``, ``GeneratorExit`` or its own ``BaseException`` must not stay
@@ -15,12 +15,13 @@ from collections.abc import Callable
 
 import pytest
 
-from ratchet import App, RetryPolicy, State, TaskContext
+from ratchet import App, State, TaskContext
+from ratchet.testing import fast_retry_policy
 from ratchet.testing.worker import running_worker
 
 pytestmark = pytest.mark.timeout(60)
 
-FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.05, jitter=0.0)
+FAST = fast_retry_policy(max_delay_s=0.05)
 
 
 class CustomBase(BaseException):

@@ -35,18 +35,18 @@ from ratchet.ledger.base import (
     EffectState,
     EffectWrite,
     Ledger,
-    RenewResult,
     ResolveOutcome,
     TaskInfo,
     TaskWrite,
 )
 from ratchet.serde import digest, dumps
+from ratchet.testing import LedgerProxy, fast_retry_policy, wait_for
 from ratchet.testing.worker import WorkerCrashed, running_worker, worker_fixture
 from ratchet.worker import WorkerStats
 
 pytestmark = pytest.mark.timeout(30)
 
-FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.1, jitter=0.0)
+FAST = fast_retry_policy()
 LEASE_S = MIN_LEASE_S
 """The shortest lease a task may have (seconds): tests that wait for an expiry use it."""
 
@@ -419,10 +419,8 @@ def _ghost_left_an_intent(app: App, url: str) -> tuple[str, Ledger]:
         ]
     )
     assert ok.ok
-    deadline = time.monotonic() + 5
-    while ghost.now() <= claim.lease_until:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for("the ghost's lease to expire", lambda: ghost.now() > claim.lease_until,
+             timeout_s=5, interval_s=0.02)
     return handle.task_id, ghost
 
 
@@ -629,21 +627,18 @@ def test_effect_key_change_between_attempts_fails(app: App) -> None:
 # ---------------------------------------------------------------------- lease loss
 
 
-class RenewSwitch:
-    """A ledger whose renewals can be cut off (the heartbeat's path to the ledger fails);
-    everything else goes to the real ledger."""
+class RenewSwitch(LedgerProxy):
+    """A ledger whose renewals can be cut off (the heartbeat's path to the ledger fails)
+    while ``blocked`` is set; everything else goes to the real ledger."""
 
     def __init__(self, inner: Ledger) -> None:
-        self._inner = inner
+        super().__init__(inner, fail={"renew": self._cut_off})
         self.blocked = threading.Event()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def renew(self, holder: str, leases: Any) -> list[RenewResult]:
+    def _cut_off(self, *args: Any) -> BaseException | None:
         if self.blocked.is_set():
-            raise LedgerUnavailable("renewals cut off by the test")
-        return self._inner.renew(holder, leases)
+            return LedgerUnavailable("renewals cut off by the test")
+        return None
 
 
 def _lease_scenario(
@@ -668,14 +663,12 @@ def _lease_scenario(
 
 
 def _wait_expired(ledger: Ledger, task_id: str) -> TaskInfo:
-    deadline = time.monotonic() + 5
-    while True:
+    def probe() -> TaskInfo | None:
         info = ledger.get(task_id)
         assert info.lease_until is not None
-        if ledger.now() > info.lease_until:
-            return info
-        assert time.monotonic() < deadline, "lease never expired"
-        time.sleep(0.02)
+        return info if ledger.now() > info.lease_until else None
+
+    return wait_for("the lease to expire", probe, timeout_s=5, interval_s=0.02)
 
 
 def test_lease_lost_to_a_takeover_stops_new_effects(url: str) -> None:
@@ -688,10 +681,9 @@ def test_lease_lost_to_a_takeover_stops_new_effects(url: str) -> None:
     try:
         assert in_body.wait(5)
         switch.blocked.set()
-        deadline = time.monotonic() + 5
-        while not (stolen := thief.claim("thief", ["t.lease"], 1)):
-            assert time.monotonic() < deadline, "lease was never taken over"
-            time.sleep(0.02)
+        stolen = wait_for("the lease to be taken over",
+                          lambda: thief.claim("thief", ["t.lease"], 1),
+                          timeout_s=5, interval_s=0.02)
         assert stolen[0].takeover and stolen[0].generation == 2
         switch.blocked.clear()  # the heartbeat reaches the ledger again: it hears "lost"
         go.set()
@@ -843,10 +835,8 @@ def test_same_effect_key_with_other_params_is_refused(app: App, url: str) -> Non
                                    effects=[EffectWrite("charge", "charge:o-3", "other",
                                                         EffectState.INTENT)])])
     assert ok.ok
-    deadline = time.monotonic() + 5
-    while ghost.now() <= claim.lease_until:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for("the ghost's lease to expire", lambda: ghost.now() > claim.lease_until,
+             timeout_s=5, interval_s=0.02)
     run(app)
     ghost.close()
     info = app.get(task_id)
@@ -887,21 +877,13 @@ def test_worker_fixture_runs_tasks_for_the_test(fixture_app: App, ratchet_worker
     }
 
 
-class NoSubscriptions:
+def no_subscriptions(inner: Ledger) -> LedgerProxy:
     """A real ledger whose wake-up subscription fails: Worker.run raises at start."""
-
-    def __init__(self, inner: Ledger) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def subscribe(self, callback: Any) -> Any:
-        raise LedgerUnavailable("cannot subscribe (test)")
+    return LedgerProxy(inner, fail={"subscribe": LedgerUnavailable("cannot subscribe (test)")})
 
 
 def test_running_worker_reports_a_crashed_worker_thread(url: str) -> None:
-    app = App(NoSubscriptions(open_ledger(url)))  # type: ignore[arg-type]
+    app = App(no_subscriptions(open_ledger(url)))  # type: ignore[arg-type]
     try:
         with (
             pytest.raises(WorkerCrashed, match="crashed") as caught,

@@ -35,10 +35,11 @@ import logging
 import httpx
 
 import ratchet
+from ratchet.testing import fast_retry_policy
 
 app = ratchet.App()
 log = logging.getLogger("logproj")
-QUICK = ratchet.RetryPolicy(max_attempts=3, base_delay_s=0.01, max_delay_s=0.02, jitter=0.0)
+QUICK = fast_retry_policy(base_delay_s=0.01, max_delay_s=0.02)
 
 
 @app.task(name="lg.ok", version=2)

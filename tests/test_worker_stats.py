@@ -1,5 +1,5 @@
 """WorkerStats updates are thread-safe: task threads, the writer thread and the heartbeat
-all count into the same object (issue 7)."""
+all count into the same object."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Time limits per attempt (issue 10; DESIGN §7, time limits): an attempt past its task
+"""Time limits per attempt (DESIGN §7, time limits): an attempt past its task
 type's ``time_limit_s`` is ended by the worker with a fenced write at its own generation,
 counted as a failed attempt (``error_class`` ``"time_limit"``), its slot freed at once while
 its thread is still stuck in task code; what that thread writes later is rejected by the

@@ -1,4 +1,4 @@
-"""Undecodable stored data affects only its own task (issue 7).
+"""Undecodable stored data affects only its own task.
 
 A task whose params (or stored step value, or recorded effect result) cannot be decoded —
 bytes that are not valid UTF-8 in a SQLite file, ``{oops``, JSON nested 60,000 deep —

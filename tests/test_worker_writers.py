@@ -27,28 +27,26 @@ from ratchet import App, State, SubmitRequest, TaskContext, Worker, open_ledger
 from ratchet.cli.main import cli
 from ratchet.errors import ConfigError
 from ratchet.ledger.base import Claim, CommitOutcome, Ledger, TaskWrite, Transition
-from ratchet.testing import wait_for
+from ratchet.testing import LedgerProxy, wait_for
 from ratchet.worker.runner import default_writers
 from ratchet.worker.writer import LedgerWriter, WriterStopped
 
 pytestmark = pytest.mark.timeout(90)
 
 
-class RecordingLedger:
+class RecordingLedger(LedgerProxy):
     """The real ledger, recording per task the writes it committed (step names and final
     state, in commit order) and which threads committed them."""
 
     def __init__(self, inner: Ledger) -> None:
-        self._inner = inner
-        self._lock = threading.Lock()
+        super().__init__(inner, after={"commit": self._after_commit,
+                                       "commit_and_claim": self._after_commit_and_claim})
+        self._guard = threading.Lock()
         self.committed: dict[str, list[str]] = defaultdict(list)
         self.threads: set[int] = set()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
     def _record(self, writes: Sequence[TaskWrite], outcomes: Sequence[CommitOutcome]) -> None:
-        with self._lock:
+        with self._guard:
             self.threads.add(threading.get_ident())
             for w, o in zip(writes, outcomes, strict=True):
                 if not o.ok:
@@ -58,17 +56,14 @@ class RecordingLedger:
                     names.append(w.transition.to.value)
                 self.committed[w.task_id].extend(names)
 
-    def commit(self, writes: Sequence[TaskWrite]) -> list[CommitOutcome]:
-        outcomes = self._inner.commit(writes)
+    def _after_commit(self, outcomes: list[CommitOutcome], writes: Sequence[TaskWrite]) -> None:
         self._record(writes, outcomes)
-        return outcomes
 
-    def commit_and_claim(
-        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
-    ) -> tuple[list[CommitOutcome], list[Claim]]:
-        outcomes, claims = self._inner.commit_and_claim(writes, holder, names, limit)
-        self._record(writes, outcomes)
-        return outcomes, claims
+    def _after_commit_and_claim(
+        self, result: tuple[list[CommitOutcome], list[Claim]], writes: Sequence[TaskWrite],
+        *rest: Any,
+    ) -> None:
+        self._record(writes, result[0])
 
 
 def test_default_writers_and_bad_values(app: App) -> None:
@@ -184,31 +179,29 @@ class HoldingLedger(RecordingLedger):
         super().__init__(inner)
         self.held = 0
         self.most = 0
+        self.after["claim"] = self._after_claim
 
     def _count(self, claims: Sequence[Claim], writes: Sequence[TaskWrite],
                outcomes: Sequence[CommitOutcome]) -> None:
         finished = sum(1 for w, o in zip(writes, outcomes, strict=True)
                        if o.ok and w.transition is not None)
-        with self._lock:
+        with self._guard:
             self.held += len(claims) - finished
             self.most = max(self.most, self.held)
 
-    def commit(self, writes: Sequence[TaskWrite]) -> list[CommitOutcome]:
-        outcomes = super().commit(writes)
+    def _after_commit(self, outcomes: list[CommitOutcome], writes: Sequence[TaskWrite]) -> None:
+        super()._after_commit(outcomes, writes)
         self._count([], writes, outcomes)
-        return outcomes
 
-    def commit_and_claim(
-        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
-    ) -> tuple[list[CommitOutcome], list[Claim]]:
-        outcomes, claims = super().commit_and_claim(writes, holder, names, limit)
-        self._count(claims, writes, outcomes)
-        return outcomes, claims
+    def _after_commit_and_claim(
+        self, result: tuple[list[CommitOutcome], list[Claim]], writes: Sequence[TaskWrite],
+        *rest: Any,
+    ) -> None:
+        super()._after_commit_and_claim(result, writes, *rest)
+        self._count(result[1], writes, result[0])
 
-    def claim(self, holder: str, names: Sequence[str], limit: int) -> list[Claim]:
-        claims = self._inner.claim(holder, names, limit)
+    def _after_claim(self, claims: list[Claim], *args: Any) -> None:
         self._count(claims, [], [])
-        return claims
 
 
 def test_concurrency_and_room_hold_with_writers_claiming_at_once(ledger_url: str) -> None:

@@ -1,4 +1,4 @@
-"""A write the database refuses is that write's error, isolated from its batch (issue 7),
+"""A write the database refuses is that write's error, isolated from its batch,
 and step / effect identifiers are checked where they enter.
 
 Every value the worker writes is validated before it reaches the ledger, so no real write
@@ -19,7 +19,8 @@ import pytest
 
 from ratchet import App, State, TaskContext, open_ledger
 from ratchet.errors import LedgerUnavailable, WriteRejected
-from ratchet.ledger.base import Claim, CommitOutcome, Ledger, TaskWrite, Transition
+from ratchet.ledger.base import CommitOutcome, Ledger, TaskWrite, Transition
+from ratchet.testing import LedgerProxy
 from ratchet.testing.worker import running_worker
 from ratchet.validation import MAX_KEY_BYTES, MAX_NAME_BYTES
 from ratchet.worker.writer import LedgerWriter
@@ -27,36 +28,24 @@ from ratchet.worker.writer import LedgerWriter
 pytestmark = pytest.mark.timeout(60)
 
 
-class RefusingLedger:
+class RefusingLedger(LedgerProxy):
     """The real ledger, except that the "database" refuses every write of the tasks in
     ``refused`` that carries steps (as PostgreSQL refuses an index entry over its row
     limit). Records the task ids of every batch it was asked to commit."""
 
     def __init__(self, inner: Ledger) -> None:
-        self._inner = inner
+        super().__init__(inner, fail={"commit": self._check, "commit_and_claim": self._check})
         self.refused: set[str] = set()
         self.batches: list[list[str]] = []
-        self._lock = threading.Lock()
+        self._guard = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def _check(self, writes: Sequence[TaskWrite]) -> None:
-        with self._lock:
+    def _check(self, writes: Sequence[TaskWrite], *rest: Any) -> BaseException | None:
+        with self._guard:
             self.batches.append([w.task_id for w in writes])
         for w in writes:
             if w.task_id in self.refused and w.steps:
-                raise WriteRejected(f"index row size exceeds maximum (task {w.task_id}, test)")
-
-    def commit(self, writes: Sequence[TaskWrite]) -> list[CommitOutcome]:
-        self._check(writes)
-        return self._inner.commit(writes)
-
-    def commit_and_claim(
-        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
-    ) -> tuple[list[CommitOutcome], list[Claim]]:
-        self._check(writes)
-        return self._inner.commit_and_claim(writes, holder, names, limit)
+                return WriteRejected(f"index row size exceeds maximum (task {w.task_id}, test)")
+        return None
 
 
 def test_group_commit_applies_the_other_writes_of_a_refused_batch(ledger_url: str) -> None:
@@ -203,36 +192,24 @@ def test_bad_effect_name_or_key_is_refused_before_any_call(
     assert app.ledger.timeline(handle.task_id).effects == []
 
 
-class UnreachableForFinalWrites:
+class UnreachableForFinalWrites(LedgerProxy):
     """The real ledger, except that the first ``failures`` commits carrying a transition
     fail as if the server were unreachable (nothing is applied)."""
 
     def __init__(self, inner: Ledger, failures: int) -> None:
-        self._inner = inner
+        super().__init__(inner, fail={"commit": self._check, "commit_and_claim": self._check})
         self.left = failures
         self.refused_at: list[float] = []
-        self._lock = threading.Lock()
+        self._guard = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def _check(self, writes: Sequence[TaskWrite]) -> None:
+    def _check(self, writes: Sequence[TaskWrite], *rest: Any) -> BaseException | None:
         if any(w.transition is not None for w in writes):
-            with self._lock:
+            with self._guard:
                 if self.left > 0:
                     self.left -= 1
                     self.refused_at.append(time.monotonic())
-                    raise LedgerUnavailable("server closed the connection (test)")
-
-    def commit(self, writes: Sequence[TaskWrite]) -> list[CommitOutcome]:
-        self._check(writes)
-        return self._inner.commit(writes)
-
-    def commit_and_claim(
-        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[str], limit: int
-    ) -> tuple[list[CommitOutcome], list[Claim]]:
-        self._check(writes)
-        return self._inner.commit_and_claim(writes, holder, names, limit)
+                    return LedgerUnavailable("server closed the connection (test)")
+        return None
 
 
 def test_final_write_is_sent_again_while_the_ledger_is_unreachable(ledger_url: str) -> None:

@@ -1,4 +1,4 @@
-"""Bulkheads with real worker processes on both ledgers (issue 10, DESIGN §8).
+"""Bulkheads with real worker processes on both ledgers (DESIGN §8).
 
 Each task body writes its start and end to an ``O_APPEND`` file (tests/bulkheads/bhapp.py),
 so what is checked is what executed, not what the ledger says: the intervals of a type
@@ -140,8 +140,8 @@ def test_limit_holds_with_several_worker_processes(rig_factory: Any, k: int) -> 
     # Four processes of two threads and no prefetch: more capacity than the limit, and no
     # single process can hold all of a limit of 3 (a process that holds the slots keeps
     # winning them: its completion and its next claim are one transaction). All are up
-    # before the work is submitted: on a loaded machine a late starter found nothing left
-    # (a paired CI run saw one process do every task, within its 2 slots).
+    # before the work is submitted: on a loaded machine a late starter can find nothing
+    # left (one process doing every task, within its 2 slots, proves nothing).
     workers = [rig.worker(f"w{i}", concurrency=2, args=["--prefetch", "0"]) for i in range(4)]
     for w in workers:
         w.holder()

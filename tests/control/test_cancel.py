@@ -1,4 +1,4 @@
-"""``ratchet cancel`` / ``Control.cancel`` (issue 10, DESIGN §3 arbitration), on both
+"""``ratchet cancel`` / ``Control.cancel`` (DESIGN §3 arbitration), on both
 ledgers: cancel before start wins (pending, scheduled); a success committed first stays a
 success; a running task stops at its next step boundary with a fenced move (an effect in
 flight executed exactly once, counted at the counting service); a task whose holder was
@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ratchet import App, Control, RetryPolicy, State, TaskContext
+from ratchet import App, Control, State, TaskContext
 from ratchet.cli.main import cli
 from ratchet.ledger.base import EffectState, EffectWrite, TaskWrite, Transition
 from ratchet.serde import digest, dumps
 from ratchet.testing import (
     ProcessGroup,
     check_ledger_consistent,
+    fast_retry_policy,
     running_worker,
     start_counting_service,
     wait_for,
@@ -30,7 +31,7 @@ from ratchet.testing import (
 pytestmark = pytest.mark.timeout(90)
 
 HERE = Path(__file__).resolve().parent
-FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.1, jitter=0.0)
+FAST = fast_retry_policy()
 
 
 def _events(control: Control, task_id: str, kind: str) -> list[Any]:

@@ -1,4 +1,4 @@
-"""``resolve --outcome give-up`` and ``ratchet retry`` (issue 10; DESIGN §3: FAILED is
+"""``resolve --outcome give-up`` and ``ratchet retry`` (DESIGN §3: FAILED is
 the dead-letter state, left only by an operator's audited retry), on both ledgers, with a
 real in-process worker and the counting service counting executions at the external side.
 """

@@ -1,4 +1,4 @@
-"""``ratchet pause`` / ``resume`` (issue 10, DESIGN §8), on both ledgers: everything, a
+"""``ratchet pause`` / ``resume`` (DESIGN §8), on both ledgers: everything, a
 task type, one task; versioned, audited records; no new attempt in a paused scope once
 the pause returned (enforced in the claim transaction); running tasks stop at their next
 step boundary (checkpoint committed, lease released, attempt handed back) and become

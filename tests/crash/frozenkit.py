@@ -1,4 +1,4 @@
-"""A frozen sender, per kind of target (issue 9; DESIGN §4-§5, matrix row 8).
+"""A frozen sender, per kind of target (DESIGN §4-§5, matrix row 8).
 
 Worker A stops itself (``RATCHET_PAUSE_AT``, a real SIGSTOP) inside a charge: by default
 at ``effect.before_call``, after its last lease check and before its request leaves. Its

@@ -1,4 +1,4 @@
-"""A frozen sender on the SQLite ledger, one test per kind of target (issue 9).
+"""A frozen sender on the SQLite ledger, one test per kind of target.
 
 Worker A freezes (a real SIGSTOP, ``RATCHET_PAUSE_AT=effect.before_call``) after its last
 lease check and before its charge leaves; its lease expires by the ledger clock; B takes

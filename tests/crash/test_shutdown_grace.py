@@ -1,5 +1,5 @@
 """``ratchet worker --shutdown-grace-s`` (and ``--max-stuck-threads``) with real processes
-and real signals (issue 10): a task stuck in task code (25 s, no step boundary) no longer
+and real signals: a task stuck in task code (25 s, no step boundary) no longer
 keeps a stopping worker alive. After SIGTERM the worker waits for the grace, hands the
 task's lease back (a fenced release to PENDING, attempt not counted) and exits; a second
 signal does it at once. A second worker then runs the task to completion, and its charge

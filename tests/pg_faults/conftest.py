@@ -1,4 +1,4 @@
-"""Fixtures of the PostgreSQL fault suite (issue 3, "faults that must be survived").
+"""Fixtures of the PostgreSQL fault suite ("faults that must be survived").
 
 Every test gets a :class:`pgkit.PgRig`: a private schema on the test server (dropped
 afterwards; skipped without a server, a failure under ``CI=true``), the payment service

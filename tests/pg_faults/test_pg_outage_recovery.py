@@ -24,6 +24,7 @@ from pgkit import PrivateCluster, private_cluster
 from pgsupport import with_params
 
 from ratchet import App, State, open_ledger
+from ratchet.testing import wait_for
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(180)]
 
@@ -55,12 +56,8 @@ def cluster() -> Iterator[PrivateCluster]:
 def _wait(what: str, probe: object, timeout_s: float) -> float:
     """Poll ``probe()`` until true; return the monotonic time it became true."""
     assert callable(probe)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if probe():
-            return time.monotonic()
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return wait_for(what, lambda: time.monotonic() if probe() else None, timeout_s=timeout_s,
+                    interval_s=0.02)
 
 
 def test_idle_worker_runs_new_work_soon_after_a_long_outage(

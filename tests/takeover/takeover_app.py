@@ -10,13 +10,14 @@ test needs, without any timing assumption. Leases are long (``TAKEOVER_LEASE_S``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import time
 from pathlib import Path
 
 import ratchet
 from ratchet import RetryPolicy, TaskContext
+from ratchet.testing import ConditionTimeout, wait_for
 
 LEASE_S = float(os.environ.get("TAKEOVER_LEASE_S", "60"))
 
@@ -24,10 +25,11 @@ app = ratchet.App()
 
 
 def _wait_for_gate() -> None:
+    """Hold until the test opens the gate file, at most TAKEOVER_HOLD_S seconds (then go on)."""
     gate = os.environ.get("TAKEOVER_GATE")
-    deadline = time.monotonic() + float(os.environ.get("TAKEOVER_HOLD_S", "120"))
-    while time.monotonic() < deadline and not (gate and Path(gate).exists()):
-        time.sleep(0.02)
+    with contextlib.suppress(ConditionTimeout):
+        wait_for("the test to open the gate", lambda: bool(gate and Path(gate).exists()),
+                 timeout_s=float(os.environ.get("TAKEOVER_HOLD_S", "120")), interval_s=0.02)
 
 
 @app.task(

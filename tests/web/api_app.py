@@ -15,11 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from ratchet import App, OutcomeUnknownError, PermanentError, RetryPolicy, TaskContext
+from ratchet.testing import fast_retry_policy
 
 __all__ = ["app", "make_app"]
 
-POISON_POLICY = RetryPolicy(max_attempts=10, base_delay_s=0.01, max_delay_s=0.05, jitter=0.0,
-                            quarantine_after=2)
+POISON_POLICY = fast_retry_policy(max_attempts=10, base_delay_s=0.01, max_delay_s=0.05,
+                                  quarantine_after=2)
 
 
 def make_app(ledger_url: str | None = None) -> App:

@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import uvicorn
 
-from ratchet import App, Control, RetryPolicy, State, TaskContext
-from ratchet.testing import wait_for
+from ratchet import App, Control, State, TaskContext
+from ratchet.testing import fast_retry_policy, wait_for
 from ratchet.web import WebSettings, create_app
 
-FAST = RetryPolicy(max_attempts=3, base_delay_s=0.02, max_delay_s=0.1, jitter=0.0)
-QUARANTINE = RetryPolicy(max_attempts=10, base_delay_s=0.01, max_delay_s=0.05, jitter=0.0,
-                         quarantine_after=2)
+FAST = fast_retry_policy()
+QUARANTINE = fast_retry_policy(max_attempts=10, base_delay_s=0.01, max_delay_s=0.05,
+                               quarantine_after=2)
 
 
 @dataclass

@@ -22,7 +22,7 @@ supplies only what differs between databases:
   holds, naming the statement and the constraint or index) or :class:`LedgerError`;
 * **schema migrations** (:meth:`Dialect.migrate`).
 
-A third dialect is done when it passes ``tests/contract`` with the engine unchanged.
+A third dialect is done when it passes :mod:`ratchet.testing.contract` with the engine unchanged.
 """
 
 from __future__ import annotations

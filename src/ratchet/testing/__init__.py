@@ -12,6 +12,10 @@
   (an ``AssertionError``) with every violation listed;
 * a steppable, freezable ledger clock (:func:`inject_clock`, :class:`LedgerClock`, from
   :mod:`ratchet.testing.clock`);
+* test doubles (:class:`LedgerProxy`: counts, delays or fails chosen calls of a ledger;
+  :func:`fast_retry_policy`, from :mod:`ratchet.testing.doubles`);
+* the ledger contract suite every dialect passes (:mod:`ratchet.testing.contract`, not
+  imported here: it needs pytest);
 * an in-process worker for pytest (:func:`running_worker`, :func:`worker_fixture`, from
   :mod:`ratchet.testing.worker`).
 
@@ -30,6 +34,7 @@ from .checks import (
     sqlite_write_locked,
 )
 from .clock import LedgerClock, inject_clock
+from .doubles import LedgerProxy, fast_retry_policy
 from .processes import (
     ConditionTimeout,
     ManagedProcess,
@@ -59,6 +64,7 @@ __all__ = [
     "ExactlyOnceReport",
     "FaultSettings",
     "LedgerClock",
+    "LedgerProxy",
     "ManagedProcess",
     "ProcessGroup",
     "ServiceError",
@@ -68,6 +74,7 @@ __all__ = [
     "check_exactly_once",
     "check_ledger_consistent",
     "clean_env",
+    "fast_retry_policy",
     "inject_clock",
     "list_task_ids",
     "read_records",

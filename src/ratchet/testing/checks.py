@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import parse_ledger_url
-from ..errors import RatchetError
+from ..errors import ConfigError, LedgerUnavailable, RatchetError
 from ..ledger import open_ledger
 from ..ledger.base import EffectState, Ledger, TaskInfo, Timeline
 from ..states import State
@@ -74,8 +74,13 @@ def _ledger(ledger: str | Ledger) -> Iterator[Ledger]:
 def _pg_conninfo(url: str) -> tuple[str, str]:
     """``(libpq URL, schema)`` of a PostgreSQL ledger URL."""
     config = parse_ledger_url(url)
-    from ..ledger.postgres import libpq_url
-
+    try:
+        from ..ledger.postgres import libpq_url
+    except ImportError as exc:  # psycopg missing (an optional dependency)
+        raise ConfigError(
+            f"the PostgreSQL ledger needs psycopg 3 and psycopg_pool ({exc}); "
+            "install them with: pip install 'ratchet[postgres]'"
+        ) from exc
     return libpq_url(config), config.options.get("schema", "ratchet")
 
 
@@ -89,8 +94,6 @@ def list_task_ids(ledger_url: str) -> list[str]:
         ConfigError: malformed URL or an unsupported backend.
         LedgerUnavailable: the ledger cannot be read.
     """
-    from ..errors import ConfigError, LedgerUnavailable
-
     config = parse_ledger_url(ledger_url)
     query = "SELECT id FROM tasks ORDER BY created_at, id"
     if config.scheme == "sqlite":

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from ratchet.ledger.base import Claim, Ledger, NewTask, TaskWrite, Transition
-from ratchet.states import State
+from ...ledger.base import Claim, EffectState, EffectWrite, Ledger, NewTask, TaskWrite, Transition
+from ...states import State
 
 TASK = "contract.task"
 OTHER = "contract.other"
@@ -256,8 +256,6 @@ def test_expired_final_attempt_is_retired_not_taken_over(
 ) -> None:
     """A holder that dies on the final attempt dead-letters the task (crash loops end);
     with an effect intent open the task goes UNKNOWN instead, since the call may have run."""
-    from ratchet.ledger.base import EffectState, EffectWrite
-
     [task_id] = submit(ledger, make_task, lease_s=0.2, max_attempts=1)
     [claim] = ledger.claim("worker-a", [TASK], 1)
     if open_intent:

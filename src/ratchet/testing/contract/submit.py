@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
-from ratchet.errors import IdempotencyConflict, RatchetError, TaskNotFound
-from ratchet.ledger.base import Ledger, NewTask
-from ratchet.states import State
+from ...errors import IdempotencyConflict, RatchetError, TaskNotFound
+from ...ledger.base import Ledger, NewTask
+from ...states import State
 
 TASK = "contract.task"  # make_task's default name
 OTHER = "contract.other"

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ratchet.ledger.base import Ledger, NewTask, ResolveOutcome, TaskWrite, Transition
-from ratchet.states import State
-from ratchet.testing import LedgerClock, inject_clock
+from ...ledger.base import Ledger, NewTask, ResolveOutcome, TaskWrite, Transition
+from ...states import State
+from ..clock import LedgerClock, inject_clock
 
 TASK = "contract.task"
 STEP_S = 60.0

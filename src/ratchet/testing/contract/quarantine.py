@@ -18,9 +18,10 @@ from collections.abc import Callable
 
 import pytest
 
-from ratchet.fingerprint import fingerprint, worker_died
-from ratchet.ledger.base import Ledger, NewTask, TaskWrite, Transition
-from ratchet.states import State
+from ...fingerprint import fingerprint, worker_died
+from ...ledger.base import EffectState, EffectWrite, Ledger, NewTask, TaskWrite, Transition
+from ...states import State
+from ...storedtext import StoredState
 
 TASK = "contract.task"
 FP_A = fingerprint(TASK, "RuntimeError", "order 1 timed out")
@@ -36,7 +37,7 @@ def _submit(ledger: Ledger, make_task: Callable[..., NewTask], *, quarantine_aft
 
 
 def _fail(ledger: Ledger, task_id: str, fp: str | None, holder: str = "w1",
-          to: State = State.RETRY_WAIT) -> State:
+          to: State = State.RETRY_WAIT) -> State | StoredState:
     """Claim the task and record a failure (``to``: what the worker decided) with
     fingerprint ``fp``; return the state the ledger applied."""
     [claim] = ledger.claim(holder, [TASK], 1)
@@ -145,8 +146,6 @@ def test_revocations_count_as_dead_workers_and_quarantine(
 def test_an_open_intent_goes_unknown_not_quarantined(
     ledger: Ledger, make_task: Callable[..., NewTask]
 ) -> None:
-    from ratchet.ledger.base import EffectState, EffectWrite
-
     task_id = _submit(ledger, make_task, quarantine_after=1)
     [claim] = ledger.claim("w1", [TASK], 1)
     ledger.commit([TaskWrite(task_id, claim.generation, "w1", "effect:charge", effects=[

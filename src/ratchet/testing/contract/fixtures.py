@@ -1,38 +1,39 @@
-"""Fixtures of the ledger contract suite (DESIGN §10).
-
-Every test in ``tests/contract/`` talks to a ledger only through the
-:class:`~ratchet.ledger.base.Ledger` protocol, and runs once per backend in
-``BACKENDS`` (tests/conftest.py). A new backend is done when it passes this suite.
-
-To add a backend: append its name to ``BACKENDS`` in ``tests/conftest.py`` and teach
-its ``ledger_url`` how to
-give each test a fresh, empty store of that kind. That is the only place to change.
+"""Fixtures of the ledger contract suite (DESIGN §10): built on the one fixture a runner
+provides, ``ledger_factory`` (see :mod:`ratchet.testing.contract`).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from ratchet import open_ledger
-from ratchet.app import new_task_id
-from ratchet.ledger.base import Ledger, NewTask
-from ratchet.serde import digest, dumps
+from ...app import new_task_id
+from ...ledger.base import Ledger, NewTask
+from ...serde import digest, dumps
+from ..processes import wait_for
+
+__all__ = ["LedgerFactory", "ledger", "make_task", "open_store", "sleep_until"]
 
 TASK = "contract.task"
 
 
+LedgerFactory = Callable[[], Ledger]
+"""What a runner's ``ledger_factory`` fixture returns: each call opens another, independent
+:class:`~ratchet.ledger.base.Ledger` object on the *same* fresh, migrated store of one test
+(as another process would); the suite closes every object it opened."""
+
+
 @pytest.fixture
-def open_store(ledger_url: str) -> Iterator[Callable[[], Ledger]]:
+def open_store(ledger_factory: LedgerFactory) -> Iterator[LedgerFactory]:
     """Open another, independent ledger object on this test's store (as another process
-    would); every object opened is closed at the end of the test."""
+    would), through the runner's ``ledger_factory``; every object opened is closed at the
+    end of the test."""
     opened: list[Ledger] = []
 
     def factory() -> Ledger:
-        ledger = open_ledger(ledger_url)
+        ledger = ledger_factory()
         opened.append(ledger)
         return ledger
 
@@ -84,9 +85,11 @@ def sleep_until() -> Callable[[Ledger, float], None]:
     """Wait until the *ledger clock* has passed ``instant`` (epoch seconds); at most 5 s."""
 
     def wait(ledger: Ledger, instant: float) -> None:
-        deadline = time.monotonic() + 5.0
-        while ledger.now() <= instant:
-            assert time.monotonic() < deadline, "ledger clock did not advance"
-            time.sleep(0.01)
+        wait_for(
+            f"the ledger clock to pass {instant}",
+            lambda: ledger.now() > instant,
+            timeout_s=5.0,
+            interval_s=0.01,
+        )
 
     return wait

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ratchet.errors import IllegalTransition, TaskNotFound
-from ratchet.ledger.base import (
+from ...errors import IllegalTransition, TaskNotFound
+from ...ledger.base import (
     Claim,
     EffectState,
     EffectWrite,
@@ -20,7 +20,7 @@ from ratchet.ledger.base import (
     TaskWrite,
     Transition,
 )
-from ratchet.states import State
+from ...states import State
 
 TASK = "contract.task"
 OTHER = "contract.other"

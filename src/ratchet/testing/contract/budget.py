@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ratchet.ledger.base import BudgetUse, Claim, Ledger, NewTask, TaskWrite, Transition
-from ratchet.states import State
-from ratchet.testing import inject_clock
+from ...ledger.base import BudgetUse, Claim, Ledger, NewTask, TaskWrite, Transition
+from ...states import State
+from ..clock import inject_clock
 
 TASK = "contract.task"
 
