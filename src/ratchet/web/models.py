@@ -144,9 +144,12 @@ class ErrorBody(BaseModel):
 
     ``error`` is a stable code: ``unauthorized`` (401), ``submit_unavailable`` (403),
     ``not_found`` (404), ``method_not_allowed`` (405), ``wrong_state`` (409),
-    ``idempotency_conflict`` (409, with both digests), ``payload_too_large`` (413),
-    ``invalid`` (422, the fields in ``errors``), ``ledger_unavailable`` (503),
-    ``ledger_corrupt`` (503: the database says the ledger's data is damaged).
+    ``idempotency_conflict`` (409, with both digests), ``write_rejected`` (409),
+    ``payload_too_large`` (413), ``invalid`` (422, the fields in ``errors``),
+    ``internal`` / ``config_error`` (500), ``ledger_unavailable`` (503),
+    ``schema_too_old`` / ``schema_too_new`` (503), ``ledger_corrupt`` (503: the database
+    says the ledger's data is damaged). A Ratchet error's status and code are its row of
+    :data:`ratchet.errors.ERROR_TABLE`.
     """
 
     error: str
