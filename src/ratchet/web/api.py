@@ -75,7 +75,6 @@ from ..errors import (
 )
 from ..serde import printable
 from ..states import State
-from .app import WebSettings
 from .auth import bearer, read_ok, token_ok
 from .jsonbody import DuplicateKeyBody, StrictJsonRoute
 from .models import (
@@ -94,6 +93,7 @@ from .models import (
     SubmitBody,
     SubmitResponse,
 )
+from .settings import WebSettings
 
 __all__ = ["ApiError", "api_index", "build_api", "routes"]
 
@@ -196,6 +196,8 @@ def _message(error: Mapping[str, Any]) -> str:
     if error.get("type") == "string_pattern_mismatch":
         return ("must not be empty" if error.get("input") == ""
                 else "must not contain a NUL character")
+    if error.get("type") == "value_error":  # a validator of ratchet.web.models
+        return printable(str(error.get("msg", "invalid")).removeprefix("Value error, "))
     return printable(str(error.get("msg", "invalid")))
 
 

@@ -47,10 +47,10 @@ from ..states import State
 from ..storedtext import stored_note
 from ..validation import MAX_KEY_BYTES, check_identifier
 from . import charts, present
-from .app import WebSettings
 from .auth import read_ok, token_ok
 from .jsonbody import DuplicateKey, unique_keys
 from .sessions import FLASH_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Session, SessionKeeper
+from .settings import WebSettings
 
 HERE = Path(__file__).parent
 
