@@ -259,3 +259,75 @@ def test_bad_input_raises_only_ratchet_errors(label: str, tmp_path: Path,
     assert message.strip(), f"{label}: {type(caught.value).__name__} without a message"
     assert "\ud800" not in message and "\udcff" not in message  # printable
     assert len(message) < 2000, f"{label}: message of {len(message)} characters"
+
+
+# ---------------------------------------------------------------------- the one table
+
+
+def _subclasses(cls: type[errors.RatchetError]) -> set[type[errors.RatchetError]]:
+    found: set[type[errors.RatchetError]] = set()
+    for sub in cls.__subclasses__():
+        found |= {sub, *_subclasses(sub)}
+    return found
+
+
+def test_every_error_class_has_a_row_in_the_table() -> None:
+    """Each class of ``ratchet.errors`` has its own row (a new class needs a decision);
+    every subclass anywhere (the dashboard's ``BadInput`` too) resolves to a row of an
+    ancestor, never to the spec of a foreign exception."""
+    every = _subclasses(errors.RatchetError) | {errors.RatchetError}
+    ours = {cls for cls in every if cls.__module__ == errors.__name__}
+    assert ours == {getattr(errors, name) for name in errors.__all__}
+    missing = sorted(cls.__name__ for cls in ours if cls not in errors.ERROR_TABLE)
+    assert not missing, f"no row in ERROR_TABLE for {missing}"
+    assert set(errors.ERROR_TABLE) == ours
+    for cls in every:
+        spec = errors.error_spec(cls)
+        assert spec is not errors.INTERNAL, cls
+        assert spec.code.isidentifier() and spec.code == spec.code.lower(), cls
+        assert 400 <= spec.http_status <= 599, cls
+        assert spec.exit_code in (errors.EXIT_ERROR, errors.EXIT_LEDGER_CORRUPT), cls
+
+
+def test_error_spec_walks_the_mro() -> None:
+    class Mine(errors.TaskNotFound):
+        pass
+
+    assert errors.error_spec(Mine("x")) is errors.ERROR_TABLE[errors.TaskNotFound]
+    assert errors.error_spec(errors.WriteRejected("x")).code == "write_rejected"
+    assert errors.error_spec(ValueError("x")) is errors.INTERNAL
+    assert errors.INTERNAL.exit_code == errors.EXIT_INTERNAL
+
+
+@pytest.mark.parametrize(("cls", "status", "code", "exit_code"), [
+    (errors.TaskNotFound, 404, "not_found", 2),
+    (errors.IllegalTransition, 409, "wrong_state", 2),
+    (errors.IdempotencyConflict, 409, "idempotency_conflict", 2),
+    (errors.PayloadTooLarge, 413, "payload_too_large", 2),
+    (errors.UnknownTask, 422, "invalid", 2),
+    (errors.InvalidArguments, 422, "invalid", 2),
+    (errors.UndecodableData, 422, "invalid", 2),
+    (errors.LedgerUnavailable, 503, "ledger_unavailable", 2),
+    (errors.LedgerCorrupt, 503, "ledger_corrupt", 5),
+    (errors.SchemaTooOld, 503, "schema_too_old", 2),
+    (errors.SchemaTooNew, 503, "schema_too_new", 2),
+    (errors.WriteRejected, 409, "write_rejected", 2),
+])
+def test_the_rows_faces_rely_on(cls: type[errors.RatchetError], status: int, code: str,
+                                exit_code: int) -> None:
+    assert errors.ERROR_TABLE[cls] == errors.ErrorSpec(status, code, exit_code)
+
+
+def test_unknown_task_carries_the_version_asked_for() -> None:
+    app = ratchet.App("sqlite:///:memory:")
+
+    @app.task(name="t.v", version=1)
+    def v(ctx: ratchet.TaskContext) -> None:
+        return None
+
+    with pytest.raises(errors.UnknownTask) as by_version:
+        app.definition("t.v", 7)
+    assert (by_version.value.name, by_version.value.version) == ("t.v", 7)
+    with pytest.raises(errors.UnknownTask) as by_name:
+        app.definition("t.none")
+    assert by_name.value.version is None

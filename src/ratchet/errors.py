@@ -38,11 +38,19 @@
 
 Driver errors (``sqlite3.Error``, ``psycopg.Error``) are converted at the ledger boundary with
 ``raise ... from exc`` so callers only ever catch ``RatchetError`` subclasses.
+
+Each class has one row in :data:`ERROR_TABLE` (:class:`ErrorSpec`: HTTP status, error code,
+CLI exit status); every face answers through :func:`error_spec`, so the API, the dashboard
+and the command line agree on what an error means. The fields a face needs are attributes
+of the error (``UnknownTask.version``, ``InvalidArguments.fields``, the digests of
+``IdempotencyConflict``): no face parses a message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 
 __all__ = [
     "ConfigError",
@@ -100,11 +108,15 @@ class UnknownTask(SubmitError):
         name: the name that was asked for.
         known: the names the app does know, sorted (with ``version``: the versions of
             that name it defines).
+        version: the version that was asked for when the name is known but that version
+            is not (the API then names ``body.version``); ``None`` when the name itself
+            is unknown.
     """
 
     def __init__(self, name: str, known: list[str], version: int | None = None) -> None:
         self.name = name
         self.known = known
+        self.version = version
         hint = ", ".join(known) if known else "none registered"
         if version is not None:
             super().__init__(
@@ -195,11 +207,6 @@ class LedgerError(RatchetError):
 
 class LedgerUnavailable(LedgerError):
     """The ledger cannot be opened or reached (missing directory, dead server, locked file)."""
-
-
-EXIT_LEDGER_CORRUPT = 5
-"""Exit status of ``ratchet worker`` (and of every ``ratchet`` command) that stopped on a
-:class:`LedgerCorrupt`: an operator must restore the ledger before anything runs again."""
 
 
 class LedgerCorrupt(LedgerError):
@@ -499,3 +506,96 @@ class ContextUsedInAnotherProcess(RatchetError):
 
 class WaitTimeout(RatchetError):
     """``App.wait`` timed out before the task reached a terminal state."""
+
+
+# ---------------------------------------------------------------------- the one table
+
+EXIT_INTERNAL = 1
+"""Exit status of a ``ratchet`` command stopped by an exception that is not a Ratchet error
+(a bug): Python's own status for an uncaught exception."""
+
+EXIT_ERROR = 2
+"""Exit status of a ``ratchet`` command that stopped on a :class:`RatchetError` (it prints
+one line saying what to fix); the status of a command-line usage error too."""
+
+EXIT_LEDGER_CORRUPT = 5
+"""Exit status of ``ratchet worker`` (and of every ``ratchet`` command) that stopped on a
+:class:`LedgerCorrupt`: an operator must restore the ledger before anything runs again."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    """How every face reports one kind of error.
+
+    Attributes:
+        http_status: the status the API and the dashboard answer (``404``, ``503``...).
+        code: the stable snake_case error code (the API's ``ErrorBody.error``, the
+            dashboard's ``X-Ratchet-Error`` header), e.g. ``"not_found"``.
+        exit_code: the exit status of a ``ratchet`` command that stopped on it.
+    """
+
+    http_status: int
+    code: str
+    exit_code: int
+
+
+INTERNAL = ErrorSpec(500, "internal", EXIT_INTERNAL)
+"""The spec of an exception outside the table (not a Ratchet error: a bug)."""
+
+_INVALID = ErrorSpec(422, "invalid", EXIT_ERROR)
+_UNAVAILABLE = ErrorSpec(503, "ledger_unavailable", EXIT_ERROR)
+_NOT_FOR_FACES = ErrorSpec(500, "internal", EXIT_ERROR)
+"""Errors raised inside a worker or by task code: none reaches a face unless something is
+wrong, so a face that sees one says so as an internal error."""
+
+ERROR_TABLE: Mapping[type[RatchetError], ErrorSpec] = MappingProxyType({
+    RatchetError: _NOT_FOR_FACES,
+    ConfigError: ErrorSpec(500, "config_error", EXIT_ERROR),
+    SubmitError: _INVALID,
+    UnknownTask: _INVALID,
+    InvalidArguments: _INVALID,
+    PayloadNotSerializable: _INVALID,
+    PayloadTooLarge: ErrorSpec(413, "payload_too_large", EXIT_ERROR),
+    IdempotencyConflict: ErrorSpec(409, "idempotency_conflict", EXIT_ERROR),
+    LedgerError: _UNAVAILABLE,
+    LedgerUnavailable: _UNAVAILABLE,
+    LedgerCorrupt: ErrorSpec(503, "ledger_corrupt", EXIT_LEDGER_CORRUPT),
+    # Refused for what the database holds: the same write cannot succeed later.
+    WriteRejected: ErrorSpec(409, "write_rejected", EXIT_ERROR),
+    SchemaTooNew: ErrorSpec(503, "schema_too_new", EXIT_ERROR),
+    SchemaTooOld: ErrorSpec(503, "schema_too_old", EXIT_ERROR),
+    TaskNotFound: ErrorSpec(404, "not_found", EXIT_ERROR),
+    IllegalTransition: ErrorSpec(409, "wrong_state", EXIT_ERROR),
+    FenceError: _NOT_FOR_FACES,
+    StaleGeneration: _NOT_FOR_FACES,
+    TokenRejected: _NOT_FOR_FACES,
+    LeaseLost: _NOT_FOR_FACES,
+    TaskFailure: _NOT_FOR_FACES,
+    TransientError: _NOT_FOR_FACES,
+    TimeLimitExceeded: _NOT_FOR_FACES,
+    PermanentError: _NOT_FOR_FACES,
+    NonDeterministicReplay: _NOT_FOR_FACES,
+    TransactionMisuse: _NOT_FOR_FACES,
+    OverloadError: _NOT_FOR_FACES,
+    CircuitOpen: _NOT_FOR_FACES,
+    OutcomeUnknownError: _NOT_FOR_FACES,
+    EffectOutcomeUnknown: _NOT_FOR_FACES,
+    UndecodableData: _INVALID,
+    ContextUsedInAnotherProcess: _NOT_FOR_FACES,
+    WaitTimeout: ErrorSpec(504, "wait_timeout", EXIT_ERROR),
+})
+"""Every :class:`RatchetError` class with its :class:`ErrorSpec` (docs/DESIGN.md, "Errors:
+one table"). A subclass defined elsewhere (an application's own) takes its nearest
+ancestor's row (:func:`error_spec`)."""
+
+
+def error_spec(exc: BaseException | type[BaseException]) -> ErrorSpec:
+    """The :class:`ErrorSpec` of an exception (or exception class): the row of the first
+    class of its MRO that :data:`ERROR_TABLE` has; :data:`INTERNAL` for an exception that
+    is not a :class:`RatchetError`."""
+    cls = exc if isinstance(exc, type) else type(exc)
+    for klass in cls.__mro__:
+        spec = ERROR_TABLE.get(klass)
+        if spec is not None:
+            return spec
+    return INTERNAL

@@ -1,7 +1,7 @@
 """Hostile text through the dashboard over real HTTP on both ledgers: a task name, params,
 step name, error, idempotency key, operator name and pause reason carrying markup are shown
-escaped on every page (and its SVG chart); odd task ids get a clean 400/404 page; the
-login's ``next`` never leads to another site."""
+escaped on every page (and its SVG chart); odd task ids get a clean 422/404 page (the API's
+statuses); the login's ``next`` never leads to another site."""
 
 from __future__ import annotations
 
@@ -46,10 +46,10 @@ def test_markup_everywhere_is_escaped(ledger_url: str) -> None:
                                                     "csrf": found.group(1)})
             assert r.status_code == 303
             pages = {"/": 200, f"/tasks/{tid}": 200, "/tasks": 200, "/quarantine": 200,
-                     "/pauses": 200, "/unknown": 200, "/tasks/%00": 400,
-                     "/tasks/" + "a" * 5000: 400, "/tasks/\u202e": 404,
-                     "/tasks?cursor=" + X: 400, "/tasks?state=" + X: 400,
-                     "/quarantine?dry_run=" + X + "&rate=1": 400}
+                     "/pauses": 200, "/unknown": 200, "/tasks/%00": 422,
+                     "/tasks/" + "a" * 5000: 422, "/tasks/\u202e": 404,
+                     "/tasks?cursor=" + X: 422, "/tasks?state=" + X: 422,
+                     "/quarantine?dry_run=" + X + "&rate=1": 422}
             for path, status in pages.items():
                 page = client.get(path, params={"name": name} if path == "/tasks" else None)
                 assert page.status_code == status, path

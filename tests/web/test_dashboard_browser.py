@@ -391,7 +391,7 @@ def test_mutations_need_a_session_its_csrf_token_and_this_origin(system: System)
         assert r.status_code == 403
         assert control.pauses() == []
         r = client.post("/login", data={"operator": "  "})
-        assert r.status_code == 400 and "name is required" in r.text
+        assert r.status_code == 422 and "name is required" in r.text
         r = client.post("/logout", data={"csrf": csrf})
         assert r.status_code == 303 and 'ratchet_session=""' in r.headers["set-cookie"]
         client.cookies.clear()
@@ -468,9 +468,9 @@ def test_reads_survive_a_missing_task_and_a_bad_filter(system: System) -> None:
         r = client.get("/tasks/" + "0" * 32)
         assert r.status_code == 404 and "No such task" in r.text
         r = client.get("/tasks", params={"state": "SLEEPING"})
-        assert r.status_code == 400 and "unknown state" in r.text
+        assert r.status_code == 422 and "unknown state" in r.text
         r = client.get("/quarantine", params={"dry_run": "nothex", "rate": "1"})
-        assert r.status_code == 400 and "fingerprint" in r.text
+        assert r.status_code == 422 and "fingerprint" in r.text
         assert client.get("/static/dashboard.css").status_code == 200
         started = time.monotonic()
         assert client.get("/").status_code == 200

@@ -6,6 +6,7 @@ Every route calls the public :class:`~ratchet.control.Control` API; nothing here
 the ledger or reaches into worker internals.
 """
 
-from .app import WebSettings, create_app
+from .app import create_app
+from .settings import WebSettings
 
 __all__ = ["WebSettings", "create_app"]

@@ -30,7 +30,8 @@ idempotency conflict (with both digests; also the same key and params with anoth
 ``tenant`` or pinned ``version``, naming the field), 413 params (or the request body) too large,
 422 bad input (the fields in ``errors``; a JSON body with a key twice in one object too:
 :mod:`ratchet.web.jsonbody`), 503 ledger unavailable (``ledger_corrupt``: the database
-says its data is damaged).
+says its data is damaged; ``schema_too_old`` / ``schema_too_new``). The status and code of
+every Ratchet error come from :data:`ratchet.errors.ERROR_TABLE`, as the dashboard's do.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at
@@ -62,21 +63,18 @@ from ..control import (
     WorkerView,
 )
 from ..errors import (
+    ERROR_TABLE,
+    INTERNAL,
     IdempotencyConflict,
     IllegalTransition,
     InvalidArguments,
     LedgerCorrupt,
-    LedgerError,
-    PayloadTooLarge,
     RatchetError,
-    SubmitError,
-    TaskNotFound,
-    UndecodableData,
     UnknownTask,
+    error_spec,
 )
 from ..serde import printable
 from ..states import State
-from .app import WebSettings
 from .auth import bearer, read_ok, token_ok
 from .jsonbody import DuplicateKeyBody, StrictJsonRoute
 from .models import (
@@ -95,6 +93,7 @@ from .models import (
     SubmitBody,
     SubmitResponse,
 )
+from .settings import WebSettings
 
 __all__ = ["ApiError", "api_index", "build_api", "routes"]
 
@@ -112,12 +111,14 @@ _DESCRIPTIONS = {
     408: "The request body did not arrive within the service's body timeout (ratchet "
          "serve --body-timeout-s); the connection is closed.",
     409: "The task is in the wrong state for this action, or the Idempotency-Key belongs "
-         "to a task with other params (both digests given).",
+         "to a task with other params (both digests given), or the ledger refused the "
+         "write for what it holds (write_rejected).",
     413: "The params are larger than the ledger's payload limit, or the request body is "
          "larger than the service accepts (ratchet.web.limits).",
     422: "Bad input; the message and errors name the field.",
-    503: "The ledger is unavailable (missing, unreachable, or its schema is too old), or "
-         "corrupt (error ledger_corrupt).",
+    503: "The ledger is unavailable (ledger_unavailable: missing, unreachable), its "
+         "schema is too old or too new for this service (schema_too_old: run ratchet "
+         "migrate; schema_too_new: upgrade Ratchet), or it is corrupt (ledger_corrupt).",
 }
 
 
@@ -161,32 +162,24 @@ def _json_error(status: int, body: ErrorBody, headers: dict[str, str] | None = N
 
 
 def _from_ratchet(exc: RatchetError) -> ApiError:
-    """The HTTP answer for a Ratchet error a Control call raised."""
+    """The HTTP answer for a Ratchet error a Control call raised: the status and code of
+    its row of :data:`ratchet.errors.ERROR_TABLE`, with the fields the error carries."""
+    spec = error_spec(exc)
     message = printable(str(exc))
     if isinstance(exc, IdempotencyConflict):
-        return ApiError(409, "idempotency_conflict", message, task_id=exc.task_id,
+        return ApiError(spec.http_status, spec.code, message, task_id=exc.task_id,
                         existing_digest=exc.existing_digest, new_digest=exc.new_digest)
-    if isinstance(exc, TaskNotFound):
-        return ApiError(404, "not_found", message)
-    if isinstance(exc, IllegalTransition):
-        return ApiError(409, "wrong_state", message)
-    if isinstance(exc, PayloadTooLarge):
-        return ApiError(413, "payload_too_large", message)
     if isinstance(exc, UnknownTask):
-        where = "body.version" if "version" in message.split(";")[0] else "body.name"
-        return ApiError(422, "invalid", message,
+        where = "body.name" if exc.version is None else "body.version"
+        return ApiError(spec.http_status, spec.code, message,
                         errors=[FieldError(field=where, message=message)])
     if isinstance(exc, InvalidArguments) and exc.fields:
-        return ApiError(422, "invalid", message, errors=[
+        return ApiError(spec.http_status, spec.code, message, errors=[
             FieldError(field=f"body.{path}", message=printable(problem))
             for path, problem in exc.fields])
-    if isinstance(exc, SubmitError | UndecodableData):
-        return ApiError(422, "invalid", message)
-    if isinstance(exc, LedgerCorrupt):
-        return ApiError(503, "ledger_corrupt", message)
-    if isinstance(exc, LedgerError):
-        return ApiError(503, "ledger_unavailable", message)
-    return ApiError(500, "internal", f"{type(exc).__name__}: {message}")
+    if spec.code == INTERNAL.code:
+        message = f"{type(exc).__name__}: {message}"
+    return ApiError(spec.http_status, spec.code, message)
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -203,6 +196,8 @@ def _message(error: Mapping[str, Any]) -> str:
     if error.get("type") == "string_pattern_mismatch":
         return ("must not be empty" if error.get("input") == ""
                 else "must not contain a NUL character")
+    if error.get("type") == "value_error":  # a validator of ratchet.web.models
+        return printable(str(error.get("msg", "invalid")).removeprefix("Value error, "))
     return printable(str(error.get("msg", "invalid")))
 
 
@@ -372,8 +367,9 @@ def _same_request_or_conflict(body: SubmitBody, task: TaskInfo, key: str) -> Non
     if not differs:
         return
     what = "; ".join(f"{d.field.removeprefix('body.')}: {d.message}" for d in differs)
+    spec = ERROR_TABLE[IdempotencyConflict]
     raise ApiError(
-        409, "idempotency_conflict", printable(
+        spec.http_status, spec.code, printable(
             f"idempotency key {key!r} already belongs to task {task.task_id} with the same "
             f"name and params (digest {task.params_digest}) but another request: {what}. "
             "Use a new key for a different request, or resend the original one."),
@@ -385,7 +381,8 @@ def _unchanged_is_conflict(outcome: ControlOutcome) -> ControlOutcome:
     """A cancel / retry that changed nothing (the task's state does not allow it) is a
     409 naming the state; ``done`` and ``requested`` are answers."""
     if outcome.outcome == "unchanged":
-        raise ApiError(409, "wrong_state", printable(outcome.message),
+        spec = ERROR_TABLE[IllegalTransition]
+        raise ApiError(spec.http_status, spec.code, printable(outcome.message),
                        task_id=outcome.task_id, state=outcome.state.value)
     return outcome
 
@@ -585,7 +582,8 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
             return control.resolve(task_id, body.outcome, body.result, reason=body.reason,
                                    by=operator)
         except IllegalTransition as exc:  # not UNKNOWN: say which state it is in
-            raise ApiError(409, "wrong_state", printable(str(exc)), task_id=task_id,
+            spec = error_spec(exc)
+            raise ApiError(spec.http_status, spec.code, printable(str(exc)), task_id=task_id,
                            state=control.get(task_id).state.value) from None
 
     @api.post("/pauses", response_model=PauseResult,

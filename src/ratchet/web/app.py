@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -15,45 +14,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ..app import App
+from .. import App
 from ..config import max_payload_bytes_from_env
 from ..control import Control
 from ..loading import load_app
+from ..observe.ledger_metrics import render_ledger_metrics
+from . import api, dashboard
+from .auth import bearer, metrics_ok
 from .hosts import allowed_hosts, check_allowed_hosts
-from .limits import DEFAULT_BODY_TIMEOUT_S, BodyLimit, body_limit_bytes
+from .limits import BodyLimit, body_limit_bytes
+from .settings import WebSettings
 
-
-@dataclass(frozen=True, slots=True)
-class WebSettings:
-    """How ``ratchet serve`` runs.
-
-    Attributes:
-        ledger_url: the ledger URL (``None``: ``RATCHET_LEDGER_URL``, default
-            ``sqlite:///ratchet.db``).
-        api_token: the bearer token every read and mutation needs (``RATCHET_API_TOKEN``;
-            :mod:`ratchet.web.auth`); ``None``: the service binds to 127.0.0.1 only, reads
-            are open and mutations from loopback need no token.
-        app_spec: ``MODULE:APP`` of the application (``ratchet serve --app``): its task
-            registry checks submits (``POST /api/tasks``); ``None``: submitting is refused
-            (403 naming the fix), everything else works.
-        metrics_auth: ``/metrics`` needs the bearer token too (``ratchet serve
-            --metrics-auth``; needs ``api_token``); default open (it carries no task ids,
-            keys, params or tenants).
-        allowed_hosts: ``Host`` names answered besides localhost, 127.0.0.1 and [::1]
-            (``ratchet serve --allowed-host``, ``RATCHET_ALLOWED_HOSTS``; ``serve`` adds
-            the address it listens on): any other is refused with 400, the guard against
-            DNS rebinding (:mod:`ratchet.web.hosts`).
-        body_timeout_s: seconds a request's whole body may take to arrive (``ratchet
-            serve --body-timeout-s``); later, 408 and the connection is closed
-            (:mod:`ratchet.web.limits`).
-    """
-
-    ledger_url: str | None = None
-    api_token: str | None = None
-    app_spec: str | None = None
-    metrics_auth: bool = False
-    allowed_hosts: tuple[str, ...] = ()
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+__all__ = ["WebSettings", "create_app"]
 
 
 def create_app(settings: WebSettings, *, control: Control | None = None) -> Starlette:
@@ -76,8 +48,6 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
     """
     hosts = allowed_hosts(check_allowed_hosts(settings.allowed_hosts,
                                               token_mode=settings.api_token is not None))
-    from . import api, dashboard
-    from .auth import bearer, metrics_ok
 
     loaded: App | None = None
     if control is not None:
@@ -91,8 +61,6 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
     routes: list[BaseRoute] = [*api.routes(ctl, settings), *dashboard.routes(ctl, settings)]
 
     async def metrics(request: Request) -> Response:
-        from ..observe.ledger_metrics import render_ledger_metrics
-
         if not metrics_ok(settings, bearer(request.headers.get("authorization"))):
             return Response("/metrics needs 'Authorization: Bearer <RATCHET_API_TOKEN>' "
                             "(ratchet serve --metrics-auth)\n", status_code=401,

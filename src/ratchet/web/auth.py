@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 
-from .app import WebSettings
+from .settings import WebSettings
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 """Hosts ``ratchet serve`` may bind to without a token."""

@@ -42,15 +42,15 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..control import Control, ControlOutcome, PauseRecord, StatusReport
-from ..errors import LedgerCorrupt, LedgerUnavailable, RatchetError, TaskNotFound
+from ..errors import ErrorSpec, InvalidArguments, RatchetError, TaskNotFound, error_spec
 from ..states import State
 from ..storedtext import stored_note
 from ..validation import MAX_KEY_BYTES, check_identifier
 from . import charts, present
-from .app import WebSettings
 from .auth import read_ok, token_ok
 from .jsonbody import DuplicateKey, unique_keys
 from .sessions import FLASH_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Session, SessionKeeper
+from .settings import WebSettings
 
 HERE = Path(__file__).parent
 
@@ -82,8 +82,36 @@ MAX_TYPE_CHARTS = 12
 """Task types that get a chart of their own on the overview (one throughput read each)."""
 
 
-class BadInput(Exception):
-    """A form value the dashboard refuses before calling Control (shown on the page)."""
+class BadInput(InvalidArguments):
+    """A form value the dashboard refuses before calling Control (shown on the page): an
+    :class:`~ratchet.errors.InvalidArguments`, so it answers as the API's 422 ``invalid``."""
+
+
+ERROR_HEADER = "X-Ratchet-Error"
+"""The header naming the error code (:data:`ratchet.errors.ERROR_TABLE`) of a page that
+answers an error: the code the API's ``ErrorBody.error`` gives for the same error."""
+
+_TITLES = {
+    "not_found": "No such task",
+    "invalid": "Bad input",
+    "wrong_state": "Wrong state",
+    "ledger_unavailable": "Ledger unavailable",
+    "ledger_corrupt": "Ledger corrupt",
+    "schema_too_old": "Ledger schema too old",
+    "schema_too_new": "Ledger schema too new",
+    "write_rejected": "Write refused",
+}
+"""The heading of the problem page per error code (else the code, said in words)."""
+
+
+def _title(spec: ErrorSpec) -> str:
+    return _TITLES.get(spec.code, spec.code.replace("_", " ").capitalize())
+
+
+def _server_side(spec: ErrorSpec) -> bool:
+    """The error is the service's or the ledger's (5xx), not the request's: a page shows it
+    on its own instead of beside the form that was sent."""
+    return spec.http_status >= 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +197,14 @@ class Dashboard:
         """A page that says what went wrong (and that nothing changed, for a mutation)."""
         return self.render(request, "problem.html", status, title=title, message=message)
 
+    def error_page(self, request: Request, exc: RatchetError, suffix: str = "") -> Response:
+        """The problem page of a Ratchet error: the status and code of its row of
+        :data:`ratchet.errors.ERROR_TABLE` (code in :data:`ERROR_HEADER`), as the API
+        answers the same error."""
+        spec = error_spec(exc)
+        return _coded(self.problem(request, spec.http_status, _title(spec),
+                                   f"{exc}{suffix}"), spec)
+
     def done(self, request: Request, location: str, message: str,
              outcome: str = "done") -> Response:
         """Redirect (303) to ``location`` with a one-shot message (``outcome``
@@ -183,14 +219,13 @@ class Dashboard:
 
     async def guarded(self, request: Request,
                       page: Callable[[], Awaitable[Response]]) -> Response:
-        """Run a page; a ledger that cannot be reached or is corrupt is a 503 page, not a
-        traceback."""
+        """Run a page; a Ratchet error it raises is a problem page (:meth:`error_page`:
+        a ledger that cannot be reached or is corrupt is a 503, an unknown task a 404),
+        not a traceback."""
         try:
             return await page()
-        except LedgerCorrupt as exc:
-            return self.problem(request, 503, "Ledger corrupt", str(exc))
-        except LedgerUnavailable as exc:
-            return self.problem(request, 503, "Ledger unavailable", str(exc))
+        except RatchetError as exc:
+            return self.error_page(request, exc)
 
     def gated(self, page: Callable[[Request], Awaitable[Response]]
               ) -> Callable[[Request], Awaitable[Response]]:
@@ -259,10 +294,12 @@ class Dashboard:
                 found = await self.call(self.control.list_tasks, state=state, name=name,
                                         key=key, limit=TASKS_PAGE, cursor=cursor)
             except RatchetError as exc:
-                if isinstance(exc, LedgerUnavailable | LedgerCorrupt):
+                spec = error_spec(exc)
+                if _server_side(spec):
                     raise
-                return self.render(request, "tasks.html", 400, error=str(exc), tasks=[],
-                                   next_url=None, filters=q, states=list(State), now=None)
+                return _coded(self.render(
+                    request, "tasks.html", spec.http_status, error=str(exc), tasks=[],
+                    next_url=None, filters=q, states=list(State), now=None), spec)
             now = await self.call(self.control.ledger_now)
             next_url = None
             if found.next_cursor:
@@ -281,14 +318,7 @@ class Dashboard:
         tid = task_id if task_id is not None else str(request.path_params["task_id"])
 
         async def page() -> Response:
-            try:
-                tl = await self.call(self.control.inspect, tid)
-            except TaskNotFound as exc:
-                return self.problem(request, 404, "No such task", str(exc))
-            except RatchetError as exc:
-                if isinstance(exc, LedgerUnavailable | LedgerCorrupt):
-                    raise
-                return self.problem(request, 400, "Bad task id", str(exc))
+            tl = await self.call(self.control.inspect, tid)
             now = await self.call(self.control.ledger_now)
             return self.render(request, "task.html", status, tl=tl, t=tl.task,
                                rows=present.timeline_rows(tl), now=now, error=error,
@@ -303,13 +333,8 @@ class Dashboard:
         cursor = request.query_params.get("cursor") or None
 
         async def page() -> Response:
-            try:
-                found = await self.call(self.control.list_tasks, state="UNKNOWN",
-                                        limit=UNKNOWN_PAGE, cursor=cursor)
-            except RatchetError as exc:
-                if isinstance(exc, LedgerUnavailable | LedgerCorrupt):
-                    raise
-                return self.problem(request, 400, "Bad page", str(exc))
+            found = await self.call(self.control.list_tasks, state="UNKNOWN",
+                                    limit=UNKNOWN_PAGE, cursor=cursor)
             items = []
             for t in found.tasks:
                 try:
@@ -335,7 +360,7 @@ class Dashboard:
             groups = await self.call(self.control.quarantine_list)
             now = await self.call(self.control.ledger_now)
             dry = None
-            dry_error = None
+            dry_error: tuple[str, ErrorSpec] | None = None
             fingerprint = q.get("dry_run")
             if fingerprint:
                 try:
@@ -344,14 +369,16 @@ class Dashboard:
                     dry = await self.call(self.control.quarantine_replay, fingerprint,
                                           rate, dry_run=True,
                                           by=session.operator if session else "dashboard")
-                except (BadInput, RatchetError) as exc:
-                    if isinstance(exc, LedgerUnavailable):
+                except RatchetError as exc:
+                    if _server_side(error_spec(exc)):
                         raise
-                    dry_error = str(exc)
-            return self.render(request, "quarantine.html",
-                               400 if dry_error and status == 200 else status,
-                               groups=groups, now=now, dry=dry,
-                               error=error or dry_error, form=form or dict(q))
+                    dry_error = str(exc), error_spec(exc)
+            response = self.render(
+                request, "quarantine.html",
+                dry_error[1].http_status if dry_error and status == 200 else status,
+                groups=groups, now=now, dry=dry,
+                error=error or (dry_error[0] if dry_error else None), form=form or dict(q))
+            return _coded(response, dry_error[1]) if dry_error else response
         return await self.guarded(request, page)
 
     async def pauses_page(self, request: Request, *, error: str | None = None,
@@ -414,12 +441,13 @@ class Dashboard:
             return self.render(request, "login.html", status, next=nxt, error=message,
                                form={"operator": name})
 
-        if not name:
-            return again("Your name is required: it is recorded with every action.", 400)
         try:
+            if not name:
+                raise BadInput("Your name is required: it is recorded with every action.")
             check_identifier(name, "operator name", MAX_KEY_BYTES)
         except RatchetError as exc:
-            return again(str(exc), 400)
+            spec = error_spec(exc)
+            return _coded(again(str(exc), spec.http_status), spec)
         host = request.client.host if request.client else None
         if not token_ok(self.settings, token, host):
             if self.settings.api_token is None:
@@ -483,9 +511,9 @@ class Dashboard:
         try:
             reason = _reason(form)
             out = await self.call(action, tid, reason=reason, by=session.operator)
-        except (BadInput, RatchetError) as exc:
-            return await self._refused(request, exc, lambda e: self.task_page(
-                request, task_id=tid, error=e, form=form, status=400))
+        except RatchetError as exc:
+            return await self._refused(request, exc, lambda e, status: self.task_page(
+                request, task_id=tid, error=e, form=form, status=status))
         return self.done(request, f"/tasks/{quote(tid, safe='')}", out.message, out.outcome)
 
     async def _cancel(self, request: Request, session: Session,
@@ -501,10 +529,11 @@ class Dashboard:
         tid = form.get("task_id", "")
         back_to_task = form.get("back") == "task"
 
-        def again(e: str) -> Awaitable[Response]:
+        def again(e: str, status: int) -> Awaitable[Response]:
             if back_to_task:
-                return self.task_page(request, task_id=tid, error=e, form=form, status=400)
-            return self.unknown_page(request, error=e, form=form, status=400)
+                return self.task_page(request, task_id=tid, error=e, form=form,
+                                      status=status)
+            return self.unknown_page(request, error=e, form=form, status=status)
 
         try:
             outcome = form.get("outcome", "")
@@ -515,7 +544,7 @@ class Dashboard:
             reason = _reason(form)
             info = await self.call(self.control.resolve, tid, outcome, result,
                                    reason=reason, by=session.operator)
-        except (BadInput, RatchetError) as exc:
+        except RatchetError as exc:
             return await self._refused(request, exc, again)
         location = f"/tasks/{quote(tid, safe='')}" if back_to_task else "/unknown"
         return self.done(request, location, f"Task {tid} resolved {outcome}: now "
@@ -528,9 +557,9 @@ class Dashboard:
             try:
                 out = await self.call(self.control.pause, "task", tid,
                                       reason=_reason(form), by=session.operator)
-            except (BadInput, RatchetError) as exc:
-                return await self._refused(request, exc, lambda e: self.task_page(
-                    request, task_id=tid, error=e, form=form, status=400))
+            except RatchetError as exc:
+                return await self._refused(request, exc, lambda e, status: self.task_page(
+                    request, task_id=tid, error=e, form=form, status=status))
             return self.done(request, f"/tasks/{quote(tid, safe='')}", out.message,
                              out.outcome)
         try:
@@ -540,9 +569,9 @@ class Dashboard:
             reason = _reason(form)
             out = await self.call(self.control.pause, "type", name, reason=reason,
                                   by=session.operator)
-        except (BadInput, RatchetError) as exc:
-            return await self._refused(request, exc, lambda e: self.pauses_page(
-                request, error=e, form=form, status=400))
+        except RatchetError as exc:
+            return await self._refused(request, exc, lambda e, status: self.pauses_page(
+                request, error=e, form=form, status=status))
         return self.done(request, "/pauses", out.message, out.outcome)
 
     async def _resume(self, request: Request, session: Session,
@@ -551,18 +580,18 @@ class Dashboard:
         target = form.get("target", "").strip() or None
         on_task = form.get("back") == "task" and scope == "task" and target is not None
 
-        def again(e: str) -> Awaitable[Response]:
+        def again(e: str, status: int) -> Awaitable[Response]:
             if on_task:
                 return self.task_page(request, task_id=target, error=e, form=form,
-                                      status=400)
-            return self.pauses_page(request, error=e, form=form, status=400)
+                                      status=status)
+            return self.pauses_page(request, error=e, form=form, status=status)
 
         try:
             rate = _rate(form.get("rate", ""), required=False)
             reason = _reason(form)
             out = await self.call(self.control.resume, scope, target, reason=reason,
                                   by=session.operator, rate_per_s=rate)
-        except (BadInput, RatchetError) as exc:
+        except RatchetError as exc:
             return await self._refused(request, exc, again)
         location = f"/tasks/{quote(target or '', safe='')}" if on_task else "/pauses"
         return self.done(request, location, out.message, out.outcome)
@@ -575,23 +604,26 @@ class Dashboard:
             reason = _reason(form)
             report = await self.call(self.control.quarantine_replay, fingerprint, rate,
                                      reason=reason, by=session.operator)
-        except (BadInput, RatchetError) as exc:
-            return await self._refused(request, exc, lambda e: self.quarantine_page(
-                request, error=e, form=form, status=400))
+        except RatchetError as exc:
+            return await self._refused(request, exc, lambda e, status: self.quarantine_page(
+                request, error=e, form=form, status=status))
         return self.done(request, "/quarantine",
                          f"Replayed {len(report.tasks)} task(s) of fingerprint "
                          f"{report.fingerprint} at {report.rate_per_s:g}/s.")
 
-    async def _refused(self, request: Request, exc: Exception,
-                       again: Callable[[str], Awaitable[Response]]) -> Response:
-        """Show why an action was refused on the page it came from."""
-        if isinstance(exc, LedgerUnavailable):
-            return self.problem(request, 503, "Ledger unavailable",
-                                f"{exc} (nothing was changed)")
+    async def _refused(self, request: Request, exc: RatchetError,
+                       again: Callable[[str, int], Awaitable[Response]]) -> Response:
+        """Show why an action was refused: on the page it came from (``again(message,
+        status)``), with the status and code of the error's row of
+        :data:`ratchet.errors.ERROR_TABLE`; a server-side error (the ledger) on a
+        problem page of its own."""
+        spec = error_spec(exc)
+        if _server_side(spec):
+            return self.error_page(request, exc, " (nothing was changed)")
         message = str(exc)
         if not isinstance(exc, BadInput) and "nothing" not in message.lower():
             message += " (nothing was changed)"
-        return await again(message)
+        return _coded(await again(message, spec.http_status), spec)
 
     _actions: ClassVar[Mapping[str, Callable[[Dashboard, Request, Session, dict[str, str]],
                                              Awaitable[Response]]]] = {
@@ -603,6 +635,12 @@ class Dashboard:
 _ORIGIN_MESSAGE = ("The request did not come from a page of this dashboard (its Origin "
                    "header names another site), or its CSRF token is missing: reload the "
                    "page and try again. Nothing was changed.")
+
+
+def _coded(response: Response, spec: ErrorSpec) -> Response:
+    """``response`` with the error's code in :data:`ERROR_HEADER`."""
+    response.headers[ERROR_HEADER] = spec.code
+    return response
 
 
 def _same_origin(request: Request) -> bool:

@@ -4,16 +4,26 @@ The responses are the :class:`~ratchet.control.Control` records themselves (froz
 dataclasses; their JSON is ``dataclasses.asdict``, the same as ``ratchet ... --json``), so
 the OpenAPI document is generated from the records the API returns and cannot drift from
 them. Bodies refuse unknown fields (a typo is a 422 naming it, never silently ignored).
+
+Size limits are :mod:`ratchet.validation`'s, counted as it counts them: UTF-8 bytes
+(:func:`utf8_at_most`; the schema's ``maxLength`` in characters is the same number, a
+bound no value within the byte limit passes).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ..control import TaskInfo
-from ..validation import MAX_DELAY_S
+from ..validation import (
+    MAX_DELAY_S,
+    MAX_KEY_BYTES,
+    MAX_NAME_BYTES,
+    MAX_RATE_PER_S,
+    MAX_VERSION,
+)
 
 __all__ = [
     "ApiIndex",
@@ -31,15 +41,50 @@ __all__ = [
     "SubmitResponse",
 ]
 
+NO_NUL = r"^[^\x00]+$"
+"""Identifiers (names, ids, keys) are stored text: no NUL."""
+
+MAX_REASON_BYTES = 4 * MAX_KEY_BYTES
+"""Upper bound, in UTF-8 bytes, of an operator's reason (the one
+:mod:`ratchet.reconcile` checks too)."""
+
+
+def utf8_at_most(limit: int) -> AfterValidator:
+    """A pydantic validator refusing text over ``limit`` UTF-8 bytes (as
+    :func:`ratchet.validation.check_identifier` counts; a lone surrogate counts its three
+    bytes here and is refused by that check after)."""
+    def check(value: str) -> str:
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise ValueError(f"is {size} bytes in UTF-8, over the limit of {limit}")
+        return value
+
+    return AfterValidator(check)
+
+
 Reason = Annotated[
     str,
-    Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*\S[^\x00]*$",
+    Field(min_length=1, max_length=MAX_REASON_BYTES, pattern=r"^[^\x00]*\S[^\x00]*$",
           description="Why (kept in the audit log with the operator); not blank."),
+    utf8_at_most(MAX_REASON_BYTES),
 ]
 """The ``reason`` every mutation must give."""
 
-NO_NUL = r"^[^\x00]+$"
-"""Identifiers (names, ids, keys) are stored text: no NUL."""
+TaskName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_NAME_BYTES, pattern=NO_NUL,
+          description="A task name the service's app registers."),
+    utf8_at_most(MAX_NAME_BYTES),
+]
+
+Key = Annotated[
+    str,
+    Field(max_length=MAX_KEY_BYTES, pattern=NO_NUL),
+    utf8_at_most(MAX_KEY_BYTES),
+]
+"""A key-sized identifier: a task id, a pause target (the pattern refuses it empty)."""
+
+Tenant = Annotated[Key, Field(min_length=1)]
 
 
 
@@ -50,16 +95,15 @@ class _Body(BaseModel):
 class SubmitBody(_Body):
     """``POST /api/tasks``: one task to submit (``App.submit``)."""
 
-    name: str = Field(min_length=1, max_length=200, pattern=NO_NUL,
-                      description="A task name the service's app registers.")
+    name: TaskName
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword arguments for the task function (plain JSON), validated "
                     "against its signature or params model.")
     version: int | None = Field(
-        default=None, ge=1, le=2**31 - 1,
+        default=None, ge=1, le=MAX_VERSION,
         description="Definition version to pin (default: the newest the app defines).")
-    tenant: str | None = Field(default=None, min_length=1, max_length=1024, pattern=NO_NUL,
+    tenant: Tenant | None = Field(default=None,
                                description="Whose work it is (tenant limits count it).")
     delay_s: float = Field(default=0.0, ge=0.0, le=MAX_DELAY_S, allow_inf_nan=False,
                            description="Earliest start, seconds from now.")
@@ -103,7 +147,7 @@ class PauseBody(_Body):
     """``POST /api/pauses``: pause everything, a task type or one task."""
 
     scope: Literal["all", "type", "task"]
-    target: str | None = Field(default=None, max_length=1024, pattern=NO_NUL,
+    target: Key | None = Field(default=None,
                                description="The task type (scope type) or task id (scope "
                                            "task); none for all.")
     reason: Reason
@@ -113,21 +157,22 @@ class ResumeBody(_Body):
     """``POST /api/resume``: end the active pause of a scope."""
 
     scope: Literal["all", "type", "task"]
-    target: str | None = Field(default=None, max_length=1024, pattern=NO_NUL)
+    target: Key | None = None
     reason: Reason
     rate_per_s: float | None = Field(
-        default=None, gt=0.0, le=100_000.0, allow_inf_nan=False,
+        default=None, gt=0.0, le=MAX_RATE_PER_S, allow_inf_nan=False,
         description="Re-admit the paused tasks at this many per second (default: at once).")
 
 
 class ReplayBody(_Body):
     """``POST /api/quarantine/{fingerprint}/replay``."""
 
-    rate_per_s: float = Field(gt=0.0, le=100_000.0, allow_inf_nan=False,
+    rate_per_s: float = Field(gt=0.0, le=MAX_RATE_PER_S, allow_inf_nan=False,
                               description="Admission rate, tasks per second.")
     dry_run: bool = Field(default=False, description="Only list what would be replayed.")
-    reason: str | None = Field(default=None, max_length=4096, pattern=r"^[^\x00]*$",
-                               description="Why (audited); required unless dry_run.")
+    reason: Annotated[str, Field(max_length=MAX_REASON_BYTES, pattern=r"^[^\x00]*$"),
+                      utf8_at_most(MAX_REASON_BYTES)] | None = Field(
+        default=None, description="Why (audited); required unless dry_run.")
     limit: int = Field(default=10_000, ge=1, le=100_000,
                        description="At most this many tasks.")
 
@@ -144,9 +189,12 @@ class ErrorBody(BaseModel):
 
     ``error`` is a stable code: ``unauthorized`` (401), ``submit_unavailable`` (403),
     ``not_found`` (404), ``method_not_allowed`` (405), ``wrong_state`` (409),
-    ``idempotency_conflict`` (409, with both digests), ``payload_too_large`` (413),
-    ``invalid`` (422, the fields in ``errors``), ``ledger_unavailable`` (503),
-    ``ledger_corrupt`` (503: the database says the ledger's data is damaged).
+    ``idempotency_conflict`` (409, with both digests), ``write_rejected`` (409),
+    ``payload_too_large`` (413), ``invalid`` (422, the fields in ``errors``),
+    ``internal`` / ``config_error`` (500), ``ledger_unavailable`` (503),
+    ``schema_too_old`` / ``schema_too_new`` (503), ``ledger_corrupt`` (503: the database
+    says the ledger's data is damaged). A Ratchet error's status and code are its row of
+    :data:`ratchet.errors.ERROR_TABLE`.
     """
 
     error: str

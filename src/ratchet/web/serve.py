@@ -20,9 +20,10 @@ import uvicorn
 
 from ..config import parse_ledger_url, redact_url
 from ..errors import ConfigError
-from .app import WebSettings, create_app
+from .app import create_app
 from .auth import LOOPBACK_HOSTS
 from .hosts import allowed_hosts, check_allowed_hosts
+from .settings import WebSettings
 
 __all__ = ["bind_socket", "check_bind", "serve", "start_line"]
 

@@ -1,0 +1,241 @@
+"""The ledger as operators and their tools call it (:class:`OperatorLedger`): reads of tasks,
+timelines and aggregates, the audited operator actions (resolve, cancel, retry, pause,
+resume, quarantine replay, limits) and reconciliation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from .protocol_handle import LedgerHandle
+from .records_ops import (
+    ControlOutcome,
+    Limit,
+    LimitScope,
+    PauseRecord,
+    PauseResult,
+    QuarantineGroup,
+    ReplayedTask,
+    ResolveOutcome,
+    SlotUsage,
+)
+from .records_registry import DefinitionRecord, VersionBacklog
+from .records_stats import LedgerStats, ThroughputCount
+from .records_tasks import AuditEvent, LateEffect, TaskEffect, TaskInfo, TaskQuery, Timeline
+
+__all__ = ["OperatorLedger"]
+
+
+@runtime_checkable
+class OperatorLedger(LedgerHandle, Protocol):
+    """The calls of :class:`ratchet.control.Control` and of the operator tools (reads,
+    audited actions with ``operator`` and ``reason``, reconciliation; DESIGN §3
+    arbitration, §7, §8)."""
+
+    def get(self, task_id: str) -> TaskInfo:
+        """Read one task. Raises :class:`~ratchet.errors.TaskNotFound`."""
+        ...
+
+    def get_many(self, task_ids: Sequence[str]) -> list[TaskInfo]:
+        """Read several tasks (missing ids are skipped)."""
+        ...
+
+    def list_tasks(self, query: TaskQuery) -> list[TaskInfo]:
+        """Tasks matching ``query``, newest first (``created_at``, then id, descending), at
+        most ``query.limit``; the next page starts after the last one returned."""
+        ...
+
+    def timeline(self, task_id: str) -> Timeline:
+        """The task, its audit events, steps and effects. Raises ``TaskNotFound``."""
+        ...
+
+    def stats(self, window_s: float | None = None) -> LedgerStats:
+        """Aggregates for ``ratchet status``; with ``window_s`` (seconds > 0) also the
+        per-type :attr:`LedgerStats.capacity` over that window, in the same transaction."""
+        ...
+
+    def throughput(self, window_s: float, bucket_s: float,
+                   name: str | None = None) -> list[ThroughputCount]:
+        """Arrivals and completions per ``bucket_s`` seconds over the last ``window_s``
+        seconds of the ledger clock (rounded up to whole buckets, the last one ending
+        now), oldest first, every bucket present; ``name``: one task type only. Reads the
+        window's rows only (``tasks_created``, ``tasks_finished``)."""
+        ...
+
+    def resolve(
+        self,
+        task_id: str,
+        outcome: ResolveOutcome,
+        reason: str,
+        operator: str,
+        result_json: str | None = None,
+    ) -> TaskInfo:
+        """Settle an ``UNKNOWN`` task's open effect and make the task ready again (audited).
+
+        Raises:
+            TaskNotFound: no such task.
+            IllegalTransition: the task is not ``UNKNOWN``.
+        """
+        ...
+
+    def cancel(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """Cancel a task, audited (``operator``, ``reason``, ledger time), one transaction.
+
+        ``PENDING`` / ``RETRY_WAIT`` / ``PAUSED`` without an open effect intent:
+        ``CANCELLED`` at once, ``generation + 1`` (an older holder's write never applies).
+        ``RUNNING``: a ``cancel`` request is recorded (``outcome="requested"``) and the
+        holder applies it at its next boundary (fenced); a lease already expired without
+        an open intent is cancelled at once. With an open effect intent (any state but a
+        terminal one) or ``UNKNOWN``: the request is recorded and applied once the
+        intent is settled (by the next holder's lookup, or by ``resolve``). A terminal task
+        is unchanged (``outcome="unchanged"``).
+
+        Raises:
+            TaskNotFound: no such task.
+        """
+        ...
+
+    def retry(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """Run a ``FAILED`` (dead-lettered) task again, audited: ``FAILED -> PENDING``, the
+        only move out of ``FAILED`` (an operator move, DESIGN §3), with the attempt counter
+        reset (a fresh set of ``max_attempts``), generation + 1, ready now. Its history is
+        kept: audit, steps (done steps stay done), effects. Any other state is unchanged
+        (``outcome="unchanged"``).
+
+        Raises:
+            TaskNotFound: no such task.
+        """
+        ...
+
+    def pause(self, scope: str, target: str, reason: str, operator: str) -> PauseResult:
+        """Pause everything (``scope="all"``, ``target=""``), a task type (``"type"``) or
+        one task (``"task"``), audited (``operator_pause``), one transaction.
+
+        From the commit on, no new attempt starts in the scope (every claim reads the
+        active pauses under a gate this transaction takes: PostgreSQL's advisory lock,
+        SQLite's write lock). Running tasks in scope are asked to stop at their next
+        boundary (they become ``PAUSED``, attempt handed back); one task that is not
+        running is ``PAUSED`` at once (generation + 1). A scope already paused is
+        ``unchanged``.
+
+        Raises:
+            InvalidArguments: unknown scope. TaskNotFound: no such task (``"task"``).
+        """
+        ...
+
+    def resume(self, scope: str, target: str, reason: str, operator: str,
+               rate_per_s: float | None = None) -> PauseResult:
+        """End the active pause of ``scope`` / ``target`` (audited, ``operator_resume``):
+        its ``PAUSED`` tasks not covered by another active pause go back to ``PENDING``,
+        ready at ``now + i / rate_per_s`` for the i-th (all at once when None); pending
+        pause requests of the scope are cleared. Nothing active: ``unchanged``."""
+        ...
+
+    def pauses(self) -> list[PauseRecord]:
+        """The active pauses, oldest first, each with the RUNNING tasks in its scope."""
+        ...
+
+    def quarantine_groups(self, limit: int = 100, per_group: int = 5) -> list[QuarantineGroup]:
+        """Quarantined ``FAILED`` tasks grouped by (fingerprint, task type), the most
+        recently quarantined group first; at most ``limit`` groups, ``per_group`` sample
+        task ids each (DESIGN §7)."""
+        ...
+
+    def quarantine_replay(
+        self, fingerprint: str, rate_per_s: float, operator: str, reason: str,
+        dry_run: bool = False, limit: int = 10_000,
+    ) -> list[ReplayedTask]:
+        """Re-queue the quarantined ``FAILED`` tasks with ``fingerprint`` (oldest
+        quarantine first, at most ``limit``): one transaction; each becomes ``PENDING``
+        with fresh attempt counters (attempt, failure streak and crash count 0; generation
+        and history kept), the i-th at ``now + i / rate_per_s``, with an
+        ``operator_replay`` audit row (operator, reason, fingerprint, run_at). A dry run
+        writes nothing and returns what would be replayed."""
+        ...
+
+    def limits(self) -> list[Limit]:
+        """Every concurrency limit in the ledger (DESIGN §8), ordered by scope and name."""
+        ...
+
+    def set_limit(
+        self, scope: LimitScope, name: str, reserved: int, maximum: int | None,
+        operator: str, reason: str,
+    ) -> Limit:
+        """Create or replace one limit, audited (``limit_set``) in the same transaction.
+        The next claim of every worker obeys it (the ledger is the only copy).
+
+        Raises:
+            InvalidArguments: the limit is inconsistent (reserved > maximum, the reserved
+                slots of one kind of scope would exceed the total, ...).
+        """
+        ...
+
+    def clear_limit(self, scope: LimitScope, name: str, operator: str, reason: str) -> Limit:
+        """Remove one limit (audited, ``limit_cleared``); returns the removed row.
+
+        Raises:
+            InvalidArguments: there is no such limit.
+        """
+        ...
+
+    def limit_changes(self, limit: int = 20) -> list[AuditEvent]:
+        """The latest ``limit_set`` / ``limit_cleared`` audit events, newest first (their
+        ``task_id`` is ``limit:SCOPE[:NAME]``; the detail holds operator, reason, old and
+        new values)."""
+        ...
+
+    def slot_usage(self) -> SlotUsage:
+        """RUNNING and ready task counts per ``(name, tenant)`` (read-only)."""
+        ...
+
+    def late_effects(self, task_id: str | None = None, limit: int = 100) -> list[LateEffect]:
+        """Late effects, newest first: of ``task_id``, or of every task (at most ``limit``)."""
+        ...
+
+    def effects_of_type(
+        self, name: str, created_from: float | None, limit: int,
+        after: tuple[float, str, str] | None = None,
+    ) -> list[TaskEffect]:
+        """The effect records of tasks of type ``name`` submitted at or after
+        ``created_from`` (None: any time), newest task first and by effect name within a
+        task, at most ``limit``; ``after`` is the ``(task_created_at, task_id, effect
+        name)`` of the last row of the previous page (keyset pagination)."""
+        ...
+
+    def late_effects_of_type(
+        self, name: str, since: float | None, limit: int
+    ) -> list[LateEffect]:
+        """Late effects of tasks of type ``name`` recorded at or after ``since`` (None: any
+        time), newest first, at most ``limit``."""
+        ...
+
+    def record_reconcile(
+        self, name: str, operator: str, summary_json: str,
+        findings: Sequence[tuple[str, str, int | None, str]],
+    ) -> None:
+        """Audit one reconcile run in one transaction: a ``reconcile`` row (task id
+        ``reconcile:<name>``, holder ``operator``, detail ``summary_json``) and one row per
+        finding ``(task_id, kind, generation, detail_json)`` on the task it is about
+        (DESIGN §5, reconciliation)."""
+        ...
+
+    def audit_kind_counts(self) -> dict[str, int]:
+        """Audit rows ever written per kind (kept when prune deletes the rows; the rollup
+        plus the rows since the counts mark, as :meth:`stats` reads them)."""
+        ...
+
+    def definitions(self, live_within_s: float) -> list[DefinitionRecord]:
+        """Every stored definition by (name, version), with how many registered workers
+        that are ``alive`` and were seen within ``live_within_s`` seconds have it."""
+        ...
+
+    def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
+        """Ready tasks per (name, version) with the live workers that have each version
+        (``ratchet status``: a version no live worker has waits, never fails)."""
+        ...
+
+    def worker_definition_specs(self) -> list[tuple[str, str]]:
+        """``(holder, spec JSON)`` of every definition each registered worker has (the
+        ``worker_definitions`` rows joined with ``definitions``; ``ratchet workers`` reads
+        their ``lease_s``). None on a ledger not yet migrated to the definition tables."""
+        ...
