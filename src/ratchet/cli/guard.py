@@ -11,23 +11,20 @@ from typing import TypeVar
 
 import typer
 
-from .. import LedgerCorrupt, RatchetError
-from ..errors import EXIT_LEDGER_CORRUPT
+from .. import RatchetError
+from ..errors import EXIT_ERROR, error_spec
 from .render import err_console, line
 
 __all__ = ["EXIT_ERROR", "exit_status", "guard", "print_error"]
 
 T = TypeVar("T")
 
-EXIT_ERROR = 2
-"""Exit status of a command that a Ratchet error stopped (bad input, ledger unavailable)."""
-
-
 def exit_status(exc: RatchetError) -> int:
-    """The exit status of a command stopped by ``exc``:
-    :data:`~ratchet.errors.EXIT_LEDGER_CORRUPT` for a corrupt ledger, :data:`EXIT_ERROR`
-    (2) for every other Ratchet error."""
-    return EXIT_LEDGER_CORRUPT if isinstance(exc, LedgerCorrupt) else EXIT_ERROR
+    """The exit status of a command stopped by ``exc``: the error table's
+    (:func:`ratchet.errors.error_spec`, the same table the HTTP API and the dashboard
+    answer from): :data:`~ratchet.errors.EXIT_LEDGER_CORRUPT` (5) for a corrupt ledger,
+    :data:`~ratchet.errors.EXIT_ERROR` (2) for every other Ratchet error."""
+    return error_spec(exc).exit_code
 
 
 def print_error(exc: RatchetError) -> None:
