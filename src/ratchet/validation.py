@@ -23,6 +23,7 @@ __all__ = [
     "MAX_KEY_BYTES",
     "MAX_NAME_BYTES",
     "check_checkpoint_name",
+    "check_finite",
     "check_identifier",
     "duration_text",
     "parse_duration_s",
@@ -204,3 +205,25 @@ def parse_rate_per_s(text: str, what: str) -> float:
             f"{what} must be a rate like 5/s, 300/m or 1000/h (per second if no unit), from "
             f"1/h to {MAX_RATE_PER_S:g}/s, got {text!r}")
     return rate
+
+
+def check_finite(value: object, what: str, *, minimum: float | None = None,
+                 maximum: float | None = None) -> float:
+    """``value`` as a float: an int or float (not a bool), finite, and within
+    ``[minimum, maximum]`` where given.
+
+    Raises:
+        InvalidArguments: anything else, named by ``what`` with the range.
+    """
+    number = math.nan
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond any float
+            number = math.inf
+    if (not math.isfinite(number) or (minimum is not None and number < minimum)
+            or (maximum is not None and number > maximum)):
+        low = "" if minimum is None else f" >= {minimum:g}"
+        high = "" if maximum is None else f"{' and' if low else ''} <= {maximum:g}"
+        raise InvalidArguments(f"{what} must be a finite number{low}{high}, got {value!r}")
+    return number
