@@ -20,6 +20,7 @@ __all__ = [
     "REASON_REQUIRED",
     "check_age",
     "check_limit",
+    "check_optional_age",
     "check_seconds",
     "default_operator",
     "limit_scope",
@@ -78,15 +79,18 @@ def check_seconds(value: object, what: str, top: float) -> float:
     return seconds
 
 
-def check_age(age: object, label: str) -> float | None:
-    """``age`` (None, or a finite number of seconds >= 0) as a float or None."""
-    if age is None:
-        return None
+def check_age(age: object, label: str) -> float:
+    """``age`` as a finite number of seconds >= 0."""
     try:
         return check_finite(age, label, minimum=0.0)
     except InvalidArguments:
         raise InvalidArguments(
             f"{label} must be a finite number of seconds >= 0, got {age!r}") from None
+
+
+def check_optional_age(age: object, label: str) -> float | None:
+    """``age`` as :func:`check_age`, or None (no bound) when None."""
+    return None if age is None else check_age(age, label)
 
 
 def check_limit(limit: object, top: int) -> int:

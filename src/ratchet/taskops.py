@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .config import parse_ledger_url
 from .ledger import open_ledger
 from .ledger.base import ControlOutcome, Ledger, TaskInfo, TaskQuery
-from .opchecks import check_age, check_limit, operator_args, parse_cursor, states, task_id
+from .opchecks import check_limit, check_optional_age, operator_args, parse_cursor, states, task_id
 from .states import State
 from .validation import MAX_KEY_BYTES, check_identifier
 
@@ -96,8 +96,8 @@ def list_tasks(
     if key is not None:
         check_identifier(key, "idempotency key", MAX_KEY_BYTES)
     check_limit(limit, 1000)
-    older = check_age(older_than_s, "older_than_s")
-    newer = check_age(newer_than_s, "newer_than_s")
+    older = check_optional_age(older_than_s, "older_than_s")
+    newer = check_optional_age(newer_than_s, "newer_than_s")
     led = ledger()
     now = led.now() if older is not None or newer is not None else 0.0
     query = TaskQuery(
