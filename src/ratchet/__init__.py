@@ -58,17 +58,15 @@ from .ledger import open_ledger
 from .ledger.base import Limit, LimitScope, TaskInfo
 from .retry import FailureClass, RetryBudget, RetryPolicy
 from .states import State
+from .version import __version__
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
 
-__version__ = "0.1.0"
-
 __all__ = [
-    "NOT_FOUND",
     "App",
-    "ConfigError",
-    "ContextUsedInAnotherProcess",
     "CircuitBreaker",
     "CircuitOpen",
+    "ConfigError",
+    "ContextUsedInAnotherProcess",
     "Control",
     "ControlOutcome",
     "Durability",
@@ -86,9 +84,12 @@ __all__ = [
     "LimitScope",
     "LimitsReport",
     "Middleware",
+    "NOT_FOUND",
     "NonDeterministicReplay",
     "OutcomeUnknownError",
     "OverloadError",
+    "PauseRecord",
+    "PauseResult",
     "PayloadNotSerializable",
     "PayloadTooLarge",
     "PermanentError",
@@ -99,8 +100,6 @@ __all__ = [
     "SchemaTooOld",
     "StaleGeneration",
     "State",
-    "PauseRecord",
-    "PauseResult",
     "StatusReport",
     "SubmitError",
     "SubmitRequest",

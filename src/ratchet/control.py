@@ -24,37 +24,39 @@ change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrate
 older). :meth:`Control.migrate` creates or upgrades. :meth:`Control.submit` goes through
 the :class:`~ratchet.app.App` (its registry checks the task name and params).
 
-Where things are: the records in :mod:`ratchet.control_records` (and
-:class:`~ratchet.taskops.TaskPage`), the ledger handles in :mod:`ratchet.control_base`,
-the read calls in :mod:`ratchet.control_reads`, the writes in
-:mod:`ratchet.control_writes`, the argument checks in :mod:`ratchet.opchecks`; this module
-puts them together and is the import path (every name below stays importable from here).
+Where things are: the task records in :mod:`ratchet.control_records`, the system reports
+in :mod:`ratchet.control_reports`, the task page and the cancel / retry App and Control
+share in :mod:`ratchet.taskops`, the ledger handles in :mod:`ratchet.control_base`, the
+read calls in :mod:`ratchet.control_reads`, the writes in :mod:`ratchet.control_writes`,
+the argument checks in :mod:`ratchet.opchecks`. This module puts them together and is the
+import path: every name below stays importable from here.
 """
-
 
 from __future__ import annotations
 
 from .app import App as App
 from .app import TaskHandle as TaskHandle
 from .capacity import ALL_TYPES, LimitReached, TypeStatusView
-from .control_records import DEFAULT_LEASE_S as DEFAULT_LEASE_S
-from .control_records import LIVE_WORKER_S as LIVE_WORKER_S
-from .control_records import MAX_BUCKETS as MAX_BUCKETS
-from .control_records import MAX_WINDOW_S as MAX_WINDOW_S
 from .control_records import (
-    DefinitionView,
     EffectPage,
     EffectView,
     LateEffectView,
-    LimitsReport,
-    LimitView,
     QuarantineGroupView,
-    ReconcileCounts,
     ReplayReport,
-    StatusReport,
     StepView,
     TaskEffectView,
     TaskTimeline,
+)
+from .control_reports import DEFAULT_LEASE_S as DEFAULT_LEASE_S
+from .control_reports import LIVE_WORKER_S as LIVE_WORKER_S
+from .control_reports import MAX_BUCKETS as MAX_BUCKETS
+from .control_reports import MAX_WINDOW_S as MAX_WINDOW_S
+from .control_reports import (
+    DefinitionView,
+    LimitsReport,
+    LimitView,
+    ReconcileCounts,
+    StatusReport,
     ThroughputBucket,
     UsageView,
     VersionWaitView,
@@ -85,9 +87,6 @@ from .taskops import TaskPage
 
 __all__ = [
     "ALL_TYPES",
-    "LATE_ACCOUNTED_FOR",
-    "LATE_POSSIBLE_DUPLICATE",
-    "REASON_REQUIRED",
     "AuditEvent",
     "Control",
     "ControlOutcome",
@@ -96,6 +95,8 @@ __all__ = [
     "EffectRecord",
     "EffectState",
     "EffectView",
+    "LATE_ACCOUNTED_FOR",
+    "LATE_POSSIBLE_DUPLICATE",
     "LateEffectView",
     "LimitReached",
     "LimitView",
@@ -104,6 +105,7 @@ __all__ = [
     "PauseResult",
     "PruneReport",
     "QuarantineGroupView",
+    "REASON_REQUIRED",
     "ReconcileCounts",
     "ReplayReport",
     "ReplayedTask",

@@ -15,20 +15,22 @@ from .capacity import capacity_views
 from .config import redact_url
 from .control_base import ControlHandles
 from .control_records import (
+    EffectPage,
+    LateEffectView,
+    QuarantineGroupView,
+    TaskEffectView,
+    TaskTimeline,
+)
+from .control_reports import (
     DEFAULT_LEASE_S,
     LIVE_WORKER_S,
     MAX_BUCKETS,
     MAX_WINDOW_S,
     DefinitionView,
-    EffectPage,
-    LateEffectView,
     LimitsReport,
     LimitView,
-    QuarantineGroupView,
     ReconcileCounts,
     StatusReport,
-    TaskEffectView,
-    TaskTimeline,
     ThroughputBucket,
     UsageView,
     VersionWaitView,

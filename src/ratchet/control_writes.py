@@ -13,7 +13,9 @@ from typing import Any
 from . import opchecks, taskops
 from .app import TaskHandle
 from .control_reads import ControlReads
-from .control_records import ReplayReport
+from .control_records import (
+    ReplayReport,
+)
 from .errors import ConfigError, InvalidArguments
 from .ledger import open_ledger
 from .ledger.base import (
