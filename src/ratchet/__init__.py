@@ -63,16 +63,15 @@ from .ledger.base import Limit, LimitScope, TaskInfo
 from .observe import tracing as _tracing  # noqa: F401  (registers on import)
 from .retry import FailureClass, RetryBudget, RetryPolicy
 from .states import State
-from .version import __version__ as __version__
+from .version import __version__
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
 
 __all__ = [
-    "NOT_FOUND",
     "App",
-    "ConfigError",
-    "ContextUsedInAnotherProcess",
     "CircuitBreaker",
     "CircuitOpen",
+    "ConfigError",
+    "ContextUsedInAnotherProcess",
     "Control",
     "ControlOutcome",
     "Durability",
@@ -90,9 +89,12 @@ __all__ = [
     "LimitScope",
     "LimitsReport",
     "Middleware",
+    "NOT_FOUND",
     "NonDeterministicReplay",
     "OutcomeUnknownError",
     "OverloadError",
+    "PauseRecord",
+    "PauseResult",
     "PayloadNotSerializable",
     "PayloadTooLarge",
     "PermanentError",
@@ -103,8 +105,6 @@ __all__ = [
     "SchemaTooOld",
     "StaleGeneration",
     "State",
-    "PauseRecord",
-    "PauseResult",
     "StatusReport",
     "SubmitError",
     "SubmitRequest",

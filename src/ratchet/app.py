@@ -17,160 +17,37 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import os
-import secrets
 import threading
 import time
-import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import pydantic
 import tenacity
 
-from . import faults
+from . import faults, taskops
 from .breaker import CircuitBreaker, DownstreamBreaker
 from .config import max_payload_bytes_from_env, redact_url
-from .errors import (
-    ConfigError,
-    IdempotencyConflict,
-    InvalidArguments,
-    LedgerError,
-    LedgerUnavailable,
-    PayloadTooLarge,
-    UnknownTask,
-    WaitTimeout,
-)
+from .errors import ConfigError, InvalidArguments, UnknownTask, WaitTimeout
 from .ledger import open_ledger
-from .ledger.base import ControlOutcome, Ledger, NewTask, SubmitResult, TaskInfo
+from .ledger.base import ControlOutcome, Ledger, NewTask, TaskInfo
 from .lookups import RegisteredLookup, effect_base_name, make_lookup
-from .params import ParamsSchema, check_task_function
 from .retry import RetryBudget, RetryPolicy
-from .serde import digest, dumps
+from .spans import submit_span
 from .states import State
-from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
-
-if TYPE_CHECKING:
-    from .control import TaskPage
+from .submitgroup import SUBMIT_GROUP_MAX as SUBMIT_GROUP_MAX
+from .submitgroup import SubmitGroup as _SubmitGroup
+from .submitting import SubmitRequest, new_task_id, prepare_task
+from .taskdef import MIN_LEASE_S, TaskDefinition, check_lease_s, check_time_limit_s
+from .taskops import TaskPage
+from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_finite, check_identifier
 
 __all__ = ["MIN_LEASE_S", "App", "SubmitRequest", "TaskDefinition", "TaskHandle", "new_task_id"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-MIN_LEASE_S = 1.0
-"""Shortest lease a task type may declare, in seconds.
-
-Where it comes from: a worker trusts a lease only until ``confirmed expiry - margin``
-(``worker.heartbeat.margin_for``: 20 % of the lease, at most 2 s) and renews it every third
-of the lease, each renewal one ledger round trip (a group-committed, fsynced transaction;
-tens of milliseconds on a busy disk or a remote PostgreSQL). At 1 s the worker has a 0.2 s
-margin and 0.33 s between renewals: a slow commit or a scheduling hiccup of a loaded host
-still fits. Far below that the lease expires before the claim's own commit returns, so a
-task is taken over again and again without ever running its effect (a 1 ms lease cycled
-through 15-19 generations a second)."""
-
-
-def new_task_id() -> str:
-    """A 32-hex-char id: 12 chars of millisecond time (so ids sort by creation) + 20 random."""
-    return f"{int(time.time() * 1000):012x}{secrets.token_hex(10)}"
-
-
-@dataclass(frozen=True, slots=True)
-class TaskDefinition:
-    """A registered task type: one version of one name (DESIGN §8, "Definitions").
-
-    Attributes:
-        name: the registered name (``"billing.charge"``).
-        fn: the function, called as ``fn(ctx, **params)``.
-        version: definition version pinned by every instance at submit; a worker claims
-            only the (name, version) pairs its app defines and runs each with its version.
-        retry: the retry policy.
-        lease_s: lease length in seconds, at least :data:`MIN_LEASE_S`; renewed every
-            ``lease_s / 3`` while running.
-        time_limit_s: most seconds one attempt may run (None: no limit, the default);
-            see :func:`check_time_limit_s` and DESIGN §7 (time limits).
-        params_model: the pydantic model validating the params, or ``None`` (the
-            function's signature is the schema; :mod:`ratchet.params`).
-
-    Raises:
-        ConfigError: a lease below :data:`MIN_LEASE_S`, a time limit that is not a finite
-            number of seconds > 0 (or None), a ``retry`` that is not a
-            :class:`RetryPolicy`, a version outside 1 .. 2**31 - 1 (the ledger stores a
-            32-bit integer), ``fn`` not callable, or a function that cannot be called as
-            ``fn(ctx, **params)`` (:func:`ratchet.params.check_task_function`).
-    """
-
-    name: str
-    fn: Callable[..., Any]
-    version: int
-    retry: RetryPolicy
-    lease_s: float
-    time_limit_s: float | None = None
-    params_model: type[pydantic.BaseModel] | None = None
-    _schema: ParamsSchema | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        check_lease_s(self.lease_s)
-        check_time_limit_s(self.time_limit_s)
-        if not isinstance(self.retry, RetryPolicy):
-            raise ConfigError(
-                f"retry must be a ratchet.RetryPolicy, got {type(self.retry).__name__}"
-            )
-        if isinstance(self.version, bool) or not isinstance(self.version, int) \
-                or not 1 <= self.version < 2**31:
-            raise ConfigError(
-                f"version must be an integer from 1 to 2**31 - 1, got {self.version!r}"
-            )
-        if not callable(self.fn):
-            raise ConfigError(f"task {self.name!r}: {self.fn!r} is not callable")
-        object.__setattr__(self, "_schema",
-                           check_task_function(self.name, self.fn, self.params_model))
-
-    def validate(self, params_json: str) -> None:
-        """Check the params' JSON text against the function's signature (or the params
-        model), in pydantic's strict JSON mode; nothing is converted (:mod:`ratchet.params`).
-
-        Raises:
-            InvalidArguments: a missing required field, an unknown field, a wrong type;
-                the message names each field.
-        """
-        if self._schema is not None:
-            self._schema.validate(self.name, self.version, params_json)
-
-    @property
-    def params_schema(self) -> dict[str, Any]:
-        """The JSON Schema of the params (``{"type": "object"}`` when not introspectable)."""
-        return self._schema.json_schema if self._schema is not None else {"type": "object"}
-
-    def spec(self) -> dict[str, Any]:
-        """The definition as the ledger stores it (``definitions.spec``, JSON): retry
-        policy, ``lease_s``, the params schema and its source. Extensible: a key added
-        later is one more entry; readers ignore keys they do not know."""
-        return {
-            "retry": dataclasses.asdict(self.retry),
-            "lease_s": self.lease_s,
-            "time_limit_s": self.time_limit_s,
-            "params_schema": self.params_schema,
-            "params_source": self._schema.source if self._schema is not None else "none",
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class SubmitRequest:
-    """One entry for :meth:`App.submit_many`."""
-
-    name: str
-    params: Mapping[str, Any] | None = None
-    idempotency_key: str | None = None
-    run_at: datetime | float | None = None
-    delay_s: float = 0.0
-    tenant: str | None = None
-    version: int | None = None
-    """The definition version to pin; ``None``: the newest this app defines."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,279 +88,6 @@ def _check_ledger_arg(ledger: object) -> None:
             f"got {type(ledger).__name__}"
         )
 
-
-def check_lease_s(lease_s: object) -> float:
-    """``lease_s`` as a float if it is a valid lease length, in seconds.
-
-    Raises:
-        ConfigError: not a finite number, or below :data:`MIN_LEASE_S`.
-    """
-    if (
-        isinstance(lease_s, bool)
-        or not isinstance(lease_s, int | float)
-        or not math.isfinite(lease_s)
-    ):
-        raise ConfigError(f"lease_s must be a finite number of seconds, got {lease_s!r}")
-    if lease_s < MIN_LEASE_S:
-        raise ConfigError(
-            f"lease_s must be at least {MIN_LEASE_S} s (ratchet.app.MIN_LEASE_S), got "
-            f"{lease_s!r}: a shorter lease expires before the worker can renew it, so the "
-            "task is taken over again and again without running"
-        )
-    return float(lease_s)
-
-
-def check_time_limit_s(time_limit_s: object) -> float | None:
-    """``time_limit_s`` as a float (or None: no limit) if it is a valid time limit of one
-    attempt, in seconds (DESIGN §7, time limits: the worker ends an attempt that runs
-    longer, as a failed attempt with ``error_class`` ``"time_limit"``).
-
-    Raises:
-        ConfigError: not None and not a finite number > 0 (a bool, NaN, infinity, 0 or a
-            negative number; "no limit" is None).
-    """
-    if time_limit_s is None:
-        return None
-    if (
-        isinstance(time_limit_s, bool)
-        or not isinstance(time_limit_s, int | float)
-        or not math.isfinite(time_limit_s)
-        or time_limit_s <= 0
-    ):
-        raise ConfigError(
-            f"time_limit_s must be a finite number of seconds > 0, or None for no limit; "
-            f"got {time_limit_s!r}"
-        )
-    return float(time_limit_s)
-
-
-SUBMIT_GROUP_MAX = 256
-"""Most tasks one shared submit transaction writes (:class:`_SubmitGroup`); callers past
-it wait for the next transaction."""
-
-
-class _PendingSubmit:
-    """One :meth:`App.submit` call queued for a shared transaction: its task, then its
-    outcome (``result`` or ``error``), and whether it was made the next leader."""
-
-    __slots__ = ("error", "lead", "result", "task", "wakeup")
-
-    def __init__(self, task: NewTask) -> None:
-        self.task = task
-        self.result: SubmitResult | None = None
-        self.error: BaseException | None = None
-        self.lead = False
-        self.wakeup: threading.Event | None = None
-
-    def outcome(self) -> SubmitResult:
-        """The result. Raises the error this submit got."""
-        if self.error is not None:
-            raise self.error
-        if self.result is None:  # a bug of the group, never a silent success
-            raise LedgerError("submit finished without an outcome (ratchet bug)")
-        return self.result
-
-
-_GROUPS: weakref.WeakSet[_SubmitGroup] = weakref.WeakSet()
-"""Every live :class:`_SubmitGroup`, reset in a forked child (a fork while another
-thread led or waited would otherwise leave the child's submits waiting forever)."""
-
-
-def _reset_groups_after_fork() -> None:
-    for group in list(_GROUPS):
-        group._after_fork()
-
-
-os.register_at_fork(after_in_child=_reset_groups_after_fork)
-
-
-class _SubmitGroup:
-    """Group commit for :meth:`App.submit`: concurrent callers share one transaction.
-
-    Leader/follower, no thread of its own and no added delay. A caller that finds no
-    submit transaction in flight runs one at once with its own task (the uncontended case:
-    one lock taken twice, nothing else). Callers that arrive while one is in flight queue
-    their task and sleep; when the transaction ends, its leader hands leadership to the
-    first queued caller, which takes everything queued (up to :data:`SUBMIT_GROUP_MAX`,
-    FIFO) into one ``ledger.submit(batch)`` and answers each caller with its own
-    :class:`~ratchet.ledger.base.SubmitResult` or error once the batch has committed.
-
-    The same outcome per caller as the calls run one after the other:
-
-    * the same idempotency key twice in a batch with the same params: the first creates
-      the task, the second gets ``created=False`` and the same id (the engine's dedupe);
-      with *different* params the later caller is left for a later batch (FIFO per key),
-      where it meets the committed row and gets its own ``IdempotencyConflict``;
-    * :class:`~ratchet.errors.IdempotencyConflict` rolls the whole batch back (the ledger
-      is all-or-nothing); the engine has audited it once, so it goes to one caller whose
-      key and params digest it names and the rest of the batch is sent again;
-    * :class:`~ratchet.errors.LedgerUnavailable` goes to every caller of the batch (a
-      transaction lost during ``COMMIT`` may have been applied: it is not re-sent task by
-      task, as the worker's writer does);
-    * any other error (:class:`~ratchet.errors.WriteRejected`, ...) makes the leader
-      submit the batch's tasks one by one, so only the task that fails alone gets it.
-    """
-
-    def __init__(self, max_batch: int = SUBMIT_GROUP_MAX) -> None:
-        self.max_batch = max_batch
-        self._lock = threading.Lock()
-        self._queue: deque[_PendingSubmit] = deque()  # waiting, in no transaction yet
-        self._busy = False  # a leader is running; False implies an empty queue
-        self.transactions = 0
-        """Batches sent (a batch re-sent after a conflict or split counts once)."""
-        _GROUPS.add(self)
-
-    def _after_fork(self) -> None:
-        """In a forked child: the parent's in-flight submits are not this process's."""
-        self._lock = threading.Lock()
-        self._queue = deque()
-        self._busy = False
-
-    @property
-    def waiting(self) -> int:
-        """Callers queued for the next transaction."""
-        return len(self._queue)
-
-    def submit(self, ledger: Ledger, task: NewTask) -> SubmitResult:
-        """Write ``task`` (in a transaction shared with concurrent callers) and return its
-        result once committed.
-
-        Raises:
-            IdempotencyConflict, LedgerError: as ``ledger.submit([task])`` would.
-        """
-        me = _PendingSubmit(task)
-        with self._lock:
-            if self._busy:
-                wakeup = me.wakeup = threading.Event()
-                self._queue.append(me)
-            else:
-                self._busy = True
-                wakeup = None
-        if wakeup is None:
-            batch = [me]
-        else:
-            try:
-                wakeup.wait()
-            except BaseException:  # interrupted while queued: leave the queue cleanly
-                self._abandon(me)
-                raise
-            if not me.lead:
-                return me.outcome()
-            batch = self._take()
-        try:
-            self._send(ledger, batch)
-        except BaseException as exc:  # KeyboardInterrupt in the leader: nobody hangs
-            for p in batch:
-                if p is not me and p.result is None and p.error is None:
-                    p.error = LedgerUnavailable(
-                        f"the shared submit transaction was interrupted in another thread "
-                        f"({type(exc).__name__}); the outcome is unknown: submit again "
-                        "with the same idempotency key"
-                    )
-            raise
-        finally:
-            self._hand_off()
-            for p in batch:
-                if p.wakeup is not None and p is not me:
-                    p.wakeup.set()
-        return me.outcome()
-
-    def _take(self) -> list[_PendingSubmit]:
-        """The next batch, FIFO from the queue (the new leader is its head). A task whose
-        idempotency key is already in the batch with other params waits for a later batch,
-        and so does every later task with that key (their order is kept)."""
-        batch: list[_PendingSubmit] = []
-        deferred: list[_PendingSubmit] = []
-        digests: dict[str, str] = {}
-        blocked: set[str] = set()
-        with self._lock:
-            queue = self._queue
-            while queue and len(batch) < self.max_batch:
-                p = queue.popleft()
-                key = p.task.idempotency_key
-                if key is not None and (
-                    key in blocked
-                    or digests.setdefault(key, p.task.params_digest) != p.task.params_digest
-                ):
-                    blocked.add(key)
-                    deferred.append(p)
-                    continue
-                batch.append(p)
-            queue.extendleft(reversed(deferred))
-        return batch
-
-    def _abandon(self, me: _PendingSubmit) -> None:
-        """A queued caller leaves (interrupted): out of the queue, and if it had just been
-        made leader, leadership passes on. Taken into a batch already, its task may still
-        be written (an outcome unknown to it, as for any interrupted submit)."""
-        with self._lock:
-            if me in self._queue:
-                self._queue.remove(me)
-            lead = me.lead
-        if lead:
-            self._hand_off()
-
-    def _hand_off(self) -> None:
-        """End this leader's turn: wake the first queued caller as the next leader, or
-        mark the group idle."""
-        with self._lock:
-            if not self._queue:
-                self._busy = False
-                return
-            head = self._queue[0]
-            head.lead = True
-        assert head.wakeup is not None
-        head.wakeup.set()
-
-    def _send(self, ledger: Ledger, batch: list[_PendingSubmit]) -> None:
-        """Submit ``batch`` and set each entry's result or error (see the class)."""
-        self.transactions += 1
-        pending = list(batch)
-        while pending:
-            try:
-                results = ledger.submit([p.task for p in pending])
-            except IdempotencyConflict as exc:
-                culprit = next((p for p in pending
-                                if p.task.idempotency_key == exc.key
-                                and p.task.params_digest == exc.new_digest), None)
-                if culprit is None:  # not one of ours (a ledger of another kind)
-                    if len(pending) == 1:
-                        pending[0].error = exc
-                    else:
-                        self._one_by_one(ledger, pending)
-                    return
-                culprit.error = exc  # audited once by the ledger: one caller gets it
-                pending.remove(culprit)
-            except LedgerUnavailable as exc:
-                for p in pending:
-                    p.error = exc
-                return
-            except Exception as exc:
-                if len(pending) == 1:
-                    pending[0].error = exc
-                else:
-                    self._one_by_one(ledger, pending)
-                return
-            else:
-                for p, result in zip(pending, results, strict=True):
-                    p.result = result
-                return
-
-    @staticmethod
-    def _one_by_one(ledger: Ledger, pending: list[_PendingSubmit]) -> None:
-        """Submit each task in its own transaction, so only a task that fails alone gets
-        an error. Once the ledger is unavailable, the rest get that error untried."""
-        down: LedgerUnavailable | None = None
-        for p in pending:
-            if down is not None:
-                p.error = down
-                continue
-            try:
-                [p.result] = ledger.submit([p.task])
-            except LedgerUnavailable as exc:
-                p.error = down = exc
-            except Exception as exc:
-                p.error = exc
 
 
 class App:
@@ -784,60 +388,8 @@ class App:
     # ------------------------------------------------------------------ submit
 
     def _prepare(self, request: SubmitRequest) -> NewTask:
-        definition = self.definition(request.name, request.version)
-        if request.params is not None and not isinstance(request.params, Mapping):
-            raise InvalidArguments(
-                f"params must be a mapping of argument names to values, got "
-                f"{type(request.params).__name__}"
-            )
-        params = dict(request.params or {})
-        params_json = dumps(params, what=f"params of task {request.name!r}")
-        definition.validate(params_json)
-        size = len(params_json.encode("utf-8"))
-        if size > self.max_payload_bytes:
-            raise PayloadTooLarge(size, self.max_payload_bytes)
-        run_at_epoch_s: float | None = None
-        if isinstance(request.run_at, datetime):
-            if request.run_at.tzinfo is None:
-                raise InvalidArguments("run_at must be timezone-aware (e.g. datetime.now(UTC))")
-            run_at_epoch_s = request.run_at.timestamp()
-        elif request.run_at is not None:
-            if isinstance(request.run_at, bool) or not isinstance(request.run_at, int | float):
-                raise InvalidArguments(
-                    f"run_at must be an aware datetime or epoch seconds, got {request.run_at!r}"
-                )
-            try:
-                run_at_epoch_s = float(request.run_at)
-            except OverflowError:
-                raise InvalidArguments(f"run_at is out of range: {request.run_at!r}") from None
-        if run_at_epoch_s is not None and not math.isfinite(run_at_epoch_s):
-            raise InvalidArguments(f"run_at must be finite, got {request.run_at!r}")
-        try:
-            delay_ok = isinstance(request.delay_s, int | float) and math.isfinite(request.delay_s)
-        except OverflowError:
-            delay_ok = False
-        if not delay_ok:
-            raise InvalidArguments(
-                f"delay_s must be a finite number of seconds, got {request.delay_s!r}"
-            )
-        if request.idempotency_key is not None:
-            check_identifier(request.idempotency_key, "idempotency_key", MAX_KEY_BYTES)
-        if request.tenant is not None:
-            check_identifier(request.tenant, "tenant", MAX_KEY_BYTES)
-        return NewTask(
-            task_id=new_task_id(),
-            name=definition.name,
-            version=definition.version,
-            params_json=params_json,
-            params_digest=digest(definition.name, params_json),
-            idempotency_key=request.idempotency_key,
-            max_attempts=definition.retry.max_attempts,
-            lease_s=definition.lease_s,
-            delay_s=max(0.0, request.delay_s),
-            run_at_epoch_s=run_at_epoch_s,
-            quarantine_after=definition.retry.quarantine_after,
-            tenant=request.tenant,
-        )
+        return prepare_task(self.definition(request.name, request.version), request,
+                            self.max_payload_bytes)
 
     def submit(
         self,
@@ -877,8 +429,6 @@ class App:
             LedgerError: the ledger failed (:class:`~ratchet.errors.LedgerUnavailable`:
                 the outcome may be unknown; submit again with the same idempotency key).
         """
-        from .observe.tracing import submit_span  # here: observe imports the worker
-
         with submit_span(name, idempotency_key=idempotency_key, tenant=tenant) as span:
             task = self._prepare(
                 SubmitRequest(name, params, idempotency_key, run_at, delay_s, tenant=tenant,
@@ -919,8 +469,6 @@ class App:
                     f"{type(request).__name__} ({request!r:.80}). Use "
                     "SubmitRequest(name, params, idempotency_key=...)"
                 )
-        from .observe.tracing import submit_span  # here: observe imports the worker
-
         with submit_span("", many=True) as span:
             new = [self._prepare(r) for r in requests]
             if span.trace_context is not None:
@@ -948,10 +496,8 @@ class App:
         Returns:
             A :class:`~ratchet.control.TaskPage` (``tasks``, ``next_cursor``).
         """
-        from .control import Control
-
-        with Control(app=self) as control:
-            return control.list_tasks(**filters)
+        with self._operator_ledger(write=False) as ledger:
+            return taskops.list_tasks(ledger, **filters)
 
     def cancel(self, task_id: str, *, reason: str, by: str | None = None) -> ControlOutcome:
         """Cancel a task, audited: :meth:`ratchet.Control.cancel` on this App's ledger
@@ -961,18 +507,22 @@ class App:
             A :class:`~ratchet.ledger.base.ControlOutcome` (``outcome``: ``done``,
             ``requested`` or ``unchanged``).
         """
-        from .control import Control
-
-        with Control(app=self) as control:
-            return control.cancel(task_id, reason=reason, by=by)
+        with self._operator_ledger(write=True) as ledger:
+            return taskops.cancel(ledger, task_id, reason, by)
 
     def retry(self, task_id: str, *, reason: str, by: str | None = None) -> ControlOutcome:
         """Run a ``FAILED`` task again with a fresh set of attempts, audited:
         :meth:`ratchet.Control.retry` on this App's ledger (which documents it)."""
-        from .control import Control
+        with self._operator_ledger(write=True) as ledger:
+            return taskops.retry(ledger, task_id, reason, by)
 
-        with Control(app=self) as control:
-            return control.retry(task_id, reason=reason, by=by)
+    def _operator_ledger(self, *, write: bool) -> taskops.LedgerOnDemand:
+        """The ledger of an operator call made through the App, as :class:`ratchet.Control`
+        opens it: the App's ledger object if it holds one, else a handle of its own on the
+        App's URL, which must exist (read calls never create or migrate it)."""
+        return taskops.LedgerOnDemand(
+            self.ledger_url, write=write,
+            given=self.ledger if self.holds_ledger_object else None)
 
     def wait(
         self, task_id: str, timeout_s: float | None = None, poll_s: float = 0.05
@@ -994,10 +544,11 @@ class App:
         for label, value in (("timeout_s", timeout_s), ("poll_s", poll_s)):
             if value is None and label == "timeout_s":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not math.isfinite(value) or value < 0:
+            try:
+                check_finite(value, label, minimum=0.0)
+            except InvalidArguments:
                 raise InvalidArguments(f"{label} must be a finite number of seconds >= 0, "
-                                       f"got {value!r}")
+                                       f"got {value!r}") from None
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         backoff = tenacity.wait_exponential(multiplier=max(poll_s, 0.001), exp_base=1.5, max=0.5)
 

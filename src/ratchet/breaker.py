@@ -24,7 +24,6 @@ nor closes the breaker; a call that succeeds resets the count.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +32,8 @@ from enum import StrEnum
 
 import httpx
 
-from .errors import CircuitOpen, ConfigError, OverloadError
+from .errors import CircuitOpen, ConfigError, InvalidArguments, OverloadError
+from .validation import check_finite
 
 __all__ = ["BreakerState", "CircuitBreaker", "DownstreamBreaker", "is_overload"]
 
@@ -70,9 +70,12 @@ class CircuitBreaker:
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
                 raise ConfigError(
                     f"CircuitBreaker.{label} must be an integer from 1 to 10000, got {value!r}")
-        value = self.open_s
-        if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not math.isfinite(value) or not 0 < value <= 3600:
+        try:
+            open_s = check_finite(self.open_s, "CircuitBreaker.open_s", maximum=3600)
+        except InvalidArguments:
+            open_s = 0.0
+        if open_s <= 0:
+            value = self.open_s
             raise ConfigError(
                 f"CircuitBreaker.open_s must be a number of seconds above 0 and at most 3600, "
                 f"got {value!r}")

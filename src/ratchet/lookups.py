@@ -22,14 +22,13 @@ stored as ``name`` and ``name#N``; all occurrences of ``name`` share its lookup.
 from __future__ import annotations
 
 import inspect
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
-from .validation import MAX_NAME_BYTES, check_checkpoint_name, check_identifier
+from .errors import ConfigError, InvalidArguments
+from .validation import MAX_NAME_BYTES, check_checkpoint_name, check_finite, check_identifier
 
 __all__ = ["RegisteredLookup", "effect_base_name", "make_lookup"]
 
@@ -90,12 +89,13 @@ def make_lookup(task_type: object, effect: object, fn: object, fenced: object,
     for label, flag in (("fenced", fenced), ("worker", worker)):
         if not isinstance(flag, bool):
             raise ConfigError(f"{label} must be True or False, got {flag!r}")
-    if in_flight_s is not None and (
-        isinstance(in_flight_s, bool) or not isinstance(in_flight_s, int | float)
-        or not math.isfinite(in_flight_s) or in_flight_s < 0
-    ):
-        raise ConfigError(f"in_flight_s must be a finite number of seconds >= 0 or None, "
-                          f"got {in_flight_s!r}")
+    in_flight: float | None = None
+    if in_flight_s is not None:
+        try:
+            in_flight = check_finite(in_flight_s, "in_flight_s", minimum=0.0)
+        except InvalidArguments:
+            raise ConfigError(f"in_flight_s must be a finite number of seconds >= 0 or None, "
+                              f"got {in_flight_s!r}") from None
     shape = "lookup(key, token)" if fenced else "lookup(key)"
     if not callable(fn):
         raise ConfigError(f"lookup for {name!r} effect {eff!r} must be callable as {shape}, "
@@ -114,4 +114,4 @@ def make_lookup(task_type: object, effect: object, fn: object, fenced: object,
                 + ("; fenced=True passes the fencing token as the second argument"
                    if fenced else "")) from None
     return RegisteredLookup(name, eff, fn, bool(fenced),
-                            None if in_flight_s is None else float(in_flight_s), bool(worker))
+                            in_flight, bool(worker))

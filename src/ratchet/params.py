@@ -222,14 +222,40 @@ def _validatable(annotation: Any) -> bool:
     return True
 
 
+CONTEXT_CLASS_NAME = "TaskContext"
+"""The name of the class whose instance a task function's first parameter receives
+(:class:`ratchet.worker.context.TaskContext`, or any ``ratchet`` module it moves to).
+Annotations are checked against it by name: the worker sits above this module, which must
+not import it."""
+
+
+def _is_context_class(candidate: type) -> bool:
+    """Whether ``candidate`` is the task context class or a subclass of it (by name, so
+    that this module needs no import of the worker)."""
+    return any(c.__qualname__ == CONTEXT_CLASS_NAME and c.__module__.startswith("ratchet.")
+               for c in candidate.__mro__)
+
+
+def _may_hold_context(candidate: object) -> bool:
+    """Whether a parameter annotated ``candidate`` may receive the task context: not a
+    class (a type alias, a ``TypeVar``, ...), the context class, a subclass of it, one of
+    its bases (``object``: the context class derives from nothing else), or a class that
+    defines a structural subclass check (its own ``__subclasshook__``: ``Hashable``,
+    ``Sized``, ``Protocol`` classes), which cannot be judged without the context class
+    and is left alone."""
+    if not isinstance(candidate, type) or candidate is object or _is_context_class(candidate):
+        return True
+    if type(candidate).__subclasscheck__ is type.__subclasscheck__:
+        return False
+    return "__subclasshook__" in vars(candidate)
+
+
 def _check_context_annotation(
     fn: Callable[..., Any], first: inspect.Parameter, where: str, signature: inspect.Signature
 ) -> None:
     """Refuse a first parameter annotated with a type that cannot hold a TaskContext (the
     usual mistake: ``def charge(order_id: str, ...)`` without ``ctx``). An annotation that
     does not evaluate (imported under ``TYPE_CHECKING``) is left alone."""
-    from .worker.context import TaskContext
-
     annotation = first.annotation
     if isinstance(annotation, str):
         try:
@@ -241,10 +267,8 @@ def _check_context_annotation(
     origin = typing.get_origin(annotation)
     candidates = typing.get_args(annotation) if origin is typing.Union or \
         type(annotation).__name__ == "UnionType" else (annotation,)
-    for candidate in candidates:
-        if not isinstance(candidate, type) or issubclass(TaskContext, candidate) \
-                or issubclass(candidate, TaskContext):
-            return
+    if any(_may_hold_context(candidate) for candidate in candidates):
+        return
     raise ConfigError(
         f"{where}: its first parameter {first.name!r} is annotated {first.annotation!r}, but "
         f"the first parameter of a task function receives the TaskContext (fn(ctx, "

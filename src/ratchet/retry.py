@@ -23,6 +23,7 @@ import httpx
 from .errors import (
     ConfigError,
     IllegalTransition,
+    InvalidArguments,
     OutcomeUnknownError,
     OverloadError,
     PermanentError,
@@ -31,6 +32,7 @@ from .errors import (
     TransientError,
     UndecodableData,
 )
+from .validation import check_finite
 
 __all__ = [
     "downstream_unreachable",
@@ -108,9 +110,11 @@ class RetryBudget:
     def __post_init__(self) -> None:
         for label in ("ratio", "min_per_s", "window_s"):
             value = getattr(self, label)
-            if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not math.isfinite(value):
-                raise ConfigError(f"RetryBudget.{label} must be a finite number, got {value!r}")
+            try:
+                check_finite(value, f"RetryBudget.{label}")
+            except InvalidArguments:
+                raise ConfigError(
+                    f"RetryBudget.{label} must be a finite number, got {value!r}") from None
         if not 0.0 <= self.ratio <= 1.0:
             raise ConfigError(f"RetryBudget.ratio must be within [0, 1], got {self.ratio!r}")
         if self.min_per_s < 0:
@@ -188,9 +192,11 @@ class RetryPolicy:
         for label in ("base_delay_s", "max_delay_s", "overload_min_delay_s", "multiplier",
                       "jitter"):
             value = getattr(self, label)
-            if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not math.isfinite(value):
-                raise ConfigError(f"RetryPolicy.{label} must be a finite number, got {value!r}")
+            try:
+                check_finite(value, f"RetryPolicy.{label}")
+            except InvalidArguments:
+                raise ConfigError(
+                    f"RetryPolicy.{label} must be a finite number, got {value!r}") from None
         for label in ("base_delay_s", "max_delay_s", "overload_min_delay_s"):
             if getattr(self, label) < 0:
                 raise ConfigError(

@@ -1,4 +1,5 @@
-"""The version of Ratchet (the distribution's, as in ``pyproject.toml``)."""
+"""The version of this Ratchet (``ratchet.__version__``), in a module of its own so that
+internal modules can name it without importing the package (``ratchet/__init__``)."""
 
 from __future__ import annotations
 

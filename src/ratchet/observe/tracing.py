@@ -45,13 +45,23 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ..version import __version__
+from ..spans import (
+    MAX_TRACE_CONTEXT_CHARS,
+    SubmitSpan,
+    _api,
+    _config,
+    _provider,
+    _tracer_of,
+    available,
+    configure,
+    enabled,
+    submit_span,
+)
 from ..worker.hooks import (
     ContextLike,
     EffectSettlement,
@@ -84,127 +94,8 @@ __all__ = [
 
 log = logging.getLogger("ratchet.observe.tracing")
 
-TRACER_NAME = "ratchet"
-MAX_TRACE_CONTEXT_CHARS = 1024
-"""Longest trace context stored with a task; a longer ``tracestate`` is dropped (the
-``traceparent`` alone is 55 characters)."""
-
 _FAILED_OUTCOMES = frozenset({"FAILED", "UNKNOWN", "RETRY_WAIT", "stale", "lease_lost",
                               "abandoned"})
-
-
-class _Config:
-    """Module state: the provider override, the on/off switch, the loaded API."""
-
-    def __init__(self) -> None:
-        self.provider: TracerProvider | None = None
-        self.enabled: bool | None = None  # None: automatic
-        self.loaded: bool | None = None  # None: not tried yet
-
-
-_config = _Config()
-
-
-_trace: Any = None  # the opentelemetry.trace module, once loaded
-_api: Any = None  # what the hot paths use, imported once (a local import costs ~1 us)
-_NOT_RECORDING: tuple[type, ...] = ()  # the API's proxy and no-op providers
-_OFF = ("0", "false", "no", "off")
-
-
-class _Api:
-    """The OpenTelemetry names the middleware uses, bound once."""
-
-    def __init__(self) -> None:
-        from opentelemetry import context, trace
-        from opentelemetry.trace import Link, SpanKind, Status, StatusCode
-        from opentelemetry.trace.propagation.tracecontext import (
-            TraceContextTextMapPropagator,
-        )
-
-        self.context = context
-        self.Context = context.Context
-        self.trace = trace
-        self.Link = Link
-        self.SpanKind = SpanKind
-        self.Status = Status
-        self.StatusCode = StatusCode
-        self.propagator = TraceContextTextMapPropagator()
-
-
-def available() -> bool:
-    """True when the OpenTelemetry API and SDK can be imported (the ``otel`` extra)."""
-    global _trace, _api, _NOT_RECORDING
-    if _config.loaded is None:
-        try:
-            import opentelemetry.sdk.trace  # noqa: F401
-            from opentelemetry import trace
-
-            api = _Api()
-        except ImportError:
-            _config.loaded = False
-        else:
-            _trace, _api = trace, api
-            _NOT_RECORDING = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-            _config.loaded = True
-    return _config.loaded
-
-
-def configure(
-    tracer_provider: TracerProvider | None = None, *, enabled: bool | None = None
-) -> None:
-    """Set the ``TracerProvider`` Ratchet uses (None: OpenTelemetry's global one) and
-    whether tracing is on (None: automatic, i.e. on when that provider records; False:
-    off whatever is configured; True: on, when a provider is configured).
-
-    Used by ``ratchet worker --trace-file`` / ``--no-trace`` and by tests; an application
-    normally configures the global provider (``opentelemetry.trace.set_tracer_provider``)
-    and needs nothing here.
-    """
-    _config.provider = tracer_provider
-    _config.enabled = enabled
-
-
-def _provider() -> TracerProvider:
-    if _config.provider is not None:
-        return _config.provider
-    provider: TracerProvider = _trace.get_tracer_provider()
-    return provider
-
-
-def enabled() -> bool:
-    """True when spans are recorded: OpenTelemetry importable, not switched off
-    (``RATCHET_TRACE=0``, ``configure(enabled=False)``) and a provider that records (not
-    the API's default proxy or no-op provider). Cheap (about a microsecond without a
-    provider): called on every submit."""
-    if _config.enabled is False or not (_config.loaded or available()):
-        return False
-    provider = _config.provider if _config.provider is not None \
-        else _trace.get_tracer_provider()
-    if isinstance(provider, _NOT_RECORDING):
-        return False
-    if _config.enabled is None:
-        switch = os.environ.get("RATCHET_TRACE")
-        if switch is not None and switch.strip().lower() in _OFF:
-            return False
-    return True
-
-
-_tracers: dict[int, tuple[Any, Any]] = {}  # id(provider) -> (provider, its tracer)
-
-
-def _tracer_of(provider: TracerProvider) -> Tracer:
-    """Ratchet's tracer of ``provider``, made once (``get_tracer`` builds a new one)."""
-    cached = _tracers.get(id(provider))
-    if cached is not None and cached[0] is provider:
-        tracer: Tracer = cached[1]
-        return tracer
-    tracer = provider.get_tracer(TRACER_NAME, __version__)
-    _tracers[id(provider)] = (provider, tracer)
-    return tracer
-
-
-def _tracer() -> Tracer:
-    return _tracer_of(_provider())
 
 
 def current_ids() -> tuple[str, str] | None:
@@ -212,102 +103,10 @@ def current_ids() -> tuple[str, str] | None:
     None when there is no valid current span or OpenTelemetry is not installed."""
     if not (_config.loaded or available()):
         return None
-    sc = _trace.get_current_span().get_span_context()
+    sc = _api.trace.get_current_span().get_span_context()
     if not sc.is_valid:
         return None
     return f"{sc.trace_id:032x}", f"{sc.span_id:016x}"
-
-
-# ---------------------------------------------------------------------- submit
-
-
-class SubmitSpan:
-    """The submit span as :func:`submit_span` yields it.
-
-    Attributes:
-        trace_context: the span's W3C trace context to store with the task (JSON text, at
-            most :data:`MAX_TRACE_CONTEXT_CHARS`), or None when not tracing.
-    """
-
-    __slots__ = ("_span", "trace_context")
-
-    def __init__(self, span: Span | None = None, trace_context: str | None = None) -> None:
-        self._span = span
-        self.trace_context = trace_context
-
-    def submitted(self, task_id: str, created: bool, version: int) -> None:
-        """Record the outcome: the task id (the existing one when deduplicated), whether
-        a row was written and the definition version pinned."""
-        if self._span is not None:
-            self._span.set_attributes({"ratchet.task.id": task_id, "ratchet.created": created,
-                                       "ratchet.task.version": version})
-
-    def submitted_many(self, count: int, created: int) -> None:
-        """Record the outcome of a ``submit_many``: tasks in the batch and rows written."""
-        if self._span is not None:
-            self._span.set_attributes({"ratchet.task.count": count,
-                                       "ratchet.created_count": created})
-
-
-_NO_SPAN = SubmitSpan()
-
-
-def _inject() -> str | None:
-    """The current context as stored trace-context text, or None if it has no span."""
-    carrier: dict[str, str] = {}
-    _api.propagator.inject(carrier)
-    if "traceparent" not in carrier:
-        return None
-    text = json.dumps(carrier, separators=(",", ":"), sort_keys=True)
-    if len(text) > MAX_TRACE_CONTEXT_CHARS:
-        text = json.dumps({"traceparent": carrier["traceparent"]}, separators=(",", ":"))
-    return text
-
-
-class _NoSubmitSpan:
-    """The context manager :func:`submit_span` returns when not tracing (no generator)."""
-
-    def __enter__(self) -> SubmitSpan:
-        return _NO_SPAN
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_SUBMIT_SPAN = _NoSubmitSpan()
-
-
-def submit_span(
-    name: str, *, idempotency_key: str | None = None, tenant: str | None = None,
-    many: bool = False,
-) -> AbstractContextManager[SubmitSpan]:
-    """A ``submit NAME`` span (current while the block runs) around one submit, or a
-    ``submit_many`` span around a batch (``many``). Yields a :class:`SubmitSpan` whose
-    ``trace_context`` goes into the task rows. An exception raised in the block is
-    recorded on the span and re-raised. A no-op (yields a span-less
-    :class:`SubmitSpan`) when not :func:`enabled`."""
-    if not enabled():
-        return _NO_SUBMIT_SPAN
-    return _submit_span(name, idempotency_key, tenant, many)
-
-
-@contextmanager
-def _submit_span(
-    name: str, idempotency_key: str | None, tenant: str | None, many: bool
-) -> Iterator[SubmitSpan]:
-    attributes: dict[str, Any] = {"messaging.system": "ratchet"}
-    if not many:
-        attributes["ratchet.task.type"] = name
-        attributes["messaging.destination.name"] = name
-    if idempotency_key is not None:
-        attributes["ratchet.idempotency_key"] = idempotency_key
-    if tenant is not None:
-        attributes["ratchet.tenant"] = tenant
-    with _tracer().start_as_current_span(
-        "submit_many" if many else f"submit {name}", kind=_api.SpanKind.PRODUCER,
-        attributes=attributes,
-    ) as span:
-        yield SubmitSpan(span, _inject())
 
 
 def parse_trace_context(text: str | None) -> Context | None:

@@ -1,0 +1,106 @@
+"""What one submit writes: the :class:`SubmitRequest`, its checks and the task row it
+becomes (:func:`prepare_task`), with its new id (:func:`new_task_id`)."""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .errors import InvalidArguments, PayloadTooLarge
+from .ledger.base import NewTask
+from .serde import digest, dumps
+from .taskdef import TaskDefinition
+from .validation import MAX_KEY_BYTES, check_identifier
+
+__all__ = ["SubmitRequest", "new_task_id", "prepare_task"]
+
+
+def new_task_id() -> str:
+    """A 32-hex-char id: 12 chars of millisecond time (so ids sort by creation) + 20 random."""
+    return f"{int(time.time() * 1000):012x}{secrets.token_hex(10)}"
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """One entry for :meth:`ratchet.App.submit_many`."""
+
+    name: str
+    params: Mapping[str, Any] | None = None
+    idempotency_key: str | None = None
+    run_at: datetime | float | None = None
+    delay_s: float = 0.0
+    tenant: str | None = None
+    version: int | None = None
+    """The definition version to pin; ``None``: the newest this app defines."""
+
+
+def prepare_task(definition: TaskDefinition, request: SubmitRequest,
+                 max_payload_bytes: int) -> NewTask:
+    """The task row ``request`` becomes under ``definition`` (the version it pins), with a
+    new id; nothing is written.
+
+    Raises:
+        InvalidArguments: params not a mapping or refused by the definition's schema, a
+            naive or non-finite ``run_at``, a non-finite ``delay_s``, an idempotency key
+            or tenant that cannot be stored.
+        PayloadNotSerializable: params that are not plain JSON.
+        PayloadTooLarge: params over ``max_payload_bytes`` once encoded.
+    """
+    if request.params is not None and not isinstance(request.params, Mapping):
+        raise InvalidArguments(
+            f"params must be a mapping of argument names to values, got "
+            f"{type(request.params).__name__}"
+        )
+    params = dict(request.params or {})
+    params_json = dumps(params, what=f"params of task {request.name!r}")
+    definition.validate(params_json)
+    size = len(params_json.encode("utf-8"))
+    if size > max_payload_bytes:
+        raise PayloadTooLarge(size, max_payload_bytes)
+    run_at_epoch_s: float | None = None
+    if isinstance(request.run_at, datetime):
+        if request.run_at.tzinfo is None:
+            raise InvalidArguments("run_at must be timezone-aware (e.g. datetime.now(UTC))")
+        run_at_epoch_s = request.run_at.timestamp()
+    elif request.run_at is not None:
+        if isinstance(request.run_at, bool) or not isinstance(request.run_at, int | float):
+            raise InvalidArguments(
+                f"run_at must be an aware datetime or epoch seconds, got {request.run_at!r}"
+            )
+        try:
+            run_at_epoch_s = float(request.run_at)
+        except OverflowError:
+            raise InvalidArguments(f"run_at is out of range: {request.run_at!r}") from None
+    if run_at_epoch_s is not None and not math.isfinite(run_at_epoch_s):
+        raise InvalidArguments(f"run_at must be finite, got {request.run_at!r}")
+    try:
+        delay_ok = isinstance(request.delay_s, int | float) and math.isfinite(request.delay_s)
+    except OverflowError:
+        delay_ok = False
+    if not delay_ok:
+        raise InvalidArguments(
+            f"delay_s must be a finite number of seconds, got {request.delay_s!r}"
+        )
+    if request.idempotency_key is not None:
+        check_identifier(request.idempotency_key, "idempotency_key", MAX_KEY_BYTES)
+    if request.tenant is not None:
+        check_identifier(request.tenant, "tenant", MAX_KEY_BYTES)
+    return NewTask(
+        task_id=new_task_id(),
+        name=definition.name,
+        version=definition.version,
+        params_json=params_json,
+        params_digest=digest(definition.name, params_json),
+        idempotency_key=request.idempotency_key,
+        max_attempts=definition.retry.max_attempts,
+        lease_s=definition.lease_s,
+        delay_s=max(0.0, request.delay_s),
+        run_at_epoch_s=run_at_epoch_s,
+        quarantine_after=definition.retry.quarantine_after,
+        tenant=request.tenant,
+    )

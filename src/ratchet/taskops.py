@@ -1,0 +1,137 @@
+"""The task listing and the audited cancel and retry, on a ledger: what
+:class:`ratchet.Control` and :class:`ratchet.App` (``app.list_tasks``, ``app.cancel``,
+``app.retry``) both do, below both."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .config import parse_ledger_url
+from .ledger import open_ledger
+from .ledger.base import ControlOutcome, Ledger, TaskInfo, TaskQuery
+from .opchecks import check_limit, check_optional_age, operator_args, parse_cursor, states, task_id
+from .states import State
+from .validation import MAX_KEY_BYTES, check_identifier
+
+__all__ = ["LedgerOnDemand", "TaskPage", "cancel", "list_tasks", "retry"]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPage:
+    """A page of ``ratchet tasks`` / :meth:`Control.list_tasks`.
+
+    Attributes:
+        tasks: the tasks, newest first (params and results decoded).
+        next_cursor: pass it as ``cursor=`` (``--cursor``) for the next page; None when
+            this page is the last.
+    """
+
+    tasks: list[TaskInfo]
+    next_cursor: str | None
+
+
+class LedgerOnDemand:
+    """The ledger of one or more operator calls, opened at first use (so that arguments
+    are checked first) and closed at exit: ``given`` if not None (an open ledger, never
+    closed here), else the one at ``url``, which must exist (nothing is created; migrated
+    first if older when ``write``).
+
+    Calling it returns the ledger.
+
+    Raises:
+        ConfigError: a malformed URL (when made).
+        LedgerUnavailable: no ledger there, or unreachable (when called).
+    """
+
+    def __init__(self, url: str | None, *, write: bool, given: Ledger | None = None) -> None:
+        self._url = url
+        self._write = write
+        self._given = given
+        self._opened: Ledger | None = None
+        if given is None:
+            parse_ledger_url(url)  # a malformed URL fails before any argument (ConfigError)
+
+    def __call__(self) -> Ledger:
+        if self._given is not None:
+            return self._given
+        if self._opened is None:
+            self._opened = open_ledger(self._url, migrate=self._write, must_exist=True)
+        return self._opened
+
+    def __enter__(self) -> LedgerOnDemand:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._opened is not None:
+            self._opened.close()
+            self._opened = None
+
+
+def list_tasks(
+    ledger: Callable[[], Ledger],
+    *,
+    state: str | State | Sequence[str | State] | None = None,
+    name: str | Sequence[str] | None = None,
+    key: str | None = None,
+    older_than_s: float | None = None,
+    newer_than_s: float | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> TaskPage:
+    """Tasks of ``ledger()``, newest first, filtered and paginated (:meth:`Control.list_tasks`
+    documents the arguments).
+
+    Raises:
+        InvalidArguments: an unknown state, a negative or non-finite age, ``limit`` out of
+            range, a malformed cursor.
+        LedgerUnavailable: no ledger there.
+    """
+    wanted = states(state)
+    names = (None if name is None else
+             (name,) if isinstance(name, str) else tuple(name))
+    if names is not None:
+        for n in names:
+            check_identifier(n, "task name", MAX_KEY_BYTES)
+    if key is not None:
+        check_identifier(key, "idempotency key", MAX_KEY_BYTES)
+    check_limit(limit, 1000)
+    older = check_optional_age(older_than_s, "older_than_s")
+    newer = check_optional_age(newer_than_s, "newer_than_s")
+    led = ledger()
+    now = led.now() if older is not None or newer is not None else 0.0
+    query = TaskQuery(
+        states=wanted, names=names, key=key,
+        created_from=None if newer is None else now - newer,
+        created_to=None if older is None else now - older,
+        limit=limit + 1, after=parse_cursor(cursor),
+    )
+    found = led.list_tasks(query)
+    page = found[:limit]
+    more = len(found) > limit and page
+    next_cursor = f"{page[-1].created_at!r}:{page[-1].task_id}" if more else None
+    return TaskPage(page, next_cursor)
+
+
+def cancel(ledger: Callable[[], Ledger], task: str, reason: str,
+           by: str | None) -> ControlOutcome:
+    """Cancel ``task`` on ``ledger()``, audited (:meth:`Control.cancel` documents the rules).
+
+    Raises:
+        InvalidArguments: blank reason, malformed task id or operator name.
+        TaskNotFound: no such task. LedgerUnavailable: no ledger there.
+    """
+    why, who = operator_args(reason, by)
+    return ledger().cancel(task_id(task), why, who)
+
+
+def retry(ledger: Callable[[], Ledger], task: str, reason: str,
+          by: str | None) -> ControlOutcome:
+    """Run the ``FAILED`` ``task`` again on ``ledger()``, audited (:meth:`Control.retry`).
+
+    Raises:
+        InvalidArguments: blank reason, malformed task id or operator name.
+        TaskNotFound: no such task. LedgerUnavailable: no ledger there.
+    """
+    why, who = operator_args(reason, by)
+    return ledger().retry(task_id(task), why, who)
