@@ -8,7 +8,6 @@ moving code. Each name must resolve, and each list is kept sorted.
 from __future__ import annotations
 
 import importlib
-import inspect
 import typing
 from types import ModuleType
 
@@ -77,10 +76,7 @@ def test_control_names_are_the_defining_objects() -> None:
         assert isinstance(getattr(ratchet.control, name), int | float), name
 
 
-def test_the_context_check_names_the_real_context_class() -> None:
-    """:mod:`ratchet.params` knows the task context class by name (it sits below the
-    worker): the name must be that of :class:`ratchet.TaskContext`, and the class must
-    derive from nothing but ``object`` (the check treats ``object`` as its only base)."""
-    assert TaskContext.__qualname__ == params.CONTEXT_CLASS_NAME
-    assert TaskContext.__module__.startswith("ratchet.")
-    assert inspect.getmro(TaskContext) == (TaskContext, object)
+def test_the_context_check_knows_the_real_context_class() -> None:
+    """:mod:`ratchet.params` sits below the worker: the worker registers its context class
+    with it, so the first-parameter check judges annotations against the real class."""
+    assert params._context_classes == [TaskContext]

@@ -222,32 +222,30 @@ def _validatable(annotation: Any) -> bool:
     return True
 
 
-CONTEXT_CLASS_NAME = "TaskContext"
-"""The name of the class whose instance a task function's first parameter receives
-(:class:`ratchet.worker.context.TaskContext`, or any ``ratchet`` module it moves to).
-Annotations are checked against it by name: the worker sits above this module, which must
-not import it."""
+_context_classes: list[type] = []
 
 
-def _is_context_class(candidate: type) -> bool:
-    """Whether ``candidate`` is the task context class or a subclass of it (by name, so
-    that this module needs no import of the worker)."""
-    return any(c.__qualname__ == CONTEXT_CLASS_NAME and c.__module__.startswith("ratchet.")
-               for c in candidate.__mro__)
+def register_context_class(cls: type) -> None:
+    """Name ``cls`` as the class whose instance a task function's first parameter receives
+    (:class:`ratchet.worker.context.TaskContext` registers itself when its module is
+    imported). This module sits below the worker and must not import it, so the worker
+    hands the class down instead."""
+    if cls not in _context_classes:
+        _context_classes.append(cls)
 
 
 def _may_hold_context(candidate: object) -> bool:
     """Whether a parameter annotated ``candidate`` may receive the task context: not a
-    class (a type alias, a ``TypeVar``, ...), the context class, a subclass of it, one of
-    its bases (``object``: the context class derives from nothing else), or a class that
-    defines a structural subclass check (its own ``__subclasshook__``: ``Hashable``,
-    ``Sized``, ``Protocol`` classes), which cannot be judged without the context class
-    and is left alone."""
-    if not isinstance(candidate, type) or candidate is object or _is_context_class(candidate):
+    class (a type alias, a ``TypeVar``, ...), a base or a subclass of the context class, a
+    class whose subclass check cannot answer (a non-runtime ``Protocol``), or any class
+    while no context class is registered (nothing to judge by)."""
+    if not isinstance(candidate, type) or not _context_classes:
         return True
-    if type(candidate).__subclasscheck__ is type.__subclasscheck__:
-        return False
-    return "__subclasshook__" in vars(candidate)
+    try:
+        return any(issubclass(context, candidate) or issubclass(candidate, context)
+                   for context in _context_classes)
+    except TypeError:
+        return True
 
 
 def _check_context_annotation(

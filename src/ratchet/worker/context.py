@@ -52,6 +52,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import EffectOutcomeUnknown, InvalidArguments
+from ..params import register_context_class
 from ..validation import (
     MAX_KEY_BYTES,
     MAX_NAME_BYTES,
@@ -308,3 +309,7 @@ class TaskContext(EffectCalls):
         hooks.after_effect(self, name, key, settled, time.perf_counter() - t0, None)
         return value
 
+
+# Task functions' first parameter is checked against this class (ratchet.params sits below
+# the worker and cannot import it).
+register_context_class(TaskContext)
