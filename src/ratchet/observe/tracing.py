@@ -49,8 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from ..spans import (
+from ..app.spans import (
     MAX_TRACE_CONTEXT_CHARS,
     SubmitSpan,
     _api,
@@ -62,6 +61,7 @@ from ..spans import (
     enabled,
     submit_span,
 )
+from ..errors import ConfigError
 from ..worker.hooks import (
     ContextLike,
     EffectSettlement,

@@ -8,8 +8,8 @@ import threading
 import weakref
 from collections import deque
 
-from .errors import IdempotencyConflict, LedgerError, LedgerUnavailable
-from .ledger.base import Ledger, NewTask, SubmitResult
+from ..errors import IdempotencyConflict, LedgerError, LedgerUnavailable
+from ..ledger.base import Ledger, NewTask, SubmitResult
 
 __all__ = ["SUBMIT_GROUP_MAX", "SubmitGroup"]
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .version import __version__
+from ..version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider

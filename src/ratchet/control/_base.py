@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 from types import TracebackType
 
-from .app import App
-from .config import parse_ledger_url, redact_url
-from .errors import ConfigError, LedgerCorrupt
-from .ledger import open_ledger
-from .ledger.base import Ledger
+from ..app import App
+from ..config import parse_ledger_url, redact_url
+from ..errors import ConfigError, LedgerCorrupt
+from ..ledger import open_ledger
+from ..ledger.base import Ledger
 
 __all__ = ["ControlHandles"]
 

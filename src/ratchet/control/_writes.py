@@ -10,15 +10,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from . import opchecks, taskops
-from .app import TaskHandle
-from .control_reads import ControlReads
-from .control_records import (
-    ReplayReport,
-)
-from .errors import ConfigError, InvalidArguments
-from .ledger import open_ledger
-from .ledger.base import (
+from ..app import TaskHandle
+from ..app import _checks as opchecks
+from ..app import _taskops as taskops
+from ..errors import ConfigError, InvalidArguments
+from ..ledger import open_ledger
+from ..ledger.base import (
     ControlOutcome,
     Limit,
     LimitScope,
@@ -27,8 +24,12 @@ from .ledger.base import (
     ResolveOutcome,
     TaskInfo,
 )
-from .serde import dumps, printable
-from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier, check_rate_per_s
+from ..serde import dumps, printable
+from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier, check_rate_per_s
+from ._reads import ControlReads
+from ._records import (
+    ReplayReport,
+)
 
 __all__ = ["ControlWrites"]
 

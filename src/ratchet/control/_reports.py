@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .capacity import TypeStatusView
-from .ledger.base import AuditEvent, PauseRecord
-from .worker.registry import GONE_STATES
+from ..capacity import TypeStatusView
+from ..ledger.base import AuditEvent, PauseRecord
+from ..worker.registry import GONE_STATES
 
 __all__ = [
     "DEFAULT_LEASE_S",

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .config import parse_ledger_url
-from .ledger import open_ledger
-from .ledger.base import ControlOutcome, Ledger, TaskInfo, TaskQuery
-from .opchecks import check_limit, check_optional_age, operator_args, parse_cursor, states, task_id
-from .states import State
-from .validation import MAX_KEY_BYTES, check_identifier
+from ..config import parse_ledger_url
+from ..ledger import open_ledger
+from ..ledger.base import ControlOutcome, Ledger, TaskInfo, TaskQuery
+from ..states import State
+from ..validation import MAX_KEY_BYTES, check_identifier
+from ._checks import check_limit, check_optional_age, operator_args, parse_cursor, states, task_id
 
 __all__ = ["LedgerOnDemand", "TaskPage", "cancel", "list_tasks", "retry"]
 

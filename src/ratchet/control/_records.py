@@ -1,7 +1,7 @@
 """The task records :class:`ratchet.Control` answers with (a task's timeline, its steps
 and effects, late effects, quarantine groups and replays): frozen dataclasses whose
 ``dataclasses.asdict`` is their JSON form (the CLI's ``--json``, the HTTP API); the
-system-wide reports are in :mod:`ratchet.control_reports`.
+system-wide reports are in :mod:`ratchet.control._reports`.
 
 The views of what the ledger stores (:class:`TaskTimeline`, :class:`StepView`,
 :class:`EffectView`, :class:`LateEffectView`, :class:`TaskEffectView`,
@@ -19,8 +19,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errortext import error_summary
-from .ledger.base import (
+from ..errortext import error_summary
+from ..ledger.base import (
     LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
     EffectRecord,
@@ -33,8 +33,8 @@ from .ledger.base import (
     TaskInfo,
     Timeline,
 )
-from .serde import loads_stored
-from .storedtext import StoredState, UndecodableText
+from ..serde import loads_stored
+from ..storedtext import StoredState, UndecodableText
 
 __all__ = [
     "EffectPage",

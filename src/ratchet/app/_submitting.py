@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .errors import InvalidArguments, PayloadTooLarge
-from .ledger.base import NewTask
-from .serde import digest, dumps
-from .taskdef import TaskDefinition
-from .validation import MAX_KEY_BYTES, check_identifier
+from ..errors import InvalidArguments, PayloadTooLarge
+from ..ledger.base import NewTask
+from ..serde import digest, dumps
+from ..validation import MAX_KEY_BYTES, check_identifier
+from ._taskdef import TaskDefinition
 
 __all__ = ["SubmitRequest", "new_task_id", "prepare_task"]
 

@@ -10,11 +10,11 @@ import math
 import os
 from collections.abc import Sequence
 
-from .errors import InvalidArguments
-from .ledger.base import LimitScope
-from .serde import printable
-from .states import State
-from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_finite, check_identifier
+from ..errors import InvalidArguments
+from ..ledger.base import LimitScope
+from ..serde import printable
+from ..states import State
+from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_finite, check_identifier
 
 __all__ = [
     "REASON_REQUIRED",

@@ -28,22 +28,23 @@ from typing import Any, TypeVar
 import pydantic
 import tenacity
 
-from . import faults, taskops
-from .breaker import CircuitBreaker, DownstreamBreaker
-from .config import max_payload_bytes_from_env, redact_url
-from .errors import ConfigError, InvalidArguments, UnknownTask, WaitTimeout
-from .ledger import open_ledger
-from .ledger.base import ControlOutcome, Ledger, NewTask, TaskInfo
-from .lookups import RegisteredLookup, effect_base_name, make_lookup
-from .retry import RetryBudget, RetryPolicy
+from .. import faults
+from ..breaker import CircuitBreaker, DownstreamBreaker
+from ..config import max_payload_bytes_from_env, redact_url
+from ..errors import ConfigError, InvalidArguments, UnknownTask, WaitTimeout
+from ..ledger import open_ledger
+from ..ledger.base import ControlOutcome, Ledger, NewTask, TaskInfo
+from ..lookups import RegisteredLookup, effect_base_name, make_lookup
+from ..retry import RetryBudget, RetryPolicy
+from ..states import State
+from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_finite, check_identifier
+from . import _taskops as taskops
+from ._submitgroup import SUBMIT_GROUP_MAX as SUBMIT_GROUP_MAX
+from ._submitgroup import SubmitGroup as _SubmitGroup
+from ._submitting import SubmitRequest, new_task_id, prepare_task
+from ._taskdef import MIN_LEASE_S, TaskDefinition, check_lease_s, check_time_limit_s
+from ._taskops import TaskPage
 from .spans import submit_span
-from .states import State
-from .submitgroup import SUBMIT_GROUP_MAX as SUBMIT_GROUP_MAX
-from .submitgroup import SubmitGroup as _SubmitGroup
-from .submitting import SubmitRequest, new_task_id, prepare_task
-from .taskdef import MIN_LEASE_S, TaskDefinition, check_lease_s, check_time_limit_s
-from .taskops import TaskPage
-from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_finite, check_identifier
 
 __all__ = ["MIN_LEASE_S", "App", "SubmitRequest", "TaskDefinition", "TaskHandle", "new_task_id"]
 

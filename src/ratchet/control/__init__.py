@@ -24,46 +24,22 @@ change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrate
 older). :meth:`Control.migrate` creates or upgrades. :meth:`Control.submit` goes through
 the :class:`~ratchet.app.App` (its registry checks the task name and params).
 
-Where things are: the task records in :mod:`ratchet.control_records`, the system reports
-in :mod:`ratchet.control_reports`, the task page and the cancel / retry App and Control
-share in :mod:`ratchet.taskops`, the ledger handles in :mod:`ratchet.control_base`, the
-read calls in :mod:`ratchet.control_reads`, the writes in :mod:`ratchet.control_writes`,
-the argument checks in :mod:`ratchet.opchecks`. This module puts them together and is the
+Where things are: the task records in :mod:`ratchet.control._records`, the system reports
+in :mod:`ratchet.control._reports`, the task page and the cancel / retry App and Control
+share in :mod:`ratchet.app._taskops`, the ledger handles in :mod:`ratchet.control._base`, the
+read calls in :mod:`ratchet.control._reads`, the writes in :mod:`ratchet.control._writes`,
+the argument checks in :mod:`ratchet.app._checks`. This module puts them together and is the
 import path: every name below stays importable from here.
 """
 
 from __future__ import annotations
 
-from .app import App as App
-from .app import TaskHandle as TaskHandle
-from .capacity import ALL_TYPES, LimitReached, TypeStatusView
-from .control_records import (
-    EffectPage,
-    EffectView,
-    LateEffectView,
-    QuarantineGroupView,
-    ReplayReport,
-    StepView,
-    TaskEffectView,
-    TaskTimeline,
-)
-from .control_reports import DEFAULT_LEASE_S as DEFAULT_LEASE_S
-from .control_reports import LIVE_WORKER_S as LIVE_WORKER_S
-from .control_reports import MAX_BUCKETS as MAX_BUCKETS
-from .control_reports import MAX_WINDOW_S as MAX_WINDOW_S
-from .control_reports import (
-    DefinitionView,
-    LimitsReport,
-    LimitView,
-    ReconcileCounts,
-    StatusReport,
-    ThroughputBucket,
-    UsageView,
-    VersionWaitView,
-    WorkerView,
-)
-from .control_writes import ControlWrites
-from .ledger.base import (
+from ..app import App as App
+from ..app import TaskHandle as TaskHandle
+from ..app._checks import REASON_REQUIRED, default_operator
+from ..app._taskops import TaskPage
+from ..capacity import ALL_TYPES, LimitReached, TypeStatusView
+from ..ledger.base import (
     LATE_ACCOUNTED_FOR,
     LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
@@ -77,13 +53,37 @@ from .ledger.base import (
     ResolveOutcome,
     TaskInfo,
 )
-from .ledger.base import Limit as Limit
-from .ledger.base import LimitScope as LimitScope
-from .ledger.base import Timeline as Timeline
-from .opchecks import REASON_REQUIRED, default_operator
-from .serde import Undecodable
-from .states import State as State
-from .taskops import TaskPage
+from ..ledger.base import Limit as Limit
+from ..ledger.base import LimitScope as LimitScope
+from ..ledger.base import Timeline as Timeline
+from ..serde import Undecodable
+from ..states import State as State
+from ._records import (
+    EffectPage,
+    EffectView,
+    LateEffectView,
+    QuarantineGroupView,
+    ReplayReport,
+    StepView,
+    TaskEffectView,
+    TaskTimeline,
+)
+from ._reports import DEFAULT_LEASE_S as DEFAULT_LEASE_S
+from ._reports import LIVE_WORKER_S as LIVE_WORKER_S
+from ._reports import MAX_BUCKETS as MAX_BUCKETS
+from ._reports import MAX_WINDOW_S as MAX_WINDOW_S
+from ._reports import (
+    DefinitionView,
+    LimitsReport,
+    LimitView,
+    ReconcileCounts,
+    StatusReport,
+    ThroughputBucket,
+    UsageView,
+    VersionWaitView,
+    WorkerView,
+)
+from ._writes import ControlWrites
 
 __all__ = [
     "ALL_TYPES",

@@ -10,10 +10,10 @@ from typing import Any
 
 import pydantic
 
-from .errors import ConfigError, InvalidArguments
-from .params import ParamsSchema, check_task_function
-from .retry import RetryPolicy
-from .validation import check_finite
+from ..errors import ConfigError, InvalidArguments
+from ..params import ParamsSchema, check_task_function
+from ..retry import RetryPolicy
+from ..validation import check_finite
 
 __all__ = ["MIN_LEASE_S", "TaskDefinition", "check_lease_s", "check_time_limit_s"]
 

@@ -10,18 +10,27 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from . import opchecks, taskops
-from .capacity import capacity_views
-from .config import redact_url
-from .control_base import ControlHandles
-from .control_records import (
+from ..app import _checks as opchecks
+from ..app import _taskops as taskops
+from ..app._taskops import TaskPage
+from ..capacity import capacity_views
+from ..config import redact_url
+from ..errors import InvalidArguments, LedgerError, TaskNotFound
+from ..ledger.base import EffectRecord, Ledger, Limit, LimitScope, PauseRecord, TaskInfo, Timeline
+from ..ledger.migrations import load_migrations
+from ..serde import loads_stored
+from ..states import State
+from ..validation import MAX_NAME_BYTES, check_identifier
+from ..worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_state
+from ._base import ControlHandles
+from ._records import (
     EffectPage,
     LateEffectView,
     QuarantineGroupView,
     TaskEffectView,
     TaskTimeline,
 )
-from .control_reports import (
+from ._reports import (
     DEFAULT_LEASE_S,
     LIVE_WORKER_S,
     MAX_BUCKETS,
@@ -36,14 +45,6 @@ from .control_reports import (
     VersionWaitView,
     WorkerView,
 )
-from .errors import InvalidArguments, LedgerError, TaskNotFound
-from .ledger.base import EffectRecord, Ledger, Limit, LimitScope, PauseRecord, TaskInfo, Timeline
-from .ledger.migrations import load_migrations
-from .serde import loads_stored
-from .states import State
-from .taskops import TaskPage
-from .validation import MAX_NAME_BYTES, check_identifier
-from .worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_state
 
 __all__ = ["ControlReads"]
 
