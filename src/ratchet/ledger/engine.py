@@ -90,7 +90,6 @@ class LedgerEngine:
 
     def __init__(self, config: LedgerConfig, dialect: Dialect) -> None:
         self.config = config
-        self.dialect = dialect
         core = self._core = EngineCore(config, dialect)
         self._submit = Submit(core)
         self._claims = Claims(core)
@@ -106,6 +105,16 @@ class LedgerEngine:
         self._retention = Retention(core, self.now)
         self._late = LateEffects(core)
         self._registry = Registry(core)
+
+    @property
+    def dialect(self) -> Dialect:
+        """The database under the engine (shared by every concern; replacing it, as a
+        test's fault-injecting wrapper does, replaces it for all of them)."""
+        return self._core.dialect
+
+    @dialect.setter
+    def dialect(self, dialect: Dialect) -> None:
+        self._core.dialect = dialect
 
     # ------------------------------------------------------------------ schema, clock
 

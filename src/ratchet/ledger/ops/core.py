@@ -30,7 +30,7 @@ class EngineCore:
     def __init__(self, config: LedgerConfig, dialect: Dialect) -> None:
         self.config = config
         self.dialect = dialect
-        self.schema = SchemaGate(config.scheme, dialect.schema_version)
+        self.schema = SchemaGate(config.scheme, lambda: self.dialect.schema_version())
         self.clock_watch = ledger_clock.ClockWatch()
 
     def repair_clock(self, tx: Tx, now: float, repaired: list[bool] | None) -> None:
