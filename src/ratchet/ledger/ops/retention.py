@@ -10,7 +10,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from ...errors import InvalidArguments
 from ...serde import dumps, printable
+from ...validation import check_finite
 from ..base import PruneReport
 from ..dialect import CommitOutcomeUnknown, Tx
 from ..rows import (
@@ -70,8 +72,10 @@ class Retention:
             LedgerError: as any operation (batches committed before stay committed).
             Whatever ``export`` raises (that batch is rolled back).
         """
-        if not older_than_s >= 0 or older_than_s == float("inf"):
-            raise ValueError(f"older_than_s must be a finite number >= 0, got {older_than_s!r}")
+        try:
+            check_finite(older_than_s, "older_than_s", minimum=0)
+        except InvalidArguments as exc:
+            raise ValueError(str(exc)) from None  # the Ledger contract's error
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
         dialect = self.core.dialect
