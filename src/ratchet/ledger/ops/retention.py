@@ -29,7 +29,7 @@ from ..rows import (
     TASK_GET_MANY,
     insert_audit,
 )
-from ..shapes import AuditGoneRow
+from ..shapes import AuditGoneRow, PruneCountRow
 from .core import EngineCore
 from .counts import advance_counts, keep_audit_counts, shared_mark
 
@@ -85,9 +85,9 @@ class Retention:
         cutoff = self._now() - older_than_s
         if dry_run:
             row = dialect.run(lambda tx: PRUNE_COUNT.first(tx, {"cutoff": cutoff}), write=False)
-            n = [int(v) for v in row] if row else [0] * 5
-            return PruneReport(older_than_s, cutoff, True, n[0], n[1], n[2], n[3], n[4], 0,
-                               0, by, time.monotonic() - started)
+            n = PruneCountRow(*(int(v) for v in row)) if row else PruneCountRow(0, 0, 0, 0, 0)
+            return PruneReport(older_than_s, cutoff, True, n.tasks, n.steps, n.effects,
+                               n.late_effects, n.audit, 0, 0, by, time.monotonic() - started)
         advance_counts(dialect)
         totals: Counter[str] = Counter()
         while True:
