@@ -18,6 +18,8 @@ from psycopg import sql
 import ratchet.ledger.budgets as budgets_module
 import ratchet.ledger.clock as clock_module
 import ratchet.ledger.engine as engine_module
+import ratchet.ledger.ops as ops_package
+import ratchet.ledger.rows as rows_module
 from ratchet import open_ledger
 from ratchet.ledger.catalogue import load_catalogue, parse_catalogue
 from ratchet.ledger.migrations import ALIGNED_VERSION, load_migrations, split_statements
@@ -26,12 +28,16 @@ DIALECTS = ("sqlite", "postgresql")
 
 
 def _engine_statement_names() -> set[str]:
-    """Every statement name the engine (and the modules it runs statements through: the
-    retry budgets, the clock repair) passes to a transaction (first string argument of
-    ``tx.rows / one / execute / batch``)."""
+    """Every statement name the engine (its concerns in ratchet.ledger.ops, and the modules
+    it runs statements through: the retry budgets, the clock repair, the row shapes of
+    ``ratchet.ledger.rows``, ``Read.rows("name", ...)``) passes to a transaction (first
+    string argument of ``tx.rows / one / execute / batch``)."""
     names: set[str] = set()
-    nodes = [node for module in (engine_module, budgets_module, clock_module)
-             for node in ast.walk(ast.parse(Path(module.__file__).read_text(encoding="utf-8")))]
+    ops = sorted(Path(ops_package.__file__).parent.glob("*.py"))
+    files = [Path(m.__file__) for m in (engine_module, budgets_module, clock_module,
+                                        rows_module)] + ops
+    nodes = [node for path in files
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))]
     for node in nodes:
         if (
             isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)

@@ -19,6 +19,7 @@ from ..outcome import AttemptFacts, Happened, decide
 from ..states import State
 from .base import BudgetUse, TaskWrite, Transition
 from .dialect import Tx
+from .shapes import BudgetCountRow
 
 __all__ = ["BUDGET_KEEP_S", "BudgetBook"]
 
@@ -63,9 +64,9 @@ class BudgetBook:
         for key in self.keys:
             self.calls.setdefault(key, {})
             self.retries.setdefault(key, {})
-        for key, bucket, calls, retries in rows:
-            self.calls[key][int(bucket)] = int(calls or 0)
-            self.retries[key][int(bucket)] = int(retries or 0)
+        for row in map(BudgetCountRow._make, rows):
+            self.calls[row.budget][int(row.bucket)] = int(row.calls or 0)
+            self.retries[row.budget][int(row.bucket)] = int(row.retries or 0)
 
     def _bump(self, key: str, bucket: int, holder: str, calls: int, retries: int) -> None:
         entry = self.bumps.setdefault((key, bucket, holder), [0, 0])

@@ -1,8 +1,8 @@
 """Bulkheads: how many tasks of each name and tenant one claim may take (DESIGN §8).
 
 Pure arithmetic over the ``limits`` rows and the live counts the engine reads under the
-claim's lock; :class:`~ratchet.ledger.engine.LedgerEngine` is the only caller, and every
-dialect runs the same plan (the SQL only obeys the per-name and per-tenant numbers).
+claim's lock; the engine's claims (:mod:`ratchet.ledger.ops.claims`) are the only caller,
+and every dialect runs the same plan (the SQL only obeys the per-name and per-tenant numbers).
 
 The rules, per dimension (task types; tenants), checked on their own:
 

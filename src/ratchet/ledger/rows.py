@@ -1,26 +1,32 @@
-"""Row shapes shared by the ledger backends: column lists, row → record mappers, the
-transition audit row. Both schemas store the same columns in the same order, so SQLite and
-PostgreSQL read and audit tasks with one definition."""
+"""Rows of the ledger's statements: each read statement bound to its row shape
+(:class:`Read`, shapes in :mod:`ratchet.ledger.shapes`), row → record mappers, the audit
+row and its insert. Both schemas store the same columns in the same order, so SQLite and
+PostgreSQL read and audit tasks with one definition; this module is the one place where a
+column's position becomes its name."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 from ..errors import IllegalTransition
 from ..serde import Undecodable, dumps, loads, printable
 from ..states import State
 from ..storedtext import StoredState, UndecodableText, stored_note
-from .base import EffectRecord, EffectState, TaskInfo, TaskWrite, Transition
+from . import shapes as sh
+from .base import EffectRecord, EffectState, LateEffect, TaskInfo, TaskWrite, Transition, WorkerInfo
+from .dialect import Tx
 
 __all__ = [
     "EFFECT_COLUMNS",
     "TASK_COLUMNS",
     "AuditRow",
+    "Read",
     "decode_detail",
     "decode_json",
     "effect_record",
     "effect_state",
+    "insert_audit",
     "known_state",
     "reschedules",
     "task_info",
@@ -117,7 +123,7 @@ _TASK_FIELDS = ("task_id", "name", "version", "state", "generation", "attempt", 
 
 
 def _undecodable(
-    row: Sequence[Any], state: State | StoredState, params: Any, result: Any
+    row: sh.TaskRow, state: State | StoredState, params: Any, result: Any
 ) -> tuple[str, ...]:
     """The fields of a task row whose stored value could not be decoded, or is not a known
     state (``()`` at the cost of one scan of the row when there is none)."""
@@ -129,55 +135,56 @@ def _undecodable(
                  if isinstance(decoded.get(f, v), UndecodableText | Undecodable | StoredState))
 
 
-def task_info(row: Sequence[Any]) -> TaskInfo:
-    """A :class:`TaskInfo` from a row selected with :data:`TASK_COLUMNS` (``task_get``
-    and ``task_get_many`` add ``last_traceback``); its ``undecodable`` names the fields
+def task_info(row: sh.TaskRow) -> TaskInfo:
+    """A :class:`TaskInfo` from a task row (:data:`TASK_COLUMNS`; ``task_get`` and
+    ``task_get_many`` add ``last_traceback``); its ``undecodable`` names the fields
     whose stored value could not be decoded (``"state"`` for a state that is not a known
     one, read as a :class:`~ratchet.storedtext.StoredState`)."""
-    state = task_state(row[3])
-    params = decode_json(row[13])
-    result = decode_json(row[15])
+    state = task_state(row.state)
+    params = decode_json(row.params)
+    result = decode_json(row.result)
     return TaskInfo(
-        task_id=row[0],
-        name=row[1],
-        version=row[2],
+        task_id=row.id,
+        name=row.name,
+        version=row.version,
         state=state,
-        generation=row[4],
-        attempt=row[5],
-        max_attempts=row[6],
-        holder=row[7],
-        lease_until=row[8],
-        run_at=row[9],
-        created_at=row[10],
-        updated_at=row[11],
-        idempotency_key=row[12],
+        generation=row.generation,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        holder=row.holder,
+        lease_until=row.lease_until,
+        run_at=row.run_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        idempotency_key=row.idempotency_key,
         params=params,
-        params_digest=row[14],
+        params_digest=row.params_digest,
         result=result,
-        last_error=None if row[16] is None else printable(row[16]),
-        error_class=row[17],
-        tenant=row[18] if len(row) > 18 else None,
-        quarantined=bool(row[19]) if len(row) > 19 else False,
+        last_error=None if row.last_error is None else printable(row.last_error),
+        error_class=row.error_class,
+        tenant=row.tenant,
+        quarantined=bool(row.quarantined),
         undecodable=_undecodable(row, state, params, result),
-        last_traceback=printable(row[20]) if len(row) > 20 and row[20] is not None else None,
+        last_traceback=None if row.last_traceback is None else printable(row.last_traceback),
     )
 
 
-def effect_record(row: Sequence[Any]) -> EffectRecord:
-    """An :class:`EffectRecord` from a row selected with :data:`EFFECT_COLUMNS` (a state
-    that is not a known one as a :class:`~ratchet.storedtext.StoredState`)."""
+def effect_record(row: sh.EffectRow | sh.TaskEffectRow | sh.TypeEffectRow) -> EffectRecord:
+    """An :class:`EffectRecord` from an effect row (:data:`EFFECT_COLUMNS`, alone or after
+    its task's columns; a state that is not a known one as a
+    :class:`~ratchet.storedtext.StoredState`)."""
     return EffectRecord(
-        name=row[0],
-        key=row[1],
-        params_digest=row[2],
-        state=effect_state(row[3]),
-        result_json=row[4],
-        generation=row[5],
-        attempt=row[6],
-        calls=row[7],
-        via_lookup=bool(row[8]),
-        updated_at=row[9],
-        seq=row[10] if len(row) > 10 else None,
+        name=row.name,
+        key=row.key,
+        params_digest=row.params_digest,
+        state=effect_state(row.state),
+        result_json=row.result,
+        generation=row.generation,
+        attempt=row.attempt,
+        calls=row.calls,
+        via_lookup=bool(row.via_lookup),
+        updated_at=row.updated_at,
+        seq=row.seq,
     )
 
 
@@ -194,3 +201,161 @@ def transition_audit(write: TaskWrite, t: Transition, now: float) -> AuditRow:
         detail["delay_s"] = round(t.delay_s, 3)
     return (write.task_id, now, "transition", "RUNNING", t.to.value, write.generation,
             write.holder, dumps(detail))
+
+
+_AUDIT_KEYS = ("task_id", "at", "kind", "from_state", "to_state", "generation", "holder",
+               "detail")
+
+
+def insert_audit(tx: Tx, rows: Sequence[AuditRow]) -> None:
+    """Insert audit rows (in order) in ``tx`` (``audit_insert``, one batch)."""
+    if rows:
+        tx.batch("audit_insert", [dict(zip(_AUDIT_KEYS, row, strict=True)) for row in rows])
+
+
+_R = TypeVar("_R")
+_S = TypeVar("_S")
+
+
+class Read(Generic[_R]):
+    """A catalogue statement that returns rows, bound to the shape of its rows.
+
+    Declared once below (``FENCE_READ = Read.rows("fence_read", FenceRow._make)``); the
+    engine runs it with :meth:`all` / :meth:`first`, or sends it with others
+    (:meth:`sent`, ``Tx.rows_many``) and shapes what came back with :meth:`of`.
+    """
+
+    __slots__ = ("_make", "name")
+
+    def __init__(self, name: str, make: Callable[[Iterable[Any]], _R]) -> None:
+        self.name = name
+        self._make = make
+
+    @classmethod
+    def rows(cls, name: str, make: Callable[[Iterable[Any]], _S]) -> Read[_S]:
+        """Declare statement ``name`` of the catalogue, whose rows ``make`` shapes."""
+        return Read(name, make)
+
+    def all(self, tx: Tx, params: Mapping[str, Any] | None = None) -> list[_R]:
+        """Run the statement in ``tx``; its rows, shaped."""
+        return list(map(self._make, tx.rows(self.name, params)))
+
+    def first(self, tx: Tx, params: Mapping[str, Any] | None = None) -> _R | None:
+        """Run the statement in ``tx``; its first row, shaped, or None."""
+        row = tx.one(self.name, params)
+        return None if row is None else self._make(row)
+
+    def sent(self, params: Mapping[str, Any] | None = None) -> tuple[str, Mapping[str, Any]]:
+        """The ``(name, params)`` pair of ``Tx.rows_many``."""
+        return self.name, params or {}
+
+    def of(self, rows: Iterable[Sequence[Any]]) -> list[_R]:
+        """Rows this statement returned (through ``Tx.rows_many``), shaped."""
+        return list(map(self._make, rows))
+
+
+def _task_row(row: Iterable[Any]) -> sh.TaskRow:
+    return sh.TaskRow(*row)  # tasks_list selects no last_traceback
+
+
+def _late_effect(row: Iterable[Any]) -> LateEffect:
+    return LateEffect(*row)
+
+
+def _worker(row: Iterable[Any]) -> WorkerInfo:
+    return WorkerInfo(*row)
+
+
+# The read statements of the engine, by concern. Write statements without rows are run by
+# name (``tx.execute`` / ``tx.batch``) where they are used.
+TASK_GET = Read.rows("task_get", _task_row)
+TASK_GET_MANY = Read.rows("task_get_many", _task_row)
+TASKS_LIST = Read.rows("tasks_list", _task_row)
+TIMELINE_AUDIT = Read.rows("timeline_audit", sh.AuditEventRow._make)
+TIMELINE_STEPS = Read.rows("timeline_steps", sh.StepRow._make)
+TIMELINE_EFFECTS = Read.rows("timeline_effects", sh.EffectRow._make)
+
+SUBMIT_PRESENT = Read.rows("submit_present", sh.IdRow._make)
+SUBMIT_EXISTING = Read.rows("submit_existing", sh.KeyRow._make)
+
+CLAIM_EXPIRED = Read.rows("claim_expired", sh.LeaseRow._make)
+CLAIM_GATE = Read.rows("claim_gate", tuple)
+CLAIM_TAKEOVER = Read.rows("claim_takeover", sh.ClaimRow._make)
+CLAIM_READY = Read.rows("claim_ready", sh.ClaimRow._make)
+CLAIM_LIMITED = Read.rows("claim_limited", sh.ClaimRow._make)
+CLAIM_STEPS = Read.rows("claim_steps", sh.TaskStepRow._make)
+CLAIM_EFFECTS = Read.rows("claim_effects", sh.TaskEffectRow._make)
+HOLDER_RUNNING = Read.rows("holder_running", sh.LeaseRow._make)
+OPEN_INTENTS = Read.rows("open_intents", sh.IntentRow._make)
+RENEW = Read.rows("renew", sh.LeaseUntilRow._make)
+RENEW_HELD = Read.rows("renew_held", sh.LeaseUntilRow._make)
+
+FENCE_READ = Read.rows("fence_read", sh.FenceRow._make)
+QUARANTINE_READ = Read.rows("quarantine_read", sh.StreakRow._make)
+TRANSACTION_STEP_READ = Read.rows("transaction_step_read", sh.GenerationRow._make)
+
+RESOLVE_LOCK = Read.rows("resolve_lock", sh.ResolveRow._make)
+RESOLVE_OPEN_EFFECTS = Read.rows("resolve_open_effects", sh.EffectKeyRow._make)
+CONTROL_LOCK = Read.rows("control_lock", sh.ControlRow._make)
+CONTROL_REQUESTS = Read.rows("control_requests", sh.RequestRow._make)
+PAUSE_GATE = Read.rows("pause_gate", tuple)
+PAUSES_ACTIVE = Read.rows("pauses_active", sh.PauseRow._make)
+PAUSE_VERSION = Read.rows("pause_version", sh.ValueRow._make)
+PAUSE_INSERT = Read.rows("pause_insert", sh.IdRow._make)
+PAUSE_RESUME = Read.rows("pause_resume", sh.PauseEndRow._make)
+PAUSED_TASKS = Read.rows("paused_tasks", sh.PausedRow._make)
+RUNNING_BY_TYPE = Read.rows("running_by_type", sh.NameCount._make)
+QUARANTINE_GROUPS = Read.rows("quarantine_groups", sh.QuarantineGroupRow._make)
+QUARANTINE_SAMPLES = Read.rows("quarantine_samples", sh.QuarantineSampleRow._make)
+QUARANTINE_PICK = Read.rows("quarantine_pick", sh.ReplayRow._make)
+QUARANTINE_LOCK = Read.rows("quarantine_lock", sh.IdRow._make)
+
+LIMITS_ALL = Read.rows("limits_all", sh.LimitRow._make)
+LIMITS_LOCK = Read.rows("limits_lock", tuple)
+LIMITS_RUNNING = Read.rows("limits_running", sh.RunningRow._make)
+LIMITS_READY = Read.rows("limits_ready", sh.ReadyGroupRow._make)
+LIMIT_UPSERT = Read.rows("limit_upsert", sh.LimitRow._make)
+LIMIT_DELETE = Read.rows("limit_delete", sh.LimitRow._make)
+LIMITS_AUDIT = Read.rows("limits_audit", sh.AuditEventRow._make)
+SLOT_READY = Read.rows("slot_ready", sh.SlotReadyRow._make)
+
+COUNTS_READ_MARK = Read.rows("counts_read_mark", sh.MarkRow._make)
+COUNTS_MARK_SHARE = Read.rows("counts_mark_share", sh.MarkRow._make)
+COUNTS_LOCK = Read.rows("counts_lock", sh.CountsLockRow._make)
+COUNTS_WINDOW_TASKS = Read.rows("counts_window_tasks", sh.StateCount._make)
+COUNTS_WINDOW_AUDIT = Read.rows("counts_window_audit", sh.KindCount._make)
+STATS_COUNTS = Read.rows("stats_counts", sh.StateCount._make)
+STATS_OLDEST = Read.rows("stats_oldest", sh.ValueRow._make)
+STATS_KINDS = Read.rows("stats_kinds", sh.KindCount._make)
+STATS_UNKNOWN = Read.rows("stats_unknown", sh.ValueRow._make)
+STATS_LATE = Read.rows("stats_late", sh.LateCountRow._make)
+STATUS_READY = Read.rows("status_ready", sh.ReadyRow._make)
+STATUS_ARRIVALS = Read.rows("status_arrivals", sh.ArrivalRow._make)
+STATUS_COMPLETIONS = Read.rows("status_completions", sh.CompletionRow._make)
+STATUS_UNKNOWN = Read.rows("status_unknown", sh.UnknownRow._make)
+STATUS_QUARANTINED = Read.rows("status_quarantined", sh.NameCount._make)
+THROUGHPUT_ARRIVALS = Read.rows("throughput_arrivals", sh.BucketCount._make)
+THROUGHPUT_COMPLETIONS = Read.rows("throughput_completions", sh.BucketCount._make)
+
+PRUNE_COUNT = Read.rows("prune_count", sh.PruneCountRow._make)
+PRUNE_PICK = Read.rows("prune_pick", sh.IdRow._make)
+PRUNE_TASKS = Read.rows("prune_tasks", sh.PrunedTaskRow._make)
+PRUNE_AUDIT = Read.rows("prune_audit", sh.AuditGoneRow._make)
+PRUNE_AUDIT_WALK = Read.rows("prune_audit_walk", sh.AuditWalkRow._make)
+PRUNE_AUDIT_GONE = Read.rows("prune_audit_gone", sh.AuditGoneRow._make)
+PRUNE_EXPORT_AUDIT = Read.rows("prune_export_audit", sh.AuditEventRow._make)
+PRUNE_EXPORT_LATE = Read.rows("prune_export_late", sh.LateExportRow._make)
+
+LATE_EFFECTS_ALL = Read.rows("late_effects_all", _late_effect)
+LATE_EFFECTS_TASK = Read.rows("late_effects_task", _late_effect)
+LATE_EFFECTS_OF_TYPE = Read.rows("late_effects_of_type", _late_effect)
+EFFECTS_OF_TYPE = Read.rows("effects_of_type", sh.TypeEffectRow._make)
+
+WORKERS_ALL = Read.rows("workers_all", _worker)
+WORKERS_ON_HOST = Read.rows("workers_on_host", _worker)
+WORKERS_PRUNE = Read.rows("workers_prune", sh.HolderRow._make)
+DEFINITIONS_OF = Read.rows("definitions_of", sh.SpecRow._make)
+DEFINITIONS_ALL = Read.rows("definitions_all", sh.DefinitionRow._make)
+WORKER_DEFINITION_SPECS = Read.rows("worker_definition_specs", sh.HolderSpecRow._make)
+READY_BY_VERSION = Read.rows("ready_by_version", sh.VersionReadyRow._make)
+LIVE_DEFINITIONS = Read.rows("live_definitions", sh.LiveRow._make)

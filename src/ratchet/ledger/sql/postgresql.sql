@@ -1,7 +1,7 @@
 -- Ratchet ledger statements, PostgreSQL dialect.
 --
 -- One block per statement, named by a "-- name: NAME" line (procrastinate's
--- sql/queries.sql style); the engine (ledger/engine.py) refers to statements only by name
+-- sql/queries.sql style); the engine (ledger/ops/*.py) refers to statements only by name
 -- and sqlite.sql names the same ones. Parameters are named (%(name)s). A list parameter
 -- arrives as an array (= ANY). A statement the engine runs as a batch gets its rows as one
 -- JSON array, %(rows)s, read with json_to_recordset (the values shared by all rows are

@@ -1,7 +1,7 @@
 -- Ratchet ledger statements, SQLite dialect.
 --
 -- One block per statement, named by a "-- name: NAME" line (procrastinate's
--- sql/queries.sql style); the engine (ledger/engine.py) refers to statements only by name
+-- sql/queries.sql style); the engine (ledger/ops/*.py) refers to statements only by name
 -- and postgresql.sql names the same ones. Parameters are named (:name). A list parameter
 -- (names, ids, keys) arrives as a JSON array and is read with json_each. A statement the
 -- engine runs as a batch is run once per row (executemany). A block may hold several

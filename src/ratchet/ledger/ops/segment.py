@@ -1,0 +1,136 @@
+"""The rows one commit segment writes, typed: steps, effect intents and outcomes,
+transitions (:class:`Segment`). Used by the commit and by transaction steps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from ...serde import dumps, printable
+from ...states import State
+from ..base import EffectState, TaskWrite, Transition
+from ..dialect import Tx
+from ..rows import AuditRow, reschedules
+
+__all__ = ["IntentEntry", "OutcomeEntry", "Segment", "StepEntry", "TransitionEntry",
+           "step_entry"]
+
+
+class StepEntry(NamedTuple):
+    """A ``steps_upsert`` row: a step recorded done at ``generation``."""
+
+    task_id: str
+    name: str
+    result: str
+    generation: int
+    seq: int | None
+
+
+def step_entry(task_id: str, generation: int, step: Sequence[Any]) -> StepEntry:
+    """A :attr:`TaskWrite.steps <ratchet.ledger.base.TaskWrite.steps>` item
+    (``(name, result_json, seq)`` or ``(name, result_json)``) as the row it writes."""
+    name, result, *rest = step
+    return StepEntry(task_id, name, result, generation, rest[0] if rest else None)
+
+
+class IntentEntry(NamedTuple):
+    """An ``effects_intent`` row: an effect call about to be made."""
+
+    task_id: str
+    name: str
+    key: str
+    digest: str
+    generation: int
+    attempt: int
+    seq: int | None
+
+
+class OutcomeEntry(NamedTuple):
+    """An ``effects_outcome`` row: an effect call's settled outcome."""
+
+    task_id: str
+    name: str
+    key: str
+    digest: str
+    generation: int
+    attempt: int
+    seq: int | None
+    state: str
+    result: str | None
+    via_lookup: bool
+
+
+class TransitionEntry(NamedTuple):
+    """A ``transition`` row: one fenced ``RUNNING -> state`` move (``run_at``: epoch
+    seconds, or None to keep it; ``release``: the attempt is handed back; ``keep``: the
+    lease stays; ``request``: the operator request the task keeps)."""
+
+    id: str
+    generation: int
+    state: str
+    run_at: float | None
+    release: bool
+    keep: bool
+    request: str | None
+    result: str | None
+    error: str | None
+    error_class: str | None
+    traceback: str | None
+
+
+class Segment:
+    """Fenced rows of one commit segment (each task at most once), written set-wise: one
+    batch per kind of row, whatever the number of tasks."""
+
+    def __init__(self) -> None:
+        self.steps: dict[tuple[str, str], StepEntry] = {}
+        self.intents: dict[tuple[str, str], IntentEntry] = {}
+        self.outcomes: dict[tuple[str, str], OutcomeEntry] = {}
+        self.transitions: list[TransitionEntry] = []
+
+    def add(self, write: TaskWrite, attempt: int, audit: list[AuditRow], now: float,
+            request: str | None = None) -> None:
+        """Queue the rows of one fenced write (which passed its fence); ``request``: the
+        operator request the task keeps after the write's transition (if any)."""
+        for step in write.steps:
+            entry = step_entry(write.task_id, write.generation, step)
+            self.steps[(write.task_id, entry.name)] = entry
+        for e in write.effects:
+            if e.state is EffectState.INTENT:
+                self.intents[(write.task_id, e.name)] = IntentEntry(
+                    write.task_id, e.name, e.key, e.params_digest, write.generation, attempt,
+                    e.seq)
+                continue
+            self.outcomes[(write.task_id, e.name)] = OutcomeEntry(
+                write.task_id, e.name, e.key, e.params_digest, write.generation, attempt,
+                e.seq, e.state.value, e.result_json, e.via_lookup)
+            if e.via_lookup:
+                audit.append((write.task_id, now, "lookup_hit", None, None, write.generation,
+                              write.holder, dumps({"effect": e.name, "key": e.key})))
+        t = write.transition
+        if t is not None:
+            self.transitions.append(transition_entry(write, t, now, request))
+
+    def apply(self, tx: Tx, now: float, resend: bool) -> None:
+        """Write the queued rows in ``tx``."""
+        tx.batch("steps_upsert", [e._asdict() for e in self.steps.values()], now=now)
+        tx.batch("effects_intent", [e._asdict() for e in self.intents.values()], now=now,
+                 resend=resend)
+        tx.batch("effects_outcome", [e._asdict() for e in self.outcomes.values()], now=now)
+        tx.batch("transition", [e._asdict() for e in self.transitions], now=now)
+
+
+def transition_entry(write: TaskWrite, t: Transition, now: float,
+                     request: str | None = None) -> TransitionEntry:
+    """The ``transition`` row of one fenced write. A release (to ``PENDING``) and a pause
+    at a boundary (to ``PAUSED``) hand their attempt back; ``request``: the operator
+    request the task keeps (``UNKNOWN``, or an open intent)."""
+    return TransitionEntry(
+        id=write.task_id, generation=write.generation, state=t.to.value,
+        run_at=now + max(0.0, t.delay_s) if reschedules(t.to) else None,
+        release=t.to is State.PENDING or t.to is State.PAUSED,
+        keep=t.to is State.RUNNING, request=request,
+        result=t.result_json, error=printable(t.error) if t.error else t.error,
+        error_class=t.error_class,
+        traceback=printable(t.traceback) if t.error and t.traceback else None,
+    )
