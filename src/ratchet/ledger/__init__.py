@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..config import LedgerConfig, parse_ledger_url
 from ..errors import ConfigError
 from .base import Ledger
+from .sqlite import SQLiteLedger
 
 __all__ = ["Ledger", "open_ledger"]
 
@@ -37,8 +38,6 @@ def open_ledger(
     """
     config = url if isinstance(url, LedgerConfig) else parse_ledger_url(url, durability)
     if config.scheme == "sqlite":
-        from .sqlite import SQLiteLedger
-
         return SQLiteLedger(config, migrate=migrate, must_exist=must_exist)
     if config.scheme == "postgresql":
         try:
