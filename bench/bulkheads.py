@@ -1,4 +1,4 @@
-"""Bulkheads (issue 10, DESIGN §8): what limits buy and what they cost, on both ledgers.
+"""Bulkheads (DESIGN §8): what limits buy and what they cost, on both ledgers.
 
 1. **Flood**: ``--flood`` ready ``bench.flood`` tasks (``--flood-ms`` each) are drained by
    ``--workers`` worker processes of ``--concurrency`` threads; meanwhile one

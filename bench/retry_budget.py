@@ -1,4 +1,4 @@
-"""Retry amplification with and without a retry budget (DESIGN §7, issue 10).
+"""Retry amplification with and without a retry budget (DESIGN §7).
 
 Run::
 

@@ -409,3 +409,24 @@ def test_no_fixed_sleep_before_an_assertion() -> None:
     assert not offenders, "time.sleep directly before an assert (use wait_for):\n" + "\n".join(
         f"  {o}" for o in offenders
     )
+
+
+# Tracker references ("issue" or "stop" and a number) say when, not why; a reader of the
+# project cannot follow them. Built from parts so that this file does not match itself.
+TRACKER_REFERENCE = re.compile(r"\b(?:" + "is" + r"sue|st" + r"op)\s+#?[0-9]+\b", re.IGNORECASE)
+
+
+def test_no_tracker_references_in_code_docs_or_tests() -> None:
+    offenders = []
+    places = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *SRC.rglob("*.py"),
+              *SRC.rglob("*.sql"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*"),
+              *(ROOT / "scripts").rglob("*")]
+    for path in places:
+        if not path.is_file() or path.suffix not in {".py", ".md", ".sql", ""}:
+            continue
+        for number, text in enumerate(path.read_text(encoding="utf-8", errors="replace")
+                                      .splitlines(), 1):
+            if TRACKER_REFERENCE.search(text):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {text.strip()[:80]}")
+    assert not offenders, "tracker references (say why, not when):\n" + "\n".join(
+        f"  {o}" for o in offenders)

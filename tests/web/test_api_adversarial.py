@@ -79,7 +79,7 @@ def test_empty_identifier_is_called_empty(api: httpx.Client) -> None:
 
 def test_same_key_other_tenant_or_version_is_a_conflict(api: httpx.Client,
                                                         ledger_url: str) -> None:
-    """Issue 11: the same key and body answer the original (200); another body is a 409.
+    """The same key and body answer the original (200); another body is a 409.
     The ledger's digest covers the name and params; the API compares the tenant and a
     pinned version with the stored task too, and names what differs."""
     def submit(key: str, **body: object) -> httpx.Response:

@@ -1,5 +1,5 @@
--- Ratchet ledger, schema version 6 (PostgreSQL): operator control requests (issue 10:
--- cancel, pause; DESIGN §3, §8). Additive only: processes of the previous release never
+-- Ratchet ledger, schema version 6 (PostgreSQL): operator control requests
+-- (cancel, pause; DESIGN §3, §8). Additive only: processes of the previous release never
 -- read or write the new column and table, and the new index is partial.
 --
 -- * tasks.control_request: an operator's request to a RUNNING task's holder ('cancel' or

@@ -1,4 +1,4 @@
--- Ratchet ledger, schema version 7 (SQLite): operator control requests (issue 10: cancel,
+-- Ratchet ledger, schema version 7 (SQLite): operator control requests (cancel,
 -- pause; DESIGN §3, §8). Additive only: processes of the previous release never read or
 -- write the new column and table, and the new index is partial.
 --
