@@ -42,9 +42,7 @@ class UndecodableText(str):
     Equal only to an :class:`UndecodableText` of the same stored bytes (never to a plain
     ``str``, even one spelling the same escapes), and hashed by them, so counts per name
     never merge a damaged name with a real one. Copies and pickles keep the bytes.
-
-    Args:
-        stored: the bytes as stored.
+    ``UndecodableText(stored)`` takes the bytes as stored.
 
     Attributes:
         stored: the bytes as stored.
@@ -120,10 +118,9 @@ class StoredState(str):
     every ``state is State.X`` test and ``in TERMINAL`` check is false for it, so no read
     path fails on the row and no worker or operator move takes it for a known state.
     ``value`` is the instance itself (the spelling code uses for an enum member's text).
-
-    Args:
-        stored: the column's value as read (``str``, :class:`UndecodableText`, or any
-            other value a foreign writer left, shown with ``str``).
+    ``StoredState(stored)`` takes the column's value as read (``str``,
+    :class:`UndecodableText`, or any other value a foreign writer left, shown with
+    ``str``).
 
     Attributes:
         stored: the value as read.

@@ -122,8 +122,8 @@ def parse_duration_s(text: str, what: str, *, unit_required: bool = False,
         unit_required: refuse a bare number other than 0 (for destructive options such as
             ``prune --older-than``, where ``30`` meant as days would delete nearly
             everything).
-        minimum_s, maximum_s: the bounds, seconds (inclusive; default 0 and
-            :data:`MAX_DURATION_S`).
+        minimum_s: the lower bound, seconds (inclusive; default 0).
+        maximum_s: the upper bound, seconds (inclusive; default :data:`MAX_DURATION_S`).
         above_zero: refuse 0 as well (a window, an interval).
 
     Raises:

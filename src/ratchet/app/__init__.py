@@ -425,8 +425,14 @@ class App:
                 The task waits (``PENDING``) until a worker that has this version runs.
 
         Raises:
-            UnknownTask, InvalidArguments, PayloadNotSerializable, PayloadTooLarge,
-            IdempotencyConflict: the submission was refused and nothing was written.
+            UnknownTask: no task of that name (or that ``version``); nothing was
+                written.
+            InvalidArguments: the params do not validate against the task's signature;
+                nothing was written.
+            PayloadNotSerializable: the params are not plain JSON; nothing was written.
+            PayloadTooLarge: the params are over the size limit; nothing was written.
+            IdempotencyConflict: the key was used before with other params; nothing was
+                written.
             LedgerError: the ledger failed (:class:`~ratchet.errors.LedgerUnavailable`:
                 the outcome may be unknown; submit again with the same idempotency key).
         """

@@ -318,8 +318,10 @@ class ControlReads(ControlHandles):
             state: one state or several (``"UNKNOWN"``, ``State.FAILED``; case-insensitive).
             name: one task type or several.
             key: the submit idempotency key.
-            older_than_s, newer_than_s: only tasks created more / less than this many
-                seconds ago (by the ledger clock).
+            older_than_s: only tasks created more than this many seconds ago (by the
+                ledger clock).
+            newer_than_s: only tasks created less than this many seconds ago (by the
+                ledger clock).
             limit: tasks per page, 1-1000.
             cursor: ``next_cursor`` of the previous page.
 

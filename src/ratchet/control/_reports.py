@@ -40,17 +40,22 @@ class StatusReport:
         oldest_pending_age_s: age of the oldest ready PENDING/RETRY_WAIT task, seconds
             (``None`` when nothing is ready).
         unknown: tasks in ``UNKNOWN`` (waiting for an operator: ``ratchet resolve``).
-        claims, takeovers, revocations, stale_rejections, lookup_hits,
-        idempotency_conflicts, operator_actions: counts from the audit log, ever (kept
-            when ``prune`` deletes the rows).
+        claims: claims, from the audit log (this and the six counts below count every
+            audit row ever written, kept when ``prune`` deletes the rows).
+        takeovers: claims that took a task over from a holder whose lease expired.
+        revocations: leases taken away from a holder whose process was seen gone.
+        stale_rejections: writes refused because their holder's claim was stale.
+        lookup_hits: effects settled by asking the target (a lookup) instead of calling.
+        idempotency_conflicts: submits refused: a known key with other params.
+        operator_actions: audited operator commands (resolve, cancel, retry, pause, ...).
         durability: the durability level (``fsync``, ``buffered``, ``replicated``).
         backend_settings: what the level maps to (SQLite pragmas, PostgreSQL settings).
         schema_version: the ledger's schema version.
         ledger_now: the ledger clock, epoch seconds.
         late_effects: calls sent by holders after their claim was taken over
-            (:meth:`Control.late_effects`), both kinds; late_effects_accounted_for: those
-            of them accounted for (a lookup hit settled the effect with the late call's
-            execution); the rest are possible duplicates.
+            (:meth:`Control.late_effects`), both kinds.
+        late_effects_accounted_for: those of them accounted for (a lookup hit settled
+            the effect with the late call's execution); the rest are possible duplicates.
         pauses: the active pauses (scope, target, who, why, since, version) with the
             RUNNING tasks in each scope still short of a safe boundary.
         window_s: the window of the arrival and completion rates, seconds.

@@ -426,8 +426,12 @@ class ControlWrites(ControlReads):
 
         Raises:
             ConfigError: this Control was made without an App.
-            UnknownTask, InvalidArguments, PayloadNotSerializable, PayloadTooLarge,
-            IdempotencyConflict: refused, nothing written. LedgerError: the ledger failed.
+            UnknownTask: no such task name (or version); nothing written.
+            InvalidArguments: the params do not validate; nothing written.
+            PayloadNotSerializable: the params are not plain JSON; nothing written.
+            PayloadTooLarge: the params are over the size limit; nothing written.
+            IdempotencyConflict: the key was used with other params; nothing written.
+            LedgerError: the ledger failed.
         """
         if self._app is None:
             raise ConfigError(

@@ -66,7 +66,8 @@ def arrival_completion_svg(points: Sequence[Bucket], bucket_s: float, *,
         points: the buckets, oldest first (may be empty: the chart says "no data").
         bucket_s: bucket length, seconds (> 0): a bucket's rate is its count / bucket_s.
         title: the chart's accessible title.
-        width, height: the SVG's size in pixels.
+        width: the SVG's width in pixels.
+        height: the SVG's height in pixels.
 
     Returns:
         The ``<svg>`` element as text (every label escaped; safe to insert as markup).

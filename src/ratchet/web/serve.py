@@ -106,7 +106,8 @@ def serve(settings: WebSettings, host: str = "127.0.0.1", port: int = 8000, *,
 
     Args:
         settings: ledger, token, app (:class:`WebSettings`).
-        host, port: where to listen (``port`` 0: an ephemeral port, printed).
+        host: the address to listen on.
+        port: the TCP port (0: an ephemeral port, printed).
         log_level: uvicorn's log level (``info``, ``warning``, ...).
         out: where the start line goes (default stderr).
 

@@ -169,8 +169,12 @@ class TaskContext(EffectCalls):
         Raises:
             StaleGeneration: another worker holds the task; ``fn`` was not called.
             TransactionMisuse: ``fn`` ended the transaction or nested a checkpoint.
-            NonDeterministicReplay, InvalidArguments, PayloadNotSerializable,
-            UndecodableData, WriteRejected, LedgerUnavailable: as for :meth:`step`.
+            NonDeterministicReplay: as for :meth:`step`.
+            InvalidArguments: as for :meth:`step`.
+            PayloadNotSerializable: as for :meth:`step`.
+            UndecodableData: as for :meth:`step`.
+            WriteRejected: as for :meth:`step`.
+            LedgerUnavailable: as for :meth:`step`.
             Exception: what ``fn`` raised, after everything was rolled back.
         """
         return run_transaction(self, name, fn, args, kwargs)

@@ -73,7 +73,8 @@ def run_transaction(
         name: the step name; occurrences as for ``ctx.step`` (the N-th call of ``name`` is
             its own checkpoint). Transaction steps and ``ctx.step`` share one namespace.
         fn: ``fn(conn, *args, **kwargs) -> JSON value``.
-        args, kwargs: passed to ``fn`` after ``conn``.
+        args: positional arguments passed to ``fn`` after ``conn``.
+        kwargs: keyword arguments passed to ``fn``.
 
     Returns:
         The JSON round-trip of ``fn``'s result (the stored value on a replay).

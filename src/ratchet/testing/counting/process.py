@@ -143,7 +143,9 @@ def start_counting_service(
         db_path: the service's own SQLite file.
         honour_keys: deduplicate on ``Idempotency-Key`` (False: legacy, every POST executes).
         check_tokens: fenced mode (``--check-tokens``): refuse a stale ``Fencing-Token``.
-        reply_lost, burst_503, slow: fault probabilities in [0, 1].
+        reply_lost: probability that an executed request's reply is dropped, in [0, 1].
+        burst_503: probability that a request to ``/effects`` starts a 503 burst, in [0, 1].
+        slow: probability that a POST sleeps ``slow_s`` before executing, in [0, 1].
         burst_len: 503 answers per burst.
         slow_s: sleep of a slow request, seconds.
         latency_s: mean processing time of every request, seconds.
