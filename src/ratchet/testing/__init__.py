@@ -19,7 +19,7 @@
 * an in-process worker for pytest (:func:`running_worker`, :func:`worker_fixture`, from
   :mod:`ratchet.testing.worker`).
 
-See README.md, "Testing your tasks".
+The how-to page: [Testing your tasks](../how-to/testing.md) (``docs/how-to/testing.md``).
 """
 
 from __future__ import annotations
