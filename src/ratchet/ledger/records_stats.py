@@ -22,9 +22,13 @@ class LedgerStats:
             without reading the history).
         oldest_pending_age_s: age of the oldest ready PENDING/RETRY_WAIT task, seconds.
         unknown_count: tasks in ``UNKNOWN``.
-        claims, takeovers, stale_rejections, lookup_hits, idempotency_conflicts,
-        operator_actions: audit rows of each kind ever written (kept when a prune
-            deletes the rows).
+        claims: claim audit rows ever written (kept when a prune deletes the rows; so
+            are the five counts below).
+        takeovers: takeover audit rows ever written.
+        stale_rejections: stale-write rejections ever recorded.
+        lookup_hits: effect lookups that found an outcome.
+        idempotency_conflicts: submits refused for a conflicting idempotency key.
+        operator_actions: audited operator commands.
         durability: the durability level this connection runs with.
         backend_settings: backend-specific facts (journal mode, synchronous, ...).
         schema_version: the ledger's schema version.

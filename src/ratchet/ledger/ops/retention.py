@@ -70,7 +70,7 @@ class Retention:
         Raises:
             ValueError: ``older_than_s`` below 0 or not finite, ``batch_size`` below 1.
             LedgerError: as any operation (batches committed before stay committed).
-            Whatever ``export`` raises (that batch is rolled back).
+            Exception: whatever ``export`` raises (that batch is rolled back).
         """
         try:
             check_finite(older_than_s, "older_than_s", minimum=0)
