@@ -32,8 +32,8 @@ from enum import StrEnum
 
 import httpx
 
-from .errors import CircuitOpen, ConfigError, InvalidArguments, OverloadError
-from .validation import check_finite
+from .errors import CircuitOpen, ConfigError, OverloadError
+from .validation import check_finite, check_int
 
 __all__ = ["BreakerState", "CircuitBreaker", "DownstreamBreaker", "is_overload"]
 
@@ -67,18 +67,10 @@ class CircuitBreaker:
     def __post_init__(self) -> None:
         for label in ("failure_threshold", "half_open_probes"):
             value = getattr(self, label)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
-                raise ConfigError(
-                    f"CircuitBreaker.{label} must be an integer from 1 to 10000, got {value!r}")
-        try:
-            open_s = check_finite(self.open_s, "CircuitBreaker.open_s", maximum=3600)
-        except InvalidArguments:
-            open_s = 0.0
-        if open_s <= 0:
-            value = self.open_s
-            raise ConfigError(
-                f"CircuitBreaker.open_s must be a number of seconds above 0 and at most 3600, "
-                f"got {value!r}")
+            check_int(value, f"CircuitBreaker.{label}", minimum=1, maximum=10_000,
+                      error=ConfigError)
+        check_finite(self.open_s, "CircuitBreaker.open_s (seconds)", minimum=0.0,
+                     above_minimum=True, maximum=3600, error=ConfigError)
 
 
 def is_overload(exc: BaseException) -> bool:

@@ -42,7 +42,6 @@ fails names the tries and the last error's type and first line.
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -62,7 +61,13 @@ from .errors import IllegalTransition, InvalidArguments, RatchetError, TaskNotFo
 from .errortext import error_message, error_summary
 from .lookups import RegisteredLookup, effect_base_name
 from .serde import dumps, printable
-from .validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_finite, check_identifier
+from .validation import (
+    MAX_KEY_BYTES,
+    MAX_NAME_BYTES,
+    check_finite,
+    check_identifier,
+    check_int,
+)
 from .worker.context import NotFound
 
 __all__ = ["AGREEING", "MAX_LOOKUP_RETRIES", "MAX_LOOKUP_TIMEOUT_S", "OUTCOMES", "Finding",
@@ -247,37 +252,20 @@ def _ask(lookup: RegisteredLookup, key: str, token: int, pacer: _Pacer,
                          else f"{tries} tries failed, the last: {failed.text}")
 
 
-def _in_range(value: object, low: float, high: float, *, above_low: bool = False) -> bool:
-    """Whether ``value`` is a finite number (not a bool) from ``low`` (above it when
-    ``above_low``) to ``high`` (the caller's message names the option)."""
-    try:
-        number = check_finite(value, "value", minimum=low, maximum=high)
-    except InvalidArguments:
-        return False
-    return number > low or not above_low
-
-
 def _check_args(task_type: object, newer_than_s: object, limit: object, concurrency: object,
                 rate_per_s: object, lookup_timeout_s: object, lookup_retries: object) -> None:
     check_identifier(task_type, "task type", MAX_NAME_BYTES)
-    if newer_than_s is not None and not _in_range(newer_than_s, 0.0, math.inf):
-        raise InvalidArguments(f"newer_than_s (--since) must be a finite number of seconds "
-                               f">= 0, got {newer_than_s!r}")
-    for label, value, top in (("limit (--limit)", limit, 100_000),
-                              ("concurrency (--concurrency)", concurrency, 64)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-            raise InvalidArguments(f"{label} must be an integer from 1 to {top}, got {value!r}")
-    if rate_per_s is not None and not _in_range(rate_per_s, 0.0, 100_000, above_low=True):
-        raise InvalidArguments(f"rate_per_s (--rate) must be above 0 and at most 100000 "
-                               f"lookups per second, or None, got {rate_per_s!r}")
-    if not _in_range(lookup_timeout_s, 0.0, MAX_LOOKUP_TIMEOUT_S, above_low=True):
-        raise InvalidArguments(f"lookup_timeout_s (--lookup-timeout) must be above 0 and at "
-                               f"most {MAX_LOOKUP_TIMEOUT_S:g} seconds, got "
-                               f"{lookup_timeout_s!r}")
-    if (isinstance(lookup_retries, bool) or not isinstance(lookup_retries, int)
-            or not 0 <= lookup_retries <= MAX_LOOKUP_RETRIES):
-        raise InvalidArguments(f"lookup_retries (--lookup-retries) must be an integer from 0 "
-                               f"to {MAX_LOOKUP_RETRIES}, got {lookup_retries!r}")
+    if newer_than_s is not None:
+        check_finite(newer_than_s, "newer_than_s (--since, seconds)", minimum=0.0)
+    check_int(limit, "limit (--limit)", minimum=1, maximum=100_000)
+    check_int(concurrency, "concurrency (--concurrency)", minimum=1, maximum=64)
+    if rate_per_s is not None:
+        check_finite(rate_per_s, "rate_per_s (--rate, lookups per second, or None)",
+                     minimum=0.0, above_minimum=True, maximum=100_000)
+    check_finite(lookup_timeout_s, "lookup_timeout_s (--lookup-timeout, seconds)", minimum=0.0,
+                 above_minimum=True, maximum=MAX_LOOKUP_TIMEOUT_S)
+    check_int(lookup_retries, "lookup_retries (--lookup-retries)", minimum=0,
+              maximum=MAX_LOOKUP_RETRIES)
 
 
 def _walk(control: Control, task_type: str, newer_than_s: float | None,

@@ -32,7 +32,7 @@ from .errors import (
     TransientError,
     UndecodableData,
 )
-from .validation import check_finite
+from .validation import check_finite, check_int
 
 __all__ = [
     "downstream_unreachable",
@@ -171,24 +171,11 @@ class RetryPolicy:
                 f"RetryPolicy.budget must be a ratchet.RetryBudget or None, got "
                 f"{type(self.budget).__name__}")
         quarantine = self.quarantine_after
-        if quarantine is not None and (
-            isinstance(quarantine, bool) or not isinstance(quarantine, int)
-            or not 1 <= quarantine <= MAX_ATTEMPTS_LIMIT
-        ):
-            raise ConfigError(
-                f"RetryPolicy.quarantine_after must be None (no quarantine) or an integer "
-                f"from 1 to {MAX_ATTEMPTS_LIMIT} (failures in a row), got {quarantine!r}"
-            )
-        attempts = self.max_attempts
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-            raise ConfigError(
-                f"RetryPolicy.max_attempts must be an integer >= 1 (runs allowed, the first "
-                f"included), got {attempts!r}"
-            )
-        if attempts > MAX_ATTEMPTS_LIMIT:
-            raise ConfigError(
-                f"RetryPolicy.max_attempts must be at most {MAX_ATTEMPTS_LIMIT}, got {attempts}"
-            )
+        if quarantine is not None:
+            check_int(quarantine, "RetryPolicy.quarantine_after (failures in a row; None for "
+                      "no quarantine)", minimum=1, maximum=MAX_ATTEMPTS_LIMIT, error=ConfigError)
+        check_int(self.max_attempts, "RetryPolicy.max_attempts (runs allowed, the first "
+                  "included)", minimum=1, maximum=MAX_ATTEMPTS_LIMIT, error=ConfigError)
         for label in ("base_delay_s", "max_delay_s", "overload_min_delay_s", "multiplier",
                       "jitter"):
             value = getattr(self, label)

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "check_checkpoint_name",
     "check_finite",
+    "check_int",
     "check_identifier",
     "duration_text",
     "parse_duration_s",
@@ -207,13 +208,61 @@ def parse_rate_per_s(text: str, what: str) -> float:
     return rate
 
 
-def check_finite(value: object, what: str, *, minimum: float | None = None,
-                 maximum: float | None = None) -> float:
-    """``value`` as a float: an int or float (not a bool), finite, and within
-    ``[minimum, maximum]`` where given.
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to 40 characters (an int of 10,000 digits has no repr at all:
+    Python refuses to convert one over 4,300 digits to text)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an {type(value).__name__} too long to show"
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def check_int(value: object, what: str, *, minimum: int | None = None,
+              maximum: int | None = None, error: type[Exception] = InvalidArguments) -> int:
+    """``value`` if it is an ``int`` (not a bool) within ``[minimum, maximum]`` where given.
+
+    A bool is refused although it is an ``int`` subclass: ``True == 1``, so ``limit=True``
+    would pass as 1 and hide a mistake (a flag passed where a count was meant).
+
+    Args:
+        value: the candidate.
+        what: how to name it in the error (e.g. ``"limit"``, ``"Worker concurrency"``).
+        minimum, maximum: the bounds (inclusive); None for no bound on that side.
+        error: the exception class to raise, called with the message (the caller's contract:
+            ``InvalidArguments`` for a call's argument, ``ConfigError`` for a configuration
+            value, ``ValueError`` outside Ratchet's errors).
 
     Raises:
-        InvalidArguments: anything else, named by ``what`` with the range.
+        error: not an int, a bool, or out of range, with the message
+            ``"{what} must be an integer from A to B, got V"`` (``">= A"`` / ``"<= B"``
+            with one bound, nothing more with none).
+    """
+    if (isinstance(value, int) and not isinstance(value, bool)
+            and (minimum is None or value >= minimum) and (maximum is None or value <= maximum)):
+        return value
+    if minimum is not None and maximum is not None:
+        bounds = f" from {minimum} to {maximum}"
+    elif minimum is not None:
+        bounds = f" >= {minimum}"
+    elif maximum is not None:
+        bounds = f" <= {maximum}"
+    else:
+        bounds = ""
+    raise error(f"{what} must be an integer{bounds}, got {_shown(value)}")
+
+
+def check_finite(value: object, what: str, *, minimum: float | None = None,
+                 maximum: float | None = None, above_minimum: bool = False,
+                 error: type[Exception] = InvalidArguments) -> float:
+    """``value`` as a float: an int or float (not a bool), finite, and within
+    ``[minimum, maximum]`` where given (above ``minimum`` when ``above_minimum``, for a
+    rate or a timeout that cannot be 0).
+
+    Raises:
+        error: (default :class:`~ratchet.errors.InvalidArguments`) anything else, with the
+            message ``"{what} must be a finite number >= A and <= B, got V"`` (``"> A"``
+            when ``above_minimum``).
     """
     number = math.nan
     if not isinstance(value, bool) and isinstance(value, int | float):
@@ -221,11 +270,11 @@ def check_finite(value: object, what: str, *, minimum: float | None = None,
             number = float(value)
         except OverflowError:  # an int beyond any float
             number = math.inf
-    if (not math.isfinite(number) or (minimum is not None and number < minimum)
-            or (maximum is not None and number > maximum)):
-        low = "" if minimum is None else f" >= {minimum:g}"
+    low_ok = minimum is None or number > minimum or (number == minimum and not above_minimum)
+    if not math.isfinite(number) or not low_ok or (maximum is not None and number > maximum):
+        low = "" if minimum is None else f" {'>' if above_minimum else '>='} {minimum:g}"
         high = "" if maximum is None else f"{' and' if low else ''} <= {maximum:g}"
-        raise InvalidArguments(f"{what} must be a finite number{low}{high}, got {value!r}")
+        raise error(f"{what} must be a finite number{low}{high}, got {_shown(value)}")
     return number
 
 

@@ -37,7 +37,13 @@ from ..ledger.base import ControlOutcome, Ledger, NewTask, TaskInfo
 from ..lookups import RegisteredLookup, effect_base_name, make_lookup
 from ..retry import RetryBudget, RetryPolicy
 from ..states import State
-from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_finite, check_identifier
+from ..validation import (
+    MAX_KEY_BYTES,
+    MAX_NAME_BYTES,
+    check_finite,
+    check_identifier,
+    check_int,
+)
 from . import _taskops as taskops
 from ._submitgroup import SUBMIT_GROUP_MAX as SUBMIT_GROUP_MAX
 from ._submitgroup import SubmitGroup as _SubmitGroup
@@ -120,9 +126,8 @@ class App:
         self._ledger: Ledger | None = ledger if not isinstance(ledger, str | None) else None
         self._lock = threading.Lock()
         limit = max_payload_bytes if max_payload_bytes is not None else max_payload_bytes_from_env()
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-            raise ConfigError(f"max_payload_bytes must be an integer > 0 (bytes), got {limit!r}")
-        self.max_payload_bytes = limit
+        self.max_payload_bytes = check_int(limit, "max_payload_bytes (bytes)", minimum=1,
+                                           error=ConfigError)
         self.tasks: dict[str, TaskDefinition] = {}
         """The newest version of each registered name (what :meth:`submit` pins)."""
         self.versions: dict[str, dict[int, TaskDefinition]] = {}

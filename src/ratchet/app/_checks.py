@@ -14,7 +14,13 @@ from ..errors import InvalidArguments
 from ..ledger.base import LimitScope
 from ..serde import printable
 from ..states import State
-from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_finite, check_identifier
+from ..validation import (
+    MAX_KEY_BYTES,
+    MAX_NAME_BYTES,
+    check_finite,
+    check_identifier,
+    check_int,
+)
 
 __all__ = [
     "REASON_REQUIRED",
@@ -95,9 +101,7 @@ def check_optional_age(age: object, label: str) -> float | None:
 
 def check_limit(limit: object, top: int) -> int:
     """``limit`` if it is an integer from 1 to ``top``."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= top:
-        raise InvalidArguments(f"limit must be an integer from 1 to {top}, got {limit!r}")
-    return limit
+    return check_int(limit, "limit", minimum=1, maximum=top)
 
 
 def states(state: str | State | Sequence[str | State] | None) -> tuple[State, ...] | None:

@@ -13,7 +13,7 @@ import pydantic
 from ..errors import ConfigError, InvalidArguments
 from ..params import ParamsSchema, check_task_function
 from ..retry import RetryPolicy
-from ..validation import check_finite
+from ..validation import MAX_VERSION, check_finite, check_int
 
 __all__ = ["MIN_LEASE_S", "TaskDefinition", "check_lease_s", "check_time_limit_s"]
 
@@ -71,11 +71,7 @@ class TaskDefinition:
             raise ConfigError(
                 f"retry must be a ratchet.RetryPolicy, got {type(self.retry).__name__}"
             )
-        if isinstance(self.version, bool) or not isinstance(self.version, int) \
-                or not 1 <= self.version < 2**31:
-            raise ConfigError(
-                f"version must be an integer from 1 to 2**31 - 1, got {self.version!r}"
-            )
+        check_int(self.version, "version", minimum=1, maximum=MAX_VERSION, error=ConfigError)
         if not callable(self.fn):
             raise ConfigError(f"task {self.name!r}: {self.fn!r} is not callable")
         object.__setattr__(self, "_schema",

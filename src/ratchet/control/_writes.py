@@ -25,7 +25,13 @@ from ..ledger.base import (
     TaskInfo,
 )
 from ..serde import dumps, printable
-from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier, check_rate_per_s
+from ..validation import (
+    MAX_KEY_BYTES,
+    MAX_NAME_BYTES,
+    check_identifier,
+    check_int,
+    check_rate_per_s,
+)
 from ._reads import ControlReads
 from ._records import (
     ReplayReport,
@@ -222,10 +228,7 @@ class ControlWrites(ControlReads):
             LedgerUnavailable: no ledger there.
         """
         age = opchecks.check_age(older_than_s, "older_than_s")
-        if (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                or not 1 <= batch_size <= 10000):
-            raise InvalidArguments(
-                f"batch_size must be an integer from 1 to 10000, got {batch_size!r}")
+        check_int(batch_size, "batch_size", minimum=1, maximum=10000)
         if dry_run and export is not None:
             raise InvalidArguments("a dry run deletes nothing, so it exports nothing: "
                                    "drop the export or the dry run")

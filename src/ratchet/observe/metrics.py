@@ -45,6 +45,7 @@ from prometheus_client.registry import Collector
 from ..breaker import BreakerState
 from ..errors import CircuitOpen, ConfigError
 from ..ledger.base import Claim
+from ..validation import check_int
 from ..worker.hooks import ContextLike, EffectSettlement, Middleware, WorkerLike
 
 if TYPE_CHECKING:
@@ -487,8 +488,7 @@ class MetricsServer:
 
     def __init__(self, registry: CollectorRegistry, host: str = "127.0.0.1",
                  port: int = 0) -> None:
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ConfigError(f"metrics port must be an integer from 0 to 65535, got {port!r}")
+        check_int(port, "metrics port", minimum=0, maximum=65535, error=ConfigError)
         try:
             server, thread = start_http_server(port, host, registry)
         except OSError as exc:

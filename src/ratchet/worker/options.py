@@ -17,6 +17,7 @@ from ..validation import (
     MAX_WRITERS,
     check_finite,
 )
+from ..validation import check_int as validation_check_int
 
 __all__ = [
     "DEFAULT_SHUTDOWN_GRACE_S",
@@ -113,12 +114,11 @@ is not stuck, and on a loaded host every thread can be in that moment at once.""
 
 
 def check_int(name: str, value: object, low: int, high: int) -> int:
-    """``value`` if it is an int in ``[low, high]``; else ``ConfigError`` naming the
-    option and both limits."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"Worker {name} must be an integer from {low} to {high}, got "
-                          f"{value!r}")
-    return value
+    """``value`` if it is an int (not a bool) in ``[low, high]``: the
+    :func:`ratchet.validation.check_int` of a :class:`Worker` option, raising ``ConfigError``
+    ("Worker {name} must be an integer from {low} to {high}, got ...")."""
+    return validation_check_int(value, f"Worker {name}", minimum=low, maximum=high,
+                                error=ConfigError)
 
 
 def check_seconds(name: str, value: object, *, above_zero: bool = False,

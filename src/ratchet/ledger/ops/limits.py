@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ...errors import InvalidArguments
 from ...serde import dumps
+from ...validation import check_int
 from ..base import AuditEvent, Limit, LimitScope, SlotUsage
 from ..dialect import Tx
 from ..rows import (
@@ -141,17 +142,11 @@ def _check_limit(scope: LimitScope, name: str, reserved: int, maximum: int | Non
                                    "tenant)")
     elif not name:
         raise InvalidArguments(f"a {scope.value} limit needs the {scope.value}'s name")
-    for label, value in (("reserved", reserved), ("maximum", maximum)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise InvalidArguments(f"{label} must be an integer, got {value!r}")
-        if value is not None and value > MAX_LIMIT:
-            raise InvalidArguments(f"{label} must be at most {MAX_LIMIT} (the ledger stores "
-                                   f"a 32-bit integer), got {value}")
-    if reserved < 0:
-        raise InvalidArguments(f"reserved must be >= 0, got {reserved}")
-    if maximum is not None and maximum < 1:
-        raise InvalidArguments(
-            f"maximum must be >= 1, got {maximum} (to stop a type, pause it)")
+    # Both are stored as 32-bit integers (MAX_LIMIT); a maximum of 0 is refused because a
+    # type is stopped by pausing it, not by a limit of no slots.
+    check_int(reserved, "reserved", minimum=0, maximum=MAX_LIMIT)
+    if maximum is not None:
+        check_int(maximum, "maximum", minimum=1, maximum=MAX_LIMIT)
     if maximum is not None and reserved > maximum:
         raise InvalidArguments(f"reserved ({reserved}) exceeds maximum ({maximum})")
     if maximum is None and not reserved and scope is not LimitScope.TOTAL:

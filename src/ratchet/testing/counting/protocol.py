@@ -4,11 +4,11 @@ service cannot be started or read. (HTTP API: :mod:`ratchet.testing.services`.)"
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
 from ...errors import RatchetError
+from ...validation import check_finite, check_int
 
 __all__ = [
     "RETRY_AFTER_S",
@@ -90,17 +90,9 @@ def _validated(name: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be true or false")
         return value
-    number = not isinstance(value, bool) and isinstance(value, int | float)
     if name in ("reply_lost", "burst_503", "slow"):
-        if not number or not 0.0 <= float(value) <= 1.0:
-            raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
-        return float(value)
+        return check_finite(value, f"{name} (a probability)", minimum=0.0, maximum=1.0,
+                            error=ValueError)
     if name in ("slow_s", "latency_s"):
-        if not number or not (float(value) >= 0.0 and math.isfinite(float(value))):
-            raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    if name == "burst_len" and value < 1:
-        raise ValueError("burst_len must be >= 1")
-    return value
+        return check_finite(value, f"{name} (seconds)", minimum=0.0, error=ValueError)
+    return check_int(value, name, minimum=1 if name == "burst_len" else 0, error=ValueError)
