@@ -257,7 +257,8 @@ def test_limits_control_api_is_audited_and_refuses_bad_limits(ledger_url: str,
         with pytest.raises(InvalidArguments, match="exceeds maximum"):
             control.set_limit("type", "billing", reserved=3, maximum=2, reason="x", by="bob")
         with pytest.raises(InvalidArguments,
-                           match=r"^maximum must be an integer from 1 to 2147483647, got 0$"):
+                           match=r"^maximum must be an integer from 1 to 2147483647, got 0 "
+                                 r"\(to stop a type, pause it\)$"):
             control.set_limit("tenant", "acme", maximum=0, reason="x", by="bob")
         with pytest.raises(InvalidArguments, match="unknown limit scope"):
             control.set_limit("shard", "a", maximum=1, reason="x", by="bob")

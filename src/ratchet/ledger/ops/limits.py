@@ -142,9 +142,12 @@ def _check_limit(scope: LimitScope, name: str, reserved: int, maximum: int | Non
                                    "tenant)")
     elif not name:
         raise InvalidArguments(f"a {scope.value} limit needs the {scope.value}'s name")
-    # Both are stored as 32-bit integers (MAX_LIMIT); a maximum of 0 is refused because a
-    # type is stopped by pausing it, not by a limit of no slots.
+    # Both are stored as 32-bit integers (MAX_LIMIT).
     check_int(reserved, "reserved", minimum=0, maximum=MAX_LIMIT)
+    if maximum == 0 and not isinstance(maximum, bool):
+        # A type is stopped by pausing it, not by a limit of no slots: say so.
+        raise InvalidArguments("maximum must be an integer from 1 to "
+                               f"{MAX_LIMIT}, got 0 (to stop a type, pause it)")
     if maximum is not None:
         check_int(maximum, "maximum", minimum=1, maximum=MAX_LIMIT)
     if maximum is not None and reserved > maximum:
