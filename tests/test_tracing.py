@@ -283,7 +283,9 @@ def test_runs_as_a_no_op_without_opentelemetry(tmp_path: Path) -> None:
 
 def test_cli_trace_without_opentelemetry_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "trproj.py").write_text("import ratchet\napp = ratchet.App()\n")
-    code = ("import sys; sys.modules['opentelemetry'] = None\n"
+    # The SDK is what the ``otel`` extra adds: the API alone comes with FastAPI (a
+    # dependency of the HTTP face the CLI imports), so "not installed" means no SDK.
+    code = ("import sys; sys.modules['opentelemetry.sdk'] = None\n"
             "from ratchet.cli.main import main\n"
             "sys.argv = ['ratchet', 'worker', 'trproj:app', '--trace', '--ledger', "
             f"'sqlite:///{tmp_path}/l.db']\nmain()\n")
