@@ -69,7 +69,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from ..app import App
-from ..errors import EXIT_LEDGER_CORRUPT, RatchetError
+from ..errors import EXIT_LEDGER_CORRUPT, LedgerCorrupt, RatchetError
 from ..errortext import error_summary
 from ..ledger.base import Claim, DefinitionSpec, Subscription, Transition
 from ..serde import dumps
@@ -454,6 +454,8 @@ class Worker(EndedAttempts):
             registrar = Registrar(self.ledger, self.holder)
             try:
                 registrar.register()
+            except LedgerCorrupt as exc:
+                self._stop_corrupt(exc)
             except RatchetError as exc:  # the registrar thread tries again
                 log.warning("worker registry: %s", exc)
             registrar.start()
@@ -563,6 +565,9 @@ class Worker(EndedAttempts):
         ]
         try:
             changes = self.ledger.register_definitions(self.holder, specs)
+        except LedgerCorrupt as exc:  # said once, where every corrupt-ledger path stops
+            self._stop_corrupt(exc)
+            return
         except RatchetError as exc:
             log.warning("could not register definitions in the ledger: %s", exc)
             return
