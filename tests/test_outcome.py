@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratchet.outcome import RULES, AttemptFacts, Ending, Happened, decide
+from ratchet.outcome import RULES, AttemptFacts, Ending, Happened, decide, walk
 from ratchet.retry import TIME_LIMIT, FailureClass
 from ratchet.states import TERMINAL, State, is_allowed
 
@@ -165,6 +165,7 @@ def test_every_combination_matches_the_rules_and_invariants() -> None:
         _check_invariants(f, e)
         assert (e.state, e.error_class, e.run_at, e.request, e.quarantined) == _reference(f), f
         assert decide(f) == e  # pure
+        assert walk(f) == e  # the shortcut for the common final write is exact
 
 
 @given(now=st.floats(min_value=0.0, max_value=4e9, allow_nan=False),

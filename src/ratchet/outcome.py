@@ -31,7 +31,8 @@ from enum import StrEnum
 from .retry import TIME_LIMIT, FailureClass
 from .states import State
 
-__all__ = ["REQUEST_CLASS", "RULES", "AttemptFacts", "Ending", "Happened", "Rule", "decide"]
+__all__ = ["REQUEST_CLASS", "RULES", "AttemptFacts", "Ending", "Happened", "Rule", "decide",
+           "walk"]
 
 
 class Happened(StrEnum):
@@ -248,6 +249,21 @@ RULES: tuple[Rule, ...] = (
 """The outcome table, in order (DESIGN §3 arbitration, §7 retry governance)."""
 
 _STAGES = ("end", "request", "pause", "quarantine", "budget")
+_BY_STAGE: tuple[tuple[Rule, ...], ...] = tuple(
+    tuple(rule for rule in RULES if rule.stage == stage) for stage in _STAGES)
+
+
+def _nothing_applies(f: AttemptFacts) -> bool:
+    """Whether no rule of the table can match ``f`` (so the proposal stands as asked):
+    an ``ASKED`` write (no ``end`` rule is about one) with no operator request (every
+    ``request`` rule needs one), its pause still active (the ``pause`` rule needs it
+    lifted), the quarantine streak below its threshold (every ``quarantine`` rule needs it
+    reached) and no budget second (the ``budget`` rule needs one). This is the common
+    final write, and the commit path decides it for every task: the shortcut saves the
+    walk; ``tests/test_outcome.py`` checks it gives the walk's ending for every
+    combination of facts."""
+    return (f.happened is Happened.ASKED and f.request is None and f.pause_active
+            and f.budget_at is None and not _reached(f))
 
 
 def _start(f: AttemptFacts) -> Ending:
@@ -271,12 +287,20 @@ def decide(facts: AttemptFacts) -> Ending:
     """
     if facts.happened is Happened.RAISED and facts.failure is None:
         raise ValueError("a RAISED attempt needs its failure class")
+    if _nothing_applies(facts):
+        return _start(facts)
+    return walk(facts)
+
+
+def walk(facts: AttemptFacts) -> Ending:
+    """:func:`decide` without its shortcut: every stage of :data:`RULES` in order, first
+    match per stage (what the shortcut must equal; callers use :func:`decide`)."""
     if facts.happened is Happened.TIME_LIMIT:
         facts = dataclasses.replace(facts, failure=FailureClass.TRANSIENT)
     ending = _start(facts)
-    for stage in _STAGES:
-        for rule in RULES:
-            if rule.stage == stage and rule.when(facts, ending):
+    for rules in _BY_STAGE:
+        for rule in rules:
+            if rule.when(facts, ending):
                 ending = dataclasses.replace(rule.then(facts, ending),
                                              rules=(*ending.rules, rule.name))
                 break

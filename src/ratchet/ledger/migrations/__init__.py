@@ -17,7 +17,7 @@ from importlib import resources
 
 __all__ = ["ALIGNED_VERSION", "Migration", "load_migrations", "split_statements"]
 
-ALIGNED_VERSION = 12
+ALIGNED_VERSION = 11
 """The first schema version that is the same schema on SQLite and PostgreSQL."""
 
 

@@ -206,7 +206,8 @@ def commit_in(
             # The ledger's half of the outcome table: request, pause, quarantine.
             t, request = _arbitrate(tx, write, t, row, open_db.get(write.task_id),
                                     active, streaks, marks, audit, now)
-            write = dataclasses.replace(write, transition=t)
+            if t is not write.transition:
+                write = dataclasses.replace(write, transition=t)
         else:
             request = row.control_request if t is None or t.to is State.RUNNING else None
         if t is not None and t.budgets:

@@ -1,7 +1,0 @@
--- Version 12: the schema numbering is the same on both dialects from here on.
---
--- Up to version 11 a number named a different step on SQLite and PostgreSQL (SQLite added
--- the workers table as its own migration, PostgreSQL had it in its first and later added
--- per-table autovacuum settings). At version 11 both dialects hold the same tables and
--- columns, so this migration changes nothing: it only moves both to one number. Every
--- later version is one file with the same name in both directories.
