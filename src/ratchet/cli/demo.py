@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from ..demo.runner import DemoSettings, run_demo
 from .guard import guard
 from .options import MAX_WAIT_S
 from .render import report_console
@@ -64,6 +63,10 @@ def demo(
     counted at the services' own files (non-zero exit status when a kind's guarantee is
     broken).
     """
+    # The demo (its app, services and display) is loaded when this command runs, not with
+    # the CLI (tests/test_structure.py lists this late import).
+    from ..demo.runner import DemoSettings, run_demo
+
     settings = DemoSettings(concurrency=concurrency, stall_s=stall_s, deadline_s=deadline_s)
     code = guard(lambda: run_demo(ledger, tasks=tasks, workers=workers, kills=kills, seed=seed,
                                    settings=settings, console=report_console()))

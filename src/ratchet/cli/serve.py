@@ -8,9 +8,8 @@ from typing import Annotated
 
 import typer
 
-from ..web import WebSettings
 from ..web.hosts import ALLOWED_HOSTS_ENV, parse_allowed_hosts
-from ..web.serve import serve as run_service
+from ..web.settings import WebSettings
 from .guard import guard
 from .options import (
     MAX_WAIT_S,
@@ -93,4 +92,8 @@ def serve(
                            metrics_auth=metrics_auth, allowed_hosts=extra)
     if body_timeout_s is not None:
         settings = dataclasses.replace(settings, body_timeout_s=body_timeout_s)
+    # The HTTP stack is loaded when this command runs, not with the CLI: every other
+    # command and every worker start would pay for it (tests/test_structure.py lists it).
+    from ..web.serve import serve as run_service
+
     guard(lambda: run_service(settings, host, port, log_level=level))
