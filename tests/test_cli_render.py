@@ -390,6 +390,21 @@ def test_app_specs_that_cannot_be_loaded_are_one_line(
         assert "raising_app.py:1" in err
 
 
+def test_a_missing_attribute_and_bad_json_params_are_said_once(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "good_app.py").write_text("from ratchet import App\napp = App()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = invoke("submit", "good_app:missing", "t", "--ledger", url)
+    assert (code, err.strip()) == (
+        2, "error: ConfigError: module 'good_app' has no attribute 'missing'")
+    code, _, err = invoke("submit", "good_app:app", "t", "--params", '{order_id:"x"}',
+                          "--ledger", url)
+    assert (code, err.strip()) == (
+        2, "error: InvalidArguments: --params is not valid JSON (Expecting property name "
+           "enclosed in double quotes at line 1 column 2)")
+
+
 def test_app_spec_with_a_dotted_attribute(url: str, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "nested_app.py").write_text(

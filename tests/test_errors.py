@@ -213,11 +213,11 @@ BAD_CALLS: dict[str, BadCall] = {
 def _crash_skip_garbage() -> None:
     from ratchet import faults
 
-    os.environ["RATCHET_CRASH_AT"] = "never.reached"
+    os.environ["RATCHET_CRASH_AT"] = "test.never_reached"
     os.environ["RATCHET_CRASH_SKIP"] = "two"
     try:
         faults.reset()
-        faults.point("never.reached")
+        faults.point("test.never_reached")
     finally:
         del os.environ["RATCHET_CRASH_AT"], os.environ["RATCHET_CRASH_SKIP"]
         faults.reset()

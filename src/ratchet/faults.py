@@ -7,15 +7,23 @@ started with ``RATCHET_CRASH_AT=<name>`` — then the process kills itself with 
 ``RATCHET_PAUSE_AT=<name>``, then it stops itself with ``SIGSTOP`` (a test later sends
 ``SIGCONT``), to model a holder paused past its lease.
 
-Point names in use:
+Point names (:data:`POINTS`; the crash-point matrix rows are DESIGN §6's):
 
 * ``submit.after_commit`` — task row committed, client not answered (matrix row 3)
 * ``claim.after_commit`` — claimed, nothing executed (row 4)
 * ``effect.after_intent`` — intent committed, call not made (row 5)
+* ``effect.before_call`` — lease checked a last time, call not sent (a frozen sender)
 * ``effect.after_call`` — external call done, result not recorded (row 5)
 * ``step.after_commit`` — step recorded, not acknowledged (row 6)
+* ``transaction.before_begin`` — ``ctx.transaction`` body not yet run, fence not yet read
+* ``transaction.after_commit`` — ``ctx.transaction`` committed, not acknowledged
 * ``commit.before_commit`` — statements executed, transaction not committed (row 7)
 * ``task.after_complete`` — completion committed, worker not yet moved on (row 6)
+
+Names under ``test.`` are left to tests, for points they place in their own task code.
+Any other name in ``RATCHET_CRASH_AT`` / ``RATCHET_PAUSE_AT`` is refused with a
+:class:`~ratchet.errors.ConfigError` when the environment is read (a typo would otherwise
+arm nothing, silently).
 """
 
 from __future__ import annotations
@@ -26,7 +34,17 @@ import threading
 
 from .errors import ConfigError
 
-__all__ = ["point", "reset"]
+__all__ = ["POINTS", "armed", "point", "reset"]
+
+POINTS: frozenset[str] = frozenset({
+    "submit.after_commit", "claim.after_commit", "effect.after_intent", "effect.before_call",
+    "effect.after_call", "step.after_commit", "transaction.before_begin",
+    "transaction.after_commit", "commit.before_commit", "task.after_complete",
+})
+"""Every fault point the code reaches (the module docstring says where each one is)."""
+
+TEST_PREFIX = "test."
+"""Names under this prefix are accepted too: points a test places in its own code."""
 
 _lock = threading.Lock()
 _hits: dict[str, int] = {}
@@ -45,19 +63,42 @@ def _config() -> tuple[str | None, str | None, int]:
                 f"RATCHET_CRASH_SKIP must be an integer (times to pass the point first), "
                 f"got {raw_skip!r}"
             ) from None
-        _armed = (
-            os.environ.get("RATCHET_CRASH_AT") or None,
-            os.environ.get("RATCHET_PAUSE_AT") or None,
-            skip,
-        )
+        _armed = (_named("RATCHET_CRASH_AT"), _named("RATCHET_PAUSE_AT"), skip)
     return _armed
+
+
+def _named(variable: str) -> str | None:
+    """The point named by environment ``variable`` (None when unset or empty).
+
+    Raises:
+        ConfigError: the name is not in :data:`POINTS` and not under ``test.``.
+    """
+    name = os.environ.get(variable) or None
+    if name is None or name in POINTS or name.startswith(TEST_PREFIX):
+        return name
+    raise ConfigError(
+        f"{variable}={name!r} is not a fault point; known points: {', '.join(sorted(POINTS))}"
+    )
+
+
+def armed() -> dict[str, str]:
+    """The armed points, read (and checked) from the environment: ``{variable: name}``,
+    e.g. ``{"RATCHET_CRASH_AT": "effect.after_call"}``; empty when none is set.
+
+    Raises:
+        ConfigError: an unknown point name, or ``RATCHET_CRASH_SKIP`` not an integer.
+    """
+    crash, pause, _skip = _config()
+    named = {"RATCHET_CRASH_AT": crash, "RATCHET_PAUSE_AT": pause}
+    return {variable: name for variable, name in named.items() if name is not None}
 
 
 def point(name: str) -> None:
     """Reach fault point ``name``: kill or stop this process if a test asked for it.
 
     Raises:
-        ConfigError: ``RATCHET_CRASH_SKIP`` is set but not an integer.
+        ConfigError: ``RATCHET_CRASH_SKIP`` is set but not an integer, or
+            ``RATCHET_CRASH_AT`` / ``RATCHET_PAUSE_AT`` names an unknown point.
     """
     crash, pause, skip = _config()
     if name != crash and name != pause:

@@ -38,7 +38,11 @@ def _resolve(spec: str, what: str) -> object:
             "holds the package, or install it)"
         ) from exc
     except AttributeError as exc:
-        raise ConfigError(f"module {module_name!r} has no attribute {attr!r} ({exc})") from exc
+        message = f"module {module_name!r} has no attribute {attr!r}"
+        # Python's own text says the same for a plain name; for a dotted path (or an
+        # AttributeError the module raised) it says which part is missing.
+        detail = "" if str(exc) == message else f" ({exc})"
+        raise ConfigError(message + detail) from exc
     except ValueError as exc:
         raise ConfigError(f"{what} spec {spec!r} is not a valid name: {exc}") from exc
     except Exception as exc:  # the user's module raised while importing

@@ -71,7 +71,10 @@ def test_claims_respect_the_three_scopes(ledger_url: str) -> None:
             out = control.resume("all", reason="done", by="alice")
             assert out.outcome == "done" and out.pauses[0].resumed_version == 3
             assert [c.task_id for c in led.claim("w1", ["p.a", "p.b"], 10)] == [b2]
-            assert control.resume("all", reason="again", by="alice").outcome == "unchanged"
+            again = control.resume("all", reason="again", by="alice")
+            assert (again.outcome, again.message) == (
+                "unchanged", "there is no pause of everything to resume; 1 pause(s) of a "
+                "task type or a task stay active (resume each in its own scope)")
             # one task: PAUSED at once, not claimable, back to PENDING on resume
             a2 = app.submit("p.a", {}).task_id
             before = control.get(a2)
@@ -85,6 +88,8 @@ def test_claims_respect_the_three_scopes(ledger_url: str) -> None:
             out = control.resume("task", a2, reason="ok", by="carol")
             assert out.tasks == 1 and control.get(a2).state is State.PENDING
             assert [c.task_id for c in led.claim("w1", ["p.a"], 10)] == [a2]
+            again = control.resume("all", reason="again", by="alice")
+            assert (again.outcome, again.message) == ("unchanged", "nothing is paused")
             kinds = [e.kind for e in control.inspect(a2).events]
             assert "operator_pause" in kinds and "operator_resume" in kinds
             done = app.submit("p.a", {}).task_id

@@ -140,7 +140,8 @@ def test_answers_outside_the_routes_are_documented(ledger_url: str) -> None:
         for path, ops in doc["paths"].items():
             for method, op in ops.items():
                 codes = set(op["responses"])
-                assert "text/plain" in op["responses"]["400"]["content"], (method, path)
+                assert op["responses"]["400"]["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/ErrorBody"}, (method, path)
                 if "{" in path:
                     assert "404" in codes, (method, path)
                 if method == "post":
@@ -151,7 +152,8 @@ def test_answers_outside_the_routes_are_documented(ledger_url: str) -> None:
             assert answer.json()["error"] == "not_found"
         host = api.get("/status", headers={"Host": "elsewhere.example"})
         assert host.status_code == 400 and host.headers["content-type"].startswith(
-            "text/plain")
+            "application/json")
+        assert host.json()["error"] == "host_not_allowed"
         odd = api.post("/quarantine/..x/replay", json={"reason": "r", "rate_per_s": 1})
         assert odd.status_code == 422
         assert odd.json()["errors"] == [{"field": "path.fingerprint", "message":

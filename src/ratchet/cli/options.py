@@ -88,9 +88,10 @@ def json_arg(text: str, option: str) -> object:
     """Decode a JSON command-line value.
 
     Raises:
-        InvalidArguments: ``text`` is not JSON (the message names ``option``).
+        InvalidArguments: ``text`` is not JSON (the message names ``option`` once:
+            ``--params is not valid JSON (...)``).
     """
     try:
         return loads(text, option)
-    except UndecodableData as exc:
-        raise InvalidArguments(f"{option} must be JSON: {exc}") from None
+    except UndecodableData as exc:  # its message starts with ``option``
+        raise InvalidArguments(str(exc)) from None

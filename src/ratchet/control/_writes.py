@@ -300,7 +300,9 @@ class ControlWrites(ControlReads):
         tasks in scope learn of it within about a second and stop at their next
         step/effect boundary: their checkpoint committed, the lease released, the attempt
         handed back, state ``PAUSED``; an effect in flight is settled first (never flipped
-        to failed). One task that is not running is ``PAUSED`` at once. A scope already
+        to failed). One ``PENDING`` or ``RETRY_WAIT`` task is ``PAUSED`` at once; one
+        ``UNKNOWN`` task stays ``UNKNOWN`` with the pause recorded, applied when a person
+        resolves it (``PAUSED``; ``FAILED`` on give-up). A scope already
         paused is ``outcome="unchanged"`` (no second record).
 
         Limits: a task type's tasks that are ``PENDING`` stay ``PENDING`` (not claimed);

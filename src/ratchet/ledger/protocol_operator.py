@@ -114,9 +114,10 @@ class OperatorLedger(LedgerHandle, Protocol):
         From the commit on, no new attempt starts in the scope (every claim reads the
         active pauses under a gate this transaction takes: PostgreSQL's advisory lock,
         SQLite's write lock). Running tasks in scope are asked to stop at their next
-        boundary (they become ``PAUSED``, attempt handed back); one task that is not
-        running is ``PAUSED`` at once (generation + 1). A scope already paused is
-        ``unchanged``.
+        boundary (they become ``PAUSED``, attempt handed back); one ``PENDING`` or
+        ``RETRY_WAIT`` task is ``PAUSED`` at once (generation + 1); one ``UNKNOWN`` task
+        keeps its state with the request recorded, applied by its resolution (``PAUSED``;
+        ``FAILED`` on give-up). A scope already paused is ``unchanged``.
 
         Raises:
             InvalidArguments: unknown scope. TaskNotFound: no such task (``"task"``).

@@ -106,7 +106,7 @@ _DESCRIPTIONS = {
          "non-loopback peer).",
     403: "Submitting needs the task registry: this service was started without --app.",
     400: "The Host header names a host this service does not answer to (ratchet serve "
-         "--allowed-host adds one): a guard against DNS rebinding. Plain text.",
+         "--allowed-host adds one): a guard against DNS rebinding (error host_not_allowed).",
     404: "No such task (or a path parameter that is empty or holds '/': no such route).",
     408: "The request body did not arrive within the service's body timeout (ratchet "
          "serve --body-timeout-s); the connection is closed.",
@@ -149,11 +149,9 @@ NO_ROUTE: dict[int | str, dict[str, Any]] = {404: {
                    "fingerprint of 16 hex digits replays nothing: 200)."}}
 """The 404 of ``POST /quarantine/{fingerprint}/replay``."""
 
-BAD_HOST: dict[int | str, dict[str, Any]] = {400: {
-    "description": _DESCRIPTIONS[400],
-    "content": {"text/plain": {"schema": {"type": "string"}}}}}
-"""The answer of every route to a ``Host`` it does not serve (:mod:`ratchet.web.hosts`:
-Starlette's ``TrustedHostMiddleware``, before the API)."""
+BAD_HOST: dict[int | str, dict[str, Any]] = _errors(400)
+"""The answer of every route to a ``Host`` it does not serve (:class:`ratchet.web.hosts.
+HostGuard`, before the API)."""
 
 
 def _json_error(status: int, body: ErrorBody, headers: dict[str, str] | None = None

@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -21,7 +20,7 @@ from ..loading import load_app
 from ..observe.ledger_metrics import render_ledger_metrics
 from . import api, dashboard
 from .auth import bearer, metrics_ok
-from .hosts import allowed_hosts, check_allowed_hosts
+from .hosts import HostGuard, allowed_hosts, check_allowed_hosts
 from .limits import BodyLimit, body_limit_bytes
 from .settings import WebSettings
 
@@ -83,7 +82,7 @@ def create_app(settings: WebSettings, *, control: Control | None = None) -> Star
     payload_limit = (loaded.max_payload_bytes if loaded is not None
                      else max_payload_bytes_from_env())
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[
-        Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False),
+        Middleware(HostGuard, allowed_hosts=hosts),
         Middleware(BodyLimit, max_bytes=body_limit_bytes(payload_limit),
                    timeout_s=settings.body_timeout_s)])
     app.state.control = ctl

@@ -8,20 +8,34 @@ therefore answers only to the names it was configured with, in both modes (token
 loopback): ``localhost``, ``127.0.0.1``, ``[::1]``, the ``--host`` it listens on (unless
 a wildcard: 0.0.0.0, ::), and the extra names of ``--allowed-host`` /
 ``RATCHET_ALLOWED_HOSTS`` (a reverse proxy's name, the name clients use for a service
-listening on 0.0.0.0). Any other ``Host`` is refused with 400 before any route runs
-(Starlette's ``TrustedHostMiddleware``); the port is not compared.
+listening on 0.0.0.0). Any other ``Host`` is refused with 400 before any route runs and
+before the body is read (:class:`HostGuard`, around Starlette's ``TrustedHostMiddleware``);
+the port is not compared. Under ``/api`` the refusal is the API's JSON error
+(``{"error": "host_not_allowed", ...}``), elsewhere Starlette's plain ``Invalid host
+header``.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigError
+from .models import ErrorBody
 
-__all__ = ["ALLOWED_HOSTS_ENV", "LOCAL_HOSTS", "allowed_hosts", "check_allowed_hosts",
-           "host_name", "parse_allowed_hosts"]
+__all__ = ["ALLOWED_HOSTS_ENV", "HOST_NOT_ALLOWED", "LOCAL_HOSTS", "HostGuard",
+           "allowed_hosts", "check_allowed_hosts", "host_name", "parse_allowed_hosts"]
+
+HOST_NOT_ALLOWED = "host_not_allowed"
+"""The API's error code for a ``Host`` the service does not answer to (400)."""
+
+_PASSED = "ratchet.host_allowed"
+"""Scope key set once the ``Host`` check let the request through."""
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 """The names the service always answers to (a client on this machine)."""
@@ -106,3 +120,37 @@ def allowed_hosts(extra: Iterable[str], bind: str | None = None) -> list[str]:
         names.append(host_name(bind))
     names.extend(host_name(n) for n in extra)
     return list(dict.fromkeys(names))
+
+
+class HostGuard:
+    """ASGI middleware: Starlette's ``TrustedHostMiddleware`` over ``allowed_hosts`` (from
+    :func:`allowed_hosts`), whose refusal of a request under ``/api`` is answered as the
+    API answers errors: 400, :class:`~ratchet.web.models.ErrorBody` with ``error``
+    :data:`HOST_NOT_ALLOWED` (the plain-text answer elsewhere: the dashboard's pages)."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Sequence[str]) -> None:
+        self.app = app
+        self.trusted = TrustedHostMiddleware(self._through, allowed_hosts=allowed_hosts,
+                                             www_redirect=False)
+
+    async def _through(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[_PASSED] = True
+        await self.app(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not (path == "/api" or path.startswith("/api/")):
+            await self.trusted(scope, receive, send)
+            return
+
+        async def refusal_dropped(message: Message) -> None:
+            if scope.get(_PASSED):  # the app's own answer
+                await send(message)
+
+        await self.trusted(scope, receive, refusal_dropped)
+        if not scope.get(_PASSED):
+            body = ErrorBody(error=HOST_NOT_ALLOWED, message=(
+                "the Host header names a host this service does not answer to (ratchet "
+                "serve --allowed-host adds one): a guard against DNS rebinding"))
+            await JSONResponse(body.model_dump(), status_code=400)(scope, receive, send)
+

@@ -187,7 +187,9 @@ class FieldError(BaseModel):
 class ErrorBody(BaseModel):
     """Every error the API returns (4xx and 5xx).
 
-    ``error`` is a stable code: ``unauthorized`` (401), ``submit_unavailable`` (403),
+    ``error`` is a stable code: ``host_not_allowed`` (400: the ``Host`` header names a host
+    the service does not answer to, :mod:`ratchet.web.hosts`), ``unauthorized`` (401),
+    ``submit_unavailable`` (403),
     ``not_found`` (404), ``method_not_allowed`` (405), ``wrong_state`` (409),
     ``idempotency_conflict`` (409, with both digests), ``write_rejected`` (409),
     ``payload_too_large`` (413), ``invalid`` (422, the fields in ``errors``),

@@ -68,6 +68,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+from .. import faults
 from ..app import App
 from ..errors import EXIT_LEDGER_CORRUPT, LedgerCorrupt, RatchetError
 from ..errortext import error_summary
@@ -435,7 +436,13 @@ class Worker(EndedAttempts):
 
         Returns:
             The worker's counters.
+
+        Raises:
+            ConfigError: ``RATCHET_CRASH_AT`` / ``RATCHET_PAUSE_AT`` names an unknown point.
         """
+        for variable, name in faults.armed().items():  # a test's setting, never production's
+            log.warning("fault point armed: %s=%s (this worker kills or stops itself there)",
+                        variable, name)
         self._max_tasks = max_tasks
         self._pid = os.getpid()
         if self.stop_descendants:

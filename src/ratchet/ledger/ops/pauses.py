@@ -134,7 +134,7 @@ class Pauses:
                                           "version": version})
             if not ended:
                 return PauseResult("resume", "unchanged", [], 0, 0,
-                                   f"{_scope_text(scope, target)} is not paused")
+                                   _not_paused(scope, target, len(before)))
             ended_ids = {r.id for r in ended}
             still = [p for p in before if p.id not in ended_ids]
             audit: list[AuditRow] = []
@@ -216,6 +216,17 @@ def _next_version(tx: Tx) -> int:
     """The ledger's next control version (one above any pause's or resume's)."""
     row = PAUSE_VERSION.first(tx, {})
     return int(row.value or 0) + 1 if row else 1
+
+
+def _not_paused(scope: str, target: str, active: int) -> str:
+    """The message of a resume that ended no pause; ``active``: the pauses still active (a
+    resume of everything ends only a pause of everything, not those of a type or task)."""
+    if scope != "all":
+        return f"{_scope_text(scope, target)} is not paused"
+    if not active:
+        return "nothing is paused"
+    return (f"there is no pause of everything to resume; {active} pause(s) of a task type "
+            "or a task stay active (resume each in its own scope)")
 
 
 def _scope_text(scope: str, target: str) -> str:
