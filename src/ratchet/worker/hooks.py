@@ -31,8 +31,8 @@ otherwise ignored: it never stops the worker, fails a task or changes its outcom
 With no middleware installed the worker keeps ``None`` instead of a :class:`Hooks`
 dispatcher and every call site is one ``is None`` test, so hooks cost nothing then.
 
-Hooks are given the worker and the task context as :class:`WorkerLike` and
-:class:`ContextLike`: protocols of what a hook reads, which the
+Hooks are given the worker and the task context; the dispatcher types them as
+:class:`WorkerLike` and :class:`ContextLike`, protocols of what a hook reads, which the
 :class:`~ratchet.worker.runner.Worker` and :class:`~ratchet.worker.context.TaskContext`
 satisfy. The worker's modules below the runner (the context, the heartbeat, the writer)
 report to this module without importing the runner back.
@@ -159,57 +159,64 @@ class Middleware:
     :meth:`after_attempt` is the state written (``"SUCCEEDED"``, ``"RETRY_WAIT"``,
     ``"FAILED"``, ``"UNKNOWN"``, ``"PENDING"``) or ``"stale"`` / ``"lease_lost"`` /
     ``"abandoned"`` when the worker wrote nothing final.
+
+    ``worker`` is the running :class:`~ratchet.Worker` and ``ctx`` the task's
+    :class:`~ratchet.TaskContext` (they satisfy :class:`WorkerLike` and
+    :class:`ContextLike`, what the worker's own hooks read). The base class types them
+    ``Any`` so that a subclass may annotate them as ``Worker`` / ``TaskContext`` (or the
+    protocols) and a type checker accepts the override: this module sits below the
+    worker and cannot name its classes.
     """
 
-    def worker_start(self, worker: WorkerLike) -> None:
+    def worker_start(self, worker: Any) -> None:
         """The worker is about to claim for the first time."""
 
-    def worker_stop(self, worker: WorkerLike) -> None:
+    def worker_stop(self, worker: Any) -> None:
         """The worker has stopped: every task ended and every final write was handled."""
 
-    def before_claim(self, worker: WorkerLike, limit: int) -> None:
+    def before_claim(self, worker: Any, limit: int) -> None:
         """A claim of at most ``limit`` tasks is about to be sent (``after_claim`` follows
         only if its transaction commits)."""
 
-    def after_claim(self, worker: WorkerLike, claims: list[Claim]) -> None:
+    def after_claim(self, worker: Any, claims: list[Claim]) -> None:
         """A claim committed with ``claims`` (possibly empty); their bodies have not run."""
 
-    def before_attempt(self, worker: WorkerLike, claim: Claim) -> None:
+    def before_attempt(self, worker: Any, claim: Claim) -> None:
         """The task body of ``claim`` is about to run."""
 
     def after_attempt(
-        self, worker: WorkerLike, claim: Claim, outcome: str, exception: BaseException | None
+        self, worker: Any, claim: Claim, outcome: str, exception: BaseException | None
     ) -> None:
         """The attempt ended with ``outcome``; ``exception`` is what the body raised, if any."""
 
-    def before_step(self, ctx: ContextLike, name: str) -> None:
+    def before_step(self, ctx: Any, name: str) -> None:
         """``ctx.step(name, ...)`` starts (after the name was validated)."""
 
     def after_step(
-        self, ctx: ContextLike, name: str, cached: bool, duration_s: float,
+        self, ctx: Any, name: str, cached: bool, duration_s: float,
         exception: BaseException | None,
     ) -> None:
         """``ctx.step`` ended; ``cached``: the stored value was returned without running."""
 
-    def before_effect(self, ctx: ContextLike, name: str, key: str) -> None:
+    def before_effect(self, ctx: Any, name: str, key: str) -> None:
         """``ctx.effect(name, key=key)`` starts (after name and key were validated)."""
 
     def after_effect(
-        self, ctx: ContextLike, name: str, key: str, settled: EffectSettlement,
+        self, ctx: Any, name: str, key: str, settled: EffectSettlement,
         duration_s: float, exception: BaseException | None,
     ) -> None:
         """``ctx.effect`` ended, settled as ``settled`` (see :data:`EffectSettlement`)."""
 
-    def before_commit(self, worker: WorkerLike, batch_size: int) -> None:
+    def before_commit(self, worker: Any, batch_size: int) -> None:
         """A group commit of ``batch_size`` task writes is about to be sent."""
 
     def after_commit(
-        self, worker: WorkerLike, batch_size: int, duration_s: float, error: BaseException | None
+        self, worker: Any, batch_size: int, duration_s: float, error: BaseException | None
     ) -> None:
         """That group commit ended; ``error`` is the ledger's error when it failed."""
 
     def after_renew(
-        self, worker: WorkerLike, leases: int, refused: int, duration_s: float,
+        self, worker: Any, leases: int, refused: int, duration_s: float,
         error: BaseException | None,
     ) -> None:
         """One batched renewal of ``leases`` held leases ended after ``duration_s`` seconds
@@ -217,7 +224,7 @@ class Middleware:
         operator or the worker registry, or taken over after expiry): they are lost.
         ``error``: the ledger's error when the whole renewal failed (nothing confirmed)."""
 
-    def late_effect(self, ctx: ContextLike, name: str, key: str, outcome: str) -> None:
+    def late_effect(self, ctx: Any, name: str, key: str, outcome: str) -> None:
         """This worker, no longer the task's holder, sent effect ``name`` (key ``key``)
         after its safe window closed to a target that does not deduplicate; a late-effect
         record is being written (``outcome``: ``"done"`` or ``"unknown"``)."""
