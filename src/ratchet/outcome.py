@@ -31,8 +31,8 @@ from enum import StrEnum
 from .retry import TIME_LIMIT, FailureClass
 from .states import State
 
-__all__ = ["REQUEST_CLASS", "RULES", "AttemptFacts", "Ending", "Happened", "Rule", "decide",
-           "walk"]
+__all__ = ["REQUEST_CLASS", "RULES", "AttemptFacts", "Ending", "Happened", "Rule", "asked_as_is",
+           "decide", "walk"]
 
 
 class Happened(StrEnum):
@@ -253,17 +253,23 @@ _BY_STAGE: tuple[tuple[Rule, ...], ...] = tuple(
     tuple(rule for rule in RULES if rule.stage == stage) for stage in _STAGES)
 
 
+def asked_as_is(request: str | None, pause_active: bool, streak: int,
+                quarantine_after: int | None, budget_at: float | None = None) -> bool:
+    """Whether no rule of the table can change an ``ASKED`` write with these ledger facts
+    (see :class:`AttemptFacts` for each), so the proposal stands as asked: no ``end`` rule
+    is about an ``ASKED`` write, every ``request`` rule needs an operator request, the
+    ``pause`` rule a lifted pause, every ``quarantine`` rule the streak at its threshold,
+    and the ``budget`` rule a budget second. This is the common final write, which the
+    commit path meets for every task: the engine asks this before it gathers the facts,
+    and :func:`decide` skips the walk; ``tests/test_outcome.py`` checks that the shortcut
+    gives the walk's ending for every combination of facts."""
+    return (request is None and pause_active and budget_at is None
+            and not (quarantine_after and streak >= quarantine_after))
+
+
 def _nothing_applies(f: AttemptFacts) -> bool:
-    """Whether no rule of the table can match ``f`` (so the proposal stands as asked):
-    an ``ASKED`` write (no ``end`` rule is about one) with no operator request (every
-    ``request`` rule needs one), its pause still active (the ``pause`` rule needs it
-    lifted), the quarantine streak below its threshold (every ``quarantine`` rule needs it
-    reached) and no budget second (the ``budget`` rule needs one). This is the common
-    final write, and the commit path decides it for every task: the shortcut saves the
-    walk; ``tests/test_outcome.py`` checks it gives the walk's ending for every
-    combination of facts."""
-    return (f.happened is Happened.ASKED and f.request is None and f.pause_active
-            and f.budget_at is None and not _reached(f))
+    return f.happened is Happened.ASKED and asked_as_is(
+        f.request, f.pause_active, f.streak, f.quarantine_after, f.budget_at)
 
 
 def _start(f: AttemptFacts) -> Ending:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import WriteRejected
-from ...outcome import AttemptFacts, Ending, Happened, decide
+from ...outcome import AttemptFacts, Ending, Happened, asked_as_is, decide
 from ...serde import dumps, printable
 from ...states import State, check_transition
 from ..base import (
@@ -251,6 +251,15 @@ def _arbitrate(
     if fp is not None:
         previous, count, limit = streaks.get(write.task_id, (None, 0, None))
         count = count + 1 if previous == fp else 1
+    pause_active = t.to is not State.PAUSED or covered(active or [], write.task_id, row.name)
+    if asked_as_is(request, pause_active, count, limit):
+        # The table leaves this write as asked (the common final write): only the
+        # fingerprint's streak is counted.
+        if fp is not None:
+            streaks[write.task_id] = (fp, count, limit)
+            marks.append({"id": write.task_id, "fingerprint": fp, "count": count,
+                          "crashes": None, "quarantined": False})
+        return t, None
     intent_open = False
     if request or (limit and count >= limit):
         if open_before is None:
@@ -261,8 +270,7 @@ def _arbitrate(
     ending = decide(AttemptFacts(
         Happened.ASKED, now=now, error_class=t.error_class, delay_s=t.delay_s,
         intent_open=intent_open, proposed=t.to, request=request,
-        pause_active=t.to is not State.PAUSED or covered(active or [], write.task_id, row.name),
-        streak=count, quarantine_after=limit))
+        pause_active=pause_active, streak=count, quarantine_after=limit))
     rules = set(ending.rules)
     if "request_applied" in rules:
         check_transition(State.RUNNING, ending.state)
