@@ -1,10 +1,13 @@
 """The rows one commit segment writes, typed: steps, effect intents and outcomes,
-transitions (:class:`Segment`). Used by the commit and by transaction steps."""
+transitions (:class:`Segment`). Used by the commit and by transaction steps.
+
+The entries are TypedDicts: named and typed for the checker, and at run time the
+very mappings the statements bind, so the commit path converts nothing per row."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, TypedDict
 
 from ...serde import dumps, printable
 from ...states import State
@@ -16,7 +19,7 @@ __all__ = ["IntentEntry", "OutcomeEntry", "Segment", "StepEntry", "TransitionEnt
            "step_entry"]
 
 
-class StepEntry(NamedTuple):
+class StepEntry(TypedDict):
     """A ``steps_upsert`` row: a step recorded done at ``generation``."""
 
     task_id: str
@@ -30,10 +33,11 @@ def step_entry(task_id: str, generation: int, step: Sequence[Any]) -> StepEntry:
     """A :attr:`TaskWrite.steps <ratchet.ledger.base.TaskWrite.steps>` item
     (``(name, result_json, seq)`` or ``(name, result_json)``) as the row it writes."""
     name, result, *rest = step
-    return StepEntry(task_id, name, result, generation, rest[0] if rest else None)
+    return StepEntry(task_id=task_id, name=name, result=result, generation=generation,
+                     seq=rest[0] if rest else None)
 
 
-class IntentEntry(NamedTuple):
+class IntentEntry(TypedDict):
     """An ``effects_intent`` row: an effect call about to be made."""
 
     task_id: str
@@ -45,7 +49,7 @@ class IntentEntry(NamedTuple):
     seq: int | None
 
 
-class OutcomeEntry(NamedTuple):
+class OutcomeEntry(TypedDict):
     """An ``effects_outcome`` row: an effect call's settled outcome."""
 
     task_id: str
@@ -60,7 +64,7 @@ class OutcomeEntry(NamedTuple):
     via_lookup: bool
 
 
-class TransitionEntry(NamedTuple):
+class TransitionEntry(TypedDict):
     """A ``transition`` row: one fenced ``RUNNING -> state`` move (``run_at``: epoch
     seconds, or None to keep it; ``release``: the attempt is handed back; ``keep``: the
     lease stays; ``request``: the operator request the task keeps)."""
@@ -94,16 +98,17 @@ class Segment:
         operator request the task keeps after the write's transition (if any)."""
         for step in write.steps:
             entry = step_entry(write.task_id, write.generation, step)
-            self.steps[(write.task_id, entry.name)] = entry
+            self.steps[(write.task_id, entry["name"])] = entry
         for e in write.effects:
             if e.state is EffectState.INTENT:
                 self.intents[(write.task_id, e.name)] = IntentEntry(
-                    write.task_id, e.name, e.key, e.params_digest, write.generation, attempt,
-                    e.seq)
+                    task_id=write.task_id, name=e.name, key=e.key, digest=e.params_digest,
+                    generation=write.generation, attempt=attempt, seq=e.seq)
                 continue
             self.outcomes[(write.task_id, e.name)] = OutcomeEntry(
-                write.task_id, e.name, e.key, e.params_digest, write.generation, attempt,
-                e.seq, e.state.value, e.result_json, e.via_lookup)
+                task_id=write.task_id, name=e.name, key=e.key, digest=e.params_digest,
+                generation=write.generation, attempt=attempt, seq=e.seq,
+                state=e.state.value, result=e.result_json, via_lookup=e.via_lookup)
             if e.via_lookup:
                 audit.append((write.task_id, now, "lookup_hit", None, None, write.generation,
                               write.holder, dumps({"effect": e.name, "key": e.key})))
@@ -113,11 +118,10 @@ class Segment:
 
     def apply(self, tx: Tx, now: float, resend: bool) -> None:
         """Write the queued rows in ``tx``."""
-        tx.batch("steps_upsert", [e._asdict() for e in self.steps.values()], now=now)
-        tx.batch("effects_intent", [e._asdict() for e in self.intents.values()], now=now,
-                 resend=resend)
-        tx.batch("effects_outcome", [e._asdict() for e in self.outcomes.values()], now=now)
-        tx.batch("transition", [e._asdict() for e in self.transitions], now=now)
+        tx.batch("steps_upsert", list(self.steps.values()), now=now)
+        tx.batch("effects_intent", list(self.intents.values()), now=now, resend=resend)
+        tx.batch("effects_outcome", list(self.outcomes.values()), now=now)
+        tx.batch("transition", self.transitions, now=now)
 
 
 def transition_entry(write: TaskWrite, t: Transition, now: float,

@@ -90,7 +90,7 @@ class TransactionSteps:
         if resend is not None:
             found = TRANSACTION_STEP_READ.first(tx, {
                 "task_id": write.task_id,
-                "name": step_entry(write.task_id, write.generation, resend).name})
+                "name": step_entry(write.task_id, write.generation, resend)["name"]})
             if found is not None and found.generation == write.generation:
                 # The lost COMMIT went through: the user's writes with it.
                 return CommitOutcome(write.task_id, True, False, write.generation), resend
