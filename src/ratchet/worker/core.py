@@ -1,8 +1,8 @@
 """What every part of the worker shares: its state, the decision after a failed attempt
 (:meth:`~WorkerCore._failure_transition`: retry, dead-letter or ``UNKNOWN``) and freeing
 a finished task's slot (:meth:`~WorkerCore._done`). The per-task hooks a subclass may
-override (``on_claimed``, ``on_finished``, ``on_failure``) and ``stop`` are declared here
-for the layers that call them and defined, with their documentation, by the ``Worker``.
+override (``on_claimed``, ``on_finished``, ``on_failure``) and ``stop`` are defined here,
+where the layers that call them find them.
 
 The :class:`~ratchet.worker.runner.Worker` is built in layers, each a module with one
 job, each class extending the one below: this core; claim slots
@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 
 from ..app import App, TaskDefinition
-from ..errortext import bounded, error_message, error_traceback
+from ..errortext import bounded, error_message, error_summary, error_traceback
 from ..fingerprint import of_exception
 from ..ledger.base import Claim, Ledger, Transition
 from ..outcome import AttemptFacts, Happened, decide
@@ -80,25 +81,47 @@ class WorkerCore:
     _stop_began: float | None
     _pid: int
 
-    # Defined by Worker (ratchet.worker.runner), where they are documented; declared here
-    # for the layers below it that call them.
+    # The per-task hooks a subclass (or a user's Worker subclass) may override, and stop.
 
     def on_claimed(self, claim: Claim) -> None:
-        """Hook: a task was claimed (see ``Worker.on_claimed``)."""
-        raise NotImplementedError
+        """Hook: a task was claimed (before its body runs)."""
+        log.debug(
+            "claimed %s %s gen=%d attempt=%d%s", claim.name, claim.task_id, claim.generation,
+            claim.attempt, f" takeover from {claim.previous_holder}" if claim.takeover else "",
+        )
 
     def on_finished(self, claim: Claim, outcome: str) -> None:
-        """Hook: the worker is done with a claim (see ``Worker.on_finished``)."""
-        raise NotImplementedError
+        """Hook: the worker is done with a claim; ``outcome`` is the state written or
+        ``"stale"`` / ``"lease_lost"`` / ``"abandoned"``."""
+        log.debug("finished %s %s gen=%d: %s", claim.name, claim.task_id, claim.generation, outcome)
 
     def on_failure(self, claim: Claim, transition: Transition) -> None:
-        """Hook: a task is about to be retried, dead-lettered or parked as UNKNOWN (see
-        ``Worker.on_failure``)."""
-        raise NotImplementedError
+        """Hook: a task is about to be retried, dead-lettered or parked as UNKNOWN.
+
+        Logs one WARNING line (ERROR for FAILED / UNKNOWN) with the task, the attempt and
+        the error's type and message (its first line); the traceback at DEBUG.
+        """
+        summary = error_summary(transition.error)
+        level = logging.WARNING if transition.to is State.RETRY_WAIT else logging.ERROR
+        extra = f" in {transition.delay_s:.2f} s" if transition.to is State.RETRY_WAIT else ""
+        log.log(
+            level, "task %s %s gen=%d attempt %d/%d -> %s%s (%s): %s", claim.name,
+            claim.task_id, claim.generation, claim.attempt, claim.max_attempts,
+            transition.to.value, extra, transition.reason or transition.error_class, summary,
+        )
+        if log.isEnabledFor(logging.DEBUG) and (transition.traceback or transition.error):
+            log.debug("task %s error:\n%s\n%s", claim.task_id, transition.error or "",
+                      transition.traceback or "")
+
+    # ------------------------------------------------------------------ control
 
     def stop(self) -> None:
-        """Stop claiming (see ``Worker.stop``)."""
-        raise NotImplementedError
+        """Stop claiming; running tasks are released at their next boundary, or their
+        leases handed back when the shutdown grace ends (``shutdown_grace_s``)."""
+        if self._stop_began is None:
+            self._stop_began = time.monotonic()
+        self._stopping.set()
+        self._wake.set()
 
     def _done(
         self, claim: Claim, lease: LeaseHandle, outcome: str,

@@ -71,10 +71,8 @@ from types import FrameType
 from .. import faults
 from ..app import App
 from ..errors import EXIT_LEDGER_CORRUPT, LedgerCorrupt, RatchetError
-from ..errortext import error_summary
-from ..ledger.base import Claim, DefinitionSpec, Subscription, Transition
+from ..ledger.base import Claim, DefinitionSpec, Subscription
 from ..serde import dumps
-from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
 from .backoff import RepeatedFailure
 from .ended import EndedAttempts
@@ -327,46 +325,6 @@ class Worker(EndedAttempts):
         self._cold = False  # a second signal: hand the leases back now
 
     # ------------------------------------------------------------------ hooks
-
-    def on_claimed(self, claim: Claim) -> None:
-        """Hook: a task was claimed (before its body runs)."""
-        log.debug(
-            "claimed %s %s gen=%d attempt=%d%s", claim.name, claim.task_id, claim.generation,
-            claim.attempt, f" takeover from {claim.previous_holder}" if claim.takeover else "",
-        )
-
-    def on_finished(self, claim: Claim, outcome: str) -> None:
-        """Hook: the worker is done with a claim; ``outcome`` is the state written or
-        ``"stale"`` / ``"lease_lost"`` / ``"abandoned"``."""
-        log.debug("finished %s %s gen=%d: %s", claim.name, claim.task_id, claim.generation, outcome)
-
-    def on_failure(self, claim: Claim, transition: Transition) -> None:
-        """Hook: a task is about to be retried, dead-lettered or parked as UNKNOWN.
-
-        Logs one WARNING line (ERROR for FAILED / UNKNOWN) with the task, the attempt and
-        the error's type and message (its first line); the traceback at DEBUG.
-        """
-        summary = error_summary(transition.error)
-        level = logging.WARNING if transition.to is State.RETRY_WAIT else logging.ERROR
-        extra = f" in {transition.delay_s:.2f} s" if transition.to is State.RETRY_WAIT else ""
-        log.log(
-            level, "task %s %s gen=%d attempt %d/%d -> %s%s (%s): %s", claim.name,
-            claim.task_id, claim.generation, claim.attempt, claim.max_attempts,
-            transition.to.value, extra, transition.reason or transition.error_class, summary,
-        )
-        if log.isEnabledFor(logging.DEBUG) and (transition.traceback or transition.error):
-            log.debug("task %s error:\n%s\n%s", claim.task_id, transition.error or "",
-                      transition.traceback or "")
-
-    # ------------------------------------------------------------------ control
-
-    def stop(self) -> None:
-        """Stop claiming; running tasks are released at their next boundary, or their
-        leases handed back when the shutdown grace ends (``shutdown_grace_s``)."""
-        if self._stop_began is None:
-            self._stop_began = time.monotonic()
-        self._stopping.set()
-        self._wake.set()
 
     @property
     def exit_code(self) -> int:
