@@ -59,8 +59,11 @@ def _reference(f: AttemptFacts) -> tuple[State, str | None, float | None, str | 
     request: str | None = None
     replaced = False
     if f.request is not None:
-        if to in (State.SUCCEEDED, State.FAILED, State.CANCELLED):
-            pass  # the holder's terminal outcome (or its own cancel) stands
+        if to in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.COMPENSATING,
+                  State.COMPENSATED):
+            # The holder's terminal outcome (or its own cancel) stands; so does a failure's
+            # compensation (a cancel never skips undoing what the task did).
+            pass
         elif to is State.UNKNOWN or f.intent_open:
             request = f.request
         else:

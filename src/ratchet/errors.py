@@ -27,6 +27,8 @@
     │   │   └── TimeLimitExceeded      an attempt ran past its task type's time_limit_s
     │   ├── PermanentError             fail now, no retry (dead-letter)
     │   │   ├── NonDeterministicReplay a replay called other checkpoints than recorded
+    │   │   ├── EventTimeout           ctx.wait_for_event's timeout passed without it
+    │   │   ├── ChildFailed            a child awaited with ctx.gather did not succeed
     │   │   └── TransactionMisuse      a transaction step's code ended its transaction
     │   ├── OverloadError              downstream overloaded: back off harder
     │   │   └── CircuitOpen            the downstream's breaker is open: not sent, try later

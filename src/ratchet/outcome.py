@@ -212,7 +212,7 @@ RULES: tuple[Rule, ...] = (
          "the holder applied the cancel itself"),
     Rule("request", "request_dropped", lambda f, e: _asked(f, e) and f.request is not None
          and e.state in _ENDED, lambda f, e: dataclasses.replace(e, request=None),
-         "a terminal outcome committed first stands"),
+         "a terminal outcome (or a failure's compensation) committed first stands"),
     Rule("request", "request_waits_unknown", lambda f, e: _asked(f, e)
          and f.request is not None and e.state is State.UNKNOWN,
          lambda f, e: dataclasses.replace(e, request=f.request),

@@ -184,8 +184,10 @@ class Transition:
         budgets: retry budgets this attempt charges (:class:`BudgetUse`); a ``RETRY_WAIT``
             over budget gets a later ``run_at`` and the reason (DESIGN §7).
         wait: for ``WAITING``: what the task waits for
-            (:class:`~ratchet.ledger.records_waits.WaitSpec`); ``delay_s`` is then its
-            deadline (sleep, an event's timeout) from ledger-now.
+            (:class:`~ratchet.ledger.records_waits.WaitSpec`).
+        run_at: for ``WAITING``: its deadline (a sleep's, an event's timeout), ledger-clock
+            epoch seconds, recorded as the task's checkpoint; overrides ``delay_s`` so the
+            wake-up is due at the recorded instant, not at the commit's clock plus a delay.
     """
 
     to: State
@@ -198,6 +200,7 @@ class Transition:
     budgets: tuple[BudgetUse, ...] = ()
     traceback: str | None = None
     wait: WaitSpec | None = None
+    run_at: float | None = None
 
 
 @fast_init

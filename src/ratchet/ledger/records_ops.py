@@ -241,6 +241,8 @@ class PruneReport:
         exported: tasks written to the export before their deletion (0 without one).
         by: who pruned (an operator's name, or a worker's holder identity).
         elapsed_s: wall-clock seconds the prune took.
+        events: events of the mailbox sent before the cutoff, deleted (0 in a dry run,
+            which counts finished tasks only).
     """
 
     older_than_s: float
@@ -255,3 +257,4 @@ class PruneReport:
     exported: int
     by: str
     elapsed_s: float
+    events: int = 0

@@ -147,7 +147,7 @@ class AttemptLadder(FinalWrites):
         except Suspend as exc:
             # A durable wait (DESIGN §3, waits): park the task; the lease and the slot go,
             # the attempt is handed back, the ledger wakes it.
-            transition = Transition(State.WAITING, delay_s=exc.delay_s, wait=exc.wait,
+            transition = Transition(State.WAITING, run_at=exc.until, wait=exc.wait,
                                     reason=exc.reason)
         except Shutdown:
             transition = Transition(State.PENDING, reason="shutdown")

@@ -41,13 +41,13 @@ _ENDED = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.COMPEN
 
 class Suspend(BaseException):
     """Raised by a wait that must park the task (internal: the worker writes
-    ``RUNNING -> WAITING``). ``delay_s``: seconds from now until its deadline (a wait
-    without one: until :data:`~ratchet.ledger.base.FOREVER`); ``wait``: what it waits for;
+    ``RUNNING -> WAITING``). ``until``: its deadline, ledger-clock epoch seconds (a wait
+    without one: :data:`~ratchet.ledger.base.FOREVER`); ``wait``: what it waits for;
     ``reason``: one line for the audit trail."""
 
-    def __init__(self, delay_s: float, wait: WaitSpec, reason: str) -> None:
+    def __init__(self, until: float, wait: WaitSpec, reason: str) -> None:
         super().__init__(reason)
-        self.delay_s = delay_s
+        self.until = until
         self.wait = wait
         self.reason = reason
 
@@ -167,7 +167,7 @@ class WorkflowCalls(EffectCalls):
             return
         if self.compensating:  # compensation mode: the recorded history ends here
             raise HistoryEnd(f"sleep {name!r}")
-        raise Suspend(deadline - now, WaitSpec("sleep"), f"sleep {name!r} until {deadline:.3f}")
+        raise Suspend(deadline, WaitSpec("sleep"), f"sleep {name!r} until {deadline:.3f}")
 
     # ------------------------------------------------------------------ events
 
@@ -218,8 +218,7 @@ class WorkflowCalls(EffectCalls):
             raise EventTimeout(name, key, timeout_s)
         if self.compensating:
             raise HistoryEnd(f"event {name!r}")
-        delay = max(0.0, deadline - now)
-        raise Suspend(delay, WaitSpec("event", name, key, stored, seq,
+        raise Suspend(deadline, WaitSpec("event", name, key, stored, seq,
                                       self._event_after.get(pair, 0)),
                       f"wait for event {name!r} key {key!r}")
 
@@ -303,7 +302,7 @@ class WorkflowCalls(EffectCalls):
                     raise HistoryEnd("gather")
                 left = sum(1 for i in ids if infos.get(i) is None
                            or infos[i].state not in _ENDED)
-                raise Suspend(FOREVER - self._ledger_now(),
+                raise Suspend(FOREVER,
                               WaitSpec("children", children=tuple(dict.fromkeys(ids))),
                               f"wait for {left} of {len(ids)} children")
             value = [_outcome(infos[i]) for i in ids]

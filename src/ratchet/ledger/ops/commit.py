@@ -227,7 +227,8 @@ def commit_in(
             audit.append(transition_audit(write, t, now))
             # Later writes of this batch for the same task see the new state.
             current[write.task_id] = row._replace(state=t.to.value, control_request=request)
-            ready = ready or (reschedules(t.to) and t.delay_s <= 0)
+            ready = ready or (reschedules(t.to) and t.delay_s <= 0
+                              and (t.run_at is None or t.run_at <= now))
         # The state applied, when arbitration changed the write's (else None).
         applied = t.to if t is not None and write.transition is not None and (
             t.to is not original) else None

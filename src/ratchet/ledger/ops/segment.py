@@ -137,7 +137,8 @@ def transition_entry(write: TaskWrite, t: Transition, now: float,
     request the task keeps (``UNKNOWN``, or an open intent)."""
     return TransitionEntry(
         id=write.task_id, generation=write.generation, state=t.to.value,
-        run_at=now + max(0.0, t.delay_s) if reschedules(t.to) else None,
+        run_at=(t.run_at if t.run_at is not None
+                else now + max(0.0, t.delay_s) if reschedules(t.to) else None),
         release=t.to in _RELEASES,
         keep=t.to is State.RUNNING, request=request,
         result=t.result_json, error=printable(t.error) if t.error else t.error,
