@@ -79,12 +79,16 @@ class Pauses:
                       "target": target, "version": version, "pause_id": pause_id}
             if task is not None:
                 state, generation = known_state(target, task.state, "pause"), task.generation
-                if state in (State.PENDING, State.RETRY_WAIT):
+                if state in (State.PENDING, State.RETRY_WAIT, State.WAITING):
+                    # A waiting task too: its resume replays it to its wait, which parks
+                    # it again unless what it waited for came meanwhile.
                     check_operator_move(state, State.PAUSED)
                     tx.execute("control_move", {
                         "id": target, "from_state": state.value, "generation": generation,
                         "state": State.PAUSED.value, "bump": 1,
-                        "request": task.control_request, "run_at": None, "reset": False,
+                        "request": task.control_request,
+                        # a wait's deadline goes: the resume replays the task to its wait
+                        "run_at": now if state is State.WAITING else None, "reset": False,
                         "now": now, "error": None, "error_class": None})
                     audit.append((target, now, "operator_pause", state.value,
                                   State.PAUSED.value, generation + 1, None, dumps(detail)))
