@@ -17,7 +17,7 @@
 --   delivery; tasks_parent: children by parent, for the cancel cascade and inspect.
 -- * tasks_fan_in: when an awaited child ends (any path: its holder's write, lease expiry,
 --   an operator's command), its parent's wait_count goes down by one, and the parent is
---   made PENDING when it reaches 0. A trigger, so that no path that ends a task can miss
+--   made PENDING (audited 'wake') when it reaches 0. A trigger, so that no path that ends a task can miss
 --   it; a parent that is not WAITING any more (cancelled, paused) is not touched. The
 --   parent's wait marks its children under their row locks, so a child ending
 --   concurrently is either counted by the wait (not awaited) or by this trigger.
@@ -49,6 +49,8 @@ CREATE INDEX events_name_key ON events (name, key, seq);
 CREATE INDEX events_sent_at ON events (sent_at);
 
 CREATE FUNCTION tasks_fan_in() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    woken_generation bigint;
 BEGIN
     NEW.awaited := false;
     UPDATE tasks SET wait_count = wait_count - 1,
@@ -56,7 +58,15 @@ BEGIN
         run_at = CASE WHEN wait_count <= 1 THEN LEAST(run_at, NEW.updated_at)
                       ELSE run_at END,
         updated_at = CASE WHEN wait_count <= 1 THEN NEW.updated_at ELSE updated_at END
-    WHERE id = NEW.parent_id AND state = 'WAITING' AND wait_kind = 'children';
+    WHERE id = NEW.parent_id AND state = 'WAITING' AND wait_kind = 'children'
+    RETURNING CASE WHEN state = 'PENDING' THEN generation END INTO woken_generation;
+    IF woken_generation IS NOT NULL THEN
+        INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder,
+                           detail)
+        VALUES (NEW.parent_id, NEW.updated_at, 'wake', 'WAITING', 'PENDING',
+                woken_generation, NULL,
+                json_build_object('cause', 'children ended', 'last', NEW.id)::text);
+    END IF;
     RETURN NEW;
 END;
 $$;

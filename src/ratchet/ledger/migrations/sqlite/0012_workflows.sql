@@ -17,8 +17,9 @@
 --   delivery; tasks_parent: children by parent, for the cancel cascade and inspect.
 -- * tasks_fan_in: when an awaited child ends (any path: its holder's write, lease expiry,
 --   an operator's command), its parent's wait_count goes down by one, and the parent is
---   made PENDING when it reaches 0. A trigger, so that no path that ends a task can miss
---   it; a parent that is not WAITING any more (cancelled, paused) is not touched.
+--   made PENDING (audited 'wake') when it reaches 0. A trigger, so that no path that ends
+--   a task can miss it; a parent that is not WAITING any more (cancelled, paused) is not
+--   touched.
 
 ALTER TABLE tasks ADD COLUMN parent_id TEXT;
 ALTER TABLE tasks ADD COLUMN awaited INTEGER NOT NULL DEFAULT 0;
@@ -51,6 +52,11 @@ WHEN NEW.awaited = 1
  AND NEW.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'COMPENSATED')
 BEGIN
     UPDATE tasks SET awaited = 0 WHERE id = NEW.id;
+    INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder, detail)
+    SELECT id, NEW.updated_at, 'wake', 'WAITING', 'PENDING', generation, NULL,
+           '{"cause":"children ended","last":"' || NEW.id || '"}'
+    FROM tasks WHERE id = NEW.parent_id AND state = 'WAITING' AND wait_kind = 'children'
+                 AND wait_count <= 1;
     UPDATE tasks SET wait_count = wait_count - 1,
         state = CASE WHEN wait_count <= 1 THEN 'PENDING' ELSE state END,
         run_at = CASE WHEN wait_count <= 1 THEN MIN(run_at, NEW.updated_at) ELSE run_at END,
