@@ -17,6 +17,7 @@ from ratchet import (
     NOT_FOUND,
     App,
     ChildFailed,
+    ChildHandle,
     EventTimeout,
     InvalidArguments,
     PayloadTooLarge,
@@ -72,7 +73,7 @@ def test_sleep_until_in_the_past_returns_and_a_naive_datetime_is_refused(app: Ap
     @app.task(name="wf.until")
     def until(ctx: TaskContext, naive: bool) -> str:
         if naive:
-            ctx.sleep_until("x", datetime(2030, 1, 1))  # noqa: DTZ001 - the bad input
+            ctx.sleep_until("x", datetime(2030, 1, 1))  # naive: the bad input
         ctx.sleep_until("past", datetime.now().astimezone() - timedelta(hours=1))
         ctx.sleep_until("epoch", time.time() - 5)
         return "ok"
@@ -245,7 +246,6 @@ def test_gather_refuses_a_handle_that_is_not_a_child(app: App) -> None:
 
     @app.task(name="wf.stranger")
     def stranger(ctx: TaskContext, other: str) -> Any:
-        from ratchet import ChildHandle  # noqa: PLC0415 - the public name, as a user would
         return ctx.gather([ChildHandle(other, "wf.noop", "someone-else")])
 
     other = app.submit("wf.noop")
