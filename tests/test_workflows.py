@@ -20,11 +20,13 @@ from ratchet import (
     ChildHandle,
     EventTimeout,
     InvalidArguments,
+    OutcomeUnknownError,
     PayloadTooLarge,
     State,
     TaskContext,
     TransientError,
 )
+from ratchet.control import ResolveOutcome
 from ratchet.testing import wait_for
 from ratchet.testing.doubles import fast_retry_policy
 from ratchet.testing.worker import running_worker
@@ -375,3 +377,25 @@ def test_operator_compensate_moves_only_a_failed_task(app: App) -> None:
     again = app.ledger.compensate(handle.task_id, "twice", "tester")
     assert again.outcome == "unchanged" and again.state is State.COMPENSATED
     assert "operator_compensate" in _kinds(app, handle.task_id)
+
+
+def test_an_operators_give_up_compensates_what_the_task_completed(app: App) -> None:
+    undone: list[str] = []
+
+    def lost_reply(key: str) -> None:
+        raise OutcomeUnknownError("the reply was lost")
+
+    @app.task(name="wf.give_up")
+    def give_up(ctx: TaskContext) -> None:
+        ctx.effect("charge", lambda k: "charged", key="charge:g", idempotent=True,
+                   compensate=lambda k, r: undone.append(f"{k}/{r}"))
+        ctx.effect("ship", lost_reply, key="ship:g")  # no lookup, not idempotent: UNKNOWN
+
+    handle = app.submit("wf.give_up")
+    with running_worker(app):
+        wait_for("UNKNOWN", lambda: _state(app, handle.task_id, State.UNKNOWN))
+        app.ledger.resolve(handle.task_id, ResolveOutcome.GIVE_UP, "never shipped", "tester")
+        info = wait_for("the compensation", lambda: (i := app.get(handle.task_id)).terminal
+                        and i)
+    assert info.state is State.COMPENSATED
+    assert undone == ["compensate:charge:g/charged"]

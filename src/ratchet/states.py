@@ -109,8 +109,9 @@ OPERATOR_MOVES: dict[State, frozenset[State]] = {
     # resume (to PENDING) or cancel of a paused task.
     State.PAUSED: frozenset({State.PENDING, State.CANCELLED}),
     # resolve (done / not-done -> PENDING; a cancel request kept on the task -> CANCELLED;
-    # give-up -> FAILED).
-    State.UNKNOWN: frozenset({State.PENDING, State.FAILED, State.CANCELLED, State.PAUSED}),
+    # give-up -> FAILED, or COMPENSATING for a task with completed effects to undo).
+    State.UNKNOWN: frozenset({State.PENDING, State.FAILED, State.CANCELLED, State.PAUSED,
+                              State.COMPENSATING}),
     # An operator's retry of a dead-lettered task: a fresh set of attempts, history kept
     # (DESIGN §3: FAILED is left only this way, never by a worker's write), or an
     # operator's compensate: its completed effects are undone.

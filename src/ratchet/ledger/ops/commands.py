@@ -17,6 +17,7 @@ from ..base import (
 )
 from ..dialect import Tx
 from ..rows import (
+    COMPENSABLE_READ,
     CONTROL_LOCK,
     HOLDER_RUNNING,
     OPEN_INTENTS,
@@ -61,7 +62,10 @@ class Commands:
             # give-up: FAILED. Otherwise the task resumes, unless an operator request was
             # kept waiting for this resolution (DESIGN §3): then it is applied now.
             if outcome is ResolveOutcome.GIVE_UP:
-                target = State.FAILED
+                # A task with a completed effect to undo compensates instead of failing
+                # (DESIGN §5): its next claim runs the compensations.
+                target = (State.COMPENSATING
+                          if COMPENSABLE_READ.all(tx, {"ids": [task_id]}) else State.FAILED)
             elif request is not None:
                 target = (State.CANCELLED if request == ControlRequest.CANCEL
                           else State.PAUSED)
@@ -87,13 +91,19 @@ class Commands:
                 given_up = outcome is ResolveOutcome.GIVE_UP
                 tx.execute("control_move", {
                     "id": task_id, "from_state": State.UNKNOWN.value, "generation": generation,
-                    "state": target.value, "bump": 1, "request": None, "run_at": None,
+                    "state": target.value, "bump": 1, "request": None,
+                    "run_at": tx.now if target is State.COMPENSATING else None,
                     "reset": False, "now": tx.now,
                     "error": (f"given up by {operator}: {reason}" if given_up else None),
                     "error_class": ("given_up" if given_up or request is None
                                     else REQUEST_CLASS[ControlRequest(request)]),
                 })
                 generation += 1
+                if target is State.COMPENSATING:
+                    tx.batch("steps_upsert", [step_entry(
+                        task_id, generation, (COMPENSATING_STEP, "true", None))], now=tx.now)
+                    tx.execute("compensating_mark", {"ids": [task_id]})
+                    tx.wake()
             detail: dict[str, Any] = {
                 "operator": operator, "reason": reason, "outcome": outcome.value,
                 "effects": [{"name": e.name, "key": e.key} for e in open_effects]}
