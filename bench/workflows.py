@@ -16,9 +16,12 @@ of its own, ``?schema=`` in the ledger URL, dropped at the end, also after an er
    body's first line, p50 / p99). Then ``--waiting`` tasks are submitted (``submit_many``,
    batches of 1,000) and parked by that worker: half ``ctx.sleep`` for 30 days, half
    ``ctx.wait_for_event`` on a key of their own; once the ledger counts them all
-   ``WAITING``, the same figures again (same worker), and once more for a new worker
-   process started on the loaded ledger (a worker that loads parked work at start shows
-   there). RSS is read from ``/proc/<pid>/status`` (``VmRSS``; ``VmHWM`` the peak).
+   ``WAITING``, the same figures again (same worker); on PostgreSQL again after a
+   ``VACUUM`` of ``tasks`` (the test server runs without autovacuum: parking leaves three
+   dead versions per task, and once their leases have passed the expired-lease scan of
+   every claim visits them, as after any drain); and once more for a new worker process
+   started on the loaded ledger (a worker that loads parked work at start shows there).
+   RSS is read from ``/proc/<pid>/status`` (``VmRSS``; ``VmHWM`` the peak).
 2. ``wake``: ``--sleepers`` tasks (submitted in batches of 20 at random moments over
    ``--sleep-spread`` seconds, so the deadlines fall on every phase of a polling worker)
    each fix a deadline ``--sleep-s`` ahead in a step and ``ctx.sleep_until`` it; lateness
@@ -230,6 +233,19 @@ def build_app(url: str) -> App:
 # ----------------------------------------------------------------------------- ledger reads
 
 
+def vacuum(url: str) -> float:
+    """``VACUUM`` the ``tasks`` table of the PostgreSQL ledger ``url`` (what autovacuum
+    would do; the test server runs without it); seconds taken."""
+    import psycopg
+    from psycopg import sql
+
+    schema = dict(parse_qsl(urlsplit(url).query))["schema"]
+    t0 = time.monotonic()
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        conn.execute(sql.SQL("VACUUM {}.tasks").format(sql.Identifier(schema)))
+    return time.monotonic() - t0
+
+
 def state_counts(app: App) -> dict[str, int]:
     """Tasks by state, all types (the ledger's own counts: ``Ledger.stats``)."""
     totals: dict[str, int] = {}
@@ -416,6 +432,9 @@ def run_waiting(ledgers: Ledgers, ledger: str, args: argparse.Namespace) -> dict
         out["parked_rss"] = worker.rss_mib()
         measure(worker, "loaded")
         out["counts"] = state_counts(app)
+        if url.startswith("postgresql"):
+            out["vacuum_s"] = vacuum(url)
+            measure(worker, "vacuumed")
     finally:
         worker.stop()
     worker = WorkerProcess(url, args.concurrency, args.poll_interval, ledgers.dir)
@@ -437,8 +456,11 @@ def report_waiting(r: dict[str, Any]) -> None:
           f"{r['submit_s']:.1f} s); worker RSS while parking peaked at "
           f"{r['parking_rss_peak']:.1f} MiB")
     rows = []
-    for label, what in (("empty", "empty ledger"), ("loaded", f"{n:,} WAITING, same worker"),
-                        ("restart", f"{n:,} WAITING, new worker")):
+    labels = [("empty", "empty ledger"), ("loaded", f"{n:,} WAITING, same worker")]
+    if "vacuumed_latency" in r:
+        labels.append(("vacuumed", f"  then VACUUM tasks ({r['vacuum_s']:.1f} s)"))
+    labels.append(("restart", f"{n:,} WAITING, new worker"))
+    for label, what in labels:
         lat = r[f"{label}_latency"]
         slow = sum(1 for x in lat if x > r["poll_interval"])
         rows.append([what, _ms(_pct(lat, 0.5)), _ms(_pct(lat, 0.99)), _ms(max(lat)),
@@ -451,6 +473,11 @@ def report_waiting(r: dict[str, Any]) -> None:
                  _ratio(r["loaded_rss_idle"], r["empty_rss_idle"]),
                  _ratio(r["loaded_rss"], r["empty_rss"]), "",
                  _ratio(r["loaded_idle_cpu"], r["empty_idle_cpu"])])
+    if "vacuumed_latency" in r:
+        v = r["vacuumed_latency"]
+        rows.append(["ratio after VACUUM / empty", _ratio(_pct(v, 0.5), _pct(e, 0.5)),
+                     _ratio(_pct(v, 0.99), _pct(e, 0.99)), _ratio(max(v), max(e)), "", "", "",
+                     "", ""])
     print(_table(["claim latency (submit -> body)", "p50", "p99", "max", "> poll", "RSS idle MiB",
                   "RSS after MiB", "VmHWM MiB", "idle CPU"], rows))
 
