@@ -41,7 +41,8 @@ of its own, ``?schema=`` in the ledger URL, dropped at the end, also after an er
    siblings`` parents). The parents are run first (this process, a worker claiming
    ``bench.parent`` only) until all wait on their children; then ``--commit-samples``
    children are claimed one by one and each completion committed alone
-   (``Ledger.commit``, timed: p50 / p99 / mean), then the rest is drained by an
+   (``Ledger.commit``, timed: p50 / p99 / mean; the two ledgers alternate in blocks of
+   10, so drift in the machine's load hits both alike), then the rest is drained by an
    in-process worker claiming ``bench.child`` only (children/s; its writer's
    ``commit`` / ``commit_and_claim`` time per child). Must be O(1) in the siblings: the
    ratios (many / few) should stay near 1.
@@ -625,41 +626,55 @@ class CommitTimer:
         return timed
 
 
-def run_cost(ledgers: Ledgers, ledger: str, args: argparse.Namespace,
-             siblings: int) -> dict[str, Any]:
-    total = args.children
-    parents = max(1, total // siblings)
-    url = ledgers.new(ledger, f"cost{siblings}")
-    app = build_app(url)
-    out: dict[str, Any] = {"siblings": siblings, "parents": parents, "children": 0}
-    try:
+class CostLedger:
+    """One ledger of the cost scenario: ``children / siblings`` parents of ``siblings``
+    children each, all parents waiting in ``gather``."""
+
+    def __init__(self, ledgers: Ledgers, ledger: str, args: argparse.Namespace,
+                 siblings: int) -> None:
+        self.ledgers = ledgers
+        self.args = args
+        self.parents = max(1, args.children // siblings)
+        self.url = ledgers.new(ledger, f"cost{siblings}")
+        self.app = build_app(self.url)
+        self.holder = f"bench-cost-{os.getpid()}"
+        self.out: dict[str, Any] = {"siblings": siblings, "parents": self.parents,
+                                    "single": []}
+
+    def prepare(self) -> None:
+        """Submit the parents and run them (in this process) until all wait."""
+        app = self.app
         app.ledger.migrate()
-        submit_batches(app, [SubmitRequest("bench.parent", {"n": siblings})
-                             for _ in range(parents)])
+        submit_batches(app, [SubmitRequest("bench.parent", {"n": self.out["siblings"]})
+                             for _ in range(self.parents)])
         t0 = time.monotonic()
-        Worker(app, concurrency=args.concurrency, poll_interval_s=0.02,
-               names=["bench.parent"]).run(max_tasks=parents)
+        Worker(app, concurrency=self.args.concurrency, poll_interval_s=0.02,
+               names=["bench.parent"]).run(max_tasks=self.parents)
         wait_until("the parents to wait on their children",
-                   lambda: state_counts(app).get("WAITING", 0) >= parents, 60)
-        out["fan_out_s"] = time.monotonic() - t0
-        counts = state_counts(app)
-        out["children"] = children = counts.get("PENDING", 0)
-        holder = f"bench-cost-{os.getpid()}"
+                   lambda: state_counts(app).get("WAITING", 0) >= self.parents, 60)
+        self.out["fan_out_s"] = time.monotonic() - t0
+        self.out["children"] = state_counts(app).get("PENDING", 0)
+
+    def sample(self, count: int) -> None:
+        """Claim ``count`` children one at a time and commit each completion alone; the
+        commit is timed."""
+        ledger_obj = self.app.ledger
         done = Transition(to=State.SUCCEEDED, result_json="0")
-        single: list[float] = []
-        ledger_obj = app.ledger
-        for _ in range(min(args.commit_samples, children)):
-            claims = ledger_obj.claim(holder, ["bench.child"], 1)
+        for _ in range(count):
+            claims = ledger_obj.claim(self.holder, ["bench.child"], 1)
             if not claims:
-                break
+                return
             c = claims[0]
             t = time.perf_counter()
-            ledger_obj.commit([TaskWrite(c.task_id, c.generation, holder, "complete",
+            ledger_obj.commit([TaskWrite(c.task_id, c.generation, self.holder, "complete",
                                          transition=done)])
-            single.append(time.perf_counter() - t)
-        out["single"] = single
-        rest = children - len(single)
-        timer = CommitTimer(ledger_obj)
+            self.out["single"].append(time.perf_counter() - t)
+
+    def drain(self) -> None:
+        """The remaining children, by an in-process worker claiming ``bench.child`` only."""
+        out = self.out
+        rest = out["children"] - len(out["single"])
+        timer = CommitTimer(self.app.ledger)
         marks: list[float] = []
 
         class Timed(Worker):
@@ -672,17 +687,39 @@ def run_cost(ledgers: Ledgers, ledger: str, args: argparse.Namespace,
                     marks.append(0.0)
                 marks[1] = time.perf_counter()
 
-        Timed(app, concurrency=args.concurrency, poll_interval_s=0.02,
+        Timed(self.app, concurrency=self.args.concurrency, poll_interval_s=0.02,
               names=["bench.child"]).run(max_tasks=rest)
         out["drained"] = rest
         out["drain_rate"] = rest / (marks[1] - marks[0]) if len(marks) == 2 else float("nan")
         out["commit_s_per_child"] = timer.seconds / max(1, timer.writes)
         out["writes_per_tx"] = timer.writes / max(1, timer.transactions)
-        out["woken"] = state_counts(app).get("PENDING", 0)  # parents woken, not run here
+        out["woken"] = state_counts(self.app).get("PENDING", 0)  # parents woken, not run
+
+    def close(self) -> None:
+        self.app.close()
+        self.ledgers.drop(self.url)
+
+
+def run_cost(ledgers: Ledgers, ledger: str,
+             args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Few siblings vs many: both ledgers prepared first, then their single commits
+    sampled in alternating blocks of 10 (so drift in the machine's load hits both alike),
+    then each drained."""
+    few = CostLedger(ledgers, ledger, args, args.siblings_small)
+    many = CostLedger(ledgers, ledger, args, args.children)
+    try:
+        few.prepare()
+        many.prepare()
+        samples = min(args.commit_samples, few.out["children"], many.out["children"])
+        for lo in range(0, samples, 10):
+            for side in (few, many) if (lo // 10) % 2 == 0 else (many, few):
+                side.sample(min(10, samples - lo))
+        few.drain()
+        many.drain()
     finally:
-        app.close()
-        ledgers.drop(url)
-    return out
+        few.close()
+        many.close()
+    return few.out, many.out
 
 
 def report_cost(few: dict[str, Any], many: dict[str, Any]) -> None:
@@ -788,8 +825,7 @@ def main(argv: Sequence[str]) -> int:
                 print(f"\n[{label}] 4. a child's completion: {args.siblings_small} vs "
                       f"{args.children:,} siblings, {args.children:,} children in both",
                       flush=True)
-                few = run_cost(ledgers, ledger, args, args.siblings_small)
-                many = run_cost(ledgers, ledger, args, args.children)
+                few, many = run_cost(ledgers, ledger, args)
                 mine["cost"] = {"few": few, "many": many}
                 report_cost(few, many)
     finally:
