@@ -144,4 +144,6 @@ def test_a_wait_on_children_that_all_ended_is_ready_at_once(ledger: Ledger) -> N
                              transition=Transition(State.SUCCEEDED, result_json="1"))])
     assert _park(ledger, "p", parent, WaitSpec("children", children=("c1",)))
     assert ledger.get("p").state is State.PENDING
+    [wake] = [e for e in ledger.timeline("p").events if e.kind == "wake"]
+    assert wake.detail == {"cause": "children ended"}
     assert [c.task_id for c in ledger.children("p")] == ["c1"]

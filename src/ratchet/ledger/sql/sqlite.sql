@@ -948,7 +948,7 @@ UPDATE tasks SET wait_count = (
 WHERE id = :id AND generation = :generation AND state = 'WAITING';
 UPDATE tasks SET state = 'PENDING', run_at = MIN(run_at, :now), updated_at = :now
 WHERE id = :id AND generation = :generation AND state = 'WAITING' AND wait_count <= 0
-RETURNING id;
+RETURNING id, state;
 
 -- name: event_insert
 -- The mailbox: an event id sent again is the same event (nothing written).
