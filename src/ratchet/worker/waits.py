@@ -351,8 +351,9 @@ class WorkflowCalls(EffectCalls):
         ``lookup``); return what each returned (``[{"effect", "key", "result"}]``).
 
         Raises:
-            Whatever ``ctx.effect`` raises for a compensation (a failure is retried like
-            any attempt's; an outcome that cannot be known goes ``UNKNOWN``).
+            Exception: whatever ``ctx.effect`` raises for a compensation (a failure is
+                retried like any attempt's; an outcome that cannot be known goes
+                ``UNKNOWN``).
         """
         self.compensating = False  # the compensations themselves run as new checkpoints
         done: list[dict[str, Any]] = []
