@@ -3,6 +3,7 @@ concurrency limits (DESIGN §3, §8)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -34,7 +35,10 @@ from .limits import limit_record
 from .retire import apply_requests, holder_gone
 from .waits import wake_audit, wake_due_read
 
-__all__ = ["ClaimReads", "Claims"]
+__all__ = ["WAKE_EVERY_S", "ClaimReads", "Claims"]
+
+WAKE_EVERY_S = 0.05
+"""Seconds between two claims of one engine that wake due parked tasks (``wake_due``)."""
 
 
 class ClaimReads(NamedTuple):
@@ -49,9 +53,9 @@ class ClaimReads(NamedTuple):
     def of(cls, rows: Sequence[Sequence[tuple[Any, ...]]]) -> ClaimReads:
         """The rows of :meth:`Claims.reads` (in their order), as ``Tx.rows_many``
         returned them."""
-        expired, _gate, pauses, limits, woken = rows
+        expired, _gate, pauses, limits, *woken = rows
         return cls(CLAIM_EXPIRED.of(expired), PAUSES_ACTIVE.of(pauses), LIMITS_ALL.of(limits),
-                   WAKE_DUE.of(woken))
+                   WAKE_DUE.of(woken[0]) if woken else [])
 
 
 class Claims:
@@ -60,6 +64,7 @@ class Claims:
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
+        self._next_wake = 0.0  # monotonic seconds: when a claim next runs the wake-up
 
     def claim(self, holder: str, names: Sequence[ClaimKind], limit: int) -> list[Claim]:
         """See :meth:`Ledger.claim`. Expired leases are taken over before fresh work.
@@ -80,17 +85,25 @@ class Claims:
         return core.run_repairing(
             lambda tx, repaired: self.claim_in(tx, holder, names, limit, repaired=repaired))
 
-    @staticmethod
-    def reads(names: Sequence[ClaimKind], limit: int) -> list[tuple[str, Mapping[str, Any]]]:
+    def reads(self, names: Sequence[ClaimKind], limit: int
+              ) -> list[tuple[str, Mapping[str, Any]]]:
         """The reads a claim starts with, to send with others (one round trip): the
         expired-lease scan of the claimed kinds (DESIGN §8 versions), the pause gate
         (PostgreSQL: a shared advisory lock, taken before any bulkheads limit lock), the
         active pauses (DESIGN §8 control), the concurrency limits (bulkheads, DESIGN §8)
         and the wake-up of parked tasks whose ``run_at`` has passed (DESIGN §3, waits;
         :func:`~ratchet.ledger.ops.waits.wake_due_read`), so that this claim can take
-        them."""
-        return [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit}),
-                CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent(), wake_due_read()]
+        them. The wake-up goes with at most one claim per :data:`WAKE_EVERY_S` of this
+        engine (a deadline's lateness is at most that, or an idle worker's poll interval
+        if longer): a claim that runs it pays one index probe more, the others nothing
+        (wake-ups by an event or a last child are immediate and not rate-limited)."""
+        reads = [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit}),
+                 CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent()]
+        clock = time.monotonic()
+        if clock >= self._next_wake:
+            self._next_wake = clock + WAKE_EVERY_S
+            reads.append(wake_due_read())
+        return reads
 
     def claim_in(
         self, tx: Tx, holder: str, names: Sequence[ClaimKind], limit: int,
