@@ -1,0 +1,108 @@
+"""Child tasks under SIGKILL: 1,000 children submitted by a parent whose worker is killed
+mid-submission, and the fan-in race of the last two children finishing at one instant.
+
+Counted outside Ratchet: the parent's fan-in effect (after ``ctx.gather``) at the
+counting service, which does not deduplicate keys, and the fan-in step in the external
+step log. The children are counted in the ledger (each row with its ``parent_id``): the
+question there is what the ledger holds, not how often something ran. Both ledgers.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+
+import pytest
+from wfapp import CHILD, PARENT, RACE_PARENT, RACER
+from wfkit import WfRig
+
+from ratchet import State
+from ratchet.testing import list_task_ids
+
+pytestmark = [pytest.mark.crash, pytest.mark.timeout(120)]
+
+SIGKILLED = -signal.SIGKILL
+N = 1000
+
+
+@pytest.mark.parametrize(
+    ("mode", "batch", "crash_at", "skip"),
+    [
+        ("loop", 0, "test.mid_submit", 0),
+        ("many", 250, "test.between_batches", 1),
+        ("many", 0, None, 0),
+    ],
+    ids=["loop-killed-at-child-500", "many-killed-after-2-of-4-batches",
+         "many-killed-from-outside-as-children-appear"],
+)
+def test_sigkill_while_the_parent_submits_1000_children(
+    rig: WfRig, mode: str, batch: int, crash_at: str | None, skip: int
+) -> None:
+    """The parent's worker A (which also runs children) is killed while the parent submits
+    1,000 children: at a point in the parent's loop of ``ctx.submit``, between two
+    ``ctx.submit_many`` batches, or from outside (SIGKILL) as soon as the first child is
+    in the ledger. A fresh worker finishes: exactly 1,000 children exist, each once, and
+    the parent finishes with every result in order; its fan-in effect runs once."""
+    rig.start_service()
+    tag = f"{mode}-{batch}-{crash_at}"
+    parent_id = rig.submit(PARENT, {"tag": tag, "n": N, "mode": mode, "batch": batch})
+    if crash_at is not None:
+        a = rig.worker("A", crash_at=crash_at, skip=skip, concurrency=4)
+        assert a.wait(60) == SIGKILLED, a.log()
+    else:
+        a = rig.worker("A", concurrency=4)
+        status = rig.kill_when(
+            "the first child to be in the ledger", a,
+            lambda: len(list_task_ids(rig.ledger_url)) > 1,
+        )  # fmt: skip
+        assert status == SIGKILLED
+    assert rig.executions() == {}, "the fan-in cannot have run before every child ended"
+    before = len(list_task_ids(rig.ledger_url)) - 1
+    assert before < N or crash_at is None, f"{before} children before the crash"
+
+    b = rig.worker("B", concurrency=8)
+    c = rig.worker("C", concurrency=8)
+    info = rig.wait_state(parent_id, timeout_s=90)
+    assert info.state is State.SUCCEEDED, info
+    rig.stop_all([b, c])
+
+    assert info.result["values"] == [2 * i for i in range(N)], "every result, in order"
+    assert rig.executions() == {f"fanin:{tag}": 1}, rig.executions()
+    tasks = rig.tasks()
+    children = [t for t in tasks if t.task_id != parent_id]
+    assert len(tasks) == N + 1, f"{len(children)} other tasks besides the parent"
+    assert all(t.name == CHILD for t in children), Counter(t.name for t in children)
+    assert all(getattr(t, "parent_id", None) == parent_id for t in children)
+    assert sorted(t.params["i"] for t in children) == list(range(N)), "each child once"
+    assert Counter(t.state for t in children) == {State.SUCCEEDED: N}
+    rig.check_consistent()
+
+
+def test_the_last_two_children_finish_at_one_instant(rig: WfRig) -> None:
+    """Two children of one parent run on two workers (concurrency 1, no prefetch) and
+    return at the same instant (a barrier, then a common release time), so their
+    completions race to wake the parent. The parent wakes once: its fan-in step and its
+    fan-in effect (after ``ctx.gather``) each run once. Several rounds, one after another,
+    each a fresh race."""
+    rounds = 4
+    rig.start_service()
+    workers = [rig.worker(f"W{i}", concurrency=1, prefetch=0) for i in range(2)]
+    for w in workers:
+        w.holder()
+    for r in range(rounds):
+        tag = f"race{r}"
+        parent_id = rig.submit(RACE_PARENT, {"tag": tag, "of": 2, "marks": str(rig.marks)})
+        info = rig.wait_state(parent_id, timeout_s=40)
+        assert info.state is State.SUCCEEDED, info
+        assert info.result["got"] == [0, 1], info.result
+        assert rig.executions().get(f"fanin:{tag}") == 1, rig.executions()
+        assert rig.step_counts(parent_id) == {"fanin": 1}, rig.step_counts(parent_id)
+        kids = rig.children(parent_id, RACER)
+        assert len(kids) == 2 and all(k.state is State.SUCCEEDED for k in kids), kids
+        holders = {k.holder for k in kids} | {
+            e.holder for k in kids for e in rig.events(k.task_id, "claim")}
+        holders.discard(None)
+        assert len(holders) == 2, f"the two children ran on one worker: {holders}"
+    rig.stop_all(workers)
+    assert rig.executions() == {f"fanin:race{r}": 1 for r in range(rounds)}
+    rig.check_consistent()
