@@ -50,15 +50,16 @@ def assert_slept_once(rig: WfRig, task_id: str, order: str, nap_s: float) -> Non
 def test_sigkill_before_the_sleep_is_reached(rig: WfRig) -> None:
     """Killed after the effect before the sleep, before the sleep is recorded: the next
     holder does not repeat the effect, sleeps, and runs the rest once."""
-    nap_s = 2.0
+    nap_s = 3.0
     rig.start_service()
+    b = rig.standby("B")
     task_id = rig.submit(SLEEPER, {"order": "s1", "nap_s": nap_s})
     a = rig.worker("A", crash_at="test.before_sleep")
     assert a.wait(30) == SIGKILLED, a.log()
     assert rig.executions() == {"before:s1": 1}
     assert rig.get(task_id).state is State.RUNNING
 
-    b = rig.worker("B")
+    b.resume()
     assert_slept_once(rig, task_id, "s1", nap_s)
     rig.stop_all([b])
 
@@ -68,6 +69,7 @@ def test_sigkill_while_parked_in_the_sleep(rig: WfRig) -> None:
     is lost and nothing runs early; a fresh worker wakes it at its deadline."""
     nap_s = 3.0
     rig.start_service()
+    b = rig.standby("B")
     task_id = rig.submit(SLEEPER, {"order": "s2", "nap_s": nap_s})
     a = rig.worker("A")
     parked = rig.wait_waiting(task_id)
@@ -76,7 +78,7 @@ def test_sigkill_while_parked_in_the_sleep(rig: WfRig) -> None:
     assert rig.executions() == {"before:s2": 1}, "nothing after the sleep ran yet"
     assert rig.get(task_id).state is State.WAITING
 
-    b = rig.worker("B")
+    b.resume()
     assert_slept_once(rig, task_id, "s2", nap_s)
     rig.stop_all([b])
 
@@ -91,8 +93,9 @@ def test_sigkill_at_the_wake_up(rig: WfRig, crash_at: str, skip: int) -> None:
     after the worker's claim of the woken task committed (its second claim). The next
     holder does not sleep again (the deadline is the first one) and runs the effect after
     the sleep once; the effect before it is not repeated."""
-    nap_s = 5.0
+    nap_s = 3.0
     rig.start_service()
+    b = rig.standby("B")
     task_id = rig.submit(SLEEPER, {"order": "s3", "nap_s": nap_s})
     a = rig.worker("A", crash_at=crash_at, skip=skip)
     rig.wait_waiting(task_id)
@@ -101,6 +104,6 @@ def test_sigkill_at_the_wake_up(rig: WfRig, crash_at: str, skip: int) -> None:
     held = rig.get(task_id)
     assert held.state is State.RUNNING and held.holder is not None, held
 
-    b = rig.worker("B")
+    b.resume()
     assert_slept_once(rig, task_id, "s3", nap_s)
     rig.stop_all([b])

@@ -257,6 +257,21 @@ class WfRig:
         wait_for(what, probe, timeout_s, 0.005)
         return proc.kill()
 
+    def standby(self, name: str = "standby", **options: Any) -> WorkerProcess:
+        """A worker started now and frozen (SIGSTOP) outside any ledger transaction, so a
+        test can resume it the moment it is needed (:meth:`WorkerProcess.resume`) without
+        waiting for a Python process to start on a loaded machine, and it claims nothing
+        meanwhile."""
+        proc = self.worker(name, **options)
+        proc.holder()
+        for _ in range(100):
+            proc.pause()
+            if not self.ledger_locked():
+                return proc
+            proc.resume()
+            time.sleep(0.01)
+        raise AssertionError(f"could not stop {name} outside a ledger transaction")
+
     def stop_all(self, procs: Sequence[WorkerProcess]) -> None:
         """Stop the workers gracefully (SIGTERM); each must exit 0."""
         for p in procs:
@@ -284,6 +299,3 @@ class WfRig:
         if self._ledger is not None:
             self._ledger.close()
 
-
-def elapsed_since(t0: float) -> float:
-    return time.monotonic() - t0
