@@ -191,27 +191,24 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
         """A child that finishes at the same instant as its siblings: it marks that it
         runs, waits until all ``of`` siblings run (each on its own worker), then returns
         at one common instant (the latest mark plus a margin)."""
-        directory = Path(marks)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / f"{tag}-{i}").write_text(str(os.getpid()))
-        deadline = time.monotonic() + 20.0
-        while True:
-            mine = sorted(directory.glob(f"{tag}-*"))
-            if len(mine) >= of:
-                break
-            if time.monotonic() > deadline:
-                raise ratchet.PermanentError(f"siblings of {tag} never all ran: {mine}")
-            time.sleep(0.002)
-        release = max(p.stat().st_mtime for p in mine) + 0.3
-        while time.time() < release:
-            time.sleep(0.0005)
+        Path(marks).mkdir(parents=True, exist_ok=True)
+        (Path(marks) / f"{tag}-{i}").write_text(str(os.getpid()))
+        _until_common_instant(marks, tag, of)
         return {"i": i}
 
     @app.task(name=RACE_PARENT, retry=FAST_RETRY, lease_s=lease)
-    def race_parent(ctx: TaskContext, tag: str, of: int, marks: str) -> Any:
+    def race_parent(
+        ctx: TaskContext, tag: str, of: int, marks: str, sync_gather: bool = False
+    ) -> Any:
+        """Submit ``of`` racers and gather them. ``sync_gather``: first wait (in task code,
+        holding its own worker) for the instant the racers return, so the parent's wait
+        on its children commits while their completions do."""
+        Path(marks).mkdir(parents=True, exist_ok=True)
         handles = ctx.submit_many(
             RACER, [{"tag": tag, "i": i, "of": of, "marks": marks} for i in range(of)]
         )
+        if sync_gather:
+            _until_common_instant(marks, tag, of)
         results = ctx.gather(handles)
 
         def fanin_step() -> list[int]:
@@ -240,6 +237,23 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
         raise ratchet.PermanentError(f"order {order} declined after {list(SAGA_STEPS)}")
 
     return app
+
+
+def _until_common_instant(marks: str, tag: str, of: int) -> None:
+    """Wait until ``of`` marks ``<tag>-*`` exist in ``marks``, then until the latest
+    mark's time plus 0.3 s: every caller returns at that one instant."""
+    directory = Path(marks)
+    deadline = time.monotonic() + 20.0
+    while True:
+        mine = sorted(directory.glob(f"{tag}-*"))
+        if len(mine) >= of:
+            break
+        if time.monotonic() > deadline:
+            raise ratchet.PermanentError(f"the racers of {tag} never all ran: {mine}")
+        time.sleep(0.002)
+    release = max(p.stat().st_mtime for p in mine) + 0.3
+    while time.time() < release:
+        time.sleep(0.0005)
 
 
 def _caller(client: CountingClient, body: dict[str, Any]) -> Callable[[str], Any]:
