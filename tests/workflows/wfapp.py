@@ -163,9 +163,10 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
     @app.task(name=PARENT, retry=FAST_RETRY, lease_s=lease)
     def parent(ctx: TaskContext, tag: str, n: int, mode: str = "many", batch: int = 0) -> Any:
         """Submit ``n`` children (``mode``: ``"many"``: ``ctx.submit_many`` in batches of
-        ``batch`` (0: all at once), with the fault point ``test.between_batches`` between
-        two batches; ``"loop"``: one ``ctx.submit`` per child, with ``test.mid_submit``
-        before the middle one), gather them, then the fan-in effect."""
+        ``batch`` (0: all at once), with the fault point ``test.after_batch`` after each
+        batch and ``test.between_batches`` before every batch but the first; ``"loop"``:
+        one ``ctx.submit`` per child, with ``test.mid_submit`` before the middle one),
+        gather them, then the fan-in effect."""
         handles: list[Any] = []
         if mode == "loop":
             for i in range(n):
@@ -179,6 +180,8 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
                     faults.point("test.between_batches")
                 chunk = [{"i": i} for i in range(start, min(n, start + size))]
                 handles.extend(ctx.submit_many(CHILD, chunk))
+                # The batch is committed; the checkpoint of its ids is not durable yet.
+                faults.point("test.after_batch")
         results = ctx.gather(handles)
         values = [r["v"] for r in results]
         fanin = counted_effect(ctx, "fanin", f"fanin:{tag}", {"tag": tag, "n": len(values)})
