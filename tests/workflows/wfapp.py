@@ -157,11 +157,16 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
     # ------------------------------------------------------------------ children
 
     @app.task(name=CHILD, retry=FAST_RETRY, lease_s=lease)
-    def child(ctx: TaskContext, i: int) -> Any:
+    def child(ctx: TaskContext, i: int, work_s: float = 0.0) -> Any:
+        if work_s:
+            time.sleep(work_s)  # the child's work: kills land while children run
         return {"i": i, "v": 2 * i}
 
     @app.task(name=PARENT, retry=FAST_RETRY, lease_s=lease)
-    def parent(ctx: TaskContext, tag: str, n: int, mode: str = "many", batch: int = 0) -> Any:
+    def parent(
+        ctx: TaskContext, tag: str, n: int, mode: str = "many", batch: int = 0,
+        work_s: float = 0.0,
+    ) -> Any:
         """Submit ``n`` children (``mode``: ``"many"``: ``ctx.submit_many`` in batches of
         ``batch`` (0: all at once), with the fault point ``test.after_batch`` after each
         batch and ``test.between_batches`` before every batch but the first; ``"loop"``:
@@ -172,13 +177,13 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
             for i in range(n):
                 if i == n // 2:
                     faults.point("test.mid_submit")
-                handles.append(ctx.submit(CHILD, {"i": i}))
+                handles.append(ctx.submit(CHILD, {"i": i, "work_s": work_s}))
         else:
             size = batch or n
             for start in range(0, n, size):
                 if start:
                     faults.point("test.between_batches")
-                chunk = [{"i": i} for i in range(start, min(n, start + size))]
+                chunk = [{"i": i, "work_s": work_s} for i in range(start, min(n, start + size))]
                 handles.extend(ctx.submit_many(CHILD, chunk))
                 # The batch is committed; the checkpoint of its ids is not durable yet.
                 faults.point("test.after_batch")
