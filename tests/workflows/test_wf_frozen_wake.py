@@ -1,13 +1,13 @@
 """A holder frozen (SIGSTOP) past its lease while waking from a durable sleep is fenced.
 
 Worker A runs a ``wf.sleeper`` task to its sleep, parks it, claims it again at the
-deadline and freezes itself there (``RATCHET_PAUSE_AT``: a real SIGSTOP): right after
-``ctx.sleep`` returned, or (fenced target) between its last lease check and the send of
-the effect after the sleep. Its lease expires by the ledger clock, worker B takes the task
-over and finishes it. Then A gets SIGCONT and goes on: its late writes are rejected by the
-fencing generation and change nothing, and the effect after the sleep is counted once at
-the service (which does not deduplicate keys; in fenced mode it refuses A's stale token).
-Both ledgers.
+deadline and freezes itself there (``RATCHET_PAUSE_AT``: a real SIGSTOP): right after the
+wake-up claim committed, right after ``ctx.sleep`` returned, or (fenced target) between
+its last lease check and the send of the effect after the sleep. Its lease expires by the
+ledger clock, worker B takes the task over and finishes it. Then A gets SIGCONT and goes
+on: its late writes are rejected by the fencing generation and change nothing, and the
+effect after the sleep is counted once at the service (which does not deduplicate keys;
+in fenced mode it refuses A's stale token). Both ledgers.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ LEASE_S = 2.0
 
 @pytest.mark.parametrize(
     ("target", "pause_at", "skip"),
-    [("lookup", "test.after_wake", 0), ("fenced", "effect.before_call", 1)],
-    ids=["frozen-after-sleep-returned", "frozen-before-the-send-fenced-target"],
+    [("lookup", "claim.after_commit", 1), ("lookup", "test.after_wake", 0),
+     ("fenced", "effect.before_call", 1)],
+    ids=["frozen-at-the-wake-claim", "frozen-after-sleep-returned",
+         "frozen-before-the-send-fenced-target"],
 )
 def test_holder_frozen_past_its_lease_while_waking(
     rig: WfRig, target: str, pause_at: str, skip: int
