@@ -33,9 +33,11 @@ SIGKILLED = -signal.SIGKILL
         ("test.after_undo", 2, 3),
         ("test.before_undo", 1, 1),
         ("effect.after_intent", 4, 1),
+        ("task.after_complete", 0, 0),
     ],
     ids=["after-1st-undo-call", "after-2nd-undo-call", "after-3rd-undo-call",
-         "before-2nd-undo-call", "2nd-undo-intent-committed"],
+         "before-2nd-undo-call", "2nd-undo-intent-committed",
+         "failure-committed-before-any-undo"],
 )
 def test_sigkill_during_compensation(
     rig: WfRig, crash_at: str, skip: int, undone_before: int

@@ -34,15 +34,20 @@ def assert_delivered_once(rig: WfRig, task_id: str, payload: dict[str, str]) -> 
     rig.check_consistent()
 
 
-def test_event_sent_while_the_waiters_worker_is_dead(rig: WfRig) -> None:
-    """The task is parked waiting; its worker is SIGKILLed; the event arrives while no
-    worker is alive (twice, the same event id: a sender's retry); a fresh worker runs the
-    task with the payload once."""
+@pytest.mark.parametrize("crash_at", [None, "task.after_complete"],
+                         ids=["from-outside-while-parked", "right-after-the-park-committed"])
+def test_event_sent_while_the_waiters_worker_is_dead(rig: WfRig, crash_at: str | None) -> None:
+    """The task is parked waiting; its worker is SIGKILLed (from outside, or at the instant
+    its park committed); the event arrives while no worker is alive (twice, the same event
+    id: a sender's retry); a fresh worker runs the task with the payload once."""
     rig.start_service()
     task_id = rig.submit(WAITER, {"order": "7"})
-    a = rig.worker("A")
+    a = rig.worker("A", crash_at=crash_at)
     parked = rig.wait_waiting(task_id)
-    assert a.kill() == SIGKILLED
+    if crash_at is None:
+        assert a.kill() == SIGKILLED
+    else:
+        assert a.wait(30) == SIGKILLED, a.log()
     assert parked.holder is None, parked
 
     payload = {"parcel": "p-7"}

@@ -64,17 +64,24 @@ def test_sigkill_before_the_sleep_is_reached(rig: WfRig) -> None:
     rig.stop_all([b])
 
 
-def test_sigkill_while_parked_in_the_sleep(rig: WfRig) -> None:
-    """Killed from outside while the task is parked (WAITING: no lease, no slot): nothing
-    is lost and nothing runs early; a fresh worker wakes it at its deadline."""
+@pytest.mark.parametrize("crash_at", [None, "task.after_complete"],
+                         ids=["from-outside-while-parked", "right-after-the-park-committed"])
+def test_sigkill_while_parked_in_the_sleep(rig: WfRig, crash_at: str | None) -> None:
+    """Killed while the task is parked (WAITING: no lease, no slot), from outside, or at
+    the instant its park (``RUNNING -> WAITING``, the sleep's deadline with it) committed,
+    before the worker learnt it: nothing is lost and nothing runs early; a fresh worker
+    wakes it at its deadline."""
     nap_s = 3.0
     rig.start_service()
     b = rig.standby("B")
     task_id = rig.submit(SLEEPER, {"order": "s2", "nap_s": nap_s})
-    a = rig.worker("A")
+    a = rig.worker("A", crash_at=crash_at)
     parked = rig.wait_waiting(task_id)
     assert parked.holder is None, parked
-    assert a.kill() == SIGKILLED
+    if crash_at is None:
+        assert a.kill() == SIGKILLED
+    else:
+        assert a.wait(30) == SIGKILLED, a.log()
     assert rig.executions() == {"before:s2": 1}, "nothing after the sleep ran yet"
     assert rig.get(task_id).state is State.WAITING
 
