@@ -12,10 +12,11 @@ Both ledgers.
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 from wfapp import WAITER
-from wfkit import WfRig
+from wfkit import WfRig, wait_for
 
 from ratchet import State
 
@@ -104,3 +105,47 @@ def test_event_sent_while_the_holder_before_its_wait_is_dead(rig: WfRig) -> None
     b = rig.worker("B")
     assert_delivered_once(rig, task_id, payload)
     rig.stop_all([b])
+
+
+@pytest.mark.parametrize("kill_after_ms", [0, 20, 60, 150])
+def test_events_and_a_kill_at_the_instant_the_waiters_park(
+    rig: WfRig, kill_after_ms: int
+) -> None:
+    """Six waiters reach their wait at one known instant on worker A; the test sends each
+    its event at that instant and SIGKILLs A ``kill_after_ms`` after it, so the sends race
+    the parks and the kill lands before, during or after the parks commit. Every task
+    gets its event exactly once (the mailbox keeps one sent before the wait; the
+    delivery is a checkpoint), and a second event per key is never received."""
+    n = 6
+    rig.start_service()
+    b = rig.standby("B", concurrency=n)
+    orders = [f"k{i}" for i in range(n)]
+    ids = {o: rig.submit(WAITER, {"order": o, "marks": str(rig.marks)}) for o in orders}
+    a = rig.worker("A", concurrency=n, prefetch=0)
+    marks = wait_for("every waiter to mark its instant",
+                     lambda: len(list(rig.marks.glob("k*"))) == n and
+                     sorted(rig.marks.glob("k*")), 30.0, 0.005)  # fmt: skip
+    instant = min(m.stat().st_mtime for m in marks) + 0.5
+    while time.time() < instant:
+        time.sleep(0.0005)  # pacing to the instant, not waiting for a result
+    for o in orders:
+        rig.app.send_event("shipped", key=f"order-{o}", payload={"parcel": f"{o}-a"},
+                           event_id=f"{o}-a")
+    kill_at = instant + kill_after_ms / 1000
+    while time.time() < kill_at:
+        time.sleep(0.0005)
+    assert a.kill() == SIGKILLED
+    at_kill = sorted(str(rig.get(t).state) for t in ids.values())
+    print(f"states when A died ({kill_after_ms} ms after the instant): {at_kill}")
+    for o in orders:
+        rig.app.send_event("shipped", key=f"order-{o}", payload={"parcel": f"{o}-b"},
+                           event_id=f"{o}-b")
+
+    b.resume()
+    for o, task_id in ids.items():
+        info = rig.wait_state(task_id)
+        assert info.state is State.SUCCEEDED, info
+        assert info.result["payload"] == {"parcel": f"{o}-a"}, (o, info.result)
+    rig.stop_all([b])
+    assert rig.executions() == {f"ship:{o}-a": 1 for o in orders}, rig.executions()
+    rig.check_consistent()

@@ -142,10 +142,17 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratche
     # ------------------------------------------------------------------ events
 
     @app.task(name=WAITER, retry=FAST_RETRY, lease_s=lease)
-    def waiter(ctx: TaskContext, order: str) -> Any:
+    def waiter(ctx: TaskContext, order: str, marks: str | None = None) -> Any:
         """Wait for the event ``shipped`` keyed ``order-<order>``, then one effect keyed on
         the payload's parcel (so a second delivery would be a second key or a second
-        execution at the service)."""
+        execution at the service). ``marks``: first write the mark ``<order>`` there and
+        reach the wait at its time plus 0.5 s (a test sends the event, or kills the worker,
+        at that instant)."""
+        if marks is not None:
+            mark = Path(marks) / order
+            Path(marks).mkdir(parents=True, exist_ok=True)
+            mark.write_text(str(os.getpid()))
+            _until(mark.stat().st_mtime + 0.5)
         faults.point("test.before_wait")
         payload = ctx.wait_for_event("shipped", key=f"order-{order}", timeout_s=None)
         faults.point("test.after_event")
@@ -259,9 +266,17 @@ def _until_common_instant(marks: str, tag: str, of: int) -> None:
         if time.monotonic() > deadline:
             raise ratchet.PermanentError(f"the racers of {tag} never all ran: {mine}")
         time.sleep(0.002)
-    release = max(p.stat().st_mtime for p in mine) + 0.3
-    while time.time() < release:
-        time.sleep(0.0005)
+    _until(max(p.stat().st_mtime for p in mine) + 0.3)
+
+
+def _until(instant: float) -> None:
+    """Return at ``instant`` (epoch seconds): one sleep to just before it, then a short
+    spin (so that several threads of one process waiting do not fight for the GIL)."""
+    ahead = instant - time.time() - 0.003
+    if ahead > 0:
+        time.sleep(ahead)
+    while time.time() < instant:
+        time.sleep(0.0002)
 
 
 def _caller(client: CountingClient, body: dict[str, Any]) -> Callable[[str], Any]:
