@@ -86,18 +86,29 @@ def test_sigkill_while_the_parent_submits_1000_children(
     rig.check_consistent()
 
 
-@pytest.mark.parametrize("sync_gather", [False, True],
-                         ids=["parent-parked-first", "parent-parks-at-the-same-instant"])
-def test_the_last_two_children_finish_at_one_instant(rig: WfRig, sync_gather: bool) -> None:
+@pytest.mark.parametrize(
+    ("sync_gather", "one_worker"),
+    [(False, False), (True, False), (False, True)],
+    ids=["parent-parked-first", "parent-parks-at-the-same-instant",
+         "both-on-one-worker-one-group-commit"],
+)
+def test_the_last_two_children_finish_at_one_instant(
+    rig: WfRig, sync_gather: bool, one_worker: bool
+) -> None:
     """Two children of one parent run on two workers (concurrency 1, no prefetch; a third
     worker for the parent) and return at the same instant (a barrier, then a common
     release time), so their completions race to wake the parent; with ``sync_gather`` the
-    parent's own wait on them (``ctx.gather``) commits at that instant too. The parent
-    wakes once: its fan-in step and its fan-in effect (after the gather) each run once.
-    Several rounds, one after another, each a fresh race."""
+    parent's own wait on them (``ctx.gather``) commits at that instant too; with
+    ``one_worker`` both run on one worker (concurrency 3), whose writer commits both
+    completions in one transaction. The parent wakes once: its fan-in step and its fan-in
+    effect (after the gather) each run once. Several rounds, one after another, each a
+    fresh race."""
     rounds = 4
     rig.start_service()
-    workers = [rig.worker(f"W{i}", concurrency=1, prefetch=0) for i in range(3)]
+    workers = (
+        [rig.worker("W", concurrency=3, prefetch=0)] if one_worker
+        else [rig.worker(f"W{i}", concurrency=1, prefetch=0) for i in range(3)]
+    )
     for w in workers:
         w.holder()
     gaps: list[float] = []
@@ -113,7 +124,7 @@ def test_the_last_two_children_finish_at_one_instant(rig: WfRig, sync_gather: bo
         kids = rig.children(parent_id, RACER)
         assert len(kids) == 2 and all(k.state is State.SUCCEEDED for k in kids), kids
         holders = {e.holder for k in kids for e in rig.events(k.task_id, "claim")}
-        assert len(holders) == 2, f"the two children ran on one worker: {holders}"
+        assert len(holders) == (1 if one_worker else 2), f"children ran on {holders}"
         # Woken once: claimed once to start, once after its wait ended, never again.
         claims = rig.events(parent_id, "claim")
         assert len(claims) == 2, f"the parent was claimed {len(claims)} times: {claims}"
