@@ -66,3 +66,35 @@ def test_sigkill_during_compensation(
     assert order_of_undo == undo, "compensations must run once each, in reverse order"
     assert [key for _, key in records.times][:3] == forward
     rig.check_consistent()
+
+
+@pytest.mark.parametrize(
+    ("crash_at", "skip", "done_before"),
+    [("effect.after_call", 1, 2), ("effect.after_intent", 2, 2)],
+    ids=["reserve-executed-not-recorded", "charge-intent-committed-not-sent"],
+)
+def test_sigkill_before_the_failure_every_effect_done_is_compensated(
+    rig: WfRig, crash_at: str, skip: int, done_before: int
+) -> None:
+    """Killed in the forward part of the saga, with an effect's outcome open; the next
+    holder settles it (lookup first: found, reused; or not found, sent), fails, and
+    compensates every effect that happened, the one settled by lookup too: each
+    compensation once, in reverse order."""
+    rig.start_service()
+    order = "o-2"
+    task_id = rig.submit(SAGA, {"order": order})
+    a = rig.worker("A", crash_at=crash_at, skip=skip)
+    assert a.wait(45) == SIGKILLED, a.log()
+    forward = [f"{step}:{order}" for step in SAGA_STEPS]
+    undo = [f"compensate:{key}" for key in reversed(forward)]
+    assert rig.executions() == dict.fromkeys(forward[:done_before], 1)
+
+    b = rig.worker("B")
+    info = rig.wait_state(task_id, timeout_s=45)
+    rig.stop_all([b])
+    assert info.state is State.COMPENSATED, info
+    records = rig.records()
+    assert records.executions == {**dict.fromkeys(forward, 1), **dict.fromkeys(undo, 1)}, (
+        records.executions)
+    assert [key for _, key in records.times] == forward + undo
+    rig.check_consistent()
