@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from wfapp import WAITER
@@ -122,9 +123,12 @@ def test_events_and_a_kill_at_the_instant_the_waiters_park(
     orders = [f"k{i}" for i in range(n)]
     ids = {o: rig.submit(WAITER, {"order": o, "marks": str(rig.marks)}) for o in orders}
     a = rig.worker("A", concurrency=n, prefetch=0)
-    marks = wait_for("every waiter to mark its instant",
-                     lambda: len(list(rig.marks.glob("k*"))) == n and
-                     sorted(rig.marks.glob("k*")), 30.0, 0.005)  # fmt: skip
+
+    def all_marked() -> list[Path] | None:
+        found = sorted(rig.marks.glob("k*"))
+        return found if len(found) == n else None
+
+    marks = wait_for("every waiter to mark its instant", all_marked, 30.0, 0.005)
     instant = min(m.stat().st_mtime for m in marks) + 0.5
     while time.time() < instant:
         time.sleep(0.0005)  # pacing to the instant, not waiting for a result

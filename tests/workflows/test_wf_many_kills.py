@@ -9,6 +9,7 @@ a deadline. Both ledgers."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import signal
@@ -99,7 +100,8 @@ def test_many_kills_across_sleeps_events_children_and_compensations(rig: WfRig) 
         holder = victim.holder()
         # Kill it mid-work when it soon holds a task (up to 1 s), else anyway.
         with contextlib.suppress(AssertionError):
-            wait_for(f"{victim.name} to hold a task", lambda h=holder: held_by(h), 1.0, 0.01)
+            wait_for(f"{victim.name} to hold a task", functools.partial(held_by, holder),
+                     1.0, 0.01)
         assert victim.kill() == SIGKILLED
         killed += 1
         orphaned.update((task_id, holder) for task_id in held_by(holder))
