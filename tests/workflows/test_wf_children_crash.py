@@ -80,7 +80,7 @@ def test_sigkill_while_the_parent_submits_1000_children(
     children = [t for t in tasks if t.task_id != parent_id]
     assert len(tasks) == N + 1, f"{len(children)} other tasks besides the parent"
     assert all(t.name == CHILD for t in children), Counter(t.name for t in children)
-    assert all(getattr(t, "parent_id", None) == parent_id for t in children)
+    assert all(t.parent_id == parent_id for t in children)
     assert sorted(t.params["i"] for t in children) == list(range(N)), "each child once"
     assert Counter(t.state for t in children) == {State.SUCCEEDED: N}
     rig.check_consistent()

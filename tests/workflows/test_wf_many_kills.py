@@ -155,7 +155,7 @@ def test_many_kills_across_sleeps_events_children_and_compensations(rig: WfRig) 
     }
     children = [t for t in rig.tasks() if t.name == CHILD]
     assert sorted(t.params["i"] for t in children) == list(range(CHILDREN))
-    assert all(getattr(t, "parent_id", None) == parent for t in children)
+    assert all(t.parent_id == parent for t in children)
     stats = rig.ledger.stats()
     assert orphaned, "no kill landed while a task was running: the test proved nothing"
     for task_id, holder in sorted(orphaned):

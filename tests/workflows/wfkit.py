@@ -43,13 +43,8 @@ import wfapp  # noqa: E402
 
 __all__ = ["DONE", "WfRig", "WorkerProcess", "wait_for"]
 
-DONE = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.UNKNOWN)
+DONE = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.COMPENSATED, State.UNKNOWN)
 """States a test waits for when it waits for "the end" (UNKNOWN: a person's turn)."""
-
-
-def _terminal() -> tuple[State, ...]:
-    compensated = getattr(State, "COMPENSATED", None)
-    return DONE + ((compensated,) if compensated is not None else ())
 
 
 class WfRig:
@@ -161,7 +156,7 @@ class WfRig:
         self, task_id: str, states: Iterable[State] | None = None, timeout_s: float = 45.0
     ) -> TaskInfo:
         """Wait until the task is in one of ``states`` (default: any end state)."""
-        wanted = tuple(states) if states is not None else _terminal()
+        wanted = tuple(states) if states is not None else DONE
 
         def probe() -> TaskInfo | None:
             info = self.get(task_id)
@@ -188,7 +183,7 @@ class WfRig:
         """The tasks whose ``parent_id`` is ``parent_id`` (of type ``name`` if given)."""
         return [
             t for t in self.tasks()
-            if getattr(t, "parent_id", None) == parent_id and (name is None or t.name == name)
+            if t.parent_id == parent_id and (name is None or t.name == name)
         ]  # fmt: skip
 
     def records(self) -> ServiceRecords:
