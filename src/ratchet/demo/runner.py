@@ -16,7 +16,8 @@ against a warehouse while workers are killed and frozen senders wake up late.
    (:mod:`ratchet.demo.warehouse`, which ships most orders a few seconds after their
    reservation and never ships some) and a payment service of their own, both faulty;
 3. runs ``workers`` real worker processes
-   (``python -m ratchet.cli.main worker ratchet.demo.billing:app --concurrency 8``);
+   (``python -m ratchet.cli.main worker ratchet.demo.orders:app --concurrency 8``: the
+   billing app with the order workflow);
 4. kills a random worker with a real ``SIGKILL`` at random moments (at least ``kills``
    times) and restarts it;
 5. freezes one sender per kind in the middle of a call: a worker process for that kind's

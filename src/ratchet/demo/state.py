@@ -69,7 +69,8 @@ class RunState:
         workdir: the work dir (ledger, the services' files, logs).
         seed: the random seed (printed; :attr:`rng` is seeded with it).
         n_tasks: tasks to submit: billing tasks and order workflows.
-        app: the billing app (:mod:`ratchet.demo.billing`), configured on the ledger.
+        app: the demo's app (billing tasks and the order workflow,
+            :data:`~ratchet.demo.settings.DEMO_APP`), configured on the ledger.
         control: operator reads of the ledger.
         lease_s: the billing tasks' lease, seconds.
         orders: ``(order id, amount in cents, kind)`` per task to submit, in order (kind:
