@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from ratchet import RatchetError, open_ledger
+from ratchet import Control, RatchetError, open_ledger
 from ratchet.demo.billing import TASKS
 from ratchet.demo.runner import DemoSettings, run_demo
 from ratchet.demo.settings import ORDER_TASK
@@ -283,3 +283,25 @@ def test_warehouse_ships_by_its_plan_never_a_released_order(tmp_path: Path) -> N
     assert draws == [ShipPlan(0.5, 1.0, 3.0, 11).delay_s(f"o-{i}") for i in range(200)]
     assert 60 < sum(1 for d in draws if d is None) < 140
     assert all(1.0 <= d <= 3.0 for d in draws if d is not None)
+
+
+def test_the_warehouse_sends_shipped_to_the_ledger(ledger_url: str, tmp_path: Path) -> None:
+    """The shipper's own sender (``App.send_event`` on the run's ledger, either backend):
+    the event is stored under ``shipped:<order>``, and the receipt is recorded in the
+    warehouse's file; nothing waited for it, so it woke nobody."""
+    control = Control(ledger_url)
+    control.migrate()  # create the ledger, as the demo's runner does first
+    control.close()
+    store = CountingStore(tmp_path / "warehouse.db", FaultSettings())
+    shipper = Shipper(store, tmp_path / "warehouse.db", ShipPlan(1.0, 0.0, 0.0, 1),
+                      ledger_url=ledger_url)
+    try:
+        store.execute("reserve:o-1", {"order_id": "o-1", "sku": "widget", "qty": 1})
+        assert shipper.tick() == ["o-1"]
+        assert shipper.tick() == []
+    finally:
+        shipper.stop()
+        store.close()
+    receipt = read_stored(tmp_path / "warehouse.db")["notified:o-1"]["body"]
+    assert receipt["event_id"] == "shipped:o-1" and receipt["woken"] == 0, receipt
+    assert receipt["duplicate"] is False
