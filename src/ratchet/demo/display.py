@@ -219,8 +219,9 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
         return
     frozen = sum(1 for f in chaos.freezes.values() if f.state == "done")
     shipped, timed_out = len(verdict.orders.shipped), len(verdict.orders.not_shipped)
+    billed = sum(r.states[State.SUCCEEDED] for r in results.values())
     c.print(
-        f"[bold green]OK[/]: {states[State.SUCCEEDED]} tasks succeeded over {len(KINDS)} "
+        f"[bold green]OK[/]: {billed} billing tasks succeeded over {len(KINDS)} "
         f"kinds of payment target, each kind's guarantee held at its service"
         + (f"; {shipped} orders shipped, {timed_out} timed out and compensated, every "
            "charge, refund, reservation and release at most once at the services"
