@@ -305,3 +305,11 @@ def test_the_warehouse_sends_shipped_to_the_ledger(ledger_url: str, tmp_path: Pa
     receipt = read_stored(tmp_path / "warehouse.db")["notified:o-1"]["body"]
     assert receipt["event_id"] == "shipped:o-1" and receipt["woken"] == 0, receipt
     assert receipt["duplicate"] is False
+
+
+def test_the_demo_refuses_a_wait_shorter_than_the_warehouse(tmp_path: Path) -> None:
+    out = io.StringIO()
+    code = run_demo(None, tasks=4, workdir=tmp_path / "demo", orders=4,
+                    settings=DemoSettings(ship_timeout_s=2.0, ship_max_s=3.0),
+                    console=Console(file=out, width=160, color_system=None))
+    assert code == 2 and "must be longer than the warehouse's latest shipment" in out.getvalue()

@@ -382,13 +382,21 @@ def run_demo(
 
     Returns:
         0 when every invariant holds, 1 when one is broken, 2 when the demo could not run
-        (bad arguments, a payment service did not start).
+        (bad arguments, such as an orders' wait not longer than the warehouse's latest
+        shipment; a service did not start).
     """
     console = console or Console()
     settings = settings or DemoSettings()
     if tasks < 1 or workers < 1 or kills < 0 or orders < 0:
         console.print("[bold red]error:[/] need tasks >= 1, workers >= 1, kills >= 0, "
                       "orders >= 0")
+        return 2
+    if orders and not settings.ship_timeout_s > settings.ship_max_s:
+        console.print(
+            f"[bold red]error:[/] the orders' wait for 'shipped' ({settings.ship_timeout_s:g} s)"
+            f" must be longer than the warehouse's latest shipment ({settings.ship_max_s:g} s"
+            " after the reservation), or shipped orders time out too"
+        )
         return 2
     if seed is None:
         seed = random.SystemRandom().randrange(1_000_000)
