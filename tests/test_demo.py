@@ -40,6 +40,7 @@ from rich.console import Console
 
 from ratchet import Control, RatchetError, open_ledger
 from ratchet.demo.billing import TASKS
+from ratchet.demo.order_judging import OrderCounts, OrderResult, order_invariants
 from ratchet.demo.runner import DemoSettings, run_demo
 from ratchet.demo.settings import ORDER_TASK
 from ratchet.demo.warehouse import Shipper, ShipPlan
@@ -313,3 +314,32 @@ def test_the_demo_refuses_a_wait_shorter_than_the_warehouse(tmp_path: Path) -> N
                     settings=DemoSettings(ship_timeout_s=2.0, ship_max_s=3.0),
                     console=Console(file=out, width=160, color_system=None))
     assert code == 2 and "must be longer than the warehouse's latest shipment" in out.getvalue()
+
+
+def test_the_order_verdict_breaks_on_each_violation() -> None:
+    """The order invariants bite: an order counted wrong at the services, or ended in the
+    wrong state, breaks exactly the invariant about it (so the demo exits 1)."""
+    def order(i: int, state: State, counts: tuple[int, int, int, int],
+              shipped: bool) -> OrderCounts:
+        return OrderCounts(f"o-{i}", f"t-{i}", state, *counts, shipped=shipped, woke=None,
+                           compensations=2 * counts[1])
+
+    good = [order(i, State.SUCCEEDED, (1, 0, 1, 0), True) for i in range(15)] + [
+        order(i, State.COMPENSATED, (1, 1, 1, 1), False) for i in range(15, 20)]
+
+    def broken(orders: list[OrderCounts], stray: dict[str, int] | None = None) -> list[str]:
+        r = OrderResult(orders, None, None, stray=stray or {})
+        return [name.split(": ", 1)[1][:24] for name, ok, _ in order_invariants(r) if not ok]
+
+    assert broken(good) == []
+    cases = {
+        "every reservation, relea": (1, order(1, State.SUCCEEDED, (1, 0, 2, 0), True)),
+        "a refund only for a char": (16, order(16, State.COMPENSATED, (1, 1, 0, 1), False)),
+        "every shipped order SUCC": (2, order(2, State.COMPENSATED, (1, 1, 1, 1), True)),
+        "every order never shippe": (17, order(17, State.COMPENSATED, (1, 0, 1, 1), False)),
+    }
+    for name, (i, bad) in cases.items():
+        assert name in broken([*good[:i], bad, *good[i + 1:]]), name
+    assert broken(good, {"charge:elsewhere": 1}) == ["nothing reserved or char"]
+    assert broken(good[:15] + [order(20, State.SUCCEEDED, (1, 0, 1, 0), True)] * 5) == [
+        "both endings happened (s"]

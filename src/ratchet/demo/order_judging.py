@@ -19,7 +19,10 @@ from .settings import ORDER_KIND
 from .state import RunState
 from .warehouse import NOTIFIED_PREFIX, RELEASE_PREFIX, RESERVE_PREFIX, SHIP_PREFIX
 
-__all__ = ["CHARGE_PREFIX", "REFUND_PREFIX", "OrderCounts", "OrderResult", "judge_orders"]
+__all__ = [
+    "CHARGE_PREFIX", "REFUND_PREFIX", "OrderCounts", "OrderResult", "judge_orders",
+    "order_invariants",
+]
 
 CHARGE_PREFIX = "charge:"
 """Key prefix of an order's charge at the order payment service."""
@@ -163,12 +166,14 @@ def judge_orders(
         allow_unexpected=True, raise_on_violation=False, timelines=timelines,
     )  # fmt: skip
     r.mismatched = list(once.mismatched)
-    _invariants(r, len(orders))
+    r.invariants = order_invariants(r)
     return r
 
 
-def _invariants(r: OrderResult, n: int) -> None:
-    """Fill ``r.invariants`` from its counts."""
+def order_invariants(r: OrderResult) -> list[tuple[str, bool, str]]:
+    """The order invariants of ``r``'s counts, as ``(name, held, detail)`` (see
+    :mod:`ratchet.demo.runner`; "both endings happened" only with 20 orders or more)."""
+    n = len(r.orders)
     twice = [o for o in r.orders if max(o.counts) > 1]
     orphan = [o for o in r.orders if o.refunded > o.charged or o.released > o.reserved]
     bad_shipped = [o for o in r.shipped if not (
@@ -176,7 +181,7 @@ def _invariants(r: OrderResult, n: int) -> None:
     bad_timed_out = [o for o in r.not_shipped if not (
         o.state is State.COMPENSATED and o.counts == (1, 1, 1, 1))]  # fmt: skip
     shipped, timed_out = len(r.shipped), len(r.not_shipped)
-    r.invariants += [
+    invariants = [
         ("orders: every reservation, release, charge and refund at most once (counted at "
          "the warehouse and the payment service)", not twice,
          _listed(twice) if twice else f"{r.total('reserved')} reservations, "
@@ -198,7 +203,8 @@ def _invariants(r: OrderResult, n: int) -> None:
          else "0 stray keys"),
     ]  # fmt: skip
     if n >= 20:
-        r.invariants.append((
+        invariants.append((
             "orders: both endings happened (shipped, timed out and compensated)",
             shipped > 0 and timed_out > 0, f"{shipped} shipped, {timed_out} timed out",
         ))  # fmt: skip
+    return invariants
