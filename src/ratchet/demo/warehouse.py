@@ -17,7 +17,8 @@ service process: it reads the reservations from the service's own file and, for 
 seeded plan (:class:`ShipPlan`), either ships it ``min_s`` to ``max_s`` seconds after the
 reservation or never. Shipping is: record the shipment (``ship:<order_id>``), then send
 the ledger the event ``shipped`` with key ``<order_id>`` (:meth:`ratchet.App.send_event`,
-event id ``shipped:<order_id>``, so a resend is a duplicate), then record the receipt
+event id ``shipped:<order_id>``, so a resend is a duplicate; audited as sent by
+``warehouse``), then record the receipt
 (``notified:<order_id>``, body ``{"order_id", "event_id", "seq", "woken", "duplicate"}``:
 ``woken`` 1 when the event woke a task that was waiting for it). A reservation already
 released is never shipped.
@@ -235,7 +236,8 @@ class Shipper:
         if self._app is None:
             self._app = App(ledger=self._ledger_url)
         return self._app.send_event(
-            SHIPPED_EVENT, key=order_id, payload=payload, event_id=f"shipped:{order_id}"
+            SHIPPED_EVENT, key=order_id, payload=payload, event_id=f"shipped:{order_id}",
+            by="warehouse",
         )
 
     def tick(self, now: float | None = None) -> list[str]:
