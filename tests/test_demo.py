@@ -17,31 +17,47 @@ the control API, and requires each kind's guarantee, counted at the target:
   holder could not know its outcome), its late charge executed once and is recorded as a
   late effect;
 
+* order workflows (reserve at the warehouse, charge with a refund as its compensation,
+  wait for the warehouse's ``shipped`` event): counted in the warehouse's and the order
+  payment service's own files, every reservation, release, charge and refund at most
+  once; every order the warehouse shipped SUCCEEDED, reserved and charged once, neither
+  refunded nor released; every order it never shipped COMPENSATED, refunded and
+  released; events that arrived while their order waited (WAITING) woke it;
+
 and the ledger to be consistent.
 """
 
 from __future__ import annotations
 
 import io
+import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
 
-from ratchet import open_ledger
+from ratchet import Control, RatchetError, open_ledger
 from ratchet.demo.billing import TASKS
+from ratchet.demo.order_judging import OrderCounts, OrderResult, order_invariants
 from ratchet.demo.runner import DemoSettings, run_demo
+from ratchet.demo.settings import ORDER_TASK
+from ratchet.demo.warehouse import Shipper, ShipPlan
 from ratchet.errors import ConfigError
 from ratchet.states import State
 from ratchet.testing import (
+    FaultSettings,
     check_exactly_once,
     check_ledger_consistent,
     list_task_ids,
     read_records,
+    read_stored,
 )
+from ratchet.testing.services import CountingStore
 
 TASKS_N = 120
+ORDERS_N = 24
 KILLS = 2
 
 SHORT = DemoSettings(
@@ -66,6 +82,7 @@ def test_demo_holds_each_kinds_guarantee(ledger_url: str, tmp_path: Path) -> Non
         kills=KILLS,
         seed=7,
         workdir=workdir,
+        orders=ORDERS_N,
         settings=SHORT,
         console=Console(file=out, width=160, color_system=None),
     )
@@ -75,7 +92,7 @@ def test_demo_holds_each_kinds_guarantee(ledger_url: str, tmp_path: Path) -> Non
 
     # The external truth, read independently of the demo's report.
     ids = list_task_ids(ledger_url)
-    assert len(ids) == TASKS_N, report
+    assert len(ids) == TASKS_N + ORDERS_N, report
     led = open_ledger(ledger_url, migrate=False, must_exist=True)
     try:
         infos = {i.task_id: i for i in led.get_many(ids)}
@@ -128,7 +145,34 @@ def test_demo_holds_each_kinds_guarantee(ledger_url: str, tmp_path: Path) -> Non
         if infos[tid].state is State.SUCCEEDED:
             assert neither.executions.get(key_of[tid]) == 1, report
 
-    assert check_ledger_consistent(ledger_url).tasks == TASKS_N
+    _check_orders(workdir, [i for i in infos.values() if i.name == ORDER_TASK], report)
+    assert check_ledger_consistent(ledger_url).tasks == TASKS_N + ORDERS_N
+
+
+def _check_orders(workdir: Path, orders: list[Any], report: str) -> None:
+    """The order workflows, counted at the warehouse's and the payment service's files."""
+    assert len(orders) == ORDERS_N, report
+    warehouse = read_records(workdir / "warehouse.db").executions
+    payments = read_records(workdir / "payments-orders.db").executions
+    assert max(warehouse.values()) == 1 and max(payments.values()) == 1, report
+    shipped = [i for i in orders if f"ship:{i.params['order_id']}" in warehouse]
+    timed_out = [i for i in orders if i not in shipped]
+    assert shipped and timed_out, report
+    for info in orders:
+        o = info.params["order_id"]
+        counts = (warehouse.get(f"reserve:{o}", 0), warehouse.get(f"compensate:reserve:{o}", 0),
+                  payments.get(f"charge:{o}", 0), payments.get(f"compensate:charge:{o}", 0))
+        if info in shipped:
+            assert (info.state, counts) == (State.SUCCEEDED, (1, 0, 1, 0)), (o, report)
+            assert info.result["charge_id"] == read_stored(
+                workdir / "payments-orders.db")[f"charge:{o}"]["id"], report
+        else:
+            assert (info.state, counts) == (State.COMPENSATED, (1, 1, 1, 1)), (o, report)
+    # Events came late, while their order was parked (WAITING), and woke it.
+    receipts = [r["body"] for k, r in read_stored(workdir / "warehouse.db").items()
+                if k.startswith("notified:")]
+    assert len(receipts) == len(shipped), report
+    assert any(r["woken"] == 1 for r in receipts), report
 
 
 def test_billing_kinds_tasks_guarantees_and_service_urls(
@@ -173,6 +217,7 @@ def test_demo_fails_on_a_duplicate_its_kind_does_not_allow(ledger_url: str, tmp_
         kills=0,
         seed=3,
         workdir=workdir,
+        orders=0,
         settings=DemoSettings(
             arrival_s=1.0,
             batches=2,
@@ -193,3 +238,108 @@ def test_demo_fails_on_a_duplicate_its_kind_does_not_allow(ledger_url: str, tmp_
     for kind in ("fenced", "lookup", "neither"):
         assert not any(f"{kind}:" in line for line in failed), report
     assert max(read_records(workdir / "payments-idempotent.db").executions.values()) == 2
+
+
+def test_warehouse_ships_by_its_plan_never_a_released_order(tmp_path: Path) -> None:
+    """The shipper ships a reserved order once it is due by the plan, records the shipment
+    before the event and the receipt after it, sends again after a failed send, and never
+    ships an order whose reservation was released."""
+    store = CountingStore(tmp_path / "warehouse.db", FaultSettings())
+    sent: list[str] = []
+    failing = {"b"}
+
+    class Receipt:
+        def __init__(self, order_id: str) -> None:
+            self.event_id, self.seq, self.woken, self.duplicate = (
+                f"shipped:{order_id}", len(sent), 1, False)
+
+    def send(order_id: str, payload: dict[str, Any]) -> Receipt:
+        assert payload == {"order_id": order_id, "tracking": f"TRK-{order_id}"}
+        if order_id in failing:
+            raise RatchetError("ledger away")
+        sent.append(order_id)
+        return Receipt(order_id)
+
+    try:
+        for o in ("a", "b", "c"):
+            store.execute(f"reserve:{o}", {"order_id": o, "sku": "widget", "qty": 1})
+        store.execute("compensate:reserve:c", {"order_id": "c", "release_of": "rs_1"})
+        shipper = Shipper(store, tmp_path / "warehouse.db", ShipPlan(1.0, 1.0, 2.0, 5),
+                          send=send)
+        now = time.time()
+        assert shipper.tick(now) == []  # not due yet
+        assert shipper.tick(now + 3.0) == ["a"]  # b's send failed; c was released
+        stored = read_stored(tmp_path / "warehouse.db")
+        assert {"ship:a", "ship:b", "notified:a"} <= set(stored)
+        assert "notified:b" not in stored and "ship:c" not in stored
+        failing.clear()
+        assert shipper.tick(now + 3.0) == ["b"]  # sent again, not shipped again
+        assert shipper.tick(now + 9.0) == []
+        assert read_records(tmp_path / "warehouse.db").executions["ship:b"] == 1
+    finally:
+        store.close()
+    # The plan is a pure function of its seed and the order id.
+    plan = ShipPlan(0.5, 1.0, 3.0, 11)
+    draws = [plan.delay_s(f"o-{i}") for i in range(200)]
+    assert draws == [ShipPlan(0.5, 1.0, 3.0, 11).delay_s(f"o-{i}") for i in range(200)]
+    assert 60 < sum(1 for d in draws if d is None) < 140
+    assert all(1.0 <= d <= 3.0 for d in draws if d is not None)
+
+
+def test_the_warehouse_sends_shipped_to_the_ledger(ledger_url: str, tmp_path: Path) -> None:
+    """The shipper's own sender (``App.send_event`` on the run's ledger, either backend):
+    the event is stored under ``shipped:<order>``, and the receipt is recorded in the
+    warehouse's file; nothing waited for it, so it woke nobody."""
+    control = Control(ledger_url)
+    control.migrate()  # create the ledger, as the demo's runner does first
+    control.close()
+    store = CountingStore(tmp_path / "warehouse.db", FaultSettings())
+    shipper = Shipper(store, tmp_path / "warehouse.db", ShipPlan(1.0, 0.0, 0.0, 1),
+                      ledger_url=ledger_url)
+    try:
+        store.execute("reserve:o-1", {"order_id": "o-1", "sku": "widget", "qty": 1})
+        assert shipper.tick() == ["o-1"]
+        assert shipper.tick() == []
+    finally:
+        shipper.stop()
+        store.close()
+    receipt = read_stored(tmp_path / "warehouse.db")["notified:o-1"]["body"]
+    assert receipt["event_id"] == "shipped:o-1" and receipt["woken"] == 0, receipt
+    assert receipt["duplicate"] is False
+
+
+def test_the_demo_refuses_a_wait_shorter_than_the_warehouse(tmp_path: Path) -> None:
+    out = io.StringIO()
+    code = run_demo(None, tasks=4, workdir=tmp_path / "demo", orders=4,
+                    settings=DemoSettings(ship_timeout_s=2.0, ship_max_s=3.0),
+                    console=Console(file=out, width=160, color_system=None))
+    assert code == 2 and "must be longer than the warehouse's latest shipment" in out.getvalue()
+
+
+def test_the_order_verdict_breaks_on_each_violation() -> None:
+    """The order invariants bite: an order counted wrong at the services, or ended in the
+    wrong state, breaks exactly the invariant about it (so the demo exits 1)."""
+    def order(i: int, state: State, counts: tuple[int, int, int, int],
+              shipped: bool) -> OrderCounts:
+        return OrderCounts(f"o-{i}", f"t-{i}", state, *counts, shipped=shipped, woke=None,
+                           compensations=2 * counts[1])
+
+    good = [order(i, State.SUCCEEDED, (1, 0, 1, 0), True) for i in range(15)] + [
+        order(i, State.COMPENSATED, (1, 1, 1, 1), False) for i in range(15, 20)]
+
+    def broken(orders: list[OrderCounts], stray: dict[str, int] | None = None) -> list[str]:
+        r = OrderResult(orders, None, None, stray=stray or {})
+        return [name.split(": ", 1)[1][:24] for name, ok, _ in order_invariants(r) if not ok]
+
+    assert broken(good) == []
+    cases = {
+        "every reservation, relea": (1, order(1, State.SUCCEEDED, (1, 0, 2, 0), True)),
+        "a refund only for a char": (16, order(16, State.COMPENSATED, (1, 1, 0, 1), False)),
+        "every shipped order SUCC": (2, order(2, State.COMPENSATED, (1, 1, 1, 1), True)),
+        "every order never shippe": (17, order(17, State.COMPENSATED, (1, 0, 1, 1), False)),
+    }
+    for name, (i, bad) in cases.items():
+        assert name in broken([*good[:i], bad, *good[i + 1:]]), name
+    assert broken(good, {"charge:elsewhere": 1}) == ["nothing reserved or char"]
+    assert broken(good[:15] + [order(20, State.SUCCEEDED, (1, 0, 1, 0), True)] * 5) == [
+        "both endings happened (s"]

@@ -4,7 +4,9 @@ The demo drops and recreates its schema on every run; these tests check that the
 (``DROP SCHEMA ... CASCADE``) touches only a schema the demo made, and that a URL without
 ``schema=`` never runs in the workers' default schema. The shortened chaos run itself (four
 kinds of payment target, SIGKILLs, a sender per kind frozen mid-call, each kind's guarantee
-checked at its service) is in tests/test_demo.py, on both ledgers.
+checked at its service; order workflows whose ``shipped`` events the warehouse sends into
+the demo's schema, counted at the warehouse and their payment service) and the warehouse's
+sender are in tests/test_demo.py, on both ledgers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``ratchet demo``: the billing demo (:mod:`ratchet.demo`)."""
+"""``ratchet demo``: the billing and order workflow demo (:mod:`ratchet.demo`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,18 @@ def demo(
     tasks: Annotated[
         int, typer.Option("--tasks", min=1, metavar="N", help="Billing tasks to submit.")
     ] = 500,
+    orders: Annotated[
+        int,
+        typer.Option("--orders", min=0, metavar="N",
+                     help="Order workflows to submit (reserve, charge, wait for 'shipped', "
+                     "compensated when it does not come)."),
+    ] = 100,
+    ship_timeout_s: Annotated[
+        float,
+        typer.Option("--ship-timeout-s", min=0.5, max=MAX_WAIT_S, metavar="SECONDS",
+                     help="How long an order waits for the warehouse's 'shipped' event "
+                     "(the warehouse ships 1-3 s after the reservation, or never)."),
+    ] = 6.0,
     workers: Annotated[
         int, typer.Option("--workers", min=1, metavar="N",
                           help="Worker processes (the frozen senders come on top).")
@@ -55,19 +67,22 @@ def demo(
                      help="Optional hard cap on the whole run (default: none)."),
     ] = None,
 ) -> None:
-    """Billing demo: workers killed at random, senders frozen mid-call.
+    """Billing and order demo: workers killed at random, senders frozen mid-call.
 
     Billing tasks against four kinds of payment target (key dedupe, fencing tokens, lookup
-    only, neither), each its own faulty service process; worker processes killed with
-    SIGKILL and one sender per kind frozen mid-call past its lease; a report per kind
-    counted at the services' own files (non-zero exit status when a kind's guarantee is
-    broken).
+    only, neither), each its own faulty service process, and order workflows (reserve at a
+    warehouse, charge, wait for its 'shipped' event; refund and release when it never
+    comes); worker processes killed with SIGKILL and one sender per kind frozen mid-call
+    past its lease; a report counted at the services' own files (non-zero exit status when
+    a guarantee is broken).
     """
     # The demo (its app, services and display) is loaded when this command runs, not with
     # the CLI (tests/test_structure.py lists this late import).
     from ..demo.runner import DemoSettings, run_demo
 
-    settings = DemoSettings(concurrency=concurrency, stall_s=stall_s, deadline_s=deadline_s)
+    settings = DemoSettings(concurrency=concurrency, stall_s=stall_s, deadline_s=deadline_s,
+                            ship_timeout_s=ship_timeout_s)
     code = guard(lambda: run_demo(ledger, tasks=tasks, workers=workers, kills=kills, seed=seed,
-                                   settings=settings, console=report_console()))
+                                   orders=orders, settings=settings,
+                                   console=report_console()))
     raise typer.Exit(int(code))

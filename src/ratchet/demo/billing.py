@@ -67,6 +67,7 @@ __all__ = [
     "lookup_charge_neither",
     "payment_client",
     "quote",
+    "seconds_from_env",
 ]
 
 CLIENT_TIMEOUT_S = 1.0
@@ -84,7 +85,12 @@ RETRY = RetryPolicy(max_attempts=20, base_delay_s=0.05, max_delay_s=1.0, overloa
 after 10 identical failures or lost workers (the demo SIGKILLs workers on purpose, so one
 task can lose several holders without being poison)."""
 
-def _seconds_from_env(name: str, default: float) -> float:
+def seconds_from_env(name: str, default: float) -> float:
+    """The environment variable ``name`` as seconds (``default`` when unset or blank).
+
+    Raises:
+        ConfigError: the value is not a positive number.
+    """
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
@@ -103,7 +109,7 @@ def lease_s_from_env(default: float = 3.0) -> float:
     Raises:
         ConfigError: the value is not a positive number.
     """
-    return _seconds_from_env("RATCHET_DEMO_LEASE_S", default)
+    return seconds_from_env("RATCHET_DEMO_LEASE_S", default)
 
 
 def in_flight_s_from_env(default: float = 4.0) -> float:
@@ -113,7 +119,7 @@ def in_flight_s_from_env(default: float = 4.0) -> float:
     Raises:
         ConfigError: the value is not a positive number.
     """
-    return _seconds_from_env("RATCHET_DEMO_IN_FLIGHT_S", default)
+    return seconds_from_env("RATCHET_DEMO_IN_FLIGHT_S", default)
 
 
 app = App()

@@ -15,7 +15,7 @@ import psutil
 from .. import RatchetError
 from ..testing import ConditionTimeout, ProcessGroup, WorkerProcess
 from .payments import KINDS, PaymentClient, read_replays
-from .settings import BILLING_APP, FREEZE_POINT, SETTLED, TASKS
+from .settings import DEMO_APP, FREEZE_POINT, ORDER_KIND, SETTLED, TASKS
 from .state import RunState, Snapshot
 
 __all__ = ["Chaos", "Freeze", "Slot"]
@@ -79,6 +79,8 @@ class Chaos:
             :attr:`~ratchet.demo.settings.DemoSettings.freeze` is off).
         kills_asked: SIGKILLs to deliver (at least); kills_done: delivered so far.
         kill_inflight: tasks the killed worker held, per kill.
+        kill_orders: of those, order workflows (reserving, charging, refunding or
+            releasing), per kill.
         kill_times: ``(pid, ledger clock just after its death)`` per kill.
         unexpected_exits: worker processes that exited by themselves.
     """
@@ -99,25 +101,35 @@ class Chaos:
         self.kills_asked = kills
         self.kills_done = 0
         self.kill_inflight: list[int] = []
+        self.kill_orders: list[int] = []
         self.kill_times: list[tuple[int, float]] = []
         self.unexpected_exits = 0
 
     def worker_env(self) -> dict[str, str | None]:
-        """What every worker process needs: each kind's service URL, lease, in_flight_s."""
+        """What every worker process needs: each kind's service URL, the warehouse's and
+        the order payment service's, the lease, in_flight_s, the orders' wait for
+        ``shipped``."""
         env: dict[str, str | None] = {
             "RATCHET_DEMO_LEASE_S": repr(self.st.lease_s),
             "RATCHET_DEMO_IN_FLIGHT_S": repr(self.s.effective_in_flight_s),
+            "RATCHET_DEMO_SHIP_TIMEOUT_S": repr(self.s.ship_timeout_s),
             "RATCHET_DEMO_PAYMENTS_URL": None,
+            "RATCHET_DEMO_WAREHOUSE_URL": None,
+            "RATCHET_DEMO_ORDER_PAYMENTS_URL": None,
         }
         for kind, service in self.st.services.items():
             env[f"RATCHET_DEMO_PAYMENTS_URL_{kind.upper()}"] = service.url
+        if self.st.warehouse is not None:
+            env["RATCHET_DEMO_WAREHOUSE_URL"] = self.st.warehouse.url
+        if self.st.order_payments is not None:
+            env["RATCHET_DEMO_ORDER_PAYMENTS_URL"] = self.st.order_payments.url
         return env
 
 
     def start_worker(self, slot: Slot) -> None:
         """Start (or restart) the worker of ``slot`` in a process group of its own."""
         slot.proc = self.procs.worker(
-            BILLING_APP,
+            DEMO_APP,
             self.st.ledger_url,
             name=f"worker-{slot.index}",
             concurrency=self.s.concurrency,
@@ -135,7 +147,7 @@ class Chaos:
         fz.attempts += 1
         fz.state = "waiting"
         fz.proc = self.procs.worker(
-            BILLING_APP,
+            DEMO_APP,
             self.st.ledger_url,
             name=f"frozen-sender-{fz.kind}-{fz.attempts}",
             concurrency=1,
@@ -181,16 +193,20 @@ class Chaos:
         slot = self.st.rng.choice(busy or eligible)
         assert slot.proc is not None
         pid = slot.proc.pid
-        held = len(snap.inflight.get(pid, []))
+        held_ids = snap.inflight.get(pid, [])
+        held = len(held_ids)
+        orders = sum(1 for tid in held_ids if self.st.kind_of.get(tid) == ORDER_KIND)
         slot.proc.kill()
         with contextlib.suppress(RatchetError):
             self.kill_times.append((pid, self.st.control.ledger_now()))
         self.kills_done += 1
         self.kill_inflight.append(held)
+        self.kill_orders.append(orders)
         self.start_worker(slot)
         self.st.log(
-            f"[red]SIGKILL[/] worker {slot.index} (pid {pid}, ~{held} tasks in flight) "
-            f"→ restarted as pid {slot.pid}"
+            f"[red]SIGKILL[/] worker {slot.index} (pid {pid}, ~{held} tasks in flight"
+            + (f", {orders} of them orders" if orders else "")
+            + f") → restarted as pid {slot.pid}"
         )
         return True
 

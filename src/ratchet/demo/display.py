@@ -15,12 +15,13 @@ from rich.text import Text
 from .. import State
 from .chaos import Chaos, Freeze
 from .judging import KindResult, Reclaims, Verdict
+from .order_judging import OrderResult
 from .payments import KINDS
 from .prepare import display_url
 from .settings import FREEZE_POINT
 from .state import RunState, Snapshot
 
-__all__ = ["late_send", "print_report", "progress", "reclaim_rows"]
+__all__ = ["late_send", "orders_table", "print_report", "progress", "reclaim_rows"]
 
 
 def progress(st: RunState, chaos: Chaos, snap: Snapshot) -> Group:
@@ -50,13 +51,22 @@ def progress(st: RunState, chaos: Chaos, snap: Snapshot) -> Group:
     )
     if chaos.freezes:
         grid.add_row(*(f"frozen {f.kind}: [bold]{f.state}[/]" for f in chaos.freezes.values()))
+    if st.n_orders:
+        o = snap.orders
+        grid.add_row(
+            f"orders waiting [bold]{o[State.WAITING]}[/]",
+            f"shipped [bold green]{o[State.SUCCEEDED]}[/]",
+            f"compensating [bold]{o[State.COMPENSATING]}[/]",
+            f"compensated [bold]{o[State.COMPENSATED]}[/]",
+        )
     workers = "  ".join(
         f"w{s.index}: pid {s.pid} ({len(snap.inflight.get(s.pid or -1, []))} held)"
         for s in chaos.slots
     )
     lines = [Text.from_markup(f"[dim]{t:5.1f} s[/] {m}") for t, m in st.events[-5:]]
     return Group(
-        Panel(grid, title="ratchet demo: four kinds of payment target", subtitle=workers,
+        Panel(grid, title="ratchet demo: four kinds of payment target"
+              + (", order workflows" if st.n_orders else ""), subtitle=workers,
               expand=False),
         *lines,
     )  # fmt: skip
@@ -90,6 +100,7 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
         f"/{len(st.resubmit_checks)}",
     )
     tasks_t.add_row("succeeded", f"[green]{states[State.SUCCEEDED]}[/]")
+    tasks_t.add_row("compensated (failed, its effects undone)", str(states[State.COMPENSATED]))
     tasks_t.add_row("failed (dead-letter)", _warn(states[State.FAILED]))
     tasks_t.add_row("unknown (needs a person)", _warn(states[State.UNKNOWN]))
     tasks_t.add_row("claims / takeovers", f"{status.claims} / {status.takeovers}")
@@ -106,7 +117,7 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
         "released: lease unconfirmed / shutdown",
         f"{released['lease_unconfirmed']} / {released['shutdown']}",
     )
-    tasks_t.add_row("charge calls made", str(calls))
+    tasks_t.add_row("effect calls made", str(calls))
     tasks_t.add_row(
         "attempts per task: max / mean",
         f"{max(attempts, default=0)} / "
@@ -169,6 +180,8 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
     chaos_t.add_column(justify="right")
     chaos_t.add_row("workers SIGKILLed (and restarted)", f"{chaos.kills_done}/{chaos.kills_asked}")
     chaos_t.add_row("tasks in flight at the kills", str(sum(chaos.kill_inflight)))
+    if st.n_orders:
+        chaos_t.add_row("  of which order workflows", str(sum(chaos.kill_orders)))
     for label, value in reclaim_rows(st.lease_s, reclaims):
         chaos_t.add_row(label, value)
     chaos_t.add_row("unexpected worker exits", _warn(chaos.unexpected_exits))
@@ -176,6 +189,8 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
 
     c.print(tasks_t)
     c.print(kinds_t)
+    if verdict.orders.orders:
+        c.print(orders_table(verdict.orders, service_stats))
     if chaos.freezes:
         c.print(frozen_t)
     c.print(chaos_t)
@@ -203,9 +218,15 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
         c.print(f"[bold red]FAILED[/]: {len(broken)} invariant(s) broken. Logs: {st.workdir}")
         return
     frozen = sum(1 for f in chaos.freezes.values() if f.state == "done")
+    shipped, timed_out = len(verdict.orders.shipped), len(verdict.orders.not_shipped)
+    billed = sum(r.states[State.SUCCEEDED] for r in results.values())
     c.print(
-        f"[bold green]OK[/]: {states[State.SUCCEEDED]} tasks succeeded over {len(KINDS)} "
-        f"kinds of payment target, each kind's guarantee held at its service, despite "
+        f"[bold green]OK[/]: {billed} billing tasks succeeded over {len(KINDS)} "
+        f"kinds of payment target, each kind's guarantee held at its service"
+        + (f"; {shipped} orders shipped, {timed_out} timed out and compensated, every "
+           "charge, refund, reservation and release at most once at the services"
+           if verdict.orders.orders else "")
+        + ", despite "
         f"{chaos.kills_done} SIGKILLs"
         + (f" and {frozen} senders frozen mid-call" if frozen else "")
         + f" ({st.elapsed_s:.1f} s)."
@@ -217,6 +238,47 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
             f" after a kill (median), not after a {st.lease_s:.1f} s lease: "
             f"{status.revocations} leases revoked from dead holders."
         )
+
+
+def orders_table(r: OrderResult, service_stats: dict[str, dict[str, Any]]) -> Table:
+    """The order workflows, counted at the warehouse and the order payment service."""
+    t = Table(title="order workflows: counted at the warehouse and the payment service "
+              "(their own SQLite files)", show_header=False)  # fmt: skip
+    t.add_column()
+    t.add_column(justify="right")
+    states = r.states
+    woke = sum(1 for o in r.shipped if o.woke)
+    early = sum(1 for o in r.shipped if o.woke is False)
+    t.add_row("orders", str(len(r.orders)))
+    t.add_row("shipped by the warehouse (event 'shipped' sent)", str(len(r.shipped)))
+    t.add_row("  woke an order waiting for it / arrived before its wait",
+              f"{woke} / {early}")  # fmt: skip
+    t.add_row("never shipped (the wait timed out)", str(len(r.not_shipped)))
+    t.add_row("SUCCEEDED / COMPENSATED",
+              f"[green]{states[State.SUCCEEDED]}[/] / {states[State.COMPENSATED]}")
+    others = {s: n for s, n in states.items()
+              if s not in (State.SUCCEEDED, State.COMPENSATED)}  # fmt: skip
+    t.add_row("in another state", _bad(sum(others.values())) if others else "[green]0[/]")
+    t.add_row("reservations / releases executed (warehouse)",
+              f"{r.total('reserved')} / {r.total('released')}")
+    t.add_row("charges / refunds executed (payment service)",
+              f"{r.total('charged')} / {r.total('refunded')}")
+    t.add_row("orders with anything executed twice",
+              _bad(sum(1 for o in r.orders if max(o.counts) > 1)))
+    t.add_row("refunds without a charge / releases without a reservation",
+              f"{_bad(sum(1 for o in r.orders if o.refunded > o.charged))} / "
+              f"{_bad(sum(1 for o in r.orders if o.released > o.reserved))}")
+    t.add_row("timed-out orders refunded and released",
+              f"{sum(1 for o in r.not_shipped if o.refunded == 1 and o.released == 1)}"
+              f" / {len(r.not_shipped)}")
+    t.add_row("shipped orders refunded or released",
+              _bad(sum(1 for o in r.shipped if o.refunded or o.released)))
+    t.add_row("compensations recorded done (ledger)", str(sum(o.compensations for o in r.orders)))
+    for name in ("warehouse", "order-payments"):
+        inj = service_stats.get(name, {}).get("injected", {})
+        t.add_row(f"injected at {name}: lost replies / 503 / slow",
+                  " / ".join(str(inj.get(x, "?")) for x in ("reply_lost", "503", "slow")))
+    return t
 
 
 def late_send(chaos: Chaos, fz: Freeze, r: KindResult) -> tuple[str, str]:

@@ -1,7 +1,8 @@
 """Judging a demo run: each kind of payment target's guarantee counted at its service's own
-file (:func:`~ratchet.testing.check_exactly_once`), the ledger's consistency
-(:func:`~ratchet.testing.check_ledger_consistent`), the chaos delivered, how fast the
-killed workers' tasks came back; all in a :class:`Verdict`."""
+file (:func:`~ratchet.testing.check_exactly_once`), the order workflows counted at the
+warehouse and their payment service (:mod:`~ratchet.demo.order_judging`), the ledger's
+consistency (:func:`~ratchet.testing.check_ledger_consistent`), the chaos delivered, how
+fast the killed workers' tasks came back; all in a :class:`Verdict`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..control import AuditEvent, LateEffectView, TaskInfo
 from ..storedtext import StoredState
 from ..testing import ExactlyOnceReport, ServiceRecords, check_exactly_once, check_ledger_consistent
 from .chaos import Chaos, Freeze
+from .order_judging import OrderResult, judge_orders
 from .payments import KINDS, PaymentClient
 from .settings import GUARANTEES
 from .state import RunState, holder_pid
@@ -99,6 +101,7 @@ class Verdict:
         retry_classes: retries per error class; released: releases to PENDING per reason.
         attempts: the attempt number of each task.
         results: the verdict per kind of target.
+        orders: the verdict on the order workflows.
         reclaims: how fast the killed workers' tasks came back.
         invariants: ``(name, held, detail)`` of every check; broken: the names that failed.
     """
@@ -113,6 +116,7 @@ class Verdict:
     released: Counter[str]
     attempts: list[int]
     results: dict[str, KindResult]
+    orders: OrderResult
     reclaims: Reclaims
     invariants: list[tuple[str, bool, str]]
     broken: list[str]
@@ -125,7 +129,7 @@ def judge(st: RunState, chaos: Chaos) -> Verdict:
     status = st.control.status()
     late_all = st.late_effects()
     service_stats: dict[str, dict[str, Any]] = {}
-    for kind, service in st.services.items():
+    for kind, service in st.all_services().items():
         service_stats[kind] = {}
         with contextlib.suppress(Exception), PaymentClient(service.url, 5.0) as client:
             service_stats[kind] = client.stats()
@@ -155,6 +159,7 @@ def judge(st: RunState, chaos: Chaos) -> Verdict:
     # The verdict: per kind, ratchet.testing's checks against that service's own file.
     results = {k: judge_kind(st, chaos.freezes, k, infos, key_of, timelines, late_all)
                for k in KINDS}
+    orders = judge_orders(st, infos, timelines)
     consistent = check_ledger_consistent(
         st.ledger_url, task_ids=list(infos), raise_on_violation=False,
         timelines=timelines,
@@ -203,6 +208,7 @@ def judge(st: RunState, chaos: Chaos) -> Verdict:
             f"not achieved for: {', '.join(missing)}" if missing
             else f"{len(chaos.freezes)} of {len(chaos.freezes)}",
         ))  # fmt: skip
+    invariants += orders.invariants
     invariants += [
         ("no charges for keys outside this run", not stray, f"{len(stray)} stray keys"),
         (
@@ -227,7 +233,8 @@ def judge(st: RunState, chaos: Chaos) -> Verdict:
     return Verdict(
         infos=infos, states=states, status=status, late_all=late_all,
         service_stats=service_stats, calls=calls, retry_classes=retry_classes,
-        released=released, attempts=attempts, results=results, reclaims=found_reclaims,
+        released=released, attempts=attempts, results=results, orders=orders,
+        reclaims=found_reclaims,
         invariants=invariants, broken=broken,
     )  # fmt: skip
 

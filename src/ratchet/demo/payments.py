@@ -89,7 +89,8 @@ SERVICE_OPTIONS: dict[str, dict[str, bool]] = {
 
 def charge_of(record: dict[str, Any]) -> dict[str, Any]:
     """A counting-service record as a charge: ``{"charge_id", "key", "order_id",
-    "amount_cents", "created_at"}`` (plus ``"replayed"`` when the record has it)."""
+    "amount_cents", "created_at"}`` (plus ``"refund_of"`` for a refund and ``"replayed"``
+    when the record has them)."""
     body = record.get("body") or {}
     charge = {
         "charge_id": record["id"],
@@ -98,6 +99,8 @@ def charge_of(record: dict[str, Any]) -> dict[str, Any]:
         "amount_cents": body.get("amount_cents"),
         "created_at": record.get("created_at"),
     }
+    if "refund_of" in body:
+        charge["refund_of"] = body["refund_of"]
     if "replayed" in record:
         charge["replayed"] = record["replayed"]
     return charge
@@ -151,6 +154,23 @@ class PaymentClient:
         if token is None:
             return charge_of(self._client.execute(key, body))
         return charge_of(self._client.execute(key, body, token=token))
+
+    def refund(self, key: str, order_id: str, amount_cents: int, charge_id: str) -> dict[str, Any]:
+        """Refund charge ``charge_id`` of ``order_id`` (``amount_cents``) under idempotency
+        key ``key``: an execution of its own at the service, counted like a charge (the
+        order workflow's compensation of its charge, key ``compensate:charge:<order_id>``).
+
+        Returns:
+            The refund: ``{"charge_id"`` (the refund's own record id), ``"key", "order_id",
+            "amount_cents", "refund_of", "created_at", "replayed"}``.
+
+        Raises:
+            httpx.HTTPStatusError: 4xx/5xx (503 carries ``Retry-After``; 422 for a key
+                reused with another body).
+            httpx.TransportError: timeouts, dropped replies, refused connections.
+        """
+        body = {"order_id": order_id, "amount_cents": amount_cents, "refund_of": charge_id}
+        return charge_of(self._client.execute(key, body))
 
     def lookup(self, key: str, token: int | None = None) -> object:
         """The stored charge for ``key``, or ``NOT_FOUND`` when the service confirms the

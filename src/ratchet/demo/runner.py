@@ -1,5 +1,5 @@
-"""``ratchet demo``: billing tasks against four faulty payment services while workers are
-killed and frozen senders wake up late.
+"""``ratchet demo``: billing tasks against four faulty payment services and order workflows
+against a warehouse while workers are killed and frozen senders wake up late.
 
 :func:`run_demo` is the main job. In about a minute it:
 
@@ -10,9 +10,14 @@ killed and frozen senders wake up late.
    fencing tokens, one only answers lookups, one offers neither;
 2. submits ``tasks`` billing tasks (:data:`~ratchet.demo.billing.TASKS`, the kinds in
    turn) with idempotency keys, in batches spread over the run, and resubmits a few keys
-   to show that submit dedupe returns the same task id;
+   to show that submit dedupe returns the same task id; and, among them, ``orders`` order
+   workflows (:mod:`ratchet.demo.orders`: reserve at the warehouse, charge, wait for the
+   ``shipped`` event, compensated when it does not come), against a warehouse
+   (:mod:`ratchet.demo.warehouse`, which ships most orders a few seconds after their
+   reservation and never ships some) and a payment service of their own, both faulty;
 3. runs ``workers`` real worker processes
-   (``python -m ratchet.cli.main worker ratchet.demo.billing:app --concurrency 8``);
+   (``python -m ratchet.cli.main worker ratchet.demo.orders:app --concurrency 8``: the
+   billing app with the order workflow);
 4. kills a random worker with a real ``SIGKILL`` at random moments (at least ``kills``
    times) and restarts it;
 5. freezes one sender per kind in the middle of a call: a worker process for that kind's
@@ -30,9 +35,11 @@ killed and frozen senders wake up late.
 6. shows live progress, then a report read from the ledger *and* from each payment
    service's own SQLite file, which is the only proof of how often each charge executed:
    per kind of target, the executions, duplicates, late effects, refused tokens and
-   ``UNKNOWN`` tasks, against that kind's guarantee; and how fast the killed workers'
-   tasks were claimed again (same-host peers revoke a dead holder's leases instead of
-   waiting for them to expire).
+   ``UNKNOWN`` tasks, against that kind's guarantee; per order workflow, its reservation,
+   release, charge and refund counted at the warehouse and the payment service, against
+   whether the warehouse shipped it (:mod:`~ratchet.demo.order_judging`); and how fast
+   the killed workers' tasks were claimed again (same-host peers revoke a dead holder's
+   leases instead of waiting for them to expire).
 
 The ledger is a fresh SQLite file in the work directory, or a PostgreSQL schema
 (``--ledger postgresql://...``): the URL's ``schema=``, else :data:`DEMO_PG_SCHEMA`. That
@@ -65,6 +72,11 @@ It exits 1 if an invariant is broken. The checks follow each kind's guarantee:
 * neither: no key more than once; tasks in ``UNKNOWN`` allowed (a person settles them),
   each with its key executed at most once;
 
+* order workflows: every reservation, charge, release and refund at most once; a refund
+  only for a charge, a release only for a reservation; every shipped order ``SUCCEEDED``
+  and neither refunded nor released; every order never shipped ``COMPENSATED``, refunded
+  and released;
+
 and for all: a charge no task accounts for, a task left unfinished (stall), an
 inconsistent ledger, fewer kills than asked, a frozen sender missing, or a resubmission
 that was not deduplicated.
@@ -91,15 +103,18 @@ from .judging import fmt_states, judge
 from .payments import KINDS, SERVICE_OPTIONS, PaymentServiceError, start_payment_service
 from .prepare import demo_pg_url, display_url, prepare_workdir, reset_pg_schema
 from .settings import (
-    BILLING_APP,
+    DEMO_APP,
     DEMO_PG_SCHEMA,
     FREEZE_HEAD_START_S,
     GUARANTEES,
+    ORDER_KIND,
     SETTLED,
+    TASK_OF,
     TASKS,
     DemoSettings,
 )
 from .state import RunState, Snapshot
+from .warehouse import ShipPlan, start_warehouse
 
 __all__ = [
     "DEMO_PG_SCHEMA",
@@ -127,8 +142,9 @@ class _DemoRun:
         status (0 every invariant held, 1 one broke)."""
         s, st, chaos = self.s, self.st, self.chaos
         self.console.print(
-            f"[bold]ratchet demo[/]: {st.n_tasks} tasks over {len(KINDS)} kinds of payment "
-            f"target, {len(chaos.slots)} workers x {s.concurrency} threads, "
+            f"[bold]ratchet demo[/]: {st.n_billing} billing tasks over {len(KINDS)} kinds of "
+            f"payment target and {st.n_orders} order workflows, "
+            f"{len(chaos.slots)} workers x {s.concurrency} threads, "
             f"{chaos.kills_asked} kills, "
             f"{'a frozen sender per kind, ' if chaos.freezes else ''}seed {st.seed}, "
             f"lease {st.lease_s:.1f} s"
@@ -267,6 +283,29 @@ class _DemoRun:
             f"{s.burst_503:.0%}, slow {s.slow:.0%} x {s.slow_s:.1f} s"
             + ("" if s.honour_keys else ", [bold red]keys NOT honoured[/]")
         )
+        if st.n_orders:
+            self._start_order_services()
+
+    def _start_order_services(self) -> None:
+        """Start the order workflows' warehouse (with its shipper on the run's ledger) and
+        their payment service, both honouring keys, with the run's faults."""
+        s, st = self.s, self.st
+        faults = {"reply_lost": s.reply_lost, "burst_503": s.burst_503, "slow": s.slow,
+                  "slow_s": s.slow_s, "latency_s": s.latency_s}  # fmt: skip
+        plan = ShipPlan(s.ship_ratio, s.ship_min_s, s.ship_max_s, st.seed)
+        st.warehouse = start_warehouse(
+            st.workdir / "warehouse.db", st.ledger_url, plan, seed=st.seed * 10 + 8, **faults
+        )
+        st.order_payments = start_payment_service(
+            st.workdir / "payments-orders.db", seed=st.seed * 10 + 9, **faults
+        )
+        self.console.print(
+            f"warehouse pid {st.warehouse.pid} at {st.warehouse.url}: ships "
+            f"{s.ship_ratio:.0%} of the orders {s.ship_min_s:g}-{s.ship_max_s:g} s after "
+            f"their reservation (event 'shipped'), never the others; the orders wait "
+            f"{s.ship_timeout_s:g} s, then are compensated (refund, release)\n"
+            f"order payment service pid {st.order_payments.pid} at {st.order_payments.url}"
+        )
 
     def _submit(self, count: int) -> None:
         """Submit the next ``count`` orders in one ``submit_many``."""
@@ -275,7 +314,7 @@ class _DemoRun:
         handles = st.app.submit_many(
             [
                 SubmitRequest(
-                    TASKS[kind],
+                    TASK_OF[kind],
                     {"order_id": o, "amount_cents": a},
                     idempotency_key=f"order:{o}",
                 )
@@ -294,7 +333,7 @@ class _DemoRun:
         handles = st.app.submit_many(
             [
                 SubmitRequest(
-                    TASKS[st.orders[i][2]],
+                    TASK_OF[st.orders[i][2]],
                     {"order_id": st.orders[i][0], "amount_cents": st.orders[i][1]},
                     idempotency_key=f"order:{st.orders[i][0]}",
                 )
@@ -317,6 +356,7 @@ def run_demo(
     seed: int | None = None,
     workdir: Path | None = None,
     *,
+    orders: int = 100,
     settings: DemoSettings | None = None,
     console: Console | None = None,
 ) -> int:
@@ -336,17 +376,27 @@ def run_demo(
             printed). Timing still varies between runs.
         workdir: directory for the ledger, the services' databases and the logs; default
             ``./ratchet-demo``. It is wiped on every run.
+        orders: order workflows to submit (>= 0), spread evenly among the billing tasks.
         settings: finer knobs (:class:`DemoSettings`).
         console: where to print (default: a new Rich console on stdout).
 
     Returns:
         0 when every invariant holds, 1 when one is broken, 2 when the demo could not run
-        (bad arguments, a payment service did not start).
+        (bad arguments, such as an orders' wait not longer than the warehouse's latest
+        shipment; a service did not start).
     """
     console = console or Console()
     settings = settings or DemoSettings()
-    if tasks < 1 or workers < 1 or kills < 0:
-        console.print("[bold red]error:[/] need tasks >= 1, workers >= 1, kills >= 0")
+    if tasks < 1 or workers < 1 or kills < 0 or orders < 0:
+        console.print("[bold red]error:[/] need tasks >= 1, workers >= 1, kills >= 0, "
+                      "orders >= 0")
+        return 2
+    if orders and not settings.ship_timeout_s > settings.ship_max_s:
+        console.print(
+            f"[bold red]error:[/] the orders' wait for 'shipped' ({settings.ship_timeout_s:g} s)"
+            f" must be longer than the warehouse's latest shipment ({settings.ship_max_s:g} s"
+            " after the reservation), or shipped orders time out too"
+        )
         return 2
     if seed is None:
         seed = random.SystemRandom().randrange(1_000_000)
@@ -374,19 +424,23 @@ def run_demo(
     except RatchetError as exc:
         console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}")
         return 2
-    app = load_app(BILLING_APP)  # the module the workers run, loaded only for a run
+    app = load_app(DEMO_APP)  # the module the workers run, loaded only for a run
     app.close()  # a previous run in this process may have opened another ledger
     app.configure(ledger=url)
     rng = random.Random(seed)
     run_tag = f"{seed:06d}-{os.getpid() % 10000:04d}"
-    orders = [
+    work = [
         (f"ord-{run_tag}-{i:05d}", rng.randrange(500, 50_000), KINDS[i % len(KINDS)])
         for i in range(tasks)
     ]
+    # The order workflows spread evenly among the billing tasks (so over every batch).
+    for j in range(orders):
+        at = (j * (tasks + orders)) // orders
+        work.insert(at, (f"so-{run_tag}-{j:05d}", rng.randrange(500, 50_000), ORDER_KIND))
     st = RunState(
-        settings=settings, ledger_url=url, workdir=wd, seed=seed, n_tasks=tasks, app=app,
+        settings=settings, ledger_url=url, workdir=wd, seed=seed, n_tasks=len(work), app=app,
         control=Control(app=app), lease_s=app.definition(TASKS["idempotent"]).lease_s,
-        rng=rng, orders=orders,
+        rng=rng, orders=work,
     )  # fmt: skip
     demo = _DemoRun(console, st, Chaos(st, workers, kills), notes)
     try:
@@ -399,7 +453,7 @@ def run_demo(
         return 130
     finally:
         demo.chaos.stop_workers()
-        for service in st.services.values():
+        for service in st.all_services().values():
             service.stop()
         st.control.close()
         app.close()

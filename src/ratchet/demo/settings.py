@@ -1,6 +1,6 @@
 """What a demo run is made of: its knobs (:class:`DemoSettings`), the task of each kind of
-payment target and what that kind guarantees, and the fixed names (the freeze point, the
-PostgreSQL schema, the work dir's marker)."""
+payment target and what that kind guarantees, the order workflow's task, and the fixed
+names (the freeze point, the PostgreSQL schema, the work dir's marker)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from .. import State
 
 __all__ = [
-    "BILLING_APP", "DEMO_PG_SCHEMA", "FREEZE_HEAD_START_S", "FREEZE_POINT", "GUARANTEES",
-    "PG_SCHEMA_COMMENT", "SETTLED", "TASKS", "WORKDIR_MARKER", "DemoSettings",
+    "DEMO_APP", "DEMO_PG_SCHEMA", "FREEZE_HEAD_START_S", "FREEZE_POINT", "GUARANTEES",
+    "ORDER_KIND", "ORDER_TASK", "PG_SCHEMA_COMMENT", "SETTLED", "TASKS", "TASK_OF",
+    "WORKDIR_MARKER", "DemoSettings",
 ]
 
-BILLING_APP = "ratchet.demo.billing:app"
-"""The demo's app (:mod:`ratchet.demo.billing`) as ``MODULE:APP``: what its workers run."""
+DEMO_APP = "ratchet.demo.orders:app"
+"""The demo's app as ``MODULE:APP``, what its workers run: :mod:`ratchet.demo.billing`'s
+app, with the order workflow (:mod:`ratchet.demo.orders`) registered on it."""
 WORKDIR_MARKER = ".ratchet-demo"
 """The file that marks a work dir as the demo's (wiped on every run)."""
 DEMO_PG_SCHEMA = "ratchet_demo"
@@ -25,8 +27,9 @@ FREEZE_POINT = "effect.before_call"
 """Where a frozen sender stops itself (``RATCHET_PAUSE_AT``): lease checked, call not sent."""
 FREEZE_HEAD_START_S = 15.0
 """Seconds the would-be frozen senders run alone before the workers start (at most)."""
-SETTLED = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.UNKNOWN)
-"""States in which a task no longer moves by itself (UNKNOWN waits for a person)."""
+SETTLED = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.COMPENSATED, State.UNKNOWN)
+"""States in which a task no longer moves by itself (UNKNOWN waits for a person; a task
+that fails with compensations to run goes to COMPENSATING, not FAILED)."""
 
 TASKS: dict[str, str] = {
     "idempotent": "billing.charge",
@@ -35,6 +38,13 @@ TASKS: dict[str, str] = {
     "neither": "billing.charge_neither",
 }
 """Task name per kind of payment target (:data:`~ratchet.demo.payments.KINDS`)."""
+
+ORDER_KIND = "order"
+"""The kind of a run's order workflows (beside the kinds of payment target)."""
+ORDER_TASK = "order.fulfil"
+"""The order workflow's task (:mod:`ratchet.demo.orders`)."""
+TASK_OF: dict[str, str] = {**TASKS, ORDER_KIND: ORDER_TASK}
+"""Task name per kind of task the demo submits."""
 
 GUARANTEES: dict[str, str] = {
     "idempotent": "exactly once (the service deduplicates the key)",
@@ -84,6 +94,13 @@ class DemoSettings:
             another worker has settled its task.
         freeze_max_s: ... but at most this long, seconds (then it is resumed anyway).
         tick_s: main-loop period (progress refresh, event scheduling), seconds.
+        ship_ratio: share of the order workflows the warehouse ships (the others never),
+            in [0, 1].
+        ship_min_s, ship_max_s: a shipped order leaves the warehouse this many seconds
+            after its reservation (uniform between the two).
+        ship_timeout_s: how long an order workflow waits for its ``shipped`` event,
+            seconds; keep it above ``ship_max_s``, with a margin, or shipped orders time
+            out too.
     """
 
     concurrency: int = 8
@@ -106,6 +123,10 @@ class DemoSettings:
     pause_factor: float = 1.0
     freeze_max_s: float = 45.0
     tick_s: float = 0.2
+    ship_ratio: float = 0.75
+    ship_min_s: float = 1.0
+    ship_max_s: float = 3.0
+    ship_timeout_s: float = 6.0
 
     @property
     def effective_in_flight_s(self) -> float:

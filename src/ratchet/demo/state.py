@@ -1,6 +1,7 @@
 """What the parts of one demo run share (:class:`RunState`): the settings, the app and its
-:class:`~ratchet.Control`, the payment services, the submitted tasks, the event log; and
-what the ledger says about this run's tasks at one instant (:class:`Snapshot`)."""
+:class:`~ratchet.Control`, the payment services, the warehouse, the submitted tasks, the
+event log; and what the ledger says about this run's tasks at one instant
+(:class:`Snapshot`)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from .. import App, ConfigError, Control, State
 from ..config import parse_ledger_url
 from ..control import LateEffectView
 from ..storedtext import StoredState
-from ..testing import sqlite_write_locked
-from .payments import PaymentService
-from .settings import SETTLED, DemoSettings
+from ..testing import CountingService, sqlite_write_locked
+from .payments import KINDS, PaymentService
+from .settings import ORDER_KIND, SETTLED, DemoSettings
 
 __all__ = ["RunState", "Snapshot", "holder_pid"]
 
@@ -44,6 +45,7 @@ class Snapshot:
         settled_of: settled tasks (:data:`~ratchet.demo.settings.SETTLED`) per kind.
         takeovers, stale, lookup_hits, revocations, late_effects: the ledger's counts
             (:class:`~ratchet.StatusReport`).
+        orders: the order workflows' states.
     """
 
     states: Counter[State | StoredState]
@@ -54,6 +56,7 @@ class Snapshot:
     lookup_hits: int = 0
     revocations: int = 0
     late_effects: int = 0
+    orders: Counter[State | StoredState] = field(default_factory=Counter)
 
 
 @dataclass
@@ -65,12 +68,17 @@ class RunState:
         ledger_url: the ledger the workers and :attr:`control` use.
         workdir: the work dir (ledger, the services' files, logs).
         seed: the random seed (printed; :attr:`rng` is seeded with it).
-        n_tasks: billing tasks to submit.
-        app: the billing app (:mod:`ratchet.demo.billing`), configured on the ledger.
+        n_tasks: tasks to submit: billing tasks and order workflows.
+        app: the demo's app (billing tasks and the order workflow,
+            :data:`~ratchet.demo.settings.DEMO_APP`), configured on the ledger.
         control: operator reads of the ledger.
         lease_s: the billing tasks' lease, seconds.
-        orders: ``(order id, amount in cents, kind)`` per task to submit, in order.
+        orders: ``(order id, amount in cents, kind)`` per task to submit, in order (kind:
+            one of :data:`~ratchet.demo.payments.KINDS`, or
+            :data:`~ratchet.demo.settings.ORDER_KIND` for an order workflow).
         services: the payment service of each kind, once started.
+        warehouse: the order workflows' warehouse, once started.
+        order_payments: the order workflows' payment service, once started.
         task_ids: the submitted tasks, in order; kind_of: the kind of each.
         submitted: orders submitted so far.
         resubmit_checks: ``(expected task id, returned task id, created)`` per resubmitted
@@ -92,6 +100,8 @@ class RunState:
     rng: random.Random
     orders: list[tuple[str, int, str]]
     services: dict[str, PaymentService] = field(default_factory=dict)
+    warehouse: CountingService | None = None
+    order_payments: PaymentService | None = None
     task_ids: list[str] = field(default_factory=list)
     kind_of: dict[str, str] = field(default_factory=dict)
     submitted: int = 0
@@ -106,6 +116,27 @@ class RunState:
     def total_of(self) -> Counter[str]:
         """Tasks to submit per kind."""
         return Counter(kind for _, _, kind in self.orders)
+
+    @property
+    def n_billing(self) -> int:
+        """Billing tasks to submit (every kind of payment target)."""
+        total = self.total_of
+        return sum(total[kind] for kind in KINDS)
+
+    @property
+    def n_orders(self) -> int:
+        """Order workflows to submit."""
+        return self.total_of[ORDER_KIND]
+
+    def all_services(self) -> dict[str, CountingService]:
+        """Every service of the run by name: the payment service of each kind, then
+        ``warehouse`` and ``order-payments`` (those started)."""
+        found: dict[str, CountingService] = dict(self.services)
+        if self.warehouse is not None:
+            found["warehouse"] = self.warehouse
+        if self.order_payments is not None:
+            found["order-payments"] = self.order_payments
+        return found
 
     def now(self) -> float:
         """Seconds since the run started (:attr:`t0`)."""
@@ -127,10 +158,13 @@ class RunState:
                 pid = holder_pid(info.holder)
                 if pid is not None:
                     inflight.setdefault(pid, []).append(info.task_id)
+        orders: Counter[State | StoredState] = Counter(
+            i.state for i in infos if self.kind_of[i.task_id] == ORDER_KIND
+        )
         st = self.control.status()
         return Snapshot(
             states, inflight, settled_of, st.takeovers, st.stale_rejections, st.lookup_hits,
-            st.revocations, st.late_effects,
+            st.revocations, st.late_effects, orders,
         )  # fmt: skip
 
     def late_effects(self, task_id: str | None = None) -> list[LateEffectView]:

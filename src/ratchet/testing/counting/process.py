@@ -9,6 +9,7 @@ import queue
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, cast
@@ -134,6 +135,7 @@ def start_counting_service(
     ready_timeout_s: float = 30.0,
     log_path: str | Path | None = None,
     module: str = "ratchet.testing.services",
+    extra_args: Sequence[str] = (),
 ) -> CountingService:
     """Spawn the service (``python -m <module>``) and wait until it prints ``READY <port>``.
 
@@ -155,6 +157,8 @@ def start_counting_service(
         ready_timeout_s: how long to wait for ``READY``, seconds.
         log_path: file for the service's stderr (default ``<db_path>.log``).
         module: the module to run (one whose ``main`` accepts these options).
+        extra_args: more command-line arguments for ``module`` (its own options, e.g. a
+            service built on this one that does more than count).
 
     Returns:
         The running :class:`CountingService`.
@@ -177,6 +181,7 @@ def start_counting_service(
         cmd.append("--check-tokens")
     if seed is not None:
         cmd += ["--seed", str(seed)]
+    cmd += [str(a) for a in extra_args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log, "ab") as log_file:
         proc = subprocess.Popen(

@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any, cast
@@ -202,8 +203,20 @@ def _parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
     return p.parse_args(argv)  # fmt: skip
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m ratchet.testing.services") -> int:
+def main(
+    argv: list[str] | None = None,
+    prog: str = "python -m ratchet.testing.services",
+    *,
+    started: Callable[[CountingStore], None] | None = None,
+) -> int:
     """Run the service until SIGTERM/SIGINT (or stdin EOF with ``--exit-on-stdin-eof``).
+
+    Args:
+        argv: the command-line options (default ``sys.argv[1:]``).
+        prog: the program name in usage and error messages.
+        started: called with the service's store once it is open and before the server
+            listens (a service built on this one starts its own threads there: the demo's
+            warehouse, which ships what was reserved, records through the same store).
 
     Returns:
         The process exit status (0 on a clean stop, 2 on bad arguments).
@@ -227,6 +240,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m ratchet.testing.s
         print(f"error: {exc}", file=sys.stderr)
         return 2
     store = CountingStore(args.db, faults, args.seed, args.id_prefix)
+    if started is not None:
+        started(store)
     server = _Server((args.host, args.port), store)
     stopping = threading.Event()
 
