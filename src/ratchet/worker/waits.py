@@ -122,6 +122,16 @@ class WorkflowCalls(EffectCalls):
         self._steps[stored_name] = text
         self._unsaved.append((stored_name, text, seq))
 
+    def _ledger_clock(self) -> float:
+        """The ledger's clock now, read from the ledger (one round trip), for a deadline
+        fixed at a call's first reach. The context's own estimate (the claim's clock plus
+        local time since the context was built) is never ahead of the ledger, so a
+        deadline measured from it would come early by however long the claim waited
+        before its body started (prefetch)."""
+        if self.app is None:
+            return self._ledger_now()
+        return max(float(self.app.ledger.now()), self._ledger_now())
+
     # ------------------------------------------------------------------ sleep
 
     def sleep(self, name: str, seconds: float) -> None:
@@ -159,7 +169,7 @@ class WorkflowCalls(EffectCalls):
         value, seq, stored = self._recorded(f"sleep:{name}")
         now = self._ledger_now()
         if value is None:
-            deadline = deadline_of(now)
+            deadline = deadline_of(self._ledger_clock())
             self._record_value(stored, seq, {"until": deadline})
         else:
             deadline = float(value["until"])
@@ -202,7 +212,7 @@ class WorkflowCalls(EffectCalls):
         limit, seq, stored = self._recorded(f"event-deadline:{name}")
         now = self._ledger_now()
         if limit is None:
-            deadline = FOREVER if timeout_s is None else now + timeout_s
+            deadline = FOREVER if timeout_s is None else self._ledger_clock() + timeout_s
             self._record_value(stored, seq, {"until": deadline})
         else:
             deadline = float(limit["until"])
