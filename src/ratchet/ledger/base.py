@@ -49,6 +49,7 @@ from .records_claims import (
 from .records_ops import (
     ControlOutcome,
     ControlRequest,
+    EventReceipt,
     Limit,
     LimitScope,
     PauseRecord,
@@ -95,6 +96,7 @@ __all__ = [
     "DefinitionSpec",
     "CommitOutcome",
     "ControlOutcome",
+    "EventReceipt",
     "ControlRequest",
     "PauseRecord",
     "PauseResult",
