@@ -148,6 +148,17 @@ class ControlReads(ControlHandles):
         """
         return self._reader().get(opchecks.task_id(task_id))
 
+    def children(self, task_id: str) -> list[TaskInfo]:
+        """The tasks ``task_id`` submitted with ``ctx.submit`` / ``ctx.submit_many`` (their
+        ``parent_id`` is ``task_id``), oldest first; empty for a task that submitted none
+        (``ratchet inspect`` and the dashboard's task page show them as a tree, one level
+        at a time).
+
+        Raises:
+            InvalidArguments: a malformed task id. LedgerUnavailable: no ledger there.
+        """
+        return self._reader().children(opchecks.task_id(task_id))
+
     def get_many(self, task_ids: Sequence[str]) -> list[TaskInfo]:
         """The rows of ``task_ids`` (those that exist, in no particular order): one read,
         for a face or a harness that follows many tasks at once (the demo's progress).
