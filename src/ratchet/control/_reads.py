@@ -196,7 +196,8 @@ class ControlReads(ControlHandles):
         return self._reader().schema_version()
 
     def inspect(self, task_id: str) -> TaskTimeline:
-        """The task with its audit events, steps and effects (``ratchet inspect``).
+        """The task with its audit events, steps, effects and children (``ratchet
+        inspect``).
 
         Values that cannot be decoded are returned as
         :class:`~ratchet.serde.Undecodable` (their text and the reason), not raised.
@@ -204,7 +205,10 @@ class ControlReads(ControlHandles):
         Raises:
             TaskNotFound: no task with that id. LedgerUnavailable: no ledger there.
         """
-        return TaskTimeline.from_timeline(self._reader().timeline(opchecks.task_id(task_id)))
+        led = self._reader()
+        tid = opchecks.task_id(task_id)
+        timeline = led.timeline(tid)
+        return TaskTimeline.from_timeline(timeline, led.children(tid))
 
     def late_effects(self, task_id: str | None = None, limit: int = 100) -> list[LateEffectView]:
         """Calls that stale holders sent after their claim was taken over, newest first:
