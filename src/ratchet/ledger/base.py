@@ -49,7 +49,6 @@ from .records_claims import (
 from .records_ops import (
     ControlOutcome,
     ControlRequest,
-    EventReceipt,
     Limit,
     LimitScope,
     PauseRecord,
@@ -83,12 +82,25 @@ from .records_tasks import (
     TaskQuery,
     Timeline,
 )
+from .records_waits import (
+    COMPENSABLE_STEP,
+    COMPENSATING_STEP,
+    FOREVER,
+    EventReceipt,
+    WaitInfo,
+    WaitSpec,
+)
 
 __all__ = [
     "MAX_VERSION",
     "RECENT_FRACTION",
     "AuditEvent",
     "BudgetUse",
+    "COMPENSABLE_STEP",
+    "COMPENSATING_STEP",
+    "FOREVER",
+    "WaitInfo",
+    "WaitSpec",
     "Claim",
     "ClaimKind",
     "DefinitionChange",

@@ -53,6 +53,7 @@ from .base import (
     ThroughputCount,
     Timeline,
     VersionBacklog,
+    WaitInfo,
     WorkerInfo,
 )
 from .dialect import Dialect
@@ -381,4 +382,7 @@ class LedgerEngine:
         raise NotImplementedError("the core defines compensate")
 
     def children(self, task_id: str) -> list[TaskInfo]:
-        raise NotImplementedError("the core defines children")
+        return []
+
+    def waits(self, task_ids: Sequence[str]) -> list[WaitInfo]:
+        return []

@@ -191,8 +191,6 @@ class TaskInfo:
     ``get_many`` and ``timeline``; None in lists (:meth:`Ledger.list_tasks`)."""
     parent_id: str | None = None
     """TEMP STUB (the core defines it): the parent task."""
-    waiting_for: str | None = None
-    """TEMP STUB (the core defines it): what a WAITING task waits for."""
 
     @property
     def terminal(self) -> bool:
