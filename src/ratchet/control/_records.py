@@ -18,10 +18,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from ..errortext import error_summary
 from ..ledger.base import (
+    FOREVER,
     LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
     EffectRecord,
@@ -33,6 +35,7 @@ from ..ledger.base import (
     TaskEffect,
     TaskInfo,
     Timeline,
+    WaitInfo,
 )
 from ..serde import loads_stored
 from ..storedtext import StoredState, UndecodableText
@@ -46,7 +49,21 @@ __all__ = [
     "StepView",
     "TaskEffectView",
     "TaskTimeline",
+    "waiting_text",
 ]
+
+
+def waiting_text(wait: WaitInfo) -> str | None:
+    """What a task waits for, for people: ``"sleep until 2026-12-04T11:30:00Z"``,
+    ``"event shipped/order-7"`` (``" until <when>"`` with a timeout), ``"3 children"``;
+    None when it is not waiting (times are the ledger clock's, UTC)."""
+    text = wait.describe()
+    if text is None:
+        return None
+    if wait.until is not None and wait.until < FOREVER:
+        at = datetime.fromtimestamp(wait.until, UTC).isoformat(timespec="seconds")
+        text = f"{text} until {at.replace('+00:00', 'Z')}"
+    return text
 
 
 def _copied(view: type, record: type, *, converted: tuple[str, ...] = ()) -> tuple[str, ...]:

@@ -189,6 +189,11 @@ class TaskInfo:
     last_traceback: str | None = None
     """The traceback of :attr:`last_error` (None when it has none). Read by ``get``,
     ``get_many`` and ``timeline``; None in lists (:meth:`Ledger.list_tasks`)."""
+    waiting_for: str | None = None
+    """What a ``WAITING`` task waits for, for people (``"sleep until
+    2026-12-04T11:30:00Z"``, ``"event shipped/order-7"``, ``"3 children"``): set by the
+    control API's reads (:meth:`ratchet.Control.inspect`, ``get``, ``children``) from
+    :meth:`Ledger.waits`; None from the ledger's own reads and for a task not waiting."""
     parent_id: str | None = None
     """TEMP STUB (the core defines it): the parent task."""
 
