@@ -16,7 +16,6 @@ from .guard import guard
 from .options import (
     JsonOpt,
     LedgerOpt,
-    OperatorOpt,
     json_arg,
 )
 from .render import (
@@ -61,7 +60,12 @@ def send_event(
                      help="The event's identity: a second send with the same id is the "
                           "same event, delivered once (default: a new id)."),
     ] = None,
-    operator: OperatorOpt = None,
+    operator: Annotated[
+        str | None,
+        typer.Option("--operator", metavar="NAME",
+                     help="Who sends it, kept in the audit log (default: $USER / the login "
+                          "name)."),
+    ] = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
