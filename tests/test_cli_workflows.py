@@ -118,6 +118,9 @@ def test_cli_send_event(ledger_url: str, wf_app: App) -> None:
     receipt = json.loads(dup.stdout)
     assert list(receipt) == [f.name for f in dataclasses.fields(EventReceipt)]
     assert receipt["event_id"] == "ev-1" and receipt["duplicate"] is True
+    other = _cli("send-event", "shipped", "--key", "o-1", "--event-id", "ev-1",
+                 "--payload", '{"box": "S"}', "--ledger", ledger_url)
+    assert other.exit_code == 2 and "ev-1" in other.stderr
     # a payload that is not JSON: one line naming the option, status 2, nothing sent
     bad = _cli("send-event", "shipped", "--key", "o-1", "--payload", "{box: M}",
                "--event-id", "ev-2", "--ledger", ledger_url)

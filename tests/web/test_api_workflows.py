@@ -75,6 +75,10 @@ def test_events_wake_the_waiting_task(api: httpx.Client, ledger_url: str) -> Non
         assert again.status_code == 200, again.text
         assert again.json()["duplicate"] is True and again.json()["seq"] == receipt["seq"]
         assert again.json()["woken"] == 0
+        # the same id for another event: refused, naming it
+        other = api.post("/events", json={**body, "payload": {"box": "S"}},
+                         headers={"Idempotency-Key": "ev-1"})
+        assert other.status_code == 422 and "ev-1" in other.json()["message"]
         # without a key: a new event each time
         first = api.post("/events", json={"name": "shipped", "key": "o-2"})
         second = api.post("/events", json={"name": "shipped", "key": "o-2"})

@@ -339,7 +339,8 @@ class ControlWrites(ControlReads):
             many waiting tasks it made ready.
 
         Raises:
-            InvalidArguments: a malformed name, key, event id or sender.
+            InvalidArguments: a malformed name, key, event id or sender, or an
+                ``event_id`` already used for another event (name, key or payload).
             PayloadNotSerializable: ``payload`` is not plain JSON.
             PayloadTooLarge: ``payload`` is over the payload limit; nothing written.
             LedgerUnavailable: no ledger there.

@@ -598,8 +598,9 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
         operator: Operator,
         idempotency_key: Annotated[str | None, Header(
             alias="Idempotency-Key", min_length=1, max_length=1024, pattern=NO_NUL,
-            description="The event's id: a resend with the same id is the same event, "
-                        "delivered once (200, duplicate true). Default: a new id.")] = None,
+            description="The event's id: a resend of the same event with it is "
+                        "delivered once (200, duplicate true); another event with it is "
+                        "refused (422). Default: a new id.")] = None,
     ) -> EventReceipt:
         if idempotency_key is not None:
             idempotency_key = _header_text(idempotency_key, "Idempotency-Key")
