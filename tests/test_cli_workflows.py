@@ -189,7 +189,7 @@ def test_inspect_shows_parent_and_children(ledger_url: str, wf_app: App) -> None
         assert list(shown) == [f.name for f in dataclasses.fields(TaskTimeline)]
         assert [c["parent_id"] for c in shown["children"]] == [parent, parent]
         child = _cli("inspect", children[0].task_id, "--ledger", ledger_url)
-        assert f"parent: {parent}" in child.stdout
+        assert f"parent: {parent} (wf.parent, WAITING)" in child.stdout
         for i in range(2):
             assert _cli("send-event", "go", "--key", f"c-{i}", "--payload", str(i),
                         "--ledger", ledger_url).exit_code == 0

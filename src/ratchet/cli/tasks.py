@@ -14,6 +14,7 @@ from rich.text import Text
 from .. import (
     InvalidArguments,
     State,
+    TaskNotFound,
 )
 from ..capacity import span as _span
 from ..control import (
@@ -222,9 +223,10 @@ def _children_table(children: list[TaskInfo]) -> Table:
     return table
 
 
-def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False) -> None:
+def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False,
+                    parent: TaskInfo | None = None) -> None:
     """The text form of ``ratchet inspect`` (``with_traceback``: the last error's whole
-    message and its traceback too)."""
+    message and its traceback too; ``parent``: the task's parent, when read)."""
     out = console()
     t = tl.task
     out.print(line((t.name, "bold"), " ", (t.task_id, ""), "  state=", (t.state, "bold"),
@@ -233,7 +235,11 @@ def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False) 
     if t.tenant is not None:
         out.print(line("tenant: ", (t.tenant, "")))
     if t.parent_id is not None:
-        out.print(line("parent: ", (t.parent_id, "")))
+        if parent is None:
+            out.print(line("parent: ", (t.parent_id, "")))
+        else:
+            out.print(line("parent: ", (t.parent_id, ""), " (", (parent.name, ""), ", ",
+                           (parent.state, "bold"), ")"))
     if t.state is State.WAITING:
         out.print(line(("waiting", "bold"), " for: ",
                        (t.waiting_for or "(not recorded)", ""),
@@ -325,10 +331,16 @@ def inspect(
         with Control(ledger) as control:
             tl = control.inspect(task_id)
             now = control.ledger_now() if not as_json else 0.0
+            parent = None
+            if not as_json and tl.task.parent_id is not None:
+                try:
+                    parent = control.get(tl.task.parent_id)
+                except TaskNotFound:  # pruned: its id is all there is
+                    parent = None
         if as_json:
             echo_json(tl)
         else:
-            _print_timeline(tl, now, with_traceback)
+            _print_timeline(tl, now, with_traceback, parent)
 
     guard(run)
 
