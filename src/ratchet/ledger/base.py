@@ -49,6 +49,7 @@ from .records_claims import (
 from .records_ops import (
     ControlOutcome,
     ControlRequest,
+    EventReceipt,
     Limit,
     LimitScope,
     PauseRecord,
@@ -82,25 +83,12 @@ from .records_tasks import (
     TaskQuery,
     Timeline,
 )
-from .records_waits import (
-    COMPENSABLE_STEP,
-    COMPENSATING_STEP,
-    FOREVER,
-    EventReceipt,
-    WaitInfo,
-    WaitSpec,
-)
 
 __all__ = [
     "MAX_VERSION",
     "RECENT_FRACTION",
     "AuditEvent",
     "BudgetUse",
-    "COMPENSABLE_STEP",
-    "COMPENSATING_STEP",
-    "FOREVER",
-    "WaitInfo",
-    "WaitSpec",
     "Claim",
     "ClaimKind",
     "DefinitionChange",

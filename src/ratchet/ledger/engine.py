@@ -53,7 +53,6 @@ from .base import (
     ThroughputCount,
     Timeline,
     VersionBacklog,
-    WaitInfo,
     WorkerInfo,
 )
 from .dialect import Dialect
@@ -382,7 +381,4 @@ class LedgerEngine:
         raise NotImplementedError("the core defines compensate")
 
     def children(self, task_id: str) -> list[TaskInfo]:
-        return []
-
-    def waits(self, task_ids: Sequence[str]) -> list[WaitInfo]:
-        return []
+        raise NotImplementedError("the core defines children")

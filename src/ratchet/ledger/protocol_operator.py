@@ -10,6 +10,7 @@ from typing import Protocol, runtime_checkable
 from .protocol_handle import LedgerHandle
 from .records_ops import (
     ControlOutcome,
+    EventReceipt,
     Limit,
     LimitScope,
     PauseRecord,
@@ -22,7 +23,6 @@ from .records_ops import (
 from .records_registry import DefinitionRecord, VersionBacklog
 from .records_stats import LedgerStats, ThroughputCount
 from .records_tasks import AuditEvent, LateEffect, TaskEffect, TaskInfo, TaskQuery, Timeline
-from .records_waits import EventReceipt, WaitInfo
 
 __all__ = ["OperatorLedger"]
 
@@ -106,10 +106,6 @@ class OperatorLedger(LedgerHandle, Protocol):
         ...
 
     def children(self, task_id: str) -> list[TaskInfo]:
-        """TEMP STUB (the core defines it)."""
-        ...
-
-    def waits(self, task_ids: Sequence[str]) -> list[WaitInfo]:
         """TEMP STUB (the core defines it)."""
         ...
 

@@ -12,6 +12,7 @@ from ..states import State
 __all__ = [
     "ControlOutcome",
     "ControlRequest",
+    "EventReceipt",
     "Limit",
     "LimitScope",
     "PauseRecord",
@@ -256,3 +257,12 @@ class PruneReport:
     by: str
     elapsed_s: float
 
+
+@dataclass(frozen=True, slots=True)
+class EventReceipt:
+    """TEMP STUB (the core defines it)."""
+
+    event_id: str
+    seq: int
+    duplicate: bool
+    woken: int

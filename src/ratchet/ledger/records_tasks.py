@@ -196,6 +196,8 @@ class TaskInfo:
     :meth:`Ledger.waits`; None from the ledger's own reads and for a task not waiting."""
     parent_id: str | None = None
     """TEMP STUB (the core defines it): the parent task."""
+    waiting_for: str | None = None
+    """TEMP STUB (the core defines it): what a WAITING task waits for."""
 
     @property
     def terminal(self) -> bool:
