@@ -49,7 +49,6 @@ from .records_claims import (
 from .records_ops import (
     ControlOutcome,
     ControlRequest,
-    EventReceipt,
     Limit,
     LimitScope,
     PauseRecord,
@@ -96,7 +95,6 @@ __all__ = [
     "DefinitionSpec",
     "CommitOutcome",
     "ControlOutcome",
-    "EventReceipt",
     "ControlRequest",
     "PauseRecord",
     "PauseResult",

@@ -30,7 +30,6 @@ from .base import (
     DefinitionChange,
     DefinitionRecord,
     DefinitionSpec,
-    EventReceipt,
     LateEffect,
     LedgerStats,
     Limit,
@@ -371,14 +370,3 @@ class LedgerEngine:
     def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
         """See :meth:`Ledger.version_backlog`."""
         return self._registry.version_backlog(live_within_s)
-
-    # TEMP STUBS: the core (on main) defines these; reverted before the merge.
-    def send_event(self, name: str, key: str, payload_json: str, event_id: str | None,
-                   by: str | None) -> EventReceipt:
-        raise NotImplementedError("the core defines send_event")
-
-    def compensate(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
-        raise NotImplementedError("the core defines compensate")
-
-    def children(self, task_id: str) -> list[TaskInfo]:
-        raise NotImplementedError("the core defines children")

@@ -10,7 +10,6 @@ from typing import Protocol, runtime_checkable
 from .protocol_handle import LedgerHandle
 from .records_ops import (
     ControlOutcome,
-    EventReceipt,
     Limit,
     LimitScope,
     PauseRecord,
@@ -94,19 +93,6 @@ class OperatorLedger(LedgerHandle, Protocol):
         Raises:
             TaskNotFound: no such task.
         """
-        ...
-
-    def send_event(self, name: str, key: str, payload_json: str, event_id: str | None,
-                   by: str | None) -> EventReceipt:
-        """TEMP STUB (the core defines it)."""
-        ...
-
-    def compensate(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
-        """TEMP STUB (the core defines it)."""
-        ...
-
-    def children(self, task_id: str) -> list[TaskInfo]:
-        """TEMP STUB (the core defines it)."""
         ...
 
     def retry(self, task_id: str, reason: str, operator: str) -> ControlOutcome:

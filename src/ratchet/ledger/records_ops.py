@@ -12,7 +12,6 @@ from ..states import State
 __all__ = [
     "ControlOutcome",
     "ControlRequest",
-    "EventReceipt",
     "Limit",
     "LimitScope",
     "PauseRecord",
@@ -256,13 +255,3 @@ class PruneReport:
     exported: int
     by: str
     elapsed_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class EventReceipt:
-    """TEMP STUB (the core defines it)."""
-
-    event_id: str
-    seq: int
-    duplicate: bool
-    woken: int

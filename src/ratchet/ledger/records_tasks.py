@@ -194,10 +194,6 @@ class TaskInfo:
     2026-12-04T11:30:00Z"``, ``"event shipped/order-7"``, ``"3 children"``): set by the
     control API's reads (:meth:`ratchet.Control.inspect`, ``get``, ``children``) from
     :meth:`Ledger.waits`; None from the ledger's own reads and for a task not waiting."""
-    parent_id: str | None = None
-    """TEMP STUB (the core defines it): the parent task."""
-    waiting_for: str | None = None
-    """TEMP STUB (the core defines it): what a WAITING task waits for."""
 
     @property
     def terminal(self) -> bool:
