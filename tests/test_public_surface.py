@@ -18,8 +18,9 @@ import ratchet.control
 from ratchet import TaskContext, params
 
 RATCHET_ALL = [
-    "App", "CircuitBreaker", "CircuitOpen", "ConfigError", "ContextUsedInAnotherProcess",
-    "Control", "ControlOutcome", "Durability", "EffectOutcomeUnknown", "FailureClass",
+    "App", "ChildFailed", "ChildHandle", "CircuitBreaker", "CircuitOpen", "ConfigError",
+    "ContextUsedInAnotherProcess", "Control", "ControlOutcome", "Durability",
+    "EffectOutcomeUnknown", "EventReceipt", "EventTimeout", "FailureClass",
     "FenceError", "IdempotencyConflict", "IllegalTransition", "InvalidArguments", "LeaseLost",
     "LedgerCorrupt", "LedgerError", "LedgerUnavailable", "Limit", "LimitScope",
     "LimitsReport", "Middleware", "NOT_FOUND", "NonDeterministicReplay",

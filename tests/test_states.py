@@ -230,13 +230,14 @@ def test_unknown_is_left_only_by_an_operator(ledger: Ledger) -> None:
 
 
 def test_operator_moves_are_a_table_of_their_own() -> None:
-    """Operator commands have their own table: SUCCEEDED and CANCELLED have no edge in
-    either; FAILED has one, to PENDING, in the operator's table only; a RUNNING task is
-    never moved by an operator directly (a request is recorded for its holder)."""
-    for state in (State.SUCCEEDED, State.CANCELLED):
+    """Operator commands have their own table: SUCCEEDED, CANCELLED and COMPENSATED have
+    no edge in either; FAILED has two, to PENDING (retry) and COMPENSATING (compensate), in
+    the operator's table only; a RUNNING task is never moved by an operator directly (a
+    request is recorded for its holder)."""
+    for state in (State.SUCCEEDED, State.CANCELLED, State.COMPENSATED):
         assert TRANSITIONS[state] == OPERATOR_MOVES[state] == frozenset()
     assert TRANSITIONS[State.FAILED] == frozenset()
-    assert OPERATOR_MOVES[State.FAILED] == frozenset({State.PENDING})
+    assert OPERATOR_MOVES[State.FAILED] == frozenset({State.PENDING, State.COMPENSATING})
     assert OPERATOR_MOVES[State.RUNNING] == frozenset()
     assert set(OPERATOR_MOVES) == set(State)
     with pytest.raises(IllegalTransition):

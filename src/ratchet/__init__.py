@@ -21,10 +21,12 @@ from .control import (
     WorkerView,
 )
 from .errors import (
+    ChildFailed,
     CircuitOpen,
     ConfigError,
     ContextUsedInAnotherProcess,
     EffectOutcomeUnknown,
+    EventTimeout,
     FenceError,
     IdempotencyConflict,
     IllegalTransition,
@@ -55,7 +57,7 @@ from .errors import (
     WaitTimeout,
 )
 from .ledger import open_ledger
-from .ledger.base import Limit, LimitScope, TaskInfo
+from .ledger.base import EventReceipt, Limit, LimitScope, TaskInfo
 
 # A worker traces by itself when OpenTelemetry records (DESIGN §9): the tracing exporter
 # registers its middleware with the worker (ratchet.worker.hooks.add_default_middleware)
@@ -65,9 +67,12 @@ from .retry import FailureClass, RetryBudget, RetryPolicy
 from .states import State
 from .version import __version__
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
+from .worker.waits import ChildHandle
 
 __all__ = [
     "App",
+    "ChildFailed",
+    "ChildHandle",
     "CircuitBreaker",
     "CircuitOpen",
     "ConfigError",
@@ -76,6 +81,8 @@ __all__ = [
     "ControlOutcome",
     "Durability",
     "EffectOutcomeUnknown",
+    "EventReceipt",
+    "EventTimeout",
     "FailureClass",
     "FenceError",
     "IdempotencyConflict",

@@ -65,6 +65,8 @@ __all__ = [
     "LedgerError",
     "LedgerUnavailable",
     "NonDeterministicReplay",
+    "EventTimeout",
+    "ChildFailed",
     "OutcomeUnknownError",
     "OverloadError",
     "CircuitOpen",
@@ -414,6 +416,46 @@ class NonDeterministicReplay(PermanentError):
         )
 
 
+class EventTimeout(PermanentError):
+    """``ctx.wait_for_event`` reached its ``timeout_s`` without the event (DESIGN §3,
+    waits). The timeout is a checkpoint: a replay raises it again at the same wait, so
+    when the task body does not catch it the task fails permanently (a saga's cue to
+    compensate).
+
+    Attributes:
+        name: the event's name.
+        key: the event's key.
+        timeout_s: the timeout the wait was given, seconds.
+    """
+
+    def __init__(self, name: str, key: str, timeout_s: float | None) -> None:
+        self.name = name
+        self.key = key
+        self.timeout_s = timeout_s
+        super().__init__(f"no event {name!r} with key {key!r} within {timeout_s:g} s"
+                         if timeout_s is not None else
+                         f"no event {name!r} with key {key!r}")
+
+
+class ChildFailed(PermanentError):
+    """A child task awaited with ``ctx.gather`` / ``ctx.wait`` ended without success
+    (``FAILED``, ``CANCELLED`` or ``COMPENSATED``). Its outcome is a checkpoint of the
+    parent: a replay raises the same.
+
+    Attributes:
+        child_id: the child's task id.
+        state: the state it ended in (its name).
+        error: its last error (None when it has none).
+    """
+
+    def __init__(self, child_id: str, state: str, error: str | None) -> None:
+        self.child_id = child_id
+        self.state = state
+        self.error = error
+        super().__init__(f"child task {child_id} ended {state}"
+                         + (f": {error}" if error else ""))
+
+
 class TransactionMisuse(PermanentError):
     """The function of a transaction step (``ctx.transaction``) or fenced step
     (``ratchet.fencing.fenced_step``) ended the transaction it was given
@@ -575,6 +617,8 @@ ERROR_TABLE: Mapping[type[RatchetError], ErrorSpec] = MappingProxyType({
     TimeLimitExceeded: _NOT_FOR_FACES,
     PermanentError: _NOT_FOR_FACES,
     NonDeterministicReplay: _NOT_FOR_FACES,
+    EventTimeout: _NOT_FOR_FACES,
+    ChildFailed: _NOT_FOR_FACES,
     TransactionMisuse: _NOT_FOR_FACES,
     OverloadError: _NOT_FOR_FACES,
     CircuitOpen: _NOT_FOR_FACES,

@@ -54,7 +54,8 @@ REQUEST_CLASS: dict[str, str] = {"cancel": "cancelled", "pause": "paused"}
 """``error_class`` recorded when an operator request (``cancel`` / ``pause``) ends a run."""
 
 _REQUEST_TARGET: dict[str, State] = {"cancel": State.CANCELLED, "pause": State.PAUSED}
-_ENDED = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
+_ENDED = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.COMPENSATING,
+                    State.COMPENSATED})
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from .errors import IllegalTransition
 __all__ = [
     "CLAIMABLE",
     "OPERATOR_MOVES",
+    "PARKED",
     "TERMINAL",
     "TRANSITIONS",
     "State",
@@ -41,15 +42,29 @@ class State(StrEnum):
     FAILED = "FAILED"
     """Dead-letter: retries exhausted or a permanent error."""
     CANCELLED = "CANCELLED"
+    WAITING = "WAITING"
+    """Parked by the task itself (durable sleep, an event, its children): no lease, no
+    slot; the ledger moves it to ``PENDING`` at its deadline, when its event arrives or
+    when its last awaited child ends (DESIGN §3, waits)."""
+    COMPENSATING = "COMPENSATING"
+    """Ended ``FAILED`` with compensations to run (or sent back by an operator's
+    ``compensate``); made ``PENDING`` for the next claim, whose holder runs them."""
+    COMPENSATED = "COMPENSATED"
+    """Failed, and every compensation of its completed effects ran (terminal)."""
 
 
-TERMINAL: frozenset[State] = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED})
-"""States no worker write, claim, lease expiry or revocation ever changes. ``SUCCEEDED``
-and ``CANCELLED`` never change at all; ``FAILED`` (the dead-letter state) is left only by an
-operator's explicit retry (:data:`OPERATOR_MOVES`)."""
+TERMINAL: frozenset[State] = frozenset(
+    {State.SUCCEEDED, State.FAILED, State.CANCELLED, State.COMPENSATED})
+"""States no worker write, claim, lease expiry or revocation ever changes. ``SUCCEEDED``,
+``CANCELLED`` and ``COMPENSATED`` never change at all; ``FAILED`` (the dead-letter state)
+is left only by an operator's explicit retry or compensate (:data:`OPERATOR_MOVES`)."""
 
 CLAIMABLE: frozenset[State] = frozenset({State.PENDING, State.RETRY_WAIT})
 """States a worker may claim from once ``run_at`` has passed (plus expired ``RUNNING``)."""
+
+PARKED: frozenset[State] = frozenset({State.WAITING, State.COMPENSATING})
+"""States the ledger makes ``PENDING`` once ``run_at`` has passed (the claim's wake-up),
+or at once when what a ``WAITING`` task waits for arrives (an event, its last child)."""
 
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.PENDING: frozenset({State.RUNNING, State.PAUSED, State.CANCELLED}),
@@ -65,8 +80,16 @@ TRANSITIONS: dict[State, frozenset[State]] = {
             State.FAILED,
             State.PAUSED,
             State.CANCELLED,
+            State.WAITING,
+            State.COMPENSATING,
+            State.COMPENSATED,
         }
     ),
+    # A wait ends by the ledger's wake-up (deadline, event, last child): to PENDING.
+    State.WAITING: frozenset({State.PENDING, State.PAUSED, State.CANCELLED}),
+    # Made PENDING for the claim whose holder runs the compensations.
+    State.COMPENSATING: frozenset({State.PENDING}),
+    State.COMPENSATED: frozenset(),
     State.RETRY_WAIT: frozenset({State.RUNNING, State.PAUSED, State.CANCELLED}),
     # An operator resolves UNKNOWN: the effect is settled and the task resumes (PENDING),
     # or the operator gives up on it (FAILED / CANCELLED).
@@ -89,8 +112,14 @@ OPERATOR_MOVES: dict[State, frozenset[State]] = {
     # give-up -> FAILED).
     State.UNKNOWN: frozenset({State.PENDING, State.FAILED, State.CANCELLED, State.PAUSED}),
     # An operator's retry of a dead-lettered task: a fresh set of attempts, history kept
-    # (DESIGN §3: FAILED is left only this way, never by a worker's write).
-    State.FAILED: frozenset({State.PENDING}),
+    # (DESIGN §3: FAILED is left only this way, never by a worker's write), or an
+    # operator's compensate: its completed effects are undone.
+    State.FAILED: frozenset({State.PENDING, State.COMPENSATING}),
+    # cancel / pause of a waiting task: at once, generation + 1 (a resume replays it to
+    # its wait, which parks it again unless what it waited for came meanwhile).
+    State.WAITING: frozenset({State.CANCELLED, State.PAUSED}),
+    State.COMPENSATING: frozenset(),
+    State.COMPENSATED: frozenset(),
     # A RUNNING task is never moved by an operator directly: a request is recorded and its
     # holder (or the ledger, once the lease is gone) makes the fenced move.
     State.RUNNING: frozenset(),
@@ -117,8 +146,9 @@ def check_operator_move(current: State, target: State) -> None:
     """
     if not is_operator_move(current, target):
         raise IllegalTransition(
-            f"illegal operator move {current} -> {target} (DESIGN §3: SUCCEEDED and "
-            "CANCELLED never move; FAILED only by an operator's retry)")
+            f"illegal operator move {current} -> {target} (DESIGN §3: SUCCEEDED, "
+            "CANCELLED and COMPENSATED never move; FAILED only by an operator's retry or "
+            "compensate)")
 
 
 def is_allowed(current: State, target: State) -> bool:

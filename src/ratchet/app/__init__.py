@@ -20,7 +20,7 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -31,11 +31,12 @@ import tenacity
 from .. import faults
 from ..breaker import CircuitBreaker, DownstreamBreaker
 from ..config import max_payload_bytes_from_env, redact_url
-from ..errors import ConfigError, InvalidArguments, UnknownTask, WaitTimeout
+from ..errors import ConfigError, InvalidArguments, PayloadTooLarge, UnknownTask, WaitTimeout
 from ..ledger import open_ledger
-from ..ledger.base import ControlOutcome, Ledger, NewTask, TaskInfo
+from ..ledger.base import ControlOutcome, EventReceipt, Ledger, NewTask, TaskInfo
 from ..lookups import RegisteredLookup, effect_base_name, make_lookup
 from ..retry import RetryBudget, RetryPolicy
+from ..serde import dumps
 from ..states import State
 from ..validation import (
     MAX_KEY_BYTES,
@@ -492,6 +493,78 @@ class App:
             TaskHandle(res.task_id, task.name, res.created, self)
             for res, task in zip(results, new, strict=True)
         ]
+
+    def submit_children(self, parent_id: str, name: str,
+                        params_list: Sequence[Mapping[str, Any]],
+                        keys: Sequence[str]) -> list[TaskHandle]:
+        """Submit children of the task ``parent_id`` in one ledger transaction (what
+        ``ctx.submit`` / ``ctx.submit_many`` call; task code uses those): each is linked
+        to its parent (the fan-in of ``ctx.gather``, the cancel cascade) and deduplicated
+        by its idempotency key (``keys``, one per item).
+
+        Raises:
+            Same as :meth:`submit_many`; nothing of the batch is written on an error.
+        """
+        with submit_span(name, many=True) as span:
+            new = [dataclasses.replace(self._prepare(SubmitRequest(name, params, key)),
+                                       parent_id=parent_id)
+                   for params, key in zip(params_list, keys, strict=True)]
+            if span.trace_context is not None:
+                new = [dataclasses.replace(t, trace_context=span.trace_context) for t in new]
+            results = self.ledger.submit(new) if new else []
+            span.submitted_many(len(new), sum(r.created for r in results))
+        return [TaskHandle(res.task_id, task.name, res.created, self)
+                for res, task in zip(results, new, strict=True)]
+
+    # ------------------------------------------------------------------ events
+
+    def send_event(self, name: str, *, key: str, payload: Any = None,
+                   event_id: str | None = None, by: str | None = None) -> EventReceipt:
+        """Send the event ``(name, key)``: stored in the ledger's mailbox and delivered to
+        every task waiting on it in ``ctx.wait_for_event`` (DESIGN §3, waits), audited.
+
+        A task that reaches its wait later still receives it (the mailbox keeps events
+        until ``ratchet prune`` removes those older than the retention age). The same
+        ``event_id`` sent twice is one event (the second send writes and delivers nothing:
+        ``duplicate=True``).
+
+        Args:
+            name: the event's name (``"shipped"``).
+            key: the event's key (an order id; a task's id for a signal).
+            payload: plain JSON, size-limited like params.
+            event_id: the event's identity (a webhook's delivery id, say); None: a new one.
+            by: who sent it, for the audit trail.
+
+        Returns:
+            The :class:`~ratchet.ledger.base.EventReceipt` (event id, mailbox position,
+            duplicate, how many waiting tasks it woke).
+
+        Raises:
+            InvalidArguments: a name, key or event id that is not a storable identifier,
+                or an event id already used for another event.
+            PayloadNotSerializable: the payload is not plain JSON.
+            PayloadTooLarge: the payload is over the size limit.
+            LedgerError: the ledger failed (send again with the same ``event_id``).
+        """
+        check_identifier(name, "event name", MAX_NAME_BYTES)
+        check_identifier(key, "event key", MAX_KEY_BYTES)
+        if event_id is not None:
+            check_identifier(event_id, "event id", MAX_KEY_BYTES)
+        payload_json = dumps(payload, what=f"payload of event {name!r}")
+        size = len(payload_json.encode("utf-8"))
+        if size > self.max_payload_bytes:
+            raise PayloadTooLarge(size, self.max_payload_bytes)
+        return self.ledger.send_event(name, key, payload_json, event_id, by)
+
+    def signal(self, task_id: str, name: str, payload: Any = None, *,
+               event_id: str | None = None, by: str | None = None) -> EventReceipt:
+        """Signal one task: the event ``(name, key=task_id)``, which that task receives
+        with ``ctx.wait_for_event(name, key=ctx.task_id)``. See :meth:`send_event`.
+
+        Raises:
+            Same as :meth:`send_event`.
+        """
+        return self.send_event(name, key=task_id, payload=payload, event_id=event_id, by=by)
 
     # ------------------------------------------------------------------ read
 

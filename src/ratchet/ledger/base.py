@@ -82,12 +82,26 @@ from .records_tasks import (
     TaskQuery,
     Timeline,
 )
+from .records_waits import (
+    COMPENSABLE_STEP,
+    COMPENSATING_STEP,
+    FOREVER,
+    EventReceipt,
+    WaitInfo,
+    WaitSpec,
+)
 
 __all__ = [
     "MAX_VERSION",
     "RECENT_FRACTION",
     "AuditEvent",
     "BudgetUse",
+    "COMPENSABLE_STEP",
+    "COMPENSATING_STEP",
+    "FOREVER",
+    "EventReceipt",
+    "WaitInfo",
+    "WaitSpec",
     "Claim",
     "ClaimKind",
     "DefinitionChange",

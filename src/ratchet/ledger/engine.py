@@ -30,6 +30,7 @@ from .base import (
     DefinitionChange,
     DefinitionRecord,
     DefinitionSpec,
+    EventReceipt,
     LateEffect,
     LedgerStats,
     Limit,
@@ -52,6 +53,7 @@ from .base import (
     ThroughputCount,
     Timeline,
     VersionBacklog,
+    WaitInfo,
     WorkerInfo,
 )
 from .dialect import Dialect
@@ -71,6 +73,7 @@ from .ops.retention import Retention
 from .ops.stats import Stats
 from .ops.steps import TransactionSteps
 from .ops.submit import Submit
+from .ops.waits import Waits
 
 __all__ = ["MAX_LIMIT", "LedgerEngine"]
 
@@ -105,6 +108,7 @@ class LedgerEngine:
         self._retention = Retention(core, self.now)
         self._late = LateEffects(core)
         self._registry = Registry(core)
+        self._waits = Waits(core)
 
     @property
     def dialect(self) -> Dialect:
@@ -195,6 +199,25 @@ class LedgerEngine:
     def retry(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
         """See :meth:`Ledger.retry`."""
         return self._commands.retry(task_id, reason, operator)
+
+    def compensate(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """See :meth:`Ledger.compensate`."""
+        return self._commands.compensate(task_id, reason, operator)
+
+    # ------------------------------------------------------------------ workflows
+
+    def send_event(self, name: str, key: str, payload_json: str, event_id: str | None = None,
+                   by: str | None = None) -> EventReceipt:
+        """See :meth:`Ledger.send_event` (:class:`~ratchet.ledger.ops.waits.Waits`)."""
+        return self._waits.send_event(name, key, payload_json, event_id, by)
+
+    def children(self, task_id: str) -> list[TaskInfo]:
+        """See :meth:`Ledger.children`."""
+        return self._waits.children(task_id)
+
+    def waits(self, task_ids: Sequence[str]) -> list[WaitInfo]:
+        """See :meth:`Ledger.waits`."""
+        return self._waits.waits(task_ids)
 
     def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:
         """See :meth:`Ledger.revoke_holder`."""

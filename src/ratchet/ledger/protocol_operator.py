@@ -22,6 +22,7 @@ from .records_ops import (
 from .records_registry import DefinitionRecord, VersionBacklog
 from .records_stats import LedgerStats, ThroughputCount
 from .records_tasks import AuditEvent, LateEffect, TaskEffect, TaskInfo, TaskQuery, Timeline
+from .records_waits import WaitInfo
 
 __all__ = ["OperatorLedger"]
 
@@ -105,6 +106,31 @@ class OperatorLedger(LedgerHandle, Protocol):
         Raises:
             TaskNotFound: no such task.
         """
+        ...
+
+    def compensate(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """Undo a ``FAILED`` task's completed effects, audited: ``FAILED -> COMPENSATING``
+        (an operator move, DESIGN §3), generation + 1, a fresh set of attempts, due now;
+        the next claim's holder runs the compensations registered with ``ctx.effect(...,
+        compensate=...)`` in reverse order, then the task is ``COMPENSATED`` (DESIGN §5).
+        Any other state is unchanged (``outcome="unchanged"``).
+
+        Raises:
+            TaskNotFound: no such task.
+        """
+        ...
+
+    def children(self, task_id: str) -> list[TaskInfo]:
+        """The tasks ``task_id`` submitted from its body (``ctx.submit``), oldest first.
+
+        Raises:
+            TaskNotFound: no such task.
+        """
+        ...
+
+    def waits(self, task_ids: Sequence[str]) -> list[WaitInfo]:
+        """What each task waits for (:class:`~ratchet.ledger.base.WaitInfo`: its kind is
+        None unless it is ``WAITING``) and its parent; tasks not found are left out."""
         ...
 
     def pause(self, scope: str, target: str, reason: str, operator: str) -> PauseResult:

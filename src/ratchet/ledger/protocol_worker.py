@@ -11,6 +11,7 @@ from .protocol_handle import LedgerHandle, Subscription
 from .records_claims import Claim, ClaimKind, CommitOutcome, RenewResult, TaskWrite
 from .records_registry import DefinitionChange, DefinitionSpec, WorkerInfo
 from .records_tasks import LateEffect, NewTask, SubmitResult
+from .records_waits import EventReceipt
 
 __all__ = ["WorkerLedger"]
 
@@ -30,6 +31,20 @@ class WorkerLedger(LedgerHandle, Protocol):
             IdempotencyConflict: a key exists with another digest (nothing is written;
                 the conflict is counted in the audit log).
             WriteRejected: the database refused a row for its content (nothing is written).
+        """
+        ...
+
+    def send_event(self, name: str, key: str, payload_json: str, event_id: str | None = None,
+                   by: str | None = None) -> EventReceipt:
+        """Store an event in the mailbox and deliver it to every task ``WAITING`` on
+        ``(name, key)`` (DESIGN §3, waits), in one transaction, audited. ``payload_json``:
+        the payload as canonical JSON text; ``event_id``: the event's identity (None: a
+        new one; the same id again is the same event: ``duplicate=True``, nothing
+        delivered); ``by``: who sent it (audit).
+
+        Raises:
+            InvalidArguments: ``event_id`` was already used for another name, key or
+                payload.
         """
         ...
 

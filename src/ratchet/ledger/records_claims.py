@@ -13,6 +13,7 @@ from ..storedtext import StoredState
 from ..validation import MAX_VERSION
 from .fastinit import fast_init
 from .records_tasks import EffectRecord, EffectState, StepRecord
+from .records_waits import WaitSpec
 
 __all__ = [
     "BudgetUse",
@@ -182,6 +183,9 @@ class Transition:
             and may turn a ``RETRY_WAIT`` into a quarantined ``FAILED`` (DESIGN §7).
         budgets: retry budgets this attempt charges (:class:`BudgetUse`); a ``RETRY_WAIT``
             over budget gets a later ``run_at`` and the reason (DESIGN §7).
+        wait: for ``WAITING``: what the task waits for
+            (:class:`~ratchet.ledger.records_waits.WaitSpec`); ``delay_s`` is then its
+            deadline (sleep, an event's timeout) from ledger-now.
     """
 
     to: State
@@ -193,6 +197,7 @@ class Transition:
     fingerprint: str | None = None
     budgets: tuple[BudgetUse, ...] = ()
     traceback: str | None = None
+    wait: WaitSpec | None = None
 
 
 @fast_init

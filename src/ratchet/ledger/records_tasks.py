@@ -66,6 +66,7 @@ class NewTask:
         trace_context: the submitter's trace context (W3C ``traceparent`` / ``tracestate``
             as a JSON object, :mod:`ratchet.observe.tracing`), or None; stored with the
             task and handed to every claim (DESIGN §9).
+        parent_id: the task that submits this one from its body (``ctx.submit``), or None.
     """
 
     task_id: str
@@ -81,6 +82,7 @@ class NewTask:
     quarantine_after: int | None = None
     tenant: str | None = None
     trace_context: str | None = None
+    parent_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +191,9 @@ class TaskInfo:
     last_traceback: str | None = None
     """The traceback of :attr:`last_error` (None when it has none). Read by ``get``,
     ``get_many`` and ``timeline``; None in lists (:meth:`Ledger.list_tasks`)."""
+    parent_id: str | None = None
+    """The task that submitted this one from its body (``ctx.submit``), or None. Read by
+    ``get``, ``get_many``, ``timeline`` and ``children``; None in lists."""
     waiting_for: str | None = None
     """What a ``WAITING`` task waits for, for people (``"sleep until
     2026-12-04T11:30:00Z"``, ``"event shipped/order-7"``, ``"3 children"``): set by the
@@ -197,8 +202,9 @@ class TaskInfo:
 
     @property
     def terminal(self) -> bool:
-        """True for SUCCEEDED, FAILED and CANCELLED."""
-        return self.state in (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+        """True for SUCCEEDED, FAILED, CANCELLED and COMPENSATED."""
+        return self.state in (State.SUCCEEDED, State.FAILED, State.CANCELLED,
+                              State.COMPENSATED)
 
 
 @dataclass(frozen=True, slots=True)

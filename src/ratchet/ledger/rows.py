@@ -109,9 +109,13 @@ def effect_state(value: object) -> EffectState | StoredState:
         return StoredState(value)
 
 
+_RESCHEDULES = frozenset({State.RETRY_WAIT, State.PENDING, State.WAITING, State.COMPENSATING})
+
+
 def reschedules(target: State) -> bool:
-    """True for targets that get a new ``run_at`` (backoff, release delay)."""
-    return target is State.RETRY_WAIT or target is State.PENDING
+    """True for targets that get a new ``run_at`` (backoff, release delay, a wait's
+    deadline, compensations to run now)."""
+    return target in _RESCHEDULES
 
 
 _TASK_FIELDS = ("task_id", "name", "version", "state", "generation", "attempt", "max_attempts",
@@ -166,6 +170,7 @@ def task_info(row: sh.TaskRow) -> TaskInfo:
         quarantined=bool(row.quarantined),
         undecodable=_undecodable(row, state, params, result),
         last_traceback=None if row.last_traceback is None else printable(row.last_traceback),
+        parent_id=row.parent_id,
     )
 
 
@@ -359,3 +364,12 @@ DEFINITIONS_ALL = Read.rows("definitions_all", sh.DefinitionRow._make)
 WORKER_DEFINITION_SPECS = Read.rows("worker_definition_specs", sh.HolderSpecRow._make)
 READY_BY_VERSION = Read.rows("ready_by_version", sh.VersionReadyRow._make)
 LIVE_DEFINITIONS = Read.rows("live_definitions", sh.LiveRow._make)
+
+WAKE_DUE = Read.rows("wake_due", sh.WokenRow._make)
+WAIT_EVENT_CHECK = Read.rows("wait_event_check", sh.IdRow._make)
+WAIT_CHILDREN = Read.rows("wait_children", tuple)
+EVENT_INSERT = Read.rows("event_insert", sh.EventSeqRow._make)
+EVENT_GET = Read.rows("event_get", sh.EventRow._make)
+EVENT_DELIVER = Read.rows("event_deliver", sh.DeliveredRow._make)
+TASK_WAIT = Read.rows("task_wait", sh.WaitRow._make)
+COMPENSABLE_READ = Read.rows("compensable_read", sh.IdRow._make)

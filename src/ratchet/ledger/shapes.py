@@ -37,6 +37,7 @@ class TaskRow(NamedTuple):
     tenant: str | None = None
     quarantined: Any = 0
     last_traceback: str | None = None
+    parent_id: str | None = None
 
 
 class EffectRow(NamedTuple):
@@ -489,3 +490,43 @@ class BudgetCountRow(NamedTuple):
     bucket: int
     calls: int | None
     retries: int | None
+
+
+class WokenRow(NamedTuple):
+    """A parked task the claim's wake-up made ``PENDING`` (``wake_due``)."""
+    id: str
+    generation: int
+    wait_kind: str | None
+
+
+class EventSeqRow(NamedTuple):
+    """An event stored in the mailbox (``event_insert``)."""
+    seq: int
+
+
+class EventRow(NamedTuple):
+    """An event as stored (``event_get``)."""
+    seq: int
+    event_id: str
+    name: str
+    key: str
+    payload: str
+    sent_at: float
+
+
+class DeliveredRow(NamedTuple):
+    """A waiting task an event was delivered to (``event_deliver``)."""
+    id: str
+    generation: int
+
+
+class WaitRow(NamedTuple):
+    """What a task waits for, and its parent (``task_wait``)."""
+    id: str
+    parent_id: str | None
+    state: Any
+    wait_kind: str | None
+    wait_name: str | None
+    wait_key: str | None
+    wait_count: int | None
+    run_at: float

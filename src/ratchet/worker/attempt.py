@@ -19,8 +19,10 @@ write the database refuses (:class:`~ratchet.errors.WriteRejected`) fails it per
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+from typing import Any
 
 from ..app import TaskDefinition
 from ..errors import (
@@ -39,12 +41,14 @@ from ..ledger.base import Claim, Transition
 from ..retry import FailureClass
 from ..serde import dumps
 from ..states import State
+from .checkpoints import HistoryEnd
 from .context import ControlInterrupt, Shutdown, TaskContext
 from .core import UNDECODABLE, WRITE_REJECTED
 from .finalwrite import FinalWrites
 from .forks import exit_forked_child
 from .heartbeat import LeaseHandle
 from .timelimit import Attempt
+from .waits import Suspend
 
 __all__ = ["AttemptLadder"]
 
@@ -57,6 +61,13 @@ _BASE_EXCEPTION_CLASSES: dict[type[BaseException], str] = {
 """``BaseException`` types raised by task code that fail the task permanently, with the
 ``error_class`` recorded. Any other ``BaseException`` from task code is transient."""
 
+
+
+_PASSES_THROUGH: tuple[type[BaseException], ...] = (
+    LeaseLost, StaleGeneration, LedgerUnavailable, WriteRejected, FenceError, TokenRejected,
+    EffectOutcomeUnknown, UndecodableData, CircuitOpen)
+"""Errors of the worker's own machinery that end a compensation replay as they end any
+attempt (not the body's failure being replayed)."""
 
 
 class AttemptLadder(FinalWrites):
@@ -80,6 +91,7 @@ class AttemptLadder(FinalWrites):
             attempt = self._attempts.begin(claim, lease, ctx, definition.time_limit_s)
             ctx.breakers = self.app.breakers
             ctx.lookups = self.app.lookups
+            ctx.app = self.app
             outcome = self._run_body(definition, claim, ctx)
         except BaseException:  # never let one task kill the worker or leak its slot
             log.exception("internal error while running task %s", claim.task_id)
@@ -111,7 +123,10 @@ class AttemptLadder(FinalWrites):
                 ctx.check_control()
                 ctx.ensure_lease()
                 params = ctx.load_params()
-                result = definition.fn(ctx, **params)
+                if ctx.compensation_mode:
+                    result = _compensate(definition, ctx, params)
+                else:
+                    result = definition.fn(ctx, **params)
             except BaseException as exc:
                 if os.getpid() != self._pid:  # a child the task forked: not a worker
                     exit_forked_child(claim.task_id, exc)
@@ -125,8 +140,15 @@ class AttemptLadder(FinalWrites):
                 self._stuck_returned(claim, (ctx, result))
                 return None
             transition = Transition(
-                State.SUCCEEDED, result_json=dumps(result, what=f"result of task {claim.name!r}")
+                State.COMPENSATED if ctx.compensation_mode else State.SUCCEEDED,
+                result_json=dumps(result, what=f"result of task {claim.name!r}"),
+                reason="compensations done" if ctx.compensation_mode else None,
             )
+        except Suspend as exc:
+            # A durable wait (DESIGN §3, waits): park the task; the lease and the slot go,
+            # the attempt is handed back, the ledger wakes it.
+            transition = Transition(State.WAITING, delay_s=exc.delay_s, wait=exc.wait,
+                                    reason=exc.reason)
         except Shutdown:
             transition = Transition(State.PENDING, reason="shutdown")
         except ControlInterrupt as exc:
@@ -185,15 +207,13 @@ class AttemptLadder(FinalWrites):
             else:
                 # Raised by the task's own code (another App, another ledger): an ordinary
                 # failure that spends attempts like any other, so it ends.
-                transition = self._failure_transition(
-                    definition, claim, exc, ctx.open_intents()
+                transition = self._ending(definition, claim, ctx, exc
                 )
             self.on_failure(claim, transition)
         except UndecodableData as exc:
             # Stored data of this task cannot be read back: running again reads the same.
             ctx.exception = exc
-            transition = self._failure_transition(
-                definition, claim, exc, ctx.open_intents(), failure=FailureClass.PERMANENT,
+            transition = self._ending(definition, claim, ctx, exc, failure=FailureClass.PERMANENT,
                 error_class=UNDECODABLE,
             )
             self.on_failure(claim, transition)
@@ -202,25 +222,59 @@ class AttemptLadder(FinalWrites):
             # again cannot help. The failure write must not carry the refused steps.
             ctx.exception = exc
             ctx.discard_unsaved_steps()
-            transition = self._failure_transition(
-                definition, claim, exc, ctx.open_intents(), failure=FailureClass.PERMANENT,
+            transition = self._ending(definition, claim, ctx, exc, failure=FailureClass.PERMANENT,
                 error_class=WRITE_REJECTED,
             )
             self.on_failure(claim, transition)
         except Exception as exc:
             ctx.exception = exc
-            transition = self._failure_transition(definition, claim, exc, ctx.open_intents())
+            transition = self._ending(definition, claim, ctx, exc)
             self.on_failure(claim, transition)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit, custom
             ctx.exception = exc
             base_class = next(
                 (c for t, c in _BASE_EXCEPTION_CLASSES.items() if isinstance(exc, t)), None
             )
-            transition = self._failure_transition(
-                definition, claim, exc, ctx.open_intents(),
+            transition = self._ending(definition, claim, ctx, exc,
                 failure=FailureClass.TRANSIENT if base_class is None else FailureClass.PERMANENT,
                 error_class=base_class,
             )
             self.on_failure(claim, transition)
         return self._finish(claim, ctx, transition)
+
+    def _ending(self, definition: TaskDefinition, claim: Claim, ctx: TaskContext,
+                exc: BaseException, failure: FailureClass | None = None,
+                error_class: str | None = None) -> Transition:
+        """Where a failed attempt ends (the outcome table, through
+        :meth:`~ratchet.worker.core.WorkerCore._failure_transition`), and, when that is
+        ``FAILED`` with completed effects to undo, ``COMPENSATING`` instead (DESIGN §5,
+        compensation): the final write carries the marker that puts the next claim's
+        holder in compensation mode. A failure of the compensations themselves ends
+        ``FAILED``."""
+        transition = self._failure_transition(definition, claim, exc, ctx.open_intents(),
+                                              failure=failure, error_class=error_class)
+        if (transition.to is State.FAILED and ctx.compensations_found
+                and not ctx.compensation_mode):
+            ctx.mark_compensating()
+            transition = dataclasses.replace(
+                transition, to=State.COMPENSATING, delay_s=0.0,
+                reason=f"{transition.reason or transition.error_class or 'failed'}; "
+                       f"compensating {len(ctx.compensations_found)} effect(s)")
+        return transition
+
+
+def _compensate(definition: TaskDefinition, ctx: TaskContext, params: dict[str, Any]) -> Any:
+    """Compensation mode (:mod:`ratchet.worker.waits`): replay the body over its recorded
+    history until a checkpoint it lacks or the body's own failure, then run the
+    compensations its completed effects registered, in reverse order. Returns what they
+    returned (the task's result when it ends ``COMPENSATED``)."""
+    try:
+        definition.fn(ctx, **params)
+    except HistoryEnd:
+        pass
+    except _PASSES_THROUGH:
+        raise
+    except Exception:  # the failure that ended the task, replayed: the history ends here
+        log.debug("task %s: compensation replay ended by the body's failure", ctx.task_id)
+    return {"compensated": ctx.run_compensations()}
 

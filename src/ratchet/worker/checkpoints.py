@@ -29,19 +29,31 @@ from ..errors import (
     WriteRejected,
 )
 from ..faults import point as fault_point
-from ..ledger.base import Claim, CommitOutcome, EffectRecord, EffectState, TaskWrite
+from ..ledger.base import (
+    COMPENSATING_STEP,
+    Claim,
+    CommitOutcome,
+    EffectRecord,
+    EffectState,
+    TaskWrite,
+)
 from ..lookups import RegisteredLookup
 from ..serde import dumps, loads
 from .heartbeat import LeaseHandle
 from .hooks import Hooks
 from .writer import LedgerWriter, WriterStopped
 
-__all__ = ["Checkpoint", "CheckpointState", "ControlInterrupt", "Shutdown", "StepKind",
-           "describe_checkpoint", "occurrence_name"]
+__all__ = ["Checkpoint", "CheckpointState", "ControlInterrupt", "HistoryEnd", "Shutdown",
+           "StepKind", "describe_checkpoint", "occurrence_name"]
 
 
 class Shutdown(BaseException):
     """Raised at a step/effect boundary when the worker is stopping (task is released)."""
+
+
+class HistoryEnd(BaseException):
+    """Compensation mode (:mod:`ratchet.worker.waits`): the replay reached a checkpoint
+    its recorded history lacks (internal; the compensations run next)."""
 
 
 class ControlInterrupt(BaseException):
@@ -189,6 +201,19 @@ class CheckpointState:
         """Lookups registered with ``App.lookup`` by (task type, effect name) (the App's,
         set by the worker): the default of an effect given no ``lookup``."""
         self._released = True  # the breaker permit of the effect in flight was given back
+        self.app: Any = None
+        """The worker's :class:`~ratchet.App` (set by the worker): a task's children are
+        submitted and read through it (:mod:`ratchet.worker.waits`)."""
+        self.compensation_mode = COMPENSATING_STEP in self._steps
+        """True when this attempt runs the task's compensations (it ends
+        ``COMPENSATED``)."""
+        self.compensating = self.compensation_mode
+        """True while a compensation-mode attempt replays the recorded history: a
+        checkpoint the history lacks ends the replay (:class:`HistoryEnd`)."""
+        self.compensations_found: list[Any] = []
+        """Compensations registered by this attempt's effects, in effect order."""
+        self._event_after: dict[tuple[str, str], int] = {}
+        self._effect_stored = ""  # stored name of the effect being performed
 
     @property
     def effect_downstream(self) -> str | None:
@@ -424,6 +449,8 @@ class CheckpointState:
         stored = self._steps.get(stored_name)
         if stored is not None:
             return loads(stored, f"stored value of {cp.describe()}"), True
+        if self.compensating:
+            raise HistoryEnd(cp.describe())
         if self._sent < len(self._unsaved):
             self._flush_steps()
         self._in_step = True

@@ -64,18 +64,20 @@ from .checkpoints import Checkpoint as Checkpoint
 from .checkpoints import ControlInterrupt as ControlInterrupt
 from .checkpoints import Shutdown as Shutdown
 from .effects import NOT_FOUND as NOT_FOUND
-from .effects import EffectCalls, EffectTarget, check_effect_callable
+from .effects import EffectTarget, check_effect_callable
 from .effects import NotFound as NotFound
 from .events import EffectSettlement
 from .transaction import run_transaction
+from .waits import ChildHandle as ChildHandle
+from .waits import WorkflowCalls
 
-__all__ = ["NOT_FOUND", "Checkpoint", "ControlInterrupt", "NotFound", "Shutdown",
+__all__ = ["NOT_FOUND", "Checkpoint", "ChildHandle", "ControlInterrupt", "NotFound", "Shutdown",
            "TaskContext"]
 
 T = TypeVar("T")
 
 
-class TaskContext(EffectCalls):
+class TaskContext(WorkflowCalls):
     """The handle a task function receives as its first argument.
 
     Attributes:
@@ -193,6 +195,8 @@ class TaskContext(EffectCalls):
         params: Any = None,
         in_flight_s: float | None = None,
         downstream: str | None = None,
+        compensate: Callable[[str, Any], Any] | None = None,
+        compensate_lookup: Callable[[str], Any] | None = None,
     ) -> Any:
         """Perform an external side effect at most once per business ``key``.
 
@@ -250,6 +254,17 @@ class TaskContext(EffectCalls):
                 budget=...)``), and a failure of this call charges the task's retry to it;
                 with a circuit breaker (``app.downstream(name, breaker=...)``) the call is
                 not sent while the breaker is open (DESIGN §7). None: no downstream.
+            compensate: ``compensate(key, result)`` undoes this effect once it completed
+                (a saga, DESIGN §5): when the task ends ``FAILED`` (permanent error,
+                attempts exhausted, an operator's give-up) or an operator runs ``ratchet
+                compensate``, the compensations of its completed effects run in reverse
+                order, each an effect of its own named ``compensate:<name>`` whose key
+                ``compensate:<key>`` it receives, with this effect's recorded ``result``;
+                then the task is ``COMPENSATED``.
+            compensate_lookup: ``compensate_lookup(key) -> result | NOT_FOUND``: whether
+                the compensation with that key already happened (as ``lookup`` for the
+                effect); without it, a compensation whose outcome is lost goes
+                ``UNKNOWN`` unless the target deduplicates the key.
 
         Returns:
             The JSON round-trip of the call's (or the lookup's) result.
@@ -295,11 +310,20 @@ class TaskContext(EffectCalls):
                             "lookup(key, token)" if fenced else "lookup(key)")
         if downstream is not None:
             check_identifier(downstream, "downstream name", MAX_NAME_BYTES)
+        if compensate is not None:
+            check_effect_callable(compensate, 2, "compensate", "compensate(key, result)")
+        if compensate_lookup is not None:
+            check_effect_callable(compensate_lookup, 1, "compensate_lookup",
+                                  "compensate_lookup(key)")
         target = EffectTarget(call, lookup, idempotent, fenced, in_flight_s)
         self._downstream = downstream
         hooks = self._hooks
         if hooks is None:
-            return self._effect(name, key, target, params)[0]
+            value = self._effect(name, key, target, params)[0]
+            if compensate is not None:
+                self.register_compensation(self._effect_stored, key, value, compensate,
+                                           compensate_lookup)
+            return value
         hooks.before_effect(self, name, key)
         t0 = time.perf_counter()
         try:
@@ -311,6 +335,9 @@ class TaskContext(EffectCalls):
             hooks.after_effect(self, name, key, how, time.perf_counter() - t0, exc)
             raise
         hooks.after_effect(self, name, key, settled, time.perf_counter() - t0, None)
+        if compensate is not None:
+            self.register_compensation(self._effect_stored, key, value, compensate,
+                                       compensate_lookup)
         return value
 
 

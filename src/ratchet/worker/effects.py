@@ -35,7 +35,7 @@ from ..faults import point as fault_point
 from ..ledger.base import EffectRecord, EffectState, EffectWrite, LateEffect
 from ..retry import FailureClass, classify, proves_not_executed
 from ..serde import digest, dumps, loads, printable
-from .checkpoints import Checkpoint, CheckpointState, ControlInterrupt
+from .checkpoints import Checkpoint, CheckpointState, ControlInterrupt, HistoryEnd
 from .events import EffectSettlement
 
 __all__ = ["LATE_EVIDENCE_WAIT_S", "NOT_FOUND", "EffectCalls", "EffectTarget", "NotFound",
@@ -78,7 +78,7 @@ class EffectCalls(CheckpointState):
     ) -> tuple[Any, EffectSettlement]:
         """:meth:`effect` without its checks and hooks; returns ``(value, how settled)``."""
         cp = self._checkpoint("effect", name)
-        stored_name = cp.stored_name
+        stored_name = self._effect_stored = cp.stored_name
         params_digest = digest(name, key, dumps(params, what=f"params of effect {name!r}"))
         record = self._effects.get(stored_name)
         if record is not None and record.key != key:
@@ -94,6 +94,8 @@ class EffectCalls(CheckpointState):
             )
         if record is not None and record.state is EffectState.DONE:
             return loads(record.result_json, f"recorded result of {cp.describe()}"), "cached"
+        if self.compensating:  # compensation mode: the replay ends before a new call
+            raise HistoryEnd(cp.describe())
         if record is not None and record.state in (EffectState.INTENT, EffectState.GIVEN_UP):
             # An earlier attempt recorded the intent but not the outcome (or an operator
             # gave up on it, then retried the task): query first.

@@ -28,7 +28,7 @@ from ..faults import point as fault_point
 from ..ledger.base import TaskWrite
 from ..serde import dumps, loads
 from ..validation import check_checkpoint_name
-from .checkpoints import CheckpointState
+from .checkpoints import CheckpointState, HistoryEnd
 
 __all__ = ["run_transaction"]
 
@@ -107,6 +107,8 @@ def _transaction(
     stored = ctx._steps.get(stored_name)
     if stored is not None:
         return loads(stored, f"stored value of transaction {cp.describe()}"), True
+    if ctx.compensating:  # compensation mode: the replay ends before new work
+        raise HistoryEnd(cp.describe())
     carried = ctx.unsaved_steps()
     operation = f"transaction:{stored_name}"
     write = TaskWrite(ctx.task_id, ctx.generation, ctx.holder, operation, steps=carried)

@@ -23,14 +23,16 @@ from ..rows import (
     LIMITS_READY,
     LIMITS_RUNNING,
     PAUSES_ACTIVE,
+    WAKE_DUE,
     AuditRow,
     effect_record,
     insert_audit,
 )
-from ..shapes import ClaimRow, LeaseRow, LimitRow, PauseRow
+from ..shapes import ClaimRow, LeaseRow, LimitRow, PauseRow, WokenRow
 from .core import EngineCore
 from .limits import limit_record
 from .retire import apply_requests, holder_gone
+from .waits import wake_audit, wake_due_read
 
 __all__ = ["ClaimReads", "Claims"]
 
@@ -41,13 +43,15 @@ class ClaimReads(NamedTuple):
     expired: list[LeaseRow]
     pauses: list[PauseRow]
     limits: list[LimitRow]
+    woken: list[WokenRow]
 
     @classmethod
     def of(cls, rows: Sequence[Sequence[tuple[Any, ...]]]) -> ClaimReads:
         """The rows of :meth:`Claims.reads` (in their order), as ``Tx.rows_many``
         returned them."""
-        expired, _gate, pauses, limits = rows
-        return cls(CLAIM_EXPIRED.of(expired), PAUSES_ACTIVE.of(pauses), LIMITS_ALL.of(limits))
+        expired, _gate, pauses, limits, woken = rows
+        return cls(CLAIM_EXPIRED.of(expired), PAUSES_ACTIVE.of(pauses), LIMITS_ALL.of(limits),
+                   WAKE_DUE.of(woken))
 
 
 class Claims:
@@ -81,9 +85,12 @@ class Claims:
         """The reads a claim starts with, to send with others (one round trip): the
         expired-lease scan of the claimed kinds (DESIGN §8 versions), the pause gate
         (PostgreSQL: a shared advisory lock, taken before any bulkheads limit lock), the
-        active pauses (DESIGN §8 control) and the concurrency limits (bulkheads, DESIGN §8)."""
+        active pauses (DESIGN §8 control), the concurrency limits (bulkheads, DESIGN §8)
+        and the wake-up of parked tasks whose ``run_at`` has passed (DESIGN §3, waits;
+        :func:`~ratchet.ledger.ops.waits.wake_due_read`), so that this claim can take
+        them."""
         return [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit}),
-                CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent()]
+                CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent(), wake_due_read()]
 
     def claim_in(
         self, tx: Tx, holder: str, names: Sequence[ClaimKind], limit: int,
@@ -104,9 +111,11 @@ class Claims:
             return []
         if pre is None:
             pre = ClaimReads.of(tx.rows_many(self.reads(names, limit)))
-        expired, pauses, limit_rows = pre
+        expired, pauses, limit_rows, woken = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
         self.core.repair_clock(tx, now, repaired)
+        if woken:
+            insert_audit(tx, wake_audit(woken, now))
         paused_types: set[str] = set()
         if pauses:
             if any(p.scope == "all" for p in pauses):

@@ -8,7 +8,13 @@ from typing import Any
 from ...errors import IllegalTransition, TaskNotFound
 from ...serde import dumps
 from ...states import TERMINAL, State, check_operator_move, check_transition
-from ..base import ControlOutcome, ControlRequest, EffectState, ResolveOutcome
+from ..base import (
+    COMPENSATING_STEP,
+    ControlOutcome,
+    ControlRequest,
+    EffectState,
+    ResolveOutcome,
+)
 from ..dialect import Tx
 from ..rows import (
     CONTROL_LOCK,
@@ -23,6 +29,10 @@ from ..rows import (
 from .core import EngineCore
 from .counts import unfinish
 from .retire import REQUEST_CLASS, apply_requests, holder_gone
+from .segment import step_entry
+from .waits import TASK_CHILDREN
+
+_ENDED = frozenset(s.value for s in TERMINAL)
 
 __all__ = ["Commands"]
 
@@ -96,7 +106,60 @@ class Commands:
 
     def cancel(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
         """See :meth:`Ledger.cancel` (DESIGN §3, arbitration): one transaction under the
-        task's lock; audited as ``operator_cancel`` with operator and reason."""
+        task's lock; audited as ``operator_cancel`` with operator and reason. Then the
+        cascade: every child the task submitted (``ctx.submit``) that has not ended is
+        cancelled the same way, each in its own transaction, with the reason
+        ``parent <id> cancelled: <reason>`` (a cancel sent again finishes a cascade a
+        crash interrupted)."""
+        outcome = self._cancel_one(task_id, reason, operator)
+        if outcome.outcome == "unchanged" and outcome.previous_state is not State.CANCELLED:
+            return outcome
+        for child in self.core.dialect.run(
+                lambda tx: [r.id for r in TASK_CHILDREN.all(tx, {"id": task_id})
+                            if r.state not in _ENDED], write=False):
+            self.cancel(child, f"parent {task_id} cancelled: {reason}", operator)
+        return outcome
+
+    def compensate(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """See :meth:`Ledger.compensate`: ``FAILED -> COMPENSATING`` (an operator move,
+        DESIGN §3), generation + 1, a fresh set of attempts, due now; the next claim's
+        holder runs the compensations of the task's completed effects (DESIGN §5). One
+        transaction under the task's lock, audited ``operator_compensate``."""
+
+        def body(tx: Tx) -> ControlOutcome:
+            row = CONTROL_LOCK.first(tx, {"id": task_id})
+            if row is None:
+                raise TaskNotFound(f"no task {task_id!r} in the ledger")
+            state, generation = known_state(task_id, row.state, "compensate"), row.generation
+            if state is not State.FAILED:
+                return ControlOutcome(
+                    task_id, "compensate", "unchanged", state, state, generation,
+                    f"task {task_id} is {state.value}, not FAILED: nothing changed (only a "
+                    "failed task is compensated)")
+            check_operator_move(State.FAILED, State.COMPENSATING)
+            now = tx.now
+            unfinish(tx, [(row.name, state.value, float(row.updated_at))])
+            tx.execute("control_move", {
+                "id": task_id, "from_state": state.value, "generation": generation,
+                "state": State.COMPENSATING.value, "bump": 1, "request": None,
+                "run_at": now, "reset": True, "now": now, "error": None,
+                "error_class": None})
+            tx.batch("steps_upsert", [step_entry(task_id, generation + 1,
+                                                 (COMPENSATING_STEP, "true", None))], now=now)
+            tx.execute("compensating_mark", {"ids": [task_id]})
+            insert_audit(tx, [(task_id, now, "operator_compensate", State.FAILED.value,
+                               State.COMPENSATING.value, generation + 1, None,
+                               dumps({"operator": operator, "reason": reason}))])
+            tx.wake()
+            return ControlOutcome(
+                task_id, "compensate", "done", state, State.COMPENSATING, generation + 1,
+                f"task {task_id} is compensating: the compensations of its completed "
+                "effects run next, in reverse order")
+
+        return self.core.dialect.run(body)
+
+    def _cancel_one(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
+        """One task's cancel (see :meth:`cancel`), without the cascade."""
 
         def body(tx: Tx) -> ControlOutcome:
             row = CONTROL_LOCK.first(tx, {"id": task_id})
@@ -110,6 +173,11 @@ class Commands:
                     task_id, "cancel", "unchanged", state, state, generation,
                     f"task {task_id} already ended {state.value}: nothing changed (a task "
                     "that finished first keeps its outcome)")
+            if state is State.COMPENSATING:
+                return ControlOutcome(
+                    task_id, "cancel", "unchanged", state, state, generation,
+                    f"task {task_id} is COMPENSATING: nothing changed (its compensations "
+                    "run to their end; pause its type to hold them)")
             intents = [r.name for r in OPEN_INTENTS.all(tx, {"ids": [task_id]})]
             detail: dict[str, Any] = {"operator": operator, "reason": reason}
             gone = (state is State.RUNNING and lease_until is not None

@@ -39,6 +39,7 @@ from .claims import ClaimReads, Claims
 from .core import EngineCore
 from .pauses import covered
 from .segment import Segment
+from .waits import park
 
 __all__ = ["Commits"]
 
@@ -116,6 +117,9 @@ class Commits:
             raise _naming(exc, writes) from exc
 
 
+_PARKS = frozenset({State.WAITING, State.COMPENSATING})
+
+
 def _check_transitions(writes: Sequence[TaskWrite]) -> None:
     for write in writes:
         if write.transition is not None:
@@ -171,13 +175,16 @@ def commit_in(
     audit: list[AuditRow] = []
     segment = Segment()
     ready = False
+    parked: list[tuple[TaskWrite, Transition]] = []
     seen: set[str] = set()
     for index, write in enumerate(writes):
         if write.task_id in seen:
             # A task written twice in one batch: apply what came before first, so the
             # second write sees the first (as if committed one after the other).
             segment.apply(tx, now, resend)
-            segment, seen = Segment(), set()
+            if parked and park(tx, parked, audit, now):
+                ready = True
+            segment, seen, parked = Segment(), set(), []
         seen.add(write.task_id)
         row = current.get(write.task_id)
         t = write.transition
@@ -215,6 +222,8 @@ def commit_in(
             write = dataclasses.replace(write, transition=t)
         segment.add(write, attempt, audit, now, request)
         if t is not None:
+            if t.to in _PARKS:
+                parked.append((write, t))
             audit.append(transition_audit(write, t, now))
             # Later writes of this batch for the same task see the new state.
             current[write.task_id] = row._replace(state=t.to.value, control_request=request)
@@ -225,6 +234,8 @@ def commit_in(
         outcomes[index] = CommitOutcome(write.task_id, True, False, write.generation,
                                         applied)
     segment.apply(tx, now, resend)
+    if parked and park(tx, parked, audit, now):
+        ready = True
     tx.batch("quarantine_mark", marks, now=now)
     book.flush(tx, now)
     insert_audit(tx, audit)

@@ -124,6 +124,12 @@ class Segment:
         tx.batch("transition", self.transitions, now=now)
 
 
+_RELEASES = frozenset({State.PENDING, State.PAUSED, State.WAITING, State.COMPENSATING})
+"""Targets that hand the attempt back: a release, a pause at a boundary, a wait (the
+wake-up's claim is not a new attempt) and the start of compensation (which resets the
+attempts for its own run: ``compensating_mark``)."""
+
+
 def transition_entry(write: TaskWrite, t: Transition, now: float,
                      request: str | None = None) -> TransitionEntry:
     """The ``transition`` row of one fenced write. A release (to ``PENDING``) and a pause
@@ -132,7 +138,7 @@ def transition_entry(write: TaskWrite, t: Transition, now: float,
     return TransitionEntry(
         id=write.task_id, generation=write.generation, state=t.to.value,
         run_at=now + max(0.0, t.delay_s) if reschedules(t.to) else None,
-        release=t.to is State.PENDING or t.to is State.PAUSED,
+        release=t.to in _RELEASES,
         keep=t.to is State.RUNNING, request=request,
         result=t.result_json, error=printable(t.error) if t.error else t.error,
         error_class=t.error_class,

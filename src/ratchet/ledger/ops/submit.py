@@ -80,7 +80,7 @@ def _submit_in(
             "max_attempts": t.max_attempts, "lease_s": t.lease_s,
             "run_at": t.run_at_epoch_s, "delay": max(0.0, t.delay_s),
             "quarantine_after": t.quarantine_after,
-            "tenant": t.tenant, "trace": t.trace_context,
+            "tenant": t.tenant, "trace": t.trace_context, "parent": t.parent_id,
         }
         for t in tasks
         if t.task_id not in present

@@ -47,14 +47,14 @@ WHERE t.id = s.id;
 -- sharing keys lock them in the same order: no deadlock.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
-                   tenant, trace_context)
+                   tenant, trace_context, parent_id)
 SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_attempts,
        u.lease_s, COALESCE(u.run_at, %(now)s + u.delay), %(now)s, %(now)s,
-       u.quarantine_after, u.tenant, u.trace
+       u.quarantine_after, u.tenant, u.trace, u.parent
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, name text, version int, params text, digest text, key text,
           max_attempts int, lease_s float8, run_at float8, delay float8,
-          quarantine_after int, tenant text, trace text)
+          quarantine_after int, tenant text, trace text, parent text)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -313,13 +313,13 @@ FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined, last_traceback
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id
 FROM tasks WHERE id = %(id)s;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined, last_traceback
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id
 FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
 -- name: timeline_audit
@@ -1007,3 +1007,131 @@ ON CONFLICT (budget, bucket, holder) DO UPDATE SET
 -- name: budget_prune
 -- Buckets no window can reach any more.
 DELETE FROM budget_counts WHERE budget = ANY(%(keys)s::text[]) AND bucket < %(before)s;
+
+-- ---------------------------------------------------------------- workflows (waits, events,
+-- children, compensation: DESIGN §3 waits, §5 compensation)
+
+-- name: wake_due
+-- The claim's wake-up: parked rows (WAITING, COMPENSATING) whose run_at has passed become
+-- PENDING, so the claim that follows can take them (tasks_waiting; a bounded batch, oldest
+-- first; rows another claim is waking are skipped, not waited for). wait_kind stays until
+-- the next wait ('compensate' tells the audit where it came from).
+UPDATE tasks t SET state = 'PENDING', updated_at = %(now)s
+FROM (SELECT id FROM tasks WHERE state IN ('WAITING', 'COMPENSATING')
+        AND run_at <= %(now)s::float8 ORDER BY run_at LIMIT %(wake_limit)s
+        FOR UPDATE SKIP LOCKED) AS s
+WHERE t.id = s.id
+RETURNING t.id, t.generation, t.wait_kind;
+
+-- name: wait_set
+-- What a task that just parked itself (RUNNING -> WAITING, in the same transaction) waits
+-- for; a wait on children counts them with wait_children.
+UPDATE tasks SET wait_kind = %(kind)s, wait_name = %(name)s, wait_key = %(key)s,
+    wait_step = %(step)s, wait_seq = %(seq)s, wait_after = %(after)s, wait_count = NULL
+WHERE id = %(id)s AND generation = %(generation)s AND state = 'WAITING';
+
+-- name: wait_event_check
+-- The mailbox, read by the wait itself: the first event of its (name, key) sent since the
+-- task was submitted that it has not received yet is delivered at once (written as the
+-- wait's checkpoint, the task made PENDING). The advisory lock of the (name, key), which
+-- event_deliver takes too, orders the two: a send either committed before this read (and
+-- is seen by it) or reads the task WAITING after this transaction committed.
+SELECT pg_advisory_xact_lock(1381256270,
+                             hashtext(current_schema() || ':' || %(name)s || ':' || %(key)s));
+INSERT INTO steps (task_id, name, result, generation, committed_at, seq)
+SELECT t.id, t.wait_step,
+       json_build_object('seq', e.seq, 'payload', e.payload::json)::text,
+       t.generation, %(now)s, t.wait_seq
+FROM tasks AS t JOIN events AS e ON e.name = t.wait_name AND e.key = t.wait_key
+WHERE t.id = %(id)s AND t.generation = %(generation)s AND t.state = 'WAITING'
+  AND e.seq > COALESCE(t.wait_after, 0) AND e.sent_at >= t.created_at
+ORDER BY e.seq LIMIT 1
+ON CONFLICT (task_id, name) DO NOTHING;
+UPDATE tasks SET state = 'PENDING', run_at = LEAST(run_at, %(now)s::float8),
+    updated_at = %(now)s
+WHERE id = %(id)s AND generation = %(generation)s AND state = 'WAITING'
+  AND EXISTS (SELECT 1 FROM steps AS s WHERE s.task_id = tasks.id AND s.name = tasks.wait_step)
+RETURNING id;
+
+-- name: wait_children
+-- A parent parks on its children: those not ended yet are marked awaited, under their row
+-- locks taken in id order (a child's end is then counted by the tasks_fan_in trigger, or,
+-- ended first, not marked), the parent waits for that many, and is PENDING at once when
+-- none is left.
+WITH locked AS (
+    SELECT id FROM tasks
+    WHERE id = ANY(%(children)s::text[]) AND parent_id = %(id)s
+      AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'COMPENSATED')
+    ORDER BY id FOR UPDATE),
+marked AS (
+    UPDATE tasks c SET awaited = true FROM locked WHERE c.id = locked.id
+      AND c.state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'COMPENSATED')
+    RETURNING c.id)
+UPDATE tasks SET wait_count = (SELECT count(*) FROM marked),
+    state = CASE WHEN (SELECT count(*) FROM marked) = 0 THEN 'PENDING' ELSE state END,
+    run_at = CASE WHEN (SELECT count(*) FROM marked) = 0
+                  THEN LEAST(run_at, %(now)s::float8) ELSE run_at END
+WHERE id = %(id)s AND generation = %(generation)s AND state = 'WAITING'
+RETURNING id, state;
+
+-- name: event_insert
+-- The mailbox: an event id sent again is the same event (nothing written). The advisory
+-- lock of the (name, key) orders the send against a wait's own mailbox read
+-- (wait_event_check).
+SELECT pg_advisory_xact_lock(1381256270,
+                             hashtext(current_schema() || ':' || %(name)s || ':' || %(key)s));
+INSERT INTO events (event_id, name, key, payload, sent_at, sent_by)
+VALUES (%(event_id)s, %(name)s, %(key)s, %(payload)s, %(now)s, %(by)s)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING seq;
+
+-- name: event_get
+SELECT seq, event_id, name, key, payload, sent_at FROM events WHERE event_id = %(event_id)s;
+
+-- name: event_deliver
+-- A new event reaches every task WAITING on its (name, key) that has not received it:
+-- written as each wait's checkpoint (a replay sees the same payload), and the tasks made
+-- PENDING (tasks_wait_event; rows in id order).
+INSERT INTO steps (task_id, name, result, generation, committed_at, seq)
+SELECT id, wait_step,
+       json_build_object('seq', %(seq)s::bigint, 'payload', %(payload)s::json)::text,
+       generation, %(now)s, wait_seq
+FROM tasks
+WHERE state = 'WAITING' AND wait_name = %(name)s AND wait_key = %(key)s
+  AND wait_kind = 'event' AND COALESCE(wait_after, 0) < %(seq)s
+ON CONFLICT (task_id, name) DO NOTHING;
+UPDATE tasks t SET state = 'PENDING', run_at = LEAST(t.run_at, %(now)s::float8),
+    updated_at = %(now)s
+FROM (SELECT id FROM tasks
+      WHERE state = 'WAITING' AND wait_name = %(name)s AND wait_key = %(key)s
+        AND wait_kind = 'event' AND COALESCE(wait_after, 0) < %(seq)s
+      ORDER BY id FOR UPDATE) AS s
+WHERE t.id = s.id AND t.state = 'WAITING'
+RETURNING t.id, t.generation;
+
+-- name: events_prune
+-- Retention: events sent before the cutoff (events_sent_at).
+DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE sent_at < %(cutoff)s::float8
+                                 ORDER BY sent_at LIMIT %(limit)s);
+
+-- name: task_children
+-- The tasks a parent submitted with ctx.submit, oldest first (tasks_parent).
+SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
+       run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id
+FROM tasks WHERE parent_id = %(id)s ORDER BY created_at, id;
+
+-- name: task_wait
+-- What a task waits for, and its parent (inspect, status).
+SELECT id, parent_id, state, wait_kind, wait_name, wait_key, wait_count, run_at
+FROM tasks WHERE id = ANY(%(ids)s::text[]);
+
+-- name: compensating_mark
+-- A task entering COMPENSATING: a fresh set of attempts for its compensations, and
+-- wait_kind 'compensate' (the wake-up's audit names where it came from).
+UPDATE tasks SET attempt = 0, wait_kind = 'compensate'
+WHERE id = ANY(%(ids)s::text[]) AND state = 'COMPENSATING';
+
+-- name: compensable_read
+-- Whether a task recorded an effect with a compensation (its marker step).
+SELECT task_id FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND name = 'ratchet:compensable';

@@ -18,7 +18,9 @@ SELECT (julianday('now') - 2440587.5) * 86400.0;
 SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
                AND run_at <= :now)
     OR EXISTS (SELECT 1 FROM tasks WHERE lease_until IS NOT NULL AND state = 'RUNNING'
-               AND lease_until < :now);
+               AND lease_until < :now)
+    OR EXISTS (SELECT 1 FROM tasks WHERE state IN ('WAITING', 'COMPENSATING')
+               AND run_at <= :now);
 
 -- name: clock_repair_ready
 -- After a backward step of the ledger clock (ledger/clock.py): a ready row written ahead
@@ -39,10 +41,10 @@ WHERE lease_until IS NOT NULL AND state = 'RUNNING' AND lease_until > :now + lea
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
-                   tenant, trace_context)
+                   tenant, trace_context, parent_id)
 VALUES (:id, :name, :version, :params, :digest, :key, 'PENDING', :max_attempts, :lease_s,
         COALESCE(:run_at, :now + :delay), :now, :now, :quarantine_after, :tenant,
-        :trace)
+        :trace, :parent)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: submit_present
@@ -267,13 +269,13 @@ FROM workers WHERE host_id = :host_id AND state = 'alive' ORDER BY started_at;
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined, last_traceback
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id
 FROM tasks WHERE id = :id;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined, last_traceback
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id
 FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: timeline_audit
@@ -893,3 +895,111 @@ ON CONFLICT (budget, bucket, holder) DO UPDATE SET calls = calls + excluded.call
 -- Buckets no window can reach any more.
 DELETE FROM budget_counts
 WHERE budget IN (SELECT value FROM json_each(:keys)) AND bucket < :before;
+
+-- ---------------------------------------------------------------- workflows (waits, events,
+-- children, compensation: DESIGN §3 waits, §5 compensation)
+
+-- name: wake_due
+-- The claim's wake-up: parked rows (WAITING, COMPENSATING) whose run_at has passed become
+-- PENDING, so the claim that follows can take them (tasks_waiting; a bounded batch, oldest
+-- first). wait_kind stays until the next wait ('compensate' tells the audit where it came
+-- from).
+UPDATE tasks SET state = 'PENDING', updated_at = :now
+WHERE id IN (SELECT id FROM tasks WHERE state IN ('WAITING', 'COMPENSATING')
+             AND run_at <= :now ORDER BY run_at LIMIT :wake_limit)
+RETURNING id, generation, wait_kind;
+
+-- name: wait_set
+-- What a task that just parked itself (RUNNING -> WAITING, in the same transaction) waits
+-- for; a wait on children counts them with wait_children.
+UPDATE tasks SET wait_kind = :kind, wait_name = :name, wait_key = :key, wait_step = :step,
+    wait_seq = :seq, wait_after = :after, wait_count = NULL
+WHERE id = :id AND generation = :generation AND state = 'WAITING';
+
+-- name: wait_event_check
+-- The mailbox, read by the wait itself: the first event of its (name, key) sent since the
+-- task was submitted that it has not received yet is delivered at once (written as the
+-- wait's checkpoint, the task made PENDING). Events sent later find the task WAITING
+-- (event_deliver); SQLite's write lock orders the two.
+INSERT INTO steps (task_id, name, result, generation, committed_at, seq)
+SELECT t.id, t.wait_step, json_object('seq', e.seq, 'payload', json(e.payload)),
+       t.generation, :now, t.wait_seq
+FROM tasks AS t JOIN events AS e ON e.name = t.wait_name AND e.key = t.wait_key
+WHERE t.id = :id AND t.generation = :generation AND t.state = 'WAITING'
+  AND e.seq > COALESCE(t.wait_after, 0) AND e.sent_at >= t.created_at
+ORDER BY e.seq LIMIT 1
+ON CONFLICT (task_id, name) DO NOTHING;
+UPDATE tasks SET state = 'PENDING', run_at = MIN(run_at, :now), updated_at = :now
+WHERE id = :id AND generation = :generation AND state = 'WAITING'
+  AND EXISTS (SELECT 1 FROM steps AS s WHERE s.task_id = tasks.id AND s.name = tasks.wait_step)
+RETURNING id;
+
+-- name: wait_children
+-- A parent parks on its children: those not ended yet are marked awaited (their end is
+-- counted by the tasks_fan_in trigger), the parent waits for that many, and is PENDING at
+-- once when none is left.
+UPDATE tasks SET awaited = 1
+WHERE id IN (SELECT value FROM json_each(:children)) AND parent_id = :id
+  AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'COMPENSATED');
+UPDATE tasks SET wait_count = (
+    SELECT COUNT(*) FROM tasks AS c
+    WHERE c.id IN (SELECT value FROM json_each(:children)) AND c.parent_id = :id
+      AND c.awaited = 1)
+WHERE id = :id AND generation = :generation AND state = 'WAITING';
+UPDATE tasks SET state = 'PENDING', run_at = MIN(run_at, :now), updated_at = :now
+WHERE id = :id AND generation = :generation AND state = 'WAITING' AND wait_count <= 0
+RETURNING id;
+
+-- name: event_insert
+-- The mailbox: an event id sent again is the same event (nothing written).
+INSERT INTO events (event_id, name, key, payload, sent_at, sent_by)
+VALUES (:event_id, :name, :key, :payload, :now, :by)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING seq;
+
+-- name: event_get
+SELECT seq, event_id, name, key, payload, sent_at FROM events WHERE event_id = :event_id;
+
+-- name: event_deliver
+-- A new event reaches every task WAITING on its (name, key) that was submitted before it
+-- was sent and has not received it: written as each wait's checkpoint (a replay sees the
+-- same payload), and the tasks made PENDING (tasks_wait_event).
+INSERT INTO steps (task_id, name, result, generation, committed_at, seq)
+SELECT id, wait_step, json_object('seq', :seq, 'payload', json(:payload)), generation,
+       :now, wait_seq
+FROM tasks
+WHERE state = 'WAITING' AND wait_name = :name AND wait_key = :key AND wait_kind = 'event'
+  AND COALESCE(wait_after, 0) < :seq
+ON CONFLICT (task_id, name) DO NOTHING;
+UPDATE tasks SET state = 'PENDING', run_at = MIN(run_at, :now), updated_at = :now
+WHERE state = 'WAITING' AND wait_name = :name AND wait_key = :key AND wait_kind = 'event'
+  AND COALESCE(wait_after, 0) < :seq
+RETURNING id, generation;
+
+-- name: events_prune
+-- Retention: events sent before the cutoff (events_sent_at).
+DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE sent_at < :cutoff
+                                 ORDER BY sent_at LIMIT :limit);
+
+-- name: task_children
+-- The tasks a parent submitted with ctx.submit, oldest first (tasks_parent).
+SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
+       run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id
+FROM tasks WHERE parent_id = :id ORDER BY created_at, id;
+
+-- name: task_wait
+-- What a task waits for, and its parent (inspect, status).
+SELECT id, parent_id, state, wait_kind, wait_name, wait_key, wait_count, run_at
+FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: compensating_mark
+-- A task entering COMPENSATING: a fresh set of attempts for its compensations, and
+-- wait_kind 'compensate' (the wake-up's audit names where it came from).
+UPDATE tasks SET attempt = 0, wait_kind = 'compensate'
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'COMPENSATING';
+
+-- name: compensable_read
+-- Whether a task recorded an effect with a compensation (its marker step).
+SELECT task_id FROM steps
+WHERE task_id IN (SELECT value FROM json_each(:ids)) AND name = 'ratchet:compensable';
