@@ -33,6 +33,7 @@ NEEDS_REASON = {
     ("resolve",): ["t-1", "--outcome", "done"],
     ("cancel",): ["t-1"],
     ("retry",): ["t-1"],
+    ("compensate",): ["t-1"],
     ("pause",): ["--type", "why.echo"],
     ("resume",): ["--type", "why.echo"],
     ("limits", "set"): ["--type", "why.echo", "--max", "2"],

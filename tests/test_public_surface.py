@@ -36,7 +36,7 @@ RATCHET_ALL = [
 
 CONTROL_ALL = [
     "ALL_TYPES", "AuditEvent", "Control", "ControlOutcome", "DefinitionView", "EffectPage",
-    "EffectRecord", "EffectState", "EffectView", "LATE_ACCOUNTED_FOR",
+    "EffectRecord", "EffectState", "EffectView", "EventReceipt", "LATE_ACCOUNTED_FOR",
     "LATE_POSSIBLE_DUPLICATE", "LateEffectView", "LimitReached", "LimitView", "LimitsReport",
     "PauseRecord", "PauseResult", "PruneReport", "QuarantineGroupView", "REASON_REQUIRED",
     "ReconcileCounts", "ReplayReport", "ReplayedTask", "ResolveOutcome", "StatusReport",

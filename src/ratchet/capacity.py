@@ -68,6 +68,9 @@ class TypeStatusView:
             a delay, or backing off before a retry); ``backlog + scheduled`` is their count.
         running: ``RUNNING`` tasks (a dead holder's included until its lease is taken
             over or revoked).
+        waiting: ``WAITING`` tasks, parked by their own code (a durable sleep, an event,
+            their children): no lease, no slot, neither backlog nor running; each is
+            ready again when what it waits for comes.
         arrival_per_s: tasks created in the window / ``window_s``, tasks per second.
         completion_per_s: tasks that left the work in the window / ``window_s``, tasks per
             second: reached ``SUCCEEDED``, ``FAILED`` or ``CANCELLED``, or went ``UNKNOWN``
@@ -131,6 +134,7 @@ class TypeStatusView:
     held_back: int = 0
     held_in: list[str] = field(default_factory=list)
     drain: str = ""
+    waiting: int = 0
 
 
 def span(seconds: float | None) -> str:
@@ -227,6 +231,7 @@ def _type_view(name: str, counts: Mapping[str, int], cap: TypeCapacity, now: flo
         backlog=backlog,
         scheduled=scheduled,
         running=counts.get(State.RUNNING.value, 0),
+        waiting=counts.get(State.WAITING.value, 0),
         arrival_per_s=arrival,
         completion_per_s=completion,
         net_drain_per_s=net,

@@ -8,6 +8,10 @@
 * ``web.poison()``: the same error every time; quarantined after 2 failures in a row (for
   replay).
 * ``web.pinned(text)``: versions 1 and 2 (for an Idempotency-Key replay pinning another).
+* ``web.await(order_id)``: waits for the event ``shipped`` of its order and returns its
+  payload (``WAITING`` until then; for ``POST /api/events``).
+* ``web.fanout(n)``: submits ``n`` ``web.await`` children (orders ``f-0`` ...) and
+  gathers them (a parent with a children tree).
 """
 
 from __future__ import annotations
@@ -45,6 +49,15 @@ def make_app(ledger_url: str | None = None) -> App:
     @app.task(name="web.poison", retry=POISON_POLICY)
     def poison(ctx: TaskContext) -> None:
         raise RuntimeError("poisoned input")
+
+    @app.task(name="web.await")
+    def await_event(ctx: TaskContext, order_id: str) -> Any:
+        return ctx.wait_for_event("shipped", key=order_id)
+
+    @app.task(name="web.fanout")
+    def fanout(ctx: TaskContext, n: int) -> list[Any]:
+        handles = ctx.submit_many("web.await", [{"order_id": f"f-{i}"} for i in range(n)])
+        return ctx.gather(handles)
 
     for version in (1, 2):
         @app.task(name="web.pinned", version=version)

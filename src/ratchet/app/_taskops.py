@@ -1,4 +1,4 @@
-"""The task listing and the audited cancel and retry, on a ledger: what
+"""The task listing and the audited cancel, retry and compensate, on a ledger: what
 :class:`ratchet.Control` and :class:`ratchet.App` (``app.list_tasks``, ``app.cancel``,
 ``app.retry``) both do, below both."""
 
@@ -14,7 +14,7 @@ from ..states import State
 from ..validation import MAX_KEY_BYTES, check_identifier
 from ._checks import check_limit, check_optional_age, operator_args, parse_cursor, states, task_id
 
-__all__ = ["LedgerOnDemand", "TaskPage", "cancel", "list_tasks", "retry"]
+__all__ = ["LedgerOnDemand", "TaskPage", "cancel", "compensate", "list_tasks", "retry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,3 +135,16 @@ def retry(ledger: Callable[[], Ledger], task: str, reason: str,
     """
     why, who = operator_args(reason, by)
     return ledger().retry(task_id(task), why, who)
+
+
+def compensate(ledger: Callable[[], Ledger], task: str, reason: str,
+               by: str | None) -> ControlOutcome:
+    """Send the ``FAILED`` ``task`` to ``COMPENSATING`` on ``ledger()``, audited
+    (:meth:`Control.compensate` documents the rules).
+
+    Raises:
+        InvalidArguments: blank reason, malformed task id or operator name.
+        TaskNotFound: no such task. LedgerUnavailable: no ledger there.
+    """
+    why, who = operator_args(reason, by)
+    return ledger().compensate(task_id(task), why, who)

@@ -1,5 +1,5 @@
 """Operator actions on one task, audited with ``--reason`` and ``--operator``: ``resolve``
-(an UNKNOWN task's open effect), ``cancel`` and ``retry``."""
+(an UNKNOWN task's open effect), ``cancel``, ``retry`` and ``compensate``."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from .render import (
     line,
 )
 
-__all__ = ["cancel", "resolve", "retry"]
+__all__ = ["cancel", "compensate", "resolve", "retry"]
 
 
 def resolve(
@@ -144,6 +144,30 @@ def retry(
         who = operator if operator is not None else default_operator()
         with Control(ledger) as control:
             outcome = control.retry(task_id, reason=require_reason(reason), by=who)
+        _print_control(outcome, who, as_json)
+
+    guard(run)
+
+
+def compensate(
+    task_id: TaskArg,
+    reason: ReasonOpt = None,
+    operator: OperatorOpt = None,
+    ledger: LedgerOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Undo a FAILED task's completed effects (audited with --reason and --operator).
+
+    The task goes COMPENSATING; a worker runs the compensation of each completed effect,
+    newest first, each once (an effect of its own), and the task ends COMPENSATED (UNKNOWN
+    if a compensation's outcome cannot be known). Exit status 0 when sent to compensate;
+    1 when nothing changed (the task is not FAILED); 2 on an error.
+    """
+
+    def run() -> None:
+        who = operator if operator is not None else default_operator()
+        with Control(ledger) as control:
+            outcome = control.compensate(task_id, reason=require_reason(reason), by=who)
         _print_control(outcome, who, as_json)
 
     guard(run)

@@ -2,9 +2,10 @@
 the app, its commands in the order ``ratchet --help`` lists them, and the entry point.
 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
-``late-effects``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``pause``, ``resume``,
-``limits`` (``set``, ``clear``), ``quarantine`` (``list``, ``replay``), ``definitions``,
-``prune``, ``serve``, ``migrate``, ``demo``; ``ratchet --version``. Every command takes
+``late-effects``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
+``send-event``, ``pause``, ``resume``, ``limits`` (``set``, ``clear``), ``quarantine``
+(``list``, ``replay``), ``definitions``, ``prune``, ``serve``, ``migrate``, ``demo``;
+``ratchet --version``. Every command takes
 ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``). The commands
 call only the public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loading.load_app`),
 never the ledger modules. Ratchet errors print one line saying what to fix (stored data and
@@ -16,10 +17,11 @@ user input printed as text, never as markup; passwords redacted) and exit with t
 
 One module per command group: :mod:`~ratchet.cli.worker_boot`, :mod:`~ratchet.cli.tasks`,
 :mod:`~ratchet.cli.status`, :mod:`~ratchet.cli.workers`, :mod:`~ratchet.cli.definitions`,
-:mod:`~ratchet.cli.reconcile`, :mod:`~ratchet.cli.actions`, :mod:`~ratchet.cli.pausing`,
-:mod:`~ratchet.cli.limits`, :mod:`~ratchet.cli.quarantine`, :mod:`~ratchet.cli.prune`,
-:mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.migrate`, :mod:`~ratchet.cli.demo`; shared
-options in :mod:`~ratchet.cli.options`, errors to exit status in :mod:`~ratchet.cli.guard`.
+:mod:`~ratchet.cli.reconcile`, :mod:`~ratchet.cli.actions`, :mod:`~ratchet.cli.events`,
+:mod:`~ratchet.cli.pausing`, :mod:`~ratchet.cli.limits`, :mod:`~ratchet.cli.quarantine`,
+:mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.migrate`,
+:mod:`~ratchet.cli.demo`; shared options in :mod:`~ratchet.cli.options`, errors to exit
+status in :mod:`~ratchet.cli.guard`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from . import (
     actions,
     definitions,
     demo,
+    events,
     migrate,
     pausing,
     prune,
@@ -97,6 +100,8 @@ for _name, _command in (
     ("resolve", actions.resolve),
     ("cancel", actions.cancel),
     ("retry", actions.retry),
+    ("compensate", actions.compensate),
+    ("send-event", events.send_event),
     ("pause", pausing.pause),
     ("resume", pausing.resume),
     ("prune", prune.prune),

@@ -89,7 +89,8 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
         table.add_row("(no tasks)", "")
     parts.append(table)
     cap = Table(title=f"capacity (rates over the last {s.window_s:g} s)")
-    for col in ("task", "backlog", "scheduled", "running", "in/s", "done/s", "net/s",
+    for col in ("task", "backlog", "scheduled", "running", "waiting", "in/s", "done/s",
+                "net/s",
                 "drain", "oldest pending", "unknown", "oldest unknown", "quarantined"):
         cap.add_column(col, overflow="fold",
                        justify="left" if col in ("task", "drain") else "right")
@@ -98,6 +99,7 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
         cap.add_row(field("all types" if v is s.totals else v.name,
                           "bold" if v is s.totals else ""),
                     field(v.backlog), field(v.scheduled), field(v.running),
+                    field(v.waiting),
                     field(_rate(v.arrival_per_s)), field(_rate(v.completion_per_s)),
                     field(("+" if v.net_drain_per_s > 0 else "") + _rate(v.net_drain_per_s)),
                     field(drain, drain_style), field(_span(v.oldest_pending_age_s)),
@@ -108,7 +110,9 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
         cap.add_row("(no tasks)", "")
     parts.append(cap)
     parts.append(line("running: leased tasks, executing or prefetched by a worker (up to "
-                      "--prefetch per worker); done/s: finished or gone UNKNOWN; in/s and "
+                      "--prefetch per worker); waiting: parked by their own code (a sleep, "
+                      "an event, their children), holding no slot; done/s: finished or "
+                      "gone UNKNOWN; in/s and "
                       "done/s are averages over the window; net/s and the drain estimate "
                       "too, or over its last quarter once arrivals stopped (the drain column "
                       "says which)"))
@@ -189,10 +193,11 @@ def status(
     """Per task type: counts by state, backlog, rates, drain ETA; and health.
 
     Capacity per type (and over all types): backlog (ready now), scheduled (delayed or
-    backing off), running, arrival and completion rates over --window, the net drain rate
-    with "drains in ~X" while it is positive or "backlog growing by N/s", the oldest
-    pending age, unknown (and the oldest unknown's age) and quarantined. Counts are what
-    the ledger holds and add up to the total. Also: late effects, claims, takeovers,
+    backing off), running, waiting (parked in a sleep, for an event or for its children;
+    no slot held), arrival and completion rates over --window, the net drain rate with
+    "drains in ~X" while it is positive or "backlog growing by N/s", the oldest pending
+    age, unknown (and the oldest unknown's age) and quarantined. Counts are what the
+    ledger holds and add up to the total. Also: late effects, claims, takeovers,
     revocations, stale-generation rejections, pauses, durability and schema version.
     --watch [SECONDS] redraws until Ctrl-C (--count N: N reads, then exit).
     """

@@ -3,6 +3,7 @@ task and its timeline) and ``late-effects``."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -13,6 +14,7 @@ from rich.text import Text
 from .. import (
     InvalidArguments,
     State,
+    TaskNotFound,
 )
 from ..capacity import span as _span
 from ..control import (
@@ -110,7 +112,8 @@ def tasks(
         list[str] | None,
         typer.Option("--state", metavar="STATE",
                      help="Only this state (repeat for several): PENDING, RUNNING, "
-                     "RETRY_WAIT, UNKNOWN, PAUSED, SUCCEEDED, FAILED, CANCELLED."),
+                     "RETRY_WAIT, WAITING, UNKNOWN, PAUSED, COMPENSATING, SUCCEEDED, "
+                     "FAILED, CANCELLED, COMPENSATED."),
     ] = None,
     task_type: Annotated[
         list[str] | None,
@@ -197,9 +200,33 @@ def _state_cell(t: TaskInfo) -> Text:
     return field(t.state)
 
 
-def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False) -> None:
+MAX_CHILD_ROWS = 100
+"""The most children ``ratchet inspect`` lists as text (``--json`` has every one)."""
+
+
+def _children_table(children: list[TaskInfo]) -> Table:
+    """The children of ``ratchet inspect``: each child's id, type, state (what a waiting
+    one waits for) and attempt, oldest first, with the count per state in the title."""
+    per_state = Counter(str(c.state) for c in children)
+    summary = ", ".join(f"{n} {st}" for st, n in sorted(per_state.items()))
+    table = Table(title=f"children ({len(children)}: {summary})")
+    for column in ("task", "type", "state", "attempt", "waiting for"):
+        table.add_column(column, overflow="fold")
+    for c in children[:MAX_CHILD_ROWS]:
+        table.add_row(field(c.task_id), field(c.name), _state_cell(c),
+                      field(f"{c.attempt}/{c.max_attempts}"),
+                      field(c.waiting_for if c.state is State.WAITING and c.waiting_for
+                            else "-"))
+    if len(children) > MAX_CHILD_ROWS:
+        table.add_row(f"... and {len(children) - MAX_CHILD_ROWS} more (--json lists every "
+                      "one)", "", "", "", "")
+    return table
+
+
+def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False,
+                    parent: TaskInfo | None = None) -> None:
     """The text form of ``ratchet inspect`` (``with_traceback``: the last error's whole
-    message and its traceback too)."""
+    message and its traceback too; ``parent``: the task's parent, when read)."""
     out = console()
     t = tl.task
     out.print(line((t.name, "bold"), " ", (t.task_id, ""), "  state=", (t.state, "bold"),
@@ -207,6 +234,16 @@ def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False) 
                    (t.idempotency_key if t.idempotency_key is not None else "-", "")))
     if t.tenant is not None:
         out.print(line("tenant: ", (t.tenant, "")))
+    if t.parent_id is not None:
+        if parent is None:
+            out.print(line("parent: ", (t.parent_id, "")))
+        else:
+            out.print(line("parent: ", (t.parent_id, ""), " (", (parent.name, ""), ", ",
+                           (parent.state, "bold"), ")"))
+    if t.state is State.WAITING:
+        out.print(line(("waiting", "bold"), " for: ",
+                       (t.waiting_for or "(not recorded)", ""),
+                       " (no lease, no slot: ready again when it arrives)"))
     if t.undecodable:
         out.print(line(("undecodable", "bold yellow"), ": ", (", ".join(t.undecodable), ""),
                        " (shown as stored; bytes that are not valid UTF-8 as \\x escapes, a"
@@ -265,6 +302,8 @@ def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False) 
     for at, _, label, gen, holder, detail in sorted(rows, key=lambda r: (r[0], r[1])):
         table.add_row(field(when(at)), field(label), field(gen), field(holder), field(detail))
     out.print(table)
+    if tl.children:
+        out.print(_children_table(tl.children))
     duplicates = [le for le in tl.late_effects if le.kind != LATE_ACCOUNTED_FOR]
     if duplicates:
         out.print(line(("warning: ", "yellow"), f"{len(duplicates)} late effect(s): a "
@@ -284,17 +323,24 @@ def inspect(
 
     Params, result, last error (its type and the first line of its message; --traceback
     for the rest); claims, steps, effects, retries, stale rejections and operator actions
-    in order.
+    in order; its parent, what it waits for (WAITING: a sleep's deadline, an event, its
+    children) and the children it submitted, with their states.
     """
 
     def run() -> None:
         with Control(ledger) as control:
             tl = control.inspect(task_id)
             now = control.ledger_now() if not as_json else 0.0
+            parent = None
+            if not as_json and tl.task.parent_id is not None:
+                try:
+                    parent = control.get(tl.task.parent_id)
+                except TaskNotFound:  # pruned: its id is all there is
+                    parent = None
         if as_json:
             echo_json(tl)
         else:
-            _print_timeline(tl, now, with_traceback)
+            _print_timeline(tl, now, with_traceback, parent)
 
     guard(run)
 

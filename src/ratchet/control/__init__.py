@@ -17,7 +17,7 @@ CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records
 Read-only calls (:meth:`Control.status`, :meth:`Control.throughput`,
 :meth:`Control.inspect`, :meth:`Control.workers`, :meth:`Control.late_effects`,
 :meth:`Control.limits`, :meth:`Control.effects`, :meth:`Control.reconcile_counts`,
-:meth:`Control.schema_version`)
+:meth:`Control.schema_version`, :meth:`Control.children`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -46,6 +46,7 @@ from ..ledger.base import (
     ControlOutcome,
     EffectRecord,
     EffectState,
+    EventReceipt,
     PauseRecord,
     PauseResult,
     PruneReport,
@@ -95,6 +96,7 @@ __all__ = [
     "EffectRecord",
     "EffectState",
     "EffectView",
+    "EventReceipt",
     "LATE_ACCOUNTED_FOR",
     "LATE_POSSIBLE_DUPLICATE",
     "LateEffectView",

@@ -5,6 +5,7 @@ skipped when refused)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from ._records import (
     QuarantineGroupView,
     TaskEffectView,
     TaskTimeline,
+    waiting_text,
 )
 from ._reports import (
     DEFAULT_LEASE_S,
@@ -47,6 +49,17 @@ from ._reports import (
 )
 
 __all__ = ["ControlReads"]
+
+
+def _with_waits(led: Ledger, tasks: list[TaskInfo]) -> list[TaskInfo]:
+    """``tasks`` with ``waiting_for`` set on each ``WAITING`` one (one read of the
+    ledger's :meth:`~ratchet.ledger.base.Ledger.waits`, none when no task waits)."""
+    ids = [t.task_id for t in tasks if t.state is State.WAITING]
+    if not ids:
+        return tasks
+    found = {w.task_id: waiting_text(w) for w in led.waits(ids)}
+    return [dataclasses.replace(t, waiting_for=found[t.task_id]) if found.get(t.task_id)
+            else t for t in tasks]
 
 
 class ControlReads(ControlHandles):
@@ -141,12 +154,26 @@ class ControlReads(ControlHandles):
                 for b in self._reader().throughput(window, bucket, name)]
 
     def get(self, task_id: str) -> TaskInfo:
-        """One task's row.
+        """One task's row (``waiting_for`` says what it waits for when it is ``WAITING``).
 
         Raises:
             TaskNotFound: no task with that id. LedgerUnavailable: no ledger there.
         """
-        return self._reader().get(opchecks.task_id(task_id))
+        led = self._reader()
+        [task] = _with_waits(led, [led.get(opchecks.task_id(task_id))])
+        return task
+
+    def children(self, task_id: str) -> list[TaskInfo]:
+        """The tasks ``task_id`` submitted with ``ctx.submit`` / ``ctx.submit_many`` (their
+        ``parent_id`` is ``task_id``), oldest first; empty for a task that submitted none
+        (``ratchet inspect`` and the dashboard's task page show them as a tree, one level
+        at a time).
+
+        Raises:
+            InvalidArguments: a malformed task id. LedgerUnavailable: no ledger there.
+        """
+        led = self._reader()
+        return _with_waits(led, led.children(opchecks.task_id(task_id)))
 
     def get_many(self, task_ids: Sequence[str]) -> list[TaskInfo]:
         """The rows of ``task_ids`` (those that exist, in no particular order): one read,
@@ -185,7 +212,8 @@ class ControlReads(ControlHandles):
         return self._reader().schema_version()
 
     def inspect(self, task_id: str) -> TaskTimeline:
-        """The task with its audit events, steps and effects (``ratchet inspect``).
+        """The task with its audit events, steps, effects and children (``ratchet
+        inspect``).
 
         Values that cannot be decoded are returned as
         :class:`~ratchet.serde.Undecodable` (their text and the reason), not raised.
@@ -193,7 +221,11 @@ class ControlReads(ControlHandles):
         Raises:
             TaskNotFound: no task with that id. LedgerUnavailable: no ledger there.
         """
-        return TaskTimeline.from_timeline(self._reader().timeline(opchecks.task_id(task_id)))
+        led = self._reader()
+        tid = opchecks.task_id(task_id)
+        timeline = led.timeline(tid)
+        [task, *children] = _with_waits(led, [timeline.task, *led.children(tid)])
+        return TaskTimeline.from_timeline(dataclasses.replace(timeline, task=task), children)
 
     def late_effects(self, task_id: str | None = None, limit: int = 100) -> list[LateEffectView]:
         """Calls that stale holders sent after their claim was taken over, newest first:

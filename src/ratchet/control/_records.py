@@ -16,11 +16,14 @@ JSON) or left out (digests, sequence numbers).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from ..errortext import error_summary
 from ..ledger.base import (
+    FOREVER,
     LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
     EffectRecord,
@@ -32,6 +35,7 @@ from ..ledger.base import (
     TaskEffect,
     TaskInfo,
     Timeline,
+    WaitInfo,
 )
 from ..serde import loads_stored
 from ..storedtext import StoredState, UndecodableText
@@ -45,7 +49,21 @@ __all__ = [
     "StepView",
     "TaskEffectView",
     "TaskTimeline",
+    "waiting_text",
 ]
+
+
+def waiting_text(wait: WaitInfo) -> str | None:
+    """What a task waits for, for people: ``"sleep until 2026-12-04T11:30:00Z"``,
+    ``"event shipped/order-7"`` (``" until <when>"`` with a timeout), ``"3 children"``;
+    None when it is not waiting (times are the ledger clock's, UTC)."""
+    text = wait.describe()
+    if text is None:
+        return None
+    if wait.until is not None and wait.until < FOREVER:
+        at = datetime.fromtimestamp(wait.until, UTC).isoformat(timespec="seconds")
+        text = f"{text} until {at.replace('+00:00', 'Z')}"
+    return text
 
 
 def _copied(view: type, record: type, *, converted: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -232,6 +250,9 @@ class TaskTimeline:
         effects: effect records, in code-path order.
         late_effects: calls stale holders sent after a takeover (possible duplicates),
             newest first.
+        children: the tasks it submitted with ``ctx.submit`` / ``ctx.submit_many``
+            (each one's ``parent_id`` is this task), oldest first; their own children are
+            on their own timelines. The parent is ``task.parent_id``.
     """
 
     task: TaskInfo
@@ -239,11 +260,13 @@ class TaskTimeline:
     steps: list[StepView]
     effects: list[EffectView]
     late_effects: list[LateEffectView] = field(default_factory=list)
+    children: list[TaskInfo] = field(default_factory=list)
 
     @classmethod
-    def from_timeline(cls, tl: Timeline) -> TaskTimeline:
+    def from_timeline(cls, tl: Timeline, children: Sequence[TaskInfo] = ()) -> TaskTimeline:
         """The view of the ledger's :class:`~ratchet.ledger.base.Timeline`: the same
-        fields, each step, effect and late effect decoded."""
+        fields, each step, effect and late effect decoded; ``children``: the task's
+        children as the ledger read them."""
         effects = list(tl.effects)
         return cls(
             **_copy(tl, _TIMELINE_COPIED), events=list(tl.events),
@@ -251,6 +274,7 @@ class TaskTimeline:
             effects=[EffectView.from_record(e) for e in effects],
             late_effects=[LateEffectView.from_record(le, tl.task.name, effects)
                           for le in tl.late_effects],
+            children=list(children),
         )
 
 
@@ -317,5 +341,6 @@ _STEP_COPIED = _copied(StepView, StepRecord, converted=("result",))
 _EFFECT_COPIED = _copied(EffectView, EffectRecord, converted=("state", "result", "undecodable"))
 _TASK_EFFECT_COPIED = _copied(TaskEffectView, TaskEffect, converted=("task_state", "effect"))
 _TIMELINE_COPIED = _copied(TaskTimeline, Timeline,
-                           converted=("events", "steps", "effects", "late_effects"))
+                           converted=("events", "steps", "effects", "late_effects",
+                                      "children"))
 _QUARANTINE_COPIED = _copied(QuarantineGroupView, QuarantineGroup, converted=("task_ids",))

@@ -1,5 +1,6 @@
 """The audited operator writes of :class:`ratchet.Control`: resolve, cancel, retry,
-pause and resume, limits, quarantine replay, prune, reconcile records, migrate, submit."""
+compensate, events, pause and resume, limits, quarantine replay, prune, reconcile
+records, migrate, submit."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from typing import Any
 from ..app import TaskHandle
 from ..app import _checks as opchecks
 from ..app import _taskops as taskops
-from ..errors import ConfigError, InvalidArguments
+from ..config import max_payload_bytes_from_env
+from ..errors import ConfigError, InvalidArguments, PayloadTooLarge
 from ..ledger import open_ledger
 from ..ledger.base import (
     ControlOutcome,
+    EventReceipt,
     Limit,
     LimitScope,
     PauseResult,
@@ -289,6 +292,71 @@ class ControlWrites(ControlReads):
             TaskNotFound: no such task. LedgerUnavailable: no ledger there.
         """
         return taskops.retry(self._writer, task_id, reason, by)
+
+    def compensate(self, task_id: str, *, reason: str, by: str | None = None
+                   ) -> ControlOutcome:
+        """Undo a ``FAILED`` task's completed effects (``ratchet compensate``), audited with
+        ``by``, ``reason`` and the ledger's time: ``FAILED -> COMPENSATING``, an operator
+        move (DESIGN §3). A worker then claims it and runs the compensation of each of its
+        completed effects (``ctx.effect(..., compensate=...)``), newest first, each an
+        effect named ``compensate:<effect>`` with key ``compensate:<key>`` (so a crash in
+        the middle never runs one twice), and the task ends ``COMPENSATED`` (terminal); a
+        compensation whose outcome cannot be known sends it to ``UNKNOWN``. Any state but
+        ``FAILED`` is ``outcome="unchanged"`` (``message`` says why).
+
+        Returns:
+            what happened (:class:`~ratchet.ledger.base.ControlOutcome`, action
+            ``"compensate"``).
+
+        Raises:
+            InvalidArguments: blank reason, malformed task id or operator name.
+            TaskNotFound: no such task. LedgerUnavailable: no ledger there.
+        """
+        return taskops.compensate(self._writer, task_id, reason, by)
+
+    def send_event(self, name: str, *, key: str, payload: Any = None,
+                   event_id: str | None = None, by: str | None = None) -> EventReceipt:
+        """Send the event ``name`` for ``key`` (``ratchet send-event``; what
+        :meth:`ratchet.App.send_event` does, audited with the sender ``by``): stored in the
+        ledger's mailbox, and every task ``WAITING`` in ``ctx.wait_for_event(name,
+        key=key)`` is made ready, with ``payload`` as what its wait returns. An event sent
+        before anyone waits is kept: the next wait for it returns it at once.
+
+        Args:
+            name: the event's name (a storable identifier, at most 255 bytes in UTF-8).
+            key: what it is about, e.g. an order id (at most 1024 bytes in UTF-8).
+            payload: plain JSON (None is sent as null), at most the payload limit once
+                encoded (the App's ``max_payload_bytes``, else
+                ``RATCHET_MAX_PAYLOAD_BYTES``, bytes).
+            event_id: the event's identity (at most 1024 bytes): a second send with the
+                same id is the same event, delivered once (``duplicate=True``, nothing
+                woken). Default: a new id for each call.
+            by: who sends it (default: the login name), kept in the audit log.
+
+        Returns:
+            an :class:`~ratchet.ledger.base.EventReceipt`: the event id, its position
+            among the events of ``(name, key)``, whether it was a duplicate, and how
+            many waiting tasks it made ready.
+
+        Raises:
+            InvalidArguments: a malformed name, key, event id or sender, or an
+                ``event_id`` already used for another event (name, key or payload).
+            PayloadNotSerializable: ``payload`` is not plain JSON.
+            PayloadTooLarge: ``payload`` is over the payload limit; nothing written.
+            LedgerUnavailable: no ledger there.
+        """
+        check_identifier(name, "event name", MAX_NAME_BYTES)
+        check_identifier(key, "event key", MAX_KEY_BYTES)
+        if event_id is not None:
+            check_identifier(event_id, "event id", MAX_KEY_BYTES)
+        who = opchecks.operator_name(by)
+        payload_json = dumps(payload, what="the event's payload")
+        limit = (self._app.max_payload_bytes if self._app is not None
+                 else max_payload_bytes_from_env())
+        size = len(payload_json.encode("utf-8"))
+        if size > limit:
+            raise PayloadTooLarge(size, limit)
+        return self._writer().send_event(name, key, payload_json, event_id, who)
 
     def pause(self, scope: str, target: str | None = None, *, reason: str,
               by: str | None = None) -> PauseResult:

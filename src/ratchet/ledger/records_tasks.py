@@ -194,6 +194,11 @@ class TaskInfo:
     parent_id: str | None = None
     """The task that submitted this one from its body (``ctx.submit``), or None. Read by
     ``get``, ``get_many``, ``timeline`` and ``children``; None in lists."""
+    waiting_for: str | None = None
+    """What a ``WAITING`` task waits for, for people (``"sleep until
+    2026-12-04T11:30:00Z"``, ``"event shipped/order-7"``, ``"3 children"``): set by the
+    control API's reads (:meth:`ratchet.Control.inspect`, ``get``, ``children``) from
+    :meth:`Ledger.waits`; None from the ledger's own reads and for a task not waiting."""
 
     @property
     def terminal(self) -> bool:

@@ -19,6 +19,8 @@ Series:
 * ``ratchet_ledger_tasks{type,state}``;
 * per type: ``ratchet_ledger_backlog_tasks`` (ready to run now),
   ``ratchet_ledger_scheduled_tasks`` (waiting for a later ``run_at``),
+  ``ratchet_ledger_waiting_tasks`` (``WAITING``: parked in a durable sleep, an event or
+  its children; apart from the backlog and from ``state="running"``),
   ``ratchet_ledger_arrivals_per_second``, ``ratchet_ledger_completions_per_second`` (over
   the status window), ``ratchet_ledger_net_drain_per_second`` (over the window, or its
   last quarter once arrivals stopped: ``ratchet.capacity``),
@@ -73,6 +75,9 @@ _PER_TYPE = (
      "backlog"),
     ("ratchet_ledger_scheduled_tasks", "Tasks waiting for a later run_at (delayed, backoff).",
      "scheduled"),
+    ("ratchet_ledger_waiting_tasks", "Tasks WAITING: parked by their own code (a durable "
+     "sleep, an event, their children), holding no lease and no slot; neither backlog "
+     "nor running.", "waiting"),
     ("ratchet_ledger_arrivals_per_second", "Tasks submitted per second over the status "
      "window.", "arrival_per_s"),
     ("ratchet_ledger_completions_per_second", "Tasks that left the work per second over the "
@@ -255,7 +260,8 @@ def _capped(views: list[TypeStatusView]) -> list[TypeStatusView]:
     other = TypeStatusView(
         name=OTHER, counts=counts, total=sum(v.total for v in rest),
         backlog=sum(v.backlog for v in rest), scheduled=sum(v.scheduled for v in rest),
-        running=sum(v.running for v in rest), arrival_per_s=total("arrival_per_s"),
+        running=sum(v.running for v in rest), waiting=sum(v.waiting for v in rest),
+        arrival_per_s=total("arrival_per_s"),
         completion_per_s=total("completion_per_s"),
         net_drain_per_s=total("net_drain_per_s"), drain_eta_s=None,
         oldest_pending_age_s=oldest("oldest_pending_age_s"),

@@ -18,11 +18,13 @@ when a token is configured, open otherwise): ``GET /api/status``, ``/api/tasks``
 
 Mutations (:func:`ratchet.web.auth.token_ok`: the token when one is configured, else a
 loopback peer): ``POST /api/tasks`` (submit, with an optional ``Idempotency-Key``
-header), ``POST /api/tasks/{task_id}/cancel``, ``/retry``, ``/resolve``, ``POST
-/api/pauses``, ``POST /api/resume``, ``POST /api/quarantine/{fingerprint}/replay``. The
-operator actions take a ``reason`` and record the operator named by the
-``X-Ratchet-Operator`` header (default ``api@<peer address>``): the token is one shared
-secret, so it proves the right to act, not who acts.
+header), ``POST /api/tasks/{task_id}/cancel``, ``/retry``, ``/resolve``, ``/compensate``,
+``POST /api/events`` (an event for the tasks waiting for it; the ``Idempotency-Key``
+header is its id), ``POST /api/pauses``, ``POST /api/resume``, ``POST
+/api/quarantine/{fingerprint}/replay``. The operator actions take a ``reason`` and record
+the operator named by the ``X-Ratchet-Operator`` header (default ``api@<peer
+address>``), as an event records its sender: the token is one shared secret, so it proves
+the right to act, not who acts.
 
 Errors are :class:`~ratchet.web.models.ErrorBody` JSON: 401 missing / wrong token, 403
 submit on a service started without ``--app``, 404 unknown task, 409 wrong state or an
@@ -51,6 +53,7 @@ from ..control import (
     Control,
     ControlOutcome,
     DefinitionView,
+    EventReceipt,
     LateEffectView,
     PauseRecord,
     PauseResult,
@@ -81,8 +84,10 @@ from .models import (
     NO_NUL,
     ApiIndex,
     CancelBody,
+    CompensateBody,
     EndpointView,
     ErrorBody,
+    EventBody,
     FieldError,
     HealthBody,
     PauseBody,
@@ -571,6 +576,39 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
               summary="Run a FAILED task again, from its checkpoint")
     def retry(task_id: TaskId, body: RetryBody, operator: Operator) -> ControlOutcome:
         return _unchanged_is_conflict(control.retry(task_id, reason=body.reason, by=operator))
+
+    @api.post("/tasks/{task_id}/compensate", response_model=ControlOutcome,
+              responses=_errors(401, 404, 408, 409, 413, 422, 503),
+              summary="Undo a FAILED task's completed effects (then COMPENSATED)")
+    def compensate(task_id: TaskId, body: CompensateBody, operator: Operator
+                   ) -> ControlOutcome:
+        return _unchanged_is_conflict(control.compensate(task_id, reason=body.reason,
+                                                         by=operator))
+
+    @api.post("/events", status_code=201, response_model=EventReceipt,
+              responses={200: {"model": EventReceipt,
+                               "description": "The Idempotency-Key names an event already "
+                                              "sent: the same event, delivered once "
+                                              "(duplicate true, nothing woken)."},
+                         **_errors(401, 408, 409, 413, 422, 503)},
+              summary="Send an event to the tasks waiting for it (Idempotency-Key: its id)")
+    def send_event(
+        body: EventBody,
+        response: Response,
+        operator: Operator,
+        idempotency_key: Annotated[str | None, Header(
+            alias="Idempotency-Key", min_length=1, max_length=1024, pattern=NO_NUL,
+            description="The event's id: a resend of the same event with it is "
+                        "delivered once (200, duplicate true); another event with it is "
+                        "refused (422). Default: a new id.")] = None,
+    ) -> EventReceipt:
+        if idempotency_key is not None:
+            idempotency_key = _header_text(idempotency_key, "Idempotency-Key")
+        receipt = control.send_event(body.name, key=body.key, payload=body.payload,
+                                     event_id=idempotency_key, by=operator)
+        if receipt.duplicate:
+            response.status_code = 200
+        return receipt
 
     @api.post("/tasks/{task_id}/resolve", response_model=TaskInfo,
               responses=_errors(401, 404, 408, 409, 413, 422, 503),

@@ -4,9 +4,11 @@ Pages (GET; with ``RATCHET_API_TOKEN`` set each needs a logged-in session and re
 (303) to ``/login?next=<page>`` without one, :func:`ratchet.web.auth.read_ok`; without a
 token they are open; ``/login`` and ``/static`` are always open):
 
-* ``/`` overview per task type: counts by state, backlog, rates, drain ETA, oldest
-  pending age, unknown and quarantined, a chart of arrivals vs completions;
-* ``/tasks`` a filtered, paginated task list; ``/tasks/{id}`` one task's timeline;
+* ``/`` overview per task type: counts by state (``WAITING``, parked tasks, apart from the
+  backlog and the running), backlog, rates, drain ETA, oldest pending age, unknown and
+  quarantined, a chart of arrivals vs completions;
+* ``/tasks`` a filtered, paginated task list; ``/tasks/{id}`` one task's timeline, its
+  parent, what it waits for and the tree of its children with their states;
 * ``/unknown`` the ``UNKNOWN`` queue with resolve forms;
 * ``/quarantine`` quarantined tasks by error fingerprint, a dry-run replay, a replay;
 * ``/pauses`` the active pauses (who, why, since, what still runs), pause / resume a type;
@@ -43,6 +45,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..control import Control, ControlOutcome, PauseRecord, StatusReport
 from ..errors import ErrorSpec, InvalidArguments, RatchetError, TaskNotFound, error_spec
+from ..states import TERMINAL as TERMINAL_STATES
 from ..states import State
 from ..storedtext import stored_note
 from ..validation import MAX_KEY_BYTES, check_identifier
@@ -63,7 +66,9 @@ TASKS_PAGE = 50
 MAX_FORM_FIELDS = 50
 """Form fields accepted in one POST (the dashboard's forms have fewer than ten)."""
 
-TERMINAL = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+TERMINAL = frozenset(TERMINAL_STATES)
+"""The states whose task never moves again but by an operator's retry or compensate of a
+``FAILED`` one (no cancel or pause form on its page)."""
 
 STATE_COLUMNS = [s.value for s in State]
 """The overview's per-state columns, in the state machine's order."""
@@ -320,9 +325,12 @@ class Dashboard:
         async def page() -> Response:
             tl = await self.call(self.control.inspect, tid)
             now = await self.call(self.control.ledger_now)
+            tree, hidden = await self.call(present.child_tree, tl.children,
+                                           self.control.children)
             return self.render(request, "task.html", status, tl=tl, t=tl.task,
                                rows=present.timeline_rows(tl), now=now, error=error,
-                               form=form or {}, terminal=tl.task.state in TERMINAL)
+                               form=form or {}, terminal=tl.task.state in TERMINAL,
+                               tree=tree, tree_hidden=hidden)
         return await self.guarded(request, page)
 
     async def unknown_page(self, request: Request, *, error: str | None = None,
@@ -504,9 +512,9 @@ class Dashboard:
 
     async def _task_action(self, request: Request, session: Session, form: dict[str, str],
                            action: Callable[..., ControlOutcome]) -> Response:
-        """Cancel or retry one task (``action``: ``Control.cancel`` / ``Control.retry``),
-        audited with the session's operator and the form's reason; a refusal is shown on
-        the task page, nothing changed."""
+        """Cancel, retry or compensate one task (``action``: ``Control.cancel`` /
+        ``Control.retry`` / ``Control.compensate``), audited with the session's operator
+        and the form's reason; a refusal is shown on the task page, nothing changed."""
         tid = form.get("task_id", "")
         try:
             reason = _reason(form)
@@ -523,6 +531,10 @@ class Dashboard:
     async def _retry(self, request: Request, session: Session,
                      form: dict[str, str]) -> Response:
         return await self._task_action(request, session, form, self.control.retry)
+
+    async def _compensate(self, request: Request, session: Session,
+                          form: dict[str, str]) -> Response:
+        return await self._task_action(request, session, form, self.control.compensate)
 
     async def _resolve(self, request: Request, session: Session,
                        form: dict[str, str]) -> Response:
@@ -627,8 +639,8 @@ class Dashboard:
 
     _actions: ClassVar[Mapping[str, Callable[[Dashboard, Request, Session, dict[str, str]],
                                              Awaitable[Response]]]] = {
-        "cancel": _cancel, "retry": _retry, "resolve": _resolve, "pause": _pause,
-        "resume": _resume, "replay": _replay,
+        "cancel": _cancel, "retry": _retry, "compensate": _compensate,
+        "resolve": _resolve, "pause": _pause, "resume": _resume, "replay": _replay,
     }
 
 

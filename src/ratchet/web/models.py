@@ -28,8 +28,10 @@ from ..validation import (
 __all__ = [
     "ApiIndex",
     "CancelBody",
+    "CompensateBody",
     "EndpointView",
     "ErrorBody",
+    "EventBody",
     "FieldError",
     "HealthBody",
     "PauseBody",
@@ -129,6 +131,30 @@ class RetryBody(_Body):
     """``POST /api/tasks/{task_id}/retry``."""
 
     reason: Reason
+
+
+class CompensateBody(_Body):
+    """``POST /api/tasks/{task_id}/compensate``: undo a ``FAILED`` task's completed
+    effects."""
+
+    reason: Reason
+
+
+class EventBody(_Body):
+    """``POST /api/events``: an event for the tasks waiting for it (``ctx.wait_for_event``);
+    the ``Idempotency-Key`` header is its id."""
+
+    name: Annotated[
+        str,
+        Field(min_length=1, max_length=MAX_NAME_BYTES, pattern=NO_NUL,
+              description="The event name (what ctx.wait_for_event waits for)."),
+        utf8_at_most(MAX_NAME_BYTES),
+    ]
+    key: Annotated[Key, Field(min_length=1, description="What the event is about, e.g. "
+                                                        "an order id.")]
+    payload: Any = Field(default=None, description="What the wait returns: plain JSON "
+                                                   "(default null), at most the ledger's "
+                                                   "payload limit once encoded.")
 
 
 class ResolveBody(_Body):

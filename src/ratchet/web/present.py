@@ -1,24 +1,30 @@
 """What the dashboard's templates show, computed from Control's records: formatting of
-times, durations, rates and stored values, and a task's merged timeline.
+times, durations, rates and stored values, a task's merged timeline, and the tree of its
+children.
 
 Pure functions over the frozen records of :mod:`ratchet.control`; nothing here reads the
-ledger.
+ledger itself (:func:`child_tree` reads through the function it is given).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..control import LATE_ACCOUNTED_FOR, TaskTimeline
+from ..control import LATE_ACCOUNTED_FOR, TaskInfo, TaskTimeline
 from ..errortext import error_summary
 from ..serde import Undecodable, printable
 
 __all__ = [
+    "MAX_TREE_DEPTH",
+    "MAX_TREE_NODES",
+    "ChildNode",
     "TimelineRow",
     "ago",
+    "child_tree",
     "drain",
     "duration",
     "error_line",
@@ -193,3 +199,69 @@ def drain(row: Any) -> str:
     rate)``, ``backlog growing by N/s``, ``no backlog``, ...), made once in
     :mod:`ratchet.capacity` for every face; ``-`` when a record has none."""
     return str(getattr(row, "drain", "") or "-")
+
+
+MAX_TREE_DEPTH = 3
+"""Levels of a task's children tree the task page shows (children, grandchildren, ...);
+a deeper one is on its own task's page."""
+
+MAX_TREE_NODES = 200
+"""Tasks at most in one children tree (one ledger read each, but the first level's);
+the rest are counted, not listed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildNode:
+    """One task of a children tree.
+
+    Attributes:
+        task: the child.
+        children: its own children that are shown, oldest first.
+        hidden: its children not shown (over :data:`MAX_TREE_NODES`).
+        unread: True when its children were not read (below :data:`MAX_TREE_DEPTH`, or
+            the node budget spent): its own page shows them.
+    """
+
+    task: TaskInfo
+    children: list[ChildNode]
+    hidden: int = 0
+    unread: bool = False
+
+
+def child_tree(children: Sequence[TaskInfo], read_children: Callable[[str], list[TaskInfo]],
+               *, max_depth: int = MAX_TREE_DEPTH, max_nodes: int = MAX_TREE_NODES,
+               ) -> tuple[list[ChildNode], int]:
+    """The tree of a task's ``children`` (its first level, already read), level by level
+    (every child before any grandchild), each task's children read with
+    ``read_children(task_id)`` (blocking: call it off the event loop), at most
+    ``max_depth`` levels and ``max_nodes`` tasks.
+
+    Returns:
+        ``(the first level's nodes, how many of the first level are not shown)``.
+    """
+    first = list(children[:max_nodes])
+    budget = max_nodes - len(first)
+    below: dict[str, list[TaskInfo]] = {}
+    hidden: dict[str, int] = {}
+    frontier = [(task, 1) for task in first]
+    while frontier:
+        following: list[tuple[TaskInfo, int]] = []
+        for task, depth in frontier:
+            if depth >= max_depth or budget <= 0 or task.task_id in below:
+                continue
+            found = read_children(task.task_id)
+            shown = found[:budget]
+            budget -= len(shown)
+            below[task.task_id] = shown
+            hidden[task.task_id] = len(found) - len(shown)
+            following += [(child, depth + 1) for child in shown]
+        frontier = following
+
+    def node(task: TaskInfo, path: frozenset[str]) -> ChildNode:
+        if task.task_id not in below or task.task_id in path:
+            return ChildNode(task, [], unread=True)
+        inner = path | {task.task_id}
+        return ChildNode(task, [node(c, inner) for c in below[task.task_id]],
+                         hidden[task.task_id])
+
+    return [node(task, frozenset()) for task in first], len(children) - len(first)
