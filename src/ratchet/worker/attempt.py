@@ -207,24 +207,22 @@ class AttemptLadder(FinalWrites):
             else:
                 # Raised by the task's own code (another App, another ledger): an ordinary
                 # failure that spends attempts like any other, so it ends.
-                transition = self._ending(definition, claim, ctx, exc
-                )
+                transition = self._ending(definition, claim, ctx, exc)
             self.on_failure(claim, transition)
         except UndecodableData as exc:
             # Stored data of this task cannot be read back: running again reads the same.
             ctx.exception = exc
-            transition = self._ending(definition, claim, ctx, exc, failure=FailureClass.PERMANENT,
-                error_class=UNDECODABLE,
-            )
+            transition = self._ending(definition, claim, ctx, exc,
+                                      failure=FailureClass.PERMANENT, error_class=UNDECODABLE)
             self.on_failure(claim, transition)
         except WriteRejected as exc:
             # The database refused one of this task's writes for its content: sending it
             # again cannot help. The failure write must not carry the refused steps.
             ctx.exception = exc
             ctx.discard_unsaved_steps()
-            transition = self._ending(definition, claim, ctx, exc, failure=FailureClass.PERMANENT,
-                error_class=WRITE_REJECTED,
-            )
+            transition = self._ending(definition, claim, ctx, exc,
+                                      failure=FailureClass.PERMANENT,
+                                      error_class=WRITE_REJECTED)
             self.on_failure(claim, transition)
         except Exception as exc:
             ctx.exception = exc
@@ -235,10 +233,10 @@ class AttemptLadder(FinalWrites):
             base_class = next(
                 (c for t, c in _BASE_EXCEPTION_CLASSES.items() if isinstance(exc, t)), None
             )
-            transition = self._ending(definition, claim, ctx, exc,
+            transition = self._ending(
+                definition, claim, ctx, exc,
                 failure=FailureClass.TRANSIENT if base_class is None else FailureClass.PERMANENT,
-                error_class=base_class,
-            )
+                error_class=base_class)
             self.on_failure(claim, transition)
         return self._finish(claim, ctx, transition)
 
