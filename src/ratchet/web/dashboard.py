@@ -73,6 +73,17 @@ TERMINAL = frozenset(TERMINAL_STATES)
 STATE_COLUMNS = [s.value for s in State]
 """The overview's per-state columns, in the state machine's order."""
 
+RARE_COLUMNS = frozenset({State.COMPENSATING.value, State.COMPENSATED.value})
+"""State columns the overview shows only while some type has a task in them (the table
+fits a 1,400 px window without them)."""
+
+
+def state_columns(types: Any) -> list[str]:
+    """The overview's state columns for ``types`` (rows with ``counts``): every state but
+    the rare ones nobody is in."""
+    return [s for s in STATE_COLUMNS
+            if s not in RARE_COLUMNS or any(t.counts.get(s) for t in types)]
+
 RATE_WINDOW_S = 60.0
 """The overview's rate window (arrivals, completions, net drain), seconds: the same as
 ``ratchet status``'s default."""
@@ -268,7 +279,8 @@ class Dashboard:
                                workers=[w for w in workers if w.state == "alive"],
                                ended=Counter(w.state for w in workers if w.state != "alive"),
                                totals=report.totals, paused=paused, now=report.ledger_now,
-                               states=STATE_COLUMNS, window_s=report.window_s,
+                               states=state_columns(report.types),
+                               window_s=report.window_s,
                                chart_window_s=CHART_WINDOW_S, bucket_s=BUCKET_S,
                                chart=chart, type_charts=per_type)
         return await self.guarded(request, page)
