@@ -17,7 +17,11 @@ a ``WAITING`` task waits for what its own park wrote; a parent waiting on childr
 (so at least one: a parent whose children all ended is not ``WAITING``); an event
 wait's checkpoint is absent while it waits, once written never changes, and holds the
 first event after ``after``; one wait is delivered to at most once; and a claim takes a
-parked task only once its ``run_at`` has passed.
+parked task only once its ``run_at`` has passed (or its last child ended in that claim).
+
+Found by it, kept as an xfail regression at the end of this file: a child left awaited by
+a children wait the parent left (pause, resume) is counted against the parent's next
+children wait. The machine re-waits on the same children then, as the worker's replay does.
 
 Determinism as in tests/test_state_machine.py: the draws never depend on the ledger, ids
 are deterministic, and the ledger clock moves on between steps. The claim's wake-up of due
@@ -65,7 +69,7 @@ from ratchet.testing import wait_for
 
 TASK = "wm.task"
 HOLDERS = ("w1", "w2", "w3")
-MAX_TASKS = 8
+MAX_TASKS = 10
 EVENTS = (("shipped", "a"), ("shipped", "b"), ("paid", "a"))
 """The (name, key) pairs events are sent to and waited on."""
 EVENT_IDS = ("e0", "e1", "e2", "e3", "e4", "e5")
@@ -78,11 +82,15 @@ CLOCK_TICK_S = 0.0015
 FINISH = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.RETRY_WAIT, State.PENDING)
 
 SETTINGS = {
-    "sqlite": settings(max_examples=40, stateful_step_count=30, deadline=None,
+    # ~15 s alone (a step is ~3 ms of SQLite work plus the clock tick).
+    "sqlite": settings(max_examples=120, stateful_step_count=50, deadline=None,
                        print_blob=True),
-    "postgresql": settings(max_examples=25, stateful_step_count=30, deadline=None,
+    # ~25 s alone: a step is a few dozen round trips.
+    "postgresql": settings(max_examples=50, stateful_step_count=40, deadline=None,
                            print_blob=True),
 }
+"""Hypothesis budget per backend (each well under a minute; conftest's ``ratchet`` profile
+sets no deadline and no example database)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +138,8 @@ class WorkflowMachine(RuleBasedStateMachine):
         """event id -> (name, key, payload, seq, sent_at)."""
         self.checkpoints: dict[tuple[str, str], tuple[str, int]] = {}
         self.paused: set[str] = set()
+        self.gathering: dict[str, tuple[str, ...]] = {}
+        """task -> the children its last children wait that parked waited for."""
         self.prev: dict[str, Snap] = {}
         self.counter = 0
 
@@ -150,12 +160,17 @@ class WorkflowMachine(RuleBasedStateMachine):
         return [c for c in self.task_ids if self.parent[c] == tid]
 
     def _token(self, pick: int, latest: bool) -> Token | None:
+        """A token: with ``latest``, one whose task its holder still runs (when there is
+        one), else any (often stale)."""
         if not self.tokens:
             return None
-        token = self.tokens[pick % len(self.tokens)]
         if latest:
-            token = [t for t in self.tokens if t.task_id == token.task_id][-1]
-        return token
+            held = [t for t in self.tokens
+                    if (info := self.ledger.get(t.task_id)).state is State.RUNNING
+                    and info.generation == t.generation]
+            if held:
+                return held[pick % len(held)]
+        return self.tokens[pick % len(self.tokens)]
 
     def _first_event(self, name: str, key: str, after: int, since: float
                      ) -> tuple[int, str] | None:
@@ -178,12 +193,17 @@ class WorkflowMachine(RuleBasedStateMachine):
         for short in leases:
             self.submit(parent_pick=None, short_lease=short, max_attempts=3)
 
-    @rule(parent_pick=st.none() | st.integers(0, 10_000), short_lease=st.booleans(),
-          max_attempts=st.integers(1, 3))
+    @rule(parent_pick=st.none() | st.integers(0, 10_000),
+          short_lease=st.sampled_from([False, False, True]), max_attempts=st.integers(1, 3))
     def submit(self, parent_pick: int | None, short_lease: bool, max_attempts: int) -> None:
         if len(self.task_ids) >= MAX_TASKS:
             return
-        parent = None if parent_pick is None else self.task_ids[parent_pick % len(self.task_ids)]
+        parent = None
+        if parent_pick is not None:
+            # Mostly from a running parent's body (ctx.submit), else from any task.
+            running = [t for t in self.task_ids if self.ledger.get(t).state is State.RUNNING]
+            pool = running if running and parent_pick % 4 else self.task_ids
+            parent = pool[parent_pick % len(pool)]
         tid = f"task-{len(self.task_ids) + 1:02d}"
         params = dumps({"id": tid})
         before = self.snapshot()
@@ -202,6 +222,11 @@ class WorkflowMachine(RuleBasedStateMachine):
             event("submit: a child")
 
     @rule(holder=st.sampled_from(HOLDERS), limit=st.integers(0, 3))
+    def claim_more(self, holder: str, limit: int) -> None:
+        """Claims come often (a second rule: hypothesis picks rules uniformly)."""
+        self.claim(holder, limit)
+
+    @rule(holder=st.sampled_from(HOLDERS), limit=st.integers(0, 3))
     def claim(self, holder: str, limit: int) -> None:
         before = self.snapshot()
         claimed = self.ledger.claim(holder, [TASK], limit)
@@ -211,11 +236,15 @@ class WorkflowMachine(RuleBasedStateMachine):
         for c in claimed:
             b = before[c.task_id]
             if b.state in PARKED:
-                # Woken by this claim's wake-up: only once its run_at has passed.
-                assert b.info.run_at <= c.ledger_now, (
-                    f"{c.task_id} claimed while {b.state} until {b.info.run_at} "
-                    f"(claim at {c.ledger_now})")
-                event(f"claim: a due {b.state} task woken and claimed")
+                # Woken in this claim's transaction: by its wake-up, only once its run_at
+                # has passed; or by the fan-in, its last child retired by this claim.
+                if self._children_ended(c.task_id, before, after):
+                    event("claim: a parent woken by a retired child, and claimed")
+                else:
+                    assert b.info.run_at <= c.ledger_now, (
+                        f"{c.task_id} claimed while {b.state} until {b.info.run_at} "
+                        f"(claim at {c.ledger_now})")
+                    event(f"claim: a due {b.state} task woken and claimed")
             elif b.state is State.RUNNING:
                 assert b.info.lease_until is not None and b.info.lease_until < now_after
                 event("claim: takeover")
@@ -231,15 +260,28 @@ class WorkflowMachine(RuleBasedStateMachine):
             if tid in ids or a.core() == b.core():
                 continue
             if b.state in PARKED and a.state is State.PENDING:
-                assert b.info.run_at <= now_after, f"{tid} woken before its run_at"
-                event("claim: a due parked task woken, not claimed")
-            elif b.state is State.RUNNING and a.state in (State.FAILED, State.UNKNOWN):
-                assert b.info.attempt >= b.info.max_attempts  # an expired final attempt
-                event("claim: an expired final attempt retired")
+                if self._children_ended(tid, before, after):
+                    event("claim: a parent woken by a retired child")
+                else:
+                    assert b.info.run_at <= now_after, f"{tid} woken before its run_at"
+                    event("claim: a due parked task woken, not claimed")
+            elif b.state is State.RUNNING:
+                # An expired lease the claim did not take over: a final attempt retired
+                # (FAILED / UNKNOWN), or an operator's request applied (PAUSED, CANCELLED).
+                assert b.info.lease_until is not None and b.info.lease_until < now_after
+                assert a.info.generation == b.info.generation + 1 and a.info.holder is None
+                event(f"claim: an expired lease ended {a.state}")
             else:
-                # Fan-in: a parent woken by a child retired above.
-                assert b.state is State.WAITING and a.state is State.PENDING, (tid, b, a)
-                event("claim: a parent woken by a retired child")
+                raise AssertionError(f"{tid} moved by a claim: {b.info} -> {a.info}")
+
+    def _children_ended(self, tid: str, before: dict[str, Snap], after: dict[str, Snap]
+                        ) -> bool:
+        """``tid`` was WAITING on children, and every one of them has ended now."""
+        b = before[tid]
+        if b.state is not State.WAITING:
+            return False
+        spec, _ = self.parks[(tid, b.info.generation)]
+        return spec.kind == "children" and all(_ended(after[c].state) for c in spec.children)
 
     @rule(pick=st.integers(0, 10_000), latest=st.booleans(),
           shift=st.sampled_from([0, 0, 0, -1]),
@@ -275,8 +317,16 @@ class WorkflowMachine(RuleBasedStateMachine):
                 spec = WaitSpec("event", name, key, STEPS[step], step, after_seq)
             else:
                 kids = self.children_of(tid)
-                spec = WaitSpec("children", children=tuple(
-                    c for i, c in enumerate(kids) if subset >> i & 1))
+                chosen = tuple(c for i, c in enumerate(kids) if subset >> i & 1)
+                # A random subset of its children (all when the draw picks none; none when
+                # it has none) - unless it left a children wait (paused, resumed) before
+                # those children ended: then it waits for them again, as the worker's
+                # replay does (a wait on another set then is a known bug of the fan-in:
+                # test_a_wait_left_by_a_pause_leaves_its_children_counted below).
+                gathered = self.gathering.get(tid)
+                if gathered and not all(_ended(before[c].state) for c in gathered):
+                    chosen = gathered
+                spec = WaitSpec("children", children=chosen or tuple(kids))
                 run_at = FOREVER  # as ctx.gather parks
             transition = Transition(State.WAITING, run_at=run_at, wait=spec)
         [outcome] = self.ledger.commit([TaskWrite(tid, generation, token.holder,
@@ -307,7 +357,10 @@ class WorkflowMachine(RuleBasedStateMachine):
         self.parks[(tid, generation)] = (spec, run_at)
         if spec.kind == "sleep":
             assert a.state is State.WAITING
-            assert a.info.run_at == pytest.approx(run_at, abs=1e-3)
+            if run_at > self.ledger.now():
+                assert a.info.run_at == pytest.approx(run_at, abs=1e-3)
+            else:  # a deadline already passed keeps an earlier run_at: due either way
+                assert a.info.run_at <= run_at + 1e-3
             event(f"park: sleep {when}")
         elif spec.kind == "event":
             assert spec.step is not None and spec.name is not None and spec.key is not None
@@ -329,6 +382,7 @@ class WorkflowMachine(RuleBasedStateMachine):
         else:
             left = [c for c in spec.children if not _ended(before[c].state)]
             if left:
+                self.gathering[tid] = spec.children
                 assert a.state is State.WAITING
                 [w] = self.ledger.waits([tid])
                 assert w.kind == "children" and w.children_left == len(left)
@@ -340,18 +394,40 @@ class WorkflowMachine(RuleBasedStateMachine):
             if other != tid:
                 assert snaps[other].core() == snap.core(), f"{other} changed by a park"
 
+    @rule(pick=st.integers(0, 10_000),
+          kind=st.sampled_from(["sleep", "event", "event", "children", "children"]),
+          when=st.sampled_from(["now", "soon", "forever"]),
+          ev=st.sampled_from(EVENTS), step=st.integers(0, len(STEPS) - 1),
+          after=st.sampled_from(["zero", "received", "latest"]),
+          subset=st.integers(0, 255))
+    def park_current(self, pick: int, kind: str, when: str, ev: tuple[str, str], step: int,
+                     after: str, subset: int) -> None:
+        """A holder that still runs its task parks it (waits come often)."""
+        self.park(pick, True, 0, kind, when, ev, step, after, subset)
+
     def _event_of(self, seq: int) -> tuple[str, str, str]:
         for name, key, payload, s, _ in self.events.values():
             if s == seq:
                 return name, key, payload
         raise AssertionError(f"a checkpoint names event seq {seq}, never sent")
 
-    @rule(pick=st.integers(0, 10_000), latest=st.booleans(),
+    @rule(pick=st.integers(0, 10_000), ending=st.sampled_from(FINISH))
+    def finish_awaited_child(self, pick: int, ending: State) -> None:
+        """The holder of a child whose parent waits on children ends it (the fan-in)."""
+        held = [t for t in self.tokens
+                if (info := self.ledger.get(t.task_id)).state is State.RUNNING
+                and info.generation == t.generation and (parent := self.parent[t.task_id])
+                and self.ledger.get(parent).state is State.WAITING]
+        if held:
+            self.finish(pick, True, 0, ending, held[pick % len(held)])
+
+    @rule(pick=st.integers(0, 10_000), latest=st.sampled_from([True, True, False]),
           shift=st.sampled_from([0, 0, 0, -1]), ending=st.sampled_from(FINISH))
-    def finish(self, pick: int, latest: bool, shift: int, ending: State) -> None:
+    def finish(self, pick: int, latest: bool, shift: int, ending: State,
+               token: Token | None = None) -> None:
         """A holder ends its task (children among them): success, failure, cancel, retry
         or release."""
-        token = self._token(pick, latest)
+        token = token or self._token(pick, latest)
         if token is None:
             return
         tid = token.task_id
@@ -382,17 +458,21 @@ class WorkflowMachine(RuleBasedStateMachine):
                 continue
             assert other == parent and _ended(a.state), f"{other} moved by {tid}'s end"
             assert snap.state is State.WAITING and after[other].state is State.PENDING
+            assert self._children_ended(other, before, after), (
+                f"{other} woken by {tid}'s end, but children it waits for have not ended")
             event("finish: the last awaited child woke its parent")
 
     @rule(ev=st.sampled_from(EVENTS), eid=st.none() | st.sampled_from(EVENT_IDS),
-          other_payload=st.booleans())
+          other_payload=st.sampled_from([False, False, False, True]))
     def send_event(self, ev: tuple[str, str], eid: str | None, other_payload: bool) -> None:
         name, key = ev
         known = self.events.get(eid) if eid is not None else None
         if known is not None:
             name, key = known[0], known[1]  # the same event again
         self.counter += 1
-        payload = dumps({"event": eid or self.counter, "other": other_payload})
+        # An id sent again carries its payload, or (other_payload) another one: refused.
+        payload = dumps({"event": eid or self.counter,
+                         "other": other_payload and known is not None})
         before = self.snapshot()
         if known is not None and known[2] != payload:
             with pytest.raises(InvalidArguments):
@@ -434,9 +514,11 @@ class WorkflowMachine(RuleBasedStateMachine):
             assert loads(result) == {"seq": receipt.seq, "payload": loads(payload)}
             event("send_event: delivered")
 
-    @rule(pick=st.integers(0, 10_000))
-    def cancel(self, pick: int) -> None:
+    @rule(pick=st.integers(0, 10_000), skip=st.integers(0, 2))
+    def cancel(self, pick: int, skip: int) -> None:
         """An operator's cancel, cascading to the children that have not ended."""
+        if skip:  # an operator acts now and then (a third of the draws)
+            return
         tid = self.task_ids[pick % len(self.task_ids)]
         before = self.snapshot()
         now = self.ledger.now()
@@ -476,9 +558,14 @@ class WorkflowMachine(RuleBasedStateMachine):
                 continue
             # Fan-in: a parent (outside the cascade) woken by a cancelled child.
             assert b.state is State.WAITING and after[task].state is State.PENDING
+            assert self._children_ended(task, before, after), (
+                f"{task} woken by a cancel, but children it waits for have not ended")
+            event("cancel: the last awaited child woke its parent")
 
-    @rule(pick=st.integers(0, 10_000))
-    def pause(self, pick: int) -> None:
+    @rule(pick=st.integers(0, 10_000), skip=st.integers(0, 2))
+    def pause(self, pick: int, skip: int) -> None:
+        if skip:  # an operator acts now and then (a third of the draws)
+            return
         tid = self.task_ids[pick % len(self.task_ids)]
         before = self.snapshot()
         result = self.ledger.pause("task", tid, "machine", "tester")
@@ -630,3 +717,43 @@ def test_workflow_state_machine(backend: str, tmp_path: Path,
     machines = _sqlite_machines(tmp_path) if backend == "sqlite" else _postgres_machines()
     with machines as make:
         run_state_machine_as_test(make, settings=SETTINGS[backend])
+
+
+# ---------------------------------------------------------------------- regressions
+
+
+def _park_children(ledger: Ledger, task_id: str, generation: int,
+                   children: tuple[str, ...]) -> None:
+    [outcome] = ledger.commit([TaskWrite(task_id, generation, "w1", "gather", transition=(
+        Transition(State.WAITING, run_at=FOREVER, wait=WaitSpec("children",
+                                                                 children=children))))])
+    assert outcome.ok and not outcome.stale and outcome.current_state is None
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "fan-in bug: a child marked awaited by a children wait the parent left without it "
+    "ending (operator pause -> resume) stays awaited; when it ends, the tasks_fan_in "
+    "trigger (migration 0012) counts it against the parent's *next* children wait, "
+    "which it is not part of, and wakes the parent early"))
+def test_a_wait_left_by_a_pause_leaves_its_children_counted(ledger_url: str) -> None:
+    ledger = open_ledger(ledger_url)
+    try:
+        for tid, parent in (("p", None), ("c1", "p"), ("c2", "p")):
+            params = dumps({"id": tid})
+            ledger.submit([NewTask(tid, TASK, 1, params, digest(TASK, params), None, 3,
+                                   3600.0, parent_id=parent)])
+        claimed = {c.task_id: c.generation for c in ledger.claim("w1", [TASK], 10)}
+        _park_children(ledger, "p", claimed["p"], ("c1",))  # c1 marked awaited
+        ledger.pause("task", "p", "hold", "op")  # WAITING -> PAUSED: the wait is left
+        ledger.resume("task", "p", "go", "op")
+        [again] = ledger.claim("w1", [TASK], 10)
+        _park_children(ledger, "p", again.generation, ("c2",))  # waits for c2 only
+        assert ledger.waits(["p"])[0].children_left == 1
+        ledger.commit([TaskWrite("c1", claimed["c1"], "w1", "done",
+                                 transition=Transition(State.SUCCEEDED, result_json="1"))])
+        # c1 is not waited for: the parent still waits for c2, which is RUNNING.
+        assert ledger.get("c2").state is State.RUNNING
+        assert ledger.get("p").state is State.WAITING
+        assert ledger.waits(["p"])[0].children_left == 1
+    finally:
+        ledger.close()
