@@ -19,9 +19,9 @@ wait's checkpoint is absent while it waits, once written never changes, and hold
 first event after ``after``; one wait is delivered to at most once; and a claim takes a
 parked task only once its ``run_at`` has passed (or its last child ended in that claim).
 
-Found by it, kept as an xfail regression at the end of this file: a child left awaited by
-a children wait the parent left (pause, resume) is counted against the parent's next
-children wait. The machine re-waits on the same children then, as the worker's replay does.
+Found by it, kept as a regression test at the end of this file: a child left awaited by
+a children wait the parent left (pause, resume) must not count against the parent's next
+children wait on another set (``wait_children`` unmarks the parent's other children).
 
 Determinism as in tests/test_state_machine.py: the draws never depend on the ledger, ids
 are deterministic, and the ledger clock moves on between steps. The claim's wake-up of due
@@ -730,11 +730,6 @@ def _park_children(ledger: Ledger, task_id: str, generation: int,
     assert outcome.ok and not outcome.stale and outcome.current_state is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fan-in bug: a child marked awaited by a children wait the parent left without it "
-    "ending (operator pause -> resume) stays awaited; when it ends, the tasks_fan_in "
-    "trigger (migration 0012) counts it against the parent's *next* children wait, "
-    "which it is not part of, and wakes the parent early"))
 def test_a_wait_left_by_a_pause_leaves_its_children_counted(ledger_url: str) -> None:
     ledger = open_ledger(ledger_url)
     try:

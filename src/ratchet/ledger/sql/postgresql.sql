@@ -1057,8 +1057,12 @@ RETURNING id;
 -- A parent parks on its children: those not ended yet are marked awaited, under their row
 -- locks taken in id order (a child's end is then counted by the tasks_fan_in trigger, or,
 -- ended first, not marked), the parent waits for that many, and is PENDING at once when
--- none is left.
-WITH locked AS (
+-- none is left. Its other children are unmarked first: a wait it left without their end
+-- (a pause, then a resume) must not count them against this one.
+WITH unmarked AS (
+    UPDATE tasks SET awaited = false
+    WHERE parent_id = %(id)s AND awaited AND NOT (id = ANY(%(children)s::text[]))),
+locked AS (
     SELECT id FROM tasks
     WHERE id = ANY(%(children)s::text[]) AND parent_id = %(id)s
       AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'COMPENSATED')

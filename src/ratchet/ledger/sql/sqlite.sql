@@ -937,7 +937,11 @@ RETURNING id;
 -- name: wait_children
 -- A parent parks on its children: those not ended yet are marked awaited (their end is
 -- counted by the tasks_fan_in trigger), the parent waits for that many, and is PENDING at
--- once when none is left.
+-- once when none is left. Its other children are unmarked first: a wait it left without
+-- their end (a pause, then a resume) must not count them against this one.
+UPDATE tasks SET awaited = 0
+WHERE parent_id = :id AND awaited = 1
+  AND id NOT IN (SELECT value FROM json_each(:children));
 UPDATE tasks SET awaited = 1
 WHERE id IN (SELECT value FROM json_each(:children)) AND parent_id = :id
   AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'COMPENSATED');
