@@ -18,7 +18,8 @@ import ratchet.control
 from ratchet import TaskContext, params
 
 RATCHET_ALL = [
-    "App", "ChildFailed", "ChildHandle", "CircuitBreaker", "CircuitOpen", "ConfigError",
+    "App", "BatchCounts", "ChildFailed", "ChildHandle", "CircuitBreaker", "CircuitOpen",
+    "ConfigError",
     "ContextUsedInAnotherProcess", "Control", "ControlOutcome", "Durability",
     "EffectOutcomeUnknown", "EventReceipt", "EventTimeout", "FailureClass",
     "FenceError", "IdempotencyConflict", "IllegalTransition", "InvalidArguments", "LeaseLost",
@@ -26,7 +27,8 @@ RATCHET_ALL = [
     "LimitsReport", "Middleware", "NOT_FOUND", "NonDeterministicReplay",
     "OutcomeUnknownError", "OverloadError", "PauseRecord", "PauseResult",
     "PayloadNotSerializable", "PayloadTooLarge", "PermanentError", "RatchetError",
-    "RetryBudget", "RetryPolicy", "SchemaTooNew", "SchemaTooOld", "StaleGeneration", "State",
+    "RetryBudget", "RetryPolicy", "SchemaTooNew", "SchemaTooOld", "Shard", "StaleGeneration",
+    "State",
     "StatusReport", "SubmitError", "SubmitRequest", "TaskContext", "TaskDefinition",
     "TaskFailure", "TaskHandle", "TaskInfo", "TaskNotFound", "TaskTimeline",
     "TimeLimitExceeded", "TokenRejected", "TransactionMisuse", "TransientError",

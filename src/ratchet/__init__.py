@@ -64,13 +64,16 @@ from .ledger.base import EventReceipt, Limit, LimitScope, TaskInfo
 # when imported, so every program that imports ratchet has it.
 from .observe import tracing as _tracing  # noqa: F401  (registers on import)
 from .retry import FailureClass, RetryBudget, RetryPolicy
+from .shards import Shard
 from .states import State
 from .version import __version__
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
+from .worker.batches import BatchCounts
 from .worker.waits import ChildHandle
 
 __all__ = [
     "App",
+    "BatchCounts",
     "ChildFailed",
     "ChildHandle",
     "CircuitBreaker",
@@ -110,6 +113,7 @@ __all__ = [
     "RetryPolicy",
     "SchemaTooNew",
     "SchemaTooOld",
+    "Shard",
     "StaleGeneration",
     "State",
     "StatusReport",

@@ -37,6 +37,7 @@ from ..ledger.base import ControlOutcome, EventReceipt, Ledger, NewTask, TaskInf
 from ..lookups import RegisteredLookup, effect_base_name, make_lookup
 from ..retry import RetryBudget, RetryPolicy
 from ..serde import dumps
+from ..shards import SHARDS_PARAM, check_shards
 from ..states import State
 from ..validation import (
     MAX_KEY_BYTES,
@@ -476,6 +477,10 @@ class App:
                 f"submit_many takes a list of ratchet.SubmitRequest, got {type(requests).__name__}"
             ) from None
         for index, request in enumerate(requests):
+            if isinstance(request, SubmitRequest) and request.reserved:
+                raise InvalidArguments(
+                    f"submit_many: item {index} sets SubmitRequest.reserved, which only "
+                    "Ratchet sets (use App.submit_sharded for a sharded job)")
             if not isinstance(request, SubmitRequest):
                 raise InvalidArguments(
                     f"submit_many takes ratchet.SubmitRequest items; item {index} is a "
@@ -494,21 +499,67 @@ class App:
             for res, task in zip(results, new, strict=True)
         ]
 
+    def submit_sharded(self, name: str, params: Mapping[str, Any] | None = None, *,
+                       shards: int, key: str | None = None,
+                       tenant: str | None = None) -> TaskHandle:
+        """Submit a sharded job: a parent task of ``name`` over a fixed logical shard space
+        of ``shards``, which a worker turns into one child task of ``name`` per shard
+        (``ctx.shard`` tells each its index and the count; :meth:`ratchet.Shard.owns`
+        says whether a business key is its own), waits for all of them, and ends with
+        ``{"shards", "totals", "results"}`` (``totals``: the shards' numeric result
+        fields summed, e.g. their ``ctx.batches`` reports). Shards are tasks: leased,
+        retried and taken over like any other, so a lost worker's shards move to another
+        worker; the shard space never changes (DESIGN §8, logical shards). A shard that
+        fails makes the job ``FAILED`` once every shard has ended.
+
+        Args:
+            name: a registered task name (the parent and every shard run it; its function
+                sees ``ctx.shard``).
+            params: the params of every shard (validated like :meth:`submit`'s).
+            shards: the shard count, 1 .. :data:`ratchet.shards.MAX_SHARDS`.
+            key: the job's idempotency key (the same key and params: the same job).
+            tenant: as for :meth:`submit`.
+
+        Returns:
+            The parent's handle (``handle.result()`` waits for the job).
+
+        Raises:
+            InvalidArguments: ``shards`` out of range, or as :meth:`submit`.
+            UnknownTask, PayloadNotSerializable, PayloadTooLarge, IdempotencyConflict,
+                LedgerError: as :meth:`submit`.
+        """
+        count = check_shards(shards)
+        with submit_span(name, idempotency_key=key, tenant=tenant) as span:
+            task = self._prepare(SubmitRequest(name, params, key, tenant=tenant,
+                                               reserved={SHARDS_PARAM: count}))
+            if span.trace_context is not None:
+                task = dataclasses.replace(task, trace_context=span.trace_context)
+            result = self._submit_group.submit(self.ledger, task)
+            span.submitted(result.task_id, result.created, task.version)
+        faults.point("submit.after_commit")
+        return TaskHandle(result.task_id, task.name, result.created, self)
+
     def submit_children(self, parent_id: str, name: str,
                         params_list: Sequence[Mapping[str, Any]],
-                        keys: Sequence[str]) -> list[TaskHandle]:
+                        keys: Sequence[str],
+                        reserved: Sequence[Mapping[str, Any]] | None = None,
+                        ) -> list[TaskHandle]:
         """Submit children of the task ``parent_id`` in one ledger transaction (what
         ``ctx.submit`` / ``ctx.submit_many`` call; task code uses those): each is linked
         to its parent (the fan-in of ``ctx.gather``, the cancel cascade) and deduplicated
-        by its idempotency key (``keys``, one per item).
+        by its idempotency key (``keys``, one per item). ``reserved``: per item, framework
+        keys stored with its params after they validated (a shard's place,
+        :mod:`ratchet.shards`), or None.
 
         Raises:
             Same as :meth:`submit_many`; nothing of the batch is written on an error.
         """
+        extra = list(reserved) if reserved is not None else [None] * len(keys)
         with submit_span(name, many=True) as span:
-            new = [dataclasses.replace(self._prepare(SubmitRequest(name, params, key)),
-                                       parent_id=parent_id)
-                   for params, key in zip(params_list, keys, strict=True)]
+            new = [dataclasses.replace(
+                       self._prepare(SubmitRequest(name, params, key, reserved=more)),
+                       parent_id=parent_id)
+                   for params, key, more in zip(params_list, keys, extra, strict=True)]
             if span.trace_context is not None:
                 new = [dataclasses.replace(t, trace_context=span.trace_context) for t in new]
             results = self.ledger.submit(new) if new else []

@@ -37,6 +37,10 @@ class SubmitRequest:
     tenant: str | None = None
     version: int | None = None
     """The definition version to pin; ``None``: the newest this app defines."""
+    reserved: Mapping[str, Any] | None = None
+    """Framework keys stored with the params once they validated (a shard's place, a
+    sharded job's count: :mod:`ratchet.shards`); their names hold a ``:``, which no
+    parameter name can."""
 
 
 def prepare_task(definition: TaskDefinition, request: SubmitRequest,
@@ -59,6 +63,9 @@ def prepare_task(definition: TaskDefinition, request: SubmitRequest,
     params = dict(request.params or {})
     params_json = dumps(params, what=f"params of task {request.name!r}")
     definition.validate(params_json)
+    if request.reserved:
+        params_json = dumps({**params, **request.reserved},
+                            what=f"params of task {request.name!r}")
     size = len(params_json.encode("utf-8"))
     if size > max_payload_bytes:
         raise PayloadTooLarge(size, max_payload_bytes)

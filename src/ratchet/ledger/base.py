@@ -35,6 +35,14 @@ from .protocol import (
     Subscription,
     WorkerLedger,
 )
+from .records_batches import (
+    BATCH_EFFECT_PREFIX,
+    BATCH_RUN_PREFIX,
+    BatchActivity,
+    BatchMark,
+    BatchRun,
+    batch_effect_prefix,
+)
 from .records_claims import (
     BudgetUse,
     Claim,
@@ -92,6 +100,12 @@ from .records_waits import (
 )
 
 __all__ = [
+    "BATCH_EFFECT_PREFIX",
+    "BATCH_RUN_PREFIX",
+    "BatchActivity",
+    "BatchMark",
+    "BatchRun",
+    "batch_effect_prefix",
     "MAX_VERSION",
     "RECENT_FRACTION",
     "AuditEvent",

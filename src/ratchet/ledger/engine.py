@@ -23,6 +23,8 @@ from ..config import LedgerConfig
 from ..errors import LedgerCorrupt
 from .base import (
     AuditEvent,
+    BatchActivity,
+    BatchRun,
     Claim,
     ClaimKind,
     CommitOutcome,
@@ -30,6 +32,7 @@ from .base import (
     DefinitionChange,
     DefinitionRecord,
     DefinitionSpec,
+    EffectRecord,
     EventReceipt,
     LateEffect,
     LedgerStats,
@@ -57,6 +60,7 @@ from .base import (
     WorkerInfo,
 )
 from .dialect import Dialect
+from .ops.batches import Batches
 from .ops.claims import Claims
 from .ops.commands import Commands
 from .ops.commit import Commits
@@ -109,6 +113,7 @@ class LedgerEngine:
         self._late = LateEffects(core)
         self._registry = Registry(core)
         self._waits = Waits(core)
+        self._batches = Batches(core)
 
     @property
     def dialect(self) -> Dialect:
@@ -218,6 +223,21 @@ class LedgerEngine:
     def waits(self, task_ids: Sequence[str]) -> list[WaitInfo]:
         """See :meth:`Ledger.waits`."""
         return self._waits.waits(task_ids)
+
+    # ------------------------------------------------------------------ batches
+
+    def batch_open(self, task_id: str, run: str
+                   ) -> tuple[BatchRun | None, dict[str, EffectRecord]]:
+        """See :meth:`Ledger.batch_open` (:class:`~ratchet.ledger.ops.batches.Batches`)."""
+        return self._batches.batch_open(task_id, run)
+
+    def batch_runs(self, task_ids: Sequence[str]) -> list[BatchRun]:
+        """See :meth:`Ledger.batch_runs`."""
+        return self._batches.batch_runs(task_ids)
+
+    def batch_activity(self) -> list[BatchActivity]:
+        """See :meth:`Ledger.batch_activity`."""
+        return self._batches.batch_activity()
 
     def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:
         """See :meth:`Ledger.revoke_holder`."""

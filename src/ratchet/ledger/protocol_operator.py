@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from .protocol_handle import LedgerHandle
+from .records_batches import BatchActivity, BatchRun
 from .records_ops import (
     ControlOutcome,
     Limit,
@@ -126,6 +127,16 @@ class OperatorLedger(LedgerHandle, Protocol):
         Raises:
             TaskNotFound: no such task.
         """
+        ...
+
+    def batch_runs(self, task_ids: Sequence[str]) -> list[BatchRun]:
+        """The ``ctx.batches`` runs of the tasks (watermark, committed batches above it,
+        item counts), by task then run; tasks without one are left out."""
+        ...
+
+    def batch_activity(self) -> list[BatchActivity]:
+        """Per task type, the unfinished ``ctx.batches`` runs of tasks not ended: how
+        many, their summed watermarks and processed items (metrics)."""
         ...
 
     def waits(self, task_ids: Sequence[str]) -> list[WaitInfo]:

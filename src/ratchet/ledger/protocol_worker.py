@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .protocol_handle import LedgerHandle, Subscription
+from .records_batches import BatchRun
 from .records_claims import Claim, ClaimKind, CommitOutcome, RenewResult, TaskWrite
 from .records_registry import DefinitionChange, DefinitionSpec, WorkerInfo
-from .records_tasks import LateEffect, NewTask, SubmitResult
+from .records_tasks import EffectRecord, LateEffect, NewTask, SubmitResult
 from .records_waits import EventReceipt
 
 __all__ = ["WorkerLedger"]
@@ -46,6 +47,14 @@ class WorkerLedger(LedgerHandle, Protocol):
             InvalidArguments: ``event_id`` was already used for another name, key or
                 payload.
         """
+        ...
+
+    def batch_open(self, task_id: str, run: str
+                   ) -> tuple[BatchRun | None, dict[str, EffectRecord]]:
+        """Where a ``ctx.batches`` run of the task stands (DESIGN §6 row 9): the run (None
+        before its first committed batch) and the effects made by its batches at or past
+        the watermark, by stored name (the only ones a resume can meet again; a claim does
+        not load batch effects). Read only, one transaction."""
         ...
 
     def claim(self, holder: str, names: Sequence[ClaimKind], limit: int) -> list[Claim]:

@@ -12,6 +12,7 @@ from ..states import State
 from ..storedtext import StoredState
 from ..validation import MAX_VERSION
 from .fastinit import fast_init
+from .records_batches import BatchMark
 from .records_tasks import EffectRecord, EffectState, StepRecord
 from .records_waits import WaitSpec
 
@@ -218,6 +219,8 @@ class TaskWrite:
             result_json)`` pair means no position).
         effects: effect rows to write.
         transition: optional state change.
+        batches: committed batches of ``ctx.batches`` runs (the run's watermark moves in
+            the same transaction, DESIGN §6 row 9).
     """
 
     task_id: str
@@ -227,6 +230,7 @@ class TaskWrite:
     steps: Sequence[tuple[str, str, int | None] | tuple[str, str]] = ()
     effects: Sequence[EffectWrite] = ()
     transition: Transition | None = None
+    batches: Sequence[BatchMark] = ()
 
 
 @fast_init

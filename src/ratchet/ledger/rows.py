@@ -373,3 +373,7 @@ EVENT_GET = Read.rows("event_get", sh.EventRow._make)
 EVENT_DELIVER = Read.rows("event_deliver", sh.DeliveredRow._make)
 TASK_WAIT = Read.rows("task_wait", sh.WaitRow._make)
 COMPENSABLE_READ = Read.rows("compensable_read", sh.IdRow._make)
+
+BATCH_RUNS_READ = Read.rows("batch_runs_read", sh.BatchRunRow._make)
+BATCH_EFFECTS = Read.rows("batch_effects", sh.TaskEffectRow._make)
+BATCH_RUNS_ACTIVE = Read.rows("batch_runs_active", sh.BatchActiveRow._make)

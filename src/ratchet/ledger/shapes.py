@@ -530,3 +530,28 @@ class WaitRow(NamedTuple):
     wait_key: str | None
     wait_count: int | None
     run_at: float
+
+
+class BatchRunRow(NamedTuple):
+    """A ``ctx.batches`` run (``batch_runs_read``); ``above`` is JSON text."""
+    task_id: str
+    run: str
+    watermark: int
+    above: str
+    succeeded: int
+    failed: int
+    skipped: int
+    batches: int
+    total: int | None
+    done: Any
+    started_at: float
+    updated_at: float
+    generation: int
+
+
+class BatchActiveRow(NamedTuple):
+    """Unfinished batch runs of one task type (``batch_runs_active``)."""
+    name: str
+    runs: int
+    watermark: int | None
+    processed: int | None

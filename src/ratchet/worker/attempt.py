@@ -41,6 +41,7 @@ from ..ledger.base import Claim, Transition
 from ..retry import FailureClass
 from ..serde import dumps
 from ..states import State
+from .batches import run_shard_job
 from .checkpoints import HistoryEnd
 from .context import ControlInterrupt, Shutdown, TaskContext
 from .core import UNDECODABLE, WRITE_REJECTED
@@ -125,6 +126,8 @@ class AttemptLadder(FinalWrites):
                 params = ctx.load_params()
                 if ctx.compensation_mode:
                     result = _compensate(definition, ctx, params)
+                elif ctx.shard_job is not None:
+                    result = run_shard_job(ctx, definition.name, params, ctx.shard_job)
                 else:
                     result = definition.fn(ctx, **params)
             except BaseException as exc:

@@ -39,6 +39,7 @@ from ..ledger.base import (
 )
 from ..lookups import RegisteredLookup
 from ..serde import dumps, loads
+from ..shards import SHARD_PARAM, SHARDS_PARAM, Shard
 from .heartbeat import LeaseHandle
 from .hooks import Hooks
 from .writer import LedgerWriter, WriterStopped
@@ -214,6 +215,14 @@ class CheckpointState:
         """Compensations registered by this attempt's effects, in effect order."""
         self._event_after: dict[tuple[str, str], int] = {}
         self._effect_stored = ""  # stored name of the effect being performed
+        self._scope = ""  # a batch's context: the prefix of its checkpoints' stored names
+        self._parent: CheckpointState | None = None  # a batch's context: the task's
+        self.shard: Shard | None = None
+        """Where this task stands in its sharded job (``ctx.shard``: index and count), or
+        None when it is not a shard (set with the params, :meth:`load_params`)."""
+        self.shard_job: int | None = None
+        """The shard count when this task is a sharded job's parent (``App.submit_sharded``;
+        the worker runs the job's fan-out and fan-in instead of the task function)."""
 
     @property
     def effect_downstream(self) -> str | None:
@@ -232,6 +241,12 @@ class CheckpointState:
             params = {}
         if not isinstance(params, dict):
             raise UndecodableData(f"params are a JSON {type(params).__name__}, not an object")
+        shard = params.pop(SHARD_PARAM, None)
+        if isinstance(shard, dict):
+            self.shard = Shard(int(shard["index"]), int(shard["count"]))
+        job = params.pop(SHARDS_PARAM, None)
+        if isinstance(job, int):
+            self.shard_job = job
         self.params = params
         return params
 
@@ -272,6 +287,8 @@ class CheckpointState:
                 "transaction step's function; call them before or after ctx.transaction")
         if self._interrupt is not None:
             raise self._interrupt
+        if self._parent is not None and self._parent._interrupt is not None:
+            raise self._parent._interrupt
         if self._stopping.is_set():
             raise Shutdown()
         self.check_control()
@@ -307,6 +324,9 @@ class CheckpointState:
         seq = self._next_seq
         self._next_seq = seq + 1
         cp = Checkpoint(kind, name, occurrence, seq)
+        if self._scope:  # a batch's checkpoint: its own, outside the task's code path
+            cp.stored_name = self._scope + cp.stored_name
+            return cp
         if self._history:
             recorded = self._history.get(seq)
             if recorded is not None and recorded != (kind, cp.stored_name):

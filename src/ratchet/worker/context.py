@@ -60,6 +60,7 @@ from ..validation import (
     check_finite,
     check_identifier,
 )
+from .batches import BatchCalls
 from .checkpoints import Checkpoint as Checkpoint
 from .checkpoints import ControlInterrupt as ControlInterrupt
 from .checkpoints import Shutdown as Shutdown
@@ -69,7 +70,6 @@ from .effects import NotFound as NotFound
 from .events import EffectSettlement
 from .transaction import run_transaction
 from .waits import ChildHandle as ChildHandle
-from .waits import WorkflowCalls
 
 __all__ = ["NOT_FOUND", "Checkpoint", "ChildHandle", "ControlInterrupt", "NotFound", "Shutdown",
            "TaskContext"]
@@ -77,7 +77,7 @@ __all__ = ["NOT_FOUND", "Checkpoint", "ChildHandle", "ControlInterrupt", "NotFou
 T = TypeVar("T")
 
 
-class TaskContext(WorkflowCalls):
+class TaskContext(BatchCalls):
     """The handle a task function receives as its first argument.
 
     Attributes:
@@ -287,6 +287,15 @@ class TaskContext(WorkflowCalls):
             WriteRejected: the database refused the intent or result write.
             Exception: what ``call`` raised, for the worker to classify.
         """
+        scope = self._batch_scope()
+        if scope is not None:  # called from a batch function: the batch's own effect
+            if compensate is not None or compensate_lookup is not None:
+                raise InvalidArguments(
+                    f"effect {name!r}: an effect inside a batch function cannot register a "
+                    "compensation (a batch is not replayed once committed)")
+            return scope.effect(name, call, key=key, lookup=lookup, idempotent=idempotent,
+                                fenced=fenced, params=params, in_flight_s=in_flight_s,
+                                downstream=downstream)
         self._boundary()
         check_checkpoint_name(name, "effect name")
         check_identifier(key, "effect key", MAX_KEY_BYTES)

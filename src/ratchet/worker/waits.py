@@ -254,7 +254,9 @@ class WorkflowCalls(EffectCalls):
                                 keys=None if key is None else [key], _one=True)[0]
 
     def submit_many(self, name: str, params_list: Iterable[Mapping[str, Any]], *,
-                    keys: Sequence[str] | None = None, _one: bool = False) -> list[ChildHandle]:
+                    keys: Sequence[str] | None = None, _one: bool = False,
+                    _reserved: Sequence[Mapping[str, Any]] | None = None,
+                    ) -> list[ChildHandle]:
         """Submit many children of one task type in one ledger transaction (fan-out; 10,000
         is one call) and return their handles in order. Keys as for :meth:`submit`
         (``keys``: one per item, or None for derived keys). One checkpoint for the batch.
@@ -272,7 +274,8 @@ class WorkflowCalls(EffectCalls):
         derived = keys if keys is not None else (
             [f"{self.task_id}/{stored}"] if _one
             else [f"{self.task_id}/{stored}/{i}" for i in range(len(items))])
-        handles = self.app.submit_children(self.task_id, name, items, list(derived))
+        handles = self.app.submit_children(self.task_id, name, items, list(derived),
+                                           reserved=_reserved)
         ids = [h.task_id for h in handles]
         self._record_value(stored, seq, {"ids": ids})
         return [ChildHandle(i, name, self.task_id) for i in ids]

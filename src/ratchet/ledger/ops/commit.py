@@ -14,6 +14,7 @@ from ...outcome import AttemptFacts, Ending, Happened, asked_as_is, decide
 from ...serde import dumps, printable
 from ...states import State, check_transition
 from ..base import (
+    BatchMark,
     Claim,
     ClaimKind,
     CommitOutcome,
@@ -35,6 +36,7 @@ from ..rows import (
     transition_audit,
 )
 from ..shapes import FenceRow, PauseRow
+from .batches import apply_marks
 from .claims import ClaimReads, Claims
 from .core import EngineCore
 from .pauses import covered
@@ -176,6 +178,7 @@ def commit_in(
     segment = Segment()
     ready = False
     parked: list[tuple[TaskWrite, Transition]] = []
+    batch_marks: list[tuple[str, int, BatchMark]] = []  # of the writes that passed
     seen: set[str] = set()
     for index, write in enumerate(writes):
         if write.task_id in seen:
@@ -221,6 +224,8 @@ def commit_in(
             t = book.charge(write.holder, t, now)
             write = dataclasses.replace(write, transition=t)
         segment.add(write, attempt, audit, now, request)
+        if write.batches:
+            batch_marks.extend((write.task_id, write.generation, m) for m in write.batches)
         if t is not None:
             if t.to in _PARKS:
                 parked.append((write, t))
@@ -237,6 +242,8 @@ def commit_in(
     segment.apply(tx, now, resend)
     if parked and park(tx, parked, audit, now):
         ready = True
+    if batch_marks:
+        apply_marks(tx, batch_marks, now)
     tx.batch("quarantine_mark", marks, now=now)
     book.flush(tx, now)
     insert_audit(tx, audit)

@@ -127,9 +127,13 @@ SELECT task_id, name, result, generation, committed_at, seq FROM steps
 WHERE task_id = ANY(%(ids)s::text[]);
 
 -- name: claim_effects
+-- Effects made inside a batch function ('ratchet:batch:...') belong to one batch, not to
+-- the code path: ctx.batches reads those it needs (batch_effects), so a resume does not
+-- load one row per finished batch.
 SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
        via_lookup, updated_at, seq
-FROM effects WHERE task_id = ANY(%(ids)s::text[]);
+FROM effects WHERE task_id = ANY(%(ids)s::text[])
+  AND name NOT LIKE 'ratchet:batch:%%';
 
 -- name: open_intents
 SELECT task_id, name, key FROM effects
@@ -785,6 +789,9 @@ DELETE FROM steps AS s USING unnest(%(ids)s::text[]) AS u(id) WHERE s.task_id = 
 -- name: prune_effects
 DELETE FROM effects AS e USING unnest(%(ids)s::text[]) AS u(id) WHERE e.task_id = u.id;
 
+-- name: prune_batch_runs
+DELETE FROM batch_runs AS b USING unnest(%(ids)s::text[]) AS u(id) WHERE b.task_id = u.id;
+
 -- name: prune_late_effects
 DELETE FROM late_effects AS l USING unnest(%(ids)s::text[]) AS u(id)
 WHERE l.task_id = u.id;
@@ -1139,3 +1146,46 @@ WHERE id = ANY(%(ids)s::text[]) AND state = 'COMPENSATING';
 -- name: compensable_read
 -- Whether a task recorded an effect with a compensation (its marker step).
 SELECT task_id FROM steps WHERE task_id = ANY(%(ids)s::text[]) AND name = 'ratchet:compensable';
+
+-- batches: long work with a contiguous watermark (DESIGN §6 row 9) -----------------------
+
+-- name: batch_runs_read
+-- The batch runs of the given tasks: a commit carrying batch marks reads them after its
+-- fence read (which locks the task rows: one writer per task at a time); inspect and the
+-- conservation check read them too.
+SELECT task_id, run, watermark, above, succeeded, failed, skipped, batches, total, done,
+       started_at, updated_at, generation
+FROM batch_runs WHERE task_id = ANY(%(ids)s::text[])
+ORDER BY task_id, run;
+
+-- name: batch_runs_upsert
+-- A run's new state, computed by the commit from the marks and the row it read.
+INSERT INTO batch_runs (task_id, run, watermark, above, succeeded, failed, skipped, batches,
+                        total, done, started_at, updated_at, generation)
+SELECT u.task_id, u.run, u.watermark, u.above, u.succeeded, u.failed, u.skipped, u.batches,
+       u.total, u.done, u.started_at, %(now)s, u.generation
+FROM json_to_recordset(%(rows)s::json)
+     AS u(task_id text, run text, watermark bigint, above text, succeeded bigint,
+          failed bigint, skipped bigint, batches bigint, total bigint, done boolean,
+          started_at double precision, generation bigint)
+ON CONFLICT (task_id, run) DO UPDATE SET watermark = excluded.watermark,
+    above = excluded.above, succeeded = excluded.succeeded, failed = excluded.failed,
+    skipped = excluded.skipped, batches = excluded.batches, total = excluded.total,
+    done = excluded.done, updated_at = excluded.updated_at,
+    generation = excluded.generation;
+
+-- name: batch_effects
+-- The effects of one run's batches at or past its watermark (names sort by the
+-- zero-padded position; compared bytewise, COLLATE "C", whatever the database's
+-- collation: the task's effects are read from the primary key and filtered).
+SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
+       via_lookup, updated_at, seq
+FROM effects WHERE task_id = %(id)s
+  AND name COLLATE "C" >= %(lo)s AND name COLLATE "C" < %(hi)s;
+
+-- name: batch_runs_active
+-- Watermarks of the unfinished runs of tasks not yet ended, per task type (metrics).
+SELECT t.name, count(*), sum(b.watermark), sum(b.succeeded + b.failed + b.skipped)
+FROM batch_runs AS b JOIN tasks AS t ON t.id = b.task_id
+WHERE NOT b.done AND t.state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'COMPENSATED')
+GROUP BY t.name ORDER BY t.name;

@@ -116,9 +116,13 @@ SELECT task_id, name, result, generation, committed_at, seq FROM steps
 WHERE task_id IN (SELECT value FROM json_each(:ids));
 
 -- name: claim_effects
+-- Effects made inside a batch function ('ratchet:batch:...') belong to one batch, not to
+-- the code path: ctx.batches reads those it needs (batch_effects), so a resume does not
+-- load one row per finished batch.
 SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
        via_lookup, updated_at, seq
-FROM effects WHERE task_id IN (SELECT value FROM json_each(:ids));
+FROM effects WHERE task_id IN (SELECT value FROM json_each(:ids))
+  AND name NOT LIKE 'ratchet:batch:%';
 
 -- name: open_intents
 SELECT task_id, name, key FROM effects
@@ -702,6 +706,9 @@ DELETE FROM effects WHERE task_id IN (SELECT value FROM json_each(:ids));
 -- name: prune_late_effects
 DELETE FROM late_effects WHERE task_id IN (SELECT value FROM json_each(:ids));
 
+-- name: prune_batch_runs
+DELETE FROM batch_runs WHERE task_id IN (SELECT value FROM json_each(:ids));
+
 -- name: prune_audit
 DELETE FROM audit WHERE task_id IN (SELECT value FROM json_each(:ids))
 RETURNING kind, at;
@@ -1007,3 +1014,39 @@ WHERE id IN (SELECT value FROM json_each(:ids)) AND state = 'COMPENSATING';
 -- Whether a task recorded an effect with a compensation (its marker step).
 SELECT task_id FROM steps
 WHERE task_id IN (SELECT value FROM json_each(:ids)) AND name = 'ratchet:compensable';
+
+-- batches: long work with a contiguous watermark (DESIGN §6 row 9) -----------------------
+
+-- name: batch_runs_read
+-- The batch runs of the given tasks: a commit carrying batch marks reads them under its
+-- write lock (after the fence read); inspect and the conservation check read them too.
+SELECT task_id, run, watermark, above, succeeded, failed, skipped, batches, total, done,
+       started_at, updated_at, generation
+FROM batch_runs WHERE task_id IN (SELECT value FROM json_each(:ids))
+ORDER BY task_id, run;
+
+-- name: batch_runs_upsert
+-- A run's new state, computed by the commit from the marks and the row it read.
+INSERT INTO batch_runs (task_id, run, watermark, above, succeeded, failed, skipped, batches,
+                        total, done, started_at, updated_at, generation)
+VALUES (:task_id, :run, :watermark, :above, :succeeded, :failed, :skipped, :batches,
+        :total, :done, :started_at, :now, :generation)
+ON CONFLICT (task_id, run) DO UPDATE SET watermark = excluded.watermark,
+    above = excluded.above, succeeded = excluded.succeeded, failed = excluded.failed,
+    skipped = excluded.skipped, batches = excluded.batches, total = excluded.total,
+    done = excluded.done, updated_at = excluded.updated_at,
+    generation = excluded.generation;
+
+-- name: batch_effects
+-- The effects of one run's batches at or past its watermark (names sort by the
+-- zero-padded position: one range of the effects' primary key).
+SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
+       via_lookup, updated_at, seq
+FROM effects WHERE task_id = :id AND name >= :lo AND name < :hi;
+
+-- name: batch_runs_active
+-- Watermarks of the unfinished runs of tasks not yet ended, per task type (metrics).
+SELECT t.name, COUNT(*), SUM(b.watermark), SUM(b.succeeded + b.failed + b.skipped)
+FROM batch_runs AS b JOIN tasks AS t ON t.id = b.task_id
+WHERE b.done = 0 AND t.state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'COMPENSATED')
+GROUP BY t.name ORDER BY t.name;

@@ -1,0 +1,27 @@
+-- Ratchet ledger (PostgreSQL): long work in batches (DESIGN §6 row 9, the contiguous
+-- watermark). Additive only: processes of the previous release name no new table.
+--
+-- * batch_runs: one row per ctx.batches run of a task (run = the checkpoint's stored name,
+--   e.g. 'ratchet:batches:import'). watermark: every item position below it is committed;
+--   above: the committed batches past it, a JSON list of [start, end] pairs (bounded by the
+--   worker's window); succeeded / failed / skipped: item counts of the committed batches;
+--   batches: how many committed; total: the item count when known; done: true once the
+--   source was exhausted and every batch committed. Written only inside a fenced commit of
+--   the task's holder (the task row locked and its generation checked in the same
+--   transaction).
+CREATE TABLE batch_runs (
+    task_id    text NOT NULL,
+    run        text NOT NULL,
+    watermark  bigint NOT NULL DEFAULT 0,
+    above      text NOT NULL DEFAULT '[]',
+    succeeded  bigint NOT NULL DEFAULT 0,
+    failed     bigint NOT NULL DEFAULT 0,
+    skipped    bigint NOT NULL DEFAULT 0,
+    batches    bigint NOT NULL DEFAULT 0,
+    total      bigint,
+    done       boolean NOT NULL DEFAULT false,
+    started_at double precision NOT NULL,
+    updated_at double precision NOT NULL,
+    generation bigint NOT NULL,
+    PRIMARY KEY (task_id, run)
+);
