@@ -1,7 +1,9 @@
 from __future__ import annotations
+
 import threading
 from collections import Counter
 from typing import Any
+
 from ratchet import App, BatchCounts, State, TaskContext
 from ratchet.testing.worker import running_worker
 
@@ -44,3 +46,23 @@ def test_sharded(app: App) -> None:
     assert info.state is State.SUCCEEDED, info.last_error
     assert info.result["totals"]["items"] == 200
     assert info.result["shards"] == 4
+
+
+def test_check(app: App) -> None:
+    from ratchet import Control
+
+    @app.task(name="b.shard2")
+    def shard(ctx: TaskContext, n: int) -> Any:
+        s = ctx.shard
+        assert s is not None
+        mine = [i for i in range(n) if s.owns(str(i))]
+        return ctx.batches("mine", mine, lambda b, p: None, size=5)
+
+    h = app.submit_sharded("b.shard2", {"n": 100}, shards=3)
+    with running_worker(app):
+        app.wait(h.task_id, timeout_s=30)
+    with Control(app=app) as c:
+        rep = c.check(h.task_id)
+        print(rep)
+        assert rep.ok and rep.shards == 3 and len(rep.lines) == 4
+        assert rep.lines[-1].expected == 100

@@ -74,16 +74,26 @@ def check_identifier(value: object, what: str, max_bytes: int) -> str:
 _OCCURRENCE_SUFFIX = re.compile(r"#[0-9]+\Z")
 
 
+RESERVED_PREFIX = "ratchet:"
+"""Checkpoint names starting with this are Ratchet's own (``ratchet:batches:<name>``,
+``ratchet:compensating``): a step, effect or wait name may not."""
+
+
 def check_checkpoint_name(value: object, what: str) -> str:
     """:func:`check_identifier` for a step or effect name, which also may not end in
     ``#<digits>``: the ledger stores the N-th call of a name as ``name#N`` (DESIGN §5,
     occurrences), so such a name would collide with another checkpoint.
 
     Raises:
-        InvalidArguments: as :func:`check_identifier` (limit :data:`MAX_NAME_BYTES`), or the
-            name ends in ``#<digits>``.
+        InvalidArguments: as :func:`check_identifier` (limit :data:`MAX_NAME_BYTES`), the
+            name ends in ``#<digits>``, or it starts with :data:`RESERVED_PREFIX`.
     """
     name = check_identifier(value, what, MAX_NAME_BYTES)
+    if name.startswith(RESERVED_PREFIX):
+        raise InvalidArguments(
+            f"{what} {name!r} starts with {RESERVED_PREFIX!r}, which is reserved for the "
+            "checkpoints Ratchet records itself (batch runs, compensation markers); choose "
+            "another name")
     if _OCCURRENCE_SUFFIX.search(name):
         raise InvalidArguments(
             f"{what} {name!r} ends in '#<digits>', which is reserved for occurrences (the "

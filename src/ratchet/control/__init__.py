@@ -59,6 +59,7 @@ from ..ledger.base import LimitScope as LimitScope
 from ..ledger.base import Timeline as Timeline
 from ..serde import Undecodable
 from ..states import State as State
+from ._batches import BatchProgress, ConservationLine, ConservationReport, ControlBatches
 from ._records import (
     EffectPage,
     EffectView,
@@ -89,6 +90,9 @@ from ._writes import ControlWrites
 __all__ = [
     "ALL_TYPES",
     "AuditEvent",
+    "BatchProgress",
+    "ConservationLine",
+    "ConservationReport",
     "Control",
     "ControlOutcome",
     "DefinitionView",
@@ -128,7 +132,7 @@ __all__ = [
 ]
 
 
-class Control(ControlWrites):
+class Control(ControlWrites, ControlBatches):
     """Operator operations on one ledger.
 
     Args:

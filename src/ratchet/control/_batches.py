@@ -1,0 +1,242 @@
+"""Batch progress and the conservation check of :class:`ratchet.Control` (DESIGN §6 row 9,
+§8 logical shards): where each ``ctx.batches`` run of a task stands (watermark, total, rate,
+ETA), and whether a task's or a sharded job's item counts add up.
+
+Conservation, for a run and for a job: ``expected = succeeded + failed + skipped + in
+flight``. The ledger's counts come from the committed batches only; the committed positions
+(the watermark plus the batches above it) must cover exactly as many items as the counts
+say, or a batch was counted twice or lost. A task that has ended has nothing in flight, so
+an ended run whose items do not add up to its total is a difference too (a failed shard
+leaves its unprocessed items unaccounted for, and the check says how many). A sharded
+job's line sums its shards, and the totals its parent reported must equal that sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..app import _checks as opchecks
+from ..ledger.base import BatchRun, TaskInfo
+from ..shards import SHARD_PARAM, SHARDS_PARAM
+from ..states import TERMINAL, State
+from ._reads import ControlReads
+
+__all__ = ["BatchProgress", "ConservationLine", "ConservationReport", "ControlBatches"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchProgress:
+    """One ``ctx.batches`` run of a task, for people (``ratchet inspect``, the dashboard).
+
+    Attributes:
+        task_id: the task.
+        name: the run's name (``#N`` for its N-th occurrence).
+        watermark: every item position below it is committed.
+        total: the item count when known, else None.
+        succeeded, failed, skipped: item counts of the committed batches.
+        batches: how many batches committed.
+        above: committed batches past the watermark, ``[start, end]`` pairs.
+        done: the run finished.
+        started_at, updated_at: ledger times of its first and last committed batch,
+            epoch seconds.
+        rate_per_s: items committed per second between those two times (None before two
+            batches or when no time passed).
+        eta_s: seconds left at that rate (None without a total or a rate; 0 when done).
+    """
+
+    task_id: str
+    name: str
+    watermark: int
+    total: int | None
+    succeeded: int
+    failed: int
+    skipped: int
+    batches: int
+    above: list[list[int]]
+    done: bool
+    started_at: float
+    updated_at: float
+    rate_per_s: float | None
+    eta_s: float | None
+
+    @classmethod
+    def from_run(cls, run: BatchRun) -> BatchProgress:
+        """The view of a ledger :class:`~ratchet.ledger.base.BatchRun`."""
+        elapsed = run.updated_at - run.started_at
+        rate = run.processed / elapsed if elapsed > 0 and run.batches > 1 else None
+        eta: float | None = None
+        if run.done:
+            eta = 0.0
+        elif run.total is not None and rate:
+            eta = max(0, run.total - run.processed) / rate
+        return cls(run.task_id, run.name, run.watermark, run.total, run.succeeded,
+                   run.failed, run.skipped, run.batches, [list(a) for a in run.above],
+                   run.done, run.started_at, run.updated_at, rate, eta)
+
+
+@dataclass(frozen=True, slots=True)
+class ConservationLine:
+    """One line of :class:`ConservationReport`: a run, a shard, or the whole job.
+
+    Attributes:
+        task_id: the task (the job's parent for the job line).
+        scope: ``"run <name>"``, ``"shard <i>/<n>"`` or ``"job"``.
+        expected: items expected (the run's total; the sum over shards), None when unknown.
+        succeeded, failed, skipped: items the committed batches counted.
+        in_flight: items not yet processed by a task that has not ended (0 once ended);
+            None when the total is unknown.
+        difference: ``expected - (succeeded + failed + skipped + in_flight)``, or the
+            positions-versus-counts difference; 0 when the line adds up.
+        ok: the line adds up.
+        note: why it does not, in one sentence ("" when it does).
+    """
+
+    task_id: str
+    scope: str
+    expected: int | None
+    succeeded: int
+    failed: int
+    skipped: int
+    in_flight: int | None
+    difference: int
+    ok: bool
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ConservationReport:
+    """What :meth:`ControlBatches.check` found (``ratchet check``; exit status 1 unless
+    ``ok``).
+
+    Attributes:
+        task_id: the task checked.
+        state: its state.
+        ok: every line adds up.
+        lines: one per batch run, per shard and for the job (a sharded job's parent).
+        shards: the job's shard count (None unless the task is a sharded job).
+    """
+
+    task_id: str
+    state: str
+    ok: bool
+    lines: list[ConservationLine] = field(default_factory=list)
+    shards: int | None = None
+
+
+def _run_line(task: TaskInfo, run: BatchRun, scope: str) -> ConservationLine:
+    ended = task.state in TERMINAL
+    processed = run.processed
+    common = (task.task_id, scope, run.total, run.succeeded, run.failed, run.skipped)
+    if run.committed_items != processed:
+        return ConservationLine(
+            *common, None if run.total is None else 0 if ended else
+            max(0, run.total - processed), processed - run.committed_items, False,
+            f"the committed positions cover {run.committed_items} items but the counts say "
+            f"{processed}: a batch was counted twice or lost")
+    if run.total is None:
+        return ConservationLine(*common, None, 0, True,
+                                "" if run.done or not ended else "total unknown")
+    in_flight = 0 if ended else run.total - processed
+    difference = run.total - processed - in_flight
+    if in_flight < 0:
+        return ConservationLine(*common, in_flight, -in_flight, False,
+                                f"{-in_flight} more items processed than the total")
+    note = "" if difference == 0 else (
+        f"the task ended {task.state.value if isinstance(task.state, State) else task.state} "
+        f"with {difference} of {run.total} items never processed")
+    return ConservationLine(*common, in_flight, difference, difference == 0, note)
+
+
+def _pending_line(task: TaskInfo, scope: str) -> ConservationLine:
+    """A shard with no committed batch yet: nothing counted, all of it in flight (or, once
+    ended, unknown: a shard that ends without a run processed no items)."""
+    return ConservationLine(task.task_id, scope, None, 0, 0, 0, None, 0, True,
+                            "no batch committed yet")
+
+
+class ControlBatches(ControlReads):
+    """:meth:`batch_progress` and :meth:`check` (see the module docstring)."""
+
+    def batch_progress(self, task_id: str) -> list[BatchProgress]:
+        """The ``ctx.batches`` runs of a task, in name order (empty when it has none).
+
+        Raises:
+            InvalidArguments: a malformed task id. LedgerUnavailable: no ledger there.
+        """
+        led = self._reader()
+        return [BatchProgress.from_run(r)
+                for r in led.batch_runs([opchecks.task_id(task_id)])]
+
+    def batch_progress_many(self, task_ids: Sequence[str]) -> list[BatchProgress]:
+        """:meth:`batch_progress` of several tasks in one read (a job's shards).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        ids = [opchecks.task_id(t) for t in task_ids]
+        return [BatchProgress.from_run(r) for r in self._reader().batch_runs(ids)]
+
+    def check(self, task_id: str) -> ConservationReport:
+        """Check that a task's item counts add up (``ratchet check``): for each of its
+        ``ctx.batches`` runs, and for a sharded job (``App.submit_sharded``) per shard and
+        for the job; see the module docstring for the rules.
+
+        Raises:
+            TaskNotFound: no such task. InvalidArguments: a malformed task id.
+            LedgerUnavailable: no ledger there.
+        """
+        led = self._reader()
+        tid = opchecks.task_id(task_id)
+        task = led.get(tid)
+        params = task.params if isinstance(task.params, dict) else {}
+        shards = params.get(SHARDS_PARAM)
+        state = task.state.value if isinstance(task.state, State) else str(task.state)
+        if not isinstance(shards, int):
+            own = [_run_line(task, r, f"run {r.name}") for r in led.batch_runs([tid])]
+            return ConservationReport(tid, state, all(x.ok for x in own), own)
+        children = [c for c in led.children(tid)
+                    if isinstance(c.params, dict) and SHARD_PARAM in c.params]
+        runs: dict[str, list[BatchRun]] = {}
+        for r in led.batch_runs([c.task_id for c in children]):
+            runs.setdefault(r.task_id, []).append(r)
+        lines: list[ConservationLine] = []
+        for child in sorted(children, key=lambda c: int(c.params[SHARD_PARAM]["index"])):
+            scope = f"shard {child.params[SHARD_PARAM]['index']}/{shards}"
+            mine = runs.get(child.task_id, [])
+            lines.extend(_run_line(child, r, f"{scope} run {r.name}") for r in mine)
+            if not mine:
+                lines.append(_pending_line(child, scope))
+        lines.append(_job_line(task, shards, children, lines))
+        return ConservationReport(tid, state, all(x.ok for x in lines), lines, shards)
+
+
+def _job_line(task: TaskInfo, shards: int, children: Sequence[TaskInfo],
+              lines: Sequence[ConservationLine]) -> ConservationLine:
+    counted = [x for x in lines if x.scope != "job"]
+    succeeded = sum(x.succeeded for x in counted)
+    failed = sum(x.failed for x in counted)
+    skipped = sum(x.skipped for x in counted)
+    known = all(x.expected is not None for x in counted) and bool(counted)
+    expected = sum(x.expected or 0 for x in counted) if known else None
+    in_flight = sum(x.in_flight or 0 for x in counted) if known else None
+    difference = sum(x.difference for x in counted)
+    notes: list[str] = []
+    if children and len(children) != shards:
+        notes.append(f"{len(children)} shard tasks for a space of {shards}")
+    result: Any = task.result
+    if task.state is State.SUCCEEDED and isinstance(result, dict):
+        totals = result.get("totals") or {}
+        for key, value in (("succeeded", succeeded), ("failed", failed),
+                           ("skipped", skipped)):
+            if key in totals and totals[key] != value:
+                notes.append(f"the job reported {key}={totals[key]}, its shards' ledger "
+                             f"counts {value}")
+                difference = difference or int(totals[key]) - value
+    bad = [x for x in counted if not x.ok]
+    if bad:
+        notes.append(f"{len(bad)} shard line(s) do not add up")
+    ok = not notes
+    return ConservationLine(task.task_id, "job", expected, succeeded, failed, skipped,
+                            in_flight, difference, ok, "; ".join(notes))
