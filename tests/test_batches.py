@@ -283,7 +283,9 @@ def test_cancel_stops_the_run_at_the_next_batch(app: App) -> None:
         gate.set()
         info = app.wait(handle.task_id, timeout_s=30)
     assert info.state is State.CANCELLED
-    assert calls == [0, 1, 2, 3]  # the boundary after batch 3 saw the request
+    # The boundary after batch 2 (the heartbeat already brought the request) or after
+    # batch 3 (which waits for it) saw the request: no batch past them started.
+    assert calls in ([0, 1, 2], [0, 1, 2, 3])
     # Every batch that started (one at a time) committed before the next boundary.
     assert _run(app, handle.task_id).watermark == len(calls)
 
