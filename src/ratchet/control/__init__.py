@@ -43,6 +43,7 @@ from ..ledger.base import (
     LATE_ACCOUNTED_FOR,
     LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
+    BatchActivity,
     ControlOutcome,
     EffectRecord,
     EffectState,
@@ -90,6 +91,7 @@ from ._writes import ControlWrites
 __all__ = [
     "ALL_TYPES",
     "AuditEvent",
+    "BatchActivity",
     "BatchProgress",
     "ConservationLine",
     "ConservationReport",
