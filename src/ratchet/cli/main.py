@@ -2,7 +2,7 @@
 the app, its commands in the order ``ratchet --help`` lists them, and the entry point.
 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
-``late-effects``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
+``late-effects``, ``check``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
 ``send-event``, ``pause``, ``resume``, ``limits`` (``set``, ``clear``), ``quarantine``
 (``list``, ``replay``), ``definitions``, ``prune``, ``serve``, ``migrate``, ``demo``;
 ``ratchet --version``. Every command takes
@@ -16,7 +16,8 @@ user input printed as text, never as markup; passwords redacted) and exit with t
 ``Control`` returns. Piped output is never wrapped or cut (:mod:`ratchet.cli.render`).
 
 One module per command group: :mod:`~ratchet.cli.worker_boot`, :mod:`~ratchet.cli.tasks`,
-:mod:`~ratchet.cli.status`, :mod:`~ratchet.cli.workers`, :mod:`~ratchet.cli.definitions`,
+:mod:`~ratchet.cli.status`, :mod:`~ratchet.cli.batches`, :mod:`~ratchet.cli.workers`,
+:mod:`~ratchet.cli.definitions`,
 :mod:`~ratchet.cli.reconcile`, :mod:`~ratchet.cli.actions`, :mod:`~ratchet.cli.events`,
 :mod:`~ratchet.cli.pausing`, :mod:`~ratchet.cli.limits`, :mod:`~ratchet.cli.quarantine`,
 :mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.migrate`,
@@ -34,6 +35,7 @@ from .. import __version__
 from ..loading import load_app
 from . import (
     actions,
+    batches,
     definitions,
     demo,
     events,
@@ -96,6 +98,7 @@ for _name, _command in (
     ("definitions", definitions.definitions),
     ("inspect", tasks.inspect),
     ("late-effects", tasks.late_effects),
+    ("check", batches.check),
     ("reconcile", reconcile.reconcile),
     ("resolve", actions.resolve),
     ("cancel", actions.cancel),
