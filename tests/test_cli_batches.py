@@ -14,6 +14,7 @@ from batchsupport import Gates, held, register, shard_items
 from typer.testing import CliRunner
 
 from ratchet import App, Control, State
+from ratchet.cli import batches as cli_batches
 from ratchet.cli.batches import eta_text, progress_text, rate_text
 from ratchet.cli.main import cli
 from ratchet.testing import running_worker
@@ -33,7 +34,8 @@ def gates(app: App) -> Gates:
     return made
 
 
-def test_check_of_a_finished_sharded_job_adds_up(app: App, gates: Gates) -> None:
+def test_check_of_a_finished_sharded_job_adds_up(app: App, gates: Gates,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     url = app.ledger_url
     job = app.submit_sharded("bt.shard", {"n": 60}, shards=3).task_id
     with running_worker(app):
@@ -56,6 +58,9 @@ def test_check_of_a_finished_sharded_job_adds_up(app: App, gates: Gates) -> None
     for index in range(3):
         mine = shard_items(60, 3, index)
         assert f"{index}/3" in out and f"mine {mine} / {mine} (100.0%) done" in out
+    monkeypatch.setattr(cli_batches, "MAX_SHARD_ROWS", 2)
+    code, out = _run("inspect", job, "--ledger", url)
+    assert "2/3" not in out and "... and 1 more (--json lists every one)" in out
     code, out = _run("inspect", job, "--ledger", url, "--json")
     tl = json.loads(out)
     assert tl["shards"] == 3 and tl["batches"] == []

@@ -17,7 +17,7 @@ from batchsupport import Gates, held, register, shard_items
 
 from ratchet import App, Control, State
 from ratchet.testing import running_worker
-from ratchet.web import WebSettings
+from ratchet.web import WebSettings, batchview
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,7 +98,8 @@ def test_a_held_run_and_a_run_without_a_total(served: Served) -> None:
     assert (bar["bar-value"], bar["bar-max"]) == ("100", "100") and "ETA done" in bar["text"]
 
 
-def test_a_sharded_job_whose_shard_failed_midway(served: Served) -> None:
+def test_a_sharded_job_whose_shard_failed_midway(served: Served,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     app, client = served.app, served.client
     job = app.submit_sharded("bt.shard", {"n": 90, "fail_shard": 1}, shards=3).task_id
     assert app.wait(job, timeout_s=60).state is State.FAILED
@@ -129,6 +130,11 @@ def test_a_sharded_job_whose_shard_failed_midway(served: Served) -> None:
         n = shard_items(90, 3, index)
         assert (bars[f"{index}/3"]["bar-value"], bars[f"{index}/3"]["bar-max"]) == (
             str(n), str(n))
+    # A job with more shard runs than the page draws counts the rest.
+    monkeypatch.setattr(batchview, "MAX_SHARD_BARS", 2)
+    page = client.get(f"/tasks/{job}").text
+    assert [b["shard"] for b in _bars(page)] == ["0/3", "1/3"]
+    assert "and 1 more shard run(s)" in page
     # A shard's own page says where it stands.
     shard_page = client.get(f"/tasks/{failed['task']}").text
     assert "Shard 1/3 of its job" in shard_page

@@ -32,6 +32,7 @@ from .render import console, echo_json, field, line
 __all__ = [
     "EXIT_DOES_NOT_ADD_UP",
     "MAX_ABOVE_SHOWN",
+    "MAX_SHARD_ROWS",
     "check",
     "print_batches",
     "progress_text",
@@ -42,6 +43,10 @@ __all__ = [
 EXIT_DOES_NOT_ADD_UP = 1
 """The exit status of ``ratchet check`` when a line does not add up (a Ratchet error, such
 as no such task or no ledger, exits with the error table's status as every command does)."""
+
+MAX_SHARD_ROWS = 100
+"""The most shards ``ratchet inspect`` lists as text, in shard order (``--json`` has every
+one)."""
 
 MAX_ABOVE_SHOWN = 4
 """Committed batches above the watermark listed by position in ``ratchet inspect`` (the
@@ -140,12 +145,15 @@ def _shards_table(tl: TaskTimeline) -> Table:
     table = Table(title=f"shards ({len(shards)} of {tl.shards})")
     for column in ("shard", "task", "state", "progress"):
         table.add_column(column, overflow="fold")
-    for (index, count), child in shards:
+    for (index, count), child in shards[:MAX_SHARD_ROWS]:
         mine = runs.get(child.task_id, [])
         table.add_row(field(f"{index}/{count}"), field(child.task_id), field(child.state),
                       field("; ".join(run_summary(p, child.state in TERMINAL)
                                       for p in mine)
                             if mine else "no batch committed yet"))
+    if len(shards) > MAX_SHARD_ROWS:
+        table.add_row(f"... and {len(shards) - MAX_SHARD_ROWS} more (--json lists every "
+                      "one)", "", "", "")
     if not shards:
         table.add_row("(no shard task yet)", "", "", "")
     return table

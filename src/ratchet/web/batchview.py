@@ -15,7 +15,11 @@ from ..shards import SHARD_PARAM
 from ..states import TERMINAL
 from .present import duration, rate
 
-__all__ = ["BatchBar", "BatchBars", "batch_bars", "shard_place"]
+__all__ = ["MAX_SHARD_BARS", "BatchBar", "BatchBars", "batch_bars", "shard_place"]
+
+MAX_SHARD_BARS = 200
+"""The most shard runs a sharded job's page draws (in shard order; the rest are counted,
+and ``GET /api/tasks/{id}/batches`` lists every one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,7 @@ class BatchBars:
         shard_bars: a sharded job's shards' runs, by shard index then run name.
         pending: shard places (``"i/n"``) with no batch committed yet.
         shard: the task's own place ``"i/n"`` when it is a shard, else None.
+        hidden: shard runs past :data:`MAX_SHARD_BARS`, not drawn.
     """
 
     own: list[BatchBar]
@@ -74,6 +79,7 @@ class BatchBars:
     shard_bars: list[BatchBar]
     pending: list[str]
     shard: str | None
+    hidden: int = 0
 
 
 def shard_place(task: TaskInfo) -> tuple[int, int] | None:
@@ -123,5 +129,6 @@ def batch_bars(tl: TaskTimeline) -> BatchBars:
                                                            key=lambda kv: kv[1][0][0])
                if tid not in started] if tl.shards is not None else []
     mine = shard_place(tl.task)
-    return BatchBars(own, tl.shards, [b for _, b in shard_bars], pending,
-                     f"{mine[0]}/{mine[1]}" if mine else None)
+    return BatchBars(own, tl.shards, [b for _, b in shard_bars[:MAX_SHARD_BARS]], pending,
+                     f"{mine[0]}/{mine[1]}" if mine else None,
+                     max(0, len(shard_bars) - MAX_SHARD_BARS))
