@@ -33,11 +33,14 @@ __all__ = [
     "EXIT_DOES_NOT_ADD_UP",
     "MAX_ABOVE_SHOWN",
     "MAX_SHARD_ROWS",
+    "above_text",
     "check",
+    "eta_text",
     "print_batches",
     "progress_text",
+    "rate_text",
     "run_summary",
-    "shard_of",
+    "shard_place",
 ]
 
 EXIT_DOES_NOT_ADD_UP = 1
@@ -113,7 +116,7 @@ def run_summary(p: BatchProgress, ended: bool = False) -> str:
     return ", ".join(parts)
 
 
-def shard_of(task: TaskInfo) -> tuple[int, int] | None:
+def shard_place(task: TaskInfo) -> tuple[int, int] | None:
     """``(index, count)`` of a shard task (from its stored params, key
     ``"ratchet:shard"``), else None."""
     params = task.params if isinstance(task.params, dict) else {}
@@ -137,7 +140,7 @@ def _runs_table(runs: Sequence[BatchProgress]) -> Table:
 
 
 def _shards_table(tl: TaskTimeline) -> Table:
-    shards = sorted(((s, c) for c in tl.children if (s := shard_of(c)) is not None),
+    shards = sorted(((s, c) for c in tl.children if (s := shard_place(c)) is not None),
                     key=lambda sc: sc[0][0])
     runs: dict[str, list[BatchProgress]] = {}
     for p in tl.shard_batches:
@@ -164,7 +167,7 @@ def print_batches(tl: TaskTimeline) -> None:
     job's shard count and one line per shard, and a table of the task's own runs (nothing
     for a task with none of these)."""
     out = console()
-    shard = shard_of(tl.task)
+    shard = shard_place(tl.task)
     if shard is not None:
         out.print(line("shard: ", (f"{shard[0]}/{shard[1]}", "bold"),
                        f" (index {shard[0]} of a job of {shard[1]} shards)"))

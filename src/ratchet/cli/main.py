@@ -11,9 +11,11 @@ call only the public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loadi
 never the ledger modules. Ratchet errors print one line saying what to fix (stored data and
 user input printed as text, never as markup; passwords redacted) and exit with the status
 :func:`ratchet.cli.guard.exit_status` gives (2; a corrupt ledger
-:data:`~ratchet.errors.EXIT_LEDGER_CORRUPT`). ``--json`` (every command but ``worker`` and
-``demo``; ``ratchet --version --json``) prints ``dataclasses.asdict`` of the records
-``Control`` returns. Piped output is never wrapped or cut (:mod:`ratchet.cli.render`).
+:data:`~ratchet.errors.EXIT_LEDGER_CORRUPT`); ``ratchet check`` exits 1 when a task's
+item counts do not add up (:data:`~ratchet.cli.batches.EXIT_DOES_NOT_ADD_UP`). ``--json``
+(every command but ``worker`` and ``demo``; ``ratchet --version --json``) prints
+``dataclasses.asdict`` of the records ``Control`` returns. Piped output is never wrapped
+or cut (:mod:`ratchet.cli.render`).
 
 One module per command group: :mod:`~ratchet.cli.worker_boot`, :mod:`~ratchet.cli.tasks`,
 :mod:`~ratchet.cli.status`, :mod:`~ratchet.cli.batches`, :mod:`~ratchet.cli.workers`,
