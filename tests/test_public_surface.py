@@ -37,8 +37,8 @@ RATCHET_ALL = [
 ]
 
 CONTROL_ALL = [
-    "ALL_TYPES", "AuditEvent", "BatchProgress", "ConservationLine", "ConservationReport",
-    "Control", "ControlOutcome", "DefinitionView", "EffectPage",
+    "ALL_TYPES", "AuditEvent", "BatchActivity", "BatchProgress", "ConservationLine",
+    "ConservationReport", "Control", "ControlOutcome", "DefinitionView", "EffectPage",
     "EffectRecord", "EffectState", "EffectView", "EventReceipt", "LATE_ACCOUNTED_FOR",
     "LATE_POSSIBLE_DUPLICATE", "LateEffectView", "LimitReached", "LimitView", "LimitsReport",
     "PauseRecord", "PauseResult", "PruneReport", "QuarantineGroupView", "REASON_REQUIRED",

@@ -28,12 +28,13 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from batchsupport import Gates, held, register, shard_items
 from dashsupport import Bank, make_app, serve, settle
 
 from ratchet import App, Control, State
 from ratchet.testing import wait_for
 from ratchet.testing.worker import running_worker
-from ratchet.web import WebSettings
+from ratchet.web import WebSettings, present
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -477,3 +478,57 @@ def test_reads_survive_a_missing_task_and_a_bad_filter(system: System) -> None:
         started = time.monotonic()
         assert client.get("/").status_code == 200
         assert time.monotonic() - started < 10
+
+
+def test_task_page_draws_a_bar_per_batch_run_and_per_shard(
+        browser: Any, tmp_path: Path) -> None:
+    """A run held at its watermark (20 of 100, one batch committed above it) and a sharded
+    job whose shard 1 FAILED midway: the bars the browser renders carry the ledger's
+    numbers (Control.batch_progress)."""
+    url = f"sqlite:///{tmp_path}/batches.db"
+    app, gates = App(url), Gates()
+    register(app, gates)
+    control = Control(url)
+    held_id = app.submit("bt.items", {"n": 100, "size": 10, "parallel": 2,
+                                      "hold": [20, 40]}).task_id
+    job = app.submit_sharded("bt.shard", {"n": 90, "fail_shard": 1}, shards=3).task_id
+    try:
+        with running_worker(app, concurrency=4, poll_interval_s=0.02), \
+                serve(WebSettings(ledger_url=url), Control(url)) as base:
+            context = browser.new_context(base_url=base, viewport={"width": 1600,
+                                                                   "height": 900})
+            context.set_default_timeout(20_000)
+            try:
+                tab = context.new_page()
+                run = held(control, held_id, 20, above=1)
+                tab.goto(f"/tasks/{held_id}")
+                bar = tab.locator('#batches .batch[data-run="items"]')
+                assert bar.count() == 1
+                progress = bar.locator("progress.batch-bar")
+                assert progress.evaluate("e => [e.value, e.max, e.position]") == [
+                    20, 100, 0.2]
+                assert progress.is_visible()
+                text = bar.inner_text()
+                assert "20 / 100 (20.0%)" in text and "1 committed above the watermark" in text
+                assert bar.locator(".batch-rate").inner_text() == present.rate(
+                    run.rate_per_s, " items/s")
+
+                assert app.wait(job, timeout_s=60).state is State.FAILED
+                tab.goto(f"/tasks/{job}")
+                shards = tab.locator("#shard-bars .batch").evaluate_all(
+                    "bs => bs.map(b => [b.dataset.shard, b.querySelector('progress').value,"
+                    " b.querySelector('progress').max, b.querySelector('.batch-eta')"
+                    ".innerText])")
+                expected = []
+                for index in range(3):
+                    n = shard_items(90, 3, index)
+                    expected.append([f"{index}/3", 5 if index == 1 else n, n,
+                                     "stopped" if index == 1 else "done"])
+                assert shards == expected
+                assert "Sharded job: 3 shards" in tab.inner_text("#batch-shards")
+            finally:
+                context.close()
+                gates.release.set()
+    finally:
+        control.close()
+        app.close()

@@ -525,8 +525,8 @@ class App:
 
         Raises:
             InvalidArguments: ``shards`` out of range, or as :meth:`submit`.
-            UnknownTask, PayloadNotSerializable, PayloadTooLarge, IdempotencyConflict,
-                LedgerError: as :meth:`submit`.
+            UnknownTask: as :meth:`submit` (so are ``PayloadNotSerializable``,
+                ``PayloadTooLarge``, ``IdempotencyConflict`` and ``LedgerError``).
         """
         count = check_shards(shards)
         with submit_span(name, idempotency_key=key, tenant=tenant) as span:

@@ -2,7 +2,7 @@
 the app, its commands in the order ``ratchet --help`` lists them, and the entry point.
 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
-``late-effects``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
+``late-effects``, ``check``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
 ``send-event``, ``pause``, ``resume``, ``limits`` (``set``, ``clear``), ``quarantine``
 (``list``, ``replay``), ``definitions``, ``prune``, ``serve``, ``migrate``, ``demo``;
 ``ratchet --version``. Every command takes
@@ -11,12 +11,15 @@ call only the public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loadi
 never the ledger modules. Ratchet errors print one line saying what to fix (stored data and
 user input printed as text, never as markup; passwords redacted) and exit with the status
 :func:`ratchet.cli.guard.exit_status` gives (2; a corrupt ledger
-:data:`~ratchet.errors.EXIT_LEDGER_CORRUPT`). ``--json`` (every command but ``worker`` and
-``demo``; ``ratchet --version --json``) prints ``dataclasses.asdict`` of the records
-``Control`` returns. Piped output is never wrapped or cut (:mod:`ratchet.cli.render`).
+:data:`~ratchet.errors.EXIT_LEDGER_CORRUPT`); ``ratchet check`` exits 1 when a task's
+item counts do not add up (:data:`~ratchet.cli.batches.EXIT_DOES_NOT_ADD_UP`). ``--json``
+(every command but ``worker`` and ``demo``; ``ratchet --version --json``) prints
+``dataclasses.asdict`` of the records ``Control`` returns. Piped output is never wrapped
+or cut (:mod:`ratchet.cli.render`).
 
 One module per command group: :mod:`~ratchet.cli.worker_boot`, :mod:`~ratchet.cli.tasks`,
-:mod:`~ratchet.cli.status`, :mod:`~ratchet.cli.workers`, :mod:`~ratchet.cli.definitions`,
+:mod:`~ratchet.cli.status`, :mod:`~ratchet.cli.batches`, :mod:`~ratchet.cli.workers`,
+:mod:`~ratchet.cli.definitions`,
 :mod:`~ratchet.cli.reconcile`, :mod:`~ratchet.cli.actions`, :mod:`~ratchet.cli.events`,
 :mod:`~ratchet.cli.pausing`, :mod:`~ratchet.cli.limits`, :mod:`~ratchet.cli.quarantine`,
 :mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.migrate`,
@@ -34,6 +37,7 @@ from .. import __version__
 from ..loading import load_app
 from . import (
     actions,
+    batches,
     definitions,
     demo,
     events,
@@ -96,6 +100,7 @@ for _name, _command in (
     ("definitions", definitions.definitions),
     ("inspect", tasks.inspect),
     ("late-effects", tasks.late_effects),
+    ("check", batches.check),
     ("reconcile", reconcile.reconcile),
     ("resolve", actions.resolve),
     ("cancel", actions.cancel),

@@ -26,6 +26,7 @@ from ..control import (
 from ..errortext import error_summary
 from ..loading import load_app
 from ..validation import MAX_DELAY_S, MAX_VERSION, parse_duration_s
+from .batches import print_batches
 from .guard import guard
 from .options import (
     AppArg,
@@ -304,6 +305,7 @@ def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False,
     out.print(table)
     if tl.children:
         out.print(_children_table(tl.children))
+    print_batches(tl)
     duplicates = [le for le in tl.late_effects if le.kind != LATE_ACCOUNTED_FOR]
     if duplicates:
         out.print(line(("warning: ", "yellow"), f"{len(duplicates)} late effect(s): a "
@@ -324,7 +326,10 @@ def inspect(
     Params, result, last error (its type and the first line of its message; --traceback
     for the rest); claims, steps, effects, retries, stale rejections and operator actions
     in order; its parent, what it waits for (WAITING: a sleep's deadline, an event, its
-    children) and the children it submitted, with their states.
+    children) and the children it submitted, with their states. Each ctx.batches run:
+    watermark / total (percent), counts, batches committed above the watermark, rate
+    (items/s) and ETA; a shard's index / count; a sharded job's shard count and each
+    shard's progress on one line (--json: batches, shards, shard_batches).
     """
 
     def run() -> None:

@@ -17,7 +17,8 @@ CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records
 Read-only calls (:meth:`Control.status`, :meth:`Control.throughput`,
 :meth:`Control.inspect`, :meth:`Control.workers`, :meth:`Control.late_effects`,
 :meth:`Control.limits`, :meth:`Control.effects`, :meth:`Control.reconcile_counts`,
-:meth:`Control.schema_version`, :meth:`Control.children`)
+:meth:`Control.schema_version`, :meth:`Control.children`, :meth:`Control.batch_progress`,
+:meth:`Control.batch_activity`, :meth:`Control.check`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -43,6 +44,7 @@ from ..ledger.base import (
     LATE_ACCOUNTED_FOR,
     LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
+    BatchActivity,
     ControlOutcome,
     EffectRecord,
     EffectState,
@@ -90,6 +92,7 @@ from ._writes import ControlWrites
 __all__ = [
     "ALL_TYPES",
     "AuditEvent",
+    "BatchActivity",
     "BatchProgress",
     "ConservationLine",
     "ConservationReport",

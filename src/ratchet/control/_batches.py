@@ -18,62 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..app import _checks as opchecks
-from ..ledger.base import BatchRun, TaskInfo
+from ..ledger.base import BatchActivity, BatchRun, TaskInfo
 from ..shards import SHARD_PARAM, SHARDS_PARAM
 from ..states import TERMINAL, State
 from ._reads import ControlReads
+from ._records import BatchProgress
 
-__all__ = ["BatchProgress", "ConservationLine", "ConservationReport", "ControlBatches"]
-
-
-@dataclass(frozen=True, slots=True)
-class BatchProgress:
-    """One ``ctx.batches`` run of a task, for people (``ratchet inspect``, the dashboard).
-
-    Attributes:
-        task_id: the task.
-        name: the run's name (``#N`` for its N-th occurrence).
-        watermark: every item position below it is committed.
-        total: the item count when known, else None.
-        succeeded, failed, skipped: item counts of the committed batches.
-        batches: how many batches committed.
-        above: committed batches past the watermark, ``[start, end]`` pairs.
-        done: the run finished.
-        started_at, updated_at: ledger times of its first and last committed batch,
-            epoch seconds.
-        rate_per_s: items committed per second between those two times (None before two
-            batches or when no time passed).
-        eta_s: seconds left at that rate (None without a total or a rate; 0 when done).
-    """
-
-    task_id: str
-    name: str
-    watermark: int
-    total: int | None
-    succeeded: int
-    failed: int
-    skipped: int
-    batches: int
-    above: list[list[int]]
-    done: bool
-    started_at: float
-    updated_at: float
-    rate_per_s: float | None
-    eta_s: float | None
-
-    @classmethod
-    def from_run(cls, run: BatchRun) -> BatchProgress:
-        """The view of a ledger :class:`~ratchet.ledger.base.BatchRun`."""
-        elapsed = run.updated_at - run.started_at
-        rate = run.processed / elapsed if elapsed > 0 and run.batches > 1 else None
-        eta: float | None = None
-        if run.done:
-            eta = 0.0
-        elif run.total is not None and rate:
-            eta = max(0, run.total - run.processed) / rate
-        return cls(run.task_id, run.name, run.watermark, run.total, run.succeeded,
-                   run.failed, run.skipped, run.batches, [list(a) for a in run.above],
-                   run.done, run.started_at, run.updated_at, rate, eta)
+__all__ = ["BatchActivity", "BatchProgress", "ConservationLine", "ConservationReport",
+           "ControlBatches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +109,8 @@ def _pending_line(task: TaskInfo, scope: str) -> ConservationLine:
 
 
 class ControlBatches(ControlReads):
-    """:meth:`batch_progress` and :meth:`check` (see the module docstring)."""
+    """:meth:`batch_progress`, :meth:`batch_activity` and :meth:`check` (see the module
+    docstring)."""
 
     def batch_progress(self, task_id: str) -> list[BatchProgress]:
         """The ``ctx.batches`` runs of a task, in name order (empty when it has none).
@@ -177,6 +130,17 @@ class ControlBatches(ControlReads):
         """
         ids = [opchecks.task_id(t) for t in task_ids]
         return [BatchProgress.from_run(r) for r in self._reader().batch_runs(ids)]
+
+    def batch_activity(self) -> list[BatchActivity]:
+        """Per task type, the unfinished ``ctx.batches`` runs of tasks that have not ended
+        (for metrics): :class:`~ratchet.control.BatchActivity` ``(name, runs, watermark,
+        processed)``, the watermarks and processed items summed over the type's runs
+        (items); types without such a run are left out. One read, no history.
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        return self._reader().batch_activity()
 
     def check(self, task_id: str) -> ConservationReport:
         """Check that a task's item counts add up (``ratchet check``): for each of its

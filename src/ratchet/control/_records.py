@@ -26,6 +26,7 @@ from ..ledger.base import (
     FOREVER,
     LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
+    BatchRun,
     EffectRecord,
     EffectState,
     LateEffect,
@@ -41,6 +42,7 @@ from ..serde import loads_stored
 from ..storedtext import StoredState, UndecodableText
 
 __all__ = [
+    "BatchProgress",
     "EffectPage",
     "EffectView",
     "LateEffectView",
@@ -239,6 +241,56 @@ class EffectPage:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchProgress:
+    """One ``ctx.batches`` run of a task, for people (``ratchet inspect``, the dashboard).
+
+    Attributes:
+        task_id: the task.
+        name: the run's name (``#N`` for its N-th occurrence).
+        watermark: every item position below it is committed.
+        total: the item count when known, else None.
+        succeeded, failed, skipped: item counts of the committed batches.
+        batches: how many batches committed.
+        above: committed batches past the watermark, ``[start, end]`` pairs.
+        done: the run finished.
+        started_at, updated_at: ledger times of its first and last committed batch,
+            epoch seconds.
+        rate_per_s: items committed per second between those two times (None before two
+            batches or when no time passed).
+        eta_s: seconds left at that rate (None without a total or a rate; 0 when done).
+    """
+
+    task_id: str
+    name: str
+    watermark: int
+    total: int | None
+    succeeded: int
+    failed: int
+    skipped: int
+    batches: int
+    above: list[list[int]]
+    done: bool
+    started_at: float
+    updated_at: float
+    rate_per_s: float | None
+    eta_s: float | None
+
+    @classmethod
+    def from_run(cls, run: BatchRun) -> BatchProgress:
+        """The view of a ledger :class:`~ratchet.ledger.base.BatchRun`."""
+        elapsed = run.updated_at - run.started_at
+        rate = run.processed / elapsed if elapsed > 0 and run.batches > 1 else None
+        eta: float | None = None
+        if run.done:
+            eta = 0.0
+        elif run.total is not None and rate:
+            eta = max(0, run.total - run.processed) / rate
+        return cls(run.task_id, run.name, run.watermark, run.total, run.succeeded,
+                   run.failed, run.skipped, run.batches, [list(a) for a in run.above],
+                   run.done, run.started_at, run.updated_at, rate, eta)
+
+
+@dataclass(frozen=True, slots=True)
 class TaskTimeline:
     """What ``ratchet inspect`` shows: the task and everything the ledger knows about it.
 
@@ -253,6 +305,12 @@ class TaskTimeline:
         children: the tasks it submitted with ``ctx.submit`` / ``ctx.submit_many``
             (each one's ``parent_id`` is this task), oldest first; their own children are
             on their own timelines. The parent is ``task.parent_id``.
+        batches: its ``ctx.batches`` runs (watermark, total, counts, rate, ETA), in name
+            order; empty when it has none.
+        shards: a sharded job's shard count (``App.submit_sharded``), else None.
+        shard_batches: a sharded job's shards' runs (each one's ``task_id`` is the shard
+            task, a child whose ``params["ratchet:shard"]`` gives its index); empty unless
+            the task is a sharded job.
     """
 
     task: TaskInfo
@@ -261,12 +319,18 @@ class TaskTimeline:
     effects: list[EffectView]
     late_effects: list[LateEffectView] = field(default_factory=list)
     children: list[TaskInfo] = field(default_factory=list)
+    batches: list[BatchProgress] = field(default_factory=list)
+    shards: int | None = None
+    shard_batches: list[BatchProgress] = field(default_factory=list)
 
     @classmethod
-    def from_timeline(cls, tl: Timeline, children: Sequence[TaskInfo] = ()) -> TaskTimeline:
+    def from_timeline(cls, tl: Timeline, children: Sequence[TaskInfo] = (),
+                      batches: Sequence[BatchRun] = (), shards: int | None = None,
+                      shard_batches: Sequence[BatchRun] = ()) -> TaskTimeline:
         """The view of the ledger's :class:`~ratchet.ledger.base.Timeline`: the same
         fields, each step, effect and late effect decoded; ``children``: the task's
-        children as the ledger read them."""
+        children as the ledger read them; ``batches``: its batch runs; ``shards`` and
+        ``shard_batches``: a sharded job's shard count and its shards' runs."""
         effects = list(tl.effects)
         return cls(
             **_copy(tl, _TIMELINE_COPIED), events=list(tl.events),
@@ -275,6 +339,8 @@ class TaskTimeline:
             late_effects=[LateEffectView.from_record(le, tl.task.name, effects)
                           for le in tl.late_effects],
             children=list(children),
+            batches=[BatchProgress.from_run(r) for r in batches], shards=shards,
+            shard_batches=[BatchProgress.from_run(r) for r in shard_batches],
         )
 
 
@@ -342,5 +408,5 @@ _EFFECT_COPIED = _copied(EffectView, EffectRecord, converted=("state", "result",
 _TASK_EFFECT_COPIED = _copied(TaskEffectView, TaskEffect, converted=("task_state", "effect"))
 _TIMELINE_COPIED = _copied(TaskTimeline, Timeline,
                            converted=("events", "steps", "effects", "late_effects",
-                                      "children"))
+                                      "children", "batches", "shards", "shard_batches"))
 _QUARANTINE_COPIED = _copied(QuarantineGroupView, QuarantineGroup, converted=("task_ids",))

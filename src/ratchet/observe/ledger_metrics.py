@@ -35,6 +35,11 @@ Series:
   (kept by ``prune``): ``ratchet_ledger_claims_total``, ``..._takeovers_total``,
   ``..._revocations_total``, ``..._stale_rejections_total``, ``..._lookup_hits_total``,
   ``..._idempotency_conflicts_total``, ``..._operator_actions_total``.
+* batches, per type, over the unfinished ``ctx.batches`` runs of tasks not ended
+  (:meth:`Control.batch_activity <ratchet.control.Control.batch_activity>`):
+  ``ratchet_ledger_batch_watermark`` (their watermarks summed, items),
+  ``ratchet_ledger_batch_items_processed`` (items of their committed batches),
+  ``ratchet_ledger_batch_runs``; a type with no such run has no series.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..control import MAX_WINDOW_S, Control, StatusReport, TypeStatusView
+from ..control import MAX_WINDOW_S, BatchActivity, Control, StatusReport, TypeStatusView
 from ..errors import InvalidArguments, LedgerCorrupt, RatchetError
 from ..reconcile import OUTCOMES
 from ..states import State
@@ -99,6 +104,18 @@ _PER_TYPE = (
 
 _ABSENT_WHEN_NONE = frozenset({"drain_eta_s"})
 
+_BATCH_GAUGES = (
+    # (metric, help, BatchActivity attribute)
+    ("ratchet_ledger_batch_watermark", "Watermarks of the unfinished ctx.batches runs of "
+     "tasks not ended, summed per type (items: every position below a run's watermark is "
+     "committed).", "watermark"),
+    ("ratchet_ledger_batch_items_processed", "Items of the committed batches of the "
+     "unfinished ctx.batches runs of tasks not ended, summed per type (at or above the "
+     "watermark: batches commit out of order).", "processed"),
+    ("ratchet_ledger_batch_runs", "Unfinished ctx.batches runs of tasks not ended, per "
+     "type.", "runs"),
+)
+
 MAX_TYPE_SERIES = 200
 """Task types reported under their own ``type`` label per scrape; the types after the
 first ``MAX_TYPE_SERIES - 1`` (by name) are summed under ``type="other"`` (counts, backlog,
@@ -133,7 +150,7 @@ class LedgerCollector(Collector):
                                    f"0 and at most {MAX_WINDOW_S:g}, got {window_s!r}")
         self._control = control
         self._window_s = window
-        for name, _help, _attr in _PER_TYPE:
+        for name, _help, _attr in (*_PER_TYPE, *_BATCH_GAUGES):
             check_label_names(name, ["type"])
         check_label_names("ratchet_ledger_tasks", ["type", "state"])
 
@@ -160,6 +177,7 @@ class LedgerCollector(Collector):
         yield up
         yield corrupt
         yield from _families(report)
+        yield from self._batch_families()
         yield from self._reconcile_families()
         took = GaugeMetricFamily("ratchet_ledger_scrape_duration_seconds",
                                  "How long the status read took.")
@@ -169,6 +187,24 @@ class LedgerCollector(Collector):
 
     def _corrupt(self) -> float:
         return 0.0 if self._control.ledger_corruption() is None else 1.0
+
+    def _batch_families(self) -> Iterator[Metric]:
+        """``ratchet_ledger_batch_watermark{type}``, ``ratchet_ledger_batch_items_processed
+        {type}`` and ``ratchet_ledger_batch_runs{type}``: the unfinished ``ctx.batches``
+        runs of tasks not ended, summed per type (:meth:`Control.batch_activity`); a type
+        with none has no series. Past :data:`MAX_TYPE_SERIES` types the rest are summed
+        under ``other``."""
+        try:
+            activity = self._control.batch_activity()
+        except RatchetError as exc:
+            log.warning("ledger metrics: batch activity read failed: %s", exc)
+            return
+        rows = _capped_activity(sorted(activity, key=lambda a: a.name))
+        for metric, doc, attr in _BATCH_GAUGES:
+            family = GaugeMetricFamily(metric, doc, labels=["type"])
+            for row in rows:
+                family.add_metric([row.name], float(getattr(row, attr)))
+            yield family
 
     def _reconcile_families(self) -> Iterator[Metric]:
         """``ratchet_reconcile_runs_total`` and ``ratchet_reconcile_findings_total{outcome}``
@@ -234,6 +270,20 @@ def _families(report: StatusReport) -> Iterator[Metric]:
         counter = CounterMetricFamily(f"ratchet_ledger_{attr}", doc)
         counter.add_metric([], float(getattr(report, attr)))
         yield counter
+
+
+def _capped_activity(rows: list[BatchActivity]) -> list[BatchActivity]:
+    """``rows`` (sorted by type) if at most :data:`MAX_TYPE_SERIES`, else the first
+    ``MAX_TYPE_SERIES - 1`` and one ``other`` row summing the rest."""
+    if len(rows) <= MAX_TYPE_SERIES:
+        return rows
+    named = [r for r in rows if r.name != OTHER]
+    keep = named[:MAX_TYPE_SERIES - 1]
+    kept = {r.name for r in keep}
+    rest = [r for r in rows if r.name not in kept]
+    return [*keep, BatchActivity(OTHER, sum(r.runs for r in rest),
+                                 sum(r.watermark for r in rest),
+                                 sum(r.processed for r in rest))]
 
 
 def _capped(views: list[TypeStatusView]) -> list[TypeStatusView]:

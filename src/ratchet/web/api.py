@@ -13,8 +13,10 @@ call of this service found the ledger corrupt), ``/api/openapi.json``.
 Reads (:func:`ratchet.web.auth.read_ok`: ``Authorization: Bearer $RATCHET_API_TOKEN``
 when a token is configured, open otherwise): ``GET /api/status``, ``/api/tasks``
 (``state``, ``type``, ``key``, ages, ``limit``, ``cursor``), ``/api/tasks/{task_id}``
-(the task with its timeline), ``/api/workers``, ``/api/definitions``, ``/api/pauses``,
-``/api/quarantine``, ``/api/late-effects``.
+(the task with its timeline), ``/api/tasks/{task_id}/batches`` (its ``ctx.batches``
+runs; a sharded job's: its shards'), ``/api/tasks/{task_id}/check`` (whether its item
+counts add up: 200 either way, ``ok`` in the body), ``/api/workers``,
+``/api/definitions``, ``/api/pauses``, ``/api/quarantine``, ``/api/late-effects``.
 
 Mutations (:func:`ratchet.web.auth.token_ok`: the token when one is configured, else a
 loopback peer): ``POST /api/tasks`` (submit, with an optional ``Idempotency-Key``
@@ -50,6 +52,8 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from .. import __version__
 from ..control import (
+    BatchProgress,
+    ConservationReport,
     Control,
     ControlOutcome,
     DefinitionView,
@@ -77,6 +81,7 @@ from ..errors import (
     error_spec,
 )
 from ..serde import printable
+from ..shards import SHARD_PARAM, SHARDS_PARAM
 from ..states import State
 from .auth import bearer, read_ok, token_ok
 from .jsonbody import DuplicateKeyBody, StrictJsonRoute
@@ -493,6 +498,24 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                summary="A task with its timeline (events, steps, effects, late effects)")
     def get_task(task_id: TaskId) -> TaskTimeline:
         return control.inspect(task_id)
+
+    @reads.get("/tasks/{task_id}/batches", response_model=list[BatchProgress],
+               responses=read_errors(404, 422, 503),
+               summary="A task's batch runs: watermark, total, counts, rate, ETA (a "
+                       "sharded job: its shards' runs)")
+    def get_batches(task_id: TaskId) -> list[BatchProgress]:
+        task = control.get(task_id)  # 404 for no such task
+        if not isinstance(task.params, dict) or SHARDS_PARAM not in task.params:
+            return control.batch_progress(task_id)
+        shards = [c.task_id for c in control.children(task_id)
+                  if isinstance(c.params, dict) and SHARD_PARAM in c.params]
+        return [*control.batch_progress(task_id), *control.batch_progress_many(shards)]
+
+    @reads.get("/tasks/{task_id}/check", response_model=ConservationReport,
+               responses=read_errors(404, 422, 503),
+               summary="Whether a task's item counts add up (200 either way: see ok)")
+    def get_check(task_id: TaskId) -> ConservationReport:
+        return control.check(task_id)
 
     @reads.get("/workers", response_model=list[WorkerView], responses=read_errors(503),
                summary="The worker registry")

@@ -8,7 +8,8 @@ token they are open; ``/login`` and ``/static`` are always open):
   backlog and the running), backlog, rates, drain ETA, oldest pending age, unknown and
   quarantined, a chart of arrivals vs completions;
 * ``/tasks`` a filtered, paginated task list; ``/tasks/{id}`` one task's timeline, its
-  parent, what it waits for and the tree of its children with their states;
+  parent, what it waits for, the tree of its children with their states, and a progress
+  bar per batch run (a sharded job: per shard, :mod:`ratchet.web.batchview`);
 * ``/unknown`` the ``UNKNOWN`` queue with resolve forms;
 * ``/quarantine`` quarantined tasks by error fingerprint, a dry-run replay, a replay;
 * ``/pauses`` the active pauses (who, why, since, what still runs), pause / resume a type;
@@ -49,7 +50,7 @@ from ..states import TERMINAL as TERMINAL_STATES
 from ..states import State
 from ..storedtext import stored_note
 from ..validation import MAX_KEY_BYTES, check_identifier
-from . import charts, present
+from . import batchview, charts, present
 from .auth import read_ok, token_ok
 from .jsonbody import DuplicateKey, unique_keys
 from .sessions import FLASH_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Session, SessionKeeper
@@ -342,7 +343,7 @@ class Dashboard:
             return self.render(request, "task.html", status, tl=tl, t=tl.task,
                                rows=present.timeline_rows(tl), now=now, error=error,
                                form=form or {}, terminal=tl.task.state in TERMINAL,
-                               tree=tree, tree_hidden=hidden)
+                               tree=tree, tree_hidden=hidden, bars=batchview.batch_bars(tl))
         return await self.guarded(request, page)
 
     async def unknown_page(self, request: Request, *, error: str | None = None,
