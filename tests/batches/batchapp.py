@@ -23,6 +23,11 @@ Tasks:
   owns (``ctx.shard.owns(str(item))``). The shard ``fail_shard`` fails permanently in its
   batch at position ``fail_at`` (before delivering it).
 
+The service may be slow (a test's ``latency_s``): then ``BATCH_IN_FLIGHT_S`` says how
+long a delivery can stay in flight there (its processing bound plus the lease check
+before sending), the effect's ``in_flight_s``: a lookup's "not found" proves nothing until
+then, since a dead holder's request may still execute (the service does not honour keys).
+
 Leases come from ``BATCH_LEASE_S`` (default 2 s) at submit; retries are fast and there is
 no quarantine (these tests kill workers on purpose).
 """
@@ -44,6 +49,9 @@ __all__ = ["DELIVER", "LEASE_S", "SHARD", "app", "build_app", "deliver_key"]
 DELIVER = "batch.deliver"
 SHARD = "batch.shard"
 LEASE_S = float(os.environ.get("BATCH_LEASE_S", "2.0"))
+IN_FLIGHT_S = (
+    float(os.environ["BATCH_IN_FLIGHT_S"]) if os.environ.get("BATCH_IN_FLIGHT_S") else None
+)
 FAST_RETRY = RetryPolicy(
     max_attempts=60, base_delay_s=0.05, max_delay_s=1.0, jitter=0.5, overload_min_delay_s=0.2,
     quarantine_after=None,
@@ -93,7 +101,8 @@ def deliver(ctx: TaskContext, tag: str, batch: list[Any], pos: int) -> None:
     client = payment_client()
     body = {"pos": pos, "items": batch}
     ctx.effect("deliver", lambda k: client.execute(k, body), key=deliver_key(tag, pos),
-               lookup=client.lookup, params={"pos": pos, "n": len(batch)})
+               lookup=client.lookup, params={"pos": pos, "n": len(batch)},
+               in_flight_s=IN_FLIGHT_S)
 
 
 def build_app(ledger: str | None = None, lease_s: float | None = None) -> ratchet.App:

@@ -41,6 +41,7 @@ if str(BATCH_DIR) not in sys.path:
     sys.path.insert(0, str(BATCH_DIR))
 
 import batchapp  # noqa: E402
+from pgsupport import with_params  # noqa: E402
 
 __all__ = ["DONE", "BatchRig", "Call", "WatermarkSampler", "WorkerProcess", "wait_for"]
 
@@ -72,6 +73,7 @@ class BatchRig:
         self.tmp = tmp
         self.ledger_url = ledger_url
         self.lease_s: float | None = None  # lease of submitted tasks; set before submitting
+        self.in_flight_s: float | None = None  # BATCH_IN_FLIGHT_S of the workers
         self.call_log = tmp / "calls.jsonl"
         self.gate = tmp / "gate"
         self.procs = ProcessGroup(tmp / "procs", pythonpath=[BATCH_DIR], cwd=BATCH_DIR,
@@ -85,28 +87,38 @@ class BatchRig:
         """``"sqlite"`` or ``"postgresql"``."""
         return parse_ledger_url(self.ledger_url).scheme
 
+    @property
+    def reader_url(self) -> str:
+        """The ledger URL of the test's own readers: on PostgreSQL with a small pool (the
+        server's connections are shared with other test processes)."""
+        if self.backend == "postgresql":
+            return with_params(self.ledger_url, pool_size="2")
+        return self.ledger_url
+
     # ------------------------------------------------------------------ parts
 
-    def start_service(self) -> CountingService:
+    def start_service(self, latency_s: float = 0.0) -> CountingService:
         """Start the counting service; it executes (and counts) every request, duplicates
-        included (``honour_keys=False``)."""
+        included (``honour_keys=False``). ``latency_s``: the mean time each request takes
+        before it executes (a real API's)."""
         assert self.service is None
         self.service = start_counting_service(
-            self.tmp / "service.db", honour_keys=False, log_path=self.tmp / "service.log")
+            self.tmp / "service.db", honour_keys=False, latency_s=latency_s,
+            log_path=self.tmp / "service.log")
         return self.service
 
     @property
     def app(self) -> App:
         """The test process's own App on this ledger (submit)."""
         if self._app is None:
-            self._app = batchapp.build_app(self.ledger_url, lease_s=self.lease_s)
+            self._app = batchapp.build_app(self.reader_url, lease_s=self.lease_s)
         return self._app
 
     @property
     def ledger(self) -> Ledger:
         """A read handle on the ledger (the test's, not a worker's)."""
         if self._ledger is None:
-            self._ledger = open_ledger(self.ledger_url)
+            self._ledger = open_ledger(self.reader_url)
         return self._ledger
 
     def env(self, **extra: str | None) -> dict[str, str | None]:
@@ -115,6 +127,7 @@ class BatchRig:
             "BATCH_LOG": str(self.call_log),
             "BATCH_GATE": str(self.gate),
             "BATCH_PAY_URL": self.service.url if self.service is not None else None,
+            "BATCH_IN_FLIGHT_S": None if self.in_flight_s is None else repr(self.in_flight_s),
         }
         env.update(extra)
         return env
@@ -272,6 +285,11 @@ class WatermarkSampler:
         self._thread.join(timeout=30.0)
         self.sample()
         self._ledger.close()
+
+    def last_run(self, task_id: str) -> BatchRun | None:
+        """The last sample of the task's (one) run, None before its first commit."""
+        runs = [run for (task, _), run in list(self.last.items()) if task == task_id]
+        return runs[0] if runs else None
 
     def watermarks(self) -> dict[str, int]:
         """The last sampled watermark per task."""

@@ -40,7 +40,7 @@ def _assert_finished(rig: BatchRig, task_id: str, n: int) -> BatchRun:
     records = rig.records()
     assert records.items == dict.fromkeys(range(n), 1), "an item delivered twice or never"
     assert records.executions == {deliver_key(task_id, p): 1 for p in range(0, n, SIZE)}
-    with Control(rig.ledger_url) as control:
+    with Control(rig.reader_url) as control:
         report = control.check(task_id)
     assert report.ok, report
     (line,) = report.lines
