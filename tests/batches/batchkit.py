@@ -32,6 +32,7 @@ from ratchet.testing import (
     WorkerProcess,
     check_ledger_consistent,
     clean_env,
+    sqlite_write_locked,
     start_counting_service,
     wait_for,
 )
@@ -205,6 +206,26 @@ class BatchRig:
     def records(self) -> ServiceRecords:
         assert self.service is not None
         return self.service.records()
+
+    def ledger_locked(self) -> bool:
+        """True if a process frozen inside a ledger transaction holds locks that stall the
+        others (SQLite's write lock; on PostgreSQL, an idle-in-transaction session holding
+        row locks on this schema)."""
+        config = parse_ledger_url(self.ledger_url)
+        if self.backend == "sqlite":
+            return sqlite_write_locked(config.path, timeout_s=0.05)
+        import psycopg
+
+        with psycopg.connect(self.ledger_url.split("?")[0], autocommit=True) as pg:
+            rows = pg.execute(
+                "SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE n.nspname = %s AND a.state LIKE 'idle in transaction%%'"
+                " AND l.mode IN ('RowShareLock', 'RowExclusiveLock')",
+                (config.options.get("schema", "ratchet"),),
+            ).fetchall()
+        return bool(rows)
 
     def check_consistent(self) -> None:
         check_ledger_consistent(self.ledger_url)
