@@ -44,10 +44,25 @@ if str(BATCH_DIR) not in sys.path:
 import batchapp  # noqa: E402
 from pgsupport import with_params  # noqa: E402
 
-__all__ = ["DONE", "BatchRig", "Call", "WatermarkSampler", "WorkerProcess", "wait_for"]
+__all__ = ["DONE", "BatchRig", "Call", "WatermarkSampler", "WorkerProcess", "held_by",
+           "wait_for"]
 
 DONE = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.UNKNOWN)
 """The end states a test waits for."""
+
+
+def held_by(workers: Iterable[WorkerProcess], holder: str | None) -> WorkerProcess | None:
+    """The live worker among ``workers`` whose lease-holder name is ``holder``
+    (``host:pid:random``: matched by process id, so a worker counts from its start, before
+    its start-up line is read)."""
+    parts = (holder or "").split(":")
+    if len(parts) < 3 or not parts[-2].isdigit():
+        return None
+    pid = int(parts[-2])
+    for worker in workers:
+        if worker.pid == pid and worker.alive():
+            return worker
+    return None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 from batchapp import SHARD, deliver_key
-from batchkit import BatchRig, WatermarkSampler, WorkerProcess, wait_for
+from batchkit import DONE, BatchRig, WatermarkSampler, WorkerProcess, held_by, wait_for
 
 from ratchet import Control, State
 from ratchet.shards import shard_of
@@ -28,10 +28,11 @@ pytestmark = [pytest.mark.crash, pytest.mark.timeout(180)]
 SIGKILLED = -signal.SIGKILL
 SHARDS = 8
 ITEMS = 40_000
-SIZE = 100
-LATENCY_S = 0.05
+SIZE = 200
+LATENCY_S = 0.1
 IN_FLIGHT_S = 1.5 * LATENCY_S + 1.0 + 0.3  # see test_batch_chaos.py
 KILLS = 6
+MIN_KILLS = 4  # the job may end before the last kills on a slow machine
 
 
 def _check_cli(rig: BatchRig, task_id: str) -> subprocess.CompletedProcess[str] | None:
@@ -56,7 +57,6 @@ def test_sharded_job_conserves_its_totals_under_kills(rig: BatchRig) -> None:
     job = rig.app.submit_sharded(SHARD, {"n": ITEMS, "size": SIZE, "parallel": 2},
                                  shards=SHARDS).task_id
     workers: list[WorkerProcess] = [rig.worker(f"w{i}-gen0", concurrency=5) for i in range(2)]
-    holders = {w.holder(): w for w in workers}
 
     def shards_ids() -> list[str] | None:
         ids = [c.task_id for c in rig.ledger.children(job)]
@@ -64,38 +64,50 @@ def test_sharded_job_conserves_its_totals_under_kills(rig: BatchRig) -> None:
 
     shard_ids = wait_for("the job to submit its shards", shards_ids, 60.0)
     sampler = WatermarkSampler(rig.reader_url, shard_ids).start()
-    targets = sorted(rng.randrange(ITEMS // 50, ITEMS * 7 // 10) for _ in range(KILLS))
-    kills: list[tuple[int, str, int]] = []  # (committed items, victim, shards it held)
-    try:
-        for k, target in enumerate(targets, 1):
 
-            def reached(target: int = target) -> tuple[WorkerProcess, int] | None:
-                committed = sum(run.processed for run in list(sampler.last.values()))
-                if committed < target:
+    def committed_now() -> int:
+        return sum(run.processed for run in rig.ledger.batch_runs(shard_ids))
+
+    # Kill moments: each a random 1-5 % of the items past the committed count at the kill
+    # before (so the kills land before the end, however fast the job goes).
+    kills: list[tuple[int, str, int]] = []  # (committed items, victim, shards it held)
+    committed = 0
+    try:
+        for k in range(1, KILLS + 1):
+            target = committed + rng.randrange(ITEMS // 100, ITEMS * 5 // 100)
+
+            def reached(target: int = target) -> tuple[WorkerProcess | None, int] | None:
+                infos = rig.ledger.get_many(shard_ids)
+                if all(i.state in DONE for i in infos):
+                    return (None, 0)  # the job's shards ended first
+                if committed_now() < target:
                     return None
-                held: dict[str, int] = {}
-                for info in rig.ledger.get_many(shard_ids):
-                    if info.state is State.RUNNING and info.holder in holders:
-                        held[info.holder] = held.get(info.holder, 0) + 1
-                live = [(holders[h], n) for h, n in held.items() if holders[h].alive()]
-                return rng.choice(live) if live else None
+                held: dict[int, tuple[WorkerProcess, int]] = {}
+                for info in infos:
+                    worker = held_by(workers, info.holder) if info.state is State.RUNNING \
+                        else None
+                    if worker is not None:
+                        held[worker.pid] = (worker, held.get(worker.pid, (worker, 0))[1] + 1)
+                return rng.choice(sorted(held.values(), key=lambda h: h[0].pid)) \
+                    if held else None
 
             victim, held = wait_for(f"{target} items committed, a shard held", reached,
-                                    60.0, 0.01)
+                                    90.0, 0.01)
+            if victim is None:
+                break
             time.sleep(rng.uniform(0.0, 0.1))  # a random moment, not a wait
-            committed = sum(run.processed for run in list(sampler.last.values()))
+            committed = committed_now()
             assert victim.kill() == SIGKILLED
             kills.append((committed, victim.name, held))
             i = workers.index(victim)
             workers[i] = rig.worker(f"w{i}-gen{k}", concurrency=5)
-            holders[workers[i].holder()] = workers[i]
         info = rig.wait_state(job, timeout_s=120.0)
     finally:
         sampler.stop()
     for w in workers:
         assert w.stop() == 0, w.describe()
 
-    assert len(kills) == KILLS
+    assert len(kills) >= MIN_KILLS, kills
     assert sampler.errors == [] and sampler.backwards == [], (sampler.errors[:5],
                                                               sampler.backwards[:10])
     assert info.state is State.SUCCEEDED, info
