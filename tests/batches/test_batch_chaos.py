@@ -56,6 +56,7 @@ def test_chaos_every_item_once_and_the_watermark_never_moves_back(rig: BatchRig)
     kills: list[tuple[int, int, str]] = []  # (committed items seen, watermark, victim)
     t0 = time.monotonic()
     committed = 0
+    control = Control(rig.reader_url)
     try:
         for k in range(1, KILLS + 1):
             target = committed + rng.randrange(ITEMS // 100, ITEMS * 4 // 100)
@@ -82,9 +83,14 @@ def test_chaos_every_item_once_and_the_watermark_never_moves_back(rig: BatchRig)
             kills.append((run.processed, run.watermark, victim.name))
             i = workers.index(victim)
             workers[i] = rig.worker(f"w{i}-gen{k}")
+            # Mid-run, with the victim's batches lost: the counts still add up (what is
+            # not committed is in flight).
+            midway = control.check(task_id)
+            assert midway.ok, midway
         info = rig.wait_state(task_id, timeout_s=120.0)
     finally:
         sampler.stop()
+        control.close()
     elapsed = time.monotonic() - t0
     for w in workers:
         assert w.stop() == 0, w.describe()

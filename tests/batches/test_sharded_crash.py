@@ -72,6 +72,7 @@ def test_sharded_job_conserves_its_totals_under_kills(rig: BatchRig) -> None:
     # before (so the kills land before the end, however fast the job goes).
     kills: list[tuple[int, str, int]] = []  # (committed items, victim, shards it held)
     committed = 0
+    control = Control(rig.reader_url)
     try:
         for k in range(1, KILLS + 1):
             target = committed + rng.randrange(ITEMS // 100, ITEMS * 5 // 100)
@@ -101,9 +102,12 @@ def test_sharded_job_conserves_its_totals_under_kills(rig: BatchRig) -> None:
             kills.append((committed, victim.name, held))
             i = workers.index(victim)
             workers[i] = rig.worker(f"w{i}-gen{k}", concurrency=5)
+            midway = control.check(job)  # mid-job the counts add up too
+            assert midway.ok, midway
         info = rig.wait_state(job, timeout_s=120.0)
     finally:
         sampler.stop()
+        control.close()
     for w in workers:
         assert w.stop() == 0, w.describe()
 
