@@ -63,6 +63,8 @@ def test_late_batch_commit_of_a_paused_holder_is_rejected(rig: BatchRig) -> None
     assert first["current_generation"] == 2
     assert a.returncode is None, "the stale holder must survive its rejected write"
     assert a.stop() == 0 and b.stop() == 0
+    # A's attempt ended on the rejection (StaleGeneration): its worker counts it stale.
+    assert "by_outcome={'stale': 1}" in a.log(), a.log()[-2000:]
 
     # Nothing of the late commit landed: the run, the task and the counts stand.
     after = rig.run(task_id)
