@@ -124,3 +124,29 @@ def test_batch_after_commit_kill_is_not_processed_again(rig: BatchRig) -> None:
     assert b.stop() == 0
     assert rig.call_counts(task_id) == {p: 1 for p in range(0, n, SIZE)}
     assert [c.attempt for c in rig.calls(task_id)] == [1, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("point", ["effect.after_intent", "effect.after_call"])
+def test_kill_inside_a_batch_delivery_delivers_once(rig: BatchRig, point: str) -> None:
+    """Rows 5 inside a batch: the worker dies in the third batch's delivery, its intent
+    recorded and the request not sent (``after_intent``) or sent and executed, its result
+    not recorded (``after_call``). The resumed task runs that batch again; the service's
+    lookup decides whether to send: its items are applied once either way."""
+    rig.start_service()
+    n = 5 * SIZE
+    task_id = rig.app.submit(DELIVER, {"n": n, "size": SIZE, "parallel": 1}).task_id
+    a = rig.worker("A", crash_at=point, skip=2)
+    assert a.wait(60.0) == SIGKILLED, a.describe()
+    crashed = rig.run(task_id)
+    assert crashed is not None and (crashed.watermark, crashed.batches) == (2 * SIZE, 2)
+    sent = 3 * SIZE if point == "effect.after_call" else 2 * SIZE
+    assert rig.records().items == dict.fromkeys(range(sent), 1)
+
+    b = rig.worker("B")
+    _assert_finished(rig, task_id, n)
+    assert b.stop() == 0
+    assert rig.call_counts(task_id) == {**{p: 1 for p in range(0, n, SIZE)}, 2 * SIZE: 2}
+    (effect,) = [e for e in rig.ledger.timeline(task_id).effects
+                 if e.key == deliver_key(task_id, 2 * SIZE)]
+    assert effect.state is EffectState.DONE
+    assert effect.via_lookup is (point == "effect.after_call"), effect
