@@ -321,12 +321,3 @@ class WatermarkSampler:
         self._thread.join(timeout=30.0)
         self.sample()
         self._ledger.close()
-
-    def last_run(self, task_id: str) -> BatchRun | None:
-        """The last sample of the task's (one) run, None before its first commit."""
-        runs = [run for (task, _), run in list(self.last.items()) if task == task_id]
-        return runs[0] if runs else None
-
-    def watermarks(self) -> dict[str, int]:
-        """The last sampled watermark per task."""
-        return {task: run.watermark for (task, _), run in self.last.items()}
