@@ -48,6 +48,7 @@ def _owned(shard: int) -> list[int]:
     return [i for i in range(ITEMS) if shard_of(str(i), SHARDS) == shard]
 
 
+@pytest.mark.slow
 def test_sharded_job_conserves_its_totals_under_kills(rig: BatchRig) -> None:
     seed = int(os.environ.get("BATCH_SEED", random.randrange(1 << 30)))
     print(f"sharded chaos seed: {seed} (rerun with BATCH_SEED={seed})")
