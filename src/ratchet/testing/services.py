@@ -23,10 +23,15 @@ HTTP API (JSON bodies):
   and ``201 {"id", "key", "body", "created_at", "replayed": false}`` is returned. With
   ``--no-honour-keys`` every POST executes (a legacy API that records keys but does not
   enforce them). A missing key or a body that is not a JSON object returns ``400``.
+  A body may carry ``"items": [...]`` (strings and integers; anything else: ``400``):
+  an execution *applies* each item (one row per item in the ``items`` table, in the same
+  transaction), a replay applies none. So a test can count per item at the external side
+  (:attr:`ServiceRecords.items`) when one request carries a batch of items: an item
+  applied by two executions shows 2, whatever their keys.
 * ``GET /effects/{key}`` — ``200`` with the stored record, or ``404 {"error": "not found"}``.
 * ``GET /executions`` — ``{key: number of executions}``.
 * ``GET /stats`` — ``{"executions", "keys", "duplicate_keys", "replays", "lookups",
-  "lookups_found", "stale_tokens_rejected", "injected": {...}}``.
+  "lookups_found", "stale_tokens_rejected", "items_applied", "injected": {...}}``.
 
 Fenced mode (``--check-tokens``; Kleppmann's fencing token checked at the storage side):
 ``POST /effects`` and ``GET /effects/{key}`` must carry a header ``Fencing-Token: T`` (a
@@ -73,6 +78,7 @@ from ..errors import TokenRejected as TokenRejected
 from .counting.client import CountingClient as CountingClient
 from .counting.process import CountingService as CountingService
 from .counting.process import start_counting_service as start_counting_service
+from .counting.protocol import ITEMS_ERROR as ITEMS_ERROR
 from .counting.protocol import RETRY_AFTER_S as RETRY_AFTER_S
 from .counting.protocol import STALE_TOKEN_ERROR as STALE_TOKEN_ERROR
 from .counting.protocol import TOKEN_HEADER as TOKEN_HEADER
@@ -86,6 +92,7 @@ from .counting.server import main as main
 from .counting.store import CountingStore as CountingStore
 
 __all__ = [
+    "ITEMS_ERROR",
     "RETRY_AFTER_S",
     "CountingClient",
     "CountingService",

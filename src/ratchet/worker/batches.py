@@ -255,6 +255,9 @@ class _Run:
         self.effects = effects
         self.watermark = current.watermark if current is not None else 0
         self.committed: dict[int, int] = dict(current.above) if current is not None else {}
+        # The batches earlier attempts committed above the watermark, to skip: a copy, for
+        # the watermark's advance pops from ``committed`` while the source is still read.
+        self.earlier: dict[int, int] = dict(self.committed)
         self.succeeded = current.succeeded if current is not None else 0
         self.failed = current.failed if current is not None else 0
         self.skipped = current.skipped if current is not None else 0
@@ -285,7 +288,7 @@ class _Run:
                     break
                 start, end = position, position + len(batch)
                 position = end
-                done_end = self.committed.get(start)
+                done_end = self.earlier.get(start)
                 if done_end is not None:
                     if done_end != end:
                         raise NonDeterministicReplay(

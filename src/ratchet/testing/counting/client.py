@@ -121,7 +121,7 @@ class CountingClient:
 
     def stats(self) -> dict[str, Any]:
         """``GET /stats``: executions, keys, duplicate_keys, replays, lookups, lookups_found,
-        stale_tokens_rejected, injected (fault counts)."""
+        stale_tokens_rejected, items_applied, injected (fault counts)."""
         r = self._http.get("/stats")
         r.raise_for_status()
         return cast(dict[str, Any], r.json())

@@ -65,6 +65,11 @@ class CountingService:
         """Executions per key, from the service's own file."""
         return read_records(self.db_path).executions
 
+    def items(self) -> dict[str | int, int]:
+        """How often each item was applied (the ``items`` of executed requests), from the
+        service's own file."""
+        return read_records(self.db_path).items
+
     def rejections(self) -> list[TokenRejection]:
         """Requests refused for a stale fencing token, in order, from the service's own file."""
         return read_records(self.db_path).rejections

@@ -11,11 +11,13 @@ from ...errors import RatchetError
 from ...validation import check_finite, check_int
 
 __all__ = [
+    "ITEMS_ERROR",
     "RETRY_AFTER_S",
     "STALE_TOKEN_ERROR",
     "TOKEN_HEADER",
     "FaultSettings",
     "ServiceError",
+    "valid_items",
 ]
 
 RETRY_AFTER_S = 0.2
@@ -26,6 +28,17 @@ TOKEN_HEADER = "Fencing-Token"
 
 STALE_TOKEN_ERROR = "stale fencing token"
 """The ``error`` of a 409 reply to a request whose fencing token is stale."""
+
+
+ITEMS_ERROR = "items must be a list of strings and integers"
+"""The ``error`` of a 400 reply to a request whose ``items`` is malformed."""
+
+
+def valid_items(items: Any) -> bool:
+    """True when ``items`` (a request body's ``items``) is a list of strings and integers
+    (not booleans): what the service applies one by one."""
+    return isinstance(items, list) and all(
+        isinstance(i, str) or (isinstance(i, int) and not isinstance(i, bool)) for i in items)
 
 
 class ServiceError(RatchetError):

@@ -53,6 +53,9 @@ class ServiceRecords:
         tokens: the highest fencing token accepted per key (fenced mode).
         execution_tokens: the fencing token of every execution, in the order of ``times``
             (None for an execution outside fenced mode).
+        items: how often each item was applied: every execution applies the items of its
+            request body's ``items`` list (strings and integers), so an item applied
+            twice shows 2 here even when the two requests had different keys.
     """
 
     executions: dict[str, int]
@@ -61,6 +64,7 @@ class ServiceRecords:
     rejections: list[TokenRejection] = field(default_factory=list)
     tokens: dict[str, int] = field(default_factory=dict)
     execution_tokens: list[int | None] = field(default_factory=list)
+    items: dict[str | int, int] = field(default_factory=dict)
 
 
 def read_records(db_path: str | Path) -> ServiceRecords:
@@ -90,12 +94,18 @@ def read_records(db_path: str | Path) -> ServiceRecords:
             tokens = {str(k): int(h) for k, h in conn.execute("SELECT key, highest FROM tokens")}
         except sqlite3.OperationalError:  # a file written before fenced mode existed
             rejections, tokens = [], {}
+        items: dict[str | int, int] = {}
+        try:
+            for text, n in conn.execute("SELECT item, COUNT(*) FROM items GROUP BY item"):
+                items[json.loads(text)] = int(n)
+        except sqlite3.OperationalError:  # a file written before items existed
+            pass
     finally:
         conn.close()
     executions: dict[str, int] = {}
     for _, key in times:
         executions[key] = executions.get(key, 0) + 1
-    return ServiceRecords(executions, ids, times, rejections, tokens, execution_tokens)
+    return ServiceRecords(executions, ids, times, rejections, tokens, execution_tokens, items)
 
 
 def read_stored(db_path: str | Path) -> dict[str, dict[str, Any]]:

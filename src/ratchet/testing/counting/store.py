@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .protocol import STALE_TOKEN_ERROR, TOKEN_HEADER, FaultSettings
+from .protocol import ITEMS_ERROR, STALE_TOKEN_ERROR, TOKEN_HEADER, FaultSettings, valid_items
 from .records import record_reply
 
 __all__ = ["CountingStore"]
@@ -48,6 +48,12 @@ CREATE TABLE IF NOT EXISTS lookups (
 CREATE TABLE IF NOT EXISTS tokens (
     key     TEXT PRIMARY KEY,
     highest INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS items (
+    id   INTEGER PRIMARY KEY AUTOINCREMENT,
+    item TEXT NOT NULL,
+    key  TEXT NOT NULL,
+    at   REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS stale_tokens (
     id      INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -210,18 +216,23 @@ class CountingStore:
             token: the request's fencing token (checked only with ``check_tokens``).
 
         Returns:
-            ``(http status, reply, executed)``: 201 and executed=True for a new execution,
+            ``(http status, reply, executed)``: 201 and executed=True for a new execution
+            (which applies the body's ``items``, if any: one row per item in ``items``),
             200 for a replay, 422 for a key reused with another body, 409 for a stale
             fencing token (``{"error", "key", "token", "highest"}``), 400 for a missing
-            token in fenced mode. The token check, its record and the execution are one
+            token in fenced mode or an ``items`` that is not a list of strings and
+            integers. The token check, its record and the execution are one
             transaction under the store lock.
         """
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        items = body.get("items")
+        if items is not None and not valid_items(items):
+            return 400, {"error": ITEMS_ERROR, "key": key}, False
         with self._lock:
             now = time.time()
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                answer = self._execute(key, canonical, token, now)
+                answer = self._execute(key, canonical, token, now, items)
                 self._conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -230,9 +241,11 @@ class CountingStore:
             return answer
 
     def _execute(
-        self, key: str, canonical: str, token: int | None, now: float
+        self, key: str, canonical: str, token: int | None, now: float,
+        items: list[Any] | None = None,
     ) -> tuple[int, dict[str, Any], bool]:
-        """:meth:`execute` inside its transaction (lock held)."""
+        """:meth:`execute` inside its transaction (lock held); an execution applies the
+        body's ``items`` (one row each in ``items``)."""
         refused = self._fence(key, token, "execute", now)
         if refused is not None:
             return refused[0], refused[1], False
@@ -259,6 +272,11 @@ class CountingStore:
             "INSERT INTO executions (key, body, at, token) VALUES (?, ?, ?, ?)",
             (key, canonical, now, token if self.faults.check_tokens else None),
         )
+        if items:
+            self._conn.executemany(
+                "INSERT INTO items (item, key, at) VALUES (?, ?, ?)",
+                [(json.dumps(item), key, now) for item in items],
+            )
         self._conn.execute(
             "INSERT INTO records (key, record_id, body, created_at) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (key) DO UPDATE SET record_id = excluded.record_id,"
@@ -326,7 +344,7 @@ class CountingStore:
     def stats(self) -> dict[str, Any]:
         """Counts read from the database (plus the in-memory fault counters): executions,
         keys, duplicate_keys, replays, lookups, lookups_found, stale_tokens_rejected,
-        injected."""
+        items_applied, injected."""
         with self._lock:
             c = self._conn
             executions = c.execute("SELECT COUNT(*) FROM executions").fetchone()[0]
@@ -339,6 +357,7 @@ class CountingStore:
                 "SELECT COUNT(*), COALESCE(SUM(found), 0) FROM lookups"
             ).fetchone()
             stale = c.execute("SELECT COUNT(*) FROM stale_tokens").fetchone()[0]
+            applied = c.execute("SELECT COUNT(*) FROM items").fetchone()[0]
             injected = dict(self.injected)
         return {
             "executions": executions,
@@ -348,5 +367,6 @@ class CountingStore:
             "lookups": lookups,
             "lookups_found": found,
             "stale_tokens_rejected": stale,
+            "items_applied": applied,
             "injected": injected,
         }
