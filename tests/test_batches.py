@@ -353,3 +353,31 @@ def test_submit_sharded_refuses_a_bad_shard_count(app: App, shards: Any) -> None
     with pytest.raises(InvalidArguments, match="shards must be an int"):
         app.submit_sharded("b.any", {}, shards=shards)
 
+
+
+def test_the_check_catches_a_report_that_disagrees_with_the_ledger(
+        app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fault in the worker's own tally (a batch counted twice by the task although
+    # committed once) is the kind of error the check exists for: inject one.
+    from ratchet.worker import batches as worker_batches
+
+    honest = worker_batches._Run.report
+
+    def inflated(self: Any) -> dict[str, Any]:
+        report = honest(self)
+        return {**report, "succeeded": report["succeeded"] + 10, "batches": report["batches"] + 1}
+
+    monkeypatch.setattr(worker_batches._Run, "report", inflated)
+
+    @app.task(name="b.inflated")
+    def inflated_task(ctx: TaskContext) -> Any:
+        return ctx.batches("items", list(range(30)), lambda b, p: None, size=10)
+
+    handle = app.submit("b.inflated")
+    with running_worker(app):
+        info = app.wait(handle.task_id, timeout_s=30)
+    assert info.state is State.SUCCEEDED and info.result["succeeded"] == 40
+    report = Control(app=app).check(handle.task_id)
+    assert not report.ok
+    [line] = report.lines
+    assert "succeeded 40 (ledger 30)" in line.note and line.difference == 10

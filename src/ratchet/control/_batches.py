@@ -13,12 +13,14 @@ job's line sums its shards, and the totals its parent reported must equal that s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..app import _checks as opchecks
-from ..ledger.base import BatchActivity, BatchRun, TaskInfo
+from ..ledger.base import BATCH_RUN_PREFIX, BatchActivity, BatchRun, StepRecord, TaskInfo
 from ..shards import SHARD_PARAM, SHARDS_PARAM
 from ..states import TERMINAL, State
 from ._reads import ControlReads
@@ -101,6 +103,45 @@ def _run_line(task: TaskInfo, run: BatchRun, scope: str) -> ConservationLine:
     return ConservationLine(*common, in_flight, difference, difference == 0, note)
 
 
+MAX_REPORTS_READ = 256
+"""A sharded job's check compares each shard's own report with the ledger's counts up to
+this many shards (one timeline read each); past it, the ledger's counts only."""
+
+_REPORTED = ("succeeded", "failed", "skipped", "batches")
+
+
+def _reports(steps: Sequence[StepRecord]) -> dict[str, Any]:
+    """The reports ``ctx.batches`` recorded (its run's checkpoint), by run."""
+    found: dict[str, Any] = {}
+    for step in steps:
+        if step.name.startswith(BATCH_RUN_PREFIX):
+            try:
+                found[step.name] = json.loads(step.result_json)
+            except ValueError:
+                found[step.name] = None
+    return found
+
+
+def _reported(line: ConservationLine, run: BatchRun,
+              reports: Mapping[str, Any]) -> ConservationLine:
+    """``line``, not ok when the run's own report (what ``ctx.batches`` returned to the
+    task) disagrees with the ledger's committed batches: a batch counted twice by the task
+    although committed once."""
+    report = reports.get(run.run)
+    if not isinstance(report, dict):
+        return line
+    ledger = {"succeeded": run.succeeded, "failed": run.failed, "skipped": run.skipped,
+              "batches": run.batches}
+    wrong = [f"{k} {report.get(k)} (ledger {ledger[k]})" for k in _REPORTED
+             if report.get(k) != ledger[k]]
+    if not wrong:
+        return line
+    note = "the task's report says " + ", ".join(wrong)
+    return dataclasses.replace(
+        line, ok=False, difference=line.difference or int(report.get("succeeded") or 0)
+        - run.succeeded, note=f"{line.note}; {note}" if line.note else note)
+
+
 def _pending_line(task: TaskInfo, scope: str) -> ConservationLine:
     """A shard with no committed batch yet: nothing counted, all of it in flight (or, once
     ended, unknown: a shard that ends without a run processed no items)."""
@@ -158,7 +199,9 @@ class ControlBatches(ControlReads):
         shards = params.get(SHARDS_PARAM)
         state = task.state.value if isinstance(task.state, State) else str(task.state)
         if not isinstance(shards, int):
-            own = [_run_line(task, r, f"run {r.name}") for r in led.batch_runs([tid])]
+            mine = led.batch_runs([tid])
+            reports = _reports(led.timeline(tid).steps) if mine else {}
+            own = [_reported(_run_line(task, r, f"run {r.name}"), r, reports) for r in mine]
             return ConservationReport(tid, state, all(x.ok for x in own), own)
         children = [c for c in led.children(tid)
                     if isinstance(c.params, dict) and SHARD_PARAM in c.params]
@@ -169,7 +212,10 @@ class ControlBatches(ControlReads):
         for child in sorted(children, key=lambda c: int(c.params[SHARD_PARAM]["index"])):
             scope = f"shard {child.params[SHARD_PARAM]['index']}/{shards}"
             mine = runs.get(child.task_id, [])
-            lines.extend(_run_line(child, r, f"{scope} run {r.name}") for r in mine)
+            reports = (_reports(led.timeline(child.task_id).steps)
+                       if mine and len(children) <= MAX_REPORTS_READ else {})
+            lines.extend(_reported(_run_line(child, r, f"{scope} run {r.name}"), r, reports)
+                         for r in mine)
             if not mine:
                 lines.append(_pending_line(child, scope))
         lines.append(_job_line(task, shards, children, lines))
