@@ -47,6 +47,7 @@ CORE = (
     "ratchet.validation",
     "ratchet.storedtext",
     "ratchet.fingerprint",
+    "ratchet.schedule",
 )
 """The pure core: rules without I/O. A core module imports only other core modules."""
 

@@ -16,6 +16,7 @@ from .control import (
     LimitsReport,
     PauseRecord,
     PauseResult,
+    ScheduleView,
     StatusReport,
     TaskTimeline,
     WorkerView,
@@ -64,6 +65,7 @@ from .ledger.base import EventReceipt, Limit, LimitScope, TaskInfo
 # when imported, so every program that imports ratchet has it.
 from .observe import tracing as _tracing  # noqa: F401  (registers on import)
 from .retry import FailureClass, RetryBudget, RetryPolicy
+from .schedule import Schedule
 from .states import State
 from .version import __version__
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
@@ -108,6 +110,8 @@ __all__ = [
     "RatchetError",
     "RetryBudget",
     "RetryPolicy",
+    "Schedule",
+    "ScheduleView",
     "SchemaTooNew",
     "SchemaTooOld",
     "StaleGeneration",

@@ -17,7 +17,7 @@ CLI's ``--json`` prints exactly that), so the JSON cannot drift from the records
 Read-only calls (:meth:`Control.status`, :meth:`Control.throughput`,
 :meth:`Control.inspect`, :meth:`Control.workers`, :meth:`Control.late_effects`,
 :meth:`Control.limits`, :meth:`Control.effects`, :meth:`Control.reconcile_counts`,
-:meth:`Control.schema_version`, :meth:`Control.children`)
+:meth:`Control.schema_version`, :meth:`Control.children`, :meth:`Control.schedules`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -84,6 +84,7 @@ from ._reports import (
     VersionWaitView,
     WorkerView,
 )
+from ._schedules import STALE_SCHEDULE_S, ScheduleView
 from ._writes import ControlWrites
 
 __all__ = [
@@ -112,6 +113,8 @@ __all__ = [
     "ReplayReport",
     "ReplayedTask",
     "ResolveOutcome",
+    "STALE_SCHEDULE_S",
+    "ScheduleView",
     "StatusReport",
     "StepView",
     "TaskEffectView",

@@ -1,0 +1,2 @@
+-- Ratchet ledger: placeholder of schema version 13 on the periodic-tasks branch. The
+-- batches work owns version 13; its migration replaces this file when both land.
