@@ -138,7 +138,8 @@ class Schedule:
         """The ticks after ``start`` up to and including ``end``, oldest first.
 
         Args:
-            start, end: aware datetimes (any zone); ``start < tick <= end``.
+            start: an aware datetime (any zone); the ticks are after it.
+            end: an aware datetime; the ticks are at or before it.
 
         Returns:
             Aware UTC datetimes, strictly increasing, whole seconds.
