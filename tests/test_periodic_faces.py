@@ -1,10 +1,11 @@
 """What the operator faces show of periodic schedules, on both ledgers: ``ratchet
 schedules`` (table, ``--json``, ``--app`` marking a schedule the code lacks), the ledger
-metrics per schedule, a worker's scheduler thread (on by default, off with
+metrics per schedule, ``GET /api/schedules``, a worker's scheduler thread (on by default, off with
 ``scheduler=False``) and the claim of a worker that lacks the task."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import textwrap
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner, Result
 
@@ -19,6 +21,7 @@ from ratchet import App, Control, State, TaskContext
 from ratchet.cli.main import cli
 from ratchet.observe.ledger_metrics import render_ledger_metrics
 from ratchet.testing import inject_clock, running_worker, wait_for
+from ratchet.web import WebSettings, create_app
 from ratchet.worker.scheduler import Scheduler
 
 T0 = datetime(2026, 12, 4, 13, 0, 0, tzinfo=UTC).timestamp()
@@ -154,3 +157,19 @@ def test_a_worker_without_the_task_never_claims_its_ticks(ledger_url: str) -> No
     finally:
         old.close()
         app.close()
+
+
+def test_get_api_schedules_lists_them(fired_app: App, ledger_url: str) -> None:
+    settings = WebSettings(ledger_url=ledger_url)
+    asgi = create_app(settings, control=Control(ledger_url))
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=asgi)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return await c.get("/api/schedules")
+
+    answer = asyncio.run(get())
+    assert answer.status_code == 200, answer.text
+    (row,) = answer.json()
+    assert row["name"] == "hourly" and row["missed"] == 10 and row["fired"] == 2
+    assert row["last_missed_reason"].startswith("10 tick(s)")

@@ -13,8 +13,8 @@ call of this service found the ledger corrupt), ``/api/openapi.json``.
 Reads (:func:`ratchet.web.auth.read_ok`: ``Authorization: Bearer $RATCHET_API_TOKEN``
 when a token is configured, open otherwise): ``GET /api/status``, ``/api/tasks``
 (``state``, ``type``, ``key``, ages, ``limit``, ``cursor``), ``/api/tasks/{task_id}``
-(the task with its timeline), ``/api/workers``, ``/api/definitions``, ``/api/pauses``,
-``/api/quarantine``, ``/api/late-effects``.
+(the task with its timeline), ``/api/workers``, ``/api/definitions``, ``/api/schedules``,
+``/api/pauses``, ``/api/quarantine``, ``/api/late-effects``.
 
 Mutations (:func:`ratchet.web.auth.token_ok`: the token when one is configured, else a
 loopback peer): ``POST /api/tasks`` (submit, with an optional ``Idempotency-Key``
@@ -59,6 +59,7 @@ from ..control import (
     PauseResult,
     QuarantineGroupView,
     ReplayReport,
+    ScheduleView,
     StatusReport,
     TaskInfo,
     TaskPage,
@@ -503,6 +504,11 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                responses=read_errors(503), summary="Task definitions workers registered")
     def get_definitions() -> list[DefinitionView]:
         return control.definitions()
+
+    @reads.get("/schedules", response_model=list[ScheduleView], responses=read_errors(503),
+               summary="Periodic schedules: next tick, last fired tick, missed ticks")
+    def get_schedules() -> list[ScheduleView]:
+        return control.schedules()
 
     @reads.get("/pauses", response_model=list[PauseRecord], responses=read_errors(503),
                summary="The active pauses")
