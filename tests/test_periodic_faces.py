@@ -173,3 +173,23 @@ def test_get_api_schedules_lists_them(fired_app: App, ledger_url: str) -> None:
     (row,) = answer.json()
     assert row["name"] == "hourly" and row["missed"] == 10 and row["fired"] == 2
     assert row["last_missed_reason"].startswith("10 tick(s)")
+
+
+def test_a_starting_worker_logs_the_schedules_its_code_lacks(
+    fired_app: App, ledger_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    plain = App(ledger_url)
+
+    @plain.task("faces.plain")
+    def plain_task(ctx: TaskContext) -> None:
+        return None
+
+    try:
+        with caplog.at_level("WARNING", logger="ratchet.worker"), \
+                running_worker(plain, poll_interval_s=0.02):
+            wait_for("the start-up warning", lambda: any(
+                "lacks" in r.getMessage() for r in caplog.records), timeout_s=20)
+        (line,) = [r.getMessage() for r in caplog.records if "lacks" in r.getMessage()]
+        assert line.endswith(": hourly")
+    finally:
+        plain.close()

@@ -99,7 +99,7 @@ from .options import (
 )
 from .registry import Registrar
 from .retention import Pruner
-from .scheduler import Scheduler
+from .scheduler import Scheduler, log_lacking
 from .slots import ClaimPolicy
 from .startcheck import StartCheck
 from .stats import WorkerStats
@@ -439,6 +439,8 @@ class Worker(EndedAttempts):
         if self.run_scheduler and self.app.periodic_tasks:
             self.scheduler = Scheduler(self.ledger, self.app.periodic_tasks, self.holder)
             self.scheduler.start()
+        elif self.run_scheduler:
+            log_lacking(self.ledger)
         subscription: Subscription | None = None
         idle_since = time.monotonic()
         last_poll = float("-inf")

@@ -42,7 +42,7 @@ from ..ledger.base import (
 )
 from ..schedule import utc_text
 
-__all__ = ["MAX_TASKS_PER_PASS", "Scheduler", "plan_pass"]
+__all__ = ["MAX_TASKS_PER_PASS", "Scheduler", "log_lacking", "plan_pass"]
 
 log = logging.getLogger("ratchet.worker")
 
@@ -99,6 +99,26 @@ def plan_pass(schedules: Mapping[str, PeriodicTask], now_s: float,
     return SchedulePlan(advances)
 
 
+def _log_lacking(rows: Iterable[ScheduleRecord], have: Mapping[str, object]) -> list[str]:
+    lacking = sorted(r.name for r in rows if r.name not in have)
+    if lacking:
+        log.warning("schedules in the ledger that this worker's code lacks (not fired here; "
+                    "removed from the code, or another app's or release's): %s",
+                    ", ".join(lacking))
+    return lacking
+
+
+def log_lacking(ledger: Ledger) -> list[str]:
+    """For a worker whose app has no schedules: log (a warning) the schedules stored in the
+    ledger, which its code lacks, and return their names; a ledger error is logged, not
+    raised (nothing depends on it)."""
+    try:
+        return _log_lacking(ledger.schedules(), {})
+    except RatchetError as exc:
+        log.warning("could not read the schedules in the ledger: %s", exc)
+        return []
+
+
 class Scheduler(threading.Thread):
     """Fires the app's schedules until stopped (a daemon thread of the worker).
 
@@ -144,14 +164,9 @@ class Scheduler(threading.Thread):
         rows = self.ledger.register_schedules(
             self.holder, [p.spec() for p in self.schedules.values()])
         self._last_seen = self.clock()
-        lacking = sorted(r.name for r in rows if r.name not in self.schedules)
         self._learn(r for r in rows if r.name in self.schedules)
         self.registered = True
-        if lacking:
-            log.warning("schedules in the ledger that this worker's code lacks (not fired "
-                        "here; removed from the code, or a newer release's): %s",
-                        ", ".join(lacking))
-        return lacking
+        return _log_lacking(rows, self.schedules)
 
     def due(self, now_s: float | None = None) -> list[str]:
         """The schedules whose next tick is at or before ``now_s`` (default: the clock)."""
