@@ -6,10 +6,11 @@ clock is a variable of the test, so a pass "at" any instant is one call of
 ``periodic:<name>:<UTC instant>``; misfires within and beyond the grace; a restart keeps the
 next tick; two schedulers on one ledger fire each tick once; a schedule removed from the code
 stops firing and says so; daylight saving changes through the scheduler; the cursor's
-compare-and-set."""
+compare-and-set, alone and raced by eight schedulers behind a barrier."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
@@ -288,3 +289,51 @@ def test_periodic_checks_its_arguments(ledger_url: str) -> None:
     with pytest.raises(ConfigError, match="registered twice"):
         app.periodic("a", every_s=5)(other)
     app.close()
+
+
+def test_racing_schedulers_behind_a_barrier_advance_each_cursor_once(ledger_url: str) -> None:
+    """Eight schedulers (each its own App and ledger connection) make their pass at the same
+    instant, released together by a barrier: every tick is one task, every cursor moved by
+    exactly one of them, the counts add up."""
+    apps = [make_app(ledger_url, every_s=10) for _ in range(8)]
+    for extra in range(1, 20):  # 20 schedules in all, the same in every app
+        for a in apps:
+            a.periodic(f"tick{extra:02d}", every_s=10, params={"n": extra})(
+                a.versions["periodic.job"][1].fn)
+    clocks = [Clocks(a.ledger, T0 - 1) for a in apps]
+    schedulers = [scheduler(a, c, f"w{i}") for i, (a, c) in enumerate(zip(apps, clocks,
+                                                                             strict=True))]
+    for s in schedulers:
+        s.register()
+    for c in clocks:
+        c.set(T0 + 25)  # ticks T0, T0 + 10, T0 + 20 of 20 schedules: 60 tasks
+    barrier = threading.Barrier(len(schedulers))
+    results: list[object] = [None] * len(schedulers)
+    errors: list[BaseException] = []
+
+    def race(i: int) -> None:
+        try:
+            barrier.wait(timeout=20)
+            results[i] = schedulers[i].run_once()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(schedulers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    advanced: list[str] = []
+    created = 0
+    for fired in results:
+        assert fired is not None
+        advanced += sorted(fired.advanced)  # type: ignore[attr-defined]
+        created += fired.created  # type: ignore[attr-defined]
+    assert sorted(advanced) == sorted(apps[0].periodic_tasks)  # each once, no more
+    assert created == 60
+    assert len(keys(apps[0])) == 60
+    views = Control(app=apps[0]).schedules()
+    assert all(v.fired == 3 and v.missed == 0 for v in views)
+    for a in apps:
+        a.close()
