@@ -337,3 +337,22 @@ def test_racing_schedulers_behind_a_barrier_advance_each_cursor_once(ledger_url:
     assert all(v.fired == 3 and v.missed == 0 for v in views)
     for a in apps:
         a.close()
+
+
+def test_a_tick_whose_key_was_taken_with_other_params_is_missed_not_blocking(app: App) -> None:
+    clocks = Clocks(app.ledger, T0 - 1)
+    s = scheduler(app, clocks)
+    s.register()
+    # Another release (other params) already submitted the 13:00 tick.
+    app.submit("periodic.job", {"n": 2}, idempotency_key="periodic:tick:2026-12-04T13:00:00Z")
+    clocks.set(T0 + 60)  # 13:00 is 60 s late: within the grace
+    fired = s.run_once()
+    assert fired is not None and fired.created == 1  # 13:01 fired
+    (view,) = Control(app=app).schedules()
+    assert view.fired == 1 and view.missed == 1
+    assert view.last_missed_at == T0
+    assert view.last_missed_reason is not None
+    assert "idempotency conflict" in view.last_missed_reason
+    assert view.cursor_at == T0 + 60
+    assert keys(app) == ["periodic:tick:2026-12-04T13:00:00Z",
+                         "periodic:tick:2026-12-04T13:01:00Z"]
