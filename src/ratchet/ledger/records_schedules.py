@@ -59,7 +59,8 @@ class ScheduleRecord:
         registered_s, registered_by: the last registration (a scheduler's start) and the
             worker id that made it.
         seen_s, seen_by: the last time a running scheduler that has it in its code said so
-            (every pass that fires it, and at least every ``SEEN_EVERY_S``), and which.
+            (every pass that advances it, and every 30 s: ``Scheduler.seen_every_s``), and
+            which worker.
     """
 
     name: str
