@@ -65,9 +65,13 @@ def make_app(url: str | Ledger, *, every_s: float | None = 60, cron: str | None 
 
 @pytest.fixture
 def app(ledger_url: str) -> Iterator[App]:
-    opened = make_app(ledger_url)
+    """An App on a ledger object, so that Control(app=app) reads through it, with the
+    injected clock (its ages and staleness are the test's, not the wall clock's)."""
+    ledger = open_ledger(ledger_url)
+    opened = make_app(ledger)
     yield opened
     opened.close()
+    ledger.close()
 
 
 def tick_of(key: str) -> int:
