@@ -48,6 +48,7 @@ CORE = (
     "ratchet.storedtext",
     "ratchet.fingerprint",
     "ratchet.shards",
+    "ratchet.schedule",
 )
 """The pure core: rules without I/O. A core module imports only other core modules."""
 

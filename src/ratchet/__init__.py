@@ -16,6 +16,7 @@ from .control import (
     LimitsReport,
     PauseRecord,
     PauseResult,
+    ScheduleView,
     StatusReport,
     TaskTimeline,
     WorkerView,
@@ -65,6 +66,7 @@ from .ledger.base import EventReceipt, Limit, LimitScope, TaskInfo
 from .observe import tracing as _tracing  # noqa: F401  (registers on import)
 from .retry import FailureClass, RetryBudget, RetryPolicy
 from .shards import Shard
+from .schedule import Schedule
 from .states import State
 from .version import __version__
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker
@@ -111,6 +113,8 @@ __all__ = [
     "RatchetError",
     "RetryBudget",
     "RetryPolicy",
+    "Schedule",
+    "ScheduleView",
     "SchemaTooNew",
     "SchemaTooOld",
     "Shard",

@@ -47,6 +47,7 @@ from ..validation import (
     check_int,
 )
 from . import _taskops as taskops
+from ._periodic import PeriodicTask, find_definition, periodic_task
 from ._submitgroup import SUBMIT_GROUP_MAX as SUBMIT_GROUP_MAX
 from ._submitgroup import SubmitGroup as _SubmitGroup
 from ._submitting import SubmitRequest, new_task_id, prepare_task
@@ -54,7 +55,8 @@ from ._taskdef import MIN_LEASE_S, TaskDefinition, check_lease_s, check_time_lim
 from ._taskops import TaskPage
 from .spans import submit_span
 
-__all__ = ["MIN_LEASE_S", "App", "SubmitRequest", "TaskDefinition", "TaskHandle", "new_task_id"]
+__all__ = ["MIN_LEASE_S", "App", "PeriodicTask", "SubmitRequest", "TaskDefinition", "TaskHandle",
+           "new_task_id"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -140,6 +142,8 @@ class App:
         """Circuit breakers of downstreams by name (:meth:`downstream`), this process's."""
         self.lookups: dict[tuple[str, str], RegisteredLookup] = {}
         """Registered lookups by (task type, effect name) (:meth:`lookup`)."""
+        self.periodic_tasks: dict[str, PeriodicTask] = {}
+        """The schedules of :meth:`periodic`, by schedule name."""
         self._submit_group = _SubmitGroup()
 
     def downstream(
@@ -362,6 +366,56 @@ class App:
             newest = self.tasks.get(task_name)
             if newest is None or newest.version < version:
                 self.tasks[task_name] = definition
+            return fn
+
+        return decorator
+
+    def periodic(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every_s: float | None = None,
+        tz: str = "UTC",
+        misfire_grace_s: float = 60.0,
+        params: Mapping[str, Any] | None = None,
+    ) -> Callable[[F], F]:
+        """Submit a task on a schedule: applied above ``@app.task(...)``.
+
+        Every tick (an instant of :class:`~ratchet.schedule.Schedule`) becomes exactly one
+        task, with the idempotency key ``periodic:<name>:<tick, UTC>``
+        (``periodic:report:2026-12-04T13:00:00Z``, :attr:`TaskInfo.idempotency_key`).
+        Every worker runs a scheduler (``ratchet worker --no-scheduler`` turns it off);
+        no leader: the key makes the ticks several schedulers submit one task. After
+        downtime, ticks at most ``misfire_grace_s`` late are submitted, once each; older
+        ones are recorded as missed (``ratchet schedules``), never run late. Daylight
+        saving time: see :mod:`ratchet.schedule`.
+
+        Args:
+            name: the schedule's name, unique in the app (a stored name: text, no NUL).
+            cron: a five-field cron expression, read in ``tz`` (exactly one of ``cron`` and
+                ``every_s``).
+            every_s: an interval, a whole number of seconds >= 1, anchored to the epoch.
+            tz: the IANA time zone of ``cron``; default ``"UTC"``.
+            misfire_grace_s: how late, in seconds (0 .. a week), a tick may still be
+                submitted; default 60.
+            params: the params of each tick's task (checked here against the task).
+
+        Raises:
+            ConfigError: the name is used twice, or the decorated function is not a task of
+                this app (``@app.periodic`` must be above ``@app.task``).
+            InvalidArguments: a bad name, schedule, grace or params.
+        """
+
+        def decorator(fn: F) -> F:
+            if name in self.periodic_tasks:
+                raise ConfigError(f"schedule name {name!r} is registered twice; give each "
+                                  "@app.periodic its own name")
+            definition = find_definition(fn, self.versions, name)
+            self.periodic_tasks[name] = periodic_task(
+                name, definition, cron=cron, every_s=every_s, tz=tz,
+                misfire_grace_s=misfire_grace_s, params=params,
+                max_payload_bytes=self.max_payload_bytes)
             return fn
 
         return decorator

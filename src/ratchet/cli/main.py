@@ -4,7 +4,7 @@ the app, its commands in the order ``ratchet --help`` lists them, and the entry 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
 ``late-effects``, ``check``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
 ``send-event``, ``pause``, ``resume``, ``limits`` (``set``, ``clear``), ``quarantine``
-(``list``, ``replay``), ``definitions``, ``prune``, ``serve``, ``migrate``, ``demo``;
+(``list``, ``replay``), ``definitions``, ``schedules``, ``prune``, ``serve``, ``migrate``, ``demo``;
 ``ratchet --version``. Every command takes
 ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``). The commands
 call only the public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loading.load_app`),
@@ -19,7 +19,7 @@ or cut (:mod:`ratchet.cli.render`).
 
 One module per command group: :mod:`~ratchet.cli.worker_boot`, :mod:`~ratchet.cli.tasks`,
 :mod:`~ratchet.cli.status`, :mod:`~ratchet.cli.batches`, :mod:`~ratchet.cli.workers`,
-:mod:`~ratchet.cli.definitions`,
+:mod:`~ratchet.cli.definitions`, :mod:`~ratchet.cli.schedules`,
 :mod:`~ratchet.cli.reconcile`, :mod:`~ratchet.cli.actions`, :mod:`~ratchet.cli.events`,
 :mod:`~ratchet.cli.pausing`, :mod:`~ratchet.cli.limits`, :mod:`~ratchet.cli.quarantine`,
 :mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.migrate`,
@@ -45,6 +45,7 @@ from . import (
     pausing,
     prune,
     reconcile,
+    schedules,
     serve,
     status,
     tasks,
@@ -98,6 +99,7 @@ for _name, _command in (
     ("tasks", tasks.tasks),
     ("workers", workers.workers),
     ("definitions", definitions.definitions),
+    ("schedules", schedules.schedules),
     ("inspect", tasks.inspect),
     ("late-effects", tasks.late_effects),
     ("check", batches.check),

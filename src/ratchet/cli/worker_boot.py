@@ -99,6 +99,14 @@ def worker(
             " whose process is gone (default), or rely on lease expiry alone.",
         ),
     ] = True,
+    scheduler: Annotated[
+        bool,
+        typer.Option(
+            "--scheduler/--no-scheduler",
+            help="Fire the app's periodic tasks (@app.periodic) from this worker (default;"
+            " any number of workers may, each tick is one task), or leave it to others.",
+        ),
+    ] = True,
     middleware: Annotated[
         list[str] | None,
         typer.Option(
@@ -239,6 +247,7 @@ def worker(
             prune_older_than_s=prune_age,
             prune_every_s=prune_every_s,
             stop_descendants=True,  # the process is the worker's: leave none behind
+            scheduler=scheduler,
         )
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d, ledger %s",

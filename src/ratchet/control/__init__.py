@@ -18,7 +18,7 @@ Read-only calls (:meth:`Control.status`, :meth:`Control.throughput`,
 :meth:`Control.inspect`, :meth:`Control.workers`, :meth:`Control.late_effects`,
 :meth:`Control.limits`, :meth:`Control.effects`, :meth:`Control.reconcile_counts`,
 :meth:`Control.schema_version`, :meth:`Control.children`, :meth:`Control.batch_progress`,
-:meth:`Control.batch_activity`, :meth:`Control.check`)
+:meth:`Control.batch_activity`, :meth:`Control.check`, :meth:`Control.schedules`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -87,6 +87,7 @@ from ._reports import (
     VersionWaitView,
     WorkerView,
 )
+from ._schedules import STALE_SCHEDULE_S, ScheduleView
 from ._writes import ControlWrites
 
 __all__ = [
@@ -119,6 +120,8 @@ __all__ = [
     "ReplayReport",
     "ReplayedTask",
     "ResolveOutcome",
+    "STALE_SCHEDULE_S",
+    "ScheduleView",
     "StatusReport",
     "StepView",
     "TaskEffectView",

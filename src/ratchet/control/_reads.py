@@ -48,6 +48,7 @@ from ._reports import (
     VersionWaitView,
     WorkerView,
 )
+from ._schedules import ScheduleView, schedule_view
 
 __all__ = ["ControlReads"]
 
@@ -428,6 +429,19 @@ class ControlReads(ControlHandles):
                            max(0.0, now - d.last_registered_at))
             for d in led.definitions(LIVE_WORKER_S)
         ]
+
+    def schedules(self) -> list[ScheduleView]:
+        """Every periodic schedule schedulers registered, by name: spec, next tick, last
+        fired tick, missed ticks (count, last, reason), and whether a running scheduler
+        still has it (``stale``) and this Control's App has it (``in_code``).
+
+        Raises:
+            LedgerUnavailable: no ledger there.
+        """
+        led = self._reader()
+        now = led.now()
+        names = set(self._app.periodic_tasks) if self._app is not None else None
+        return [schedule_view(r, now, names) for r in led.schedules()]
 
     def limits(self) -> LimitsReport:
         """The concurrency limits and their live use (DESIGN §8, ``ratchet limits``).

@@ -20,6 +20,8 @@ This module gathers the contract's names in one place; they live in modules by c
   pauses, quarantine, limits, prunes);
 * :mod:`~ratchet.ledger.records_stats`: the aggregates of ``ratchet status``;
 * :mod:`~ratchet.ledger.records_registry`: the worker and definition registries;
+* :mod:`~ratchet.ledger.records_schedules`: periodic schedules, their cursors and a
+  scheduler pass;
 * :mod:`~ratchet.ledger.protocol`: the :class:`Ledger` Protocol, made of
   :class:`WorkerLedger`, :class:`OperatorLedger` and :class:`AdminLedger`.
 """
@@ -74,6 +76,14 @@ from .records_registry import (
     VersionBacklog,
     WorkerInfo,
 )
+from .records_schedules import (
+    ScheduleAdvance,
+    ScheduleFired,
+    SchedulePlan,
+    SchedulePlanner,
+    ScheduleRecord,
+    ScheduleSpec,
+)
 from .records_stats import RECENT_FRACTION, LedgerStats, ThroughputCount, TypeCapacity
 from .records_tasks import (
     LATE_ACCOUNTED_FOR,
@@ -106,6 +116,12 @@ __all__ = [
     "BatchMark",
     "BatchRun",
     "batch_effect_prefix",
+    "ScheduleAdvance",
+    "ScheduleFired",
+    "SchedulePlan",
+    "SchedulePlanner",
+    "ScheduleRecord",
+    "ScheduleSpec",
     "MAX_VERSION",
     "RECENT_FRACTION",
     "AuditEvent",

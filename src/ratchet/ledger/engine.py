@@ -74,10 +74,17 @@ from .ops.reads import Reads
 from .ops.registry import Registry
 from .ops.renew import Renew
 from .ops.retention import Retention
+from .ops.schedules import Schedules
 from .ops.stats import Stats
 from .ops.steps import TransactionSteps
 from .ops.submit import Submit
 from .ops.waits import Waits
+from .records_schedules import (
+    ScheduleFired,
+    SchedulePlanner,
+    ScheduleRecord,
+    ScheduleSpec,
+)
 
 __all__ = ["MAX_LIMIT", "LedgerEngine"]
 
@@ -114,6 +121,7 @@ class LedgerEngine:
         self._registry = Registry(core)
         self._waits = Waits(core)
         self._batches = Batches(core)
+        self._schedules = Schedules(core)
 
     @property
     def dialect(self) -> Dialect:
@@ -413,3 +421,24 @@ class LedgerEngine:
     def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
         """See :meth:`Ledger.version_backlog`."""
         return self._registry.version_backlog(live_within_s)
+
+    # ------------------------------------------------------------------ schedules
+
+    def register_schedules(self, holder: str,
+                           specs: Sequence[ScheduleSpec]) -> list[ScheduleRecord]:
+        """See :meth:`Ledger.register_schedules`
+        (:class:`~ratchet.ledger.ops.schedules.Schedules`)."""
+        return self._schedules.register_schedules(holder, specs)
+
+    def fire_schedules(self, holder: str, names: Sequence[str],
+                       plan: SchedulePlanner) -> ScheduleFired:
+        """See :meth:`Ledger.fire_schedules`."""
+        return self._schedules.fire_schedules(holder, names, plan)
+
+    def schedules_seen(self, holder: str, names: Sequence[str]) -> None:
+        """See :meth:`Ledger.schedules_seen`."""
+        self._schedules.schedules_seen(holder, names)
+
+    def schedules(self) -> list[ScheduleRecord]:
+        """See :meth:`Ledger.schedules`."""
+        return self._schedules.schedules()

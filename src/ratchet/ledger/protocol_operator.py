@@ -21,6 +21,7 @@ from .records_ops import (
     SlotUsage,
 )
 from .records_registry import DefinitionRecord, VersionBacklog
+from .records_schedules import ScheduleRecord
 from .records_stats import LedgerStats, ThroughputCount
 from .records_tasks import AuditEvent, LateEffect, TaskEffect, TaskInfo, TaskQuery, Timeline
 from .records_waits import WaitInfo
@@ -276,4 +277,10 @@ class OperatorLedger(LedgerHandle, Protocol):
         """``(holder, spec JSON)`` of every definition each registered worker has (the
         ``worker_definitions`` rows joined with ``definitions``; ``ratchet workers`` reads
         their ``lease_s``). None on a ledger not yet migrated to the definition tables."""
+        ...
+
+    # ---------------------------------------------------------------- schedules
+
+    def schedules(self) -> list[ScheduleRecord]:
+        """Every periodic schedule stored, by name (none on a ledger without the table)."""
         ...

@@ -11,6 +11,7 @@ from .protocol_handle import LedgerHandle, Subscription
 from .records_batches import BatchRun
 from .records_claims import Claim, ClaimKind, CommitOutcome, RenewResult, TaskWrite
 from .records_registry import DefinitionChange, DefinitionSpec, WorkerInfo
+from .records_schedules import ScheduleFired, SchedulePlanner, ScheduleRecord, ScheduleSpec
 from .records_tasks import EffectRecord, LateEffect, NewTask, SubmitResult
 from .records_waits import EventReceipt
 
@@ -216,4 +217,46 @@ class WorkerLedger(LedgerHandle, Protocol):
         Returns:
             the ids of the tasks taken away.
         """
+        ...
+
+    # ---------------------------------------------------------------- schedules
+
+    def register_schedules(self, holder: str,
+                           specs: Sequence[ScheduleSpec]) -> list[ScheduleRecord]:
+        """Record the periodic schedules a starting scheduler has, in one transaction: a new
+        name is inserted with its cursor at ledger-now (whole seconds; no earlier tick
+        fires), a known one gets the new task, spec, time zone and grace and keeps its
+        cursor and counts; ``registered_at`` / ``seen_at`` become ledger-now, ``holder``
+        the worker id that did it.
+
+        Returns:
+            Every stored schedule after the registration, by name (the caller logs those
+            its code lacks).
+
+        Raises:
+            SchemaTooOld: the ledger has no schedules table (run ``ratchet migrate``).
+        """
+        ...
+
+    def fire_schedules(self, holder: str, names: Sequence[str],
+                       plan: SchedulePlanner) -> ScheduleFired:
+        """One scheduler pass over the schedules ``names``, in one transaction: read their
+        rows (PostgreSQL: locked, skipping rows another pass holds), call
+        ``plan(ledger_now_s, rows)``, move each planned cursor by a compare-and-set from
+        the cursor read (``UPDATE ... RETURNING``: the rows that moved are read back, never
+        counted), and submit the planned tasks of the schedules whose cursor moved,
+        deduplicated per idempotency key. A tick whose key another submit used with other
+        params is recorded as missed (reason says so) instead of failing the pass.
+
+        Returns:
+            The rows after the pass, the names advanced and lost, and the submitted tasks.
+
+        Raises:
+            SchemaTooOld: the ledger has no schedules table.
+            LedgerUnavailable: the ledger cannot be reached (the next pass decides again).
+        """
+        ...
+
+    def schedules_seen(self, holder: str, names: Sequence[str]) -> None:
+        """Mark the schedules ``names`` as seen now by ``holder``'s running scheduler."""
         ...

@@ -16,6 +16,7 @@ from ..storedtext import StoredState, UndecodableText, stored_note
 from . import shapes as sh
 from .base import EffectRecord, EffectState, LateEffect, TaskInfo, TaskWrite, Transition, WorkerInfo
 from .dialect import Tx
+from .records_schedules import ScheduleRecord
 
 __all__ = [
     "EFFECT_COLUMNS",
@@ -29,6 +30,7 @@ __all__ = [
     "insert_audit",
     "known_state",
     "reschedules",
+    "schedule_record",
     "task_info",
     "task_state",
     "transition_audit",
@@ -377,3 +379,23 @@ COMPENSABLE_READ = Read.rows("compensable_read", sh.IdRow._make)
 BATCH_RUNS_READ = Read.rows("batch_runs_read", sh.BatchRunRow._make)
 BATCH_EFFECTS = Read.rows("batch_effects", sh.TaskEffectRow._make)
 BATCH_RUNS_ACTIVE = Read.rows("batch_runs_active", sh.BatchActiveRow._make)
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def schedule_record(row: Iterable[Any]) -> ScheduleRecord:
+    """A ``schedules`` row (its column order, :class:`~ratchet.ledger.shapes.ScheduleRow`)
+    as a :class:`~ratchet.ledger.records_schedules.ScheduleRecord`."""
+    r = sh.ScheduleRow(*row)
+    return ScheduleRecord(
+        r.name, r.task, r.spec, r.tz, float(r.misfire_grace_s), int(r.cursor_at),
+        None if r.last_fired_at is None else int(r.last_fired_at), int(r.fired),
+        int(r.missed), None if r.last_missed_at is None else int(r.last_missed_at),
+        r.last_missed_reason, float(r.first_registered_at), float(r.registered_at),
+        r.registered_by, float(r.seen_at), r.seen_by)
+
+
+SCHEDULES_ALL = Read.rows("schedules_all", schedule_record)
+SCHEDULE_CURSORS = Read.rows("schedule_cursors", schedule_record)
+SCHEDULE_ADVANCE = Read.rows("schedule_advance", schedule_record)

@@ -555,3 +555,26 @@ class BatchActiveRow(NamedTuple):
     runs: int
     watermark: int | None
     processed: int | None
+
+# ---------------------------------------------------------------- schedules
+
+
+class ScheduleRow(NamedTuple):
+    """A periodic schedule's row (``schedules_all``, ``schedule_cursors``,
+    ``schedule_advance``)."""
+    name: str
+    task: str
+    spec: str
+    tz: str
+    misfire_grace_s: float
+    cursor_at: int
+    last_fired_at: int | None
+    fired: int
+    missed: int
+    last_missed_at: int | None
+    last_missed_reason: str | None
+    first_registered_at: float
+    registered_at: float
+    registered_by: str
+    seen_at: float
+    seen_by: str

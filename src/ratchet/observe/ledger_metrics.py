@@ -34,12 +34,18 @@ Series:
   the audit totals, ever
   (kept by ``prune``): ``ratchet_ledger_claims_total``, ``..._takeovers_total``,
   ``..._revocations_total``, ``..._stale_rejections_total``, ``..._lookup_hits_total``,
-  ``..._idempotency_conflicts_total``, ``..._operator_actions_total``.
+  ``..._idempotency_conflicts_total``, ``..._operator_actions_total``;
 * batches, per type, over the unfinished ``ctx.batches`` runs of tasks not ended
   (:meth:`Control.batch_activity <ratchet.control.Control.batch_activity>`):
   ``ratchet_ledger_batch_watermark`` (their watermarks summed, items),
   ``ratchet_ledger_batch_items_processed`` (items of their committed batches),
-  ``ratchet_ledger_batch_runs``; a type with no such run has no series.
+  ``ratchet_ledger_batch_runs``; a type with no such run has no series;
+* per periodic schedule (label ``schedule``, at most :data:`MAX_TYPE_SERIES` values, the
+  rest summed under ``other``; from :meth:`Control.schedules`):
+  ``ratchet_ledger_schedule_fired_total`` (ticks submitted, ever),
+  ``ratchet_ledger_schedule_missed_total`` (ticks recorded as missed, later than their
+  misfire grace: alert on its increase), ``ratchet_ledger_schedule_stale`` (1: no running
+  scheduler has the schedule in its code).
 """
 
 from __future__ import annotations
@@ -179,6 +185,7 @@ class LedgerCollector(Collector):
         yield from _families(report)
         yield from self._batch_families()
         yield from self._reconcile_families()
+        yield from self._schedule_families()
         took = GaugeMetricFamily("ratchet_ledger_scrape_duration_seconds",
                                  "How long the status read took.")
         took.add_metric([], time.perf_counter() - t0)
@@ -225,6 +232,40 @@ class LedgerCollector(Collector):
         for outcome in (*OUTCOMES, "resolved"):
             findings.add_metric([outcome], float(counts.findings.get(outcome, 0)))
         yield findings
+
+
+    def _schedule_families(self) -> Iterator[Metric]:
+        """Fired and missed ticks, and staleness, per schedule (:meth:`Control.schedules`)."""
+        try:
+            views = self._control.schedules()
+        except RatchetError as exc:
+            log.warning("ledger metrics: schedules read failed: %s", exc)
+            return
+        fired = CounterMetricFamily("ratchet_ledger_schedule_fired", "Ticks of a periodic "
+                                    "schedule submitted as tasks, ever.", labels=["schedule"])
+        missed = CounterMetricFamily(
+            "ratchet_ledger_schedule_missed", "Ticks of a periodic schedule recorded as "
+            "missed (later than its misfire grace; never run), ever.", labels=["schedule"])
+        stale = GaugeMetricFamily(
+            "ratchet_ledger_schedule_stale", "1 if no running scheduler has had the schedule "
+            "in its code for 90 s (it does not fire).", labels=["schedule"])
+        totals: dict[str, list[float]] = {}
+        named = [v for v in views if v.name != OTHER]
+        keep = {v.name for v in (named if len(views) <= MAX_TYPE_SERIES
+                                 else named[:MAX_TYPE_SERIES - 1])}
+        for v in views:
+            label = v.name if v.name in keep else OTHER
+            row = totals.setdefault(label, [0.0, 0.0, 0.0])
+            row[0] += v.fired
+            row[1] += v.missed
+            row[2] = max(row[2], 1.0 if v.stale else 0.0)
+        for label, (n_fired, n_missed, is_stale) in totals.items():
+            fired.add_metric([label], n_fired)
+            missed.add_metric([label], n_missed)
+            stale.add_metric([label], is_stale)
+        yield fired
+        yield missed
+        yield stale
 
 
 def _families(report: StatusReport) -> Iterator[Metric]:

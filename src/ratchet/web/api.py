@@ -16,7 +16,8 @@ when a token is configured, open otherwise): ``GET /api/status``, ``/api/tasks``
 (the task with its timeline), ``/api/tasks/{task_id}/batches`` (its ``ctx.batches``
 runs; a sharded job's: its shards'), ``/api/tasks/{task_id}/check`` (whether its item
 counts add up: 200 either way, ``ok`` in the body), ``/api/workers``,
-``/api/definitions``, ``/api/pauses``, ``/api/quarantine``, ``/api/late-effects``.
+``/api/definitions``, ``/api/schedules``, ``/api/pauses``, ``/api/quarantine``,
+``/api/late-effects``.
 
 Mutations (:func:`ratchet.web.auth.token_ok`: the token when one is configured, else a
 loopback peer): ``POST /api/tasks`` (submit, with an optional ``Idempotency-Key``
@@ -63,6 +64,7 @@ from ..control import (
     PauseResult,
     QuarantineGroupView,
     ReplayReport,
+    ScheduleView,
     StatusReport,
     TaskInfo,
     TaskPage,
@@ -526,6 +528,11 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                responses=read_errors(503), summary="Task definitions workers registered")
     def get_definitions() -> list[DefinitionView]:
         return control.definitions()
+
+    @reads.get("/schedules", response_model=list[ScheduleView], responses=read_errors(503),
+               summary="Periodic schedules: next tick, last fired tick, missed ticks")
+    def get_schedules() -> list[ScheduleView]:
+        return control.schedules()
 
     @reads.get("/pauses", response_model=list[PauseRecord], responses=read_errors(503),
                summary="The active pauses")

@@ -99,6 +99,7 @@ from .options import (
 )
 from .registry import Registrar
 from .retention import Pruner
+from .scheduler import Scheduler, log_lacking
 from .slots import ClaimPolicy
 from .startcheck import StartCheck
 from .stats import WorkerStats
@@ -203,6 +204,10 @@ class Worker(EndedAttempts):
             ``overload_min_delay_s`` (5 s by default): for tests against a flaky fake
             (``running_worker(app, overload_floor_s=0.05)``). None (the default): each
             policy's own floor. A downstream's ``Retry-After`` hint still applies.
+        scheduler: run the scheduler of the app's periodic tasks (``@app.periodic``) in a
+            thread (:mod:`ratchet.worker.scheduler`); default True. Any number of workers
+            may run it (no leader: each tick's idempotency key makes it one task); False
+            (``ratchet worker --no-scheduler``) leaves the firing to other workers.
 
     Raises:
         ConfigError: ``concurrency`` not an integer from 1 to :data:`MAX_CONCURRENCY`,
@@ -234,7 +239,10 @@ class Worker(EndedAttempts):
         prune_every_s: float = 3600.0,
         stop_descendants: bool = False,
         overload_floor_s: float | None = None,
+        scheduler: bool = True,
     ) -> None:
+        self.run_scheduler = bool(scheduler)
+        self.scheduler: Scheduler | None = None
         if overload_floor_s is not None:
             overload_floor_s = check_seconds("overload_floor_s", overload_floor_s)
         self.overload_floor_s = overload_floor_s
@@ -428,6 +436,11 @@ class Worker(EndedAttempts):
             self.pruner = Pruner(self.ledger, self.holder, self.prune_older_than_s,
                                  self.prune_every_s)
             self.pruner.start()
+        if self.run_scheduler and self.app.periodic_tasks:
+            self.scheduler = Scheduler(self.ledger, self.app.periodic_tasks, self.holder)
+            self.scheduler.start()
+        elif self.run_scheduler:
+            log_lacking(self.ledger)
         subscription: Subscription | None = None
         idle_since = time.monotonic()
         last_poll = float("-inf")
@@ -508,6 +521,8 @@ class Worker(EndedAttempts):
                     registrar.stop(clean=True)
                 if self.pruner is not None:
                     self.pruner.stop()
+                if self.scheduler is not None:
+                    self.scheduler.stop()
                 self.heartbeat.stop()
                 self.heartbeat.join(timeout=5)
                 if self._descendants is not None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from ...errors import SchemaTooOld
 from ..migrations import load_migrations
 
-__all__ = ["DEFINITIONS", "RETENTION", "RETRY_GOVERNANCE", "SchemaGate"]
+__all__ = ["DEFINITIONS", "RETENTION", "RETRY_GOVERNANCE", "SCHEDULES", "SchemaGate"]
 
 DEFINITIONS = "definitions.sql"
 """The migration of the task definition tables (workers' definitions, DESIGN §8)."""
@@ -23,6 +23,8 @@ RETENTION = "retention.sql"
 """The migration of the counts rollup (stats, audit counts; DESIGN §9)."""
 RETRY_GOVERNANCE = "retry_governance.sql"
 """The migration of the quarantine columns (DESIGN §7)."""
+SCHEDULES = "schedules.sql"
+"""The migration of the periodic schedules table (DESIGN §8, periodic tasks)."""
 
 
 class SchemaGate:

@@ -12,7 +12,7 @@ from ..rows import SUBMIT_EXISTING, SUBMIT_PRESENT, insert_audit
 from ..shapes import KeyRow
 from .core import EngineCore
 
-__all__ = ["Submit"]
+__all__ = ["Submit", "SubmitConflict", "submit_in"]
 
 
 class _Conflict(Exception):
@@ -115,3 +115,19 @@ def _submit_in(
     ):
         tx.wake()
     return results
+
+
+SubmitConflict = _Conflict
+"""Raised by :func:`submit_in` on an idempotency conflict: it leaves the transaction (rolled
+back); its ``conflict`` is the :class:`IdempotencyConflict`."""
+
+
+def submit_in(tx: Tx, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+    """Submit ``tasks`` inside ``tx``, a transaction of another operation (a scheduler pass
+    submits its ticks with the compare-and-set of its cursors): deduplicated per
+    idempotency key as :meth:`Submit.submit` does.
+
+    Raises:
+        SubmitConflict: a key was used before with other params (``tx`` must roll back).
+    """
+    return _submit_in(tx, tasks, [])

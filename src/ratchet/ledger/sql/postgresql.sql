@@ -1189,3 +1189,61 @@ SELECT t.name, count(*), sum(b.watermark), sum(b.succeeded + b.failed + b.skippe
 FROM batch_runs AS b JOIN tasks AS t ON t.id = b.task_id
 WHERE NOT b.done AND t.state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'COMPENSATED')
 GROUP BY t.name ORDER BY t.name;
+
+-- ---------------------------------------------------------------- schedules
+-- Periodic schedules (ledger/ops/schedules.py). Cursors and tick instants are whole epoch
+-- seconds.
+
+-- name: schedules_all
+SELECT name, task, spec, tz, misfire_grace_s, cursor_at, last_fired_at, fired, missed,
+       last_missed_at, last_missed_reason, first_registered_at, registered_at, registered_by,
+       seen_at, seen_by
+FROM schedules ORDER BY name;
+
+-- name: schedule_register
+-- A scheduler's registration: a new schedule's cursor starts at cursor (the registration
+-- instant: no tick before it fires); a known one keeps its cursor and counts. Rows in name
+-- order (the engine sorts them), so two registrations lock them in the same order.
+INSERT INTO schedules (name, task, spec, tz, misfire_grace_s, cursor_at,
+                       first_registered_at, registered_at, registered_by, seen_at, seen_by)
+SELECT u.name, u.task, u.spec, u.tz, u.grace, u.cursor, %(now)s, %(now)s, %(holder)s,
+       %(now)s, %(holder)s
+FROM json_to_recordset(%(rows)s::json)
+     AS u(name text, task text, spec text, tz text, grace float8, cursor bigint)
+ORDER BY u.name
+ON CONFLICT (name) DO UPDATE SET task = excluded.task, spec = excluded.spec,
+    tz = excluded.tz, misfire_grace_s = excluded.misfire_grace_s,
+    registered_at = excluded.registered_at, registered_by = excluded.registered_by,
+    seen_at = excluded.seen_at, seen_by = excluded.seen_by;
+
+-- name: schedule_cursors
+-- The rows of the given schedules a pass decides from, locked; rows another pass holds
+-- are skipped (that pass decides them), so passes never wait on each other.
+SELECT name, task, spec, tz, misfire_grace_s, cursor_at, last_fired_at, fired, missed,
+       last_missed_at, last_missed_reason, first_registered_at, registered_at, registered_by,
+       seen_at, seen_by
+FROM schedules WHERE name = ANY(%(names)s::text[]) ORDER BY name
+FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_advance
+-- The compare-and-set of the cursors: a row moves only from the cursor its pass read
+-- (u.from_s); the rows that moved come back (RETURNING), the others were moved by another
+-- scheduler.
+UPDATE schedules AS s SET cursor_at = u.to_s,
+    last_fired_at = COALESCE(u.fired_s, s.last_fired_at),
+    fired = s.fired + u.nfired, missed = s.missed + u.nmissed,
+    last_missed_at = COALESCE(u.missed_s, s.last_missed_at),
+    last_missed_reason = COALESCE(u.reason, s.last_missed_reason),
+    seen_at = %(now)s, seen_by = %(holder)s
+FROM json_to_recordset(%(rows)s::json)
+     AS u(name text, from_s bigint, to_s bigint, fired_s bigint, nfired bigint,
+          nmissed bigint, missed_s bigint, reason text)
+WHERE s.name = u.name AND s.cursor_at = u.from_s
+RETURNING s.name, s.task, s.spec, s.tz, s.misfire_grace_s, s.cursor_at, s.last_fired_at,
+          s.fired, s.missed, s.last_missed_at, s.last_missed_reason, s.first_registered_at,
+          s.registered_at, s.registered_by, s.seen_at, s.seen_by;
+
+-- name: schedule_seen
+-- Running schedulers say which schedules their code still has.
+UPDATE schedules SET seen_at = %(now)s, seen_by = %(holder)s
+WHERE name = ANY(%(names)s::text[]);

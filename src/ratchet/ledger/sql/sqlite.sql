@@ -1050,3 +1050,60 @@ SELECT t.name, COUNT(*), SUM(b.watermark), SUM(b.succeeded + b.failed + b.skippe
 FROM batch_runs AS b JOIN tasks AS t ON t.id = b.task_id
 WHERE b.done = 0 AND t.state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED', 'COMPENSATED')
 GROUP BY t.name ORDER BY t.name;
+
+-- ---------------------------------------------------------------- schedules
+-- Periodic schedules (ledger/ops/schedules.py). Cursors and tick instants are whole epoch
+-- seconds.
+
+-- name: schedules_all
+SELECT name, task, spec, tz, misfire_grace_s, cursor_at, last_fired_at, fired, missed,
+       last_missed_at, last_missed_reason, first_registered_at, registered_at, registered_by,
+       seen_at, seen_by
+FROM schedules ORDER BY name;
+
+-- name: schedule_register
+-- A scheduler's registration: a new schedule's cursor starts at :cursor (the registration
+-- instant: no tick before it fires); a known one keeps its cursor and counts.
+INSERT INTO schedules (name, task, spec, tz, misfire_grace_s, cursor_at,
+                       first_registered_at, registered_at, registered_by, seen_at, seen_by)
+VALUES (:name, :task, :spec, :tz, :grace, :cursor, :now, :now, :holder, :now, :holder)
+ON CONFLICT (name) DO UPDATE SET task = excluded.task, spec = excluded.spec,
+    tz = excluded.tz, misfire_grace_s = excluded.misfire_grace_s,
+    registered_at = excluded.registered_at, registered_by = excluded.registered_by,
+    seen_at = excluded.seen_at, seen_by = excluded.seen_by;
+
+-- name: schedule_cursors
+-- The rows of the given schedules a pass decides from (SQLite's write lock serialises
+-- passes; PostgreSQL skips the rows another pass holds).
+SELECT name, task, spec, tz, misfire_grace_s, cursor_at, last_fired_at, fired, missed,
+       last_missed_at, last_missed_reason, first_registered_at, registered_at, registered_by,
+       seen_at, seen_by
+FROM schedules WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY name;
+
+-- name: schedule_advance
+-- The compare-and-set of the cursors: a row moves only from the cursor its pass read
+-- (u.from_s); the rows that moved come back (RETURNING), the others were moved by another
+-- scheduler. :rows is a JSON array of {name, from_s, to_s, fired_s, nfired, nmissed,
+-- missed_s, reason}.
+UPDATE schedules SET cursor_at = u.to_s,
+    last_fired_at = COALESCE(u.fired_s, schedules.last_fired_at),
+    fired = schedules.fired + u.nfired, missed = schedules.missed + u.nmissed,
+    last_missed_at = COALESCE(u.missed_s, schedules.last_missed_at),
+    last_missed_reason = COALESCE(u.reason, schedules.last_missed_reason),
+    seen_at = :now, seen_by = :holder
+FROM (SELECT json_extract(value, '$.name') AS name, json_extract(value, '$.from_s') AS from_s,
+             json_extract(value, '$.to_s') AS to_s, json_extract(value, '$.fired_s') AS fired_s,
+             json_extract(value, '$.nfired') AS nfired,
+             json_extract(value, '$.nmissed') AS nmissed,
+             json_extract(value, '$.missed_s') AS missed_s,
+             json_extract(value, '$.reason') AS reason
+      FROM json_each(:rows)) AS u
+WHERE schedules.name = u.name AND schedules.cursor_at = u.from_s
+RETURNING name, task, spec, tz, misfire_grace_s, cursor_at, last_fired_at, fired, missed,
+       last_missed_at, last_missed_reason, first_registered_at, registered_at, registered_by,
+       seen_at, seen_by;
+
+-- name: schedule_seen
+-- Running schedulers say which schedules their code still has.
+UPDATE schedules SET seen_at = :now, seen_by = :holder
+WHERE name IN (SELECT value FROM json_each(:names));

@@ -3,9 +3,10 @@
 Every test here talks to a ledger only through the :class:`~ratchet.ledger.base.Ledger`
 protocol: submit and idempotency (:mod:`.submit`), claim, leases, takeover and concurrent
 claimers (:mod:`.claim`), fenced commits, effects, resolution and reads (:mod:`.commit`),
-retry budgets (:mod:`.budget`), ledger clock steps (:mod:`.clock`) and quarantine
-(:mod:`.quarantine`). The suite needs pytest (it is made of pytest test functions and
-fixtures) and is not imported by :mod:`ratchet.testing` itself.
+retry budgets (:mod:`.budget`), ledger clock steps (:mod:`.clock`), quarantine
+(:mod:`.quarantine`) and periodic schedules (:mod:`.schedules`). The suite needs pytest
+(it is made of pytest test functions and fixtures) and is not imported by
+:mod:`ratchet.testing` itself.
 
 How a dialect runs it (Ratchet's own runners are ``tests/contract/test_contract_sqlite.py``
 and ``tests/contract/test_contract_postgres.py``; a dialect in another tree does the same
@@ -43,10 +44,11 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import budget, claim, clock, commit, quarantine, submit
+from . import budget, claim, clock, commit, quarantine, schedules, submit
 from .fixtures import LedgerFactory, ledger, make_task, open_store, sleep_until
 
-SUITE: tuple[ModuleType, ...] = (submit, claim, commit, budget, clock, quarantine)
+SUITE: tuple[ModuleType, ...] = (submit, claim, commit, budget, clock, quarantine,
+                                  schedules)
 """The modules of the suite, in the order their tests run."""
 
 
