@@ -222,6 +222,13 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
     for name in ("fence_read", "task_get_many", "claim_takeover", "submit_existing"):
         plan = _sqlite_plan(conn, name, params)
         assert "SCAN tasks" not in plan and "SCAN t " not in plan + " ", (name, plan)
+    # A claim skips the task's batch effects by two ranges of the primary key, and
+    # ctx.batches reads those past the watermark as one range: neither visits the effects
+    # of the finished batches (resuming is not O(finished batches)).
+    plan = _sqlite_plan(conn, "claim_effects", params)
+    assert "(task_id=? AND name<?)" in plan and "(task_id=? AND name>?)" in plan, plan
+    plan = _sqlite_plan(conn, "batch_effects", {**params, "lo": "a", "hi": "b"})
+    assert "(task_id=? AND name>? AND name<?)" in plan, plan
     conn.close()
 
 
