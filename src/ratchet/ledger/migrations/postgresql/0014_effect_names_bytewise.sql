@@ -1,0 +1,11 @@
+-- Ratchet ledger (PostgreSQL): the effects of a task by name compared bytewise (DESIGN §6.1,
+-- batches as built). Additive only: processes of the previous release use no new object.
+--
+-- Effects made inside a ctx.batches function are named
+-- 'ratchet:batch:<run>@<20-digit position>/<effect>'. A resume reads those at or past the
+-- watermark (batch_effects) and a claim reads every effect but those (claim_effects): both
+-- are ranges of names compared bytewise (COLLATE "C"), which the primary key, sorted by
+-- the database's collation, cannot serve; without this index both read every effect row of
+-- the task, one per finished batch. SQLite compares names bytewise already (0014 there is
+-- empty).
+CREATE INDEX effects_name_bytes ON effects (task_id, name COLLATE "C");

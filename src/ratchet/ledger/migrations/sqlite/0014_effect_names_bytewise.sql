@@ -1,0 +1,4 @@
+-- Ratchet ledger (SQLite): nothing to do. Schema 14 gives PostgreSQL an index of effects by
+-- task and name compared bytewise (see postgresql/0014); SQLite's primary key of effects
+-- compares names bytewise already (BINARY), so the ranges of batch_effects and
+-- claim_effects are ranges of it.
