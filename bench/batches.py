@@ -30,10 +30,13 @@ timing is taken inside the task, so worker start-up and migration are not counte
    between the largest and the smallest N: resuming must not grow with the finished
    batches.
 3. ``shards``: ``--shard-items`` items processed by one task (``ctx.batches``, size
-   ``--shard-size``) and by a sharded job (``App.submit_sharded``, ``--shards`` shards, each
-   task's source is the items it owns, ``Shard.owns(str(i))``), with the same worker
-   (``--concurrency`` threads, enough for the parent and every shard); wall time from the
-   submit to the job's result, and the job's conservation check (``Control.check``).
+   ``--shard-size``, ``parallel=1``) and by a sharded job (``App.submit_sharded``,
+   ``--shards`` shards, each task's source the items it owns, ``Shard.owns(str(i))``),
+   with the same worker (``--concurrency`` threads, enough for the parent and every
+   shard); ``fn`` sleeps ``--shard-batch-ms`` per batch (the batch's I/O). Wall time from
+   the submit to the job's result; the time the tasks spent selecting their items (wall, summed)
+   (one task: the list; the shards: every shard hashes every key); the job's conservation
+   check (``Control.check``).
 
 Figures are printed, never asserted: a measurement tool, not a test.
 """
@@ -247,14 +250,18 @@ def build_app(url: str) -> App:
                            parallel=8, total=n)
 
     @app.task(name="bench.sharded")
-    def sharded(ctx: TaskContext, n: int, size: int) -> dict[str, Any]:
+    def sharded(ctx: TaskContext, n: int, size: int, batch_ms: float) -> dict[str, Any]:
         shard = ctx.shard
-        if shard is None:
-            source: Any = lambda start: range(start, n)  # noqa: E731
-        else:
-            mine = [i for i in range(n) if shard.owns(str(i))]
-            source = mine
-        return ctx.batches("items", source, lambda b, p: None, size=size)
+        t0 = time.perf_counter()
+        mine = (list(range(n)) if shard is None
+                else [i for i in range(n) if shard.owns(str(i))])
+        selected = time.perf_counter() - t0
+
+        def fn(batch: list[int], position: int) -> None:
+            time.sleep(batch_ms / 1e3)  # the batch's I/O
+
+        report = ctx.batches("items", mine, fn, size=size)
+        return {**report, "select_us": int(selected * 1e6)}
 
     return app
 
@@ -441,14 +448,16 @@ def report_resume(rows: list[dict[str, Any]]) -> None:
 
 
 def run_shards(ledgers: Ledgers, ledger: str, args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {"items": args.shard_items, "shards": args.shards}
+    out: dict[str, Any] = {"items": args.shard_items, "shards": args.shards,
+                           "batch_ms": args.shard_batch_ms}
     concurrency = max(args.concurrency, args.shards + 1)
     for what in ("one task", "sharded"):
         url = ledgers.new(ledger, "shards" if what == "sharded" else "single")
         app = build_app(url)
         try:
             app.ledger.migrate()
-            params = {"n": args.shard_items, "size": args.shard_size}
+            params = {"n": args.shard_items, "size": args.shard_size,
+                      "batch_ms": args.shard_batch_ms}
             t0 = time.perf_counter()
             handle = (app.submit_sharded("bench.sharded", params, shards=args.shards)
                       if what == "sharded" else app.submit("bench.sharded", params))
@@ -458,12 +467,12 @@ def run_shards(ledgers: Ledgers, ledger: str, args: argparse.Namespace) -> dict[
             info = app.get(handle.task_id)
             if info.state is not State.SUCCEEDED:
                 raise RuntimeError(f"{what} ended {info.state}: {info.last_error}")
-            items = (info.result["totals"]["items"] if what == "sharded"
-                     else info.result["items"])
+            totals = info.result["totals"] if what == "sharded" else info.result
+            items = totals["items"]
             with Control(app=app) as control:
                 check = control.check(handle.task_id)
             out[what] = {"seconds": seconds, "items": items, "ok": check.ok,
-                         "lines": len(check.lines)}
+                         "lines": len(check.lines), "select_s": totals["select_us"] / 1e6}
         finally:
             app.close()
             ledgers.drop(url)
@@ -473,14 +482,15 @@ def run_shards(ledgers: Ledgers, ledger: str, args: argparse.Namespace) -> dict[
 def report_shards(r: dict[str, Any]) -> None:
     one, many = r["one task"], r["sharded"]
     print(_table(
-        [f"{r['items']:,} items", "seconds", "items/s", "items counted", "Control.check"],
+        [f"{r['items']:,} items, {r['batch_ms']:g} ms per batch", "seconds", "items/s",
+         "selecting items (wall, summed)", "items counted", "Control.check"],
         [["one task", f"{one['seconds']:.2f}", f"{one['items'] / one['seconds']:,.0f}",
-          f"{one['items']:,}", "ok" if one["ok"] else "NOT OK"],
+          f"{one['select_s']:.2f} s", f"{one['items']:,}", "ok" if one["ok"] else "NOT OK"],
          [f"sharded job, {r['shards']} shards", f"{many['seconds']:.2f}",
-          f"{many['items'] / many['seconds']:,.0f}", f"{many['items']:,}",
-          ("ok" if many["ok"] else "NOT OK") + f" ({many['lines']} lines)"],
+          f"{many['items'] / many['seconds']:,.0f}", f"{many['select_s']:.2f} s",
+          f"{many['items']:,}", ("ok" if many["ok"] else "NOT OK") + f" ({many['lines']} lines)"],
          ["ratio sharded / one", _ratio(many["seconds"], one["seconds"]),
-          _ratio(many["items"] / many["seconds"], one["items"] / one["seconds"]), "", ""]]))
+          _ratio(many["items"] / many["seconds"], one["items"] / one["seconds"]), "", "", ""]]))
 
 
 # ----------------------------------------------------------------------------- main
@@ -509,6 +519,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--shard-items", type=int, default=100_000, help="items (100,000)")
     p.add_argument("--shard-size", type=int, default=500, help="batch size (500)")
     p.add_argument("--shards", type=int, default=8, help="shards (8)")
+    p.add_argument("--shard-batch-ms", type=float, default=20.0,
+                   help="what fn takes per batch in the shards scenario, ms (20: I/O)")
     p.add_argument("--concurrency", type=int, default=8, help="worker threads (8)")
     p.add_argument("--dir", default=None, help="where SQLite ledger files go (temp dir)")
     p.add_argument("--json", default=None, help="also write every figure to this file")

@@ -14,9 +14,10 @@ import psutil
 
 from .. import RatchetError
 from ..testing import ConditionTimeout, ProcessGroup, WorkerProcess
+from .books import RECONCILE_TASK
 from .payments import KINDS, PaymentClient, read_replays
 from .settings import DEMO_APP, FREEZE_POINT, ORDER_KIND, SETTLED, TASKS
-from .state import RunState, Snapshot
+from .state import RunState, Snapshot, holder_pid
 
 __all__ = ["Chaos", "Freeze", "Slot"]
 
@@ -81,6 +82,9 @@ class Chaos:
         kill_inflight: tasks the killed worker held, per kill.
         kill_orders: of those, order workflows (reserving, charging, refunding or
             releasing), per kill.
+        kill_shards: of those, shards of the sharded job, per kill (the first kill while
+            shards run picks a worker holding one, so the report shows a shard resuming
+            from its watermark).
         kill_times: ``(pid, ledger clock just after its death)`` per kill.
         unexpected_exits: worker processes that exited by themselves.
     """
@@ -102,6 +106,7 @@ class Chaos:
         self.kills_done = 0
         self.kill_inflight: list[int] = []
         self.kill_orders: list[int] = []
+        self.kill_shards: list[int] = []
         self.kill_times: list[tuple[int, float]] = []
         self.unexpected_exits = 0
 
@@ -190,12 +195,16 @@ class Chaos:
         if not eligible:
             return False
         busy = [s for s in eligible if s.pid is not None and snap.inflight.get(s.pid)]
-        slot = self.st.rng.choice(busy or eligible)
+        shards = self._running_shards()
+        holding = [s for s in eligible if s.pid is not None and shards.get(s.pid)]
+        slot = self.st.rng.choice(holding if holding and not any(self.kill_shards)
+                                  else busy or eligible)
         assert slot.proc is not None
         pid = slot.proc.pid
         held_ids = snap.inflight.get(pid, [])
-        held = len(held_ids)
+        held = len(held_ids) + shards.get(pid, 0)
         orders = sum(1 for tid in held_ids if self.st.kind_of.get(tid) == ORDER_KIND)
+        self.kill_shards.append(shards.get(pid, 0))
         slot.proc.kill()
         with contextlib.suppress(RatchetError):
             self.kill_times.append((pid, self.st.control.ledger_now()))
@@ -206,10 +215,24 @@ class Chaos:
         self.st.log(
             f"[red]SIGKILL[/] worker {slot.index} (pid {pid}, ~{held} tasks in flight"
             + (f", {orders} of them orders" if orders else "")
+            + (f", {shards[pid]} shard(s) of the sharded job" if shards.get(pid) else "")
             + f") → restarted as pid {slot.pid}"
         )
         return True
 
+
+    def _running_shards(self) -> dict[int, int]:
+        """Shards of the sharded job running now, per holder pid (empty without a job)."""
+        if self.st.books_job is None:
+            return {}
+        found: dict[int, int] = {}
+        with contextlib.suppress(RatchetError):
+            page = self.st.control.list_tasks(state="RUNNING", name=RECONCILE_TASK, limit=100)
+            for task in page.tasks:
+                pid = holder_pid(task.holder)
+                if pid is not None:
+                    found[pid] = found.get(pid, 0) + 1
+        return found
 
     def restart_exited(self) -> None:
         """Restart every worker that died by itself (reported as an unexpected exit)."""
