@@ -184,7 +184,11 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
     if st.n_orders:
         chaos_t.add_row("  of which order workflows", str(sum(chaos.kill_orders)))
     if st.books_job is not None:
-        chaos_t.add_row("  of which shards of the sharded job", str(sum(chaos.kill_shards)))
+        chaos_t.add_row("shards of the sharded job in flight at the kills "
+                        "(one kill aimed at them, besides the random ones)",
+                        f"{sum(chaos.kill_shards)}"
+                        + ("" if chaos.shard_kill_done else " (no shard under way when a "
+                           "kill was due)"))
     for label, value in reclaim_rows(st.lease_s, reclaims):
         chaos_t.add_row(label, value)
     chaos_t.add_row("unexpected worker exits", _warn(chaos.unexpected_exits))

@@ -19,7 +19,8 @@ against a warehouse while workers are killed and frozen senders wake up late.
    (``python -m ratchet.cli.main worker ratchet.demo.orders:app --concurrency 8``: the
    billing app with the order workflow), and, once they run, submits a sharded job
    (:mod:`ratchet.demo.books`: yesterday's orders reconciled with ``ctx.batches`` over a
-   few shards, through the kills below; its totals checked with ``Control.check``);
+   few shards, through the kills below, one of them aimed at a worker holding a shard
+   under way; its totals checked with ``Control.check``);
 4. kills a random worker with a real ``SIGKILL`` at random moments (at least ``kills``
    times) and restarts it;
 5. freezes one sender per kind in the middle of a call: a worker process for that kind's
@@ -222,6 +223,14 @@ class _DemoRun:
                     and chaos.kill_one(snap)
                 ):
                     kill_at.pop(0)
+                    last_kill = time.monotonic()
+                    snap = st.snapshot()
+                if (
+                    st.books_job is not None
+                    and not chaos.shard_kill_done
+                    and time.monotonic() - last_kill >= s.min_kill_gap_s
+                    and chaos.kill_shard_holder(snap)
+                ):
                     last_kill = time.monotonic()
                     snap = st.snapshot()
                 chaos.tend_freezes(snap)
