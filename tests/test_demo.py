@@ -24,6 +24,9 @@ the control API, and requires each kind's guarantee, counted at the target:
   refunded nor released; every order it never shipped COMPENSATED, refunded and
   released; events that arrived while their order waited (WAITING) woke it;
 
+* the sharded job (reconcile yesterday's orders over a few shards, ``ctx.batches`` in
+  each): SUCCEEDED, its totals the expected counts, and ``Control.check`` adding up;
+
 and the ledger to be consistent.
 """
 
@@ -40,6 +43,7 @@ from rich.console import Console
 
 from ratchet import Control, RatchetError, open_ledger
 from ratchet.demo.billing import TASKS
+from ratchet.demo.books import RECONCILE_TASK, expected_counts
 from ratchet.demo.order_judging import OrderCounts, OrderResult, order_invariants
 from ratchet.demo.runner import DemoSettings, run_demo
 from ratchet.demo.settings import ORDER_TASK
@@ -67,7 +71,9 @@ SHORT = DemoSettings(
     chaos_to=0.8,
     min_kill_gap_s=0.5,
     stall_s=30.0,
+    books_orders=1200,
 )
+JOB_TASKS = 1 + SHORT.books_shards  # the sharded job's parent and its shards
 
 
 @pytest.mark.slow
@@ -92,10 +98,11 @@ def test_demo_holds_each_kinds_guarantee(ledger_url: str, tmp_path: Path) -> Non
 
     # The external truth, read independently of the demo's report.
     ids = list_task_ids(ledger_url)
-    assert len(ids) == TASKS_N + ORDERS_N, report
+    assert len(ids) == TASKS_N + ORDERS_N + JOB_TASKS, report
     led = open_ledger(ledger_url, migrate=False, must_exist=True)
     try:
         infos = {i.task_id: i for i in led.get_many(ids)}
+        books = {t: infos.pop(t) for t in list(infos) if infos[t].name == RECONCILE_TASK}
         late = [le for le in led.late_effects(None, 10_000) if le.task_id in infos]
         assert led.stats().late_effects == len(late), report
     finally:
@@ -146,7 +153,22 @@ def test_demo_holds_each_kinds_guarantee(ledger_url: str, tmp_path: Path) -> Non
             assert neither.executions.get(key_of[tid]) == 1, report
 
     _check_orders(workdir, [i for i in infos.values() if i.name == ORDER_TASK], report)
-    assert check_ledger_consistent(ledger_url).tasks == TASKS_N + ORDERS_N
+    _check_books(ledger_url, list(books.values()), report)
+    assert check_ledger_consistent(ledger_url).tasks == TASKS_N + ORDERS_N + JOB_TASKS
+
+
+def _check_books(ledger_url: str, tasks: list[Any], report: str) -> None:
+    """The sharded job: its totals are the day's expected counts, and the ledger's counts
+    per shard and for the job add up."""
+    [job] = [i for i in tasks if "ratchet:shards" in i.params]
+    assert job.state is State.SUCCEEDED, report
+    assert len(tasks) == JOB_TASKS, report
+    want = expected_counts(job.params["day"], job.params["count"])
+    assert {k: job.result["totals"][k] for k in want} == want, report
+    with Control(ledger_url) as control:
+        check = control.check(job.task_id)
+    assert check.ok and check.shards == SHORT.books_shards, check
+    assert check.lines[-1].expected == SHORT.books_orders, check
 
 
 def _check_orders(workdir: Path, orders: list[Any], report: str) -> None:

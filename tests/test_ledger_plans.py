@@ -66,6 +66,36 @@ def pg_backlog() -> Iterator[psycopg.Connection[Any]]:
             yield conn
 
 
+def test_pg_batch_effects_are_ranges_not_filters() -> None:
+    """A resume reads the run's batch effects past the watermark, and a claim every effect
+    but the batch ones, as ranges of effects_name_bytes (names compared bytewise,
+    migration 0013): neither visits the effects of the finished batches, whatever the
+    database's collation."""
+    with private_schema("rt_plan_eff") as (url, schema):
+        open_ledger(url).close()
+        with psycopg.connect(url.split("?", 1)[0], autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.execute(
+                "INSERT INTO effects (task_id, name, key, params_digest, state, generation,"
+                " attempt, updated_at) SELECT 't1', 'ratchet:batch:items@'"
+                " || lpad(g::text, 20, '0') || '/touch', 'k' || g, 'd', 'done', 1, 1, 0"
+                " FROM generate_series(1, 20000) AS g")
+            conn.execute(
+                "INSERT INTO effects (task_id, name, key, params_digest, state, generation,"
+                " attempt, updated_at) SELECT 't' || g, 'charge', 'k' || g, 'd', 'done', 1,"
+                " 1, 0 FROM generate_series(2, 20000) AS g")
+            conn.execute("ANALYZE effects")
+            lo = "ratchet:batch:items@" + "19990".rjust(20, "0") + "/"
+            for name, params in (
+                ("batch_effects", {"id": "t1", "lo": lo, "hi": "ratchet:batch:items~"}),
+                ("claim_effects", {"ids": ["t1"]}),
+            ):
+                plan = _pg_plan(conn, name, params)
+                assert "effects_name_bytes" in plan and "Seq Scan" not in plan, (name, plan)
+                conds = [ln for ln in plan.splitlines() if "Index Cond" in ln]
+                assert conds and all("name" in ln for ln in conds), (name, plan)
+
+
 @pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
 def test_pg_hot_statements_use_their_indexes(
     pg_backlog: psycopg.Connection[Any], analyzed: bool
@@ -222,6 +252,13 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
     for name in ("fence_read", "task_get_many", "claim_takeover", "submit_existing"):
         plan = _sqlite_plan(conn, name, params)
         assert "SCAN tasks" not in plan and "SCAN t " not in plan + " ", (name, plan)
+    # A claim skips the task's batch effects by two ranges of the primary key, and
+    # ctx.batches reads those past the watermark as one range: neither visits the effects
+    # of the finished batches (resuming is not O(finished batches)).
+    plan = _sqlite_plan(conn, "claim_effects", params)
+    assert "(task_id=? AND name<?)" in plan and "(task_id=? AND name>?)" in plan, plan
+    plan = _sqlite_plan(conn, "batch_effects", {**params, "lo": "a", "hi": "b"})
+    assert "(task_id=? AND name>? AND name<?)" in plan, plan
     conn.close()
 
 

@@ -65,8 +65,8 @@ from .ledger.base import EventReceipt, Limit, LimitScope, TaskInfo
 # when imported, so every program that imports ratchet has it.
 from .observe import tracing as _tracing  # noqa: F401  (registers on import)
 from .retry import FailureClass, RetryBudget, RetryPolicy
-from .shards import Shard
 from .schedule import Schedule
+from .shards import Shard
 from .states import State
 from .version import __version__
 from .worker import NOT_FOUND, Middleware, TaskContext, Worker

@@ -579,8 +579,11 @@ class App:
 
         Raises:
             InvalidArguments: ``shards`` out of range, or as :meth:`submit`.
-            UnknownTask: as :meth:`submit` (so are ``PayloadNotSerializable``,
-                ``PayloadTooLarge``, ``IdempotencyConflict`` and ``LedgerError``).
+            UnknownTask: as :meth:`submit`.
+            PayloadNotSerializable: as :meth:`submit`.
+            PayloadTooLarge: as :meth:`submit`.
+            IdempotencyConflict: as :meth:`submit`.
+            LedgerError: as :meth:`submit`.
         """
         count = check_shards(shards)
         with submit_span(name, idempotency_key=key, tenant=tenant) as span:

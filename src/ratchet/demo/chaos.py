@@ -14,9 +14,10 @@ import psutil
 
 from .. import RatchetError
 from ..testing import ConditionTimeout, ProcessGroup, WorkerProcess
+from .books import RECONCILE_TASK
 from .payments import KINDS, PaymentClient, read_replays
 from .settings import DEMO_APP, FREEZE_POINT, ORDER_KIND, SETTLED, TASKS
-from .state import RunState, Snapshot
+from .state import RunState, Snapshot, holder_pid
 
 __all__ = ["Chaos", "Freeze", "Slot"]
 
@@ -81,6 +82,9 @@ class Chaos:
         kill_inflight: tasks the killed worker held, per kill.
         kill_orders: of those, order workflows (reserving, charging, refunding or
             releasing), per kill.
+        kill_shards: of those, shards of the sharded job, per kill.
+        shard_kill_done: the one kill aimed at a worker holding a shard under way
+            (:meth:`kill_shard_holder`, besides the ``kills_asked`` random ones) happened.
         kill_times: ``(pid, ledger clock just after its death)`` per kill.
         unexpected_exits: worker processes that exited by themselves.
     """
@@ -102,6 +106,8 @@ class Chaos:
         self.kills_done = 0
         self.kill_inflight: list[int] = []
         self.kill_orders: list[int] = []
+        self.kill_shards: list[int] = []
+        self.shard_kill_done = False
         self.kill_times: list[tuple[int, float]] = []
         self.unexpected_exits = 0
 
@@ -190,26 +196,67 @@ class Chaos:
         if not eligible:
             return False
         busy = [s for s in eligible if s.pid is not None and snap.inflight.get(s.pid)]
-        slot = self.st.rng.choice(busy or eligible)
+        self._kill(self.st.rng.choice(busy or eligible), snap, self._running_shards())
+        self.kills_done += 1
+        return True
+
+    def kill_shard_holder(self, snap: Snapshot) -> bool:
+        """Once per run, besides the random kills: SIGKILL a worker holding a shard of the
+        sharded job that has committed a batch but not finished, so that the report shows
+        a shard resuming from its watermark. False: no such worker now (or done already)."""
+        if self.shard_kill_done:
+            return False
+        shards = self._running_shards()
+        ids = [t for held in shards.values() for t in held]
+        if not ids:
+            return False
+        with contextlib.suppress(RatchetError):
+            under_way = {p.task_id for p in self.st.control.batch_progress_many(ids)
+                         if p.watermark > 0 and not p.done}
+            slots = [s for s in self.slots if s.alive() and s.pid is not None
+                     and any(t in under_way for t in shards.get(s.pid, []))]
+            if slots:
+                self._kill(self.st.rng.choice(slots), snap, shards, aimed=True)
+                self.shard_kill_done = True
+        return self.shard_kill_done
+
+    def _kill(self, slot: Slot, snap: Snapshot, shards: dict[int, list[str]],
+              aimed: bool = False) -> None:
         assert slot.proc is not None
         pid = slot.proc.pid
         held_ids = snap.inflight.get(pid, [])
-        held = len(held_ids)
+        mine = len(shards.get(pid, []))
+        held = len(held_ids) + mine
         orders = sum(1 for tid in held_ids if self.st.kind_of.get(tid) == ORDER_KIND)
         slot.proc.kill()
         with contextlib.suppress(RatchetError):
             self.kill_times.append((pid, self.st.control.ledger_now()))
-        self.kills_done += 1
         self.kill_inflight.append(held)
         self.kill_orders.append(orders)
+        self.kill_shards.append(mine)
         self.start_worker(slot)
         self.st.log(
             f"[red]SIGKILL[/] worker {slot.index} (pid {pid}, ~{held} tasks in flight"
             + (f", {orders} of them orders" if orders else "")
+            + (f", {mine} shard(s) of the sharded job" if mine else "")
+            + (": aimed at a shard under way" if aimed else "")
             + f") → restarted as pid {slot.pid}"
         )
-        return True
 
+    def _running_shards(self) -> dict[int, list[str]]:
+        """Shards of the sharded job running now, per holder pid (empty without a job)."""
+        if self.st.books_job is None:
+            return {}
+        found: dict[int, list[str]] = {}
+        with contextlib.suppress(RatchetError):
+            page = self.st.control.list_tasks(state="RUNNING", name=RECONCILE_TASK, limit=100)
+            for task in page.tasks:
+                if task.task_id == self.st.books_job:
+                    continue  # the job's parent: it fans out, then waits without a lease
+                pid = holder_pid(task.holder)
+                if pid is not None:
+                    found.setdefault(pid, []).append(task.task_id)
+        return found
 
     def restart_exited(self) -> None:
         """Restart every worker that died by itself (reported as an unexpected exit)."""

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import State
+from .books import BooksResult
 from .chaos import Chaos, Freeze
 from .judging import KindResult, Reclaims, Verdict
 from .order_judging import OrderResult
@@ -182,6 +183,12 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
     chaos_t.add_row("tasks in flight at the kills", str(sum(chaos.kill_inflight)))
     if st.n_orders:
         chaos_t.add_row("  of which order workflows", str(sum(chaos.kill_orders)))
+    if st.books_job is not None:
+        chaos_t.add_row("shards of the sharded job in flight at the kills "
+                        "(one kill aimed at them, besides the random ones)",
+                        f"{sum(chaos.kill_shards)}"
+                        + ("" if chaos.shard_kill_done else " (no shard under way when a "
+                           "kill was due)"))
     for label, value in reclaim_rows(st.lease_s, reclaims):
         chaos_t.add_row(label, value)
     chaos_t.add_row("unexpected worker exits", _warn(chaos.unexpected_exits))
@@ -191,6 +198,8 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
     c.print(kinds_t)
     if verdict.orders.orders:
         c.print(orders_table(verdict.orders, service_stats))
+    if verdict.books is not None:
+        c.print(books_table(verdict.books))
     if chaos.freezes:
         c.print(frozen_t)
     c.print(chaos_t)
@@ -226,6 +235,9 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
         + (f"; {shipped} orders shipped, {timed_out} timed out and compensated, every "
            "charge, refund, reservation and release at most once at the services"
            if verdict.orders.orders else "")
+        + (f"; {verdict.books.totals['items']} orders reconciled by a sharded job over "
+           f"{verdict.books.shards} shards, every one counted once"
+           if verdict.books is not None else "")
         + ", despite "
         f"{chaos.kills_done} SIGKILLs"
         + (f" and {frozen} senders frozen mid-call" if frozen else "")
@@ -238,6 +250,27 @@ def print_report(console: Console, st: RunState, chaos: Chaos, verdict: Verdict)
             f" after a kill (median), not after a {st.lease_s:.1f} s lease: "
             f"{status.revocations} leases revoked from dead holders."
         )
+
+
+def books_table(r: BooksResult) -> Table:
+    """The sharded job: expected counts, what the job reported, what the ledger counted."""
+    t = Table(title=f"sharded job: reconcile yesterday's orders ({r.shards} shards, "
+              "ctx.batches)")
+    t.add_column()
+    for col in ("expected", "job's totals", "ledger (Control.check)"):
+        t.add_column(col, justify="right")
+    for key, label in (("succeeded", "orders matching the bank"),
+                       ("failed", "mismatched (failed)"), ("skipped", "refunded (skipped)")):
+        got = r.totals.get(key)
+        t.add_row(label, str(r.expected[key]), "-" if got is None else str(got),
+                  str(r.ledger.get(key, "-")))
+    t.add_row("in flight", "", "", str(r.ledger.get("in_flight", "-")))
+    t.add_row("job state / conservation check", "", r.state,
+              "[green]adds up[/]" if r.check_ok else "[bold red]does not add up[/]")
+    resumed = sum(1 for a in r.attempts if a > 1)
+    t.add_row("batches committed / shards claimed again, resumed from their watermark",
+              "", "", f"{r.batches} / {resumed}")
+    return t
 
 
 def orders_table(r: OrderResult, service_stats: dict[str, dict[str, Any]]) -> Table:

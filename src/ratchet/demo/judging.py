@@ -15,6 +15,7 @@ from .. import State, StatusReport
 from ..control import AuditEvent, LateEffectView, TaskInfo
 from ..storedtext import StoredState
 from ..testing import ExactlyOnceReport, ServiceRecords, check_exactly_once, check_ledger_consistent
+from .books import BooksResult, judge_books
 from .chaos import Chaos, Freeze
 from .order_judging import OrderResult, judge_orders
 from .payments import KINDS, PaymentClient
@@ -104,6 +105,7 @@ class Verdict:
         orders: the verdict on the order workflows.
         reclaims: how fast the killed workers' tasks came back.
         invariants: ``(name, held, detail)`` of every check; broken: the names that failed.
+        books: the sharded job (None without one).
     """
 
     infos: dict[str, TaskInfo]
@@ -120,6 +122,7 @@ class Verdict:
     reclaims: Reclaims
     invariants: list[tuple[str, bool, str]]
     broken: list[str]
+    books: BooksResult | None = None
 
 
 def judge(st: RunState, chaos: Chaos) -> Verdict:
@@ -209,6 +212,19 @@ def judge(st: RunState, chaos: Chaos) -> Verdict:
             else f"{len(chaos.freezes)} of {len(chaos.freezes)}",
         ))  # fmt: skip
     invariants += orders.invariants
+    books = None
+    if st.books_job is not None:
+        s = st.settings
+        books = judge_books(st.control, st.books_job, st.books_day, s.books_orders,
+                            s.books_shards)
+        invariants.append((
+            "sharded job: every order counted once (Control.check, expected totals)",
+            not books.problems,
+            "; ".join(books.problems) if books.problems
+            else f"{books.totals['items']} orders over {books.shards} shards: "
+            f"{books.totals['succeeded']} ok, {books.totals['failed']} mismatched, "
+            f"{books.totals['skipped']} refunded",
+        ))  # fmt: skip
     invariants += [
         ("no charges for keys outside this run", not stray, f"{len(stray)} stray keys"),
         (
@@ -235,7 +251,7 @@ def judge(st: RunState, chaos: Chaos) -> Verdict:
         service_stats=service_stats, calls=calls, retry_classes=retry_classes,
         released=released, attempts=attempts, results=results, orders=orders,
         reclaims=found_reclaims,
-        invariants=invariants, broken=broken,
+        invariants=invariants, broken=broken, books=books,
     )  # fmt: skip
 
 

@@ -27,7 +27,8 @@ Environment (read by every worker process, besides :mod:`ratchet.demo.billing`'s
 * ``RATCHET_DEMO_SHIP_TIMEOUT_S`` — how long an order waits for ``shipped``, seconds
   (default 6.0), read at import time.
 
-Run a worker with ``ratchet worker ratchet.demo.orders:app`` (billing tasks and orders).
+Run a worker with ``ratchet worker ratchet.demo.orders:app`` (billing tasks, orders and
+the sharded job of :mod:`ratchet.demo.books`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import threading
 from typing import Any
 
 from .. import ConfigError, EventTimeout, PermanentError, TaskContext
+from . import books  # noqa: F401 - registers the sharded job's task on the same app
 from .billing import CLIENT_TIMEOUT_S, RETRY, app, lease_s_from_env, seconds_from_env
 from .payments import PaymentClient
 from .settings import ORDER_TASK

@@ -17,7 +17,10 @@ against a warehouse while workers are killed and frozen senders wake up late.
    reservation and never ships some) and a payment service of their own, both faulty;
 3. runs ``workers`` real worker processes
    (``python -m ratchet.cli.main worker ratchet.demo.orders:app --concurrency 8``: the
-   billing app with the order workflow);
+   billing app with the order workflow), and, once they run, submits a sharded job
+   (:mod:`ratchet.demo.books`: yesterday's orders reconciled with ``ctx.batches`` over a
+   few shards, through the kills below, one of them aimed at a worker holding a shard
+   under way; its totals checked with ``Control.check``);
 4. kills a random worker with a real ``SIGKILL`` at random moments (at least ``kills``
    times) and restarts it;
 5. freezes one sender per kind in the middle of a call: a worker process for that kind's
@@ -88,15 +91,17 @@ import os
 import random
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 
-from .. import ConfigError, Control, RatchetError, SubmitRequest
+from .. import ConfigError, Control, RatchetError, State, SubmitRequest
 from ..config import parse_ledger_url
 from ..loading import load_app
+from .books import RECONCILE_TASK
 from .chaos import Chaos
 from .display import print_report, progress
 from .judging import fmt_states, judge
@@ -148,6 +153,8 @@ class _DemoRun:
             f"{chaos.kills_asked} kills, "
             f"{'a frozen sender per kind, ' if chaos.freezes else ''}seed {st.seed}, "
             f"lease {st.lease_s:.1f} s"
+            + (f"; a sharded job reconciling {s.books_orders} orders over {s.books_shards} "
+               "shards" if s.books_orders else "")
         )
         self.console.print(f"ledger  {display_url(st.ledger_url)}\nworkdir {st.workdir}")
         for note in self.notes:
@@ -199,6 +206,7 @@ class _DemoRun:
                     workers_started = True
                     for slot in chaos.slots:
                         chaos.start_worker(slot)
+                    self._submit_books()  # with the workers: it runs through the chaos
                     if chaos.freezes:
                         st.log(f"{len(chaos.slots)} workers started (frozen senders "
                                "in place)")
@@ -217,19 +225,30 @@ class _DemoRun:
                     kill_at.pop(0)
                     last_kill = time.monotonic()
                     snap = st.snapshot()
+                if (
+                    st.books_job is not None
+                    and not chaos.shard_kill_done
+                    and time.monotonic() - last_kill >= s.min_kill_gap_s
+                    and chaos.kill_shard_holder(snap)
+                ):
+                    last_kill = time.monotonic()
+                    snap = st.snapshot()
                 chaos.tend_freezes(snap)
                 live.update(progress(st, chaos, snap))
                 # done?
                 chaos_over = not kill_at and all(f.finished for f in chaos.freezes.values())
+                books = self._books_state()
                 if (
                     st.submitted >= st.n_tasks
                     and not submit_at
                     and chaos_over
                     and settled == len(st.task_ids)
+                    and books in ("", *(x.value for x in SETTLED))
                 ):
                     break
                 fingerprint = (
                     tuple(sorted((state.value, n) for state, n in snap.states.items())),
+                    books,
                     snap.takeovers,
                     snap.revocations,
                     tuple(f.state for f in chaos.freezes.values()),
@@ -306,6 +325,28 @@ class _DemoRun:
             f"{s.ship_timeout_s:g} s, then are compensated (refund, release)\n"
             f"order payment service pid {st.order_payments.pid} at {st.order_payments.url}"
         )
+
+    def _submit_books(self) -> None:
+        """Submit the sharded job (:mod:`ratchet.demo.books`): yesterday's orders,
+        reconciled over ``books_shards`` shards."""
+        s, st = self.s, self.st
+        if not s.books_orders:
+            return
+        yesterday = (datetime.now(UTC) - timedelta(days=1)).date().isoformat()
+        st.books_day = f"{yesterday}-{st.seed:06d}"
+        handle = st.app.submit_sharded(
+            RECONCILE_TASK, {"day": st.books_day, "count": s.books_orders},
+            shards=s.books_shards, key=f"books:{st.books_day}:{os.getpid()}")
+        st.books_job = handle.task_id
+        st.log(f"sharded job {handle.task_id}: reconcile {s.books_orders} orders of "
+               f"{yesterday} over {s.books_shards} shards (ctx.batches)")
+
+    def _books_state(self) -> str:
+        """The sharded job's state ("" without one)."""
+        if self.st.books_job is None:
+            return ""
+        state = self.st.control.get(self.st.books_job).state
+        return state.value if isinstance(state, State) else str(state)
 
     def _submit(self, count: int) -> None:
         """Submit the next ``count`` orders in one ``submit_many``."""

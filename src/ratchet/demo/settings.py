@@ -101,6 +101,9 @@ class DemoSettings:
         ship_timeout_s: how long an order workflow waits for its ``shipped`` event,
             seconds; keep it above ``ship_max_s``, with a margin, or shipped orders time
             out too.
+        books_orders: orders of yesterday the sharded job reconciles
+            (:mod:`ratchet.demo.books`; 0: no job).
+        books_shards: its shard count.
     """
 
     concurrency: int = 8
@@ -127,6 +130,8 @@ class DemoSettings:
     ship_min_s: float = 1.0
     ship_max_s: float = 3.0
     ship_timeout_s: float = 6.0
+    books_orders: int = 4000
+    books_shards: int = 4
 
     @property
     def effective_in_flight_s(self) -> float:

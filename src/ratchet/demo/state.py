@@ -87,6 +87,8 @@ class RunState:
             markup).
         elapsed_s: the run's length, seconds (set when the loop ends).
         stalled, deadline_hit: how the loop ended, when not by every task settling.
+        books_job: the sharded job's parent task (None before it is submitted, or
+            without one); books_day: the day it reconciles.
     """
 
     settings: DemoSettings
@@ -111,6 +113,8 @@ class RunState:
     elapsed_s: float = 0.0
     stalled: bool = False
     deadline_hit: bool = False
+    books_job: str | None = None
+    books_day: str = ""
 
     @property
     def total_of(self) -> Counter[str]:

@@ -119,7 +119,9 @@ def _items(source: Callable[[int], Iterable[Any]] | Sequence[Any], start: int
            ) -> Iterable[Any]:
     if callable(source):
         return source(start)
-    return itertools.islice(source, start, None)
+    # By index from start: islice(source, start, None) would step over every item before
+    # it, and a resume far into a long list would cost as much as reading it.
+    return map(source.__getitem__, range(start, len(source)))
 
 
 class BatchCalls(WorkflowCalls):

@@ -129,11 +129,13 @@ WHERE task_id = ANY(%(ids)s::text[]);
 -- name: claim_effects
 -- Effects made inside a batch function ('ratchet:batch:...') belong to one batch, not to
 -- the code path: ctx.batches reads those it needs (batch_effects), so a resume does not
--- load one row per finished batch.
+-- load one row per finished batch. The names on either side of that prefix, compared
+-- bytewise (';' follows ':'): two ranges of effects_name_bytes, so the claim does not
+-- visit the batch effects either (a NOT LIKE filter would read every one of them).
 SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
        via_lookup, updated_at, seq
 FROM effects WHERE task_id = ANY(%(ids)s::text[])
-  AND name NOT LIKE 'ratchet:batch:%%';
+  AND (name COLLATE "C" < 'ratchet:batch:' OR name COLLATE "C" >= 'ratchet:batch;');
 
 -- name: open_intents
 SELECT task_id, name, key FROM effects
@@ -1177,7 +1179,7 @@ ON CONFLICT (task_id, run) DO UPDATE SET watermark = excluded.watermark,
 -- name: batch_effects
 -- The effects of one run's batches at or past its watermark (names sort by the
 -- zero-padded position; compared bytewise, COLLATE "C", whatever the database's
--- collation: the task's effects are read from the primary key and filtered).
+-- collation: one range of effects_name_bytes, migration 0013).
 SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
        via_lookup, updated_at, seq
 FROM effects WHERE task_id = %(id)s

@@ -118,11 +118,18 @@ WHERE task_id IN (SELECT value FROM json_each(:ids));
 -- name: claim_effects
 -- Effects made inside a batch function ('ratchet:batch:...') belong to one batch, not to
 -- the code path: ctx.batches reads those it needs (batch_effects), so a resume does not
--- load one row per finished batch.
+-- load one row per finished batch. Two ranges of the primary key on either side of that
+-- prefix (';' follows ':'; names compare bytewise), so the claim does not visit them
+-- either (a NOT LIKE filter would read every one of them).
 SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
        via_lookup, updated_at, seq
 FROM effects WHERE task_id IN (SELECT value FROM json_each(:ids))
-  AND name NOT LIKE 'ratchet:batch:%';
+  AND name < 'ratchet:batch:'
+UNION ALL
+SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
+       via_lookup, updated_at, seq
+FROM effects WHERE task_id IN (SELECT value FROM json_each(:ids))
+  AND name >= 'ratchet:batch;';
 
 -- name: open_intents
 SELECT task_id, name, key FROM effects

@@ -25,3 +25,11 @@ CREATE TABLE batch_runs (
     generation bigint NOT NULL,
     PRIMARY KEY (task_id, run)
 );
+
+-- effects_name_bytes: effects made inside a ctx.batches function are named
+-- 'ratchet:batch:<run>@<20-digit position>/<effect>'. A resume reads those at or past the
+-- watermark (batch_effects) and a claim reads every effect but those (claim_effects): both
+-- are ranges of names compared bytewise (COLLATE "C"), which the primary key, sorted by
+-- the database's collation, cannot serve; without this index both read every effect row of
+-- the task, one per finished batch. (SQLite's primary key compares bytewise already.)
+CREATE INDEX effects_name_bytes ON effects (task_id, name COLLATE "C");
