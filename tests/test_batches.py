@@ -381,3 +381,37 @@ def test_the_check_catches_a_report_that_disagrees_with_the_ledger(
     assert not report.ok
     [line] = report.lines
     assert "succeeded 40 (ledger 30)" in line.note and line.difference == 10
+
+
+def test_a_job_retried_after_its_failed_shard_was_retried_completes(app: App) -> None:
+    broken = threading.Event()
+    broken.set()
+
+    @app.task(name="b.flaky_shard", retry=fast_retry_policy())
+    def flaky_shard(ctx: TaskContext, n: int) -> Any:
+        s = ctx.shard
+        assert s is not None
+
+        def fn(batch: list[int], position: int) -> None:
+            if s.index == 1 and position >= 10 and broken.is_set():
+                raise PermanentError("shard 1 cannot go on yet")
+        return ctx.batches("items", list(range(n)), fn, size=10)
+
+    handle = app.submit_sharded("b.flaky_shard", {"n": 40}, shards=3)
+    control = Control(app=app)
+    with running_worker(app):
+        assert app.wait(handle.task_id, timeout_s=60).state is State.FAILED
+        # Retrying the job alone fails it again: the shard is still FAILED.
+        control.retry(handle.task_id, reason="too early", by="test")
+        wait_for("the job to fail again", lambda: app.get(handle.task_id).state
+                 is State.FAILED and app.get(handle.task_id).attempt == 1, timeout_s=60)
+        [shard] = [c for c in app.ledger.children(handle.task_id)
+                   if c.state is State.FAILED]
+        broken.clear()
+        control.retry(shard.task_id, reason="fixed the target", by="test")
+        control.retry(handle.task_id, reason="its shard was retried", by="test")
+        info = app.wait(handle.task_id, timeout_s=60)
+    assert info.state is State.SUCCEEDED, info.last_error
+    assert info.result["totals"]["items"] == 120
+    report = control.check(handle.task_id)
+    assert report.ok, report

@@ -54,6 +54,7 @@ from ..ledger.base import (
 )
 from ..serde import dumps, loads
 from ..shards import SHARD_PARAM, check_shards
+from ..states import State
 from ..validation import check_checkpoint_name
 from .checkpoints import HistoryEnd
 from .effects import _until_ledger_answers
@@ -389,15 +390,30 @@ def run_shard_job(ctx: BatchCalls, name: str, params: Mapping[str, Any], count: 
     ``totals`` sums the numeric fields the shards' results share (``succeeded``,
     ``failed``, ``skipped``, ``items`` of their ``ctx.batches`` reports, say).
 
+    A job retried by an operator after some of its failed shards were retried waits for
+    those shards again (a new ``ctx.gather`` checkpoint for them): shards still ``FAILED``
+    (or ``CANCELLED``, ``COMPENSATED``) keep their recorded failure.
+
     Raises:
         ChildFailed: a shard did not succeed (the first in shard order), once every shard
-            has ended: the job is ``FAILED`` and ``ratchet check`` shows what is missing.
+            has ended: the job is ``FAILED`` and ``ratchet check`` shows what is missing;
+            retry the failed shards, then the job.
     """
     handles = ctx.submit_shards(name, params, count)
-    results = ctx.gather(handles, return_exceptions=True)
-    failed = [r for r in results if isinstance(r, ChildFailed)]
-    if failed:
-        raise failed[0]
+    results: list[Any] = ctx.gather(handles, return_exceptions=True)
+    while True:
+        failed = [i for i, r in enumerate(results) if isinstance(r, ChildFailed)]
+        if not failed:
+            break
+        infos = {i.task_id: i for i in ctx.app.ledger.get_many(
+            [handles[i].task_id for i in failed])}
+        again = [i for i in failed if (info := infos.get(handles[i].task_id)) is not None
+                 and info.state not in _FAILED_FOR_GOOD]
+        if not again:
+            raise results[failed[0]]
+        for i, result in zip(again, ctx.gather([handles[i] for i in again],
+                                               return_exceptions=True), strict=True):
+            results[i] = result
     totals: dict[str, int] = {}
     for result in results:
         parts = [result] if isinstance(result, dict) else []
@@ -406,3 +422,7 @@ def run_shard_job(ctx: BatchCalls, name: str, params: Mapping[str, Any], count: 
                 if isinstance(value, int) and not isinstance(value, bool):
                     totals[key] = totals.get(key, 0) + value
     return {"shards": count, "totals": totals, "results": results}
+
+
+_FAILED_FOR_GOOD = frozenset({State.FAILED, State.CANCELLED, State.COMPENSATED})
+"""A shard in one of these states keeps its recorded failure when its job is retried."""
