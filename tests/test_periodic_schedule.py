@@ -123,6 +123,9 @@ def test_keys_name_the_schedule_and_the_utc_instant() -> None:
     ({"cron": "* * * * *", "every_s": 60}, "exactly one of cron"),
     ({"cron": "61 * * * *"}, "bad cron expression '61 \\* \\* \\* \\*'"),
     ({"cron": "every monday"}, "bad cron expression"),
+    ({"cron": "*/5 * * * * *"}, "it has 6 field\\(s\\); give five"),  # no seconds field
+    ({"cron": "0 2 * * * 2027"}, "it has 6 field\\(s\\); give five"),  # no year field
+    ({"cron": "@daily"}, "it has 1 field\\(s\\); give five"),
     ({"cron": 5}, "cron must be a string"),
     ({"every_s": 0}, "every_s must be a whole number of seconds >= 1"),
     ({"every_s": -5}, "every_s must be a whole number of seconds >= 1"),

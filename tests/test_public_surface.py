@@ -37,7 +37,8 @@ RATCHET_ALL = [
 ]
 
 CONTROL_ALL = [
-    "ALL_TYPES", "AuditEvent", "BatchActivity", "BatchProgress", "ConservationLine",
+    "ALL_TYPES", "AuditEvent", "BATCH_EFFECT_PREFIX", "BatchActivity", "BatchProgress",
+    "ConservationLine",
     "ConservationReport", "Control", "ControlOutcome", "DefinitionView", "EffectPage",
     "EffectRecord", "EffectState", "EffectView", "EventReceipt", "LATE_ACCOUNTED_FOR",
     "LATE_POSSIBLE_DUPLICATE", "LateEffectView", "LimitReached", "LimitView", "LimitsReport",

@@ -84,6 +84,14 @@ class Schedule:
         if cron is not None:
             if not isinstance(cron, str):
                 raise InvalidArguments(f"cron must be a string, got {type(cron).__name__}")
+            fields = cron.split()
+            if len(fields) != 5:
+                # cronsim would read a sixth field as seconds, a Quartz-style expression
+                # as something else: refuse instead of firing at another rate.
+                raise InvalidArguments(
+                    f"bad cron expression {cron!r}: it has {len(fields)} field(s); give five "
+                    "(minute hour day-of-month month day-of-week, e.g. '0 13 * * MON-FRI'): "
+                    "there is no seconds or year field (use every_s= for sub-minute ticks)")
             try:
                 CronSim(cron, datetime(2000, 1, 1))
             except CronSimError as exc:

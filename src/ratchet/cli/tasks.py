@@ -18,6 +18,7 @@ from .. import (
 )
 from ..capacity import span as _span
 from ..control import (
+    BATCH_EFFECT_PREFIX,
     LATE_ACCOUNTED_FOR,
     Control,
     TaskInfo,
@@ -290,7 +291,18 @@ def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False,
                      plain(show_value(shown)) if shown else ""))
     for s in tl.steps:
         rows.append((s.committed_at, 2, f"step {s.name} done", str(s.generation), "-", ""))
+    # Effects made inside batches that completed are counted, not listed (a long run has
+    # one per batch); an open or unsettled one is listed like any effect.
+    settled = [e for e in tl.effects if e.name.startswith(BATCH_EFFECT_PREFIX)
+               and plain(e.state) in ("done", "not_done")]
+    if settled:
+        rows.append((max(e.updated_at for e in settled), 2,
+                     f"{len(settled)} effects inside batches settled", "-", "-",
+                     "listed by ratchet inspect --json"))
+    skip = {id(e) for e in settled}
     for eff in tl.effects:
+        if id(eff) in skip:
+            continue
         rows.append((eff.updated_at, 2, f"effect {eff.name} {plain(eff.state)}",
                      str(eff.generation), "-",
                      f"key={eff.key} calls={eff.calls}"

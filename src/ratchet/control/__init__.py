@@ -41,6 +41,7 @@ from ..app._checks import REASON_REQUIRED, default_operator
 from ..app._taskops import TaskPage
 from ..capacity import ALL_TYPES, LimitReached, TypeStatusView
 from ..ledger.base import (
+    BATCH_EFFECT_PREFIX,
     LATE_ACCOUNTED_FOR,
     LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
@@ -93,6 +94,7 @@ from ._writes import ControlWrites
 __all__ = [
     "ALL_TYPES",
     "AuditEvent",
+    "BATCH_EFFECT_PREFIX",
     "BatchActivity",
     "BatchProgress",
     "ConservationLine",
