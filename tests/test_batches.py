@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -17,10 +18,12 @@ from ratchet import (
     InvalidArguments,
     PermanentError,
     State,
+    SubmitRequest,
     TaskContext,
     TransientError,
 )
 from ratchet.control import Control
+from ratchet.ledger.base import TaskQuery
 from ratchet.shards import shard_of
 from ratchet.testing import wait_for
 from ratchet.testing.doubles import fast_retry_policy
@@ -415,3 +418,60 @@ def test_a_job_retried_after_its_failed_shard_was_retried_completes(app: App) ->
     assert info.result["totals"]["items"] == 120
     report = control.check(handle.task_id)
     assert report.ok, report
+
+
+@pytest.mark.parametrize("key", ["ratchet:shards", "ratchet:shard"])
+def test_params_may_not_forge_a_shard_job_or_place(app: App, key: str) -> None:
+    @app.task(name="b.kwargs")
+    def kwargs_task(ctx: TaskContext, **params: Any) -> None:
+        return None
+
+    value: Any = 50 if key == "ratchet:shards" else {"index": 7, "count": 2}
+    with pytest.raises(InvalidArguments, match="are Ratchet's own"):
+        app.submit("b.kwargs", {key: value})
+    with pytest.raises(InvalidArguments, match="are Ratchet's own"):
+        app.submit_many([SubmitRequest("b.kwargs", {key: value})])
+    assert app.ledger.list_tasks(TaskQuery(names=["b.kwargs"])) == []
+
+
+def test_ctx_used_from_a_thread_the_run_did_not_start_is_refused(app: App) -> None:
+    @app.task(name="b.helper_thread")
+    def helper_thread(ctx: TaskContext) -> Any:
+        def fn(batch: list[int], position: int) -> None:
+            with ThreadPoolExecutor(2) as pool:
+                list(pool.map(lambda i: ctx.effect("send", lambda k: k, key=f"item:{i}"),
+                              batch))
+        return ctx.batches("items", list(range(4)), fn, size=2)
+
+    handle = app.submit("b.helper_thread")
+    with running_worker(app):
+        info = app.wait(handle.task_id, timeout_s=30)
+    assert info.state is State.FAILED
+    assert "a thread that ctx.batches did not start" in (info.last_error or "")
+    assert [e.name for e in app.ledger.timeline(handle.task_id).effects] == []
+
+
+def test_check_of_a_job_whose_shards_return_their_own_totals(app: App) -> None:
+    @app.task(name="b.plain_shard")
+    def plain_shard(ctx: TaskContext) -> dict[str, int]:
+        return {"succeeded": 5}
+
+    handle = app.submit_sharded("b.plain_shard", {}, shards=2)
+    with running_worker(app):
+        info = app.wait(handle.task_id, timeout_s=30)
+    assert info.state is State.SUCCEEDED and info.result["totals"] == {"succeeded": 10}
+    report = Control(app=app).check(handle.task_id)
+    assert report.ok, report
+
+
+def test_check_says_when_more_items_were_processed_than_the_total(app: App) -> None:
+    @app.task(name="b.short_total")
+    def short_total(ctx: TaskContext) -> Any:
+        return ctx.batches("items", lambda s: iter(range(s, 50)), lambda b, p: None,
+                           size=10, total=20)
+
+    handle = app.submit("b.short_total")
+    with running_worker(app):
+        assert app.wait(handle.task_id, timeout_s=30).state is State.SUCCEEDED
+    [line] = Control(app=app).check(handle.task_id).lines
+    assert not line.ok and "30 more items processed than the total of 20" in line.note

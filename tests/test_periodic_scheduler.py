@@ -282,6 +282,11 @@ def test_periodic_checks_its_arguments(ledger_url: str) -> None:
         app.periodic("a", cron="* * * * *", tz="Mars/Olympus")(other)
     with pytest.raises(InvalidArguments, match="misfire_grace_s"):
         app.periodic("a", every_s=5, misfire_grace_s=-1)(other)
+    with pytest.raises(InvalidArguments, match="misfire_grace_s of schedule 'b' must be "
+                       "seconds from 1"):
+        app.periodic("b", every_s=5, misfire_grace_s=0)(other)
+    with pytest.raises(InvalidArguments, match="at most"):
+        app.periodic("c", every_s=10**12)(other)
     with pytest.raises(InvalidArguments, match="params"):
         app.periodic("a", every_s=5, params={"unexpected": 1})(other)
     def not_a_task(ctx: TaskContext) -> None:

@@ -37,13 +37,18 @@ from cronsim import CronSim, CronSimError
 
 from .errors import InvalidArguments
 
-__all__ = ["Schedule", "tick_key", "utc_text"]
+__all__ = ["MAX_EVERY_S", "Schedule", "tick_key", "utc_text"]
 
 _LOOKBACK = timedelta(minutes=1)
 """How far before ``start``'s wall-clock time the walk of a cron expression begins. The
 map from wall-clock time to instant never goes back (a repeated time fires at its first
 occurrence, a missing one at the end of its gap), so no tick before that wall-clock time
 is after ``start``; the minute only guards the walk's own start (whole minutes)."""
+
+
+MAX_EVERY_S = 100 * 366 * 86400
+"""The longest interval ``every_s`` may name, seconds (about 100 years: its ticks stay
+within the years a datetime can hold)."""
 
 
 class Schedule:
@@ -99,10 +104,12 @@ class Schedule:
             self._cron_text = " ".join(cron.split())
         else:
             valid = (isinstance(every_s, int | float) and not isinstance(every_s, bool)
-                     and math.isfinite(every_s) and every_s >= 1 and every_s == int(every_s))
+                     and math.isfinite(every_s) and 1 <= every_s <= MAX_EVERY_S
+                     and every_s == int(every_s))
             if not valid:
                 raise InvalidArguments(
-                    f"every_s must be a whole number of seconds >= 1, got {every_s!r}")
+                    f"every_s must be a whole number of seconds >= 1 (at most "
+                    f"{MAX_EVERY_S}, 100 years), got {every_s!r}")
             self._every_s = int(every_s)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ what it is

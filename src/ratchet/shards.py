@@ -18,9 +18,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from .errors import InvalidArguments
+from .errors import InvalidArguments, UndecodableData
 
-__all__ = ["MAX_SHARDS", "SHARDS_PARAM", "SHARD_PARAM", "Shard", "check_shards", "shard_of"]
+__all__ = ["MAX_SHARDS", "SHARDS_PARAM", "SHARD_PARAM", "Shard", "check_shards", "shard_of",
+           "shard_place"]
 
 SHARD_PARAM = "ratchet:shard"
 """Stored-params key of a shard task: ``{"index": i, "count": n}``."""
@@ -72,3 +73,21 @@ class Shard:
     def owns(self, key: str) -> bool:
         """True when business key ``key`` belongs to this shard (:func:`shard_of`)."""
         return shard_of(key, self.count) == self.index
+
+
+def shard_place(value: object) -> Shard:
+    """The :class:`Shard` stored under :data:`SHARD_PARAM` (``{"index": i, "count": n}``).
+
+    Raises:
+        UndecodableData: not such an object, or ``index`` not in ``0 .. count - 1``, or
+            ``count`` not in 1 .. :data:`MAX_SHARDS`.
+    """
+    index = value.get("index") if isinstance(value, dict) else None
+    count = value.get("count") if isinstance(value, dict) else None
+    if (isinstance(index, bool) or isinstance(count, bool) or not isinstance(index, int)
+            or not isinstance(count, int) or not 1 <= count <= MAX_SHARDS
+            or not 0 <= index < count):
+        raise UndecodableData(
+            f"params key {SHARD_PARAM!r} holds {value!r:.100}, not a shard's place (index "
+            f"0 .. count - 1, count 1 .. {MAX_SHARDS})")
+    return Shard(index, count)

@@ -18,6 +18,7 @@ import re
 from .errors import InvalidArguments
 
 __all__ = [
+    "RESERVED_PREFIX",
     "MAX_DELAY_S",
     "MAX_DURATION_S",
     "MAX_KEY_BYTES",

@@ -36,7 +36,7 @@ class PeriodicTask:
         name: the schedule's name (unique per app; the ticks' keys start with it).
         task: the registered task name it submits (the newest version this app defines).
         schedule: when (:class:`~ratchet.schedule.Schedule`).
-        misfire_grace_s: how late a tick may still be submitted, seconds (>= 0): after
+        misfire_grace_s: how late a tick may still be submitted, seconds (>= 1): after
             downtime, ticks later than this are recorded as missed, never run late.
         params: the params of every tick's task (plain JSON).
         template: the task row of a tick, without its id and key (validated at
@@ -74,10 +74,11 @@ def periodic_task(name: str, definition: TaskDefinition, *, cron: str | None,
     schedule = Schedule(cron=cron, every_s=every_s, tz=tz)
     grace_ok = (isinstance(misfire_grace_s, int | float)
                 and not isinstance(misfire_grace_s, bool) and math.isfinite(misfire_grace_s)
-                and 0 <= misfire_grace_s <= MAX_MISFIRE_GRACE_S)
+                and 1 <= misfire_grace_s <= MAX_MISFIRE_GRACE_S)
     if not grace_ok:
         raise InvalidArguments(
-            f"misfire_grace_s of schedule {name!r} must be seconds from 0 to "
+            f"misfire_grace_s of schedule {name!r} must be seconds from 1 (a scheduler's "
+            f"pass takes a moment after its tick) to "
             f"{MAX_MISFIRE_GRACE_S:g}, got {misfire_grace_s!r}")
     template = prepare_task(definition, SubmitRequest(
         definition.name, params, idempotency_key=tick_key(name, 0),

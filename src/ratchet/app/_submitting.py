@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import InvalidArguments, PayloadTooLarge
 from ..ledger.base import NewTask
 from ..serde import digest, dumps
-from ..validation import MAX_KEY_BYTES, check_identifier
+from ..validation import MAX_KEY_BYTES, RESERVED_PREFIX, check_identifier
 from ._taskdef import TaskDefinition
 
 __all__ = ["SubmitRequest", "new_task_id", "prepare_task"]
@@ -61,6 +61,14 @@ def prepare_task(definition: TaskDefinition, request: SubmitRequest,
             f"{type(request.params).__name__}"
         )
     params = dict(request.params or {})
+    reserved = [k for k in params if isinstance(k, str) and k.startswith(RESERVED_PREFIX)]
+    if reserved:
+        # A shard's place and a sharded job's count travel under these keys: a submitter
+        # who could set them could fan a job out or misplace a shard.
+        raise InvalidArguments(
+            f"params of task {request.name!r} may not use the key {reserved[0]!r}: keys "
+            f"starting with {RESERVED_PREFIX!r} are Ratchet's own (App.submit_sharded sets "
+            "them)")
     params_json = dumps(params, what=f"params of task {request.name!r}")
     definition.validate(params_json)
     if request.reserved:

@@ -94,6 +94,10 @@ def _run_line(task: TaskInfo, run: BatchRun, scope: str) -> ConservationLine:
                                 "" if run.done or not ended else "total unknown")
     in_flight = 0 if ended else run.total - processed
     difference = run.total - processed - in_flight
+    if ended and processed > run.total:
+        return ConservationLine(*common, 0, difference, False,
+                                f"{processed - run.total} more items processed than the "
+                                f"total of {run.total} the task gave")
     if in_flight < 0:
         return ConservationLine(*common, in_flight, -in_flight, False,
                                 f"{-in_flight} more items processed than the total")
@@ -218,12 +222,16 @@ class ControlBatches(ControlReads):
                          for r in mine)
             if not mine:
                 lines.append(_pending_line(child, scope))
-        lines.append(_job_line(task, shards, children, lines))
+        # The job's reported totals are the sums of its shards' results: comparable with
+        # the ledger's counts only when each shard's result is its one run's report.
+        comparable = bool(children) and all(len(runs.get(c.task_id, [])) == 1
+                                            for c in children)
+        lines.append(_job_line(task, shards, children, lines, comparable))
         return ConservationReport(tid, state, all(x.ok for x in lines), lines, shards)
 
 
 def _job_line(task: TaskInfo, shards: int, children: Sequence[TaskInfo],
-              lines: Sequence[ConservationLine]) -> ConservationLine:
+              lines: Sequence[ConservationLine], comparable: bool) -> ConservationLine:
     counted = [x for x in lines if x.scope != "job"]
     succeeded = sum(x.succeeded for x in counted)
     failed = sum(x.failed for x in counted)
@@ -236,7 +244,7 @@ def _job_line(task: TaskInfo, shards: int, children: Sequence[TaskInfo],
     if children and len(children) != shards:
         notes.append(f"{len(children)} shard tasks for a space of {shards}")
     result: Any = task.result
-    if task.state is State.SUCCEEDED and isinstance(result, dict):
+    if comparable and task.state is State.SUCCEEDED and isinstance(result, dict):
         totals = result.get("totals") or {}
         for key, value in (("succeeded", succeeded), ("failed", failed),
                            ("skipped", skipped)):

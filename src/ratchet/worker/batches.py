@@ -134,12 +134,22 @@ class BatchCalls(WorkflowCalls):
         scope = getattr(_local, "scope", None)
         return scope[1] if scope is not None and scope[0] is self else None
 
+    _batch_owner: int | None = None
+    """While a ``ctx.batches`` run is active: the thread that called it (the only other
+    threads that may use the context are the run's own batch threads)."""
+
     def _boundary(self) -> None:
         if self._batch_scope() is not None:
             raise TransactionMisuse(
                 "inside the function of ctx.batches only ctx.effect may be called: steps, "
                 "waits, children and nested batches belong to the task's ordered code path, "
                 "which batches running side by side do not have")
+        owner = self._batch_owner
+        if owner is not None and threading.get_ident() != owner:
+            raise TransactionMisuse(
+                "the task context was used from a thread that ctx.batches did not start, "
+                "while a batch run is active: a batch's effects must be called from the "
+                "thread its fn runs on (use parallel= for concurrency inside a run)")
         super()._boundary()
 
     def batches(self, name: str, source: Callable[[int], Iterable[Any]] | Sequence[Any],
@@ -201,7 +211,12 @@ class BatchCalls(WorkflowCalls):
         current, effects = _until_ledger_answers(
             lambda: ledger.batch_open(self.task_id, run), max(1.0, self._lease.remaining_s()))
         runner = _Run(self, run, name, fn, size, parallel, total, current, effects)
-        end = current.watermark if current is not None and current.done else runner.run(source)
+        self._batch_owner = threading.get_ident()
+        try:
+            end = (current.watermark if current is not None and current.done
+                   else runner.run(source))
+        finally:
+            self._batch_owner = None
         report = runner.report()
         self._steps[run] = _json(report)
         self._unsaved.append((run, self._steps[run], cp.seq))
@@ -217,6 +232,7 @@ class BatchCalls(WorkflowCalls):
         sub = copy.copy(self)
         sub._scope = prefix = batch_effect_prefix(run, start)
         sub._parent = self
+        sub._batch_owner = None
         sub._steps = {}
         sub._effects = {n: r for n, r in effects.items() if n.startswith(prefix)}
         sub._history, sub._recorded_seq, sub._occurrences = {}, {}, {}

@@ -21,6 +21,7 @@ from typing import Any
 from ..breaker import DownstreamBreaker
 from ..errors import (
     ContextUsedInAnotherProcess,
+    InvalidArguments,
     LedgerUnavailable,
     NonDeterministicReplay,
     StaleGeneration,
@@ -39,7 +40,7 @@ from ..ledger.base import (
 )
 from ..lookups import RegisteredLookup
 from ..serde import dumps, loads
-from ..shards import SHARD_PARAM, SHARDS_PARAM, Shard
+from ..shards import SHARD_PARAM, SHARDS_PARAM, Shard, check_shards, shard_place
 from .heartbeat import LeaseHandle
 from .hooks import Hooks
 from .writer import LedgerWriter, WriterStopped
@@ -242,11 +243,14 @@ class CheckpointState:
         if not isinstance(params, dict):
             raise UndecodableData(f"params are a JSON {type(params).__name__}, not an object")
         shard = params.pop(SHARD_PARAM, None)
-        if isinstance(shard, dict):
-            self.shard = Shard(int(shard["index"]), int(shard["count"]))
         job = params.pop(SHARDS_PARAM, None)
-        if isinstance(job, int):
-            self.shard_job = job
+        if shard is not None:
+            self.shard = shard_place(shard)
+        if job is not None:
+            try:
+                self.shard_job = check_shards(job)
+            except InvalidArguments as exc:
+                raise UndecodableData(f"params key {SHARDS_PARAM!r}: {exc}") from None
         self.params = params
         return params
 
