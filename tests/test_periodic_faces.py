@@ -139,7 +139,7 @@ def test_a_worker_without_the_task_never_claims_its_ticks(ledger_url: str) -> No
     clock.freeze(T0 - 1)
     s.register()
     clock.freeze(T0 + 1)
-    s.run_once()
+    s.run_once(T0 + 1)
     clock.thaw()
     old = App(ledger_url)
 

@@ -11,6 +11,7 @@ compare-and-set, alone and raced by eight schedulers behind a barrier."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
@@ -27,7 +28,7 @@ from ratchet import (
     open_ledger,
 )
 from ratchet.ledger.base import Ledger, ScheduleAdvance, SchedulePlan
-from ratchet.testing import inject_clock
+from ratchet.testing import inject_clock, wait_for
 from ratchet.testing.clock import LedgerClock
 from ratchet.worker.scheduler import Scheduler
 
@@ -365,3 +366,30 @@ def test_a_tick_whose_key_was_taken_with_other_params_is_missed_not_blocking(app
     assert view.cursor_at == T0 + 60
     assert keys(app) == ["periodic:tick:2026-12-04T13:00:00Z",
                          "periodic:tick:2026-12-04T13:01:00Z"]
+
+
+def test_a_local_clock_off_the_ledgers_neither_spins_nor_fires_late(ledger_url: str) -> None:
+    """The scheduler looks at its local clock corrected by the ledger's: an hour ahead, it
+    does not see a tick as due before the ledger's clock reaches it (no pass per look);
+    an hour behind, it sees the next tick due when the ledger's clock reaches it."""
+    app = App(ledger_url)
+
+    @app.periodic("skewed", every_s=1)
+    @app.task(name="periodic.skewed")
+    def skewed(ctx: TaskContext) -> None:
+        return None
+
+    try:
+        for skew in (3600.0, -3600.0):
+            s = Scheduler(app.ledger, app.periodic_tasks, f"w{skew}",
+                          clock=lambda skew=skew: time.time() + skew)
+            s.register()
+            assert abs(s.offset_s + skew) < 5.0
+            next_tick = s.next_tick["skewed"]
+            if float(app.ledger.now()) < next_tick - 0.2:
+                assert s.due() == []  # uncorrected, an hour ahead would say due
+            wait_for("the tick to be due by the ledger's clock", lambda s=s: s.due(),
+                     timeout_s=10)  # uncorrected, an hour behind would wait an hour
+            assert float(app.ledger.now()) >= next_tick - 0.5
+    finally:
+        app.close()

@@ -127,7 +127,10 @@ class Scheduler(threading.Thread):
         schedules: the app's schedules by name (``App.periodic_tasks``).
         holder: the worker's id, recorded as who registered, saw and fired a schedule.
         clock: the local clock, epoch seconds (``time.time``), used only to know when to
-            make a pass: what is due is decided with the ledger's clock.
+            make a pass: what is due is decided with the ledger's clock. The scheduler
+            reads the ledger's clock at registration and at every pass and looks at the
+            local clock corrected by the difference, so a local clock ahead of or behind
+            the ledger's neither makes extra passes nor fires late.
         max_sleep_s: the longest sleep between two looks at the clock, seconds.
         seen_every_s: seconds between two ``schedules_seen`` of the schedules.
         max_tasks_per_pass: see :data:`MAX_TASKS_PER_PASS`.
@@ -155,6 +158,8 @@ class Scheduler(threading.Thread):
         self.passes = 0
         self.corrupt: LedgerCorrupt | None = None
         self._last_seen = 0.0
+        self.offset_s = 0.0
+        """The ledger's clock minus the local clock, seconds, as last measured."""
         self._stop_event = threading.Event()
 
     # ------------------------------------------------------------------ steps
@@ -164,13 +169,19 @@ class Scheduler(threading.Thread):
         rows = self.ledger.register_schedules(
             self.holder, [p.spec() for p in self.schedules.values()])
         self._last_seen = self.clock()
+        self.offset_s = float(self.ledger.now()) - self._last_seen
         self._learn(r for r in rows if r.name in self.schedules)
         self.registered = True
         return _log_lacking(rows, self.schedules)
 
+    def _now(self) -> float:
+        """The ledger's clock as estimated from the local one, epoch seconds."""
+        return self.clock() + self.offset_s
+
     def due(self, now_s: float | None = None) -> list[str]:
-        """The schedules whose next tick is at or before ``now_s`` (default: the clock)."""
-        now = self.clock() if now_s is None else now_s
+        """The schedules whose next tick is at or before ``now_s`` (default: the ledger's
+        clock as estimated locally)."""
+        now = self._now() if now_s is None else now_s
         return sorted(n for n, t in self.next_tick.items() if t <= now)
 
     def run_once(self, now_s: float | None = None) -> ScheduleFired | None:
@@ -186,6 +197,8 @@ class Scheduler(threading.Thread):
             fired = self.ledger.fire_schedules(
                 self.holder, names,
                 lambda now, rows: plan_pass(schedules, now, rows, limit))
+            if now_s is None:
+                self.offset_s = fired.now_s - self.clock()
             self.passes += 1
             self._learn(r for r in fired.rows.values() if r.name in self.schedules)
             for key in fired.submitted:
@@ -200,7 +213,7 @@ class Scheduler(threading.Thread):
 
     def sleep_s(self, now_s: float | None = None) -> float:
         """Seconds until the next tick of any schedule, within ``[0, max_sleep_s]``."""
-        now = self.clock() if now_s is None else now_s
+        now = self._now() if now_s is None else now_s
         nearest = min(self.next_tick.values(), default=now + self.max_sleep_s)
         return min(max(nearest - now, 0.0), self.max_sleep_s)
 
