@@ -125,11 +125,15 @@ def test_the_last_two_children_finish_at_one_instant(
         assert len(kids) == 2 and all(k.state is State.SUCCEEDED for k in kids), kids
         holders = {e.holder for k in kids for e in rig.events(k.task_id, "claim")}
         assert len(holders) == (1 if one_worker else 2), f"children ran on {holders}"
-        # Woken once: claimed once to start, once after its wait ended, never again.
+        # Woken once: claimed once to start, once after its wait ended, never again. (On a
+        # loaded machine the children may both have ended before the parent's gather
+        # committed, when it gathers at their instant: then it does not park, and is
+        # claimed once.)
         claims = rig.events(parent_id, "claim")
-        assert len(claims) == 2, f"the parent was claimed {len(claims)} times: {claims}"
         parks = [e for e in rig.events(parent_id, "transition") if e.to_state == "WAITING"]
-        assert len(parks) == 1, parks
+        assert len(parks) == 1 if not sync_gather else len(parks) <= 1, parks
+        assert len(claims) == 1 + len(parks), (
+            f"the parent was claimed {len(claims)} times, parked {len(parks)}: {claims}")
         ends = sorted(e.at for k in kids for e in rig.events(k.task_id, "transition")
                       if e.to_state == "SUCCEEDED")
         gaps.append(ends[1] - ends[0])
