@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from .errors import InvalidArguments, UndecodableData
 
-__all__ = ["MAX_SHARDS", "SHARDS_PARAM", "SHARD_PARAM", "Shard", "check_shards", "shard_of",
-           "shard_place"]
+__all__ = ["MAX_SHARDS", "SHARDS_PARAM", "SHARD_PARAM", "Shard", "check_shards", "job_shards",
+           "shard_of", "shard_place", "task_shard"]
 
 SHARD_PARAM = "ratchet:shard"
 """Stored-params key of a shard task: ``{"index": i, "count": n}``."""
@@ -91,3 +91,25 @@ def shard_place(value: object) -> Shard:
             f"params key {SHARD_PARAM!r} holds {value!r:.100}, not a shard's place (index "
             f"0 .. count - 1, count 1 .. {MAX_SHARDS})")
     return Shard(index, count)
+
+
+def task_shard(params: object) -> Shard | None:
+    """The shard place stored in a task's decoded ``params`` (:data:`SHARD_PARAM`), or None
+    when it has none or it is not a valid place (the faces' and the check's reading; the
+    worker refuses an invalid one with :func:`shard_place`)."""
+    found = params.get(SHARD_PARAM) if isinstance(params, dict) else None
+    if found is None:
+        return None
+    try:
+        return shard_place(found)
+    except UndecodableData:
+        return None
+
+
+def job_shards(params: object) -> int | None:
+    """The shard count stored in a sharded job parent's decoded ``params``
+    (:data:`SHARDS_PARAM`), or None when the task is not a valid sharded job."""
+    found = params.get(SHARDS_PARAM) if isinstance(params, dict) else None
+    if isinstance(found, bool) or not isinstance(found, int) or not 1 <= found <= MAX_SHARDS:
+        return None
+    return found

@@ -497,10 +497,15 @@ class App:
             LedgerError: the ledger failed (:class:`~ratchet.errors.LedgerUnavailable`:
                 the outcome may be unknown; submit again with the same idempotency key).
         """
-        with submit_span(name, idempotency_key=idempotency_key, tenant=tenant) as span:
-            task = self._prepare(
-                SubmitRequest(name, params, idempotency_key, run_at, delay_s, tenant=tenant,
-                              version=version))
+        return self._submit_one(SubmitRequest(name, params, idempotency_key, run_at, delay_s,
+                                              tenant=tenant, version=version))
+
+    def _submit_one(self, request: SubmitRequest) -> TaskHandle:
+        """:meth:`submit` of one prepared request (also :meth:`submit_sharded`'s): its span,
+        the group commit, the fault point after it."""
+        with submit_span(request.name, idempotency_key=request.idempotency_key,
+                         tenant=request.tenant) as span:
+            task = self._prepare(request)
             if span.trace_context is not None:
                 task = dataclasses.replace(task, trace_context=span.trace_context)
             result = self._submit_group.submit(self.ledger, task)
@@ -586,15 +591,8 @@ class App:
             LedgerError: as :meth:`submit`.
         """
         count = check_shards(shards)
-        with submit_span(name, idempotency_key=key, tenant=tenant) as span:
-            task = self._prepare(SubmitRequest(name, params, key, tenant=tenant,
-                                               reserved={SHARDS_PARAM: count}))
-            if span.trace_context is not None:
-                task = dataclasses.replace(task, trace_context=span.trace_context)
-            result = self._submit_group.submit(self.ledger, task)
-            span.submitted(result.task_id, result.created, task.version)
-        faults.point("submit.after_commit")
-        return TaskHandle(result.task_id, task.name, result.created, self)
+        return self._submit_one(SubmitRequest(name, params, key, tenant=tenant,
+                                              reserved={SHARDS_PARAM: count}))
 
     def submit_children(self, parent_id: str, name: str,
                         params_list: Sequence[Mapping[str, Any]],

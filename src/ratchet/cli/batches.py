@@ -23,7 +23,7 @@ from ..control import (
     TaskInfo,
     TaskTimeline,
 )
-from ..shards import SHARD_PARAM
+from ..shards import task_shard
 from ..states import TERMINAL
 from .guard import guard
 from .options import JsonOpt, LedgerOpt, TaskArg
@@ -117,14 +117,10 @@ def run_summary(p: BatchProgress, ended: bool = False) -> str:
 
 
 def shard_place(task: TaskInfo) -> tuple[int, int] | None:
-    """``(index, count)`` of a shard task (from its stored params, key
-    ``"ratchet:shard"``), else None."""
-    params = task.params if isinstance(task.params, dict) else {}
-    shard = params.get(SHARD_PARAM)
-    if isinstance(shard, dict) and isinstance(shard.get("index"), int) \
-            and isinstance(shard.get("count"), int):
-        return int(shard["index"]), int(shard["count"])
-    return None
+    """``(index, count)`` of a shard task (its stored params, key ``"ratchet:shard"``),
+    else None."""
+    shard = task_shard(task.params)
+    return None if shard is None else (shard.index, shard.count)
 
 
 def _runs_table(runs: Sequence[BatchProgress]) -> Table:

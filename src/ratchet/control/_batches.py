@@ -21,7 +21,7 @@ from typing import Any
 
 from ..app import _checks as opchecks
 from ..ledger.base import BATCH_RUN_PREFIX, BatchActivity, BatchRun, StepRecord, TaskInfo
-from ..shards import SHARD_PARAM, SHARDS_PARAM
+from ..shards import job_shards, task_shard
 from ..states import TERMINAL, State
 from ._reads import ControlReads
 from ._records import BatchProgress
@@ -199,22 +199,26 @@ class ControlBatches(ControlReads):
         led = self._reader()
         tid = opchecks.task_id(task_id)
         task = led.get(tid)
-        params = task.params if isinstance(task.params, dict) else {}
-        shards = params.get(SHARDS_PARAM)
+        shards = job_shards(task.params)
         state = task.state.value if isinstance(task.state, State) else str(task.state)
-        if not isinstance(shards, int):
+        if shards is None:
             mine = led.batch_runs([tid])
             reports = _reports(led.timeline(tid).steps) if mine else {}
             own = [_reported(_run_line(task, r, f"run {r.name}"), r, reports) for r in mine]
             return ConservationReport(tid, state, all(x.ok for x in own), own)
-        children = [c for c in led.children(tid)
-                    if isinstance(c.params, dict) and SHARD_PARAM in c.params]
+        places = {}
+        children = []
+        for child in led.children(tid):
+            place = task_shard(child.params)
+            if place is not None:
+                places[child.task_id] = place
+                children.append(child)
         runs: dict[str, list[BatchRun]] = {}
         for r in led.batch_runs([c.task_id for c in children]):
             runs.setdefault(r.task_id, []).append(r)
         lines: list[ConservationLine] = []
-        for child in sorted(children, key=lambda c: int(c.params[SHARD_PARAM]["index"])):
-            scope = f"shard {child.params[SHARD_PARAM]['index']}/{shards}"
+        for child in sorted(children, key=lambda c: places[c.task_id].index):
+            scope = f"shard {places[child.task_id].index}/{shards}"
             mine = runs.get(child.task_id, [])
             reports = (_reports(led.timeline(child.task_id).steps)
                        if mine and len(children) <= MAX_REPORTS_READ else {})

@@ -20,7 +20,7 @@ from ..errors import InvalidArguments, LedgerError, TaskNotFound
 from ..ledger.base import EffectRecord, Ledger, Limit, LimitScope, PauseRecord, TaskInfo, Timeline
 from ..ledger.migrations import load_migrations
 from ..serde import loads_stored
-from ..shards import SHARD_PARAM, SHARDS_PARAM
+from ..shards import job_shards, task_shard
 from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
 from ..worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_state
@@ -227,15 +227,11 @@ class ControlReads(ControlHandles):
         tid = opchecks.task_id(task_id)
         timeline = led.timeline(tid)
         [task, *children] = _with_waits(led, [timeline.task, *led.children(tid)])
-        params = task.params if isinstance(task.params, dict) else {}
-        shards = params.get(SHARDS_PARAM)
-        shard_ids = [c.task_id for c in children
-                     if isinstance(c.params, dict) and SHARD_PARAM in c.params]
-        is_job = isinstance(shards, int) and not isinstance(shards, bool)
+        shards = job_shards(task.params)
+        shard_ids = [c.task_id for c in children if task_shard(c.params) is not None]
         return TaskTimeline.from_timeline(
             dataclasses.replace(timeline, task=task), children, led.batch_runs([tid]),
-            shards if is_job else None,
-            led.batch_runs(shard_ids) if is_job and shard_ids else ())
+            shards, led.batch_runs(shard_ids) if shards is not None and shard_ids else ())
 
     def late_effects(self, task_id: str | None = None, limit: int = 100) -> list[LateEffectView]:
         """Calls that stale holders sent after their claim was taken over, newest first:

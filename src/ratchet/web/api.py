@@ -83,7 +83,7 @@ from ..errors import (
     error_spec,
 )
 from ..serde import printable
-from ..shards import SHARD_PARAM, SHARDS_PARAM
+from ..shards import job_shards, task_shard
 from ..states import State
 from .auth import bearer, read_ok, token_ok
 from .jsonbody import DuplicateKeyBody, StrictJsonRoute
@@ -507,10 +507,10 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                        "sharded job: its shards' runs)")
     def get_batches(task_id: TaskId) -> list[BatchProgress]:
         task = control.get(task_id)  # 404 for no such task
-        if not isinstance(task.params, dict) or SHARDS_PARAM not in task.params:
+        if job_shards(task.params) is None:
             return control.batch_progress(task_id)
         shards = [c.task_id for c in control.children(task_id)
-                  if isinstance(c.params, dict) and SHARD_PARAM in c.params]
+                  if task_shard(c.params) is not None]
         return [*control.batch_progress(task_id), *control.batch_progress_many(shards)]
 
     @reads.get("/tasks/{task_id}/check", response_model=ConservationReport,

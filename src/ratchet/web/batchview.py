@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..control import BatchProgress, TaskInfo, TaskTimeline
-from ..shards import SHARD_PARAM
+from ..shards import task_shard
 from ..states import TERMINAL
 from .present import duration, rate
 
@@ -85,12 +85,8 @@ class BatchBars:
 def shard_place(task: TaskInfo) -> tuple[int, int] | None:
     """``(index, count)`` of a shard task (its stored params, key ``"ratchet:shard"``),
     else None."""
-    params = task.params if isinstance(task.params, dict) else {}
-    found = params.get(SHARD_PARAM)
-    if isinstance(found, dict) and isinstance(found.get("index"), int) \
-            and isinstance(found.get("count"), int):
-        return int(found["index"]), int(found["count"])
-    return None
+    shard = task_shard(task.params)
+    return None if shard is None else (shard.index, shard.count)
 
 
 def _bar(p: BatchProgress, task: TaskInfo, shard: str | None) -> BatchBar:
