@@ -93,3 +93,12 @@ def app(ledger_url: str) -> Iterator[App]:
     opened = App(ledger_url)
     yield opened
     opened.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keep each phase's report on the item (``item.rep_call``), so a fixture can tell that
+    its test failed and print the logs of the processes it started (tests/rigsupport.py)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    setattr(item, f"rep_{report.when}", report)

@@ -14,32 +14,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from crashkit import PARAMS, Outcome, Rig
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    setattr(item, f"rep_{report.when}", report)
+from rigsupport import rig_session
 
 
 @pytest.fixture
 def rig(request: pytest.FixtureRequest, tmp_path: Path, ledger_url: str) -> Iterator[Rig]:
     """A fresh ledger (each backend), step log and (lazily) counting service; every process
     is killed at the end, and on failure every process log is printed."""
-    r = Rig(tmp_path, ledger_url)
-    try:
+    with rig_session(request, Rig(tmp_path, ledger_url)) as r:
         yield r
-    finally:
-        try:
-            r.cleanup()
-        finally:
-            failed = any(
-                getattr(getattr(request.node, f"rep_{w}", None), "failed", False)
-                for w in ("setup", "call")
-            )
-            if failed:
-                print(r.dump())
 
 
 _controls: dict[str, Outcome] = {}

@@ -18,20 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pgkit import PgRig, private_cluster
 from pgsupport import private_schema, with_params
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    setattr(item, f"rep_{report.when}", report)
-
-
-def _failed(request: pytest.FixtureRequest) -> bool:
-    return any(
-        getattr(getattr(request.node, f"rep_{w}", None), "failed", False)
-        for w in ("setup", "call")
-    )
+from rigsupport import test_failed
 
 
 @pytest.fixture
@@ -45,7 +32,7 @@ def pg_rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PgRig]:
             try:
                 rig.cleanup()
             finally:
-                if _failed(request):
+                if test_failed(request):
                     print(rig.dump())
 
 
@@ -64,6 +51,6 @@ def cluster_rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PgRi
             try:
                 rig.cleanup()
             finally:
-                if _failed(request):
+                if test_failed(request):
                     print(rig.dump())
                     print(f"===== private PostgreSQL log\n{cluster.server_log()[-20000:]}")

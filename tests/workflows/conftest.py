@@ -5,38 +5,18 @@ skipped when no server is reachable). On failure every process log is printed.""
 from __future__ import annotations
 
 import sys
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from rigsupport import rig_session
 from wfkit import WfRig
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, Any, None]:
-    outcome = yield
-    report = outcome.get_result()
-    setattr(item, f"rep_{report.when}", report)
 
 
 @pytest.fixture
 def rig(request: pytest.FixtureRequest, tmp_path: Path, ledger_url: str) -> Iterator[WfRig]:
-    r = WfRig(tmp_path, ledger_url)
-    try:
+    with rig_session(request, WfRig(tmp_path, ledger_url)) as r:
         yield r
-    finally:
-        try:
-            r.cleanup()
-        finally:
-            failed = any(
-                getattr(getattr(request.node, f"rep_{w}", None), "failed", False)
-                for w in ("setup", "call")
-            )
-            if failed:
-                print(r.dump())
