@@ -26,7 +26,7 @@ RATCHET_ALL = [
     "LedgerCorrupt", "LedgerError", "LedgerUnavailable", "Limit", "LimitScope",
     "LimitsReport", "Middleware", "NOT_FOUND", "NonDeterministicReplay",
     "OutcomeUnknownError", "OverloadError", "PauseRecord", "PauseResult",
-    "PayloadNotSerializable", "PayloadTooLarge", "PermanentError", "RatchetError",
+    "PayloadNotSerializable", "PayloadTooLarge", "PermanentError", "RatchetError", "RateLimit",
     "RetryBudget", "RetryPolicy", "Schedule", "ScheduleView", "SchemaTooNew", "SchemaTooOld",
     "Shard", "StaleGeneration", "State", "StatusReport", "SubmitError", "SubmitRequest",
     "TaskContext", "TaskDefinition",

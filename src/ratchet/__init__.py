@@ -64,6 +64,7 @@ from .ledger.base import EventReceipt, Limit, LimitScope, TaskInfo
 # registers its middleware with the worker (ratchet.worker.hooks.add_default_middleware)
 # when imported, so every program that imports ratchet has it.
 from .observe import tracing as _tracing  # noqa: F401  (registers on import)
+from .ratelimit import RateLimit
 from .retry import FailureClass, RetryBudget, RetryPolicy
 from .schedule import Schedule
 from .shards import Shard
@@ -111,6 +112,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "RatchetError",
+    "RateLimit",
     "RetryBudget",
     "RetryPolicy",
     "Schedule",

@@ -19,34 +19,32 @@ import dataclasses
 import inspect
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 import pydantic
-import tenacity
 
 from .. import faults
 from ..breaker import CircuitBreaker, DownstreamBreaker
 from ..config import max_payload_bytes_from_env, redact_url
-from ..errors import ConfigError, InvalidArguments, PayloadTooLarge, UnknownTask, WaitTimeout
+from ..errors import ConfigError, InvalidArguments, PayloadTooLarge, UnknownTask
 from ..ledger import open_ledger
 from ..ledger.base import ControlOutcome, EventReceipt, Ledger, NewTask, TaskInfo
 from ..lookups import RegisteredLookup, effect_base_name, make_lookup
+from ..ratelimit import RateLimit
 from ..retry import RetryBudget, RetryPolicy
 from ..serde import dumps
 from ..shards import SHARDS_PARAM, check_shards
-from ..states import State
 from ..validation import (
     MAX_KEY_BYTES,
     MAX_NAME_BYTES,
-    check_finite,
     check_identifier,
     check_int,
 )
 from . import _taskops as taskops
+from ._flow import DEFAULT_QUEUE, FlowSpec
 from ._periodic import PeriodicTask, find_definition, periodic_task
 from ._submitgroup import SUBMIT_GROUP_MAX as SUBMIT_GROUP_MAX
 from ._submitgroup import SubmitGroup as _SubmitGroup
@@ -304,6 +302,13 @@ class App:
         lease_s: float = 15.0,
         time_limit_s: float | None = None,
         params: type[pydantic.BaseModel] | None = None,
+        queue: str = DEFAULT_QUEUE,
+        rate_limit: RateLimit | None = None,
+        concurrency_key: Callable[[Mapping[str, Any]], Any] | None = None,
+        max_per_key: int = 1,
+        ordered: bool = False,
+        fair: bool = False,
+        fair_key: Callable[[Mapping[str, Any]], Any] | None = None,
     ) -> Callable[[F], F]:
         """Register a function as a task type (one version of a name).
 
@@ -327,14 +332,20 @@ class App:
             params: a pydantic model the params must validate against (strict JSON mode)
                 instead of the function's signature; its fields must be parameters of the
                 function.
+            queue, rate_limit, concurrency_key, max_per_key, ordered, fair, fair_key: flow
+                control (DESIGN §8; :class:`~ratchet.app._flow.FlowSpec`): the named queue
+                (default ``"default"``), a :class:`~ratchet.ratelimit.RateLimit`, a function
+                of the params naming the concurrency key with at most ``max_per_key``
+                tasks of a key holding a slot (``ordered``: one, in submit order), and
+                round-robin claims across tenants (``fair``) or ``fair_key``'s values.
 
         Raises:
-            ConfigError: the same (name, version) twice, ``async def``, no context first
-                parameter, a positional-only parameter after it, an annotation pydantic
-                cannot validate, a lease below :data:`MIN_LEASE_S`, a ``time_limit_s``
-                that is not a finite number > 0 or None, a ``retry`` that is not a
-                :class:`RetryPolicy`, a version below 1; each message names the function
-                and what is expected.
+            ConfigError: the same (name, version) twice, a bad flow-control argument,
+                ``async def``, no context first parameter, a positional-only parameter
+                after it, an annotation pydantic cannot validate, a lease below
+                :data:`MIN_LEASE_S`, a ``time_limit_s`` that is not a finite number > 0 or
+                None, a ``retry`` that is not a :class:`RetryPolicy`, a version below 1;
+                each message names the function and what is expected.
             InvalidArguments: the name cannot be stored (not text, empty, a lone surrogate,
                 NUL, over :data:`~ratchet.validation.MAX_NAME_BYTES` bytes): checked here,
                 so a bad name never reaches a worker's claims.
@@ -345,6 +356,8 @@ class App:
             check_identifier(name, "task name", MAX_NAME_BYTES)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigError(f"retry must be a ratchet.RetryPolicy, got {type(retry).__name__}")
+        flow = FlowSpec(queue, rate_limit, concurrency_key, max_per_key, ordered, fair,
+                        fair_key)
 
         def decorator(fn: F) -> F:
             task_name = name or f"{fn.__module__}.{fn.__qualname__}"
@@ -360,8 +373,8 @@ class App:
                     f"({versions[version].fn.__qualname__} and {fn.__qualname__}); give "
                     "the new function another version=")
             definition = TaskDefinition(
-                task_name, fn, version, retry or RetryPolicy(), lease_s, time_limit_s, params
-            )
+                task_name, fn, version, retry or RetryPolicy(), lease_s, time_limit_s, params,
+                flow)
             versions[version] = definition
             newest = self.tasks.get(task_name)
             if newest is None or newest.version < version:
@@ -463,6 +476,10 @@ class App:
         delay_s: float = 0.0,
         tenant: str | None = None,
         version: int | None = None,
+        queue: str | None = None,
+        priority: int = 0,
+        debounce_s: float | None = None,
+        debounce_max_s: float | None = None,
     ) -> TaskHandle:
         """Submit one task; the task row is the dispatch (no separate message to lose).
 
@@ -484,6 +501,14 @@ class App:
                 limits`` count it, DESIGN §8); not part of the idempotency digest.
             version: the definition version to pin; default the newest this app defines.
                 The task waits (``PENDING``) until a worker that has this version runs.
+            queue: the queue; default the task type's (``@app.task(queue=...)``).
+            priority: a whole number, higher first among the queue's ready tasks
+                (default 0; strict: see DESIGN §8, flow control).
+            debounce_s: with ``idempotency_key``: the submits of that key within this many
+                seconds collapse into one task, run with the last params ``debounce_s``
+                after the last submit, and every caller gets its id.
+            debounce_max_s: the latest start, seconds after the first submit of the window
+                (default ``debounce_s``).
 
         Raises:
             UnknownTask: no task of that name (or that ``version``); nothing was
@@ -497,8 +522,10 @@ class App:
             LedgerError: the ledger failed (:class:`~ratchet.errors.LedgerUnavailable`:
                 the outcome may be unknown; submit again with the same idempotency key).
         """
-        return self._submit_one(SubmitRequest(name, params, idempotency_key, run_at, delay_s,
-                                              tenant=tenant, version=version))
+        return self._submit_one(SubmitRequest(
+            name, params, idempotency_key, run_at, delay_s, tenant=tenant, version=version,
+            queue=queue, priority=priority, debounce_s=debounce_s,
+            debounce_max_s=debounce_max_s))
 
     def _submit_one(self, request: SubmitRequest) -> TaskHandle:
         """:meth:`submit` of one prepared request (also :meth:`submit_sharded`'s): its span,
@@ -732,38 +759,7 @@ class App:
             TaskNotFound: no such task.
             InvalidArguments: ``timeout_s`` or ``poll_s`` is not a finite number >= 0.
         """
-        for label, value in (("timeout_s", timeout_s), ("poll_s", poll_s)):
-            if value is None and label == "timeout_s":
-                continue
-            try:
-                check_finite(value, label, minimum=0.0)
-            except InvalidArguments:
-                raise InvalidArguments(f"{label} must be a finite number of seconds >= 0, "
-                                       f"got {value!r}") from None
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        backoff = tenacity.wait_exponential(multiplier=max(poll_s, 0.001), exp_base=1.5, max=0.5)
-
-        def until_deadline(state: tenacity.RetryCallState) -> float:
-            # the exponential poll interval, never past the deadline (one last look there)
-            pause = backoff(state)
-            return pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
-
-        def timed_out(state: tenacity.RetryCallState) -> TaskInfo:
-            info = state.outcome.result() if state.outcome is not None else None
-            where = f"still {info.state}" if info is not None else "not settled"
-            raise WaitTimeout(
-                f"task {task_id} is {where} after {timeout_s} s (is a worker running for it?)"
-            )
-
-        poller = tenacity.Retrying(
-            retry=tenacity.retry_if_result(
-                lambda info: not (info.terminal or info.state is State.UNKNOWN)
-            ),
-            wait=until_deadline,
-            stop=tenacity.stop_never if timeout_s is None else tenacity.stop_after_delay(timeout_s),
-            retry_error_callback=timed_out,
-        )
-        return poller(self.get, task_id)
+        return taskops.wait_settled(self.get, task_id, timeout_s, poll_s)
 
     def __repr__(self) -> str:
         """``<ratchet.App ledger='...' tasks=[...]>``, the ledger URL with its password

@@ -15,6 +15,7 @@ from ..errors import InvalidArguments, PayloadTooLarge
 from ..ledger.base import NewTask
 from ..serde import digest, dumps
 from ..validation import MAX_KEY_BYTES, RESERVED_PREFIX, check_identifier
+from ._flow import flow_fields
 from ._taskdef import TaskDefinition
 
 __all__ = ["SubmitRequest", "new_task_id", "prepare_task"]
@@ -41,6 +42,14 @@ class SubmitRequest:
     """Framework keys stored with the params once they validated (a shard's place, a
     sharded job's count: :mod:`ratchet.shards`); their names hold a ``:``, which no
     parameter name can."""
+    queue: str | None = None
+    """The queue; ``None``: the task type's (``@app.task(queue=...)``)."""
+    priority: int = 0
+    """Higher first among a queue's ready tasks."""
+    debounce_s: float | None = None
+    """Collapse the submits of ``idempotency_key`` within this many seconds into one task."""
+    debounce_max_s: float | None = None
+    """The latest start of a debounced task, seconds after the group's first submit."""
 
 
 def prepare_task(definition: TaskDefinition, request: SubmitRequest,
@@ -105,17 +114,27 @@ def prepare_task(definition: TaskDefinition, request: SubmitRequest,
         check_identifier(request.idempotency_key, "idempotency_key", MAX_KEY_BYTES)
     if request.tenant is not None:
         check_identifier(request.tenant, "tenant", MAX_KEY_BYTES)
+    flow = flow_fields(definition.flow, definition.name, params, queue=request.queue,
+                       priority=request.priority, tenant=request.tenant,
+                       debounce_s=request.debounce_s, debounce_max_s=request.debounce_max_s,
+                       idempotency_key=request.idempotency_key)
+    key, delay_s = request.idempotency_key, max(0.0, request.delay_s)
+    if "debounce_key" in flow:
+        # The key names the debounce group, not one task for ever: once the group's task
+        # started, the next submit opens a new window.
+        key, delay_s = None, flow["debounce_s"]
     return NewTask(
         task_id=new_task_id(),
         name=definition.name,
         version=definition.version,
         params_json=params_json,
         params_digest=digest(definition.name, params_json),
-        idempotency_key=request.idempotency_key,
+        idempotency_key=key,
         max_attempts=definition.retry.max_attempts,
         lease_s=definition.lease_s,
-        delay_s=max(0.0, request.delay_s),
-        run_at_epoch_s=run_at_epoch_s,
+        delay_s=delay_s,
+        run_at_epoch_s=None if "debounce_key" in flow else run_at_epoch_s,
         quarantine_after=definition.retry.quarantine_after,
         tenant=request.tenant,
+        **flow,
     )

@@ -14,6 +14,7 @@ from ..errors import ConfigError, InvalidArguments
 from ..params import ParamsSchema, check_task_function
 from ..retry import RetryPolicy
 from ..validation import MAX_VERSION, check_finite, check_int
+from ._flow import FlowSpec
 
 __all__ = ["MIN_LEASE_S", "TaskDefinition", "check_lease_s", "check_time_limit_s"]
 
@@ -46,6 +47,8 @@ class TaskDefinition:
             see :func:`check_time_limit_s` and DESIGN §7 (time limits).
         params_model: the pydantic model validating the params, or ``None`` (the
             function's signature is the schema; :mod:`ratchet.params`).
+        flow: its queue, rate limit, concurrency key and fairness
+            (:class:`~ratchet.app._flow.FlowSpec`; DESIGN §8, flow control).
 
     Raises:
         ConfigError: a lease below :data:`MIN_LEASE_S`, a time limit that is not a finite
@@ -62,6 +65,7 @@ class TaskDefinition:
     lease_s: float
     time_limit_s: float | None = None
     params_model: type[pydantic.BaseModel] | None = None
+    flow: FlowSpec = field(default_factory=FlowSpec)
     _schema: ParamsSchema | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -103,6 +107,7 @@ class TaskDefinition:
             "time_limit_s": self.time_limit_s,
             "params_schema": self.params_schema,
             "params_source": self._schema.source if self._schema is not None else "none",
+            "flow": self.flow.spec(),
         }
 
 

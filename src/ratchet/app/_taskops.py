@@ -4,14 +4,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import tenacity
+
 from ..config import parse_ledger_url
+from ..errors import InvalidArguments, WaitTimeout
 from ..ledger import open_ledger
 from ..ledger.base import ControlOutcome, Ledger, TaskInfo, TaskQuery
 from ..states import State
-from ..validation import MAX_KEY_BYTES, check_identifier
+from ..validation import MAX_KEY_BYTES, check_finite, check_identifier
 from ._checks import check_limit, check_optional_age, operator_args, parse_cursor, states, task_id
 
 __all__ = ["LedgerOnDemand", "TaskPage", "cancel", "compensate", "list_tasks", "retry"]
@@ -148,3 +152,46 @@ def compensate(ledger: Callable[[], Ledger], task: str, reason: str,
     """
     why, who = operator_args(reason, by)
     return ledger().compensate(task_id(task), why, who)
+
+
+def wait_settled(get: Callable[[str], TaskInfo], task_id: str, timeout_s: float | None,
+                 poll_s: float) -> TaskInfo:
+    """Poll ``get(task_id)`` until the task is terminal or ``UNKNOWN``
+    (:meth:`ratchet.App.wait`), every ``poll_s`` seconds growing to 0.5 s.
+
+    Raises:
+        WaitTimeout: ``timeout_s`` seconds passed first.
+        InvalidArguments: ``timeout_s`` or ``poll_s`` is not a finite number >= 0.
+    """
+    for label, value in (("timeout_s", timeout_s), ("poll_s", poll_s)):
+        if value is None and label == "timeout_s":
+            continue
+        try:
+            check_finite(value, label, minimum=0.0)
+        except InvalidArguments:
+            raise InvalidArguments(f"{label} must be a finite number of seconds >= 0, "
+                                   f"got {value!r}") from None
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    backoff = tenacity.wait_exponential(multiplier=max(poll_s, 0.001), exp_base=1.5, max=0.5)
+
+    def until_deadline(state: tenacity.RetryCallState) -> float:
+        # the exponential poll interval, never past the deadline (one last look there)
+        pause = backoff(state)
+        return pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
+
+    def timed_out(state: tenacity.RetryCallState) -> TaskInfo:
+        info = state.outcome.result() if state.outcome is not None else None
+        where = f"still {info.state}" if info is not None else "not settled"
+        raise WaitTimeout(
+            f"task {task_id} is {where} after {timeout_s} s (is a worker running for it?)"
+        )
+
+    poller = tenacity.Retrying(
+        retry=tenacity.retry_if_result(
+            lambda info: not (info.terminal or info.state is State.UNKNOWN)
+        ),
+        wait=until_deadline,
+        stop=tenacity.stop_never if timeout_s is None else tenacity.stop_after_delay(timeout_s),
+        retry_error_callback=timed_out,
+    )
+    return poller(get, task_id)

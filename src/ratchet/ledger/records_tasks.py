@@ -67,6 +67,22 @@ class NewTask:
             as a JSON object, :mod:`ratchet.observe.tracing`), or None; stored with the
             task and handed to every claim (DESIGN §9).
         parent_id: the task that submits this one from its body (``ctx.submit``), or None.
+        queue: the named queue (DESIGN §8, flow control); a worker serving other queues
+            never claims it.
+        priority: higher first among the ready tasks of a queue (ties by ``run_at``).
+        fair_key: the fairness key of a task of a fair type (claims go round-robin
+            across keys), or None for a type that is not fair.
+        ckey: the concurrency key (at most ``ckey_max`` of its tasks hold a slot; the
+            others wait ``WAITING`` for one, oldest first), or None.
+        ckey_max: the most tasks of ``ckey`` that hold a slot at once (1: one at a time,
+            in submit order).
+        rate_key: the rate-limit bucket key computed from the params by the type's
+            :class:`~ratchet.ratelimit.RateLimit`, or None (one bucket, or a key param).
+        debounce_key: the debounce group (submits within ``debounce_s`` collapse into one
+            task), or None.
+        debounce_s: seconds after the last submit of the group that the task starts.
+        debounce_max_s: seconds after the first submit of the group that the task starts
+            at the latest.
     """
 
     task_id: str
@@ -83,6 +99,15 @@ class NewTask:
     tenant: str | None = None
     trace_context: str | None = None
     parent_id: str | None = None
+    queue: str = "default"
+    priority: int = 0
+    fair_key: str | None = None
+    ckey: str | None = None
+    ckey_max: int | None = None
+    rate_key: str | None = None
+    debounce_key: str | None = None
+    debounce_s: float = 0.0
+    debounce_max_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,9 +166,10 @@ class _SQLiteTx:
         if not rows:
             return
         self.statement = name
-        (sql,) = self.catalogue[name]
         shared = {"now": self.now, **scalars}
-        self.cur.executemany(sql, [{**shared, **row} for row in rows])
+        args = [{**shared, **row} for row in rows]
+        for sql in self.catalogue[name]:  # a multi-statement entry: each over every row
+            self.cur.executemany(sql, args)
 
     def wake(self) -> None:
         """SQLite has no server to notify; workers poll."""

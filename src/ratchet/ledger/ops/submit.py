@@ -81,6 +81,9 @@ def _submit_in(
             "run_at": t.run_at_epoch_s, "delay": max(0.0, t.delay_s),
             "quarantine_after": t.quarantine_after,
             "tenant": t.tenant, "trace": t.trace_context, "parent": t.parent_id,
+            "queue": t.queue, "priority": t.priority, "fair_key": t.fair_key,
+            "ckey": t.ckey, "ckey_max": t.ckey_max, "rate_key": t.rate_key,
+            "debounce_key": t.debounce_key, "debounce_max_s": t.debounce_max_s,
         }
         for t in tasks
         if t.task_id not in present
@@ -88,6 +91,14 @@ def _submit_in(
     # Key order: two batches sharing keys take their locks in the same order.
     rows.sort(key=lambda r: (r["key"] is None, r["key"] or ""))
     tx.batch("submit_insert", rows)
+    tx.batch("submit_queues", [{"name": n, "queue": q}
+                               for n, q in sorted({(r["name"], r["queue"]) for r in rows})])
+    keyed = sorted({(r["name"], r["ckey"], r["ckey_max"]) for r in rows
+                    if r["ckey"] is not None})
+    if keyed:
+        # Admitted now if the key has a free slot: oldest waiter first, this batch's
+        # rows included (ledger/migrations, schema 15).
+        tx.batch("key_fill", [{"name": n, "key": k, "max": m} for n, k, m in keyed])
     keys = sorted({t.idempotency_key for t in tasks if t.idempotency_key is not None})
     existing: dict[str, KeyRow] = {}
     if keys:

@@ -45,17 +45,46 @@ WHERE t.id = s.id;
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
 -- Rows arrive in idempotency-key order (and are inserted in that order), so two batches
 -- sharing keys lock them in the same order: no deadlock.
+-- A task with a concurrency key (ckey) is written WAITING for a slot (wait_kind 'key',
+-- run_at far ahead, its own run_at kept in due_at); key_fill admits it when one is free.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
-                   tenant, trace_context, parent_id)
-SELECT u.id, u.name, u.version, u.params, u.digest, u.key, 'PENDING', u.max_attempts,
-       u.lease_s, COALESCE(u.run_at, %(now)s + u.delay), %(now)s, %(now)s,
-       u.quarantine_after, u.tenant, u.trace, u.parent
+                   tenant, trace_context, parent_id, queue, priority, fair_key, ckey,
+                   ckey_max, due_at, wait_kind, flow_wait, rate_key, debounce_key,
+                   debounce_until)
+SELECT u.id, u.name, u.version, u.params, u.digest, u.key,
+       CASE WHEN u.ckey IS NULL THEN 'PENDING' ELSE 'WAITING' END, u.max_attempts,
+       u.lease_s,
+       CASE WHEN u.ckey IS NULL THEN COALESCE(u.run_at, %(now)s + u.delay) ELSE 1e15 END,
+       %(now)s, %(now)s, u.quarantine_after, u.tenant, u.trace, u.parent, u.queue,
+       u.priority, u.fair_key, u.ckey, u.ckey_max,
+       CASE WHEN u.ckey IS NULL THEN NULL ELSE COALESCE(u.run_at, %(now)s + u.delay) END,
+       CASE WHEN u.ckey IS NULL THEN NULL ELSE 'key' END,
+       CASE WHEN u.ckey IS NOT NULL THEN 'key' WHEN u.debounce_key IS NOT NULL
+            THEN 'debounce' END,
+       u.rate_key, u.debounce_key, %(now)s + u.debounce_max_s
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, name text, version int, params text, digest text, key text,
           max_attempts int, lease_s float8, run_at float8, delay float8,
-          quarantine_after int, tenant text, trace text, parent text)
+          quarantine_after int, tenant text, trace text, parent text, queue text,
+          priority int, fair_key text, ckey text, ckey_max int, rate_key text,
+          debounce_key text, debounce_max_s float8)
 ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: submit_queues
+-- The (name, queue) pairs a batch used, for the claims' walk per pair (task_queues).
+INSERT INTO task_queues (name, queue)
+SELECT u.name, u.queue FROM json_to_recordset(%(rows)s::json) AS u(name text, queue text)
+ORDER BY u.name, u.queue
+ON CONFLICT DO NOTHING;
+
+-- name: key_fill
+-- Admit the oldest tasks waiting for a slot of each (name, concurrency key) into its free
+-- slots (ratchet_key_fill, under the key's advisory lock; keys in a fixed order, so two
+-- transactions never wait on each other's keys in opposite orders).
+SELECT ratchet_key_fill(k.name, k.key, k.max, %(now)s::float8)
+FROM json_to_recordset(%(rows)s::json) AS k(name text, key text, max int)
+ORDER BY k.name, k.key;
 
 -- name: submit_present
 -- Which of a re-sent batch's task ids the lost transaction wrote (ids are unique per task).

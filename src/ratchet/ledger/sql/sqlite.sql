@@ -39,13 +39,51 @@ WHERE lease_until IS NOT NULL AND state = 'RUNNING' AND lease_until > :now + lea
 
 -- name: submit_insert
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
+-- A task with a concurrency key (ckey) is written WAITING for a slot (wait_kind 'key',
+-- run_at far ahead, its own run_at kept in due_at); key_fill admits it when one is free.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
-                   tenant, trace_context, parent_id)
-VALUES (:id, :name, :version, :params, :digest, :key, 'PENDING', :max_attempts, :lease_s,
-        COALESCE(:run_at, :now + :delay), :now, :now, :quarantine_after, :tenant,
-        :trace, :parent)
+                   tenant, trace_context, parent_id, queue, priority, fair_key, ckey,
+                   ckey_max, due_at, wait_kind, flow_wait, rate_key, debounce_key,
+                   debounce_until)
+VALUES (:id, :name, :version, :params, :digest, :key,
+        CASE WHEN :ckey IS NULL THEN 'PENDING' ELSE 'WAITING' END, :max_attempts, :lease_s,
+        CASE WHEN :ckey IS NULL THEN COALESCE(:run_at, :now + :delay) ELSE 1e15 END,
+        :now, :now, :quarantine_after, :tenant, :trace, :parent, :queue, :priority,
+        :fair_key, :ckey, :ckey_max,
+        CASE WHEN :ckey IS NULL THEN NULL ELSE COALESCE(:run_at, :now + :delay) END,
+        CASE WHEN :ckey IS NULL THEN NULL ELSE 'key' END,
+        CASE WHEN :ckey IS NOT NULL THEN 'key' WHEN :debounce_key IS NOT NULL
+             THEN 'debounce' END,
+        :rate_key, :debounce_key, :now + :debounce_max_s)
 ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: submit_queues
+-- The (name, queue) pairs a batch used (task_queues).
+INSERT INTO task_queues (name, queue) VALUES (:name, :queue) ON CONFLICT DO NOTHING;
+
+-- name: key_fill
+-- Admit the oldest tasks waiting for a slot of (name, concurrency key) into its free
+-- slots, each admission audited (the same ordered pick, before the update moves them):
+-- what the triggers of schema 15 do when a holder ends.
+INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder, detail)
+SELECT id, :now, 'wake', 'WAITING', 'PENDING', generation, NULL,
+       json_object('cause', 'key slot', 'key', :key)
+FROM tasks WHERE id IN (
+    SELECT id FROM tasks
+    WHERE name = :name AND ckey = :key AND state = 'WAITING' AND wait_kind = 'key'
+    ORDER BY created_at, id
+    LIMIT MAX(0, :max - (SELECT count(*) FROM tasks
+                         WHERE name = :name AND ckey = :key AND key_slot = 1)));
+UPDATE tasks SET state = 'PENDING', key_slot = 1, wait_kind = NULL, flow_wait = NULL,
+                 run_at = COALESCE(due_at, :now), due_at = NULL,
+                 updated_at = MAX(updated_at, :now)
+WHERE id IN (
+    SELECT id FROM tasks
+    WHERE name = :name AND ckey = :key AND state = 'WAITING' AND wait_kind = 'key'
+    ORDER BY created_at, id
+    LIMIT MAX(0, :max - (SELECT count(*) FROM tasks
+                         WHERE name = :name AND ckey = :key AND key_slot = 1)));
 
 -- name: submit_present
 -- Which of a re-sent batch's task ids the lost transaction wrote (ids are unique per task).
