@@ -10,6 +10,7 @@ ANALYZE) and then after ANALYZE, and must use the index it was designed for.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,9 @@ from pgsupport import private_schema
 from psycopg import sql
 
 from ratchet import open_ledger
-from ratchet.ledger.base import claim_kinds
+from ratchet.ledger.base import ClaimScope, claim_kinds
 from ratchet.ledger.catalogue import load_catalogue
+from ratchet.ledger.ops.flowclaims import entries_of, entry_params
 
 FINISHED = 100_000
 READY = 20_000
@@ -107,23 +109,26 @@ def test_pg_hot_statements_use_their_indexes(
     # Bare names (every version), a worker's (name, version) pairs, several versions.
     for kinds in ([NAME], [NAME, "other.task"], [(NAME, 1)], [(NAME, 2), ("other.task", 1)],
                   [(NAME, 1), (NAME, 2)]):
-        plan = _pg_plan(conn, "claim_ready",
-                        {"now": now, **claim_kinds(kinds), "limit": 20, "holder": "h"})
+        walks = entries_of(claim_kinds(kinds), [], None)
+        params = entry_params(walks, ClaimScope(), now, 20)
+        plan = _pg_plan(conn, "claim_ready", {**params, "holder": "h"})
         # An ordered walk of tasks_ready per name that stops at the limit: never a bitmap
         # scan of the ready set followed by a sort of all of it. The version is checked
         # on the index entry (an index condition), not on the row read afterwards.
         assert "Index Scan using tasks_ready" in plan, plan
         assert "Bitmap" not in plan and "Seq Scan on tasks" not in plan, plan
-        assert "Sort" not in plan.split("Limit")[-1], plan
+        # The only sort is of the walks' results (at most 2 x entries x limit rows).
+        sorts = [ln for ln in plan.splitlines() if "Sort Key" in ln]
+        assert all("ranked." in ln for ln in sorts), plan
+        assert "Index Scan using tasks_ready_priority" in plan, plan
         index_cond = next(ln for ln in plan.splitlines() if "Index Cond" in ln)
         assert "version" in index_cond, plan
         # Bulkheads (DESIGN §8): the limited claim walks tasks_ready per (name, version
         # range) entry the same way, the version on the index entry; the numbers are per
         # name, repeated per entry.
-        entries = claim_kinds(kinds)["names"]
         plan = _pg_plan(conn, "claim_limited", {
-            "now": now, **claim_kinds(kinds), "name_limits": [20] * len(entries),
-            "name_reserved": [2] * len(entries), "pool": 10, "tenants": ["acme"],
+            **params, "ename_limits": [20] * len(walks),
+            "ename_reserved": [2] * len(walks), "pool": 10, "tenants": ["acme"],
             "tenant_limits": [5], "tenant_reserved": [0], "tenant_pool": 15, "limit": 20,
             "holder": "h"})
         assert "Index Scan using tasks_ready" in plan, plan
@@ -151,7 +156,7 @@ def test_pg_hot_statements_use_their_indexes(
     plan = _pg_plan(conn, "holder_running", {"holder": "h1"})
     assert "tasks_holder" in plan, plan
     plan = _pg_plan(conn, "claim_expired",
-                    {"now": now, **claim_kinds([(NAME, 1)]), "limit": 20})
+                    {"now": now, **claim_kinds([(NAME, 1)]), "limit": 20, "served": None})
     assert "tasks_leased" in plan and "Seq Scan" not in plan, plan
     # ratchet status' per-version backlog reads the ready set only, never the finished.
     plan = _pg_plan(conn, "ready_by_version", {})
@@ -217,13 +222,22 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
         "ids": json.dumps(["x1", "x2"]), "generations": json.dumps([1, 1]),
         "keys": json.dumps(["k1"]), "id": "x1", "generation": 1, "state": "SUCCEEDED",
         "run_at": None, "release": 0, "keep": 0, "result": None, "error": None,
-        "error_class": None, "traceback": None, "request": None,
+        "error_class": None, "traceback": None, "request": None, "served": None,
     }
     for kinds in ([NAME], [(NAME, 1)], [(NAME, 2), ("other.task", 1)], [(NAME, 1), (NAME, 2)]):
         ready = {**params, **{k: json.dumps(v) for k, v in claim_kinds(kinds).items()}}
         plan = _sqlite_plan(conn, "claim_ready", ready)
-        assert "USING INDEX tasks_ready" in plan and "TEMP B-TREE" not in plan, plan
-        assert "SCAN tasks" not in plan, plan
+        # Two walks (tasks with a priority, then the rest in run_at order), each stopped
+        # at the limit; the only sort is of their results (at most 2 x limit rows).
+        assert "tasks_ready_priority" in plan and "USING INDEX tasks_ready (" in plan, plan
+        assert plan.count("TEMP B-TREE") == 1, plan
+        assert re.search(r"SCAN \(subquery-\d+\) / USE TEMP B-TREE FOR ORDER BY", plan), plan
+        assert "SCAN tasks\n" not in plan + "\n" and "SCAN tasks /" not in plan, plan
+    served = {**params, "served": json.dumps(["critical", "default"])}
+    plan = _sqlite_plan(conn, "claim_ready_queues", served)
+    # A worker serving some queues walks each one on tasks_ready_queue (queue, run_at).
+    assert "USING INDEX tasks_ready_queue (queue=? AND run_at<?)" in plan, plan
+    assert plan.count("TEMP B-TREE") == 1, plan
     for kinds in ([NAME, "other.task"], [(NAME, 1)], [(NAME, 1), (NAME, 2)]):
         entries = len(claim_kinds(kinds)["names"])
         plan = _sqlite_plan(conn, "claim_limited", {

@@ -99,6 +99,14 @@ def worker(
             " whose process is gone (default), or rely on lease expiry alone.",
         ),
     ] = True,
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            "--queues", metavar="Q1,Q2",
+            help="Serve only these named queues (comma-separated); default every queue."
+            " A task in another queue is never claimed here.",
+        ),
+    ] = None,
     scheduler: Annotated[
         bool,
         typer.Option(
@@ -248,11 +256,13 @@ def worker(
             prune_every_s=prune_every_s,
             stop_descendants=True,  # the process is the worker's: leave none behind
             scheduler=scheduler,
+            queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
         )
         w.install_signal_handlers()
-        log.info("worker %s: tasks %s, concurrency %d, prefetch %d, writers %d, ledger %s",
-                 w.holder, [f"{n} v{v}" for n, v in w.kinds], concurrency, w.prefetch,
-                 w.writers, redact_url(app.ledger.config.url))
+        log.info("worker %s: tasks %s, queues %s, concurrency %d, prefetch %d, writers %d, "
+                 "ledger %s", w.holder, [f"{n} v{v}" for n, v in w.kinds],
+                 "all" if queues is None else ",".join(w.claim_scope.queues or ()),
+                 concurrency, w.prefetch, w.writers, redact_url(app.ledger.config.url))
         try:
             stats = w.run()
         finally:

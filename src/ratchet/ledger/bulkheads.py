@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from .base import Limit, LimitScope
 
-__all__ = ["UNLIMITED", "Allowance", "allowance", "lock_scopes", "reserved_groups"]
+__all__ = ["UNLIMITED", "Allowance", "allowance", "lock_scopes", "pick", "reserved_groups"]
 
 UNLIMITED = 1 << 30
 """Stands for "no limit" in the numbers handed to the SQL (fits a 32-bit integer)."""
@@ -154,3 +154,39 @@ def allowance(
     return Allowance(list(names), name_limits, name_reserved, min(pool, UNLIMITED), tenants,
                      tenant_limits, tenant_reserved, min(tenant_pool, UNLIMITED),
                      min(want, free))
+
+
+def pick(plan: Allowance, rows: Sequence[tuple[str, str, str | None]]) -> list[str]:
+    """Which of ``rows`` (``(task_id, name, tenant)``, in the claim's order) a claim under
+    ``plan`` takes: the rules ``claim_limited`` applies in SQL, for a claim whose order is
+    chosen by the engine (fairness, rate limits: :mod:`ratchet.ledger.ops.flowclaims`).
+    Per row in turn: its name's count stays within the name's cap and, past the name's
+    owed slots, within the pool; the same for its tenant; at most ``plan.limit`` rows."""
+    caps = dict(zip(plan.names, zip(plan.name_limits, plan.name_reserved, strict=True),
+                    strict=True))
+    tenant_caps = dict(zip(plan.tenants, zip(plan.tenant_limits, plan.tenant_reserved,
+                                             strict=True), strict=True))
+    per_name: Counter[str] = Counter()
+    per_tenant: Counter[str | None] = Counter()
+    pool = tenant_pool = 0
+    taken: list[str] = []
+    for task_id, name, tenant in rows:
+        if len(taken) >= plan.limit:
+            break
+        cap, own = caps.get(name, (0, 0))
+        t_cap, t_own = tenant_caps.get(tenant, (UNLIMITED, 0)) if tenant is not None \
+            else (UNLIMITED, 0)
+        from_pool = per_name[name] + 1 > own
+        from_tenant_pool = per_tenant[tenant] + 1 > t_own
+        if per_name[name] + 1 > cap or per_tenant[tenant] + 1 > t_cap:
+            continue
+        if from_pool and pool + 1 > plan.pool:
+            continue
+        if from_tenant_pool and tenant_pool + 1 > plan.tenant_pool:
+            continue
+        per_name[name] += 1
+        per_tenant[tenant] += 1
+        pool += from_pool
+        tenant_pool += from_tenant_pool
+        taken.append(task_id)
+    return taken

@@ -98,6 +98,8 @@ class Dialect(Protocol):
         where: where the ledger is, for messages (never a password).
         probe_before_claim: run the lock-free ``claim_probe`` statement before a claim
             transaction (SQLite: idle polling must not take the single write lock).
+        walks_queue_pairs: the claim statements walk the ready set per (name, queue)
+            pair (PostgreSQL); else per served queue, ``claim_ready_queues`` (SQLite).
         single_writer: one write transaction at a time for the whole database (SQLite):
             background work in several transactions (prune batches) pauses between them
             so that waiting writers get the lock.
@@ -112,6 +114,7 @@ class Dialect(Protocol):
     name: str
     where: str
     probe_before_claim: bool
+    walks_queue_pairs: bool
     single_writer: bool
     clock: ClockFn | None
     corruption: LedgerCorrupt | None

@@ -27,6 +27,7 @@ from .base import (
     BatchRun,
     Claim,
     ClaimKind,
+    ClaimScope,
     CommitOutcome,
     ControlOutcome,
     DefinitionChange,
@@ -166,9 +167,10 @@ class LedgerEngine:
         """See :meth:`Ledger.submit` (:class:`~ratchet.ledger.ops.submit.Submit`)."""
         return self._submit.submit(tasks)
 
-    def claim(self, holder: str, names: Sequence[ClaimKind], limit: int) -> list[Claim]:
+    def claim(self, holder: str, names: Sequence[ClaimKind], limit: int,
+              scope: ClaimScope | None = None) -> list[Claim]:
         """See :meth:`Ledger.claim` (:class:`~ratchet.ledger.ops.claims.Claims`)."""
-        return self._claims.claim(holder, names, limit)
+        return self._claims.claim(holder, names, limit, scope)
 
     def renew(self, holder: str, leases: Sequence[tuple[str, int]]) -> list[RenewResult]:
         """See :meth:`Ledger.renew` (:class:`~ratchet.ledger.ops.renew.Renew`)."""
@@ -179,10 +181,11 @@ class LedgerEngine:
         return self._commits.commit(writes)
 
     def commit_and_claim(
-        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[ClaimKind], limit: int
+        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[ClaimKind], limit: int,
+        scope: ClaimScope | None = None,
     ) -> tuple[list[CommitOutcome], list[Claim]]:
         """See :meth:`Ledger.commit_and_claim` (one transaction)."""
-        return self._commits.commit_and_claim(writes, holder, names, limit)
+        return self._commits.commit_and_claim(writes, holder, names, limit, scope)
 
     def transaction_step(
         self, write: TaskWrite, fn: Callable[[Any], tuple[Any, ...]]

@@ -341,6 +341,7 @@ class PostgresDialect:
 
     name = "postgresql"
     probe_before_claim = False
+    walks_queue_pairs = True
     single_writer = False
 
     def __init__(self, config: LedgerConfig) -> None:

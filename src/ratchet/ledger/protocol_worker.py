@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .protocol_handle import LedgerHandle, Subscription
 from .records_batches import BatchRun
-from .records_claims import Claim, ClaimKind, CommitOutcome, RenewResult, TaskWrite
+from .records_claims import Claim, ClaimKind, ClaimScope, CommitOutcome, RenewResult, TaskWrite
 from .records_registry import DefinitionChange, DefinitionSpec, WorkerInfo
 from .records_schedules import ScheduleFired, SchedulePlanner, ScheduleRecord, ScheduleSpec
 from .records_tasks import EffectRecord, LateEffect, NewTask, SubmitResult
@@ -58,10 +58,14 @@ class WorkerLedger(LedgerHandle, Protocol):
         not load batch effects). Read only, one transaction."""
         ...
 
-    def claim(self, holder: str, names: Sequence[ClaimKind], limit: int) -> list[Claim]:
+    def claim(self, holder: str, names: Sequence[ClaimKind], limit: int,
+              scope: ClaimScope | None = None) -> list[Claim]:
         """Lease up to ``limit`` ready tasks (or expired leases) of the given kinds: a
         ``(name, version)`` pair claims only tasks that pinned that version (DESIGN §8), a
-        bare name every version of it (:data:`ClaimKind`).
+        bare name every version of it (:data:`ClaimKind`). ``scope``: the queues served
+        (None: every queue) and the fair types (:class:`ClaimScope`; flow control, DESIGN
+        §8): ready tasks go by priority, then ``run_at``; a rate-limited type's task whose
+        bucket is empty is not claimed and waits for a token.
 
         Each claim sets ``holder``, ``lease_until = ledger_now + lease_s`` and
         ``generation + 1`` in one transaction, with an audit row per task.
@@ -100,7 +104,8 @@ class WorkerLedger(LedgerHandle, Protocol):
         ...
 
     def commit_and_claim(
-        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[ClaimKind], limit: int
+        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[ClaimKind], limit: int,
+        scope: ClaimScope | None = None,
     ) -> tuple[list[CommitOutcome], list[Claim]]:
         """:meth:`commit` then :meth:`claim` in one transaction: a worker whose tasks just
         finished claims their successors with the same fsync. Same fencing and errors."""

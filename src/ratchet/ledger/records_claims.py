@@ -20,6 +20,7 @@ __all__ = [
     "BudgetUse",
     "Claim",
     "ClaimKind",
+    "ClaimScope",
     "CommitOutcome",
     "EffectWrite",
     "RenewResult",
@@ -32,6 +33,21 @@ __all__ = [
 ClaimKind = str | tuple[str, int]
 """What a claim asks for: ``(name, version)`` (a worker sends one pair per definition it
 has, DESIGN §8), or a bare name: every version of it (tools and tests)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimScope:
+    """What a claim may take beyond its kinds (DESIGN §8, flow control).
+
+    Attributes:
+        queues: the named queues the worker serves (``ratchet worker --queues``), sorted;
+            None: every queue.
+        fair: the task names whose ready tasks are claimed round-robin across their
+            fairness keys (``@app.task(fair=True)``).
+    """
+
+    queues: tuple[str, ...] | None = None
+    fair: frozenset[str] = frozenset()
 
 
 def claim_kinds(kinds: Sequence[ClaimKind]) -> dict[str, list[Any]]:

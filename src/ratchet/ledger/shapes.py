@@ -578,3 +578,44 @@ class ScheduleRow(NamedTuple):
     registered_by: str
     seen_at: float
     seen_by: str
+
+
+class QueuePairRow(NamedTuple):
+    """A (task name, queue) pair ever submitted (``claim_queues``)."""
+    name: str
+    queue: str
+
+
+class RateLimitTypeRow(NamedTuple):
+    """A rate limit on a task type as the claim reads it (``rate_limits_types``)."""
+    name: str
+    rate_per_s: float
+    burst: int
+    key_param: str | None
+
+
+class CandidateRow(NamedTuple):
+    """A ready task a claim under flow control may take (``claim_candidates``,
+    ``claim_fair_candidates``)."""
+    id: str
+    name: str
+    tenant: str | None
+    fair_key: str | None
+    rate_key: str | None
+    params: str
+    priority: int
+    run_at: float
+
+
+class FairKeyRow(NamedTuple):
+    """A fairness key with ready-state tasks (``claim_fair_keys``)."""
+    key: str
+
+
+class BucketRow(NamedTuple):
+    """A rate-limit token bucket (``rate_buckets_lock``)."""
+    scope: str
+    name: str
+    key: str
+    tokens: float
+    updated_at: float

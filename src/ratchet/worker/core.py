@@ -23,7 +23,7 @@ import time
 from ..app import App, TaskDefinition
 from ..errortext import bounded, error_message, error_summary, error_traceback
 from ..fingerprint import of_exception
-from ..ledger.base import Claim, Ledger, Transition
+from ..ledger.base import Claim, ClaimScope, Ledger, Transition
 from ..outcome import AttemptFacts, Happened, decide
 from ..retry import TIME_LIMIT, FailureClass, classify, downstream_unreachable, retry_after_s
 from ..states import State
@@ -56,6 +56,7 @@ class WorkerCore:
     ledger: Ledger
     holder: str
     kinds: list[tuple[str, int]]
+    claim_scope: ClaimScope
     concurrency: int
     max_stuck_threads: int
     overload_floor_s: float | None

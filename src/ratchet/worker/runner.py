@@ -70,8 +70,8 @@ from types import FrameType
 
 from .. import faults
 from ..app import App
-from ..errors import EXIT_LEDGER_CORRUPT, LedgerCorrupt, RatchetError
-from ..ledger.base import Claim, DefinitionSpec, Subscription
+from ..errors import EXIT_LEDGER_CORRUPT, ConfigError, LedgerCorrupt, RatchetError
+from ..ledger.base import Claim, ClaimScope, DefinitionSpec, Subscription
 from ..serde import dumps
 from ..validation import MAX_NAME_BYTES, check_identifier
 from .backoff import RepeatedFailure
@@ -208,6 +208,8 @@ class Worker(EndedAttempts):
             thread (:mod:`ratchet.worker.scheduler`); default True. Any number of workers
             may run it (no leader: each tick's idempotency key makes it one task); False
             (``ratchet worker --no-scheduler``) leaves the firing to other workers.
+        queues: the named queues served (``ratchet worker --queues critical,default``);
+            default None: every queue. A task in another queue is never claimed here.
 
     Raises:
         ConfigError: ``concurrency`` not an integer from 1 to :data:`MAX_CONCURRENCY`,
@@ -240,6 +242,7 @@ class Worker(EndedAttempts):
         stop_descendants: bool = False,
         overload_floor_s: float | None = None,
         scheduler: bool = True,
+        queues: Sequence[str] | None = None,
     ) -> None:
         self.run_scheduler = bool(scheduler)
         self.scheduler: Scheduler | None = None
@@ -287,6 +290,14 @@ class Worker(EndedAttempts):
         ]
         """The (name, version) pairs this worker claims: every version its app defines of
         each name in ``names``; a task pinned to another version is never claimed here."""
+        served = None if queues is None else tuple(sorted({
+            check_identifier(q, "queue", MAX_NAME_BYTES) for q in queues}))
+        if served == ():
+            raise ConfigError("queues is empty: name at least one queue, or None for all")
+        self.claim_scope = ClaimScope(served, frozenset(
+            n for n in self.names if any(d.flow.fair for d in app.versions[n].values())))
+        """What the claims may take beyond the kinds: the queues served (None: every
+        queue) and the fair types (DESIGN §8, flow control)."""
         self.poll_interval_s = poll_interval_s
         self.claim_linger_s = claim_linger_s
         self.fast_takeover = fast_takeover

@@ -24,6 +24,7 @@ class ClaimPolicy:
     def __init__(self, worker: ClaimSlots) -> None:
         self.holder = worker.holder
         self.names = worker.kinds
+        self.scope = worker.claim_scope
         self._worker = worker
 
     def limit(self, freed: int, forced: bool) -> int:

@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..errors import LedgerCorrupt, LedgerError, LedgerUnavailable
-from ..ledger.base import Claim, ClaimKind, CommitOutcome, Ledger, TaskWrite
+from ..ledger.base import Claim, ClaimKind, ClaimScope, CommitOutcome, Ledger, TaskWrite
 from .backoff import RepeatedFailure
 from .events import CommitEvents
 from .forks import check_process
@@ -100,6 +100,11 @@ class ClaimPolicy(Protocol):
     (nothing was claimed, or the claim failed), with ``reserved`` the limit returned and
     ``freed`` the value it was asked with.
     """
+
+    @property
+    def scope(self) -> ClaimScope:
+        """The queues served and the fair types (flow control, DESIGN §8)."""
+        ...
 
     @property
     def holder(self) -> str:
@@ -439,8 +444,8 @@ class _Lane(threading.Thread):
                         hooks.before_claim(limit)
                         hooks.before_commit(len(chunk))
                     outcomes, claimed = self._ledger.commit_and_claim(
-                        [w for w, _ in chunk], policy.holder, policy.names, limit
-                    )
+                        [w for w, _ in chunk], policy.holder, policy.names, limit,
+                        policy.scope)
                 except LedgerUnavailable as exc:
                     # Unreachable, or lost during COMMIT (outcome unknown): never apply
                     # these writes a second time; each task handles the failure.
@@ -479,7 +484,8 @@ class _Lane(threading.Thread):
                 try:
                     if hooks is not None:
                         hooks.before_claim(limit)
-                    claimed = self._ledger.claim(policy.holder, policy.names, limit)
+                    claimed = self._ledger.claim(policy.holder, policy.names, limit,
+                                                 policy.scope)
                 except Exception as exc:  # keep the worker alive; the main loop polls again
                     self._release(policy, limit, 0)
                     if not isinstance(exc, LedgerCorrupt):  # never retried: the policy's

@@ -9,14 +9,24 @@ from typing import Any, NamedTuple
 
 from ...serde import dumps
 from .. import bulkheads
-from ..base import MAX_VERSION, Claim, ClaimKind, EffectRecord, Limit, StepRecord, claim_kinds
+from ..base import (
+    Claim,
+    ClaimKind,
+    ClaimScope,
+    EffectRecord,
+    Limit,
+    StepRecord,
+    claim_kinds,
+)
 from ..dialect import Tx
 from ..rows import (
     CLAIM_EFFECTS,
     CLAIM_EXPIRED,
     CLAIM_GATE,
     CLAIM_LIMITED,
+    CLAIM_QUEUES,
     CLAIM_READY,
+    CLAIM_READY_QUEUES,
     CLAIM_STEPS,
     CLAIM_TAKEOVER,
     LIMITS_ALL,
@@ -24,13 +34,23 @@ from ..rows import (
     LIMITS_READY,
     LIMITS_RUNNING,
     PAUSES_ACTIVE,
+    RATE_LIMITS_TYPES,
     WAKE_DUE,
     AuditRow,
     effect_record,
     insert_audit,
 )
-from ..shapes import ClaimRow, LeaseRow, LimitRow, PauseRow, WokenRow
+from ..shapes import (
+    ClaimRow,
+    LeaseRow,
+    LimitRow,
+    PauseRow,
+    QueuePairRow,
+    RateLimitTypeRow,
+    WokenRow,
+)
 from .core import EngineCore
+from .flowclaims import Entry, FlowClaims, entries_of, entry_params
 from .limits import limit_record
 from .retire import apply_requests, holder_gone
 from .waits import wake_audit, wake_due_read
@@ -47,14 +67,17 @@ class ClaimReads(NamedTuple):
     expired: list[LeaseRow]
     pauses: list[PauseRow]
     limits: list[LimitRow]
+    queues: list[QueuePairRow]
+    rates: list[RateLimitTypeRow]
     woken: list[WokenRow]
 
     @classmethod
     def of(cls, rows: Sequence[Sequence[tuple[Any, ...]]]) -> ClaimReads:
         """The rows of :meth:`Claims.reads` (in their order), as ``Tx.rows_many``
         returned them."""
-        expired, _gate, pauses, limits, *woken = rows
+        expired, _gate, pauses, limits, queues, rates, *woken = rows
         return cls(CLAIM_EXPIRED.of(expired), PAUSES_ACTIVE.of(pauses), LIMITS_ALL.of(limits),
+                   CLAIM_QUEUES.of(queues), RATE_LIMITS_TYPES.of(rates),
                    WAKE_DUE.of(woken[0]) if woken else [])
 
 
@@ -65,8 +88,10 @@ class Claims:
     def __init__(self, core: EngineCore) -> None:
         self.core = core
         self._next_wake = 0.0  # monotonic seconds: when a claim next runs the wake-up
+        self.flow = FlowClaims()
 
-    def claim(self, holder: str, names: Sequence[ClaimKind], limit: int) -> list[Claim]:
+    def claim(self, holder: str, names: Sequence[ClaimKind], limit: int,
+              scope: ClaimScope | None = None) -> list[Claim]:
         """See :meth:`Ledger.claim`. Expired leases are taken over before fresh work.
 
         An expired lease on a task's final attempt is not taken over: the holder died or
@@ -83,9 +108,10 @@ class Claims:
             if not maybe and (clock is None or not core.clock_watch.observe(clock)):
                 return []
         return core.run_repairing(
-            lambda tx, repaired: self.claim_in(tx, holder, names, limit, repaired=repaired))
+            lambda tx, repaired: self.claim_in(tx, holder, names, limit, repaired=repaired,
+                                               scope=scope))
 
-    def reads(self, names: Sequence[ClaimKind], limit: int
+    def reads(self, names: Sequence[ClaimKind], limit: int, scope: ClaimScope | None = None,
               ) -> list[tuple[str, Mapping[str, Any]]]:
         """The reads a claim starts with, to send with others (one round trip): the
         expired-lease scan of the claimed kinds (DESIGN §8 versions), the pause gate
@@ -96,9 +122,13 @@ class Claims:
         them. The wake-up goes with at most one claim per :data:`WAKE_EVERY_S` of this
         engine (a deadline's lateness is at most that, or an idle worker's poll interval
         if longer): a claim that runs it pays one index probe more, the others nothing
-        (wake-ups by an event or a last child are immediate and not rate-limited)."""
-        reads = [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit}),
-                 CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent()]
+        (wake-ups by an event or a last child are immediate and not rate-limited). Flow
+        control (DESIGN §8) adds the (name, queue) pairs and the types' rate limits, two
+        small tables."""
+        served = None if scope is None or scope.queues is None else list(scope.queues)
+        reads = [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit, "served": served}),
+                 CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent(),
+                 CLAIM_QUEUES.sent(), RATE_LIMITS_TYPES.sent()]
         clock = time.monotonic()
         if clock >= self._next_wake:
             self._next_wake = clock + WAKE_EVERY_S
@@ -108,6 +138,7 @@ class Claims:
     def claim_in(
         self, tx: Tx, holder: str, names: Sequence[ClaimKind], limit: int,
         pre: ClaimReads | None = None, repaired: list[bool] | None = None,
+        scope: ClaimScope | None = None,
     ) -> list[Claim]:
         """The claim, inside the caller's write transaction (see :meth:`claim`).
         ``pre``: the rows of :meth:`reads`, if the caller already read them.
@@ -119,12 +150,18 @@ class Claims:
         the pause gate, a paused type's tasks are neither claimed (under a limit or not)
         nor taken over, and a pause of everything claims nothing. The pause gate is held
         before the limits' advisory locks (:func:`_claim_limited`), so a pause never
-        waits on a claim that waits on a limit lock."""
+        waits on a claim that waits on a limit lock.
+
+        ``scope``: the queues served and the fair types (flow control, DESIGN §8): ready
+        work is walked per (name, queue) pair served; the types that are fair or
+        rate-limited are claimed by :class:`~ratchet.ledger.ops.flowclaims.FlowClaims`,
+        the others by one statement as before."""
         if limit <= 0 or not names:
             return []
+        scope = scope or ClaimScope()
         if pre is None:
-            pre = ClaimReads.of(tx.rows_many(self.reads(names, limit)))
-        expired, pauses, limit_rows, woken = pre
+            pre = ClaimReads.of(tx.rows_many(self.reads(names, limit, scope)))
+        expired, pauses, limit_rows, queue_rows, rate_rows, woken = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
         self.core.repair_clock(tx, now, repaired)
         if woken:
@@ -156,17 +193,23 @@ class Claims:
                                                 "ids": list(previous)}))
         if limit > len(expired):
             limits = [limit_record(r) for r in limit_rows]
-            # Limits are per task name, whatever the version: a type's cap holds across
-            # the versions its workers run.
-            scopes = (bulkheads.lock_scopes(limits, list(dict.fromkeys(kinds["names"])))
-                      if limits else None)
-            if scopes is None:
-                rows.extend(CLAIM_READY.all(tx, {"now": now, **kinds,
-                                                 "limit": limit - len(expired),
-                                                 "holder": holder}))
-            else:
-                rows.extend(_claim_limited(tx, holder, now, kinds, limit - len(expired),
-                                           limits, scopes, paused_types))
+            entries = entries_of(kinds, queue_rows, scope.queues)
+            rated = {r.name: r for r in rate_rows}
+            shaped = {e.name for e in entries if e.name in scope.fair or e.name in rated}
+            plain = [e for e in entries if e.name not in shaped]
+            if plain:
+                rows.extend(self._claim_plain(tx, holder, now, plain, limit - len(expired),
+                                              limits, paused_types, scope))
+            want = limit - len(expired) - len(rows)
+            if shaped and want > 0:
+                flow = [e for e in entries if e.name in shaped]
+                allowance = None
+                scopes = (bulkheads.lock_scopes(limits, sorted(shaped)) if limits else None)
+                if scopes is not None:
+                    allowance = _allowance(tx, now, sorted(shaped), want, limits, scopes,
+                                           paused_types)
+                rows.extend(self.flow.claim(tx, holder, now, flow, want, scope, rated,
+                                            allowance))
         for row in rows:
             prev = previous.get(row.id)
             detail: dict[str, Any] = {"attempt": row.attempt, "lease_s": row.lease_s}
@@ -199,38 +242,37 @@ class Claims:
             for row in rows
         ]
 
+    def _claim_plain(
+        self, tx: Tx, holder: str, now: float, entries: list[Entry], want: int,
+        limits: list[Limit], paused: set[str], scope: ClaimScope,
+    ) -> list[ClaimRow]:
+        """Fresh claims of types without fairness or a rate limit: one statement
+        (``claim_ready``; ``claim_ready_queues`` where the dialect walks served queues
+        rather than pairs; ``claim_limited`` under bulkheads)."""
+        params = entry_params(entries, scope, now, want)
+        names = list(dict.fromkeys(e.name for e in entries))
+        scopes = bulkheads.lock_scopes(limits, names) if limits else None
+        if scopes is None:
+            ready = (CLAIM_READY_QUEUES if scope.queues is not None
+                     and not self.core.dialect.walks_queue_pairs else CLAIM_READY)
+            return ready.all(tx, {**params, "holder": holder})
+        plan = _allowance(tx, now, names, want, limits, scopes, paused)
+        return _claim_limited(tx, holder, params, entries, plan)
 
-def _claim_limited(
-    tx: Tx, holder: str, now: float, kinds: dict[str, list[Any]], want: int,
-    limits: list[Limit], scopes: list[str], paused: set[str],
-) -> list[ClaimRow]:
-    """Fresh claims under bulkheads (DESIGN §8): the limits' advisory locks first
-    (PostgreSQL; SQLite's write lock serialises already), then the RUNNING counts and
-    which reserved scopes have ready work (statements after the lock see every claim
-    its previous holder committed), then ``claim_limited`` with the numbers
-    :func:`ratchet.ledger.bulkheads.allowance` computes. One round trip more than an
-    unlimited claim, and only when a limit applies.
 
-    ``kinds``: the claim's aligned ``names`` / ``lo`` / ``hi`` lists
-    (:func:`~ratchet.ledger.base.claim_kinds`; a name may appear once per version).
-    The allowance is per *name* (counts, caps and reservations cover every version of
-    a type); each entry carries its name's numbers and the SQL ranks a name's tasks
-    across all its entries, so a claim of two versions of a capped type takes at most
-    the cap's free slots in all.
+def _allowance(
+    tx: Tx, now: float, names: list[str], want: int, limits: list[Limit], scopes: list[str],
+    paused: set[str],
+) -> bulkheads.Allowance:
+    """What a claim of ``names`` may take under bulkheads (DESIGN §8): the limits'
+    advisory locks first (PostgreSQL; SQLite's write lock serialises already), then the
+    RUNNING counts and which reserved scopes have ready work (statements after the lock
+    see every claim its previous holder committed), then
+    :func:`ratchet.ledger.bulkheads.allowance`. One round trip.
 
     ``paused``: the paused task types (control, DESIGN §8). Their ``PENDING`` tasks
     are not ready work: a paused type's reservation is lent out, like an idle one's,
     and a tenant's ready work counts only tasks of types not paused."""
-    names = list(dict.fromkeys(kinds["names"]))
-    # No two overlapping entries (the SQL would rank a task once per entry): a bare
-    # name (every version) covers that name's (name, version) pairs.
-    bare = {n for n, lo, hi in zip(kinds["names"], kinds["lo"], kinds["hi"], strict=True)
-            if lo == 1 and hi == MAX_VERSION}
-    entries = [(n, lo, hi)
-               for n, lo, hi in zip(kinds["names"], kinds["lo"], kinds["hi"], strict=True)
-               if n not in bare or (lo == 1 and hi == MAX_VERSION)]
-    kinds = {"names": [e[0] for e in entries], "lo": [e[1] for e in entries],
-             "hi": [e[2] for e in entries]}
     ready_types, ready_tenants = bulkheads.reserved_groups(limits)
     ready_types = [n for n in ready_types if n not in paused]
     reads = [LIMITS_LOCK.sent({"scopes": scopes}), LIMITS_RUNNING.sent()]
@@ -239,18 +281,34 @@ def _claim_limited(
                                         "paused": sorted(paused), "now": now}))
     _, running_rows, *ready = tx.rows_many(reads)
     ready_rows = LIMITS_READY.of(ready[0]) if ready else []
-    plan = bulkheads.allowance(
+    return bulkheads.allowance(
         limits, names, want,
         {(r.name, r.tenant): int(r.n) for r in LIMITS_RUNNING.of(running_rows)},
         {r.name for r in ready_rows if r.scope == "type"},
         {r.name for r in ready_rows if r.scope == "tenant"})
+
+
+def _claim_limited(
+    tx: Tx, holder: str, params: dict[str, Any], entries: list[Entry],
+    plan: bulkheads.Allowance,
+) -> list[ClaimRow]:
+    """Fresh claims under bulkheads (DESIGN §8) by ``claim_limited``, with the numbers of
+    ``plan`` (:func:`_allowance`). One round trip more than an unlimited claim, and only
+    when a limit applies.
+
+    The allowance is per *name* (counts, caps and reservations cover every version and
+    queue of a type); each entry carries its name's numbers and the SQL ranks a name's
+    tasks across all its entries, so a claim of two versions of a capped type takes at
+    most the cap's free slots in all."""
     if plan.limit <= 0:
         return []
     per_name = {n: (cap, own) for n, cap, own
                 in zip(plan.names, plan.name_limits, plan.name_reserved, strict=True)}
     return CLAIM_LIMITED.all(tx, {
-        "now": now, "holder": holder, "limit": plan.limit, **kinds,
-        "name_limits": [per_name[n][0] for n in kinds["names"]],
-        "name_reserved": [per_name[n][1] for n in kinds["names"]],
+        **params, "limit": plan.limit, "holder": holder,
+        "name_limits": [per_name[n][0] for n in params["names"]],
+        "name_reserved": [per_name[n][1] for n in params["names"]],
+        "ename_limits": [per_name[e.name][0] for e in entries],
+        "ename_reserved": [per_name[e.name][1] for e in entries],
         "pool": plan.pool, "tenants": plan.tenants, "tenant_limits": plan.tenant_limits,
         "tenant_reserved": plan.tenant_reserved, "tenant_pool": plan.tenant_pool})

@@ -17,6 +17,7 @@ from ..base import (
     BatchMark,
     Claim,
     ClaimKind,
+    ClaimScope,
     CommitOutcome,
     EffectState,
     TaskWrite,
@@ -77,7 +78,8 @@ class Commits:
             raise _naming(exc, writes) from exc
 
     def commit_and_claim(
-        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[ClaimKind], limit: int
+        self, writes: Sequence[TaskWrite], holder: str, names: Sequence[ClaimKind], limit: int,
+        scope: ClaimScope | None = None,
     ) -> tuple[list[CommitOutcome], list[Claim]]:
         """See :meth:`Ledger.commit_and_claim`: both in one transaction (one fsync).
 
@@ -93,7 +95,7 @@ class Commits:
             repaired.clear()  # a retried attempt decides again
             # The expired-lease scan, the pause gate, the pauses and the limits travel
             # with the fence read (one round trip).
-            also = self.claims.reads(names, limit) if claiming else []
+            also = self.claims.reads(names, limit, scope) if claiming else []
             outcomes, extra = commit_in(tx, writes, also=also)
             if not claiming:
                 return outcomes, []
@@ -104,7 +106,8 @@ class Commits:
                      if o.ok and w.transition is not None
                      and w.transition.to is not State.RUNNING}
             pre = pre._replace(expired=[r for r in pre.expired if r.id not in ended])
-            return outcomes, self.claims.claim_in(tx, holder, names, limit, pre, repaired)
+            return outcomes, self.claims.claim_in(tx, holder, names, limit, pre, repaired,
+                                                  scope)
 
         dialect = self.core.dialect
         try:

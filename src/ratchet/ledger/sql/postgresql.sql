@@ -106,7 +106,8 @@ ORDER BY u.n;
 -- name: claim_expired
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
 -- holds exactly the RUNNING rows). Versions: entry i of names claims versions lo[i] ..
--- hi[i] of that name (a worker sends its (name, version) pairs, lo = hi).
+-- hi[i] of that name (a worker sends its (name, version) pairs, lo = hi); served: the
+-- queues the worker serves (NULL: every queue).
 SELECT id, holder, generation, attempt, max_attempts, name, control_request, crash_count,
        quarantine_after
 FROM tasks
@@ -115,6 +116,7 @@ WHERE lease_until IS NOT NULL AND lease_until < %(now)s AND state = 'RUNNING'
   AND EXISTS (SELECT 1 FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[])
                             AS n(name, lo, hi)
               WHERE n.name = tasks.name AND tasks.version BETWEEN n.lo AND n.hi)
+  AND (%(served)s::text[] IS NULL OR queue = ANY(%(served)s::text[]))
 ORDER BY lease_until LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
 
 -- name: claim_takeover
@@ -128,28 +130,170 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
 
 -- name: claim_ready
 -- FOR UPDATE SKIP LOCKED on the ready set: concurrent claimers never wait on each other and
--- never get the same row. One ordered walk of tasks_ready (name, run_at, version) per claimed
--- (name, version range) entry, the version checked on the index entry (other versions'
--- tasks are skipped without reading their rows),
--- stopped at the limit, then the oldest of those (at most names x limit rows) are taken: an
--- index scan whatever the statistics (tests/test_ledger_plans.py; a single ordered scan with
--- "name = ANY" made the planner sort the whole ready set when it had no statistics). Rows
--- locked but not taken are released at commit. bench/ prints its EXPLAIN.
-WITH picked AS (
-    SELECT p.id, p.state
-    FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[]) AS n(name, lo, hi)
+-- never get the same row. Entry i of enames / equeues / elo / ehi is a (name, queue) pair of
+-- task_queues the worker serves and a version range of that name. Per entry two ordered
+-- walks, each stopped at the limit: tasks_ready_priority (name, queue, priority DESC,
+-- run_at) over the few tasks with a priority, and tasks_ready (name, queue, run_at,
+-- version) over the rest (priority 0 as a filter), the version checked on the index entry
+-- (other versions' tasks are skipped without reading their rows); then the first of
+-- those by (priority DESC, run_at) are taken (at most 2 x entries x limit rows sorted).
+-- The walks stay index scans whatever the statistics (tests/test_ledger_plans.py; a
+-- single ordered scan with "name = ANY" made the planner sort the whole ready set when it
+-- had no statistics; priority as a key column of the one walk would cross every future
+-- row of a priority before the next). Rows locked but not taken are released at commit.
+-- (FOR UPDATE is not allowed under UNION: one CTE per walk.) bench/ prints its EXPLAIN.
+WITH e AS (
+    SELECT * FROM unnest(%(enames)s::text[], %(equeues)s::text[], %(elo)s::int[],
+                         %(ehi)s::int[]) AS n(name, queue, lo, hi)),
+ranked AS (
+    SELECT p.id, p.state, p.priority, p.run_at FROM e
+    CROSS JOIN LATERAL (
+        SELECT id, state, priority, run_at FROM tasks
+        WHERE tasks.name = e.name AND tasks.queue = e.queue
+          AND state IN ('PENDING', 'RETRY_WAIT') AND priority <> 0
+          AND run_at <= %(now)s AND tasks.version BETWEEN e.lo AND e.hi
+        ORDER BY priority DESC, run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p),
+plain AS (
+    SELECT p.id, p.state, 0 AS priority, p.run_at FROM e
     CROSS JOIN LATERAL (
         SELECT id, state, run_at FROM tasks
-        WHERE tasks.name = n.name AND state IN ('PENDING', 'RETRY_WAIT')
-          AND run_at <= %(now)s AND tasks.version BETWEEN n.lo AND n.hi
-        ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p
-    ORDER BY p.run_at LIMIT %(limit)s)
+        WHERE tasks.name = e.name AND tasks.queue = e.queue
+          AND state IN ('PENDING', 'RETRY_WAIT') AND priority = 0
+          AND run_at <= %(now)s AND tasks.version BETWEEN e.lo AND e.hi
+        ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p),
+picked AS (
+    SELECT id, state FROM (SELECT * FROM ranked UNION ALL SELECT * FROM plain) AS c
+    ORDER BY priority DESC, run_at, id LIMIT %(limit)s)
 UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
                    attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
-                   updated_at = %(now)s
+                   updated_at = %(now)s, flow_wait = NULL
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
           t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
+
+-- name: claim_ready_queues
+-- PostgreSQL walks (name, queue) pairs in claim_ready whatever the queues served; kept for
+-- the catalogue (SQLite walks the served queues in a statement of its own).
+SELECT true;
+
+-- name: claim_queues
+-- The (name, queue) pairs ever submitted (task_queues, a small table): a claim walks the
+-- ready set once per pair of a claimed name in a queue the worker serves.
+SELECT name, queue FROM task_queues ORDER BY name, queue;
+
+-- name: claim_candidates
+-- The ready tasks a claim under flow control (fairness, rate limits) chooses from: per
+-- entry as in claim_ready (both walks), locked, not yet claimed: the engine plans which
+-- it takes (claim_ids) and which wait for a token (rate_defer).
+WITH e AS (
+    SELECT * FROM unnest(%(enames)s::text[], %(equeues)s::text[], %(elo)s::int[],
+                         %(ehi)s::int[]) AS n(name, queue, lo, hi)),
+ranked AS (
+    SELECT p.* FROM e
+    CROSS JOIN LATERAL (
+        SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
+        WHERE tasks.name = e.name AND tasks.queue = e.queue
+          AND state IN ('PENDING', 'RETRY_WAIT') AND priority <> 0
+          AND run_at <= %(now)s AND tasks.version BETWEEN e.lo AND e.hi
+        ORDER BY priority DESC, run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p),
+plain AS (
+    SELECT p.* FROM e
+    CROSS JOIN LATERAL (
+        SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
+        WHERE tasks.name = e.name AND tasks.queue = e.queue
+          AND state IN ('PENDING', 'RETRY_WAIT') AND priority = 0
+          AND run_at <= %(now)s AND tasks.version BETWEEN e.lo AND e.hi
+        ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p)
+SELECT * FROM (SELECT * FROM ranked UNION ALL SELECT * FROM plain) AS c
+ORDER BY priority DESC, run_at, id LIMIT %(limit)s;
+
+-- name: claim_fair_keys
+-- The fairness keys with claimable-state tasks of one (name, queue), in key order after
+-- %(after)s (where the engine's round-robin stopped last), at most %(limit)s: a skip scan
+-- of tasks_ready_fair, one index probe per key (a key whose tasks are all scheduled later
+-- is listed too; its walk in claim_fair_candidates finds nothing).
+WITH RECURSIVE k(fk, n) AS (
+    SELECT (SELECT fair_key FROM tasks
+            WHERE name = %(name)s AND queue = %(queue)s AND state IN ('PENDING', 'RETRY_WAIT')
+              AND fair_key IS NOT NULL AND fair_key > %(after)s
+            ORDER BY fair_key LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT fair_key FROM tasks
+            WHERE name = %(name)s AND queue = %(queue)s AND state IN ('PENDING', 'RETRY_WAIT')
+              AND fair_key IS NOT NULL AND fair_key > k.fk
+            ORDER BY fair_key LIMIT 1), k.n + 1
+    FROM k WHERE k.fk IS NOT NULL AND k.n < %(limit)s)
+SELECT fk FROM k WHERE fk IS NOT NULL;
+
+-- name: claim_fair_candidates
+-- Per fairness key of one (name, queue) entry, its first %(per_key)s ready tasks by
+-- (priority DESC, run_at) (tasks_ready_fair), locked; and as one more group the tasks of
+-- the entry stored without a fairness key (submitted by code that did not declare the
+-- type fair; tasks_ready, filtered).
+WITH k AS (SELECT * FROM unnest(%(keys)s::text[]) AS k(fk)),
+keyed AS (
+    SELECT p.* FROM k
+    CROSS JOIN LATERAL (
+        SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
+        WHERE name = %(name)s AND queue = %(queue)s AND fair_key = k.fk
+          AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
+          AND version BETWEEN %(lo)s AND %(hi)s
+        ORDER BY priority DESC, run_at LIMIT %(per_key)s FOR UPDATE SKIP LOCKED) AS p),
+unkeyed AS (
+    SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
+    WHERE name = %(name)s AND queue = %(queue)s AND fair_key IS NULL
+      AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
+      AND version BETWEEN %(lo)s AND %(hi)s
+    ORDER BY run_at LIMIT %(per_key)s FOR UPDATE SKIP LOCKED)
+SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed;
+
+-- name: claim_ids
+-- Claim the chosen candidates (locked by claim_candidates / claim_fair_candidates in this
+-- transaction), as claim_ready does.
+UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
+                   attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
+                   updated_at = %(now)s, flow_wait = NULL
+FROM (SELECT id, state FROM tasks WHERE id = ANY(%(ids)s::text[])
+        AND state IN ('PENDING', 'RETRY_WAIT') ORDER BY id) AS picked
+WHERE t.id = picked.id
+RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
+          t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
+
+-- name: rate_limits_types
+-- Rate limits on task types (DESIGN §8, flow control), read by every claim with its other
+-- reads; an empty table keeps the claim as it was.
+SELECT name, rate_per_s, burst, key_param FROM rate_limits WHERE scope = 'type'
+ORDER BY name;
+
+-- name: rate_buckets_open
+-- The buckets a claim spends from, created full where never used (so that the lock that
+-- follows finds every one of them: two claims never both count a new bucket as full).
+INSERT INTO rate_buckets (scope, name, key, tokens, updated_at)
+SELECT u.scope, u.name, u.key, u.tokens, %(now)s
+FROM json_to_recordset(%(rows)s::json) AS u(scope text, name text, key text, tokens float8)
+ORDER BY u.scope, u.name, u.key
+ON CONFLICT DO NOTHING;
+
+-- name: rate_buckets_lock
+-- The buckets' tokens, locked in key order until the claim commits (claims spending from
+-- one bucket take turns; claims of other buckets do not wait).
+SELECT b.scope, b.name, b.key, b.tokens, b.updated_at
+FROM rate_buckets b
+JOIN unnest(%(scopes)s::text[], %(names)s::text[], %(keys)s::text[]) AS u(scope, name, key)
+  ON b.scope = u.scope AND b.name = u.name AND b.key = u.key
+ORDER BY b.scope, b.name, b.key FOR UPDATE OF b;
+
+-- name: rate_buckets_save
+UPDATE rate_buckets b SET tokens = u.tokens, updated_at = %(now)s
+FROM json_to_recordset(%(rows)s::json) AS u(scope text, name text, key text, tokens float8)
+WHERE b.scope = u.scope AND b.name = u.name AND b.key = u.key;
+
+-- name: rate_defer
+-- Candidates whose bucket is empty wait, without spending an attempt, until it holds a
+-- token for them (run_at; flow_wait 'rate'). Locked by this claim's candidates read.
+UPDATE tasks t SET run_at = u.run_at, flow_wait = 'rate', updated_at = %(now)s
+FROM json_to_recordset(%(rows)s::json) AS u(id text, run_at float8)
+WHERE t.id = u.id AND t.state IN ('PENDING', 'RETRY_WAIT');
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -607,8 +751,8 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t
 
 -- name: claim_limited
 -- claim_ready under bulkheads (only when a limit applies; the engine holds limits_lock
--- and computed the numbers, ledger/bulkheads.py): oldest first, at most name_limits[i]
--- tasks of names[i] (its cap), of which the first name_reserved[i] come out of the slots
+-- and computed the numbers, ledger/bulkheads.py): by priority, then oldest first, at
+-- most name_limits[i] tasks of names[i] (its cap), of which the first name_reserved[i] come out of the slots
 -- owed to it and the rest out of a pool shared by every name, at most pool tasks in all;
 -- the same per tenant (tenants[j], tenant_limits[j], tenant_reserved[j], tenant_pool; a
 -- tenant without a limit row, or a task without a tenant, takes only from tenant_pool);
@@ -616,8 +760,8 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t
 -- hi[i] of names[i], and a name may have several entries (one per version a worker runs;
 -- the engine sends no two overlapping entries); its numbers are the name's, repeated per
 -- entry, and rn_name ranks the name's tasks across all its entries, so a cap holds across
--- versions. Each entry is walked on tasks_ready (name, run_at, version) as in claim_ready
--- (the version checked on the index entry), stopped at what its name may take and
+-- versions. Each entry (a (name, queue) pair) is walked as in claim_ready (both walks;
+-- the version checked on the index entry), stopped at what its name may take and
 -- skipping the tenants that may take nothing (a capped tenant's backlog never hides the
 -- others'). The caps filter in turn (name, then tenant, then the two pools); a row one
 -- filter drops may still have used a rank of an earlier one: the claim may take fewer,
@@ -625,41 +769,59 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t
 WITH tl AS (
     SELECT * FROM unnest(%(tenants)s::text[], %(tenant_limits)s::int[],
                          %(tenant_reserved)s::int[]) AS x(tenant, n, own)),
-by_name AS (
-    SELECT p.id, p.state, p.run_at, p.tenant, l.n AS name_limit, l.own AS name_own,
-           row_number() OVER (PARTITION BY l.name ORDER BY p.run_at, p.id) AS rn_name
-    FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[], %(name_limits)s::int[],
-                %(name_reserved)s::int[]) AS l(name, lo, hi, n, own)
+l AS (
+    SELECT * FROM unnest(%(enames)s::text[], %(equeues)s::text[], %(elo)s::int[], %(ehi)s::int[],
+                         %(ename_limits)s::int[], %(ename_reserved)s::int[])
+                  AS l(name, queue, lo, hi, n, own)
+    WHERE LEAST(l.n, l.own + %(pool)s) > 0),
+ranked AS (
+    SELECT p.*, l.name AS lname, l.n AS name_limit, l.own AS name_own FROM l
     CROSS JOIN LATERAL (
-        SELECT id, state, run_at, tenant FROM tasks
-        WHERE tasks.name = l.name AND state IN ('PENDING', 'RETRY_WAIT')
+        SELECT id, state, priority, run_at, tenant FROM tasks
+        WHERE tasks.name = l.name AND tasks.queue = l.queue
+          AND state IN ('PENDING', 'RETRY_WAIT') AND priority <> 0
+          AND run_at <= %(now)s AND tasks.version BETWEEN l.lo AND l.hi
+          AND COALESCE((SELECT LEAST(y.n, y.own + %(tenant_pool)s) FROM tl y
+                        WHERE y.tenant = tasks.tenant), %(tenant_pool)s) > 0
+        ORDER BY priority DESC, run_at LIMIT LEAST(l.n, l.own + %(pool)s, %(limit)s)
+        FOR UPDATE SKIP LOCKED) AS p),
+plain AS (
+    SELECT p.*, l.name AS lname, l.n AS name_limit, l.own AS name_own FROM l
+    CROSS JOIN LATERAL (
+        SELECT id, state, priority, run_at, tenant FROM tasks
+        WHERE tasks.name = l.name AND tasks.queue = l.queue
+          AND state IN ('PENDING', 'RETRY_WAIT') AND priority = 0
           AND run_at <= %(now)s AND tasks.version BETWEEN l.lo AND l.hi
           AND COALESCE((SELECT LEAST(y.n, y.own + %(tenant_pool)s) FROM tl y
                         WHERE y.tenant = tasks.tenant), %(tenant_pool)s) > 0
         ORDER BY run_at LIMIT LEAST(l.n, l.own + %(pool)s, %(limit)s)
-        FOR UPDATE SKIP LOCKED) AS p
-    WHERE LEAST(l.n, l.own + %(pool)s) > 0),
+        FOR UPDATE SKIP LOCKED) AS p),
+by_name AS (
+    SELECT id, state, priority, run_at, tenant, name_limit, name_own,
+           row_number() OVER (PARTITION BY lname ORDER BY priority DESC, run_at, id) AS rn_name
+    FROM (SELECT * FROM ranked UNION ALL SELECT * FROM plain) AS w),
 by_tenant AS (
-    SELECT c.id, c.state, c.run_at, c.rn_name, c.name_own,
+    SELECT c.id, c.state, c.priority, c.run_at, c.rn_name, c.name_own,
            COALESCE(x.n, 1073741824) AS tenant_limit, COALESCE(x.own, 0) AS tenant_own,
-           row_number() OVER (PARTITION BY x.tenant ORDER BY c.run_at, c.id) AS rn_tenant
+           row_number() OVER (PARTITION BY x.tenant
+                              ORDER BY c.priority DESC, c.run_at, c.id) AS rn_tenant
     FROM by_name c LEFT JOIN tl x ON x.tenant = c.tenant
     WHERE c.rn_name <= c.name_limit),
 pooled AS (
-    SELECT id, state, run_at, rn_name, name_own, rn_tenant, tenant_own,
+    SELECT id, state, priority, run_at, rn_name, name_own, rn_tenant, tenant_own,
            sum(CASE WHEN rn_name > name_own THEN 1 ELSE 0 END)
-               OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS pool_rank,
+               OVER (ORDER BY priority DESC, run_at, id ROWS UNBOUNDED PRECEDING) AS pool_rank,
            sum(CASE WHEN rn_tenant > tenant_own THEN 1 ELSE 0 END)
-               OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS tenant_pool_rank
+               OVER (ORDER BY priority DESC, run_at, id ROWS UNBOUNDED PRECEDING) AS tenant_pool_rank
     FROM by_tenant WHERE rn_tenant <= tenant_limit),
 picked AS (
     SELECT id, state FROM pooled
     WHERE (rn_name <= name_own OR pool_rank <= %(pool)s)
       AND (rn_tenant <= tenant_own OR tenant_pool_rank <= %(tenant_pool)s)
-    ORDER BY run_at, id LIMIT %(limit)s)
+    ORDER BY priority DESC, run_at, id LIMIT %(limit)s)
 UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
                    attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
-                   updated_at = %(now)s
+                   updated_at = %(now)s, flow_wait = NULL
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
           t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;

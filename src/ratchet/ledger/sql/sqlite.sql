@@ -103,7 +103,8 @@ VALUES (:task_id, :at, :kind, :from_state, :to_state, :generation, :holder, :det
 -- name: claim_expired
 -- Expired leases of the given task names, oldest first (tasks_leased: lease_until IS NOT NULL
 -- holds exactly the RUNNING rows). Versions: entry i of :names claims versions :lo[i] ..
--- :hi[i] of that name (a worker sends its (name, version) pairs, lo = hi).
+-- :hi[i] of that name (a worker sends its (name, version) pairs, lo = hi); :served: the
+-- queues the worker serves (NULL: every queue).
 SELECT id, holder, generation, attempt, max_attempts, name, control_request, crash_count,
        quarantine_after
 FROM tasks
@@ -112,6 +113,7 @@ WHERE lease_until IS NOT NULL AND lease_until < :now AND state = 'RUNNING'
   AND EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
               AND tasks.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
                                     AND json_extract(:hi, '$[' || n.key || ']'))
+  AND (:served IS NULL OR queue IN (SELECT value FROM json_each(:served)))
 ORDER BY lease_until LIMIT :limit;
 
 -- name: claim_takeover
@@ -124,30 +126,212 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, 'RUNNING', control_request, trace_context;
 
 -- name: claim_ready
--- The ready set in run_at order (tasks_ready holds only claimable rows) of the claimed
--- (name, version range) entries (as in claim_expired; a worker's exact pairs are matched
--- by a list built once per statement, the per-row range test only runs for rows that miss
--- it: 0.2 us a task, bench/README.md), then the lease:
+-- The ready set of the claimed (name, version range) entries (as in claim_expired; a
+-- worker's exact pairs are matched by a list built once per statement, the per-row range
+-- test only runs for rows that miss it: 0.2 us a task, bench/README.md), every queue: the
+-- few tasks with a priority by (priority DESC, run_at) on tasks_ready_priority, the rest
+-- in run_at order on tasks_ready (tasks_ready holds only claimable rows), each walk
+-- stopped at the limit (the first named: after ANALYZE of a ledger without priorities,
+-- SQLite walked the whole ready set instead and sorted it), then the first by (priority DESC, run_at); then the lease:
 -- holder, generation + 1 and lease_until from the ledger clock. The previous state goes
 -- through a temporary table because SQLite's RETURNING shows only new values.
 DELETE FROM temp.claim_pick;
 INSERT INTO temp.claim_pick (id, from_state)
-SELECT id, state FROM tasks
-WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
-  AND name IN (SELECT value FROM json_each(:names))
+SELECT id, state FROM (
+    SELECT * FROM (
+        SELECT id, state, priority, run_at FROM tasks INDEXED BY tasks_ready_priority
+        WHERE state IN ('PENDING', 'RETRY_WAIT') AND priority <> 0 AND run_at <= :now
+          AND name IN (SELECT value FROM json_each(:names))
   AND ((name, version) IN (SELECT n.value, l.value FROM json_each(:names) AS n
                            JOIN json_each(:lo) AS l ON l.key = n.key
                            JOIN json_each(:hi) AS h ON h.key = n.key WHERE l.value = h.value)
        OR EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
                   AND tasks.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
                                         AND json_extract(:hi, '$[' || n.key || ']')))
-ORDER BY run_at LIMIT :limit;
+        ORDER BY priority DESC, run_at LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (
+        SELECT id, state, priority, run_at FROM tasks
+        WHERE state IN ('PENDING', 'RETRY_WAIT') AND priority = 0 AND run_at <= :now
+          AND name IN (SELECT value FROM json_each(:names))
+  AND ((name, version) IN (SELECT n.value, l.value FROM json_each(:names) AS n
+                           JOIN json_each(:lo) AS l ON l.key = n.key
+                           JOIN json_each(:hi) AS h ON h.key = n.key WHERE l.value = h.value)
+       OR EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
+                  AND tasks.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
+                                        AND json_extract(:hi, '$[' || n.key || ']')))
+        ORDER BY run_at LIMIT :limit))
+ORDER BY priority DESC, run_at, id LIMIT :limit;
 UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 1,
-                 attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now
+                 attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now,
+                 flow_wait = NULL
 WHERE id IN (SELECT id FROM temp.claim_pick)
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
           control_request, trace_context;
+
+-- name: claim_ready_queues
+-- claim_ready for a worker that serves some queues (:served): per served queue a walk of
+-- tasks_ready_queue (queue, run_at) stopped at the limit (a walk of every queue filtered
+-- would cross other queues' backlogs; one IN list made SQLite sort the served queues'
+-- whole ready set), and the tasks with a priority as in claim_ready (its queue test kept
+-- off the index with a unary +: on tasks_ready_queue it visited every ready row).
+DELETE FROM temp.claim_pick;
+INSERT INTO temp.claim_pick (id, from_state)
+SELECT id, state FROM (
+    SELECT * FROM (
+        SELECT id, state, priority, run_at FROM tasks INDEXED BY tasks_ready_priority
+        WHERE state IN ('PENDING', 'RETRY_WAIT') AND priority <> 0 AND run_at <= :now
+          AND +queue IN (SELECT value FROM json_each(:served))
+          AND name IN (SELECT value FROM json_each(:names))
+  AND ((name, version) IN (SELECT n.value, l.value FROM json_each(:names) AS n
+                           JOIN json_each(:lo) AS l ON l.key = n.key
+                           JOIN json_each(:hi) AS h ON h.key = n.key WHERE l.value = h.value)
+       OR EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
+                  AND tasks.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
+                                        AND json_extract(:hi, '$[' || n.key || ']')))
+        ORDER BY priority DESC, run_at LIMIT :limit)
+    UNION ALL
+    SELECT t.id, t.state, t.priority, t.run_at FROM json_each(:served) AS q
+    JOIN tasks AS t ON t.id IN (
+        SELECT r.id FROM tasks AS r
+        WHERE r.queue = q.value AND r.state IN ('PENDING', 'RETRY_WAIT') AND r.priority = 0
+          AND r.run_at <= :now
+          AND r.name IN (SELECT value FROM json_each(:names))
+  AND ((r.name, r.version) IN (SELECT n.value, l.value FROM json_each(:names) AS n
+                           JOIN json_each(:lo) AS l ON l.key = n.key
+                           JOIN json_each(:hi) AS h ON h.key = n.key WHERE l.value = h.value)
+       OR EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = r.name
+                  AND r.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
+                                        AND json_extract(:hi, '$[' || n.key || ']')))
+        ORDER BY r.run_at LIMIT :limit))
+ORDER BY priority DESC, run_at, id LIMIT :limit;
+UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 1,
+                 attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now,
+                 flow_wait = NULL
+WHERE id IN (SELECT id FROM temp.claim_pick)
+RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
+          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
+          control_request, trace_context;
+
+-- name: claim_queues
+-- The (name, queue) pairs ever submitted (task_queues, a small table).
+SELECT name, queue FROM task_queues ORDER BY name, queue;
+
+-- name: claim_candidates
+-- The ready tasks a claim under flow control (fairness, rate limits) chooses from, in the
+-- served queues (:served; NULL: every queue), as claim_ready orders them; not yet claimed:
+-- the engine plans which it takes (claim_ids) and which wait for a token (rate_defer).
+SELECT * FROM (
+    SELECT * FROM (
+        SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at
+        FROM tasks INDEXED BY tasks_ready_priority
+        WHERE state IN ('PENDING', 'RETRY_WAIT') AND priority <> 0 AND run_at <= :now
+          AND (:served IS NULL OR queue IN (SELECT value FROM json_each(:served)))
+          AND name IN (SELECT value FROM json_each(:names))
+  AND ((name, version) IN (SELECT n.value, l.value FROM json_each(:names) AS n
+                           JOIN json_each(:lo) AS l ON l.key = n.key
+                           JOIN json_each(:hi) AS h ON h.key = n.key WHERE l.value = h.value)
+       OR EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
+                  AND tasks.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
+                                        AND json_extract(:hi, '$[' || n.key || ']')))
+        ORDER BY priority DESC, run_at LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (
+        SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
+        WHERE state IN ('PENDING', 'RETRY_WAIT') AND priority = 0 AND run_at <= :now
+          AND (:served IS NULL OR queue IN (SELECT value FROM json_each(:served)))
+          AND name IN (SELECT value FROM json_each(:names))
+  AND ((name, version) IN (SELECT n.value, l.value FROM json_each(:names) AS n
+                           JOIN json_each(:lo) AS l ON l.key = n.key
+                           JOIN json_each(:hi) AS h ON h.key = n.key WHERE l.value = h.value)
+       OR EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
+                  AND tasks.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
+                                        AND json_extract(:hi, '$[' || n.key || ']')))
+        ORDER BY run_at LIMIT :limit))
+ORDER BY priority DESC, run_at, id LIMIT :limit;
+
+-- name: claim_fair_keys
+-- The fairness keys with claimable-state tasks of one (name, queue), in key order after
+-- :after (where the engine's round-robin stopped last), at most :limit: a skip scan of
+-- tasks_ready_fair, one index probe per key.
+WITH RECURSIVE k(fk, n) AS (
+    SELECT (SELECT fair_key FROM tasks
+            WHERE name = :name AND queue = :queue AND state IN ('PENDING', 'RETRY_WAIT')
+              AND fair_key IS NOT NULL AND fair_key > :after
+            ORDER BY fair_key LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT fair_key FROM tasks
+            WHERE name = :name AND queue = :queue AND state IN ('PENDING', 'RETRY_WAIT')
+              AND fair_key IS NOT NULL AND fair_key > k.fk
+            ORDER BY fair_key LIMIT 1), k.n + 1
+    FROM k WHERE k.fk IS NOT NULL AND k.n < :limit)
+SELECT fk FROM k WHERE fk IS NOT NULL;
+
+-- name: claim_fair_candidates
+-- Per fairness key of one (name, queue) entry, its first :per_key ready tasks by
+-- (priority DESC, run_at) (tasks_ready_fair); and as one more group the tasks of the
+-- entry stored without a fairness key (submitted by code that did not declare the type
+-- fair).
+SELECT t.id, t.name, t.tenant, t.fair_key, t.rate_key, t.params, t.priority, t.run_at
+FROM json_each(:keys) AS k
+JOIN tasks AS t ON t.id IN (
+    SELECT r.id FROM tasks AS r
+    WHERE r.name = :name AND r.queue = :queue AND r.fair_key = k.value
+      AND r.state IN ('PENDING', 'RETRY_WAIT') AND r.run_at <= :now
+      AND r.version BETWEEN :lo AND :hi
+    ORDER BY r.priority DESC, r.run_at LIMIT :per_key)
+UNION ALL
+SELECT * FROM (
+    SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
+    WHERE name = :name AND queue = :queue AND fair_key IS NULL
+      AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
+      AND version BETWEEN :lo AND :hi
+    ORDER BY run_at LIMIT :per_key);
+
+-- name: claim_ids
+-- Claim the chosen candidates, as claim_ready does.
+DELETE FROM temp.claim_pick;
+INSERT INTO temp.claim_pick (id, from_state)
+SELECT id, state FROM tasks
+WHERE id IN (SELECT value FROM json_each(:ids)) AND state IN ('PENDING', 'RETRY_WAIT');
+UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 1,
+                 attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now,
+                 flow_wait = NULL
+WHERE id IN (SELECT id FROM temp.claim_pick)
+RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
+          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
+          control_request, trace_context;
+
+-- name: rate_limits_types
+-- Rate limits on task types (DESIGN §8, flow control), read by every claim.
+SELECT name, rate_per_s, burst, key_param FROM rate_limits WHERE scope = 'type'
+ORDER BY name;
+
+-- name: rate_buckets_open
+-- The buckets a claim spends from, created full where never used.
+INSERT INTO rate_buckets (scope, name, key, tokens, updated_at)
+VALUES (:scope, :name, :key, :tokens, :now)
+ON CONFLICT DO NOTHING;
+
+-- name: rate_buckets_lock
+-- The buckets' tokens (SQLite's write lock, held since BEGIN, serialises the claims).
+SELECT b.scope, b.name, b.key, b.tokens, b.updated_at
+FROM json_each(:scopes) AS s
+JOIN json_each(:names) AS n ON n.key = s.key
+JOIN json_each(:keys) AS k ON k.key = s.key
+JOIN rate_buckets AS b ON b.scope = s.value AND b.name = n.value AND b.key = k.value
+ORDER BY b.scope, b.name, b.key;
+
+-- name: rate_buckets_save
+UPDATE rate_buckets SET tokens = :tokens, updated_at = :now
+WHERE scope = :scope AND name = :name AND key = :key;
+
+-- name: rate_defer
+-- Candidates whose bucket is empty wait, without spending an attempt, until it holds a
+-- token for them (run_at; flow_wait 'rate').
+UPDATE tasks SET run_at = :run_at, flow_wait = 'rate', updated_at = :now
+WHERE id = :id AND state IN ('PENDING', 'RETRY_WAIT');
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
@@ -550,8 +734,8 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t.value
 
 -- name: claim_limited
 -- claim_ready under bulkheads (only when a limit applies; the numbers come from
--- ledger/bulkheads.py, lists as JSON arrays): oldest first, at most :name_limits[i] tasks
--- of :names[i] (its cap), of which the first :name_reserved[i] come out of the slots owed
+-- ledger/bulkheads.py, lists as JSON arrays): by priority, then oldest first, at most
+-- :name_limits[i] tasks of :names[i] (its cap), of which the first :name_reserved[i] come out of the slots owed
 -- to it and the rest out of a pool shared by every name, at most :pool tasks in all; the
 -- same per tenant (:tenants, :tenant_limits, :tenant_reserved, :tenant_pool; a tenant
 -- without a limit row, or a task without a tenant, takes only from :tenant_pool); at most
@@ -559,8 +743,9 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE tasks.tenant = t.value
 -- :names[i], and a name may have several entries (one per version a worker runs; the
 -- engine sends no two overlapping entries); its numbers are the name's, repeated per
 -- entry, and rn_name ranks the name's tasks across all its entries, so a cap holds across
--- versions. Per entry that may take something, its oldest :limit ready tasks (a
--- correlated list subquery on tasks_ready, skipping the tenants that may take nothing, so
+-- versions. Per entry that may take something, its first :limit ready tasks in the
+-- served queues (:served; NULL: all) by priority, then run_at (two correlated walks as
+-- in claim_ready), skipping the tenants that may take nothing, so
 -- a capped tenant's backlog never hides the others'); then the caps filter in turn (name,
 -- then tenant, then the two pools); a row one filter drops may still have used a rank of
 -- an earlier one: the claim may take fewer, never more.
@@ -576,36 +761,51 @@ tl AS (
            json_extract(:tenant_reserved, '$[' || tn.key || ']') AS own
     FROM json_each(:tenants) AS tn),
 by_name AS (
-    SELECT t.id, t.state, t.run_at, t.tenant, l.lim AS name_limit, l.own AS name_own,
-           row_number() OVER (PARTITION BY t.name ORDER BY t.run_at, t.id) AS rn_name
+    SELECT t.id, t.state, t.priority, t.run_at, t.tenant, l.lim AS name_limit,
+           l.own AS name_own,
+           row_number() OVER (PARTITION BY t.name
+                              ORDER BY t.priority DESC, t.run_at, t.id) AS rn_name
     FROM l JOIN tasks AS t ON t.id IN (
-        SELECT r.id FROM tasks AS r
-        WHERE r.name = l.name AND r.state IN ('PENDING', 'RETRY_WAIT') AND r.run_at <= :now
-          AND r.version BETWEEN l.lo AND l.hi
-          AND COALESCE((SELECT MIN(y.n, y.own + :tenant_pool) FROM tl AS y
-                        WHERE y.tenant = r.tenant), :tenant_pool) > 0
-        ORDER BY r.run_at LIMIT :limit)
+        SELECT * FROM (
+            SELECT r.id FROM tasks AS r
+            WHERE r.name = l.name AND r.state IN ('PENDING', 'RETRY_WAIT')
+              AND r.priority <> 0 AND r.run_at <= :now AND r.version BETWEEN l.lo AND l.hi
+              AND (:served IS NULL OR r.queue IN (SELECT value FROM json_each(:served)))
+              AND COALESCE((SELECT MIN(y.n, y.own + :tenant_pool) FROM tl AS y
+                            WHERE y.tenant = r.tenant), :tenant_pool) > 0
+            ORDER BY r.priority DESC, r.run_at LIMIT :limit)
+        UNION ALL
+        SELECT * FROM (
+            SELECT r.id FROM tasks AS r
+            WHERE r.name = l.name AND r.state IN ('PENDING', 'RETRY_WAIT')
+              AND r.priority = 0 AND r.run_at <= :now AND r.version BETWEEN l.lo AND l.hi
+              AND (:served IS NULL OR r.queue IN (SELECT value FROM json_each(:served)))
+              AND COALESCE((SELECT MIN(y.n, y.own + :tenant_pool) FROM tl AS y
+                            WHERE y.tenant = r.tenant), :tenant_pool) > 0
+            ORDER BY r.run_at LIMIT :limit))
     WHERE MIN(l.lim, l.own + :pool) > 0),
 by_tenant AS (
-    SELECT c.id, c.state, c.run_at, c.rn_name, c.name_own,
+    SELECT c.id, c.state, c.priority, c.run_at, c.rn_name, c.name_own,
            COALESCE(tl.n, 1073741824) AS tenant_limit, COALESCE(tl.own, 0) AS tenant_own,
-           row_number() OVER (PARTITION BY tl.tenant ORDER BY c.run_at, c.id) AS rn_tenant
+           row_number() OVER (PARTITION BY tl.tenant
+                              ORDER BY c.priority DESC, c.run_at, c.id) AS rn_tenant
     FROM by_name AS c LEFT JOIN tl ON tl.tenant = c.tenant
     WHERE c.rn_name <= c.name_limit),
 pooled AS (
-    SELECT id, state, run_at, rn_name, name_own, rn_tenant, tenant_own,
+    SELECT id, state, priority, run_at, rn_name, name_own, rn_tenant, tenant_own,
            sum(CASE WHEN rn_name > name_own THEN 1 ELSE 0 END)
-               OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS pool_rank,
+               OVER (ORDER BY priority DESC, run_at, id ROWS UNBOUNDED PRECEDING) AS pool_rank,
            sum(CASE WHEN rn_tenant > tenant_own THEN 1 ELSE 0 END)
-               OVER (ORDER BY run_at, id ROWS UNBOUNDED PRECEDING) AS tenant_pool_rank
+               OVER (ORDER BY priority DESC, run_at, id ROWS UNBOUNDED PRECEDING) AS tenant_pool_rank
     FROM by_tenant WHERE rn_tenant <= tenant_limit)
 INSERT INTO temp.claim_pick (id, from_state)
 SELECT id, state FROM pooled
 WHERE (rn_name <= name_own OR pool_rank <= :pool)
   AND (rn_tenant <= tenant_own OR tenant_pool_rank <= :tenant_pool)
-ORDER BY run_at, id LIMIT :limit;
+ORDER BY priority DESC, run_at, id LIMIT :limit;
 UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 1,
-                 attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now
+                 attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now,
+                 flow_wait = NULL
 WHERE id IN (SELECT id FROM temp.claim_pick)
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),

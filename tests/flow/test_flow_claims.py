@@ -1,0 +1,202 @@
+"""Flow control at claim, on both ledgers (DESIGN §8, flow control): named queues,
+priorities, concurrency keys (and their order), fairness across tenants, and rate
+limits. Claims are made through the ledger the way a worker makes them
+(``Ledger.claim`` with the worker's :class:`ClaimScope`); one test runs real workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+from ratchet import App, RateLimit, State
+from ratchet.ledger.base import ClaimScope, TaskWrite, Transition
+from ratchet.testing.worker import running_worker
+
+ALL = ClaimScope()
+
+
+def _finish(app: App, claims: list[Any], to: State = State.SUCCEEDED) -> None:
+    """End each claimed task with its holder's fenced final write."""
+    outcomes = app.ledger.commit([
+        TaskWrite(c.task_id, c.generation, c.task_id and "w", "complete",
+                  transition=Transition(to, result_json="null")
+                  if to is State.SUCCEEDED else Transition(to, error="boom"))
+        for c in claims])
+    assert all(o.ok for o in outcomes), outcomes
+
+
+def _ids(claims: list[Any]) -> list[str]:
+    return [c.task_id for c in claims]
+
+
+def test_a_worker_serving_one_queue_never_claims_another(app: App) -> None:
+    @app.task("bulk.reindex", queue="bulk")
+    def reindex(ctx: Any, n: int) -> None:
+        return None
+
+    @app.task("web.notify")
+    def notify(ctx: Any, n: int) -> None:
+        return None
+
+    bulk = [app.submit("bulk.reindex", {"n": i}).task_id for i in range(20)]
+    moved = app.submit("web.notify", {"n": 0}, queue="critical").task_id
+    plain = app.submit("web.notify", {"n": 1}).task_id
+    names = ["bulk.reindex", "web.notify"]
+    critical = app.ledger.claim("w-crit", names, 50, ClaimScope(queues=("critical",)))
+    assert _ids(critical) == [moved]
+    default = app.ledger.claim("w-def", names, 50, ClaimScope(queues=("default",)))
+    assert _ids(default) == [plain]
+    assert app.ledger.claim("w-def", names, 50, ClaimScope(queues=("default",))) == []
+    rest = app.ledger.claim("w-any", names, 50, ALL)
+    assert sorted(_ids(rest)) == sorted(bulk)
+    assert {app.get(t).queue for t in bulk} == {"bulk"}
+
+
+def test_higher_priority_first_then_fifo(app: App) -> None:
+    @app.task("p.work")
+    def work(ctx: Any, n: int) -> None:
+        return None
+
+    low = [app.submit("p.work", {"n": i}).task_id for i in range(5)]
+    neg = app.submit("p.work", {"n": 90}, priority=-1).task_id
+    high = [app.submit("p.work", {"n": 100 + i}, priority=5).task_id for i in range(2)]
+    top = app.submit("p.work", {"n": 200}, priority=9).task_id
+    order = [c.task_id for _ in range(9) for c in app.ledger.claim("w", ["p.work"], 1, ALL)]
+    assert order == [top, *high, *low, neg]
+
+
+def test_a_later_high_priority_task_goes_before_a_big_backlog(app: App) -> None:
+    @app.task("p.bulk")
+    def work(ctx: Any, n: int) -> None:
+        return None
+
+    from ratchet import SubmitRequest
+    app.submit_many([SubmitRequest("p.bulk", {"n": i}) for i in range(5000)])
+    urgent = app.submit("p.bulk", {"n": -1}, priority=10).task_id
+    # One claim round (a worker's batch) takes it first.
+    assert urgent in _ids(app.ledger.claim("w", ["p.bulk"], 8, ALL))
+
+
+def test_a_concurrency_key_runs_one_at_a_time_in_submit_order(app: App) -> None:
+    @app.task("acct.update", concurrency_key=lambda p: p["account"], ordered=True)
+    def update(ctx: Any, account: str, n: int) -> None:
+        return None
+
+    a = [app.submit("acct.update", {"account": "a", "n": i}).task_id for i in range(4)]
+    b = [app.submit("acct.update", {"account": "b", "n": i}).task_id for i in range(2)]
+    assert app.get(a[1]).state is State.WAITING
+    ran: list[str] = []
+    for _ in range(10):
+        claims = app.ledger.claim("w", ["acct.update"], 10, ALL)
+        if not claims:
+            break
+        # Never two tasks of one key at once.
+        assert len({app.get(c.task_id).params["account"] for c in claims}) == len(claims)
+        ran += _ids(claims)
+        _finish(app, claims, State.FAILED if claims[0].task_id == a[1] else State.SUCCEEDED)
+    assert [t for t in ran if t in a] == a  # a failed task frees its key too
+    assert [t for t in ran if t in b] == b
+
+
+def test_max_per_key_caps_running_tasks_of_a_key(app: App) -> None:
+    @app.task("k.sync", concurrency_key=lambda p: p["shop"], max_per_key=2)
+    def sync(ctx: Any, shop: str, n: int) -> None:
+        return None
+
+    for i in range(6):
+        app.submit("k.sync", {"shop": "s1", "n": i})
+    first = app.ledger.claim("w", ["k.sync"], 10, ALL)
+    assert len(first) == 2
+    assert app.ledger.claim("w", ["k.sync"], 10, ALL) == []
+    _finish(app, first[:1])
+    assert len(app.ledger.claim("w", ["k.sync"], 10, ALL)) == 1
+
+
+def test_an_operator_cancel_of_the_holder_frees_the_key(app: App) -> None:
+    @app.task("k.order", concurrency_key=lambda p: p["k"], ordered=True)
+    def order(ctx: Any, k: str, n: int) -> None:
+        return None
+
+    first = app.submit("k.order", {"k": "x", "n": 0}).task_id
+    second = app.submit("k.order", {"k": "x", "n": 1}).task_id
+    app.cancel(first, reason="test")
+    assert app.get(second).state is State.PENDING
+    assert _ids(app.ledger.claim("w", ["k.order"], 5, ALL)) == [second]
+
+
+def test_a_retried_dead_letter_waits_for_its_key_again(app: App) -> None:
+    @app.task("k.retry", concurrency_key=lambda p: p["k"], ordered=True)
+    def order(ctx: Any, k: str, n: int) -> None:
+        return None
+
+    first = app.submit("k.retry", {"k": "x", "n": 0}).task_id
+    [c] = app.ledger.claim("w", ["k.retry"], 5, ALL)
+    _finish(app, [c], State.FAILED)
+    second = app.submit("k.retry", {"k": "x", "n": 1}).task_id
+    [c2] = app.ledger.claim("w", ["k.retry"], 5, ALL)
+    assert c2.task_id == second
+    app.retry(first, reason="fixed")  # the key is held by `second`: it waits
+    info = app.get(first)
+    assert info.state is State.WAITING
+    _finish(app, [c2])
+    assert _ids(app.ledger.claim("w", ["k.retry"], 5, ALL)) == [first]
+
+
+def test_fairness_bounds_a_small_tenants_wait_behind_a_burst(app: App) -> None:
+    @app.task("f.work", fair=True)
+    def work(ctx: Any, n: int) -> None:
+        return None
+
+    from ratchet import SubmitRequest
+    app.submit_many([SubmitRequest("f.work", {"n": i}, tenant="A") for i in range(10_000)])
+    small = app.submit("f.work", {"n": -1}, tenant="B").task_id
+    scope = ClaimScope(fair=frozenset({"f.work"}))
+    rounds = 0
+    while True:
+        rounds += 1
+        claims = app.ledger.claim("w", ["f.work"], 1, scope)
+        if small in _ids(claims):
+            break
+        assert rounds < 3, "B waited more than two claim rounds behind A's burst"
+
+
+def test_a_rate_limit_defers_what_its_bucket_cannot_pay(app: App) -> None:
+    @app.task("r.call", rate_limit=RateLimit("10/s", burst=5))
+    def call(ctx: Any, n: int) -> None:
+        return None
+
+    _set_limit(app, "r.call", 10.0, 5)
+    ids = [app.submit("r.call", {"n": i}).task_id for i in range(20)]
+    first = app.ledger.claim("w", ["r.call"], 20, ALL)
+    assert len(first) == 5
+    waiting = [app.get(t) for t in ids if t not in _ids(first)]
+    assert {w.flow_wait for w in waiting} == {"rate"}
+    assert all(w.state is State.PENDING for w in waiting)
+    assert all(w.attempt == 0 for w in waiting)  # no attempt spent
+
+
+def _set_limit(app: App, name: str, per_s: float, burst: int) -> None:
+    """The type's limit row as a worker's registration writes it."""
+    from ratchet import Control
+    Control(app.ledger).set_rate_limit(name, f"{per_s:g}/s", burst=burst, reason="test")
+
+
+def test_a_worker_serving_critical_only_never_runs_default_tasks(app: App) -> None:
+    ran: list[str] = []
+
+    @app.task("q.fast", queue="critical")
+    def fast(ctx: Any, n: int) -> None:
+        ran.append(f"fast-{n}")
+
+    @app.task("q.slow")
+    def slow(ctx: Any, n: int) -> None:
+        ran.append(f"slow-{n}")
+
+    slow_ids = [app.submit("q.slow", {"n": i}).task_id for i in range(5)]
+    fast_ids = [app.submit("q.fast", {"n": i}).task_id for i in range(5)]
+    moved = app.submit("q.slow", {"n": 99}, queue="critical").task_id
+    with running_worker(app, concurrency=2, queues=["critical"]):
+        for task_id in [*fast_ids, moved]:
+            assert app.wait(task_id, timeout_s=30).state is State.SUCCEEDED
+    assert sorted(ran) == sorted([f"fast-{i}" for i in range(5)] + ["slow-99"])
+    assert {app.get(t).state for t in slow_ids} == {State.PENDING}
