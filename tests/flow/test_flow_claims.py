@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from ratchet import App, RateLimit, State
 from ratchet.ledger.base import ClaimScope, TaskWrite, Transition
 from ratchet.testing.worker import running_worker
