@@ -508,7 +508,9 @@ class App:
                 (default 0; strict: see DESIGN §8, flow control).
             debounce_s: with ``idempotency_key``: the submits of that key within this many
                 seconds collapse into one task, run with the last params ``debounce_s``
-                after the last submit, and every caller gets its id.
+                after the last submit, and every caller gets its id (``created`` is True
+                only for the submit that opened the window). A submit made once the task
+                was claimed opens a new window (DESIGN §8, debounce).
             debounce_max_s: the latest start, seconds after the first submit of the window
                 (default ``debounce_s``).
 

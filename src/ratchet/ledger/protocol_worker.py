@@ -28,6 +28,9 @@ class WorkerLedger(LedgerHandle, Protocol):
         """Insert tasks, deduplicated per idempotency key, all-or-nothing.
 
         Same key + same digest returns the existing id (``created=False``), writing nothing.
+        A task with a ``debounce_key`` collapses into the open (not yet claimed) task of
+        its group instead: that task takes its params and later start, and its id is
+        returned with ``created=False`` (``True`` for the submit that opened the window).
 
         Raises:
             IdempotencyConflict: a key exists with another digest (nothing is written;

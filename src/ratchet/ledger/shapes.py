@@ -183,6 +183,17 @@ class KeyRow(NamedTuple):
     created_at: float
 
 
+class DebounceRow(NamedTuple):
+    """The open task of a debounce group after a submit (``submit_debounce``): its id,
+    the group, its state and when it starts (``run_at``, or ``due_at`` while it waits for
+    a concurrency key slot)."""
+    id: str
+    name: str
+    key: str
+    state: Any
+    start: float
+
+
 class LeaseUntilRow(NamedTuple):
     """A lease and its end (``renew``, ``renew_held``)."""
     id: str

@@ -1,4 +1,5 @@
-"""Submit: one multi-row insert per batch, deduplicated per idempotency key (DESIGN §4)."""
+"""Submit: one multi-row insert per batch, deduplicated per idempotency key (DESIGN §4);
+debounced rows collapse into their group's open task (:mod:`.debounce`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ..dialect import CommitOutcomeUnknown, Tx
 from ..rows import SUBMIT_EXISTING, SUBMIT_PRESENT, insert_audit
 from ..shapes import KeyRow
 from .core import EngineCore
+from .debounce import submit_debounced
 
 __all__ = ["Submit", "SubmitConflict", "submit_in"]
 
@@ -32,6 +34,9 @@ class Submit:
     def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
         """See :meth:`Ledger.submit`: one multi-row insert per batch, deduplicated per
         idempotency key (``ON CONFLICT DO NOTHING``, then one read of the batch's keys).
+        A row with a ``debounce_key`` is inserted, or collapses into the open task of its
+        group (:func:`~ratchet.ledger.ops.debounce.submit_debounced`): its result is that
+        task's id, ``created`` only for the submit that opened the window.
 
         All-or-nothing: an :class:`IdempotencyConflict` rolls the whole batch back, then the
         conflict is counted in the audit log in a transaction of its own.
@@ -88,9 +93,11 @@ def _submit_in(
         for t in tasks
         if t.task_id not in present
     ]
+    plain = [r for r in rows if r["debounce_key"] is None]
     # Key order: two batches sharing keys take their locks in the same order.
-    rows.sort(key=lambda r: (r["key"] is None, r["key"] or ""))
-    tx.batch("submit_insert", rows)
+    plain.sort(key=lambda r: (r["key"] is None, r["key"] or ""))
+    tx.batch("submit_insert", plain)
+    debounced = submit_debounced(tx, [r for r in rows if r["debounce_key"] is not None])
     tx.batch("submit_queues", [{"name": n, "queue": q}
                                for n, q in sorted({(r["name"], r["queue"]) for r in rows})])
     keyed = sorted({(r["name"], r["ckey"], r["ckey_max"]) for r in rows
@@ -105,6 +112,9 @@ def _submit_in(
         existing = {r.key: r for r in SUBMIT_EXISTING.all(tx, {"keys": keys})}
     results: list[SubmitResult] = []
     for t in tasks:
+        if t.task_id in debounced:
+            results.append(debounced[t.task_id])
+            continue
         if t.idempotency_key is None:
             results.append(SubmitResult(t.task_id, created=True))
             continue

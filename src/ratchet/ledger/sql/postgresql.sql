@@ -71,6 +71,52 @@ FROM json_to_recordset(%(rows)s::json)
           debounce_key text, debounce_max_s float8)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
+-- name: submit_debounce
+-- Debounced submits (DESIGN §8, debounce): one row per (name, debounce key) of a batch,
+-- inserted in that order, so two batches sharing groups lock them in the same order.
+-- A group whose task is still open (generation 0, PENDING or WAITING: tasks_debounce)
+-- collapses into it: its params become the row's, it starts `delay` seconds from now but
+-- never after the debounce_until its first submit set (a task waiting for a concurrency
+-- key slot keeps run_at far ahead: its wanted start is due_at). Else the row is a new
+-- task, written as submit_insert writes one. Returns each group's task (its start: run_at,
+-- or due_at for a task waiting for a slot).
+INSERT INTO tasks AS t (id, name, version, params, params_digest, idempotency_key, state,
+                        max_attempts, lease_s, run_at, created_at, updated_at,
+                        quarantine_after, tenant, trace_context, parent_id, queue, priority,
+                        fair_key, ckey, ckey_max, due_at, wait_kind, flow_wait, rate_key,
+                        debounce_key, debounce_until)
+SELECT u.id, u.name, u.version, u.params, u.digest, NULL,
+       CASE WHEN u.ckey IS NULL THEN 'PENDING' ELSE 'WAITING' END, u.max_attempts,
+       u.lease_s,
+       CASE WHEN u.ckey IS NULL THEN %(now)s + u.delay ELSE 1e15 END,
+       %(now)s, %(now)s, u.quarantine_after, u.tenant, u.trace, u.parent, u.queue,
+       u.priority, u.fair_key, u.ckey, u.ckey_max,
+       CASE WHEN u.ckey IS NULL THEN NULL ELSE %(now)s + u.delay END,
+       CASE WHEN u.ckey IS NULL THEN NULL ELSE 'key' END,
+       CASE WHEN u.ckey IS NULL THEN 'debounce' ELSE 'key' END,
+       u.rate_key, u.debounce_key, %(now)s + u.debounce_max_s
+FROM json_to_recordset(%(rows)s::json)
+     AS u(id text, name text, version int, params text, digest text, max_attempts int,
+          lease_s float8, delay float8, quarantine_after int, tenant text, trace text,
+          parent text, queue text, priority int, fair_key text, ckey text, ckey_max int,
+          rate_key text, debounce_key text, debounce_max_s float8)
+ORDER BY u.name, u.debounce_key
+ON CONFLICT (name, debounce_key)
+    WHERE debounce_key IS NOT NULL AND generation = 0 AND state IN ('PENDING', 'WAITING')
+DO UPDATE SET
+    params = EXCLUDED.params, params_digest = EXCLUDED.params_digest,
+    run_at = CASE WHEN t.wait_kind = 'key' THEN t.run_at
+                  ELSE LEAST(COALESCE(EXCLUDED.due_at, EXCLUDED.run_at),
+                             COALESCE(t.debounce_until, 1e15)) END,
+    due_at = CASE WHEN t.wait_kind = 'key'
+                  THEN LEAST(COALESCE(EXCLUDED.due_at, EXCLUDED.run_at),
+                             COALESCE(t.debounce_until, 1e15))
+                  ELSE t.due_at END,
+    flow_wait = CASE WHEN t.wait_kind = 'key' THEN t.flow_wait ELSE 'debounce' END,
+    updated_at = GREATEST(t.updated_at, %(now)s)
+RETURNING t.id, t.name, t.debounce_key, t.state,
+          CASE WHEN t.wait_kind = 'key' THEN t.due_at ELSE t.run_at END;
+
 -- name: submit_queues
 -- The (name, queue) pairs a batch used, for the claims' walk per pair (task_queues).
 INSERT INTO task_queues (name, queue)

@@ -58,6 +58,68 @@ VALUES (:id, :name, :version, :params, :digest, :key,
         :rate_key, :debounce_key, :now + :debounce_max_s)
 ON CONFLICT (idempotency_key) DO NOTHING;
 
+-- name: submit_debounce
+-- Debounced submits (DESIGN §8, debounce): one row per (name, debounce key) of a batch
+-- (a JSON array), inserted in that order. A group whose task is still open (generation 0,
+-- PENDING or WAITING: tasks_debounce) collapses into it: its params become the row's, it
+-- starts `delay` seconds from now but never after the debounce_until its first submit set
+-- (a task waiting for a concurrency key slot keeps run_at far ahead: its wanted start is
+-- due_at). Else the row is a new task, written as submit_insert writes one. Returns each
+-- group's task (its start: run_at, or due_at for a task waiting for a slot).
+INSERT INTO tasks AS t (id, name, version, params, params_digest, idempotency_key, state,
+                        max_attempts, lease_s, run_at, created_at, updated_at,
+                        quarantine_after, tenant, trace_context, parent_id, queue, priority,
+                        fair_key, ckey, ckey_max, due_at, wait_kind, flow_wait, rate_key,
+                        debounce_key, debounce_until)
+SELECT u.id, u.name, u.version, u.params, u.digest, NULL,
+       CASE WHEN u.ckey IS NULL THEN 'PENDING' ELSE 'WAITING' END, u.max_attempts,
+       u.lease_s,
+       CASE WHEN u.ckey IS NULL THEN :now + u.delay ELSE 1e15 END,
+       :now, :now, u.quarantine_after, u.tenant, u.trace, u.parent, u.queue,
+       u.priority, u.fair_key, u.ckey, u.ckey_max,
+       CASE WHEN u.ckey IS NULL THEN NULL ELSE :now + u.delay END,
+       CASE WHEN u.ckey IS NULL THEN NULL ELSE 'key' END,
+       CASE WHEN u.ckey IS NULL THEN 'debounce' ELSE 'key' END,
+       u.rate_key, u.debounce_key, :now + u.debounce_max_s
+FROM (SELECT json_extract(value, '$.id') AS id,
+             json_extract(value, '$.name') AS name,
+             json_extract(value, '$.version') AS version,
+             json_extract(value, '$.params') AS params,
+             json_extract(value, '$.digest') AS digest,
+             json_extract(value, '$.max_attempts') AS max_attempts,
+             json_extract(value, '$.lease_s') AS lease_s,
+             json_extract(value, '$.delay') AS delay,
+             json_extract(value, '$.quarantine_after') AS quarantine_after,
+             json_extract(value, '$.tenant') AS tenant,
+             json_extract(value, '$.trace') AS trace,
+             json_extract(value, '$.parent') AS parent,
+             json_extract(value, '$.queue') AS queue,
+             json_extract(value, '$.priority') AS priority,
+             json_extract(value, '$.fair_key') AS fair_key,
+             json_extract(value, '$.ckey') AS ckey,
+             json_extract(value, '$.ckey_max') AS ckey_max,
+             json_extract(value, '$.rate_key') AS rate_key,
+             json_extract(value, '$.debounce_key') AS debounce_key,
+             json_extract(value, '$.debounce_max_s') AS debounce_max_s
+      FROM json_each(:rows)) AS u
+WHERE true
+ORDER BY u.name, u.debounce_key
+ON CONFLICT (name, debounce_key)
+    WHERE debounce_key IS NOT NULL AND generation = 0 AND state IN ('PENDING', 'WAITING')
+DO UPDATE SET
+    params = excluded.params, params_digest = excluded.params_digest,
+    run_at = CASE WHEN t.wait_kind = 'key' THEN t.run_at
+                  ELSE MIN(COALESCE(excluded.due_at, excluded.run_at),
+                           COALESCE(t.debounce_until, 1e15)) END,
+    due_at = CASE WHEN t.wait_kind = 'key'
+                  THEN MIN(COALESCE(excluded.due_at, excluded.run_at),
+                           COALESCE(t.debounce_until, 1e15))
+                  ELSE t.due_at END,
+    flow_wait = CASE WHEN t.wait_kind = 'key' THEN t.flow_wait ELSE 'debounce' END,
+    updated_at = MAX(t.updated_at, :now)
+RETURNING id, name, debounce_key, state,
+          CASE WHEN wait_kind = 'key' THEN due_at ELSE run_at END;
+
 -- name: submit_queues
 -- The (name, queue) pairs a batch used (task_queues).
 INSERT INTO task_queues (name, queue) VALUES (:name, :queue) ON CONFLICT DO NOTHING;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -175,3 +176,55 @@ def test_submit_is_visible_to_another_ledger_object(
     task = make_task({"z": 1})
     writer.submit([task])
     assert reader.get(task.task_id).params == {"z": 1}
+
+
+def _debounced(make_task: MakeTask, params: dict[str, int], delay_s: float,
+               max_s: float) -> NewTask:
+    """A task of debounce group ``"K"`` as ``App.submit(..., debounce_s=delay_s)`` builds
+    it (no idempotency key; its delay is the window)."""
+    return dataclasses.replace(make_task(params, delay_s=delay_s), debounce_key="K",
+                               debounce_s=delay_s, debounce_max_s=max_s)
+
+
+def test_debounced_submits_collapse_into_the_open_task(
+    ledger: Ledger, make_task: MakeTask
+) -> None:
+    first = _debounced(make_task, {"n": 1}, 30.0, 600.0)
+    second = _debounced(make_task, {"n": 2}, 30.0, 600.0)
+    [r1] = ledger.submit([first])
+    before = ledger.now()
+    [r2] = ledger.submit([second])
+    after = ledger.now()
+    assert (r1.task_id, r1.created) == (first.task_id, True)
+    assert (r2.task_id, r2.created) == (first.task_id, False)
+    info = ledger.get(first.task_id)
+    assert info.state is State.PENDING and info.idempotency_key is None
+    assert info.params == {"n": 2} and info.params_digest == second.params_digest
+    assert before + 30.0 <= info.run_at <= after + 30.0  # 30 s after the last submit
+    assert total_tasks(ledger) == 1
+    [event] = [e for e in ledger.timeline(first.task_id).events if e.kind == "debounced"]
+    assert event.detail["key"] == "K" and event.detail["collapsed"] == 1
+
+
+def test_a_debounced_start_is_capped_by_the_first_submit(
+    ledger: Ledger, make_task: MakeTask
+) -> None:
+    first = _debounced(make_task, {"n": 1}, 30.0, 30.0)
+    ledger.submit([first])
+    run_at = ledger.get(first.task_id).run_at
+    ledger.submit([_debounced(make_task, {"n": 2}, 30.0, 30.0)])
+    assert ledger.get(first.task_id).run_at == pytest.approx(run_at, abs=1e-6)
+
+
+def test_a_claimed_debounced_task_is_closed_to_new_submits(
+    ledger: Ledger, make_task: MakeTask
+) -> None:
+    first = _debounced(make_task, {"n": 1}, 0.0, 60.0)
+    ledger.submit([first])
+    [claim] = ledger.claim("w", [TASK], 5)
+    assert claim.task_id == first.task_id
+    second = _debounced(make_task, {"n": 2}, 30.0, 60.0)
+    [result] = ledger.submit([second])
+    assert (result.task_id, result.created) == (second.task_id, True)
+    assert ledger.get(first.task_id).params == {"n": 1}
+    assert total_tasks(ledger) == 2
