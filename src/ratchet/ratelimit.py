@@ -36,6 +36,10 @@ _UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hour": 360
           "d": 86400.0, "day": 86400.0}
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*([a-z]+)\s*$")
 
+_EPSILON = 1e-9
+"""Tokens short of one that still count as one: a deferred task comes back at the instant
+its bucket refills, and floating-point arithmetic may land a hair below."""
+
 MAX_PER_S = 1_000_000.0
 """The highest rate a limit may name, tasks per second (a bigger one limits nothing)."""
 
@@ -188,11 +192,11 @@ def plan_takes(
         per_s, burst = limits[c.bucket[:2]]
         if c.bucket not in tokens:
             tokens[c.bucket] = refill(buckets.get(c.bucket), now, per_s, burst)
-        if tokens[c.bucket] >= 1.0 and len(take) < want:
+        if tokens[c.bucket] >= 1.0 - _EPSILON and len(take) < want:
             tokens[c.bucket] -= 1.0
             take.append(c.task_id)
-        elif tokens[c.bucket] < 1.0:
+        elif tokens[c.bucket] < 1.0 - _EPSILON:
             behind[c.bucket] = behind.get(c.bucket, 0) + 1
             wait_s = (behind[c.bucket] - tokens[c.bucket]) / per_s
             defer.append((c.task_id, now + wait_s))
-    return RatePlan(take, defer, {b: BucketState(t, now) for b, t in tokens.items()})
+    return RatePlan(take, defer, {b: BucketState(max(0.0, t), now) for b, t in tokens.items()})

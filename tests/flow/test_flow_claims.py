@@ -5,6 +5,7 @@ limits. Claims are made through the ledger the way a worker makes them
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ratchet import App, RateLimit, State
@@ -199,3 +200,67 @@ def test_a_worker_serving_critical_only_never_runs_default_tasks(app: App) -> No
             assert app.wait(task_id, timeout_s=30).state is State.SUCCEEDED
     assert sorted(ran) == sorted([f"fast-{i}" for i in range(5)] + ["slow-99"])
     assert {app.get(t).state for t in slow_ids} == {State.PENDING}
+
+
+def test_concurrent_submitters_and_finishers_never_overfill_a_key(ledger_url: str) -> None:
+    """Eight submitters and four claimers (each with its own App and connections) on three
+    keys of max_per_key=2: at every snapshot at most two tasks of a key hold a slot or
+    run, and every task ends (none is left waiting with a free slot)."""
+    import threading
+
+    def make() -> App:
+        a = App(ledger_url)
+
+        @a.task("k.race", concurrency_key=lambda p: p["k"], max_per_key=2)
+        def race(ctx: Any, k: str, n: int) -> None:
+            return None
+
+        return a
+
+    apps = [make() for _ in range(12)]
+    watcher = apps[0]
+    total = 8 * 30
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    done: list[int] = []
+
+    def submitter(a: App, w: int) -> None:
+        try:
+            for i in range(30):
+                a.submit("k.race", {"k": f"k{(w + i) % 3}", "n": w * 100 + i})
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def claimer(a: App, w: int) -> None:
+        try:
+            while not stop.is_set():
+                claims = a.ledger.claim(f"c{w}", ["k.race"], 3, ALL)
+                if claims:
+                    _finish(a, claims)
+                    done.append(len(claims))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submitter, args=(apps[i], i)) for i in range(8)]
+    threads += [threading.Thread(target=claimer, args=(apps[8 + i], i)) for i in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    try:
+        while sum(done) < total and time.monotonic() < deadline and not errors:
+            page = watcher.list_tasks(limit=1000).tasks
+            holding: dict[str, int] = {}
+            for info in page:
+                if info.state in (State.PENDING, State.RUNNING) and info.holds_key_slot:
+                    holding[info.params["k"]] = holding.get(info.params["k"], 0) + 1
+            assert all(n <= 2 for n in holding.values()), holding
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert not errors, errors
+    assert sum(done) == total
+    states = {t.state for t in watcher.list_tasks(limit=1000).tasks}
+    assert states == {State.SUCCEEDED}
+    for a in apps:
+        a.close()
