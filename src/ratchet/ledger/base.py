@@ -75,6 +75,7 @@ from .records_registry import (
     DefinitionSpec,
     VersionBacklog,
     WorkerInfo,
+    WorkerSlots,
 )
 from .records_schedules import (
     ScheduleAdvance,
@@ -84,7 +85,13 @@ from .records_schedules import (
     ScheduleRecord,
     ScheduleSpec,
 )
-from .records_stats import RECENT_FRACTION, LedgerStats, ThroughputCount, TypeCapacity
+from .records_stats import (
+    ATTEMPT_SAMPLE,
+    RECENT_FRACTION,
+    LedgerStats,
+    ThroughputCount,
+    TypeCapacity,
+)
 from .records_tasks import (
     LATE_ACCOUNTED_FOR,
     LATE_POSSIBLE_DUPLICATE,
@@ -148,6 +155,7 @@ __all__ = [
     "LATE_ACCOUNTED_FOR",
     "LATE_POSSIBLE_DUPLICATE",
     "LateEffect",
+    "ATTEMPT_SAMPLE",
     "AdminLedger",
     "Ledger",
     "LedgerHandle",
@@ -176,5 +184,6 @@ __all__ = [
     "Transition",
     "VersionBacklog",
     "WorkerInfo",
+    "WorkerSlots",
     "claim_kinds",
 ]
