@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from ratchet import App, Control, State, TaskContext, open_ledger
+from ratchet import App, Control, InvalidArguments, State, TaskContext, open_ledger
 from ratchet.capacity import ALL_TYPES, capacity_views
 from ratchet.cli.main import cli
 from ratchet.ledger.base import DefinitionSpec, TaskWrite, Transition, TypeCapacity, WorkerInfo
@@ -178,7 +178,7 @@ def test_w_slots_and_l_from_real_attempts_and_a_real_worker(
         led.register_worker(WorkerInfo("w-old", here, "h", os.getpid(), None))
         led.register_definitions("w-old", [DefinitionSpec(OTHER, 1, "{}")])
         # prefetch 0: a task is claimed only for a free thread, so W is its body's time.
-        with running_worker(lapp, concurrency=3, prefetch=0, names=[SLOW]) as worker:
+        with running_worker(lapp, concurrency=3, prefetch=0, names=[SLOW]):
             for h in handles:
                 assert lapp.wait(h.task_id, timeout_s=60).state is State.SUCCEEDED
             with Control(ledger_url) as control:
@@ -187,8 +187,6 @@ def test_w_slots_and_l_from_real_attempts_and_a_real_worker(
                                       "--drain-within", "1m", "--json"))
             text = _cli("status", "--ledger", ledger_url, "--window", "10m",
                         "--drain-within", "90s")
-        # A released task is no attempt: the stop handed nothing back here anyway.
-        assert worker.stats is not None
     finally:
         led.close()
     slow = next(v for v in report.types if v.name == SLOW)
@@ -206,7 +204,7 @@ def test_w_slots_and_l_from_real_attempts_and_a_real_worker(
     assert other.attempts == 0 and other.mean_attempt_s is None and other.in_flight is None
     assert (other.slots, other.workers, other.slots_unrecorded) == (5, 2, 1)
     assert other.backlog == len(backlog) and other.slots_needed is None
-    assert "5+ slots" not in other.capacity and "W unknown" in other.capacity
+    assert "W unknown" in other.capacity, other.capacity
     assert report.drain_within_s == 60
     assert report.totals is not None and report.totals.slots == 8
     assert report.totals.workers == 3 and report.totals.slots_unrecorded == 1
@@ -245,7 +243,7 @@ def test_w_counts_every_outcome_but_a_release_and_not_a_wait(ledger_url: str,
     assert cap.attempts == 3 and cap.attempt_s >= 0.0
 
 
-def test_bad_drain_within_is_refused_on_every_face(ledger_url: str, lapp: App) -> None:
+def test_bad_drain_within_is_refused(ledger_url: str, lapp: App) -> None:
     assert lapp.ledger is not None
     for bad in ("10x", "0", "-5m", "soon"):
         result = CliRunner().invoke(cli, ["status", "--ledger", ledger_url,
@@ -254,6 +252,5 @@ def test_bad_drain_within_is_refused_on_every_face(ledger_url: str, lapp: App) -
         assert "--drain-within" in result.output, result.output
     with Control(ledger_url) as control:
         for value in (0, -1.0, math.inf, math.nan):
-            with pytest.raises(Exception) as info:
+            with pytest.raises(InvalidArguments, match="drain_within_s"):
                 control.status(drain_within_s=value)
-            assert type(info.value).__name__ == "InvalidArguments"

@@ -315,8 +315,8 @@ def _capacity_verdict(v: TypeStatusView) -> str:
     if v.over_capacity:
         parts.append("cannot keep up: the backlog cannot converge at this arrival rate")
     if v.slots_needed is not None and v.drain_within_s is not None:
-        parts.append(f"{v.slots_needed} slot{'s' if v.slots_needed != 1 else ''} drain "
-                     f"the backlog within {span(v.drain_within_s)}")
+        parts.append(f"{v.slots_needed} slot{'s drain' if v.slots_needed != 1 else ' drains'}"
+                     f" the backlog within {span(v.drain_within_s)}")
     return "; ".join(parts)
 
 

@@ -68,6 +68,13 @@ def _drain(v: TypeStatusView) -> tuple[str, str]:
     return v.drain, "green" if v.backlog else ""
 
 
+def _attempt_time(seconds: float | None) -> str:
+    """A mean attempt duration: ``85ms`` below a second, else as :func:`_span`."""
+    if seconds is not None and seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    return _span(seconds)
+
+
 def _littles_table(s: StatusReport, rows: list[TypeStatusView]) -> Table:
     """The capacity by Little's law: W, the slots serving each type, L = λ·W against them
     and, with --drain-within, the slots that drain the backlog in that time."""
@@ -85,7 +92,7 @@ def _littles_table(s: StatusReport, rows: list[TypeStatusView]) -> Table:
     for v in rows:
         total = v is s.totals
         cells = [field("all types" if total else v.name, "bold" if total else ""),
-                 field(v.attempts), field(_span(v.mean_attempt_s)), field(v.workers),
+                 field(v.attempts), field(_attempt_time(v.mean_attempt_s)), field(v.workers),
                  field(f"{v.slots}+" if v.slots_unrecorded else v.slots),
                  field("-" if v.in_flight is None else f"{v.in_flight:.3g}",
                        "bold red" if v.over_capacity else "")]
