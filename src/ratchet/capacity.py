@@ -438,8 +438,8 @@ def capacity_views(counts: Mapping[str, Mapping[str, int]], caps: Sequence[TypeC
                         _pause_of(ALL_TYPES, pauses),
                         _full_limits(ALL_TYPES, total_running, total_running, limits, None))
     serving = slots_by_type(workers)
-    views = [_with_capacity(v, by_name.get(v.name, TypeCapacity(v.name)).attempts,
-                            by_name.get(v.name, TypeCapacity(v.name)).attempt_s,
+    measured = {v.name: by_name.get(v.name, TypeCapacity(v.name)) for v in views}
+    views = [_with_capacity(v, measured[v.name].attempts, measured[v.name].attempt_s,
                             serving.get(v.name, SlotsServing()), drain_within_s)
              for v in views]
     known = [v for v in views if v.in_flight is not None]
