@@ -410,6 +410,16 @@ def _pg_capacity_plans(conn: psycopg.Connection[Any]) -> None:
     ):
         plan = _pg_plan(conn, name, params)
         assert index in plan and "Seq Scan on tasks" not in plan, (name, plan)
+    # The mean attempt duration: the newest ends of the window (a backward walk of
+    # audit_at stopped at the limit), each one's claim by a seek of audit_task and its
+    # type by a primary-key probe; never a scan of the audit or of the tasks.
+    plan = _pg_plan(conn, "status_attempts", {"from_at": float(_HISTORY - 100),
+                                              "now": float(_HISTORY), "limit": 10_000})
+    for index in ("audit_at", "audit_task", "tasks_pkey"):
+        assert index in plan, (index, plan)
+    assert "Seq Scan" not in plan, plan
+    plan = _pg_plan(conn, "live_worker_slots", {"since": 0.0})
+    assert "audit_task" in plan and "Seq Scan on audit" not in plan, plan
 
 
 def _sqlite_table_scan(plan: str, table: str) -> bool:
@@ -490,4 +500,10 @@ def test_sqlite_prune_listing_and_status_use_their_indexes(
     ):
         plan = _sqlite_plan(conn, name, {**params, **extra})
         assert index in plan and not _sqlite_table_scan(plan, "tasks"), (name, plan)
+    plan = _sqlite_plan(conn, "status_attempts", {**params, "from_at": float(count - 100),
+                                                  "now": float(count), "limit": 10_000})
+    assert "audit_at" in plan and "audit_task" in plan, plan
+    assert not _sqlite_table_scan(plan, "audit") and not _sqlite_table_scan(plan, "tasks"), plan
+    plan = _sqlite_plan(conn, "live_worker_slots", {**params, "since": 0.0})
+    assert "audit_task" in plan and not _sqlite_table_scan(plan, "audit"), plan
     conn.close()

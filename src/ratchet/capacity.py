@@ -11,15 +11,38 @@ arrived in the window's recent part (its last :data:`RECENT_FRACTION`), arrivals
 stopped: the estimate is then made over that recent part, with no arrivals, so a burst
 that ended is not reported as a growing backlog for the rest of the window (a window
 average would say so), and the row says since when nothing arrives.
+
+The capacity figures by Little's law (:mod:`ratchet.littles`): the mean attempt duration
+``W`` over the window, the slots of the live workers serving the type, the attempts in
+flight the arrivals need (``L = λ·W``) against those slots, and, given a time to drain in,
+the slots that would drain the backlog within it while tasks keep arriving.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .ledger.base import RECENT_FRACTION, Limit, LimitScope, PauseRecord, SlotUsage, TypeCapacity
+from .ledger.base import (
+    RECENT_FRACTION,
+    Limit,
+    LimitScope,
+    PauseRecord,
+    SlotUsage,
+    TypeCapacity,
+    WorkerSlots,
+)
+from .littles import (
+    SlotsServing,
+    drain_work_s,
+    in_flight,
+    mean_attempt_s,
+    slots_by_type,
+    slots_for,
+    slots_total,
+)
 from .states import State
 
 __all__ = [
@@ -135,6 +158,16 @@ class TypeStatusView:
     held_in: list[str] = field(default_factory=list)
     drain: str = ""
     waiting: int = 0
+    attempts: int = 0
+    mean_attempt_s: float | None = None
+    slots: int = 0
+    workers: int = 0
+    slots_unrecorded: int = 0
+    in_flight: float | None = None
+    over_capacity: bool = False
+    drain_within_s: float | None = None
+    slots_needed: int | None = None
+    capacity: str = ""
 
 
 def span(seconds: float | None) -> str:
@@ -258,6 +291,60 @@ def _with_verdict(view: TypeStatusView, now: float) -> TypeStatusView:
     return dataclasses.replace(view, drain=_verdict(view, now))
 
 
+def _amount(x: float) -> str:
+    """A number of slots for people: ``2.4``, ``0.0125``, ``1,250``."""
+    return f"{x:.3g}" if x < 1000 else f"{x:,.0f}"
+
+
+def _capacity_verdict(v: TypeStatusView) -> str:
+    """The ``capacity`` text of a view whose capacity figures are set."""
+    parts: list[str] = []
+    of = f"{v.slots} slot{'s' if v.slots != 1 else ''}"
+    if v.slots_unrecorded:
+        of = (f"{v.slots}+ slots ({v.slots_unrecorded} worker"
+              f"{'s' if v.slots_unrecorded != 1 else ''} recorded none)")
+    if not v.workers:
+        parts.append("no live worker serves it" if v.name != ALL_TYPES
+                     else "no live worker")
+    if v.in_flight is None:
+        parts.append("W unknown (no attempt ended in the window)")
+    elif v.workers:
+        parts.append(f"needs ~{_amount(v.in_flight)} of {of}")
+    else:
+        parts.append(f"needs ~{_amount(v.in_flight)} slots")
+    if v.over_capacity:
+        parts.append("cannot keep up: the backlog cannot converge at this arrival rate")
+    if v.slots_needed is not None and v.drain_within_s is not None:
+        parts.append(f"{v.slots_needed} slot{'s drain' if v.slots_needed != 1 else ' drains'}"
+                     f" the backlog within {span(v.drain_within_s)}")
+    return "; ".join(parts)
+
+
+def _with_capacity(view: TypeStatusView, attempts: int, attempt_s: float,
+                   serving: SlotsServing, within_s: float | None, *,
+                   in_flight_s: float | None = None,
+                   work_s: float | None = None) -> TypeStatusView:
+    """``view`` with its capacity figures (Little's law, :mod:`ratchet.littles`) and their
+    verdict. ``in_flight_s`` / ``work_s``: the totals' summed ``L`` and drain work (a
+    type's own are computed from its figures)."""
+    w = mean_attempt_s(attempts, attempt_s)
+    if w is not None and in_flight_s is None:
+        in_flight_s = in_flight(view.arrival_per_s, w)
+    if w is not None and work_s is None and within_s is not None:
+        work_s = drain_work_s(view.backlog, view.arrival_per_s, w, within_s)
+    needed = (slots_for(work_s, within_s)
+              if work_s is not None and within_s is not None else None)
+    over = (view.arrival_per_s > 0 and not serving.unrecorded
+            and ((in_flight_s is not None and in_flight_s >= serving.slots)
+                 or not serving.workers))
+    v = dataclasses.replace(
+        view, attempts=attempts, mean_attempt_s=w, slots=serving.slots,
+        workers=serving.workers, slots_unrecorded=serving.unrecorded,
+        in_flight=in_flight_s, over_capacity=over, drain_within_s=within_s,
+        slots_needed=needed)
+    return dataclasses.replace(v, capacity=_capacity_verdict(v))
+
+
 def _pause_of(name: str, pauses: Sequence[PauseRecord]) -> PauseRecord | None:
     """The active pause covering task type ``name`` (:data:`ALL_TYPES`: only a pause of
     everything), the earliest first."""
@@ -291,6 +378,8 @@ def _full_limits(name: str, running: int, total_running: int, limits: Sequence[L
 def capacity_views(counts: Mapping[str, Mapping[str, int]], caps: Sequence[TypeCapacity],
                    now: float, window_s: float, *, pauses: Sequence[PauseRecord] = (),
                    limits: Sequence[Limit] = (), usage: SlotUsage | None = None,
+                   workers: Sequence[WorkerSlots] = (),
+                   drain_within_s: float | None = None,
                    ) -> tuple[list[TypeStatusView], TypeStatusView]:
     """The per-type views and the totals of one stats read.
 
@@ -301,10 +390,20 @@ def capacity_views(counts: Mapping[str, Mapping[str, int]], caps: Sequence[TypeC
         pauses: the active pauses (a type or everything paused is said so, with no ETA).
         limits: the concurrency limits (a full one is named on the types it holds back).
         usage: RUNNING / ready tasks per (type, tenant), needed for tenant limits only.
+        workers: the live workers with their slots and types (the slots serving each).
+        drain_within_s: the time to drain each backlog in, seconds (> 0), for
+            :attr:`TypeStatusView.slots_needed`; None: not asked.
 
     Returns:
         ``(views sorted by type, the totals named ALL_TYPES)``.
+
+    Raises:
+        ValueError: ``drain_within_s`` not a finite number above 0.
     """
+    if drain_within_s is not None and not (math.isfinite(drain_within_s)
+                                           and drain_within_s > 0):
+        raise ValueError(f"drain_within_s must be a finite number above 0, "
+                         f"got {drain_within_s!r}")
     by_name = {c.name: c for c in caps}
     names = sorted(set(counts) | set(by_name))
     total_running = sum(c.get(State.RUNNING.value, 0) for c in counts.values())
@@ -338,6 +437,20 @@ def capacity_views(counts: Mapping[str, Mapping[str, int]], caps: Sequence[TypeC
     totals = _type_view(ALL_TYPES, summed, all_cap, now, window_s,
                         _pause_of(ALL_TYPES, pauses),
                         _full_limits(ALL_TYPES, total_running, total_running, limits, None))
+    serving = slots_by_type(workers)
+    measured = {v.name: by_name.get(v.name, TypeCapacity(v.name)) for v in views}
+    views = [_with_capacity(v, measured[v.name].attempts, measured[v.name].attempt_s,
+                            serving.get(v.name, SlotsServing()), drain_within_s)
+             for v in views]
+    known = [v for v in views if v.in_flight is not None]
+    work = ([drain_work_s(v.backlog, v.arrival_per_s, v.mean_attempt_s or 0.0,
+                          drain_within_s) for v in known]
+            if drain_within_s is not None else [])
+    totals = _with_capacity(
+        totals, sum(c.attempts for c in caps), sum(c.attempt_s for c in caps),
+        slots_total(workers), drain_within_s,
+        in_flight_s=sum(v.in_flight or 0.0 for v in known) if known else None,
+        work_s=sum(work) if known and drain_within_s is not None else None)
     held = [v for v in views if v.held_back]
     if held:
         # The held types' backlog drains only on a resume or a freed slot: the totals'

@@ -68,6 +68,43 @@ def _drain(v: TypeStatusView) -> tuple[str, str]:
     return v.drain, "green" if v.backlog else ""
 
 
+def _attempt_time(seconds: float | None) -> str:
+    """A mean attempt duration: ``85ms`` below a second, else as :func:`_span`."""
+    if seconds is not None and seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    return _span(seconds)
+
+
+def _littles_table(s: StatusReport, rows: list[TypeStatusView]) -> Table:
+    """The capacity by Little's law: W, the slots serving each type, L = λ·W against them
+    and, with --drain-within, the slots that drain the backlog in that time."""
+    title = f"capacity by Little's law (W over the last {s.window_s:g} s)"
+    if s.drain_within_s is not None:
+        title += f"; drain within {_span(s.drain_within_s)}"
+    table = Table(title=title)
+    columns = ["task", "attempts", "W", "workers", "slots", "L (in flight)"]
+    if s.drain_within_s is not None:
+        columns.append("slots needed")
+    columns.append("capacity")
+    for col in columns:
+        table.add_column(col, overflow="fold",
+                         justify="left" if col in ("task", "capacity") else "right")
+    for v in rows:
+        total = v is s.totals
+        cells = [field("all types" if total else v.name, "bold" if total else ""),
+                 field(v.attempts), field(_attempt_time(v.mean_attempt_s)), field(v.workers),
+                 field(f"{v.slots}+" if v.slots_unrecorded else v.slots),
+                 field("-" if v.in_flight is None else f"{v.in_flight:.3g}",
+                       "bold red" if v.over_capacity else "")]
+        if s.drain_within_s is not None:
+            cells.append(field("-" if v.slots_needed is None else v.slots_needed))
+        cells.append(field(v.capacity, "red" if v.over_capacity else ""))
+        table.add_row(*cells)
+    if not s.types:
+        table.add_row("(no tasks)", "")
+    return table
+
+
 def _status_view(s: StatusReport) -> list[RenderableType]:
     """The text form of ``ratchet status``: what to print, in order."""
     parts: list[RenderableType] = []
@@ -109,13 +146,18 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
     if not s.types:
         cap.add_row("(no tasks)", "")
     parts.append(cap)
+    parts.append(_littles_table(s, rows))
     parts.append(line("running: leased tasks, executing or prefetched by a worker (up to "
                       "--prefetch per worker); waiting: parked by their own code (a sleep, "
                       "an event, their children), holding no slot; done/s: finished or "
                       "gone UNKNOWN; in/s and "
                       "done/s are averages over the window; net/s and the drain estimate "
                       "too, or over its last quarter once arrivals stopped (the drain column "
-                      "says which)"))
+                      "says which); W: mean attempt duration, claim to end, of the attempts "
+                      "that ended in the window; slots: the concurrency of the live workers "
+                      "that registered the type (shared with the other types they serve); "
+                      "L = in/s x W, the attempts in flight the arrivals need (at L >= slots "
+                      "the backlog cannot converge)"))
     age = f"{s.oldest_pending_age_s:.1f} s" if s.oldest_pending_age_s is not None else "-"
     parts.append(line(f"oldest pending age: {age}"))
     parts.append(line(f"unknown (waiting for an operator): {s.unknown}"))
@@ -187,6 +229,12 @@ def status(
         int | None,
         typer.Option("--count", min=1, metavar="N", help="With --watch: stop after N reads."),
     ] = None,
+    drain_within: Annotated[
+        str | None,
+        typer.Option("--drain-within", metavar="DURATION",
+                     help="Per type, the slots that drain its backlog within DURATION (90s,"
+                     " 10m, 2h; seconds if no unit) while tasks keep arriving."),
+    ] = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -197,8 +245,12 @@ def status(
     no slot held), arrival and completion rates over --window, the net drain rate with
     "drains in ~X" while it is positive or "backlog growing by N/s", the oldest pending
     age, unknown (and the oldest unknown's age) and quarantined. Counts are what the
-    ledger holds and add up to the total. Also: late effects, claims, takeovers,
-    revocations, stale-generation rejections, pauses, durability and schema version.
+    ledger holds and add up to the total. Capacity by Little's law per type: the mean
+    attempt duration W over --window, the slots of the live workers serving it, L =
+    arrival rate x W against those slots (at L >= slots the backlog cannot converge),
+    and with --drain-within the slots that drain the backlog in that time while tasks
+    keep arriving. Also: late effects, claims, takeovers, revocations, stale-generation
+    rejections, pauses, durability and schema version.
     --watch [SECONDS] redraws until Ctrl-C (--count N: N reads, then exit).
     """
 
@@ -214,9 +266,11 @@ def status(
                                        maximum_s=MAX_WATCH_S)
         if count is not None and not watch:
             raise InvalidArguments("--count goes with --watch only")
+        within_s = (None if drain_within is None else
+                    parse_duration_s(drain_within, "--drain-within", above_zero=True))
         with Control(ledger) as control:
             if not watch:
-                report = control.status(window_s)
+                report = control.status(window_s, within_s)
                 if as_json:
                     echo_json(report)
                 else:
@@ -224,7 +278,7 @@ def status(
                     for part in _status_view(report):
                         out.print(part)
                 return
-            read = functools.partial(control.status, window_s)
+            read = functools.partial(control.status, window_s, within_s)
             if as_json:
                 _watch_frames(read, echo_json_line, every_s, count)
                 return

@@ -22,7 +22,7 @@ from ..ledger.migrations import load_migrations
 from ..serde import loads_stored
 from ..shards import job_shards, task_shard
 from ..states import State
-from ..validation import MAX_NAME_BYTES, check_identifier
+from ..validation import MAX_DURATION_S, MAX_NAME_BYTES, check_identifier
 from ..worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_state
 from ._base import ControlHandles
 from ._records import (
@@ -67,7 +67,8 @@ def _with_waits(led: Ledger, tasks: list[TaskInfo]) -> list[TaskInfo]:
 class ControlReads(ControlHandles):
     """The read-only calls of :class:`ratchet.Control` (see there)."""
 
-    def status(self, window_s: float = 60.0) -> StatusReport:
+    def status(self, window_s: float = 60.0,
+               drain_within_s: float | None = None) -> StatusReport:
         """Counts per task type and state, oldest pending age, unknowns, audit counters,
         durability, ready tasks per pinned (name, version) with the live workers that
         have it (``versions``: a version no live worker has waits), and the capacity view
@@ -78,15 +79,26 @@ class ControlReads(ControlHandles):
         ``tasks_created`` / ``tasks_finished``; it first moves the counts mark forward in
         a short write transaction of its own (skipped if the ledger refuses the write).
 
+        Each type's view also has its capacity by Little's law (DESIGN §9): the mean
+        attempt duration ``W`` over the window (the newest ended attempts, a range of the
+        audit's time index), the slots of the live workers serving it, ``L = λ·W`` against
+        them, and with ``drain_within_s`` the slots that drain its backlog within that
+        time while tasks keep arriving.
+
         Args:
             window_s: the rate window, seconds (above 0, at most :data:`MAX_WINDOW_S`).
+            drain_within_s: the time to drain each backlog in, seconds (above 0, at most
+                :data:`~ratchet.validation.MAX_DURATION_S`), for
+                :attr:`TypeStatusView.slots_needed`; None: not computed.
 
         Raises:
-            InvalidArguments: ``window_s`` out of range.
+            InvalidArguments: ``window_s`` or ``drain_within_s`` out of range.
             LedgerUnavailable: no ledger there (nothing is created), or unreachable.
             ConfigError: malformed URL.
         """
         window = opchecks.check_seconds(window_s, "window_s", MAX_WINDOW_S)
+        within = (None if drain_within_s is None else
+                  opchecks.check_seconds(drain_within_s, "drain_within_s", MAX_DURATION_S))
         led = self._reader()
         s = led.stats(window)
         pauses = _active_pauses(led)
@@ -94,7 +106,9 @@ class ControlReads(ControlHandles):
         usage = (led.slot_usage() if any(lim.scope is LimitScope.TENANT for lim in limits)
                  else None)
         types, totals = capacity_views(s.counts, s.capacity, s.ledger_now, window,
-                                       pauses=pauses, limits=limits, usage=usage)
+                                       pauses=pauses, limits=limits, usage=usage,
+                                       workers=led.live_worker_slots(LIVE_WORKER_S),
+                                       drain_within_s=within)
         return StatusReport(
             ledger=redact_url(led.config.url),
             backend=led.config.scheme,
@@ -123,6 +137,7 @@ class ControlReads(ControlHandles):
             ],
             pauses=pauses,
             window_s=window,
+            drain_within_s=within,
             types=types,
             totals=totals,
         )

@@ -59,6 +59,8 @@ class StatusReport:
         pauses: the active pauses (scope, target, who, why, since, version) with the
             RUNNING tasks in each scope still short of a safe boundary.
         window_s: the window of the arrival and completion rates, seconds.
+        drain_within_s: the time to drain each backlog in the status was asked for,
+            seconds (each type's ``slots_needed``); None: not asked.
         types: the capacity view per task type (:class:`TypeStatusView`), by name: every
             type with a task in the ledger or one that arrived or finished in the window.
         totals: the same figures over every type (a :class:`TypeStatusView` named
@@ -90,6 +92,7 @@ class StatusReport:
     """Ready tasks per pinned (name, version) with the live workers that have it; a
     version no live worker has waits (DESIGN §8)."""
     window_s: float = 60.0
+    drain_within_s: float | None = None
     types: list[TypeStatusView] = field(default_factory=list)
     totals: TypeStatusView | None = None
 

@@ -76,6 +76,7 @@ from .records_registry import (
     DefinitionSpec,
     VersionBacklog,
     WorkerInfo,
+    WorkerSlots,
 )
 from .records_schedules import (
     ScheduleAdvance,
@@ -85,7 +86,13 @@ from .records_schedules import (
     ScheduleRecord,
     ScheduleSpec,
 )
-from .records_stats import RECENT_FRACTION, LedgerStats, ThroughputCount, TypeCapacity
+from .records_stats import (
+    ATTEMPT_SAMPLE,
+    RECENT_FRACTION,
+    LedgerStats,
+    ThroughputCount,
+    TypeCapacity,
+)
 from .records_tasks import (
     LATE_ACCOUNTED_FOR,
     LATE_POSSIBLE_DUPLICATE,
@@ -150,6 +157,7 @@ __all__ = [
     "LATE_ACCOUNTED_FOR",
     "LATE_POSSIBLE_DUPLICATE",
     "LateEffect",
+    "ATTEMPT_SAMPLE",
     "AdminLedger",
     "Ledger",
     "LedgerHandle",
@@ -178,5 +186,6 @@ __all__ = [
     "Transition",
     "VersionBacklog",
     "WorkerInfo",
+    "WorkerSlots",
     "claim_kinds",
 ]

@@ -59,6 +59,7 @@ from .base import (
     VersionBacklog,
     WaitInfo,
     WorkerInfo,
+    WorkerSlots,
 )
 from .dialect import Dialect
 from .ops.batches import Batches
@@ -394,6 +395,14 @@ class LedgerEngine:
     def register_worker(self, info: WorkerInfo) -> None:
         """See :meth:`Ledger.register_worker` (:class:`~ratchet.ledger.ops.registry.Registry`)."""
         self._registry.register_worker(info)
+
+    def record_worker_slots(self, holder: str, slots: int) -> None:
+        """See :meth:`Ledger.record_worker_slots`."""
+        self._registry.record_worker_slots(holder, slots)
+
+    def live_worker_slots(self, live_within_s: float) -> list[WorkerSlots]:
+        """See :meth:`Ledger.live_worker_slots`."""
+        return self._registry.live_worker_slots(live_within_s)
 
     def touch_worker(self, holder: str, state: str = "alive") -> None:
         """See :meth:`Ledger.touch_worker`."""

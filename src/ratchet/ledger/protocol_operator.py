@@ -20,7 +20,7 @@ from .records_ops import (
     ResolveOutcome,
     SlotUsage,
 )
-from .records_registry import DefinitionRecord, VersionBacklog
+from .records_registry import DefinitionRecord, VersionBacklog, WorkerSlots
 from .records_schedules import ScheduleRecord
 from .records_stats import LedgerStats, ThroughputCount
 from .records_tasks import AuditEvent, LateEffect, TaskEffect, TaskInfo, TaskQuery, Timeline
@@ -271,6 +271,14 @@ class OperatorLedger(LedgerHandle, Protocol):
     def version_backlog(self, live_within_s: float) -> list[VersionBacklog]:
         """Ready tasks per (name, version) with the live workers that have each version
         (``ratchet status``: a version no live worker has waits, never fails)."""
+        ...
+
+    def live_worker_slots(self, live_within_s: float) -> list[WorkerSlots]:
+        """The registered workers that are ``alive`` and were seen within
+        ``live_within_s`` seconds, each with its slots (its last
+        :meth:`~WorkerLedger.record_worker_slots`, None without one) and the task types it
+        registered, by holder (``ratchet status``: the slots serving each type). None on a
+        ledger not yet migrated to the definition tables."""
         ...
 
     def worker_definition_specs(self) -> list[tuple[str, str]]:

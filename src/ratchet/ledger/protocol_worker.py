@@ -203,6 +203,14 @@ class WorkerLedger(LedgerHandle, Protocol):
         """Record a worker process in the registry (``state = alive``, ``last_seen = now``)."""
         ...
 
+    def record_worker_slots(self, holder: str, slots: int) -> None:
+        """Record worker ``holder``'s slots (its concurrency, task threads) for the capacity
+        figures of ``ratchet status`` (:meth:`~OperatorLedger.live_worker_slots`): an audit
+        row of kind ``worker_slots`` (task id ``worker:HOLDER``, detail
+        ``{"concurrency": slots}``); the newest one counts. A prune removes those older than
+        its cutoff, so a long-running worker writes it again now and then."""
+        ...
+
     def touch_worker(self, holder: str, state: str = "alive") -> None:
         """Registry heartbeat: set ``last_seen = now`` and ``state`` (``stopped`` on a clean
         exit). A worker already marked ``dead`` stays dead."""

@@ -11,6 +11,7 @@ __all__ = [
     "DefinitionSpec",
     "VersionBacklog",
     "WorkerInfo",
+    "WorkerSlots",
 ]
 
 
@@ -112,3 +113,23 @@ class VersionBacklog:
     ready: int
     oldest_run_at: float
     live_workers: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSlots:
+    """A live worker's slots and the task types it serves (:meth:`Ledger.live_worker_slots`,
+    the capacity figures of ``ratchet status``).
+
+    Attributes:
+        holder: the worker's identity.
+        slots: its concurrency (task threads) as it recorded it
+            (:meth:`Ledger.record_worker_slots`), None when it recorded none (a worker of
+            an older release, or its record pruned: it is written again every
+            :data:`~ratchet.worker.registry.SLOTS_REFRESH_S`).
+        names: the task types it registered (each once, whatever versions it runs),
+            sorted. Its slots are shared by all of them.
+    """
+
+    holder: str
+    slots: int | None
+    names: tuple[str, ...]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = [
+    "ATTEMPT_SAMPLE",
     "LedgerStats",
     "RECENT_FRACTION",
     "ThroughputCount",
@@ -93,6 +94,15 @@ class TypeCapacity:
             over the window's recent part only (its last :data:`RECENT_FRACTION`).
         last_arrival_at: the newest ``created_at`` in the window, epoch seconds (None: no
             task arrived in it).
+        attempts: its attempts that ended in the window (of the newest
+            :data:`ATTEMPT_SAMPLE` ended over all types): a claim (or takeover) and its
+            holder's own end of it, whatever the outcome (finished, retry, parked in
+            ``WAITING``, ``UNKNOWN``) but a release (handed back at a shutdown, mostly a
+            prefetched task that never ran). An attempt whose holder was gone (taken over,
+            revoked, retired) has no end of its own and is not counted; nor is a parked
+            task's wait (its wake is a new claim).
+        attempt_s: the summed durations of those attempts, claim to end, seconds (the
+            claim of one that ended in the window may lie before it).
     """
 
     name: str
@@ -108,6 +118,13 @@ class TypeCapacity:
     recent_completions: int = 0
     recent_unknown_entered: int = 0
     last_arrival_at: float | None = None
+    attempts: int = 0
+    attempt_s: float = 0.0
+
+
+ATTEMPT_SAMPLE = 10_000
+"""The most ended attempts :attr:`TypeCapacity.attempts` measures per status read, the
+newest of the window (so that the read's cost does not grow with the throughput)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -399,6 +399,13 @@ class CompletionRow(NamedTuple):
     recent: int | None
 
 
+class AttemptsRow(NamedTuple):
+    """Ended attempts of a type in a window and their summed duration (``status_attempts``)."""
+    name: str
+    n: int
+    total_s: float | None
+
+
 class BucketCount(NamedTuple):
     """A count per time bucket (``throughput_arrivals``, ``throughput_completions``)."""
     bucket: int
@@ -493,6 +500,13 @@ class LiveRow(NamedTuple):
     name: str
     version: int
     n: int
+
+
+class WorkerSlotRow(NamedTuple):
+    """A live worker, one type it registered and its slots record (``live_worker_slots``)."""
+    holder: str
+    name: str
+    detail: str | None
 
 
 class BudgetCountRow(NamedTuple):

@@ -85,6 +85,7 @@ from ..errors import (
 from ..serde import printable
 from ..shards import job_shards, task_shard
 from ..states import State
+from ..validation import MAX_DURATION_S
 from .auth import bearer, read_ok, token_ok
 from .jsonbody import DuplicateKeyBody, StrictJsonRoute
 from .models import (
@@ -466,10 +467,17 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
 
     # ------------------------------------------------------------------ reads
 
-    @reads.get("/status", response_model=StatusReport, responses=read_errors(503),
-               summary="Counts per type and state, unknowns, audit counters, pauses")
-    def get_status() -> StatusReport:
-        return control.status()
+    @reads.get("/status", response_model=StatusReport, responses=read_errors(422, 503),
+               summary="Counts per type and state, capacity, unknowns, audit counters, "
+                       "pauses")
+    def get_status(
+        drain_within_s: Annotated[float | None, Query(
+            gt=0, le=MAX_DURATION_S, allow_inf_nan=False,
+            description="Seconds to drain each backlog in: each type's slots_needed "
+                        "(the slots that drain it within that time while tasks keep "
+                        "arriving). Without it, slots_needed is null.")] = None,
+    ) -> StatusReport:
+        return control.status(drain_within_s=drain_within_s)
 
     @reads.get("/tasks", response_model=TaskPage, responses=read_errors(422, 503),
                summary="List tasks, newest first (keyset pagination)")

@@ -49,7 +49,7 @@ from ..errors import ErrorSpec, InvalidArguments, RatchetError, TaskNotFound, er
 from ..states import TERMINAL as TERMINAL_STATES
 from ..states import State
 from ..storedtext import stored_note
-from ..validation import MAX_KEY_BYTES, check_identifier
+from ..validation import MAX_KEY_BYTES, check_identifier, parse_duration_s
 from . import batchview, charts, present
 from .auth import read_ok, token_ok
 from .jsonbody import DuplicateKey, unique_keys
@@ -269,7 +269,11 @@ class Dashboard:
     async def overview(self, request: Request) -> Response:
         """``GET /``: the capacity view per task type, the charts, the counters."""
         async def page() -> Response:
-            report: StatusReport = await self.call(self.control.status, RATE_WINDOW_S)
+            within = request.query_params.get("drain_within_s")
+            within_s = (None if not within else
+                        parse_duration_s(within, "drain_within_s", above_zero=True))
+            report: StatusReport = await self.call(self.control.status, RATE_WINDOW_S,
+                                                   within_s)
             everything = any(p.scope == "all" for p in report.pauses)
             paused = {t.name for t in report.types
                       if everything or any(p.scope == "type" and p.target == t.name

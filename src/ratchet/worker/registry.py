@@ -42,14 +42,21 @@ from ..errors import LedgerCorrupt, RatchetError
 from ..ledger.base import Ledger, WorkerInfo
 from .backoff import RepeatedFailure
 
-__all__ = ["GONE_STATES", "REGISTRY_RETENTION_S", "TOUCH_INTERVAL_S", "UNRESPONSIVE_FLOOR_S",
-           "Registrar", "host_identity", "process_gone", "process_start_time", "process_state"]
+__all__ = ["GONE_STATES", "REGISTRY_RETENTION_S", "SLOTS_REFRESH_S", "TOUCH_INTERVAL_S",
+           "UNRESPONSIVE_FLOOR_S", "Registrar", "host_identity", "process_gone",
+           "process_start_time", "process_state"]
 
 log = logging.getLogger("ratchet.worker.registry")
 
 REGISTRY_RETENTION_S = 86_400.0
 """Registry rows of ``stopped`` / ``dead`` workers are deleted this many seconds after their
 last heartbeat (24 h)."""
+
+SLOTS_REFRESH_S = 3600.0
+"""Seconds between a worker's slots records (:meth:`Ledger.record_worker_slots`, written at
+registration and again this often: a prune deletes those older than its cutoff, so a worker
+that runs longer than the prune's retention would lose its record; an hour is below any
+sensible retention)."""
 
 TOUCH_INTERVAL_S = 5.0
 """Seconds between a worker's registry heartbeats (``last_seen``; its lease renewals move
@@ -166,6 +173,10 @@ class Registrar(threading.Thread):
         touch_interval_s: seconds between registry heartbeats (``last_seen``).
         retention_s: stopped / dead rows last seen longer ago than this are deleted.
         prune_interval_s: seconds between those deletions.
+        slots: this worker's concurrency (task threads), recorded at registration and every
+            ``slots_refresh_s`` seconds for the capacity figures of ``ratchet status``;
+            None records nothing.
+        slots_refresh_s: seconds between those records (:data:`SLOTS_REFRESH_S`).
     """
 
     def __init__(
@@ -176,6 +187,8 @@ class Registrar(threading.Thread):
         touch_interval_s: float = TOUCH_INTERVAL_S,
         retention_s: float = REGISTRY_RETENTION_S,
         prune_interval_s: float = 60.0,
+        slots: int | None = None,
+        slots_refresh_s: float = SLOTS_REFRESH_S,
     ) -> None:
         super().__init__(name="ratchet-registry", daemon=True)
         self.ledger = ledger
@@ -185,6 +198,9 @@ class Registrar(threading.Thread):
         self.touch_interval_s = touch_interval_s
         self.retention_s = retention_s
         self.prune_interval_s = prune_interval_s
+        self.slots = slots
+        self.slots_refresh_s = slots_refresh_s
+        self._slots_due = slots is not None  # until written (a failed write is tried again)
         self.revoked: dict[str, list[str]] = {}
         self._stop_event = threading.Event()
         self._registered = False
@@ -199,9 +215,17 @@ class Registrar(threading.Thread):
                           process_start_time(pid))
 
     def register(self) -> None:
-        """Write this worker's entry (called once before the first claim)."""
+        """Write this worker's entry, and its slots when it has them (called once before
+        the first claim)."""
         self.ledger.register_worker(self.info())
         self._registered = True
+        self._record_slots()
+
+    def _record_slots(self) -> None:
+        """Record this worker's slots (when it has them)."""
+        if self.slots is not None:
+            self.ledger.record_worker_slots(self.holder, self.slots)
+            self._slots_due = False
 
     def scan_once(self) -> dict[str, list[str]]:
         """Look at every live same-host worker once; revoke those whose process is gone.
@@ -229,6 +253,7 @@ class Registrar(threading.Thread):
         # The first prune at a random point of the first interval: workers started
         # together do not all write at once.
         since_prune = random.random() * self.prune_interval_s
+        since_slots = 0.0
         while not self._stop_event.wait(self.scan_interval_s):
             try:
                 if not self._registered:
@@ -236,6 +261,10 @@ class Registrar(threading.Thread):
                 self.scan_once()
                 since_touch += self.scan_interval_s
                 since_prune += self.scan_interval_s
+                since_slots += self.scan_interval_s
+                if self._slots_due or since_slots >= self.slots_refresh_s:
+                    since_slots = 0.0
+                    self._record_slots()
                 if since_touch >= self.touch_interval_s:
                     since_touch = 0.0
                     self.ledger.touch_worker(self.holder)

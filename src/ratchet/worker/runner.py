@@ -435,7 +435,7 @@ class Worker(EndedAttempts):
         self._register_definitions()
         registrar: Registrar | None = None
         if self.fast_takeover:
-            registrar = Registrar(self.ledger, self.holder)
+            registrar = Registrar(self.ledger, self.holder, slots=self.concurrency)
             try:
                 registrar.register()
             except LedgerCorrupt as exc:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import LedgerError
-from ..base import RECENT_FRACTION, LedgerStats, ThroughputCount, TypeCapacity
+from ..base import ATTEMPT_SAMPLE, RECENT_FRACTION, LedgerStats, ThroughputCount, TypeCapacity
 from ..dialect import Tx
 from ..rows import (
     COUNTS_READ_MARK,
@@ -21,6 +21,7 @@ from ..rows import (
     STATS_OLDEST,
     STATS_UNKNOWN,
     STATUS_ARRIVALS,
+    STATUS_ATTEMPTS,
     STATUS_COMPLETIONS,
     STATUS_QUARANTINED,
     STATUS_READY,
@@ -145,17 +146,21 @@ def _capacity(tx: Tx, from_at: float, counts: Mapping[str, Mapping[str, int]],
     index), quarantined (tasks_quarantine), and arrivals / completions since
     ``from_at`` and since ``recent_at`` (the window's recent part; default
     ``from_at``), with the newest arrival (ranges of tasks_created / tasks_finished,
-    the same rows): the backlog and the window, never the history (DESIGN §9)."""
+    the same rows), and the attempts that ended since ``from_at`` with their summed
+    duration (the newest :data:`ATTEMPT_SAMPLE` ends, a range of audit_at, a seek of
+    audit_task for each one's claim): the backlog and the window, never the history
+    (DESIGN §9)."""
     window = {"from_at": from_at, "recent_at": from_at if recent_at is None else recent_at}
     # The UNKNOWN rows of the types the counts show with some (a seek per type).
     waiting = sorted(n for n, states in counts.items() if states.get("UNKNOWN"))
     reads = [STATUS_READY.sent(), STATUS_ARRIVALS.sent({**window}),
-             STATUS_COMPLETIONS.sent({**window})]
+             STATUS_COMPLETIONS.sent({**window}),
+             STATUS_ATTEMPTS.sent({"from_at": from_at, "limit": ATTEMPT_SAMPLE})]
     if waiting:
         reads.append(STATUS_UNKNOWN.sent({"names": waiting, **window}))
     if quarantine:
         reads.append(STATUS_QUARANTINED.sent())
-    ready, arrivals, completions, *more = tx.rows_many(reads)
+    ready, arrivals, completions, attempts, *more = tx.rows_many(reads)
     unknown = STATUS_UNKNOWN.of(more.pop(0)) if waiting else []
     quarantined = STATUS_QUARANTINED.of(more.pop(0)) if quarantine else []
     by: dict[str, dict[str, Any]] = {name: {} for name in counts}
@@ -175,4 +180,7 @@ def _capacity(tx: Tx, from_at: float, counts: Mapping[str, Mapping[str, int]],
     for c in STATUS_COMPLETIONS.of(completions):
         by.setdefault(c.name, {}).update(completions=int(c.n),
                                          recent_completions=int(c.recent or 0))
+    for e in STATUS_ATTEMPTS.of(attempts):
+        by.setdefault(e.name, {}).update(attempts=int(e.n),
+                                         attempt_s=max(0.0, float(e.total_s or 0.0)))
     return [TypeCapacity(name, **by[name]) for name in sorted(by)]

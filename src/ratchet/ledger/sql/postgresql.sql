@@ -657,6 +657,30 @@ WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at >= %(from_at)
   AND updated_at <= %(now)s::float8
 GROUP BY name;
 
+-- name: status_attempts
+-- Attempts that ended in the window per type, and their summed duration (ratchet status:
+-- the mean attempt duration, DESIGN §9). An attempt is a claim (or takeover) and its
+-- holder's own end of it, the fenced RUNNING -> X transition of the same generation, any
+-- outcome but a release (RUNNING -> PENDING: handed back at a shutdown, mostly a
+-- prefetched task that never ran); a retire of a holder gone has no holder and is not
+-- one, and a park's wait is not in one (its wake is a new claim). The newest %(limit)s ends only: a backward walk of
+-- audit_at (both bounds written) stopped at the limit, then per end a seek of audit_task
+-- for its claim and a primary-key probe of tasks for its type.
+SELECT t.name, count(*), sum(e.at - e.claimed_at) FROM (
+    SELECT e.task_id, e.at,
+           (SELECT c.at FROM audit AS c
+            WHERE c.task_id = e.task_id AND c.seq < e.seq AND c.generation = e.generation
+              AND c.kind IN ('claim', 'takeover')
+            ORDER BY c.seq DESC LIMIT 1) AS claimed_at
+    FROM audit AS e
+    WHERE e.at >= %(from_at)s::float8 AND e.at <= %(now)s::float8
+      AND e.kind = 'transition' AND e.from_state = 'RUNNING' AND e.to_state <> 'PENDING'
+      AND e.holder IS NOT NULL
+    ORDER BY e.at DESC LIMIT %(limit)s) AS e
+JOIN tasks AS t ON t.id = e.task_id
+WHERE e.claimed_at IS NOT NULL
+GROUP BY t.name;
+
 -- name: throughput_arrivals
 -- Tasks created per bucket of %(bucket_s)s seconds in [from_at, to_at), of one type
 -- (%(name)s) or all (NULL): a range of tasks_created.
@@ -941,6 +965,18 @@ SELECT d.name, d.version, count(*) FROM worker_definitions AS d
 JOIN workers AS w ON w.holder = d.holder
 WHERE w.state = 'alive' AND w.last_seen >= %(since)s
 GROUP BY d.name, d.version;
+
+-- name: live_worker_slots
+-- Live workers (alive in the registry and seen since %(since)s), one row per task type
+-- each registered, with its slots: the detail of its newest worker_slots audit row (task
+-- id "worker:HOLDER", a seek of audit_task per worker). The registry is small.
+SELECT DISTINCT w.holder, d.name,
+       (SELECT a.detail FROM audit AS a
+        WHERE a.task_id = 'worker:' || w.holder AND a.kind = 'worker_slots'
+        ORDER BY a.seq DESC LIMIT 1)
+FROM workers AS w JOIN worker_definitions AS d ON d.holder = w.holder
+WHERE w.state = 'alive' AND w.last_seen >= %(since)s::float8;
+
 -- name: counts_read_mark
 -- The counts mark (see stats_counts, migration 0004).
 SELECT upto FROM counts_mark;
