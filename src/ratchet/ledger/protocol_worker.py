@@ -205,10 +205,8 @@ class WorkerLedger(LedgerHandle, Protocol):
 
     def record_worker_slots(self, holder: str, slots: int) -> None:
         """Record worker ``holder``'s slots (its concurrency, task threads) for the capacity
-        figures of ``ratchet status`` (:meth:`~OperatorLedger.live_worker_slots`): an audit
-        row of kind ``worker_slots`` (task id ``worker:HOLDER``, detail
-        ``{"concurrency": slots}``); the newest one counts. A prune removes those older than
-        its cutoff, so a long-running worker writes it again now and then."""
+        figures of ``ratchet status`` (:meth:`~OperatorLedger.live_worker_slots`): its
+        registry row's ``slots`` (call after :meth:`register_worker`)."""
         ...
 
     def touch_worker(self, holder: str, state: str = "alive") -> None:

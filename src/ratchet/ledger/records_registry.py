@@ -124,8 +124,7 @@ class WorkerSlots:
         holder: the worker's identity.
         slots: its concurrency (task threads) as it recorded it
             (:meth:`Ledger.record_worker_slots`), None when it recorded none (a worker of
-            an older release, or its record pruned: it is written again every
-            :data:`~ratchet.worker.registry.SLOTS_REFRESH_S`).
+            an older release).
         names: the task types it registered (each once, whatever versions it runs),
             sorted. Its slots are shared by all of them.
     """

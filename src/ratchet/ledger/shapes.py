@@ -503,10 +503,10 @@ class LiveRow(NamedTuple):
 
 
 class WorkerSlotRow(NamedTuple):
-    """A live worker, one type it registered and its slots record (``live_worker_slots``)."""
+    """A live worker, one type it registered and its slots (``live_worker_slots``)."""
     holder: str
     name: str
-    detail: str | None
+    slots: int | None
 
 
 class BudgetCountRow(NamedTuple):

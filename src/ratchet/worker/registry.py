@@ -54,9 +54,8 @@ last heartbeat (24 h)."""
 
 SLOTS_REFRESH_S = 3600.0
 """Seconds between a worker's slots records (:meth:`Ledger.record_worker_slots`, written at
-registration and again this often: a prune deletes those older than its cutoff, so a worker
-that runs longer than the prune's retention would lose its record; an hour is below any
-sensible retention)."""
+registration and again this often: a registry row written again by a restart of the
+registry, or a failed first write, is set again within the hour)."""
 
 TOUCH_INTERVAL_S = 5.0
 """Seconds between a worker's registry heartbeats (``last_seen``; its lease renewals move

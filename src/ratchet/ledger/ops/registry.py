@@ -32,16 +32,7 @@ from ..rows import (
 from .core import EngineCore
 from .schema import DEFINITIONS
 
-__all__ = ["SLOTS_KIND", "Registry", "worker_slots_id"]
-
-SLOTS_KIND = "worker_slots"
-"""The audit kind of a worker's slots record (:meth:`Registry.record_worker_slots`)."""
-
-
-def worker_slots_id(holder: str) -> str:
-    """The audit ``task_id`` of worker ``holder``'s slots records: ``worker:HOLDER``."""
-    return f"worker:{holder}"
-
+__all__ = ["Registry"]
 
 class Registry:
     """Workers and definitions of the :class:`~ratchet.ledger.base.Ledger` contract. The
@@ -59,11 +50,9 @@ class Registry:
         }))
 
     def record_worker_slots(self, holder: str, slots: int) -> None:
-        """See :meth:`Ledger.record_worker_slots`: one audit row (the registry table has no
-        column for it)."""
-        self.core.dialect.run(lambda tx: insert_audit(tx, [(
-            worker_slots_id(holder), tx.now, SLOTS_KIND, None, None, None, holder,
-            dumps({"concurrency": slots}))]))
+        """See :meth:`Ledger.record_worker_slots`: the registry row's ``slots``."""
+        self.core.dialect.run(lambda tx: tx.execute("worker_slots_set",
+                                                    {"holder": holder, "slots": slots}))
 
     def live_worker_slots(self, live_within_s: float) -> list[WorkerSlots]:
         """See :meth:`Ledger.live_worker_slots` (none on a ledger not yet migrated to the
@@ -76,7 +65,7 @@ class Registry:
         slots: dict[str, int | None] = {}
         for r in rows:
             names.setdefault(r.holder, set()).add(r.name)
-            slots[r.holder] = _slots_of(r.detail)
+            slots[r.holder] = r.slots if isinstance(r.slots, int) and r.slots > 0 else None
         return [WorkerSlots(h, slots[h], tuple(sorted(names[h]))) for h in sorted(names)]
 
     def touch_worker(self, holder: str, state: str = "alive") -> None:
@@ -178,17 +167,6 @@ def _live(tx: Tx, live_within_s: float) -> dict[tuple[str, int], int]:
     """Live workers per (name, version): alive and seen within ``live_within_s`` seconds."""
     return {(r.name, r.version): r.n
             for r in LIVE_DEFINITIONS.all(tx, {"since": tx.now - live_within_s})}
-
-
-def _slots_of(detail: str | None) -> int | None:
-    """The concurrency in a slots record's detail (None: no record, or not readable)."""
-    if detail is None:
-        return None
-    try:
-        value = json.loads(detail).get("concurrency")
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _spec_differences(old_json: str, new_json: str) -> tuple[str, ...]:

@@ -968,14 +968,14 @@ GROUP BY d.name, d.version;
 
 -- name: live_worker_slots
 -- Live workers (alive in the registry and seen since :since), one row per task type
--- each registered, with its slots: the detail of its newest worker_slots audit row (task
--- id "worker:HOLDER", a seek of audit_task per worker). The registry is small.
-SELECT DISTINCT w.holder, d.name,
-       (SELECT a.detail FROM audit AS a
-        WHERE a.task_id = 'worker:' || w.holder AND a.kind = 'worker_slots'
-        ORDER BY a.seq DESC LIMIT 1)
+-- each registered, with its slots (workers.slots, NULL for a worker that recorded none).
+-- The registry is small.
+SELECT DISTINCT w.holder, d.name, w.slots
 FROM workers AS w JOIN worker_definitions AS d ON d.holder = w.holder
 WHERE w.state = 'alive' AND w.last_seen >= :since;
+
+-- name: worker_slots_set
+UPDATE workers SET slots = :slots WHERE holder = :holder;
 
 -- name: counts_read_mark
 -- The counts mark (see stats_counts, migration 0005).
