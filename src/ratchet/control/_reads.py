@@ -25,6 +25,7 @@ from ..states import State
 from ..validation import MAX_NAME_BYTES, check_identifier
 from ..worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_state
 from ._base import ControlHandles
+from ._flowviews import RateLimitView, flow_views
 from ._records import (
     EffectPage,
     LateEffectView,
@@ -73,10 +74,12 @@ class ControlReads(ControlHandles):
         have it (``versions``: a version no live worker has waits), and the capacity view
         per type (``types``, ``totals``: backlog, scheduled, rates over the last
         ``window_s`` seconds, net drain rate and drain ETA, oldest ages, unknown and
-        quarantined counts; :class:`TypeStatusView`). Reads no history (DESIGN §9):
-        the non-terminal rows from their indexes, and the window's rows by range scans of
-        ``tasks_created`` / ``tasks_finished``; it first moves the counts mark forward in
-        a short write transaction of its own (skipped if the ledger refuses the write).
+        quarantined counts; :class:`TypeStatusView`), the live tasks per queue
+        (``queues``) and the tasks flow control holds back per type (``flow``). Reads no
+        history (DESIGN §9): the non-terminal rows from their indexes, and the window's
+        rows by range scans of ``tasks_created`` / ``tasks_finished``; it first moves the
+        counts mark forward in a short write transaction of its own (skipped if the
+        ledger refuses the write).
 
         Args:
             window_s: the rate window, seconds (above 0, at most :data:`MAX_WINDOW_S`).
@@ -95,6 +98,7 @@ class ControlReads(ControlHandles):
                  else None)
         types, totals = capacity_views(s.counts, s.capacity, s.ledger_now, window,
                                        pauses=pauses, limits=limits, usage=usage)
+        queues, flow = flow_views(led.flow_counts())
         return StatusReport(
             ledger=redact_url(led.config.url),
             backend=led.config.scheme,
@@ -125,6 +129,8 @@ class ControlReads(ControlHandles):
             window_s=window,
             types=types,
             totals=totals,
+            queues=queues,
+            flow=flow,
         )
 
     def throughput(self, window_s: float = 600.0, bucket_s: float = 30.0,
@@ -440,7 +446,8 @@ class ControlReads(ControlHandles):
         return [schedule_view(r, now, names) for r in led.schedules()]
 
     def limits(self) -> LimitsReport:
-        """The concurrency limits and their live use (DESIGN §8, ``ratchet limits``).
+        """The concurrency limits and their live use, and the rate limits with the tasks
+        they hold back (DESIGN §8, ``ratchet limits``).
 
         Raises:
             LedgerUnavailable: no ledger there.
@@ -476,8 +483,11 @@ class ControlReads(ControlHandles):
                       now - oldest_by[("type", name)] if ("type", name) in oldest_by else None)
             for name in names
         ]
+        held = led.rate_held()
+        rates = [RateLimitView.of(r, held.get(r.name, 0) if r.scope == "type" else 0)
+                 for r in led.rate_limits()]
         return LimitsReport(views, per_type, running_by.get(("total", ""), 0),
-                            led.limit_changes(20), now)
+                            led.limit_changes(20), now, rates)
 
     def pauses(self) -> list[PauseRecord]:
         """The active pauses, oldest first, each with its RUNNING tasks still short of a
