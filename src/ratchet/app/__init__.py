@@ -328,12 +328,14 @@ class App:
             params: a pydantic model the params must validate against (strict JSON mode)
                 instead of the function's signature; its fields must be parameters of the
                 function.
-            queue, rate_limit, concurrency_key, max_per_key, ordered, fair, fair_key: flow
-                control (DESIGN §8; :class:`~ratchet.app._flow.FlowSpec`): the named queue
-                (default ``"default"``), a :class:`~ratchet.ratelimit.RateLimit`, a function
-                of the params naming the concurrency key with at most ``max_per_key``
-                tasks of a key holding a slot (``ordered``: one, in submit order), and
-                round-robin claims across tenants (``fair``) or ``fair_key``'s values.
+            queue: the named queue of its tasks (default ``"default"``); this and the
+                six below are flow control (DESIGN §8; :class:`~ratchet.app._flow.FlowSpec`).
+            rate_limit: a :class:`~ratchet.ratelimit.RateLimit` on its claims.
+            concurrency_key: a function of the params naming the concurrency key.
+            max_per_key: at most this many tasks of a key hold a slot.
+            ordered: one slot per key, given in submit order.
+            fair: round-robin claims across tenants.
+            fair_key: a function of the params whose values claims go round (``fair``).
 
         Raises:
             ConfigError: the same (name, version) twice, a bad flow-control argument,
