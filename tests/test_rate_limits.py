@@ -151,6 +151,23 @@ def test_held_back_tasks_per_type_and_queue(ledger_url: str, ledger: Ledger) -> 
         timeline = control.inspect(claims[0].task_id)
         assert (timeline.task.queue, timeline.task.flow_wait) == ("payments", "rate")
 
+    # Keyed tasks beyond their key's one slot wait for it.
+    keyed = []
+    for i in range(3):
+        params = dumps({"i": i})
+        keyed.append(NewTask(new_task_id(), "acct", 1, params, digest("acct", params), None,
+                             3, 30.0, queue="accounts", ckey="a-1", ckey_max=1))
+    ledger.submit(keyed)
+    infos = [ledger.get(t.task_id) for t in keyed]
+    assert sorted((i.flow_wait or "-", i.key_slot) for i in infos) == [
+        ("-", True), ("key", False), ("key", False)]
+    with Control(ledger_url) as control:
+        status = control.status()
+        [accounts] = [q for q in status.queues if q.queue == "accounts"]
+        assert (accounts.ready, accounts.key_waiting) == (1, 2)
+        assert ("acct", 0, 2) in [(f.name, f.rate_limited, f.key_waiting)
+                                  for f in status.flow]
+
 
 def test_a_downstream_token_take_is_fenced_and_refills(ledger: Ledger) -> None:
     [task_id] = submit(ledger, "pay", 1)
