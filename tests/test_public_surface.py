@@ -42,11 +42,12 @@ CONTROL_ALL = [
     "ConservationReport", "Control", "ControlOutcome", "DefinitionView", "EffectPage",
     "EffectRecord", "EffectState", "EffectView", "EventReceipt", "LATE_ACCOUNTED_FOR",
     "LATE_POSSIBLE_DUPLICATE", "LateEffectView", "LimitReached", "LimitView", "LimitsReport",
-    "PauseRecord", "PauseResult", "PruneReport", "QuarantineGroupView", "REASON_REQUIRED",
-    "ReconcileCounts", "ReplayReport", "ReplayedTask", "ResolveOutcome", "STALE_SCHEDULE_S",
+    "PauseRecord", "PauseResult", "PruneReport", "QuarantineGroupView", "QueueStatusView",
+    "REASON_REQUIRED", "RateLimitView", "ReconcileCounts", "ReplayReport", "ReplayedTask",
+    "ResolveOutcome", "STALE_SCHEDULE_S",
     "ScheduleView", "StatusReport",
     "StepView", "TaskEffectView", "TaskInfo", "TaskPage", "TaskTimeline", "ThroughputBucket",
-    "TypeStatusView", "Undecodable", "UsageView", "VersionWaitView", "WorkerView",
+    "TypeFlowView", "TypeStatusView", "Undecodable", "UsageView", "VersionWaitView", "WorkerView",
     "default_operator",
 ]
 

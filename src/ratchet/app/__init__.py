@@ -44,6 +44,7 @@ from ..validation import (
     check_int,
 )
 from . import _taskops as taskops
+from ._downstream import Downstreams
 from ._flow import DEFAULT_QUEUE, FlowSpec
 from ._periodic import PeriodicTask, find_definition, periodic_task
 from ._submitgroup import SUBMIT_GROUP_MAX as SUBMIT_GROUP_MAX
@@ -134,10 +135,13 @@ class App:
         """The newest version of each registered name (what :meth:`submit` pins)."""
         self.versions: dict[str, dict[int, TaskDefinition]] = {}
         """Every registered version of each name: ``versions[name][version]``."""
-        self.downstreams: dict[str, RetryBudget] = {}
+        self._downstreams = Downstreams()
+        self.downstreams: dict[str, RetryBudget] = self._downstreams.budgets
         """Retry budgets of downstreams by name (:meth:`downstream`)."""
-        self.breakers: dict[str, DownstreamBreaker] = {}
+        self.breakers: dict[str, DownstreamBreaker] = self._downstreams.breakers
         """Circuit breakers of downstreams by name (:meth:`downstream`), this process's."""
+        self.downstream_rates: dict[str, RateLimit] = self._downstreams.rates
+        """Rate limits of downstreams by name (:meth:`downstream`)."""
         self.lookups: dict[tuple[str, str], RegisteredLookup] = {}
         """Registered lookups by (task type, effect name) (:meth:`lookup`)."""
         self.periodic_tasks: dict[str, PeriodicTask] = {}
@@ -146,10 +150,10 @@ class App:
 
     def downstream(
         self, name: str, *, budget: RetryBudget | None = None,
-        breaker: CircuitBreaker | None = None,
+        breaker: CircuitBreaker | None = None, rate_limit: RateLimit | None = None,
     ) -> None:
         """Configure the downstream ``name``, what effects declare with ``ctx.effect(...,
-        downstream=name)`` (DESIGN §7).
+        downstream=name)`` (DESIGN §7, §8).
 
         Args:
             name: the downstream's name.
@@ -159,28 +163,20 @@ class App:
             breaker: a circuit breaker (:mod:`ratchet.breaker`; per worker process):
                 overloads open it, and while it is open effects toward the downstream are
                 not sent and their tasks wait (``PENDING``) instead of spending retries.
+            rate_limit: a cluster-wide rate limit (:class:`~ratchet.ratelimit.RateLimit`;
+                its ``key`` applies to the effect's ``params=``): each call takes a token
+                of the key's bucket in the ledger first; with none left the call is not
+                sent and the task waits (``PENDING``, ``flow_wait`` ``"rate"``) until the
+                bucket has one, spending no attempt (:mod:`ratchet.worker.ratewait`).
 
         Raises:
-            ConfigError: neither given, ``budget`` not a :class:`~ratchet.retry.RetryBudget`,
-                ``breaker`` not a :class:`~ratchet.breaker.CircuitBreaker`, or the name
-                configured twice.
+            ConfigError: none given, ``budget`` not a :class:`~ratchet.retry.RetryBudget`,
+                ``breaker`` not a :class:`~ratchet.breaker.CircuitBreaker`, ``rate_limit``
+                not a :class:`~ratchet.ratelimit.RateLimit`, or the name configured
+                twice.
             InvalidArguments: the name cannot be stored.
         """
-        check_identifier(name, "downstream name", MAX_NAME_BYTES)
-        if budget is None and breaker is None:
-            raise ConfigError(f"downstream {name!r}: give a budget, a breaker or both")
-        if budget is not None and not isinstance(budget, RetryBudget):
-            raise ConfigError(
-                f"budget must be a ratchet.RetryBudget, got {type(budget).__name__}")
-        if breaker is not None and not isinstance(breaker, CircuitBreaker):
-            raise ConfigError(
-                f"breaker must be a ratchet.CircuitBreaker, got {type(breaker).__name__}")
-        if name in self.downstreams or name in self.breakers:
-            raise ConfigError(f"downstream {name!r} is configured twice")
-        if budget is not None:
-            self.downstreams[name] = budget
-        if breaker is not None:
-            self.breakers[name] = DownstreamBreaker(name, breaker)
+        self._downstreams.add(name, budget, breaker, rate_limit)
 
     def lookup(
         self, task_type: str, effect: str, *, fenced: bool = False,

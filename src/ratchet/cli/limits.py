@@ -1,4 +1,5 @@
-"""``ratchet limits`` (``set``, ``clear``): cluster-wide concurrency limits (bulkheads)."""
+"""``ratchet limits`` (``set``, ``clear``): cluster-wide concurrency limits (bulkheads) and
+rate limits of task types."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from .. import (
 )
 from ..control import (
     Control,
+    LimitsReport,
+    RateLimitView,
 )
 from .guard import guard
 from .options import (
@@ -34,9 +37,10 @@ __all__ = ["limits_cli"]
 
 
 limits_cli = typer.Typer(
-    help="Cluster-wide concurrency limits (bulkheads). Without a command: every limit with "
-         "its live use (running, ready, oldest ready age), the use per task type, and the "
-         "latest limit changes. Limits live in the ledger: every worker's claim obeys them.",
+    help="Cluster-wide concurrency limits (bulkheads) and rate limits. Without a command: "
+         "every limit with its live use (running, ready, oldest ready age), the use per "
+         "task type, every rate limit with the tasks it holds back, and the latest limit "
+         "changes. Limits live in the ledger: every worker's claim obeys them.",
     invoke_without_command=True, add_completion=False, pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -62,7 +66,8 @@ def limits(
     ctx: typer.Context, ledger: LedgerOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Show every concurrency limit with its live use (running, ready, oldest ready age),
-    the use of every task type, and the latest limit changes.
+    the use of every task type, every rate limit (from the code or an operator) with the
+    tasks it holds back now, and the latest limit changes.
 
     Limits live in the ledger and hold cluster-wide: every worker's claim obeys them.
     """
@@ -99,18 +104,64 @@ def limits(
             usage.add_row("(nothing running or ready)", "", "", "")
         out.print(usage)
         out.print(line(f"running in all: {report.running}"))
+        out.print(_rate_table(report))
         if report.changes:
             out.print(line("latest limit changes:"))
         for e in report.changes[:10]:
             d = e.detail
             what = e.task_id.removeprefix("limit:")
-            values = ("cleared" if e.kind == "limit_cleared" else
-                      f"reserved {d.get('reserved')}, max "
-                      f"{'-' if d.get('maximum') is None else d.get('maximum')}")
-            out.print(line(f"  {when(e.at)} {what} {values} by ", (str(d.get("operator")), ""),
-                           ": ", (str(d.get("reason")), "")))
+            out.print(line(f"  {when(e.at)} {what} {_change(e.kind, d)} by ",
+                           (str(d.get("operator")), ""), ": ", (str(d.get("reason")), "")))
 
     guard(run)
+
+
+def _rate_table(report: LimitsReport) -> Table:
+    """The rate limits of ``ratchet limits``."""
+    table = Table(title="rate limits")
+    for col in ("scope", "name", "rate", "burst", "key", "source", "held back", "set by",
+                "reason"):
+        table.add_column(col, overflow="fold")
+    for v in report.rate_limits:
+        table.add_row(field(v.scope), field(v.name), field(v.rate, "bold"), field(v.burst),
+                      field(v.key_param or "-"), field(v.source),
+                      field(v.held, "yellow" if v.held else ""),
+                      field(f"{v.updated_by or '-'} v{v.version}"), field(v.reason or "-"))
+    if not report.rate_limits:
+        table.add_row("(none: no rate limit applies)", "", "", "", "", "", "", "", "")
+    return table
+
+
+def _change(kind: str, d: dict[str, object]) -> str:
+    """What one limit change did, in words."""
+    if kind in ("limit_cleared", "rate_limit_cleared"):
+        return "rate limit cleared" if kind == "rate_limit_cleared" else "cleared"
+    if kind == "rate_limit_set":
+        per_s = d.get("rate_per_s")
+        rate = f"{per_s:.4g}/s" if isinstance(per_s, int | float) else "?"
+        key = f", key {d['key_param']}" if d.get("key_param") else ""
+        return f"rate {rate}, burst {d.get('burst')}{key}"
+    return (f"reserved {d.get('reserved')}, max "
+            f"{'-' if d.get('maximum') is None else d.get('maximum')}")
+
+
+def _rate_args(type_name: str | None, tenant: str | None, total: object,
+               others: bool) -> str:
+    """The task type of a rate-limit command (``--type`` alone)."""
+    if type_name is None or tenant is not None or total or others:
+        raise InvalidArguments("a rate limit is set or cleared for one --type NAME only "
+                               "(without --tenant, --total, --reserved or --max)")
+    return type_name
+
+
+def _echo_rate(view: RateLimitView, as_json: bool, what: str) -> None:
+    if as_json:
+        echo_json(view)
+        return
+    key = f", a bucket per {view.key_param}" if view.key_param else ""
+    console().print(line(f"type {view.name}: rate ", (view.rate, "bold"),
+                         f", burst {view.burst}{key} {what} (v{view.version}, by "
+                         f"{view.updated_by})"))
 
 
 @limits_cli.command("set", cls=Command)
@@ -129,17 +180,46 @@ def limits_set(
     maximum: Annotated[
         int | None, typer.Option("--max", metavar="N", help="At most N running at once."),
     ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option("--rate", metavar="N/UNIT",
+                     help="With --type: a rate limit (20/s, 100/m, 5/10s, 1000/h, 2/d) "
+                          "that replaces the code's until cleared."),
+    ] = None,
+    burst: Annotated[
+        int | None,
+        typer.Option("--burst", metavar="N",
+                     help="With --rate: the bucket's size (default: the rate per second, "
+                          "rounded up)."),
+    ] = None,
+    key_param: Annotated[
+        str | None,
+        typer.Option("--key-param", metavar="PARAM",
+                     help="With --rate: a bucket per value of this parameter."),
+    ] = None,
     operator: OperatorOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Set a limit of one task type, one tenant, or the total (replaces the old one).
+    """Set a limit of one task type, one tenant, or the total (replaces the old one); or
+    a rate limit of one task type.
 
     Examples: --total 200; --type payment --reserved 60; --type tracking --max 70;
-    --tenant acme --max 20. Audited with --reason and --operator.
+    --tenant acme --max 20; --type payment --rate 20/s --burst 40 --key-param merchant.
+    Audited with --reason and --operator.
     """
 
     def run() -> None:
+        if rate is not None:
+            name = _rate_args(type_name, tenant, total is not None,
+                              bool(reserved) or maximum is not None)
+            with Control(ledger) as control:
+                view = control.set_rate_limit(name, rate, burst=burst, key_param=key_param,
+                                              reason=require_reason(reason), by=operator)
+            _echo_rate(view, as_json, "set")
+            return
+        if burst is not None or key_param is not None:
+            raise InvalidArguments("--burst and --key-param go with --rate")
         scope, name = _limit_scope(type_name, tenant, total is not None)
         top = total if scope == "total" else maximum
         with Control(ledger) as control:
@@ -162,14 +242,26 @@ def limits_clear(
     type_name: LimitTypeOpt = None,
     tenant: TenantOpt = None,
     total: Annotated[bool, typer.Option("--total", help="The total of slots.")] = False,
+    rate: Annotated[
+        bool, typer.Option("--rate", help="With --type: the operator's rate limit (the "
+                                          "code's, if any, applies again)."),
+    ] = False,
     operator: OperatorOpt = None,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Remove a limit of one task type, one tenant, or the total (audited); --json prints
-    the limit as it was."""
+    """Remove a limit of one task type, one tenant, or the total, or with --rate the
+    operator's rate limit of one task type (audited); --json prints the limit as it
+    was."""
 
     def run() -> None:
+        if rate:
+            name = _rate_args(type_name, tenant, total, False)
+            with Control(ledger) as control:
+                old_rate = control.clear_rate_limit(name, reason=require_reason(reason),
+                                                    by=operator)
+            _echo_rate(old_rate, as_json, "cleared")
+            return
         scope, name = _limit_scope(type_name, tenant, total)
         with Control(ledger) as control:
             old = control.clear_limit(scope, name, reason=require_reason(reason), by=operator)

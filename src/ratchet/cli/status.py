@@ -31,6 +31,7 @@ from .options import (
     JsonOpt,
     LedgerOpt,
 )
+from .queues import queue_views
 from .render import (
     console,
     echo_json,
@@ -147,6 +148,7 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
         cap.add_row("(no tasks)", "")
     parts.append(cap)
     parts.append(_littles_table(s, rows))
+    parts.extend(queue_views(s))
     parts.append(line("running: leased tasks, executing or prefetched by a worker (up to "
                       "--prefetch per worker); waiting: parked by their own code (a sleep, "
                       "an event, their children), holding no slot; done/s: finished or "

@@ -225,6 +225,27 @@ def _children_table(children: list[TaskInfo]) -> Table:
     return table
 
 
+_FLOW_WAITS = {"rate": "held back by a rate limit (runs when its bucket has a token)",
+               "key": "waiting for a slot of its concurrency key",
+               "debounce": "its debounce window is open"}
+
+
+def _flow_parts(t: TaskInfo) -> list[str | tuple[object, str]]:
+    """The flow-control line of ``ratchet inspect``: queue, priority, concurrency key
+    (and whether it holds a slot), rate key, and why flow control holds it back."""
+    parts: list[str | tuple[object, str]] = ["queue: ", (t.queue, "bold"),
+                                             f"  priority: {t.priority}"]
+    if t.ckey is not None:
+        parts += ["  concurrency key: ", (t.ckey, ""),
+                  " (holds a slot)" if t.key_slot else " (no slot)"]
+    if t.rate_key is not None:
+        parts += ["  rate key: ", (t.rate_key, "")]
+    if t.flow_wait is not None:
+        parts += ["  ", ("flow", "bold yellow"), ": ",
+                  (_FLOW_WAITS.get(t.flow_wait, t.flow_wait), "")]
+    return parts
+
+
 def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False,
                     parent: TaskInfo | None = None) -> None:
     """The text form of ``ratchet inspect`` (``with_traceback``: the last error's whole
@@ -236,6 +257,7 @@ def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False,
                    (t.idempotency_key if t.idempotency_key is not None else "-", "")))
     if t.tenant is not None:
         out.print(line("tenant: ", (t.tenant, "")))
+    out.print(line(*_flow_parts(t)))
     if t.parent_id is not None:
         if parent is None:
             out.print(line("parent: ", (t.parent_id, "")))

@@ -18,7 +18,8 @@ Read-only calls (:meth:`Control.status`, :meth:`Control.throughput`,
 :meth:`Control.inspect`, :meth:`Control.workers`, :meth:`Control.late_effects`,
 :meth:`Control.limits`, :meth:`Control.effects`, :meth:`Control.reconcile_counts`,
 :meth:`Control.schema_version`, :meth:`Control.children`, :meth:`Control.batch_progress`,
-:meth:`Control.batch_activity`, :meth:`Control.check`, :meth:`Control.schedules`)
+:meth:`Control.batch_activity`, :meth:`Control.check`, :meth:`Control.schedules`,
+:meth:`Control.rate_limits`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -29,6 +30,8 @@ Where things are: the task records in :mod:`ratchet.control._records`, the syste
 in :mod:`ratchet.control._reports`, the task page and the cancel / retry App and Control
 share in :mod:`ratchet.app._taskops`, the ledger handles in :mod:`ratchet.control._base`, the
 read calls in :mod:`ratchet.control._reads`, the writes in :mod:`ratchet.control._writes`,
+the rate limits in :mod:`ratchet.control._flow` and the views of flow control in
+:mod:`ratchet.control._flowviews`,
 the argument checks in :mod:`ratchet.app._checks`. This module puts them together and is the
 import path: every name below stays importable from here.
 """
@@ -63,6 +66,8 @@ from ..ledger.base import Timeline as Timeline
 from ..serde import Undecodable
 from ..states import State as State
 from ._batches import BatchProgress, ConservationLine, ConservationReport, ControlBatches
+from ._flow import ControlFlow
+from ._flowviews import QueueStatusView, RateLimitView, TypeFlowView
 from ._records import (
     EffectPage,
     EffectView,
@@ -117,7 +122,9 @@ __all__ = [
     "PauseResult",
     "PruneReport",
     "QuarantineGroupView",
+    "QueueStatusView",
     "REASON_REQUIRED",
+    "RateLimitView",
     "ReconcileCounts",
     "ReplayReport",
     "ReplayedTask",
@@ -131,6 +138,7 @@ __all__ = [
     "TaskPage",
     "TaskTimeline",
     "ThroughputBucket",
+    "TypeFlowView",
     "TypeStatusView",
     "Undecodable",
     "UsageView",
@@ -140,7 +148,7 @@ __all__ = [
 ]
 
 
-class Control(ControlWrites, ControlBatches):
+class Control(ControlWrites, ControlBatches, ControlFlow):
     """Operator operations on one ledger.
 
     Args:

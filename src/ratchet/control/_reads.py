@@ -25,6 +25,7 @@ from ..states import State
 from ..validation import MAX_DURATION_S, MAX_NAME_BYTES, check_identifier
 from ..worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_state
 from ._base import ControlHandles
+from ._flowviews import RateLimitView, flow_views
 from ._records import (
     EffectPage,
     LateEffectView,
@@ -74,10 +75,12 @@ class ControlReads(ControlHandles):
         have it (``versions``: a version no live worker has waits), and the capacity view
         per type (``types``, ``totals``: backlog, scheduled, rates over the last
         ``window_s`` seconds, net drain rate and drain ETA, oldest ages, unknown and
-        quarantined counts; :class:`TypeStatusView`). Reads no history (DESIGN §9):
-        the non-terminal rows from their indexes, and the window's rows by range scans of
-        ``tasks_created`` / ``tasks_finished``; it first moves the counts mark forward in
-        a short write transaction of its own (skipped if the ledger refuses the write).
+        quarantined counts; :class:`TypeStatusView`), the live tasks per queue
+        (``queues``) and the tasks flow control holds back per type (``flow``). Reads no
+        history (DESIGN §9): the non-terminal rows from their indexes, and the window's
+        rows by range scans of ``tasks_created`` / ``tasks_finished``; it first moves the
+        counts mark forward in a short write transaction of its own (skipped if the
+        ledger refuses the write).
 
         Each type's view also has its capacity by Little's law (DESIGN §9): the mean
         attempt duration ``W`` over the window (the newest ended attempts, a range of the
@@ -109,6 +112,7 @@ class ControlReads(ControlHandles):
                                        pauses=pauses, limits=limits, usage=usage,
                                        workers=led.live_worker_slots(LIVE_WORKER_S),
                                        drain_within_s=within)
+        queues, flow = flow_views(led.flow_counts())
         return StatusReport(
             ledger=redact_url(led.config.url),
             backend=led.config.scheme,
@@ -140,6 +144,8 @@ class ControlReads(ControlHandles):
             drain_within_s=within,
             types=types,
             totals=totals,
+            queues=queues,
+            flow=flow,
         )
 
     def throughput(self, window_s: float = 600.0, bucket_s: float = 30.0,
@@ -455,7 +461,8 @@ class ControlReads(ControlHandles):
         return [schedule_view(r, now, names) for r in led.schedules()]
 
     def limits(self) -> LimitsReport:
-        """The concurrency limits and their live use (DESIGN §8, ``ratchet limits``).
+        """The concurrency limits and their live use, and the rate limits with the tasks
+        they hold back (DESIGN §8, ``ratchet limits``).
 
         Raises:
             LedgerUnavailable: no ledger there.
@@ -491,8 +498,11 @@ class ControlReads(ControlHandles):
                       now - oldest_by[("type", name)] if ("type", name) in oldest_by else None)
             for name in names
         ]
+        held = led.rate_held()
+        rates = [RateLimitView.of(r, held.get(r.name, 0) if r.scope == "type" else 0)
+                 for r in led.rate_limits()]
         return LimitsReport(views, per_type, running_by.get(("total", ""), 0),
-                            led.limit_changes(20), now)
+                            led.limit_changes(20), now, rates)
 
     def pauses(self) -> list[PauseRecord]:
         """The active pauses, oldest first, each with its RUNNING tasks still short of a

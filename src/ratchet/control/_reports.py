@@ -11,6 +11,7 @@ from typing import Any
 from ..capacity import TypeStatusView
 from ..ledger.base import AuditEvent, PauseRecord
 from ..worker.registry import GONE_STATES
+from ._flowviews import QueueStatusView, RateLimitView, TypeFlowView
 
 __all__ = [
     "DEFAULT_LEASE_S",
@@ -67,6 +68,10 @@ class StatusReport:
             :data:`ALL_TYPES`): counts, backlog, rates summed, the oldest ages the oldest
             of any type, the drain ETA from the summed rates. None only on a report not
             made by :meth:`Control.status`.
+        queues: the live tasks per queue (:class:`~ratchet.control.QueueStatusView`):
+            ready, scheduled, running, waiting for a key slot, rate-limited, parked.
+        flow: per task type with tasks flow control holds back, how many
+            (:class:`~ratchet.control.TypeFlowView`: rate-limited, waiting for a key slot).
     """
 
     ledger: str
@@ -95,6 +100,8 @@ class StatusReport:
     drain_within_s: float | None = None
     types: list[TypeStatusView] = field(default_factory=list)
     totals: TypeStatusView | None = None
+    queues: list[QueueStatusView] = field(default_factory=list)
+    flow: list[TypeFlowView] = field(default_factory=list)
 
 
 MAX_WINDOW_S = 86_400.0
@@ -284,8 +291,10 @@ class LimitsReport:
         limits: every limit with its live use, ordered by scope and name.
         usage: per task type with RUNNING or ready tasks, limited or not.
         running: RUNNING tasks in all.
-        changes: the latest limit changes (audit events, newest first).
+        changes: the latest limit changes, rate limits' too (audit events, newest first).
         ledger_now: the ledger clock of the read, epoch seconds.
+        rate_limits: every rate limit with the tasks it holds back now
+            (:class:`~ratchet.control.RateLimitView`).
     """
 
     limits: list[LimitView]
@@ -293,3 +302,4 @@ class LimitsReport:
     running: int
     changes: list[AuditEvent]
     ledger_now: float
+    rate_limits: list[RateLimitView] = field(default_factory=list)

@@ -19,6 +19,8 @@ This module gathers the contract's names in one place; they live in modules by c
 * :mod:`~ratchet.ledger.records_ops`: operator actions and their answers (control,
   pauses, quarantine, limits, prunes);
 * :mod:`~ratchet.ledger.records_stats`: the aggregates of ``ratchet status``;
+* :mod:`~ratchet.ledger.records_flow`: rate limits and live tasks per queue (flow
+  control);
 * :mod:`~ratchet.ledger.records_registry`: the worker and definition registries;
 * :mod:`~ratchet.ledger.records_schedules`: periodic schedules, their cursors and a
   scheduler pass;
@@ -57,6 +59,7 @@ from .records_claims import (
     Transition,
     claim_kinds,
 )
+from .records_flow import FlowCount, RateLimitSetting
 from .records_ops import (
     ControlOutcome,
     ControlRequest,
@@ -138,6 +141,7 @@ __all__ = [
     "COMPENSATING_STEP",
     "FOREVER",
     "EventReceipt",
+    "FlowCount",
     "WaitInfo",
     "WaitSpec",
     "Claim",
@@ -169,6 +173,7 @@ __all__ = [
     "NewTask",
     "PruneReport",
     "QuarantineGroup",
+    "RateLimitSetting",
     "RenewResult",
     "ReplayedTask",
     "SlotUsage",

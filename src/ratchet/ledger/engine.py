@@ -35,6 +35,7 @@ from .base import (
     DefinitionSpec,
     EffectRecord,
     EventReceipt,
+    FlowCount,
     LateEffect,
     LedgerStats,
     Limit,
@@ -44,6 +45,7 @@ from .base import (
     PauseResult,
     PruneReport,
     QuarantineGroup,
+    RateLimitSetting,
     RenewResult,
     ReplayedTask,
     ResolveOutcome,
@@ -72,6 +74,7 @@ from .ops.limits import MAX_LIMIT as MAX_LIMIT
 from .ops.limits import Limits
 from .ops.pauses import Pauses
 from .ops.quarantine import Quarantine
+from .ops.ratelimits import RateLimits
 from .ops.reads import Reads
 from .ops.registry import Registry
 from .ops.renew import Renew
@@ -116,6 +119,7 @@ class LedgerEngine:
         self._pauses = Pauses(core)
         self._quarantine = Quarantine(core)
         self._limits = Limits(core)
+        self._rates = RateLimits(core)
         self._reads = Reads(core)
         self._stats = Stats(core)
         self._retention = Retention(core, self.now)
@@ -309,6 +313,35 @@ class LedgerEngine:
     def slot_usage(self) -> SlotUsage:
         """See :meth:`Ledger.slot_usage`."""
         return self._limits.slot_usage()
+
+    # ------------------------------------------------------------------ rate limits
+
+    def rate_limits(self) -> list[RateLimitSetting]:
+        """See :meth:`Ledger.rate_limits`
+        (:class:`~ratchet.ledger.ops.ratelimits.RateLimits`)."""
+        return self._rates.rate_limits()
+
+    def rate_held(self) -> dict[str, int]:
+        """See :meth:`Ledger.rate_held`."""
+        return self._rates.rate_held()
+
+    def flow_counts(self) -> list[FlowCount]:
+        """See :meth:`Ledger.flow_counts`."""
+        return self._rates.flow_counts()
+
+    def set_rate_limit(self, name: str, per_s: float, burst: int, key_param: str | None,
+                       operator: str, reason: str) -> RateLimitSetting:
+        """See :meth:`Ledger.set_rate_limit`."""
+        return self._rates.set_rate_limit(name, per_s, burst, key_param, operator, reason)
+
+    def clear_rate_limit(self, name: str, operator: str, reason: str) -> RateLimitSetting:
+        """See :meth:`Ledger.clear_rate_limit`."""
+        return self._rates.clear_rate_limit(name, operator, reason)
+
+    def rate_take(self, task_id: str, generation: int, name: str, key: str, per_s: float,
+                  burst: int) -> float:
+        """See :meth:`Ledger.rate_take`."""
+        return self._rates.rate_take(task_id, generation, name, key, per_s, burst)
 
     # ------------------------------------------------------------------ reads, stats
 

@@ -9,6 +9,7 @@ from typing import Protocol, runtime_checkable
 
 from .protocol_handle import LedgerHandle
 from .records_batches import BatchActivity, BatchRun
+from .records_flow import FlowCount, RateLimitSetting
 from .records_ops import (
     ControlOutcome,
     Limit,
@@ -225,6 +226,49 @@ class OperatorLedger(LedgerHandle, Protocol):
 
     def slot_usage(self) -> SlotUsage:
         """RUNNING and ready task counts per ``(name, tenant)`` (read-only)."""
+        ...
+
+    def rate_limits(self) -> list[RateLimitSetting]:
+        """Every rate limit in the ledger (DESIGN §8, flow control), the code's and the
+        operators', ordered by scope and name (none on a ledger before flow control)."""
+        ...
+
+    def rate_held(self) -> dict[str, int]:
+        """Tasks a rate limit holds back now, per task type: ``PENDING`` / ``RETRY_WAIT``
+        with ``flow_wait = 'rate'`` and a ``run_at`` still to come (read-only)."""
+        ...
+
+    def flow_counts(self) -> list[FlowCount]:
+        """Live tasks (ready or scheduled, running, parked) per type, queue, state and
+        flow wait, from their indexes, never the history (read-only; none on a ledger
+        before flow control)."""
+        ...
+
+    def set_rate_limit(self, name: str, per_s: float, burst: int, key_param: str | None,
+                       operator: str, reason: str) -> RateLimitSetting:
+        """Set an operator's rate limit of task type ``name`` (``per_s`` tasks a second,
+        buckets of ``burst``, per value of parameter ``key_param`` or the key the code
+        computes), replacing the code's until cleared; audited (``rate_limit_set``, task id
+        ``limit:rate:NAME``, old and new values) in the same transaction. The next claims
+        obey it.
+
+        Raises:
+            InvalidArguments: a rate not above 0 or above the highest, a burst below 1 or
+                above 2**31 - 1, a name or key parameter that cannot be stored.
+            SchemaTooOld: the ledger has no rate limits yet (migrate it).
+        """
+        ...
+
+    def clear_rate_limit(self, name: str, operator: str, reason: str) -> RateLimitSetting:
+        """Remove the operator's rate limit of task type ``name`` (audited,
+        ``rate_limit_cleared``) and return it; the limit the type's newest registered
+        definition declares, if any, applies again at once.
+
+        Raises:
+            InvalidArguments: the type has no operator's rate limit (a code row is not
+                cleared: the message says so).
+            SchemaTooOld: the ledger has no rate limits yet.
+        """
         ...
 
     def late_effects(self, task_id: str | None = None, limit: int = 100) -> list[LateEffect]:

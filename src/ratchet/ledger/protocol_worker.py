@@ -180,6 +180,18 @@ class WorkerLedger(LedgerHandle, Protocol):
         """
         ...
 
+    def rate_take(self, task_id: str, generation: int, name: str, key: str, per_s: float,
+                  burst: int) -> float:
+        """Take one token of downstream ``name``'s bucket ``key`` (``per_s`` tokens a
+        second, at most ``burst``; a bucket never used is full) for an effect call of the
+        task, in one short transaction, fenced on ``generation``. Returns 0.0 when taken,
+        else the seconds until the bucket holds a token (nothing written).
+
+        Raises:
+            StaleGeneration: the task is not RUNNING under ``generation``.
+        """
+        ...
+
     def record_late_effect(self, late: LateEffect) -> None:
         """Append ``late`` (its ``seq`` and ``at`` are set by the ledger) and a
         ``late_effect`` audit row, in one transaction. Unfenced: a stale holder's evidence

@@ -205,6 +205,8 @@ class Transition:
         run_at: for ``WAITING``: its deadline (a sleep's, an event's timeout), ledger-clock
             epoch seconds, recorded as the task's checkpoint; overrides ``delay_s`` so the
             wake-up is due at the recorded instant, not at the commit's clock plus a delay.
+        flow_wait: for ``PENDING``: ``"rate"`` when a downstream's rate limit handed the
+            attempt back (``tasks.flow_wait``; DESIGN §8, flow control); None otherwise.
     """
 
     to: State
@@ -218,6 +220,7 @@ class Transition:
     traceback: str | None = None
     wait: WaitSpec | None = None
     run_at: float | None = None
+    flow_wait: str | None = None
 
 
 @fast_init

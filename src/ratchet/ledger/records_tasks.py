@@ -224,6 +224,20 @@ class TaskInfo:
     2026-12-04T11:30:00Z"``, ``"event shipped/order-7"``, ``"3 children"``): set by the
     control API's reads (:meth:`ratchet.Control.inspect`, ``get``, ``children``) from
     :meth:`Ledger.waits`; None from the ledger's own reads and for a task not waiting."""
+    queue: str = "default"
+    """The named queue the task is in (DESIGN §8, flow control)."""
+    priority: int = 0
+    """Its priority within its queue (higher first)."""
+    ckey: str | None = None
+    """Its concurrency key (``@app.task(concurrency_key=...)``), or None."""
+    key_slot: bool = False
+    """Whether it holds one of its concurrency key's slots."""
+    rate_key: str | None = None
+    """The rate-limit bucket key its submit computed, or None (one bucket, or no limit)."""
+    flow_wait: str | None = None
+    """Why flow control holds it back: ``"rate"`` (its ``run_at`` was moved to when its
+    bucket has a token), ``"key"`` (it waits for a key slot), ``"debounce"`` (its debounce
+    window is open), or None."""
 
     @property
     def terminal(self) -> bool:

@@ -173,6 +173,12 @@ def task_info(row: sh.TaskRow) -> TaskInfo:
         undecodable=_undecodable(row, state, params, result),
         last_traceback=None if row.last_traceback is None else printable(row.last_traceback),
         parent_id=row.parent_id,
+        queue=row.queue,
+        priority=int(row.priority),
+        ckey=row.ckey,
+        key_slot=bool(row.key_slot),
+        rate_key=row.rate_key,
+        flow_wait=row.flow_wait,
     )
 
 
@@ -334,6 +340,13 @@ LIMIT_UPSERT = Read.rows("limit_upsert", sh.LimitRow._make)
 LIMIT_DELETE = Read.rows("limit_delete", sh.LimitRow._make)
 LIMITS_AUDIT = Read.rows("limits_audit", sh.AuditEventRow._make)
 SLOT_READY = Read.rows("slot_ready", sh.SlotReadyRow._make)
+RATE_LIMIT_LIST = Read.rows("rate_limit_list", sh.RateSettingRow._make)
+RATE_LIMIT_SET = Read.rows("rate_limit_set", sh.RateSettingRow._make)
+RATE_LIMIT_CLEAR = Read.rows("rate_limit_clear", sh.RateSettingRow._make)
+RATE_HELD = Read.rows("rate_held", sh.NameCount._make)
+RATE_TAKE = Read.rows("rate_take", sh.TakenRow._make)
+RATE_TAKE_WAIT = Read.rows("rate_take_wait", sh.TakeWaitRow._make)
+FLOW_COUNTS = Read.rows("flow_counts", sh.FlowCountRow._make)
 
 COUNTS_READ_MARK = Read.rows("counts_read_mark", sh.MarkRow._make)
 COUNTS_MARK_SHARE = Read.rows("counts_mark_share", sh.MarkRow._make)

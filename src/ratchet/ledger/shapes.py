@@ -38,6 +38,12 @@ class TaskRow(NamedTuple):
     quarantined: Any = 0
     last_traceback: str | None = None
     parent_id: str | None = None
+    queue: str = "default"
+    priority: int = 0
+    ckey: str | None = None
+    key_slot: Any = 0
+    rate_key: str | None = None
+    flow_wait: str | None = None
 
 
 class EffectRow(NamedTuple):
@@ -260,7 +266,8 @@ class ValueRow(NamedTuple):
 
 
 class NameCount(NamedTuple):
-    """A count per task type (``running_by_type``, ``status_quarantined``)."""
+    """A count per task type (``running_by_type``, ``status_quarantined``,
+    ``rate_held``)."""
     name: str
     n: int
 
@@ -288,6 +295,44 @@ class LimitRow(NamedTuple):
     updated_at: float
     updated_by: str
     reason: str
+
+
+class RateSettingRow(NamedTuple):
+    """A rate limit (``rate_limit_list``, ``rate_limit_set``, ``rate_limit_clear``)."""
+    scope: str
+    name: str
+    rate_per_s: float
+    burst: int
+    key_param: str | None
+    source: str
+    version: int
+    updated_at: float
+    updated_by: str | None
+    reason: str | None
+
+
+class TakenRow(NamedTuple):
+    """The tokens left in a bucket after a take (``rate_take``)."""
+    tokens: float
+
+
+class TakeWaitRow(NamedTuple):
+    """A refused take: the task's fence and its bucket (``rate_take_wait``)."""
+    generation: int
+    state: Any
+    tokens: float | None
+    updated_at: float | None
+
+
+class FlowCountRow(NamedTuple):
+    """Live tasks per type, queue, state and flow wait, and those due now
+    (``flow_counts``)."""
+    name: str
+    queue: str
+    state: Any
+    flow_wait: str | None
+    n: int
+    due: int
 
 
 class RunningRow(NamedTuple):

@@ -28,6 +28,12 @@ Series:
   ``ratchet_ledger_oldest_pending_age_seconds`` (0 when nothing is ready),
   ``ratchet_ledger_unknown_tasks``, ``ratchet_ledger_oldest_unknown_age_seconds`` (0 when
   none), ``ratchet_ledger_quarantined_tasks``;
+* flow control (DESIGN §8): ``ratchet_ledger_queue_tasks{queue,state}`` (the live tasks
+  per queue; ``state`` one of ``ready``, ``scheduled``, ``running``, ``key_waiting``,
+  ``rate_limited``, ``waiting``; at most :data:`MAX_TYPE_SERIES` queues, the rest summed
+  under ``other``), and per type ``ratchet_ledger_rate_limited_tasks`` (held back by a
+  rate limit now) and ``ratchet_ledger_key_waiting_tasks`` (waiting for a concurrency
+  key's slot), zeros included for every type;
 * ledger-wide: ``ratchet_ledger_late_effects`` (recorded now, both kinds),
   ``ratchet_ledger_late_effects_possible_duplicates`` and
   ``ratchet_ledger_late_effects_accounted_for`` (its two kinds: alert on the first), and
@@ -58,7 +64,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..control import MAX_WINDOW_S, BatchActivity, Control, StatusReport, TypeStatusView
+from ..control import (
+    MAX_WINDOW_S,
+    BatchActivity,
+    Control,
+    QueueStatusView,
+    StatusReport,
+    TypeStatusView,
+)
 from ..errors import InvalidArguments, LedgerCorrupt, RatchetError
 from ..reconcile import OUTCOMES
 from ..states import State
@@ -159,6 +172,7 @@ class LedgerCollector(Collector):
         for name, _help, _attr in (*_PER_TYPE, *_BATCH_GAUGES):
             check_label_names(name, ["type"])
         check_label_names("ratchet_ledger_tasks", ["type", "state"])
+        check_label_names("ratchet_ledger_queue_tasks", ["queue", "state"])
 
     def describe(self) -> Iterable[Metric]:
         return []  # no read at registration: the series are known only from the ledger
@@ -289,6 +303,7 @@ def _families(report: StatusReport) -> Iterator[Metric]:
                 continue
             family.add_metric([view.name], float(raw or 0.0))
         yield family
+    yield from _flow_families(report, views)
     window = GaugeMetricFamily("ratchet_ledger_rate_window_seconds",
                                "The window of the arrival and completion rates.")
     window.add_metric([], float(report.window_s))
@@ -311,6 +326,56 @@ def _families(report: StatusReport) -> Iterator[Metric]:
         counter = CounterMetricFamily(f"ratchet_ledger_{attr}", doc)
         counter.add_metric([], float(getattr(report, attr)))
         yield counter
+
+
+_QUEUE_STATES = ("ready", "scheduled", "running", "key_waiting", "rate_limited", "waiting")
+"""The ``state`` values of ``ratchet_ledger_queue_tasks`` (:class:`QueueStatusView`'s
+counts)."""
+
+
+def _flow_families(report: StatusReport, views: list[TypeStatusView]) -> Iterator[Metric]:
+    """``ratchet_ledger_queue_tasks{queue,state}``, and per type (those of ``views``)
+    ``ratchet_ledger_rate_limited_tasks`` and ``ratchet_ledger_key_waiting_tasks``."""
+    queues = GaugeMetricFamily(
+        "ratchet_ledger_queue_tasks", "Live tasks by queue and state: ready (due now), "
+        "scheduled (a later run_at), running, key_waiting (for a concurrency key's slot), "
+        "rate_limited (held back by a rate limit), waiting (parked by their own code).",
+        labels=["queue", "state"])
+    for q in _capped_queues(report.queues):
+        for state in _QUEUE_STATES:
+            queues.add_metric([q.queue, state], float(getattr(q, state)))
+    yield queues
+    held: dict[str, list[float]] = {v.name: [0.0, 0.0] for v in views}
+    for f in report.flow:
+        # A type past the cap is summed under "other" (a type absent from the views has
+        # no live task counted: none to add).
+        row = held.get(f.name) or held.get(OTHER)
+        if row is not None:
+            row[0] += f.rate_limited
+            row[1] += f.key_waiting
+    rate = GaugeMetricFamily("ratchet_ledger_rate_limited_tasks", "Tasks a rate limit "
+                             "holds back now (PENDING, run_at moved to when their bucket "
+                             "has a token).", labels=["type"])
+    key = GaugeMetricFamily("ratchet_ledger_key_waiting_tasks", "Tasks waiting for a slot "
+                            "of their concurrency key.", labels=["type"])
+    for name, (n_rate, n_key) in held.items():
+        rate.add_metric([name], n_rate)
+        key.add_metric([name], n_key)
+    yield rate
+    yield key
+
+
+def _capped_queues(rows: list[QueueStatusView]) -> list[QueueStatusView]:
+    """``rows`` if at most :data:`MAX_TYPE_SERIES`, else the first ``MAX_TYPE_SERIES - 1``
+    and one ``other`` row summing the rest."""
+    if len(rows) <= MAX_TYPE_SERIES:
+        return rows
+    named = [r for r in rows if r.queue != OTHER]
+    keep = named[:MAX_TYPE_SERIES - 1]
+    kept = {r.queue for r in keep}
+    rest = [r for r in rows if r.queue not in kept]
+    return [*keep, QueueStatusView(OTHER, **{s: sum(getattr(r, s) for r in rest)
+                                             for s in _QUEUE_STATES})]
 
 
 def _capped_activity(rows: list[BatchActivity]) -> list[BatchActivity]:

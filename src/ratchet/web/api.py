@@ -16,8 +16,8 @@ when a token is configured, open otherwise): ``GET /api/status``, ``/api/tasks``
 (the task with its timeline), ``/api/tasks/{task_id}/batches`` (its ``ctx.batches``
 runs; a sharded job's: its shards'), ``/api/tasks/{task_id}/check`` (whether its item
 counts add up: 200 either way, ``ok`` in the body), ``/api/workers``,
-``/api/definitions``, ``/api/schedules``, ``/api/pauses``, ``/api/quarantine``,
-``/api/late-effects``.
+``/api/definitions``, ``/api/schedules``, ``/api/pauses``, ``/api/limits`` (concurrency
+and rate limits, the latest changes), ``/api/quarantine``, ``/api/late-effects``.
 
 Mutations (:func:`ratchet.web.auth.token_ok`: the token when one is configured, else a
 loopback peer): ``POST /api/tasks`` (submit, with an optional ``Idempotency-Key``
@@ -60,6 +60,7 @@ from ..control import (
     DefinitionView,
     EventReceipt,
     LateEffectView,
+    LimitsReport,
     PauseRecord,
     PauseResult,
     QuarantineGroupView,
@@ -546,6 +547,12 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                summary="The active pauses")
     def get_pauses() -> list[PauseRecord]:
         return control.pauses()
+
+    @reads.get("/limits", response_model=LimitsReport, responses=read_errors(503),
+               summary="Concurrency limits with their use, rate limits with the tasks "
+                       "they hold back, the latest limit changes")
+    def get_limits() -> LimitsReport:
+        return control.limits()
 
     @reads.get("/quarantine", response_model=list[QuarantineGroupView],
                responses=read_errors(422, 503),

@@ -14,7 +14,8 @@ token they are open; ``/login`` and ``/static`` are always open):
 * ``/quarantine`` quarantined tasks by error fingerprint, a dry-run replay, a replay;
 * ``/pauses`` the active pauses (who, why, since, what still runs), pause / resume a type;
 * ``/limits`` the concurrency limits per type, tenant and total with their live use
-  (running, ready, oldest ready; a full one marked), the use per type, the latest changes.
+  (running, ready, oldest ready; a full one marked), the use per type, the rate limits
+  with the tasks they hold back, the latest changes.
 
 Mutations (POST ``/actions/...``) need a session (``/login``: the operator's name, and the
 token when ``RATCHET_API_TOKEN`` is set, checked by :func:`ratchet.web.auth.token_ok`), the

@@ -48,6 +48,7 @@ from .core import UNDECODABLE, WRITE_REJECTED
 from .finalwrite import FinalWrites
 from .forks import exit_forked_child
 from .heartbeat import LeaseHandle
+from .ratewait import RateWait
 from .timelimit import Attempt
 from .waits import Suspend
 
@@ -66,7 +67,7 @@ _BASE_EXCEPTION_CLASSES: dict[type[BaseException], str] = {
 
 _PASSES_THROUGH: tuple[type[BaseException], ...] = (
     LeaseLost, StaleGeneration, LedgerUnavailable, WriteRejected, FenceError, TokenRejected,
-    EffectOutcomeUnknown, UndecodableData, CircuitOpen)
+    EffectOutcomeUnknown, UndecodableData, CircuitOpen, RateWait)
 """Errors of the worker's own machinery that end a compensation replay as they end any
 attempt (not the body's failure being replayed)."""
 
@@ -91,6 +92,7 @@ class AttemptLadder(FinalWrites):
             )
             attempt = self._attempts.begin(claim, lease, ctx, definition.time_limit_s)
             ctx.breakers = self.app.breakers
+            ctx.downstream_rates = self.app.downstream_rates
             ctx.lookups = self.app.lookups
             ctx.app = self.app
             outcome = self._run_body(definition, claim, ctx)
@@ -172,6 +174,12 @@ class AttemptLadder(FinalWrites):
                 State.PENDING, delay_s=exc.retry_after_s or 0.0, error=error_message(exc),
                 error_class="circuit_open", reason=f"circuit open toward {exc.downstream}",
             )
+        except RateWait as exc:
+            # The downstream's rate limit has no token now: nothing was sent. Hand the
+            # attempt back until its bucket holds one (DESIGN §8, flow control).
+            transition = Transition(
+                State.PENDING, delay_s=exc.wait_s, flow_wait="rate",
+                reason=f"rate limit of downstream {exc.downstream}")
         except (StaleGeneration, TokenRejected) as exc:
             # TokenRejected: the target saw a newer claim's fencing token, so a newer
             # generation exists; like a fenced-out write, nothing of ours counts.

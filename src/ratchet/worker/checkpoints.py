@@ -39,6 +39,7 @@ from ..ledger.base import (
     TaskWrite,
 )
 from ..lookups import RegisteredLookup
+from ..ratelimit import RateLimit
 from ..serde import dumps, loads
 from ..shards import SHARD_PARAM, SHARDS_PARAM, Shard, check_shards, shard_place
 from .heartbeat import LeaseHandle
@@ -199,6 +200,8 @@ class CheckpointState:
         self._downstream: str | None = None  # of the effect being performed
         self.breakers: Mapping[str, DownstreamBreaker] = {}
         """Circuit breakers by downstream (the App's, set by the worker)."""
+        self.downstream_rates: Mapping[str, RateLimit] = {}
+        """Rate limits by downstream (the App's, set by the worker)."""
         self.lookups: Mapping[tuple[str, str], RegisteredLookup] = {}
         """Lookups registered with ``App.lookup`` by (task type, effect name) (the App's,
         set by the worker): the default of an effect given no ``lookup``."""

@@ -6,7 +6,8 @@ intent an earlier attempt left open (the lookup first; call again only when the 
 confirms absence or the target honours the key, else ``UNKNOWN``); else record the intent,
 call, record the result. A call sent after this holder's safe window closed, to a target
 that does not deduplicate, is recorded as a late effect for reconciliation. The circuit
-breaker of the effect's downstream is asked before the intent.
+breaker of the effect's downstream is asked before the intent, then its rate limit
+(:mod:`.ratewait`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from ..errors import (
 )
 from ..faults import point as fault_point
 from ..ledger.base import EffectRecord, EffectState, EffectWrite, LateEffect
+from ..ratelimit import RateLimit
 from ..retry import FailureClass, classify, proves_not_executed
 from ..serde import digest, dumps, loads, printable
 from .checkpoints import Checkpoint, CheckpointState, ControlInterrupt, HistoryEnd
 from .events import EffectSettlement
+from .ratewait import take_token
 
 __all__ = ["LATE_EVIDENCE_WAIT_S", "NOT_FOUND", "EffectCalls", "EffectTarget", "NotFound",
            "check_effect_callable"]
@@ -110,20 +113,25 @@ class EffectCalls(CheckpointState):
         # intent recorded; the worker hands the attempt back (DESIGN §7).
         probe = breaker.acquire() if breaker is not None else False
         try:
-            return self._send(cp, key, params_digest, target, breaker, probe)
+            return self._send(cp, key, params_digest, target, breaker, probe, params)
         finally:
             if breaker is not None and not self._released:
                 breaker.cancel(probe)  # ended before the call (e.g. the lease was lost)
 
     def _send(
         self, cp: Checkpoint, key: str, params_digest: str, target: EffectTarget,
-        breaker: DownstreamBreaker | None, probe: bool,
+        breaker: DownstreamBreaker | None, probe: bool, params: Any = None,
     ) -> tuple[Any, EffectSettlement]:
         """Record the intent, call, record the outcome (:meth:`_effect` after the checks
         of an existing record and the breaker)."""
         self._released = breaker is None
         stored_name = cp.stored_name
         self._lease.ensure()
+        limit = self.downstream_rates.get(self._downstream) if self._downstream else None
+        if limit is not None and self._downstream is not None:
+            # Raises RateWait while the downstream's bucket is empty: nothing is sent and
+            # no intent recorded; the worker hands the attempt back (DESIGN §8).
+            self._take_token(self._downstream, limit, params)
         self._commit(
             f"effect_intent:{stored_name}",
             effects=[EffectWrite(stored_name, key, params_digest, EffectState.INTENT,
@@ -213,6 +221,15 @@ class EffectCalls(CheckpointState):
             if (not in_window and not target.idempotent
                     and self._taken_over(LATE_EVIDENCE_WAIT_S) is True):
                 self._record_late(cp, key, "done", _json_or_repr(result))
+            raise
+
+    def _take_token(self, downstream: str, limit: RateLimit, params: Any) -> None:
+        """A token of ``downstream``'s rate limit for this call (:mod:`.ratewait`)."""
+        try:
+            take_token(self._writer.ledger, self.task_id, self.generation, downstream, limit,
+                       params)
+        except LedgerUnavailable as exc:
+            self.ledger_outage = exc  # the worker's own ledger, not the task's code
             raise
 
     def _settled_absent(self, cp: Checkpoint, key: str, params_digest: str) -> None:

@@ -30,7 +30,8 @@ from ..rows import (
     insert_audit,
 )
 from .core import EngineCore
-from .schema import DEFINITIONS
+from .ratelimits import register_code_limits
+from .schema import DEFINITIONS, FLOW
 
 __all__ = ["Registry"]
 
@@ -95,7 +96,10 @@ class Registry:
     def register_definitions(
         self, holder: str, definitions: Sequence[DefinitionSpec]
     ) -> list[DefinitionChange]:
-        """See :meth:`Ledger.register_definitions`."""
+        """See :meth:`Ledger.register_definitions`. With flow control, each type's code
+        rate limit is written too (:func:`~ratchet.ledger.ops.ratelimits.
+        register_code_limits`: an operator's row wins; the last registration wins)."""
+        flow = self.core.schema.has(FLOW)
 
         def body(tx: Tx) -> list[DefinitionChange]:
             names = sorted({d.name for d in definitions})
@@ -121,6 +125,8 @@ class Registry:
                 tx.execute("worker_definition_insert",
                            {"holder": holder, "name": d.name, "version": d.version})
             insert_audit(tx, audit)
+            if flow:
+                register_code_limits(tx, holder, definitions)
             return changes
 
         return self.core.dialect.run(body)

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from ...errors import SchemaTooOld
 from ..migrations import load_migrations
 
-__all__ = ["DEFINITIONS", "RETENTION", "RETRY_GOVERNANCE", "SCHEDULES", "SchemaGate"]
+__all__ = ["DEFINITIONS", "FLOW", "RETENTION", "RETRY_GOVERNANCE", "SCHEDULES", "SchemaGate"]
 
 DEFINITIONS = "definitions.sql"
 """The migration of the task definition tables (workers' definitions, DESIGN §8)."""
+FLOW = "flow_control.sql"
+"""The migration of flow control (queues, key slots, rate limits; DESIGN §8)."""
 RETENTION = "retention.sql"
 """The migration of the counts rollup (stats, audit counts; DESIGN §9)."""
 RETRY_GOVERNANCE = "retry_governance.sql"

@@ -67,7 +67,8 @@ class OutcomeEntry(TypedDict):
 class TransitionEntry(TypedDict):
     """A ``transition`` row: one fenced ``RUNNING -> state`` move (``run_at``: epoch
     seconds, or None to keep it; ``release``: the attempt is handed back; ``keep``: the
-    lease stays; ``request``: the operator request the task keeps)."""
+    lease stays; ``request``: the operator request the task keeps; ``flow_wait``: why
+    flow control holds the task back after it, or None)."""
 
     id: str
     generation: int
@@ -80,6 +81,7 @@ class TransitionEntry(TypedDict):
     error: str | None
     error_class: str | None
     traceback: str | None
+    flow_wait: str | None
 
 
 class Segment:
@@ -144,4 +146,5 @@ def transition_entry(write: TaskWrite, t: Transition, now: float,
         result=t.result_json, error=printable(t.error) if t.error else t.error,
         error_class=t.error_class,
         traceback=printable(t.traceback) if t.error and t.traceback else None,
+        flow_wait=t.flow_wait,
     )

@@ -36,10 +36,12 @@ from .schema import RETENTION, RETRY_GOVERNANCE
 __all__ = ["OPERATOR_KINDS", "Stats"]
 
 OPERATOR_KINDS = ("operator_resolve", "operator_cancel", "operator_retry", "operator_pause",
-                  "operator_resume", "operator_replay", "limit_set", "limit_cleared")
+                  "operator_resume", "operator_replay", "limit_set", "limit_cleared",
+                  "rate_limit_set", "rate_limit_cleared")
 """Audit kinds of operator commands, every one audited with who and a reason (``ratchet
 status``: operator actions): resolve, cancel, retry, pause, resume, quarantine replay,
-``limits set`` and ``limits clear``. A prune is not one: workers prune on their own."""
+``limits set`` and ``limits clear`` (rate limits too). A prune is not one: workers prune
+on their own."""
 
 
 class Stats:

@@ -453,7 +453,8 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = exclu
 -- back since the claim leaves it claimable, ledger/clock.py), one kept is re-anchored
 -- (clock_repair_ready: a PAUSED row's wait stays its own); a release (to PENDING) hands
 -- its attempt back; only RUNNING keeps the lease; a new error replaces the traceback too
--- (NULL when it has none). One primary-key probe per row: the "id = ANY(ids of the rows)"
+-- (NULL when it has none); flow_wait is the row's ('rate': a downstream's rate limit
+-- handed the attempt back; else NULL). One primary-key probe per row: the "id = ANY(ids of the rows)"
 -- gives the
 -- planner an index condition on tasks_pkey; without it, on a table without statistics, it
 -- hash-joined the rows against a sequential scan of every task (3.6 ms at 20,000 tasks;
@@ -469,10 +470,12 @@ UPDATE tasks t SET state = u.state,
     result = COALESCE(u.result, t.result), last_error = COALESCE(u.error, t.last_error),
     last_traceback = CASE WHEN u.error IS NULL THEN t.last_traceback ELSE u.traceback END,
     error_class = COALESCE(u.error_class, t.error_class), updated_at = %(now)s,
-    control_request = CASE WHEN u.keep THEN t.control_request ELSE u.request END
+    control_request = CASE WHEN u.keep THEN t.control_request ELSE u.request END,
+    flow_wait = u.flow_wait
 FROM json_to_recordset(%(rows)s::json)
      AS u(id text, generation bigint, state text, run_at float8, release bool, keep bool,
-          result text, error text, error_class text, request text, traceback text)
+          result text, error text, error_class text, request text, traceback text,
+          flow_wait text)
 WHERE t.id = u.id AND t.generation = u.generation AND t.state = 'RUNNING'
   AND t.id = ANY(ARRAY(SELECT j ->> 'id' FROM json_array_elements(%(rows)s::json) AS j));
 
@@ -538,13 +541,15 @@ FROM workers WHERE host_id = %(host_id)s AND state = 'alive' ORDER BY started_at
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined, last_traceback, parent_id
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id, queue,
+       priority, ckey, key_slot, rate_key, flow_wait
 FROM tasks WHERE id = %(id)s;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined, last_traceback, parent_id
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id, queue,
+       priority, ckey, key_slot, rate_key, flow_wait
 FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
 -- name: timeline_audit
@@ -768,7 +773,8 @@ SELECT generation FROM steps WHERE task_id = %(task_id)s AND name = %(name)s;
 -- hot path).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined
+       last_error, error_class, tenant, quarantined, NULL, NULL, queue, priority, ckey,
+       key_slot, rate_key, flow_wait
 FROM tasks
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
@@ -923,8 +929,103 @@ GROUP BY name, tenant;
 -- audit row for them was the plan: tests/test_ledger_plans.py).
 SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
 FROM audit WHERE task_id >= 'limit:' AND task_id < 'limit;'
-  AND kind IN ('limit_set', 'limit_cleared')
+  AND kind IN ('limit_set', 'limit_cleared', 'rate_limit_set', 'rate_limit_cleared')
 ORDER BY seq DESC LIMIT %(limit)s;
+
+-- name: rate_limit_list
+-- Rate limits (DESIGN §8, flow control): every row, the code's and the operators', by
+-- scope and name (a small table).
+SELECT scope, name, rate_per_s, burst, key_param, source, version, updated_at, updated_by,
+       reason
+FROM rate_limits ORDER BY scope, name;
+
+-- name: rate_limit_set
+-- An operator's rate limit of a task type: it replaces the code's row (source
+-- 'operator') and stands until an operator clears it.
+INSERT INTO rate_limits (scope, name, rate_per_s, burst, key_param, source, version,
+                         updated_at, updated_by, reason)
+VALUES ('type', %(name)s, %(per_s)s, %(burst)s, %(key_param)s, 'operator', 1, %(now)s,
+        %(operator)s, %(reason)s)
+ON CONFLICT (scope, name) DO UPDATE SET rate_per_s = excluded.rate_per_s,
+    burst = excluded.burst, key_param = excluded.key_param, source = 'operator',
+    version = rate_limits.version + 1, updated_at = excluded.updated_at,
+    updated_by = excluded.updated_by, reason = excluded.reason
+RETURNING scope, name, rate_per_s, burst, key_param, source, version, updated_at,
+          updated_by, reason;
+
+-- name: rate_limit_clear
+-- An operator's rate limit of a task type, removed (a code row is not an operator's).
+DELETE FROM rate_limits WHERE scope = 'type' AND name = %(name)s AND source = 'operator'
+RETURNING scope, name, rate_per_s, burst, key_param, source, version, updated_at,
+          updated_by, reason;
+
+-- name: rate_limit_code
+-- A worker's registration: the rate limit its code declares for a task type, unless an
+-- operator's row stands (it wins until cleared). An unchanged row is not written.
+INSERT INTO rate_limits AS r (scope, name, rate_per_s, burst, key_param, source, version,
+                              updated_at, updated_by, reason)
+VALUES ('type', %(name)s, %(per_s)s, %(burst)s, %(key_param)s, 'code', 1, %(now)s,
+        %(holder)s, 'declared in code')
+ON CONFLICT (scope, name) DO UPDATE SET rate_per_s = excluded.rate_per_s,
+    burst = excluded.burst, key_param = excluded.key_param, version = r.version + 1,
+    updated_at = excluded.updated_at, updated_by = excluded.updated_by,
+    reason = excluded.reason
+WHERE r.source = 'code' AND (r.rate_per_s, r.burst, r.key_param)
+      IS DISTINCT FROM (excluded.rate_per_s, excluded.burst, excluded.key_param);
+
+-- name: rate_limit_code_drop
+-- A worker's registration of a task type whose code declares no rate limit: the code's
+-- row goes (an operator's stays).
+DELETE FROM rate_limits WHERE scope = 'type' AND name = %(name)s AND source = 'code';
+
+-- name: rate_held
+-- Tasks a rate limit holds back now, per type: PENDING / RETRY_WAIT with flow_wait 'rate'
+-- and a run_at still to come (tasks_flow_wait: only rows flow control holds).
+SELECT name, count(*) FROM tasks
+WHERE flow_wait = 'rate' AND state IN ('PENDING', 'RETRY_WAIT') AND run_at > %(now)s::float8
+GROUP BY name;
+
+-- name: rate_take
+-- A downstream's token for one effect call (DESIGN §8, flow control), fenced: taken only
+-- while the task is RUNNING under the caller's generation. The bucket is refilled at
+-- per_s since its last write (a clock stepped back adds nothing), at most burst; a row
+-- comes back only when a token was taken (a new bucket starts full).
+INSERT INTO rate_buckets AS b (scope, name, key, tokens, updated_at)
+SELECT 'downstream', %(name)s, %(key)s, %(burst)s::float8 - 1.0, %(now)s::float8
+WHERE EXISTS (SELECT 1 FROM tasks WHERE id = %(id)s AND generation = %(generation)s
+              AND state = 'RUNNING')
+ON CONFLICT (scope, name, key) DO UPDATE SET
+    tokens = LEAST(%(burst)s::float8, b.tokens + GREATEST(0.0, %(now)s::float8 - b.updated_at)
+                   * %(per_s)s::float8) - 1.0,
+    updated_at = GREATEST(b.updated_at, %(now)s::float8)
+WHERE LEAST(%(burst)s::float8, b.tokens + GREATEST(0.0, %(now)s::float8 - b.updated_at)
+            * %(per_s)s::float8) >= 1.0
+RETURNING tokens;
+
+-- name: rate_take_wait
+-- After rate_take took nothing: the task's generation and state (fenced out?) and the
+-- bucket (when will it hold a token?).
+SELECT t.generation, t.state, b.tokens, b.updated_at
+FROM tasks t LEFT JOIN rate_buckets b
+  ON b.scope = 'downstream' AND b.name = %(name)s AND b.key = %(key)s
+WHERE t.id = %(id)s;
+
+-- name: flow_counts
+-- ratchet status by queue, and the flow gauges (DESIGN §8, §9): live tasks per (name,
+-- queue, state, flow_wait), with those of them due now. The backlog from tasks_ready, the
+-- RUNNING rows a range of tasks_leased (as stats_counts), the parked WAITING /
+-- COMPENSATING rows a range of tasks_waiting: never the history.
+SELECT name, queue, state, flow_wait, count(*),
+       count(*) FILTER (WHERE run_at <= %(now)s::float8)
+FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name, queue, state, flow_wait
+UNION ALL
+SELECT name, queue, 'RUNNING', NULL, count(*), count(*) FROM tasks
+WHERE lease_until > '-Infinity'::float8 AND lease_until < 'Infinity'::float8
+  AND state = 'RUNNING' GROUP BY name, queue
+UNION ALL
+SELECT name, queue, state, flow_wait, count(*), 0 FROM tasks
+WHERE state IN ('WAITING', 'COMPENSATING') AND run_at > '-Infinity'::float8
+GROUP BY name, queue, state, flow_wait;
 
 -- name: definitions_of
 -- The stored definitions of the given names (a worker's registration compares specs).
@@ -1404,7 +1505,8 @@ DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE sent_at < %(cutoff
 -- The tasks a parent submitted with ctx.submit, oldest first (tasks_parent).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined, last_traceback, parent_id
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id, queue,
+       priority, ckey, key_slot, rate_key, flow_wait
 FROM tasks WHERE parent_id = %(id)s ORDER BY created_at, id;
 
 -- name: task_wait

@@ -490,7 +490,8 @@ ON CONFLICT (task_id, name) DO UPDATE SET state = excluded.state, result = exclu
 -- since the claim leaves it claimable, ledger/clock.py), one kept is re-anchored
 -- (clock_repair_ready: a PAUSED row's wait stays its own); a release (to PENDING) hands its
 -- attempt back; only RUNNING keeps the lease. A new error replaces the traceback too
--- (NULL when it has none).
+-- (NULL when it has none); flow_wait is the row's ('rate': a downstream's rate limit
+-- handed the attempt back; else NULL).
 UPDATE tasks SET state = :state,
     run_at = CASE WHEN :run_at IS NULL THEN MIN(run_at, :now + MAX(run_at - updated_at, 0))
                   WHEN :run_at <= :now THEN MIN(run_at, :run_at)
@@ -501,7 +502,8 @@ UPDATE tasks SET state = :state,
     result = COALESCE(:result, result), last_error = COALESCE(:error, last_error),
     last_traceback = CASE WHEN :error IS NULL THEN last_traceback ELSE :traceback END,
     error_class = COALESCE(:error_class, error_class), updated_at = :now,
-    control_request = CASE WHEN :keep THEN control_request ELSE :request END
+    control_request = CASE WHEN :keep THEN control_request ELSE :request END,
+    flow_wait = :flow_wait
 WHERE id = :id AND generation = :generation AND state = 'RUNNING';
 
 -- name: resolve_lock
@@ -564,13 +566,15 @@ FROM workers WHERE host_id = :host_id AND state = 'alive' ORDER BY started_at;
 -- name: task_get
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined, last_traceback, parent_id
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id, queue,
+       priority, ckey, key_slot, rate_key, flow_wait
 FROM tasks WHERE id = :id;
 
 -- name: task_get_many
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined, last_traceback, parent_id
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id, queue,
+       priority, ckey, key_slot, rate_key, flow_wait
 FROM tasks WHERE id IN (SELECT value FROM json_each(:ids));
 
 -- name: timeline_audit
@@ -775,7 +779,8 @@ SELECT generation FROM steps WHERE task_id = :task_id AND name = :name;
 -- hot path).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined
+       last_error, error_class, tenant, quarantined, NULL, NULL, queue, priority, ckey,
+       key_slot, rate_key, flow_wait
 FROM tasks
 WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:names IS NULL OR name IN (SELECT value FROM json_each(:names)))
@@ -923,8 +928,102 @@ GROUP BY name, tenant;
 -- audit row for them was the plan: tests/test_ledger_plans.py).
 SELECT seq, task_id, at, kind, from_state, to_state, generation, holder, detail
 FROM audit WHERE task_id >= 'limit:' AND task_id < 'limit;'
-  AND kind IN ('limit_set', 'limit_cleared')
+  AND kind IN ('limit_set', 'limit_cleared', 'rate_limit_set', 'rate_limit_cleared')
 ORDER BY seq DESC LIMIT :limit;
+
+-- name: rate_limit_list
+-- Rate limits (DESIGN §8, flow control): every row, the code's and the operators', by
+-- scope and name (a small table).
+SELECT scope, name, rate_per_s, burst, key_param, source, version, updated_at, updated_by,
+       reason
+FROM rate_limits ORDER BY scope, name;
+
+-- name: rate_limit_set
+-- An operator's rate limit of a task type: it replaces the code's row (source
+-- 'operator') and stands until an operator clears it.
+INSERT INTO rate_limits (scope, name, rate_per_s, burst, key_param, source, version,
+                         updated_at, updated_by, reason)
+VALUES ('type', :name, :per_s, :burst, :key_param, 'operator', 1, :now, :operator, :reason)
+ON CONFLICT (scope, name) DO UPDATE SET rate_per_s = excluded.rate_per_s,
+    burst = excluded.burst, key_param = excluded.key_param, source = 'operator',
+    version = rate_limits.version + 1, updated_at = excluded.updated_at,
+    updated_by = excluded.updated_by, reason = excluded.reason
+RETURNING scope, name, rate_per_s, burst, key_param, source, version, updated_at,
+          updated_by, reason;
+
+-- name: rate_limit_clear
+-- An operator's rate limit of a task type, removed (a code row is not an operator's).
+DELETE FROM rate_limits WHERE scope = 'type' AND name = :name AND source = 'operator'
+RETURNING scope, name, rate_per_s, burst, key_param, source, version, updated_at,
+          updated_by, reason;
+
+-- name: rate_limit_code
+-- A worker's registration: the rate limit its code declares for a task type, unless an
+-- operator's row stands (it wins until cleared). An unchanged row is not written.
+INSERT INTO rate_limits (scope, name, rate_per_s, burst, key_param, source, version,
+                         updated_at, updated_by, reason)
+VALUES ('type', :name, :per_s, :burst, :key_param, 'code', 1, :now, :holder,
+        'declared in code')
+ON CONFLICT (scope, name) DO UPDATE SET rate_per_s = excluded.rate_per_s,
+    burst = excluded.burst, key_param = excluded.key_param,
+    version = rate_limits.version + 1, updated_at = excluded.updated_at,
+    updated_by = excluded.updated_by, reason = excluded.reason
+WHERE rate_limits.source = 'code'
+  AND (rate_limits.rate_per_s IS NOT excluded.rate_per_s
+       OR rate_limits.burst IS NOT excluded.burst
+       OR rate_limits.key_param IS NOT excluded.key_param);
+
+-- name: rate_limit_code_drop
+-- A worker's registration of a task type whose code declares no rate limit: the code's
+-- row goes (an operator's stays).
+DELETE FROM rate_limits WHERE scope = 'type' AND name = :name AND source = 'code';
+
+-- name: rate_held
+-- Tasks a rate limit holds back now, per type: PENDING / RETRY_WAIT with flow_wait 'rate'
+-- and a run_at still to come (tasks_flow_wait: only rows flow control holds).
+SELECT name, COUNT(*) FROM tasks
+WHERE flow_wait = 'rate' AND state IN ('PENDING', 'RETRY_WAIT') AND run_at > :now
+GROUP BY name;
+
+-- name: rate_take
+-- A downstream's token for one effect call (DESIGN §8, flow control), fenced: taken only
+-- while the task is RUNNING under the caller's generation. The bucket is refilled at
+-- per_s since its last write (a clock stepped back adds nothing), at most burst; a row
+-- comes back only when a token was taken (a new bucket starts full).
+INSERT INTO rate_buckets (scope, name, key, tokens, updated_at)
+SELECT 'downstream', :name, :key, :burst - 1.0, :now
+WHERE EXISTS (SELECT 1 FROM tasks WHERE id = :id AND generation = :generation
+              AND state = 'RUNNING')
+ON CONFLICT (scope, name, key) DO UPDATE SET
+    tokens = MIN(:burst * 1.0, rate_buckets.tokens
+                 + MAX(0.0, :now - rate_buckets.updated_at) * :per_s) - 1.0,
+    updated_at = MAX(rate_buckets.updated_at, :now)
+WHERE MIN(:burst * 1.0, rate_buckets.tokens
+          + MAX(0.0, :now - rate_buckets.updated_at) * :per_s) >= 1.0
+RETURNING tokens;
+
+-- name: rate_take_wait
+-- After rate_take took nothing: the task's generation and state (fenced out?) and the
+-- bucket (when will it hold a token?).
+SELECT t.generation, t.state, b.tokens, b.updated_at
+FROM tasks t LEFT JOIN rate_buckets b
+  ON b.scope = 'downstream' AND b.name = :name AND b.key = :key
+WHERE t.id = :id;
+
+-- name: flow_counts
+-- ratchet status by queue, and the flow gauges (DESIGN §8, §9): live tasks per (name,
+-- queue, state, flow_wait), with those of them due now. The backlog from tasks_ready, the
+-- RUNNING rows from tasks_leased, the parked WAITING / COMPENSATING rows from
+-- tasks_waiting: never the history.
+SELECT name, queue, state, flow_wait, COUNT(*),
+       SUM(CASE WHEN run_at <= :now THEN 1 ELSE 0 END)
+FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') GROUP BY name, queue, state, flow_wait
+UNION ALL
+SELECT name, queue, 'RUNNING', NULL, COUNT(*), COUNT(*) FROM tasks
+WHERE lease_until IS NOT NULL AND state = 'RUNNING' GROUP BY name, queue
+UNION ALL
+SELECT name, queue, state, flow_wait, COUNT(*), 0 FROM tasks
+WHERE state IN ('WAITING', 'COMPENSATING') GROUP BY name, queue, state, flow_wait;
 
 -- name: definitions_of
 -- The stored definitions of the given names (a worker's registration compares specs).
@@ -1339,7 +1438,8 @@ DELETE FROM events WHERE seq IN (SELECT seq FROM events WHERE sent_at < :cutoff
 -- The tasks a parent submitted with ctx.submit, oldest first (tasks_parent).
 SELECT id, name, version, state, generation, attempt, max_attempts, holder, lease_until,
        run_at, created_at, updated_at, idempotency_key, params, params_digest, result,
-       last_error, error_class, tenant, quarantined, last_traceback, parent_id
+       last_error, error_class, tenant, quarantined, last_traceback, parent_id, queue,
+       priority, ckey, key_slot, rate_key, flow_wait
 FROM tasks WHERE parent_id = :id ORDER BY created_at, id;
 
 -- name: task_wait
