@@ -223,6 +223,7 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
         "keys": json.dumps(["k1"]), "id": "x1", "generation": 1, "state": "SUCCEEDED",
         "run_at": None, "release": 0, "keep": 0, "result": None, "error": None,
         "error_class": None, "traceback": None, "request": None, "served": None,
+        "flow_wait": None,
     }
     for kinds in ([NAME], [(NAME, 1)], [(NAME, 2), ("other.task", 1)], [(NAME, 1), (NAME, 2)]):
         ready = {**params, **{k: json.dumps(v) for k, v in claim_kinds(kinds).items()}}

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from ratchet import App, RateLimit, State
+from ratchet.control import Control
 from ratchet.ledger.base import ClaimScope, TaskWrite, Transition
 from ratchet.testing.worker import running_worker
 
@@ -176,9 +177,10 @@ def test_a_rate_limit_defers_what_its_bucket_cannot_pay(app: App) -> None:
 
 
 def _set_limit(app: App, name: str, per_s: float, burst: int) -> None:
-    """The type's limit row as a worker's registration writes it."""
-    from ratchet import Control
-    Control(app.ledger).set_rate_limit(name, f"{per_s:g}/s", burst=burst, reason="test")
+    """The type's limit, set by an operator."""
+    assert app.ledger_url is not None and app.ledger is not None  # created
+    with Control(app.ledger_url) as control:
+        control.set_rate_limit(name, f"{per_s:g}/s", burst=burst, reason="test")
 
 
 def test_a_worker_serving_critical_only_never_runs_default_tasks(app: App) -> None:
@@ -217,8 +219,9 @@ def test_concurrent_submitters_and_finishers_never_overfill_a_key(ledger_url: st
 
         return a
 
-    apps = [make() for _ in range(12)]
-    watcher = apps[0]
+    watcher = make()
+    assert watcher.ledger is not None  # opens (creates) it before the others look at it
+    apps = [watcher, *(make() for _ in range(11))]
     total = 8 * 30
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -251,7 +254,7 @@ def test_concurrent_submitters_and_finishers_never_overfill_a_key(ledger_url: st
             page = watcher.list_tasks(limit=1000).tasks
             holding: dict[str, int] = {}
             for info in page:
-                if info.state in (State.PENDING, State.RUNNING) and info.holds_key_slot:
+                if info.state in (State.PENDING, State.RUNNING) and info.key_slot:
                     holding[info.params["k"]] = holding.get(info.params["k"], 0) + 1
             assert all(n <= 2 for n in holding.values()), holding
     finally:

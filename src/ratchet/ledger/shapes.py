@@ -677,6 +677,13 @@ class CandidateRow(NamedTuple):
     run_at: float
 
 
+class RefillRow(NamedTuple):
+    """A key whose admission found its lock taken (``key_refill_take``)."""
+    name: str
+    key: str
+    max: int
+
+
 class FairKeyRow(NamedTuple):
     """A fairness key with ready-state tasks (``claim_fair_keys``)."""
     key: str

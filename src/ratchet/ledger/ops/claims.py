@@ -29,6 +29,7 @@ from ..rows import (
     CLAIM_READY_QUEUES,
     CLAIM_STEPS,
     CLAIM_TAKEOVER,
+    KEY_REFILL_TAKE,
     LIMITS_ALL,
     LIMITS_LOCK,
     LIMITS_READY,
@@ -47,6 +48,7 @@ from ..shapes import (
     PauseRow,
     QueuePairRow,
     RateLimitTypeRow,
+    RefillRow,
     WokenRow,
 )
 from .core import EngineCore
@@ -70,6 +72,7 @@ class ClaimReads(NamedTuple):
     queues: list[QueuePairRow]
     rates: list[RateLimitTypeRow]
     woken: list[WokenRow]
+    refill: list[RefillRow]
 
     @classmethod
     def of(cls, rows: Sequence[Sequence[tuple[Any, ...]]]) -> ClaimReads:
@@ -78,7 +81,8 @@ class ClaimReads(NamedTuple):
         expired, _gate, pauses, limits, queues, rates, *woken = rows
         return cls(CLAIM_EXPIRED.of(expired), PAUSES_ACTIVE.of(pauses), LIMITS_ALL.of(limits),
                    CLAIM_QUEUES.of(queues), RATE_LIMITS_TYPES.of(rates),
-                   WAKE_DUE.of(woken[0]) if woken else [])
+                   WAKE_DUE.of(woken[0]) if woken else [],
+                   KEY_REFILL_TAKE.of(woken[1]) if woken else [])
 
 
 class Claims:
@@ -133,6 +137,9 @@ class Claims:
         if clock >= self._next_wake:
             self._next_wake = clock + WAKE_EVERY_S
             reads.append(wake_due_read())
+            # Concurrency keys whose admission found the key's lock taken (PostgreSQL):
+            # filled again here, with the wake-up's cadence.
+            reads.append(KEY_REFILL_TAKE.sent())
         return reads
 
     def claim_in(
@@ -161,11 +168,14 @@ class Claims:
         scope = scope or ClaimScope()
         if pre is None:
             pre = ClaimReads.of(tx.rows_many(self.reads(names, limit, scope)))
-        expired, pauses, limit_rows, queue_rows, rate_rows, woken = pre
+        expired, pauses, limit_rows, queue_rows, rate_rows, woken, refill = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
         self.core.repair_clock(tx, now, repaired)
         if woken:
             insert_audit(tx, wake_audit(woken, now))
+        if refill:
+            tx.batch("key_fill", [{"name": n, "key": k, "max": m} for n, k, m
+                                  in sorted({(r.name, r.key, r.max) for r in refill})])
         paused_types: set[str] = set()
         if pauses:
             if any(p.scope == "all" for p in pauses):

@@ -126,11 +126,18 @@ ON CONFLICT DO NOTHING;
 
 -- name: key_fill
 -- Admit the oldest tasks waiting for a slot of each (name, concurrency key) into its free
--- slots (ratchet_key_fill, under the key's advisory lock; keys in a fixed order, so two
--- transactions never wait on each other's keys in opposite orders).
+-- slots (ratchet_key_fill, under the key's advisory lock, tried: a key whose lock another
+-- transaction holds is left in key_refill for the claims' wake-up).
 SELECT ratchet_key_fill(k.name, k.key, k.max, %(now)s::float8)
 FROM json_to_recordset(%(rows)s::json) AS k(name text, key text, max int)
 ORDER BY k.name, k.key;
+
+-- name: key_refill_take
+-- The keys whose admission found their lock taken (key_refill), at most 100, each row
+-- taken by one claim (SKIP LOCKED: a claim never waits for another's).
+DELETE FROM key_refill WHERE ctid IN (
+    SELECT ctid FROM key_refill ORDER BY name, key LIMIT 100 FOR UPDATE SKIP LOCKED)
+RETURNING name, key, max;
 
 -- name: submit_present
 -- Which of a re-sent batch's task ids the lost transaction wrote (ids are unique per task).

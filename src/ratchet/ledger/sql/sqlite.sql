@@ -147,6 +147,10 @@ WHERE id IN (
     LIMIT MAX(0, :max - (SELECT count(*) FROM tasks
                          WHERE name = :name AND ckey = :key AND key_slot = 1)));
 
+-- name: key_refill_take
+-- SQLite admits at once (one writer): key_refill stays empty; kept for the catalogue.
+DELETE FROM key_refill RETURNING name, key, max;
+
 -- name: submit_present
 -- Which of a re-sent batch's task ids the lost transaction wrote (ids are unique per task).
 SELECT t.id FROM json_each(:ids) AS k CROSS JOIN tasks AS t ON t.id = k.value;

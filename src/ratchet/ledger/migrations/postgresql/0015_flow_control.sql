@@ -20,7 +20,11 @@
 --   it). ratchet_key_fill (under an advisory lock per key) admits the oldest waiters into
 --   free slots; tasks_key_release runs it when a holder ends, by any path (its holder's
 --   fenced write, a retirement, an operator), tasks_key_park when a task without a slot
---   becomes claimable (an operator's resume or retry).
+--   becomes claimable (an operator's resume or retry). The lock is only ever tried, never
+--   waited for: one transaction ends tasks of several keys (a group commit) in any order,
+--   so waiting could deadlock. A fill that finds its key's lock taken leaves a key_refill
+--   row instead (no unique index: inserting one never waits either); the claims' wake-up
+--   takes those rows (SKIP LOCKED) and fills their keys again.
 -- * tasks.rate_key: the rate-limit bucket key a task's code computed at submit;
 --   tasks.flow_wait: why flow control holds a task back ('rate': its run_at was moved to
 --   when its bucket has a token; 'key': it waits for a slot; 'debounce': its debounce
@@ -88,13 +92,23 @@ CREATE TABLE rate_buckets (
     PRIMARY KEY (scope, name, key)
 );
 
+CREATE TABLE key_refill (
+    name text NOT NULL,
+    key  text NOT NULL,
+    max  integer NOT NULL,
+    at   double precision NOT NULL
+);
+
 CREATE FUNCTION ratchet_key_fill(p_name text, p_key text, p_max integer, p_now float8)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     admitted integer;
 BEGIN
-    PERFORM pg_advisory_xact_lock(1381256267,
-                                  hashtext(current_schema() || ':' || p_name || ':' || p_key));
+    IF NOT pg_try_advisory_xact_lock(
+            1381256267, hashtext(current_schema() || ':' || p_name || ':' || p_key)) THEN
+        INSERT INTO key_refill (name, key, max, at) VALUES (p_name, p_key, p_max, p_now);
+        RETURN 0;
+    END IF;
     WITH picked AS (
         SELECT id FROM tasks
         WHERE name = p_name AND ckey = p_key AND state = 'WAITING' AND wait_kind = 'key'

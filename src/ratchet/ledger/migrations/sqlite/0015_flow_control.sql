@@ -64,6 +64,15 @@ CREATE TABLE task_queues (
 ) WITHOUT ROWID;
 INSERT INTO task_queues (name, queue) SELECT DISTINCT name, 'default' FROM tasks;
 
+-- key_refill: keys whose admission another PostgreSQL transaction held; SQLite has one
+-- writer and admits at once, so it stays empty here.
+CREATE TABLE key_refill (
+    name TEXT NOT NULL,
+    key  TEXT NOT NULL,
+    max  INTEGER NOT NULL,
+    at   REAL NOT NULL
+);
+
 CREATE TABLE rate_limits (
     scope      TEXT NOT NULL,
     name       TEXT NOT NULL,
