@@ -132,7 +132,8 @@ class Claims:
         served = None if scope is None or scope.queues is None else list(scope.queues)
         reads = [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit, "served": served}),
                  CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent(),
-                 CLAIM_QUEUES.sent(), RATE_LIMITS_TYPES.sent()]
+                 CLAIM_QUEUES.sent({"names": claim_kinds(names)["names"]}),
+                 RATE_LIMITS_TYPES.sent()]
         clock = time.monotonic()
         if clock >= self._next_wake:
             self._next_wake = clock + WAKE_EVERY_S

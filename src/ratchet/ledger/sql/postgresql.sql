@@ -230,9 +230,10 @@ RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_atte
 SELECT true;
 
 -- name: claim_queues
--- The (name, queue) pairs ever submitted (task_queues, a small table): a claim walks the
--- ready set once per pair of a claimed name in a queue the worker serves.
-SELECT name, queue FROM task_queues ORDER BY name, queue;
+-- The (name, queue) pairs ever submitted of the claimed names (task_queues, a small
+-- table): a claim walks the ready set once per pair in a queue the worker serves.
+SELECT name, queue FROM task_queues WHERE name = ANY(%(names)s::text[])
+ORDER BY name, queue;
 
 -- name: claim_candidates
 -- The ready tasks a claim under flow control (fairness, rate limits) chooses from: per

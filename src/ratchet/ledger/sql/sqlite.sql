@@ -281,8 +281,9 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           control_request, trace_context;
 
 -- name: claim_queues
--- The (name, queue) pairs ever submitted (task_queues, a small table).
-SELECT name, queue FROM task_queues ORDER BY name, queue;
+-- The (name, queue) pairs ever submitted of the claimed names (task_queues, a small table).
+SELECT name, queue FROM task_queues WHERE name IN (SELECT value FROM json_each(:names))
+ORDER BY name, queue;
 
 -- name: claim_candidates
 -- The ready tasks a claim under flow control (fairness, rate limits) chooses from, in the
