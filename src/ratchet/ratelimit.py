@@ -183,6 +183,10 @@ def plan_takes(
     take: list[str] = []
     defer: list[tuple[str, float]] = []
     tokens: dict[tuple[str, str, str], float] = {}
+    # A bucket's clock never goes back: a claim whose clock reads earlier than the
+    # bucket's last write (a PostgreSQL transaction's now() is its start) refills nothing
+    # and keeps that write's time, or the next claim would refill the same seconds twice.
+    clock: dict[tuple[str, str, str], float] = {}
     behind: dict[tuple[str, str, str], int] = {}
     for c in candidates:
         if c.bucket is None:
@@ -191,7 +195,9 @@ def plan_takes(
             continue
         per_s, burst = limits[c.bucket[:2]]
         if c.bucket not in tokens:
-            tokens[c.bucket] = refill(buckets.get(c.bucket), now, per_s, burst)
+            state = buckets.get(c.bucket)
+            tokens[c.bucket] = refill(state, now, per_s, burst)
+            clock[c.bucket] = now if state is None else max(now, state.at)
         if tokens[c.bucket] >= 1.0 - _EPSILON and len(take) < want:
             tokens[c.bucket] -= 1.0
             take.append(c.task_id)
@@ -199,4 +205,5 @@ def plan_takes(
             behind[c.bucket] = behind.get(c.bucket, 0) + 1
             wait_s = (behind[c.bucket] - tokens[c.bucket]) / per_s
             defer.append((c.task_id, now + wait_s))
-    return RatePlan(take, defer, {b: BucketState(max(0.0, t), now) for b, t in tokens.items()})
+    return RatePlan(take, defer,
+                    {b: BucketState(max(0.0, t), clock[b]) for b, t in tokens.items()})

@@ -84,3 +84,16 @@ def test_rate_limit_defaults_and_checks() -> None:
     for bad in ({"burst": 0}, {"burst": 1.5}, {"key": 3}):
         with pytest.raises(ConfigError):
             RateLimit("5/s", **bad)  # type: ignore[arg-type]
+
+
+def test_a_claim_whose_clock_reads_earlier_never_moves_the_bucket_back() -> None:
+    """A PostgreSQL claim's clock is its transaction's start: one that began before the
+    bucket's last write reads an earlier time. It refills nothing and keeps the later
+    time, so the seconds between are not refilled twice."""
+    limits = {("type", "t"): (1.0, 1)}
+    written = {BUCKET: BucketState(0.0, 100.0)}  # emptied at t=100
+    early = plan_takes([RateCandidate("a", BUCKET)], 1, 99.0, limits, written)
+    assert early.take == [] and early.buckets[BUCKET].at == 100.0
+    # At 100.5 the bucket holds half a token, whichever claim wrote last.
+    late = plan_takes([RateCandidate("b", BUCKET)], 1, 100.5, limits, early.buckets)
+    assert late.take == []
