@@ -11,6 +11,7 @@ own file (:meth:`FlowRig.marks`), never from Ratchet's records.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from ratchet.testing import (
     CountingService,
     ProcessGroup,
     WorkerProcess,
+    sqlite_write_locked,
     start_counting_service,
     wait_for,
 )
@@ -99,6 +101,24 @@ class FlowRig:
         return self.procs.worker("flowapp:app", self.ledger_url, name=name,
                                  concurrency=concurrency, fast_takeover=True, args=args,
                                  env={"FLOW_URL": self.service.url})
+
+    def freeze(self, proc: WorkerProcess) -> None:
+        """SIGSTOP ``proc`` outside a SQLite write transaction (frozen inside one it would
+        hold the single write lock and stall the test's own submit: a SQLite mechanic,
+        not what these tests are about; PostgreSQL locks rows, and claims skip locked
+        ones). Retried until it holds.
+
+        Raises:
+            AssertionError: every try froze it inside a transaction.
+        """
+        config = parse_ledger_url(self.ledger_url)
+        for _ in range(200):
+            proc.pause()
+            if config.scheme != "sqlite" or not sqlite_write_locked(config.path, 0.05):
+                return
+            proc.resume()
+            time.sleep(0.005)  # a retry of the freeze, not a wait before an assertion
+        raise AssertionError(f"could not freeze {proc.name} outside a ledger transaction")
 
     def marks(self, kind: str | None = None) -> list[Mark]:
         """Every mark the service recorded so far (of ``kind`` if given), in its order."""

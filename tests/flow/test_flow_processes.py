@@ -117,3 +117,184 @@ def test_per_key_order_holds_under_sigkill(rig: FlowRig) -> None:
           f"takeovers {stats.takeovers}; {elapsed:.1f} s [{rig.backend}]")
     assert len(killed) == kills
     assert mid_body >= 1, f"no kill landed inside a body: {killed}"
+
+
+RATE_TASKS = 200
+RATE_WORKERS = 4
+
+
+def _most_in_a_second(times: list[float]) -> int:
+    """The most of ``times`` inside any closed window of one second (sliding)."""
+    times = sorted(times)
+    most, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] < t - 1.0:
+            j += 1
+        most = max(most, i - j + 1)
+    return most
+
+
+def test_a_rate_limit_caps_starts_per_second_across_workers(rig: FlowRig) -> None:
+    from flowapp import RATE
+
+    burst, per_s = RATE.size, RATE.per_s
+    # No prefetch: a task starts as soon as it is claimed (its token is spent at claim),
+    # and 16 threads are more than one burst.
+    workers = [rig.worker(f"w{i}", concurrency=4, prefetch=0) for i in range(RATE_WORKERS)]
+    for w in workers:
+        w.holder(60.0)
+    t0 = time.monotonic()
+    handles = rig.app.submit_many([SubmitRequest("flow.rated", {"n": i})
+                                   for i in range(RATE_TASKS)])
+    rig.wait_succeeded("flow.rated", RATE_TASKS, 180.0)
+    elapsed = time.monotonic() - t0
+    for w in workers:
+        assert w.stop() == 0, w.describe()
+
+    marks = rig.marks("r")
+    assert sorted(int(m.fields[1]) for m in marks) == list(range(RATE_TASKS))
+    # Waiting for a token is no attempt: every body ran on its first.
+    assert {m.fields[2] for m in marks} == {"1"}
+    assert {i.attempt for i in rig.app.ledger.get_many([h.task_id for h in handles])} == {1}
+    starts = [m.at for m in marks]
+    most = _most_in_a_second(starts)
+    # The bucket's bound over one second is burst + per_s * 1 = 20, spent at claim (the
+    # ledger's clock). A start reaches the service a few milliseconds after its claim,
+    # a delay that varies from task to task, so one second of starts can hold the claims
+    # of a slightly longer interval: at 10/s, one token more once that spread nears 0.1 s.
+    allowed = burst + int(per_s) + 1
+    span = max(starts) - min(starts)
+    # The ledger's side, exact: claims (ledger clock) in any closed second.
+    claims = [e.at for h in handles for e in rig.app.ledger.timeline(h.task_id).events
+              if e.kind == "claim"]
+    claimed_most = _most_in_a_second(claims)
+    print(f"rate {RATE.rate} burst {burst}: {RATE_TASKS} tasks over {span:.2f} s of starts "
+          f"({(RATE_TASKS - burst) / span:.2f}/s after the burst), most starts in a second "
+          f"{most} (allowed {allowed}), most claims in a second of the ledger clock "
+          f"{claimed_most}; {elapsed:.1f} s [{rig.backend}]")
+    assert most <= allowed, f"{most} starts within one second (allowed {allowed})"
+    assert claimed_most <= burst + int(per_s), (
+        f"{claimed_most} claims within one second of the ledger clock")
+    # And the limit is not stricter than declared: the run took about what it must.
+    assert span >= (RATE_TASKS - burst - 1) / per_s - 1.0, span
+
+
+FAIR_BURST = 10_000
+FAIR_WORKERS = 2
+FAIR_CONCURRENCY = 4
+FAIR_PREFETCH = 4
+
+
+def _b_behind_a_burst(rig: FlowRig, name: str, burst: int, kind: str,
+                      ) -> tuple[int, int, int, float]:
+    """Tenant A submits ``burst`` tasks of ``name`` while the workers run; once they are
+    draining it, the workers are frozen (SIGSTOP), tenant B submits one task, and they
+    continue. Returns (A started before B's submit, A started after it and before B,
+    A never started before B, seconds from B's submit to its start at the service)."""
+    workers = [rig.worker(f"w{i}", concurrency=FAIR_CONCURRENCY, prefetch=FAIR_PREFETCH)
+               for i in range(FAIR_WORKERS)]
+    for w in workers:
+        w.holder(60.0)
+    rig.app.submit_many([SubmitRequest(name, {"t": "A", "n": i}, tenant="A")
+                         for i in range(burst)])
+    wait_for("the workers to drain A's burst", lambda: len(rig.marks(kind)) >= 100, 60.0)
+    for w in workers:
+        rig.freeze(w)
+    cut = len(rig.marks())
+    submitted = time.time()
+    rig.app.submit(name, {"t": "B", "n": 0}, tenant="B")
+    for w in workers:
+        w.resume()
+    b_mark = wait_for("B's task to start", lambda: next(
+        (m for m in rig.marks(kind) if m.fields[1] == "B"), None), 120.0)
+    for w in workers:
+        assert w.stop() == 0, w.describe()
+    a_marks = [m for m in rig.marks(kind) if m.fields[1] == "A"]
+    before = sum(1 for m in a_marks if m.seq < cut)
+    between = sum(1 for m in a_marks if cut <= m.seq < b_mark.seq)
+    return before, between, burst - before - between, b_mark.at - submitted
+
+
+def test_fairness_a_small_tenant_starts_within_a_few_claim_rounds(rig: FlowRig) -> None:
+    t0 = time.monotonic()
+    before, between, left, wait_s = _b_behind_a_burst(rig, "flow.fair", FAIR_BURST, "f")
+    capacity = FAIR_CONCURRENCY + FAIR_PREFETCH
+    print(f"fair: B's task started {wait_s * 1000:.0f} ms after its submit; A tasks started "
+          f"after B's submit and before B: {between} (A started before B's submit: {before}, "
+          f"not yet started: {left} of {FAIR_BURST}); {time.monotonic() - t0:.1f} s "
+          f"[{rig.backend}]")
+    # What each worker held when B arrived, and one more claim round of each.
+    assert between <= 2 * FAIR_WORKERS * capacity, between
+    assert between < FAIR_BURST // 100
+
+
+def test_without_fairness_a_small_tenant_waits_behind_the_burst(rig: FlowRig) -> None:
+    burst = 1_000
+    t0 = time.monotonic()
+    before, between, left, wait_s = _b_behind_a_burst(rig, "flow.unfair", burst, "u")
+    capacity = FAIR_CONCURRENCY + FAIR_PREFETCH
+    print(f"unfair: B's task started {wait_s * 1000:.0f} ms after its submit; A tasks "
+          f"started after B's submit and before B: {between} (before its submit: {before}, "
+          f"not yet started: {left} of {burst}); {time.monotonic() - t0:.1f} s "
+          f"[{rig.backend}]")
+    # First in, first out: B is claimed after every A task was, so at most what the
+    # workers held then starts after it.
+    assert left <= FAIR_WORKERS * capacity, left
+
+
+PRIO_BACKLOG = 5_000
+PRIO_CONCURRENCY = 4
+PRIO_PREFETCH = 4
+
+
+def test_a_high_priority_task_jumps_a_running_backlog(rig: FlowRig) -> None:
+    worker = rig.worker("w0", concurrency=PRIO_CONCURRENCY, prefetch=PRIO_PREFETCH)
+    worker.holder(60.0)
+    t0 = time.monotonic()
+    rig.app.submit_many([SubmitRequest("flow.prio", {"n": i}) for i in range(PRIO_BACKLOG)])
+    wait_for("the worker to drain the backlog", lambda: len(rig.marks("p")) >= 200, 60.0)
+    # Frozen while it holds its share of the backlog: the urgent task's submit is then a
+    # definite moment of the worker's run.
+    rig.freeze(worker)
+    cut = len(rig.marks())
+    submitted = time.time()
+    rig.app.submit("flow.prio", {"n": -1}, priority=10)
+    worker.resume()
+    urgent = wait_for("the urgent task to start", lambda: next(
+        (m for m in rig.marks("p") if m.fields[1] == "-1"), None), 60.0)
+    assert worker.stop() == 0, worker.describe()
+    marks = rig.marks("p")
+    low_before = sum(1 for m in marks if m.fields[1] != "-1" and m.seq < urgent.seq)
+    between = sum(1 for m in marks if m.fields[1] != "-1" and cut <= m.seq < urgent.seq)
+    capacity = PRIO_CONCURRENCY + PRIO_PREFETCH
+    claim_batch = max(1, capacity // 4)  # the worker's claim batch (a quarter of it)
+    print(f"priority: the urgent task started {(urgent.at - submitted) * 1000:.0f} ms after "
+          f"its submit, after {between} more low tasks ({low_before} of {PRIO_BACKLOG} "
+          f"in all); {time.monotonic() - t0:.1f} s [{rig.backend}]")
+    assert between <= capacity + claim_batch, between
+    assert low_before < PRIO_BACKLOG // 2
+
+
+def test_a_worker_serves_only_its_queues(rig: FlowRig) -> None:
+    critical = rig.worker("critical", concurrency=2, queues=["critical"])
+    bulk = rig.worker("bulk", concurrency=2, queues=["bulk"])
+    holders = {"flow.critical": critical.holder(60.0), "flow.bulk": bulk.holder(60.0)}
+    rig.app.submit_many([SubmitRequest(name, {"n": i}) for i in range(20)
+                         for name in ("flow.critical", "flow.bulk")])
+    # The bulk type's tasks sent to the critical queue run on the critical worker; a
+    # type in a queue nobody serves is never claimed.
+    moved = [rig.app.submit("flow.bulk", {"n": 100 + i}, queue="critical").task_id
+             for i in range(5)]
+    idle = [rig.app.submit("flow.prio", {"n": i}).task_id for i in range(5)]
+    rig.wait_succeeded("flow.critical", 20, 60.0)
+    rig.wait_succeeded("flow.bulk", 25, 60.0)
+    assert critical.stop() == 0, critical.describe()
+    assert bulk.stop() == 0, bulk.describe()
+    ran = {(m.fields[1], int(m.fields[2])): m.fields[3] for m in rig.marks("q")}
+    assert len(ran) == 45
+    for (name, n), holder in sorted(ran.items()):
+        want = holders["flow.critical"] if name == "flow.critical" or n >= 100 else (
+            holders[name])
+        assert holder == want, (name, n, holder)
+    assert {i.state.value for i in rig.app.ledger.get_many(moved)} == {"SUCCEEDED"}
+    assert {i.state.value for i in rig.app.ledger.get_many(idle)} == {"PENDING"}
