@@ -10,6 +10,7 @@ own file (:meth:`FlowRig.marks`), never from Ratchet's records.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -101,6 +102,18 @@ class FlowRig:
         return self.procs.worker("flowapp:app", self.ledger_url, name=name,
                                  concurrency=concurrency, fast_takeover=True, args=args,
                                  env={"FLOW_URL": self.service.url})
+
+    @staticmethod
+    def stop_all(workers: Sequence[WorkerProcess], timeout_s: float = 60.0) -> list[int]:
+        """Stop ``workers`` gracefully, all at once (SIGTERM to each, then wait for each):
+        on SQLite a worker stopping while the others still claim waits for the write lock
+        behind them. Returns their exit statuses."""
+        for w in workers:
+            if w.alive():
+                w.holder()  # its SIGTERM handler is installed: a stop, never a crash
+                w.signal(signal.SIGCONT)
+                w.signal(signal.SIGTERM)
+        return [w.wait(timeout_s) for w in workers]
 
     def freeze(self, proc: WorkerProcess) -> None:
         """SIGSTOP ``proc`` outside a SQLite write transaction (frozen inside one it would

@@ -79,8 +79,7 @@ def test_per_key_order_holds_under_sigkill(rig: FlowRig) -> None:
         workers[i] = rig.worker(f"w{i}-gen{k + 1}", concurrency=4, prefetch=2)
     rig.wait_succeeded("flow.ordered", total, 240.0)
     elapsed = time.monotonic() - t0
-    for w in workers:
-        assert w.stop() == 0, w.describe()
+    assert rig.stop_all(workers) == [0] * len(workers), rig.procs.dump()
 
     marks = rig.marks()
     starts: dict[tuple[str, int], list[Mark]] = defaultdict(list)
@@ -148,8 +147,7 @@ def test_a_rate_limit_caps_starts_per_second_across_workers(rig: FlowRig) -> Non
                                    for i in range(RATE_TASKS)])
     rig.wait_succeeded("flow.rated", RATE_TASKS, 180.0)
     elapsed = time.monotonic() - t0
-    for w in workers:
-        assert w.stop() == 0, w.describe()
+    assert rig.stop_all(workers) == [0] * len(workers), rig.procs.dump()
 
     marks = rig.marks("r")
     assert sorted(int(m.fields[1]) for m in marks) == list(range(RATE_TASKS))
@@ -172,17 +170,21 @@ def test_a_rate_limit_caps_starts_per_second_across_workers(rig: FlowRig) -> Non
           f"({(RATE_TASKS - burst) / span:.2f}/s after the burst), most starts in a second "
           f"{most} (allowed {allowed}), most claims in a second of the ledger clock "
           f"{claimed_most}; {elapsed:.1f} s [{rig.backend}]")
-    if rig.backend == "postgresql" and (most > allowed or claimed_most > burst + per_s):
+    # At most the bucket's bound, and no less (the limit is not stricter than declared:
+    # the run took about what it must).
+    shortest = (RATE_TASKS - burst - 1) / per_s - 1.0
+    over = [f"{most} starts within one second (allowed {allowed})"] if most > allowed else []
+    if claimed_most > burst + per_s:
+        over.append(f"{claimed_most} claims within one second of the ledger clock")
+    if span < shortest:
+        over.append(f"{RATE_TASKS} starts over {span:.2f} s (at 10/s: {shortest:.2f} s)")
+    if rig.backend == "postgresql" and over:
         # A claim whose transaction began before the bucket's last write saves the bucket
         # with its own, earlier, clock: the next claim refills that interval a second time
         # (tests/flow/test_rate_bucket_clock.py).
-        pytest.xfail(f"{most} starts, {claimed_most} claims within one second: the "
-                     "bucket's clock moved back")
-    assert most <= allowed, f"{most} starts within one second (allowed {allowed})"
-    assert claimed_most <= burst + per_s, (
-        f"{claimed_most} claims within one second of the ledger clock")
-    # And the limit is not stricter than declared: the run took about what it must.
-    assert span >= (RATE_TASKS - burst - 1) / per_s - 1.0, span
+        pytest.xfail(f"the bucket's clock moved back: {'; '.join(over)}")
+    assert not over, over
+    assert span < (RATE_TASKS - burst) / per_s + 30.0, span  # and it did not stall
 
 
 FAIR_BURST = 10_000
@@ -213,8 +215,7 @@ def _b_behind_a_burst(rig: FlowRig, name: str, burst: int, kind: str,
         w.resume()
     b_mark = wait_for("B's task to start", lambda: next(
         (m for m in rig.marks(kind) if m.fields[1] == "B"), None), 120.0)
-    for w in workers:
-        assert w.stop() == 0, w.describe()
+    assert rig.stop_all(workers) == [0] * len(workers), rig.procs.dump()
     a_marks = [m for m in rig.marks(kind) if m.fields[1] == "A"]
     before = sum(1 for m in a_marks if m.seq < cut)
     between = sum(1 for m in a_marks if cut <= m.seq < b_mark.seq)
@@ -294,8 +295,7 @@ def test_a_worker_serves_only_its_queues(rig: FlowRig) -> None:
     idle = [rig.app.submit("flow.prio", {"n": i}).task_id for i in range(5)]
     rig.wait_succeeded("flow.critical", 20, 60.0)
     rig.wait_succeeded("flow.bulk", 25, 60.0)
-    assert critical.stop() == 0, critical.describe()
-    assert bulk.stop() == 0, bulk.describe()
+    assert rig.stop_all([critical, bulk]) == [0, 0], rig.procs.dump()
     ran = {(m.fields[1], int(m.fields[2])): m.fields[3] for m in rig.marks("q")}
     assert len(ran) == 45
     for (name, n), holder in sorted(ran.items()):
