@@ -16,6 +16,7 @@ whose own file holds them in the order it executed them; the assertions read tha
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -156,20 +157,26 @@ def test_a_rate_limit_caps_starts_per_second_across_workers(rig: FlowRig) -> Non
     assert {i.attempt for i in rig.app.ledger.get_many([h.task_id for h in handles])} == {1}
     starts = [m.at for m in marks]
     most = _most_in_a_second(starts)
-    # The bucket's bound over one second is burst + per_s * 1 = 20, spent at claim (the
-    # ledger's clock). A start reaches the service a few milliseconds after its claim,
-    # a delay that varies from task to task, so one second of starts can hold the claims
-    # of a slightly longer interval: at 10/s, one token more once that spread nears 0.1 s.
-    allowed = burst + int(per_s) + 1
     span = max(starts) - min(starts)
-    # The ledger's side, exact: claims (ledger clock) in any closed second.
-    claims = [e.at for h in handles for e in rig.app.ledger.timeline(h.task_id).events
-              if e.kind == "claim"]
-    claimed_most = _most_in_a_second(claims)
+    # The ledger's side, exact: the tokens are spent at claim, so the claims (ledger
+    # clock) in any closed second are at most burst + per_s * 1 = 20.
+    claimed_at = {n: e.at for n, h in enumerate(handles)
+                  for e in rig.app.ledger.timeline(h.task_id).events if e.kind == "claim"}
+    claimed_most = _most_in_a_second(list(claimed_at.values()))
+    # The external side: a start reaches the service some milliseconds after its claim,
+    # a delay that varies from task to task (thread hand-off, HTTP; more on a loaded
+    # host), so one second of starts holds the claims of 1 + spread seconds, where the
+    # spread is the largest difference between two tasks' delays (both clocks are this
+    # host's): at most burst + per_s * (1 + spread), i.e. 21 while the spread is under
+    # 0.1 s.
+    delays = [m.at - claimed_at[int(m.fields[1])] for m in marks]
+    spread = max(delays) - min(delays)
+    allowed = burst + math.ceil(per_s * (1.0 + spread) - 1e-9)
     print(f"rate {RATE.rate} burst {burst}: {RATE_TASKS} tasks over {span:.2f} s of starts "
           f"({(RATE_TASKS - burst) / span:.2f}/s after the burst), most starts in a second "
-          f"{most} (allowed {allowed}), most claims in a second of the ledger clock "
-          f"{claimed_most}; {elapsed:.1f} s [{rig.backend}]")
+          f"{most} (allowed {allowed}: claim-to-start spread {spread * 1000:.0f} ms), most "
+          f"claims in a second of the ledger clock {claimed_most}; {elapsed:.1f} s "
+          f"[{rig.backend}]")
     # At most the bucket's bound, and no less (the limit is not stricter than declared:
     # the run took about what it must).
     shortest = (RATE_TASKS - burst - 1) / per_s - 1.0
