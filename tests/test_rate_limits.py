@@ -216,12 +216,14 @@ def test_a_rate_limited_downstream_gets_at_most_burst_plus_rate_times_t(
         records = service.records()
         times = sorted(t for t, _key in records.times)
         assert len(times) == 20 and set(records.executions.values()) == {1}
-        # Over any window of t seconds: at most burst + rate * t calls (a little slack
-        # for the service's clock against the ledger's).
+        # Over any window of t seconds: at most burst + rate * t calls, with t widened by
+        # how much the delays from a token's take to its call differ: on a loaded host a
+        # thread may wait a few hundred ms between the two (the bound at the take itself
+        # is exact: tests/flow/test_rate_plan.py).
         for i, start in enumerate(times):
             for j in range(i, len(times)):
                 span = times[j] - start
-                assert j - i + 1 <= 5 + 5 * (span + 0.05), (i, j, span)
+                assert j - i + 1 <= 5 + 5 * (span + 0.5), (i, j, span)
         assert times[-1] - times[0] >= (20 - 5) / 5 - 0.1
         # Waits spent no attempt; they were handed back with flow_wait "rate".
         assert all(h.get().attempt == 1 for h in handles)

@@ -17,7 +17,6 @@ import sqlite3
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import pytest
 from pgsupport import pg_base_url
 
 from ratchet import App, SubmitRequest
@@ -68,8 +67,6 @@ def _pg_discarded(url: str, now: float) -> int:
     return sum(int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", plan))
 
 
-@pytest.mark.xfail(strict=True, reason="the walk of the tasks without a fairness key reads "
-                   "every ready task of the queue (and SQLite sorts a key's tasks)")
 def test_a_fair_claim_reads_about_what_it_returns(app: App, ledger_url: str,
                                                   backend: str) -> None:
     @app.task("fc.work", fair=True)

@@ -185,11 +185,6 @@ def test_a_rate_limit_caps_starts_per_second_across_workers(rig: FlowRig) -> Non
         over.append(f"{claimed_most} claims within one second of the ledger clock")
     if span < shortest:
         over.append(f"{RATE_TASKS} starts over {span:.2f} s (at 10/s: {shortest:.2f} s)")
-    if rig.backend == "postgresql" and over:
-        # A claim whose transaction began before the bucket's last write saves the bucket
-        # with its own, earlier, clock: the next claim refills that interval a second time
-        # (tests/flow/test_rate_bucket_clock.py).
-        pytest.xfail(f"the bucket's clock moved back: {'; '.join(over)}")
     assert not over, over
     assert span < (RATE_TASKS - burst) / per_s + 30.0, span  # and it did not stall
 

@@ -23,8 +23,6 @@ from ratchet.ledger.base import ClaimScope
 from ratchet.testing import wait_for
 
 
-@pytest.mark.xfail(strict=True, reason="rate_buckets_save writes the claim's now() even when "
-                   "the bucket was written later by a claim that began after it")
 def test_a_claim_that_began_before_the_buckets_last_write_keeps_its_clock(
         app: App, ledger_url: str, backend: str) -> None:
     if backend != "postgresql":

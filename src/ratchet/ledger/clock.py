@@ -129,6 +129,9 @@ def repair(tx: Tx, now: float, watch: ClockWatch) -> tuple[int, int]:
     changed."""
     ready = tx.execute("clock_repair_ready", {"now": now})
     leases = tx.execute("clock_repair_leases", {"now": now})
+    # A rate bucket's clock never goes back (ratchet.ratelimit): one written ahead would
+    # refill nothing until the clock caught up.
+    tx.execute("clock_repair_buckets", {"now": now})
     if ready or leases:
         detail = {"ready_rows": ready, "leases": leases,
                   "step_s": round(watch.last_step_s, 3) if watch.steps_seen else None}

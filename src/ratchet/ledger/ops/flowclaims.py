@@ -23,6 +23,7 @@ from ..rows import (
     CLAIM_CANDIDATES,
     CLAIM_FAIR_CANDIDATES,
     CLAIM_FAIR_KEYS,
+    CLAIM_FAIR_UNKEYED,
     CLAIM_IDS,
     RATE_BUCKETS_LOCK,
 )
@@ -34,6 +35,12 @@ __all__ = ["DEFAULT_QUEUE", "FAIR_KEYS_PER_CLAIM", "Entry", "FlowClaims", "entri
 DEFAULT_QUEUE = "default"
 """The queue every claimed name is walked in, whether or not ``task_queues`` lists it (a
 task written by a release without queues is in it)."""
+
+FAIR_UNKEYED_EVERY = 16
+"""A fair type's tasks stored without a fairness key (submitted by code that did not declare
+the type fair) are looked for by every claim whose keyed tasks left it room, and by one
+claim in this many otherwise: that walk passes over the keyed tasks, so its cost grows with
+their backlog; one claim in 16 bounds what it adds."""
 
 FAIR_KEYS_PER_CLAIM = 64
 """At most this many fairness keys of one (name, queue) a claim looks at; the next claim
@@ -98,6 +105,7 @@ class FlowClaims:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._after: dict[tuple[str, str], str] = {}
+        self._claims = 0
 
     def claim(
         self, tx: Tx, holder: str, now: float, entries: Sequence[Entry], want: int,
@@ -162,8 +170,13 @@ class FlowClaims:
         keys = list(dict.fromkeys(keys))
         rotation[(entry.name, entry.queue)] = keys
         per_key = max(1, math.ceil(want / max(1, len(keys) + 1)))
-        rows = CLAIM_FAIR_CANDIDATES.all(tx, {**base, "keys": keys, "per_key": per_key,
-                                              "lo": entry.lo, "hi": entry.hi})
+        walk = {**base, "per_key": per_key, "lo": entry.lo, "hi": entry.hi}
+        rows = CLAIM_FAIR_CANDIDATES.all(tx, {**walk, "keys": keys}) if keys else []
+        with self._lock:
+            self._claims += 1
+            due = self._claims % FAIR_UNKEYED_EVERY == 0
+        if due or len(rows) < want:
+            rows += CLAIM_FAIR_UNKEYED.all(tx, walk)
         position = {k: i for i, k in enumerate(keys)}
         rank: dict[str | None, int] = {}
         out: list[tuple[int, int, float, CandidateRow]] = []
@@ -196,7 +209,7 @@ class FlowClaims:
                       "keys": [b[2] for b in buckets]})}
         plan = plan_takes(wanted, want, now, limits, states)
         tx.batch("rate_buckets_save", [
-            {"scope": s, "name": n, "key": k, "tokens": state.tokens}
+            {"scope": s, "name": n, "key": k, "tokens": state.tokens, "at": state.at}
             for (s, n, k), state in sorted(plan.buckets.items())])
         tx.batch("rate_defer", [{"id": i, "run_at": at} for i, at in sorted(plan.defer)])
         return plan.take

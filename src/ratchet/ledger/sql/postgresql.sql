@@ -41,6 +41,11 @@ FROM (SELECT id FROM tasks WHERE lease_until IS NOT NULL AND state = 'RUNNING'
         AND lease_until > %(now)s::float8 + lease_s ORDER BY id FOR UPDATE SKIP LOCKED) AS s
 WHERE t.id = s.id;
 
+-- name: clock_repair_buckets
+-- After a backward step: a rate bucket written ahead of the clock is brought back to it
+-- (its tokens kept; a bucket's clock otherwise never goes back).
+UPDATE rate_buckets SET updated_at = %(now)s::float8 WHERE updated_at > %(now)s::float8;
+
 -- name: submit_insert
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
 -- Rows arrive in idempotency-key order (and are inserted in that order), so two batches
@@ -281,25 +286,25 @@ SELECT fk FROM k WHERE fk IS NOT NULL;
 
 -- name: claim_fair_candidates
 -- Per fairness key of one (name, queue) entry, its first %(per_key)s ready tasks by
--- (priority DESC, run_at) (tasks_ready_fair), locked; and as one more group the tasks of
--- the entry stored without a fairness key (submitted by code that did not declare the
--- type fair; tasks_ready, filtered).
-WITH k AS (SELECT * FROM unnest(%(keys)s::text[]) AS k(fk)),
-keyed AS (
-    SELECT p.* FROM k
-    CROSS JOIN LATERAL (
-        SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
-        WHERE name = %(name)s AND queue = %(queue)s AND fair_key = k.fk
-          AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
-          AND version BETWEEN %(lo)s AND %(hi)s
-        ORDER BY priority DESC, run_at LIMIT %(per_key)s FOR UPDATE SKIP LOCKED) AS p),
-unkeyed AS (
+-- (priority DESC, run_at) (tasks_ready_fair), locked.
+SELECT p.* FROM unnest(%(keys)s::text[]) AS k(fk)
+CROSS JOIN LATERAL (
     SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
-    WHERE name = %(name)s AND queue = %(queue)s AND fair_key IS NULL
+    WHERE name = %(name)s AND queue = %(queue)s AND fair_key = k.fk
       AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
       AND version BETWEEN %(lo)s AND %(hi)s
-    ORDER BY run_at LIMIT %(per_key)s FOR UPDATE SKIP LOCKED)
-SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed;
+    ORDER BY priority DESC, run_at LIMIT %(per_key)s FOR UPDATE SKIP LOCKED) AS p;
+
+-- name: claim_fair_unkeyed
+-- The tasks of a fair (name, queue) entry stored without a fairness key (submitted by code
+-- that did not declare the type fair), oldest first, locked: a walk of tasks_ready that
+-- passes over the keyed ones, so the engine runs it only when the keyed walks left room
+-- or once in FAIR_UNKEYED_EVERY claims.
+SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
+WHERE name = %(name)s AND queue = %(queue)s AND fair_key IS NULL
+  AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= %(now)s
+  AND version BETWEEN %(lo)s AND %(hi)s
+ORDER BY run_at LIMIT %(per_key)s FOR UPDATE SKIP LOCKED;
 
 -- name: claim_ids
 -- Claim the chosen candidates (locked by claim_candidates / claim_fair_candidates in this
@@ -338,8 +343,11 @@ JOIN unnest(%(scopes)s::text[], %(names)s::text[], %(keys)s::text[]) AS u(scope,
 ORDER BY b.scope, b.name, b.key FOR UPDATE OF b;
 
 -- name: rate_buckets_save
-UPDATE rate_buckets b SET tokens = u.tokens, updated_at = %(now)s
-FROM json_to_recordset(%(rows)s::json) AS u(scope text, name text, key text, tokens float8)
+-- The buckets' new tokens as of at: the claim's clock, or the bucket's own when that is
+-- later (a bucket's clock never goes back, ratchet/ratelimit.py).
+UPDATE rate_buckets b SET tokens = u.tokens, updated_at = u.at
+FROM json_to_recordset(%(rows)s::json)
+     AS u(scope text, name text, key text, tokens float8, at float8)
 WHERE b.scope = u.scope AND b.name = u.name AND b.key = u.key;
 
 -- name: rate_defer

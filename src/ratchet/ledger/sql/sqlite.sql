@@ -37,6 +37,11 @@ WHERE state IN ('PENDING', 'RETRY_WAIT') AND updated_at > :now;
 UPDATE tasks SET lease_until = :now + lease_s
 WHERE lease_until IS NOT NULL AND state = 'RUNNING' AND lease_until > :now + lease_s;
 
+-- name: clock_repair_buckets
+-- After a backward step: a rate bucket written ahead of the clock is brought back to it
+-- (its tokens kept; a bucket's clock otherwise never goes back).
+UPDATE rate_buckets SET updated_at = :now WHERE updated_at > :now;
+
 -- name: submit_insert
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
 -- A task with a concurrency key (ckey) is written WAITING for a slot (wait_kind 'key',
@@ -337,24 +342,25 @@ SELECT fk FROM k WHERE fk IS NOT NULL;
 
 -- name: claim_fair_candidates
 -- Per fairness key of one (name, queue) entry, its first :per_key ready tasks by
--- (priority DESC, run_at) (tasks_ready_fair); and as one more group the tasks of the
--- entry stored without a fairness key (submitted by code that did not declare the type
--- fair).
+-- (priority DESC, run_at), on tasks_ready_fair (named: SQLite chose tasks_ready_queue and
+-- sorted the queue's ready set).
 SELECT t.id, t.name, t.tenant, t.fair_key, t.rate_key, t.params, t.priority, t.run_at
 FROM json_each(:keys) AS k
 JOIN tasks AS t ON t.id IN (
-    SELECT r.id FROM tasks AS r
+    SELECT r.id FROM tasks AS r INDEXED BY tasks_ready_fair
     WHERE r.name = :name AND r.queue = :queue AND r.fair_key = k.value
       AND r.state IN ('PENDING', 'RETRY_WAIT') AND r.run_at <= :now
       AND r.version BETWEEN :lo AND :hi
-    ORDER BY r.priority DESC, r.run_at LIMIT :per_key)
-UNION ALL
-SELECT * FROM (
-    SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
-    WHERE name = :name AND queue = :queue AND fair_key IS NULL
-      AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
-      AND version BETWEEN :lo AND :hi
-    ORDER BY run_at LIMIT :per_key);
+    ORDER BY r.priority DESC, r.run_at LIMIT :per_key);
+
+-- name: claim_fair_unkeyed
+-- The tasks of a fair (name, queue) entry stored without a fairness key (submitted by code
+-- that did not declare the type fair), oldest first (see the PostgreSQL catalogue).
+SELECT id, name, tenant, fair_key, rate_key, params, priority, run_at FROM tasks
+WHERE name = :name AND queue = :queue AND fair_key IS NULL
+  AND state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
+  AND version BETWEEN :lo AND :hi
+ORDER BY run_at LIMIT :per_key;
 
 -- name: claim_ids
 -- Claim the chosen candidates, as claim_ready does.
@@ -391,7 +397,8 @@ JOIN rate_buckets AS b ON b.scope = s.value AND b.name = n.value AND b.key = k.v
 ORDER BY b.scope, b.name, b.key;
 
 -- name: rate_buckets_save
-UPDATE rate_buckets SET tokens = :tokens, updated_at = :now
+-- The buckets' new tokens as of :at (see the PostgreSQL catalogue).
+UPDATE rate_buckets SET tokens = :tokens, updated_at = :at
 WHERE scope = :scope AND name = :name AND key = :key;
 
 -- name: rate_defer
