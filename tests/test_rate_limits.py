@@ -76,11 +76,12 @@ def test_code_limits_are_registered_and_an_operator_setting_wins_until_cleared(
         ledger.register_definitions("worker-b", specs(app))  # unchanged: not rewritten
         assert control.rate_limits()[0].version == 1
 
+        # An override of the rate keeps the code's key unless it names another.
         view = control.set_rate_limit("pay", "100/m", reason="psp asked", by="alice")
         assert (view.rate, view.burst, view.key_param, view.source, view.version) == (
-            "100/m", 2, None, "operator", 2)
+            "100/m", 2, "merchant", "operator", 2)
         ledger.register_definitions("worker-a", specs(app))  # the operator's row stays
-        assert rows(control) == {"pay": ("100/m", 100 / 60, 2, None, "operator")}
+        assert rows(control) == {"pay": ("100/m", 100 / 60, 2, "merchant", "operator")}
 
         old = control.clear_rate_limit("pay", reason="psp fine again", by="bob")
         assert old.source == "operator" and old.rate == "100/m"

@@ -504,7 +504,9 @@ class App:
                 (default 0; strict: see DESIGN §8, flow control).
             debounce_s: with ``idempotency_key``: the submits of that key within this many
                 seconds collapse into one task, run with the last params ``debounce_s``
-                after the last submit, and every caller gets its id (``created`` is True
+                after the last submit but no later than ``debounce_max_s`` after the
+                first (default ``debounce_s``: a window fixed from the first submit), and
+                every caller gets its id (``created`` is True
                 only for the submit that opened the window). A submit made once the task
                 was claimed opens a new window (DESIGN §8, debounce).
             debounce_max_s: the latest start, seconds after the first submit of the window

@@ -55,7 +55,8 @@ class TaskDefinition:
             number of seconds > 0 (or None), a ``retry`` that is not a
             :class:`RetryPolicy`, a version outside 1 .. 2**31 - 1 (the ledger stores a
             32-bit integer), ``fn`` not callable, or a function that cannot be called as
-            ``fn(ctx, **params)`` (:func:`ratchet.params.check_task_function`).
+            ``fn(ctx, **params)`` (:func:`ratchet.params.check_task_function`), a
+            rate limit whose ``key`` names a parameter the function does not have.
     """
 
     name: str
@@ -80,6 +81,14 @@ class TaskDefinition:
             raise ConfigError(f"task {self.name!r}: {self.fn!r} is not callable")
         object.__setattr__(self, "_schema",
                            check_task_function(self.name, self.fn, self.params_model))
+        limit = self.flow.rate_limit
+        fields = self.params_schema.get("properties")
+        if limit is not None and limit.key_param is not None and isinstance(fields, dict) \
+                and limit.key_param not in fields:
+            # A misspelt key would put every task in the one bucket of its missing value.
+            raise ConfigError(
+                f"task {self.name!r}: rate_limit key {limit.key_param!r} is not one of its "
+                f"parameters ({', '.join(sorted(fields)) or 'none'})")
 
     def validate(self, params_json: str) -> None:
         """Check the params' JSON text against the function's signature (or the params

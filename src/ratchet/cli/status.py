@@ -150,9 +150,9 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
     parts.append(_littles_table(s, rows))
     parts.extend(queue_views(s))
     parts.append(line("running: leased tasks, executing or prefetched by a worker (up to "
-                      "--prefetch per worker); waiting: parked by their own code (a sleep, "
-                      "an event, their children), holding no slot; done/s: finished or "
-                      "gone UNKNOWN; in/s and "
+                      "--prefetch per worker); waiting: parked (a sleep, an event, their "
+                      "children, a concurrency key's slot: key-waiting below), no lease; "
+                      "done/s: finished or gone UNKNOWN; in/s and "
                       "done/s are averages over the window; net/s and the drain estimate "
                       "too, or over its last quarter once arrivals stopped (the drain column "
                       "says which); W: mean attempt duration, claim to end, of the attempts "

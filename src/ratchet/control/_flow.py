@@ -47,7 +47,8 @@ class ControlFlow(ControlReads):
             burst: the bucket's size, tasks (>= 1); default the rate's count per second,
                 rounded up (as :class:`~ratchet.ratelimit.RateLimit`).
             key_param: a bucket per value of this parameter of the task's params; None:
-                one bucket for the type (a key the code computes at submit still applies).
+                the key of the limit it replaces (the code's ``key=`` parameter), else one
+                bucket for the type (a key the code computes at submit still applies).
             reason: why (audited); must not be blank. by: the operator (default: login).
 
         Returns:

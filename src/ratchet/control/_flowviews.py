@@ -5,10 +5,10 @@ of a type flow control holds back."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..ledger.base import FlowCount, RateLimitSetting
+from ..ledger.base import FlowCount, RateLimitSetting, WorkerSlots
 
 __all__ = ["QueueStatusView", "RateLimitView", "TypeFlowView", "flow_views", "rate_text"]
 
@@ -79,6 +79,9 @@ class QueueStatusView:
             ``run_at`` to come).
         waiting: other parked tasks (``WAITING`` on a sleep, an event, children;
             ``COMPENSATING``).
+        workers: live workers that serve the queue (``--queues`` naming it, or none given).
+        unserved: tasks wait in the queue while live workers run and none serves it
+            (a worker's ``--queues`` misspelt, or none started for it): they never start.
     """
 
     queue: str
@@ -88,6 +91,8 @@ class QueueStatusView:
     key_waiting: int = 0
     rate_limited: int = 0
     waiting: int = 0
+    workers: int = 0
+    unserved: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +110,29 @@ class TypeFlowView:
     key_waiting: int = 0
 
 
-def flow_views(counts: Iterable[FlowCount]) -> tuple[list[QueueStatusView],
-                                                      list[TypeFlowView]]:
+def serving_workers(workers: Sequence[WorkerSlots], counts: Iterable[FlowCount],
+                    ) -> list[WorkerSlots]:
+    """``workers`` with each one's types narrowed to those it can claim: a worker serving
+    some queues (``--queues``) serves a type only if the type has live tasks in one of
+    them, or none at all (the capacity figures of ``ratchet status``)."""
+    queues_of: dict[str, set[str]] = {}
+    for c in counts:
+        queues_of.setdefault(c.name, set()).add(c.queue)
+    out = []
+    for w in workers:
+        if w.queues is not None:
+            names = tuple(n for n in w.names
+                          if n not in queues_of or queues_of[n] & set(w.queues))
+            w = WorkerSlots(w.holder, w.slots, names, w.queues)
+        out.append(w)
+    return out
+
+
+def flow_views(counts: Iterable[FlowCount], workers: Sequence[WorkerSlots] = (),
+               ) -> tuple[list[QueueStatusView], list[TypeFlowView]]:
     """Per queue (every queue with a live task) and per type (those with a task held back
-    by flow control), by name, from :meth:`Ledger.flow_counts` rows."""
+    by flow control), by name, from :meth:`Ledger.flow_counts` rows; ``workers``: the live
+    workers (:meth:`Ledger.live_worker_slots`), for who serves each queue."""
     queues: dict[str, dict[str, int]] = {}
     types: dict[str, dict[str, int]] = {}
     for c in counts:
@@ -129,5 +153,11 @@ def flow_views(counts: Iterable[FlowCount]) -> tuple[list[QueueStatusView],
             t["key_waiting"] = t.get("key_waiting", 0) + c.n
         else:
             q["waiting"] = q.get("waiting", 0) + c.n
-    return ([QueueStatusView(name, **queues[name]) for name in sorted(queues)],
+    views = []
+    for name in sorted(queues):
+        serving = sum(1 for w in workers if w.queues is None or name in w.queues)
+        waiting = sum(v for k, v in queues[name].items() if k != "running")
+        views.append(QueueStatusView(name, **queues[name], workers=serving,
+                                     unserved=bool(workers) and not serving and waiting > 0))
+    return (views,
             [TypeFlowView(name, **types[name]) for name in sorted(types)])

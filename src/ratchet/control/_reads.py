@@ -25,7 +25,7 @@ from ..states import State
 from ..validation import MAX_DURATION_S, MAX_NAME_BYTES, check_identifier
 from ..worker.registry import UNRESPONSIVE_FLOOR_S, host_identity, process_state
 from ._base import ControlHandles
-from ._flowviews import RateLimitView, flow_views
+from ._flowviews import RateLimitView, flow_views, serving_workers
 from ._records import (
     EffectPage,
     LateEffectView,
@@ -108,11 +108,13 @@ class ControlReads(ControlHandles):
         limits = _all_limits(led)
         usage = (led.slot_usage() if any(lim.scope is LimitScope.TENANT for lim in limits)
                  else None)
+        live = led.live_worker_slots(LIVE_WORKER_S)
+        counts = led.flow_counts()
         types, totals = capacity_views(s.counts, s.capacity, s.ledger_now, window,
                                        pauses=pauses, limits=limits, usage=usage,
-                                       workers=led.live_worker_slots(LIVE_WORKER_S),
+                                       workers=serving_workers(live, counts),
                                        drain_within_s=within)
-        queues, flow = flow_views(led.flow_counts())
+        queues, flow = flow_views(counts, live)
         return StatusReport(
             ledger=redact_url(led.config.url),
             backend=led.config.scheme,

@@ -429,9 +429,10 @@ class LedgerEngine:
         """See :meth:`Ledger.register_worker` (:class:`~ratchet.ledger.ops.registry.Registry`)."""
         self._registry.register_worker(info)
 
-    def record_worker_slots(self, holder: str, slots: int) -> None:
+    def record_worker_slots(self, holder: str, slots: int,
+                            queues: Sequence[str] | None = None) -> None:
         """See :meth:`Ledger.record_worker_slots`."""
-        self._registry.record_worker_slots(holder, slots)
+        self._registry.record_worker_slots(holder, slots, queues)
 
     def live_worker_slots(self, live_within_s: float) -> list[WorkerSlots]:
         """See :meth:`Ledger.live_worker_slots`."""

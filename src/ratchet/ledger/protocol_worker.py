@@ -215,10 +215,12 @@ class WorkerLedger(LedgerHandle, Protocol):
         """Record a worker process in the registry (``state = alive``, ``last_seen = now``)."""
         ...
 
-    def record_worker_slots(self, holder: str, slots: int) -> None:
-        """Record worker ``holder``'s slots (its concurrency, task threads) for the capacity
-        figures of ``ratchet status`` (:meth:`~OperatorLedger.live_worker_slots`): its
-        registry row's ``slots`` (call after :meth:`register_worker`)."""
+    def record_worker_slots(self, holder: str, slots: int,
+                            queues: Sequence[str] | None = None) -> None:
+        """Record worker ``holder``'s slots (its concurrency, task threads) and the queues
+        it serves (None: every queue) for ``ratchet status``
+        (:meth:`~OperatorLedger.live_worker_slots`): its registry row's ``slots`` and
+        ``queues`` (call after :meth:`register_worker`)."""
         ...
 
     def touch_worker(self, holder: str, state: str = "alive") -> None:

@@ -127,8 +127,11 @@ class WorkerSlots:
             an older release).
         names: the task types it registered (each once, whatever versions it runs),
             sorted. Its slots are shared by all of them.
+        queues: the queues it serves (``ratchet worker --queues``), sorted; None: every
+            queue.
     """
 
     holder: str
     slots: int | None
     names: tuple[str, ...]
+    queues: tuple[str, ...] | None = None

@@ -552,6 +552,7 @@ class WorkerSlotRow(NamedTuple):
     holder: str
     name: str
     slots: int | None
+    queues: str | None
 
 
 class BudgetCountRow(NamedTuple):

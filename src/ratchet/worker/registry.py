@@ -34,6 +34,7 @@ import os
 import random
 import socket
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -176,6 +177,8 @@ class Registrar(threading.Thread):
             ``slots_refresh_s`` seconds for the capacity figures of ``ratchet status``;
             None records nothing.
         slots_refresh_s: seconds between those records (:data:`SLOTS_REFRESH_S`).
+        queues: the queues this worker serves, recorded with its slots (None: every
+            queue).
     """
 
     def __init__(
@@ -188,6 +191,7 @@ class Registrar(threading.Thread):
         prune_interval_s: float = 60.0,
         slots: int | None = None,
         slots_refresh_s: float = SLOTS_REFRESH_S,
+        queues: Sequence[str] | None = None,
     ) -> None:
         super().__init__(name="ratchet-registry", daemon=True)
         self.ledger = ledger
@@ -198,6 +202,7 @@ class Registrar(threading.Thread):
         self.retention_s = retention_s
         self.prune_interval_s = prune_interval_s
         self.slots = slots
+        self.queues = queues
         self.slots_refresh_s = slots_refresh_s
         self._slots_due = slots is not None  # until written (a failed write is tried again)
         self.revoked: dict[str, list[str]] = {}
@@ -223,7 +228,7 @@ class Registrar(threading.Thread):
     def _record_slots(self) -> None:
         """Record this worker's slots (when it has them)."""
         if self.slots is not None:
-            self.ledger.record_worker_slots(self.holder, self.slots)
+            self.ledger.record_worker_slots(self.holder, self.slots, self.queues)
             self._slots_due = False
 
     def scan_once(self) -> dict[str, list[str]]:

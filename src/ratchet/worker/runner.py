@@ -294,6 +294,13 @@ class Worker(EndedAttempts):
             check_identifier(q, "queue", MAX_NAME_BYTES) for q in queues}))
         if served == ():
             raise ConfigError("queues is empty: name at least one queue, or None for all")
+        if served is not None:
+            declared = {d.flow.queue for v in app.versions.values() for d in v.values()}
+            if not declared & set(served):
+                log.warning("worker serves queues %s, none of which is the queue of a task "
+                            "type of its app (%s): it runs only tasks submitted to them "
+                            "with queue= (a misspelt --queues?)", ", ".join(served),
+                            ", ".join(sorted(declared)))
         self.claim_scope = ClaimScope(served, frozenset(
             n for n in self.names if any(d.flow.fair for d in app.versions[n].values())))
         """What the claims may take beyond the kinds: the queues served (None: every
@@ -435,7 +442,8 @@ class Worker(EndedAttempts):
         self._register_definitions()
         registrar: Registrar | None = None
         if self.fast_takeover:
-            registrar = Registrar(self.ledger, self.holder, slots=self.concurrency)
+            registrar = Registrar(self.ledger, self.holder, slots=self.concurrency,
+                                  queues=self.claim_scope.queues)
             try:
                 registrar.register()
             except LedgerCorrupt as exc:

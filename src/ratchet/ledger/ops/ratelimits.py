@@ -130,8 +130,10 @@ class RateLimits:
         def body(tx: Tx) -> RateLimitSetting:
             old = next((r for r in RATE_LIMIT_LIST.all(tx)
                         if r.scope == "type" and r.name == name), None)
+            # An override of the rate keeps the buckets' key unless it names another.
+            key = key_param if key_param is not None or old is None else old.key_param
             row = RATE_LIMIT_SET.first(tx, {
-                "name": name, "per_s": per_s, "burst": burst, "key_param": key_param,
+                "name": name, "per_s": per_s, "burst": burst, "key_param": key,
                 "now": tx.now, "operator": operator, "reason": reason})
             assert row is not None
             new = _setting(row)
@@ -139,7 +141,7 @@ class RateLimits:
                                None, dumps({
                                    "operator": operator, "reason": reason, "scope": "type",
                                    "name": name, "rate_per_s": per_s, "burst": burst,
-                                   "key_param": key_param, "version": new.version,
+                                   "key_param": key, "version": new.version,
                                    "previous": _values(old)}))])
             return new
 

@@ -50,10 +50,13 @@ class Registry:
             "pid": info.pid, "pid_start": info.pid_start, "now": tx.now,
         }))
 
-    def record_worker_slots(self, holder: str, slots: int) -> None:
-        """See :meth:`Ledger.record_worker_slots`: the registry row's ``slots``."""
-        self.core.dialect.run(lambda tx: tx.execute("worker_slots_set",
-                                                    {"holder": holder, "slots": slots}))
+    def record_worker_slots(self, holder: str, slots: int,
+                            queues: Sequence[str] | None = None) -> None:
+        """See :meth:`Ledger.record_worker_slots`: the registry row's ``slots`` and
+        ``queues`` (JSON)."""
+        served = None if queues is None else dumps(sorted(queues))
+        self.core.dialect.run(lambda tx: tx.execute(
+            "worker_slots_set", {"holder": holder, "slots": slots, "queues": served}))
 
     def live_worker_slots(self, live_within_s: float) -> list[WorkerSlots]:
         """See :meth:`Ledger.live_worker_slots` (none on a ledger not yet migrated to the
@@ -64,10 +67,13 @@ class Registry:
             tx, {"since": tx.now - live_within_s}), write=False)
         names: dict[str, set[str]] = {}
         slots: dict[str, int | None] = {}
+        served: dict[str, tuple[str, ...] | None] = {}
         for r in rows:
             names.setdefault(r.holder, set()).add(r.name)
             slots[r.holder] = r.slots if isinstance(r.slots, int) and r.slots > 0 else None
-        return [WorkerSlots(h, slots[h], tuple(sorted(names[h]))) for h in sorted(names)]
+            served[r.holder] = _queues_of(r.queues)
+        return [WorkerSlots(h, slots[h], tuple(sorted(names[h])), served[h])
+                for h in sorted(names)]
 
     def touch_worker(self, holder: str, state: str = "alive") -> None:
         """See :meth:`Ledger.touch_worker`."""
@@ -173,6 +179,19 @@ def _live(tx: Tx, live_within_s: float) -> dict[tuple[str, int], int]:
     """Live workers per (name, version): alive and seen within ``live_within_s`` seconds."""
     return {(r.name, r.version): r.n
             for r in LIVE_DEFINITIONS.all(tx, {"since": tx.now - live_within_s})}
+
+
+def _queues_of(text: str | None) -> tuple[str, ...] | None:
+    """A worker's recorded queues (None: every queue, or nothing readable recorded)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not all(isinstance(q, str) for q in value):
+        return None
+    return tuple(value)
 
 
 def _spec_differences(old_json: str, new_json: str) -> tuple[str, ...]:

@@ -1085,14 +1085,15 @@ GROUP BY d.name, d.version;
 
 -- name: live_worker_slots
 -- Live workers (alive in the registry and seen since %(since)s), one row per task type
--- each registered, with its slots (workers.slots, NULL for a worker that recorded none).
+-- each registered, with its slots and queues (NULL for a worker that recorded none; queues
+-- NULL: every queue).
 -- The registry is small.
-SELECT DISTINCT w.holder, d.name, w.slots
+SELECT DISTINCT w.holder, d.name, w.slots, w.queues
 FROM workers AS w JOIN worker_definitions AS d ON d.holder = w.holder
 WHERE w.state = 'alive' AND w.last_seen >= %(since)s::float8;
 
 -- name: worker_slots_set
-UPDATE workers SET slots = %(slots)s WHERE holder = %(holder)s;
+UPDATE workers SET slots = %(slots)s, queues = %(queues)s WHERE holder = %(holder)s;
 
 -- name: counts_read_mark
 -- The counts mark (see stats_counts, migration 0004).

@@ -26,8 +26,9 @@
 --   when its bucket has a token; 'key': it waits for a slot; 'debounce': its debounce
 --   window is open). rate_limits: one token bucket per (scope, name), from the code or set
 --   by an operator (audited in control_log); rate_buckets: the tokens per key.
--- * workers.slots: a worker's concurrency (task threads), for the capacity figures of
---   ratchet status (Little's law: the slots serving each type).
+-- * workers.slots / queues: a worker's concurrency (task threads) and the queues it serves
+--   (a JSON list; NULL: every queue), for ratchet status (the slots serving each type and
+--   queue, a queue no live worker serves).
 -- * tasks.debounce_key / debounce_until: the debounce group of a task not yet claimed,
 --   and the latest run_at its window allows (tasks_debounce: one open task per group).
 
@@ -42,6 +43,7 @@ ALTER TABLE tasks ADD COLUMN rate_key TEXT;
 ALTER TABLE tasks ADD COLUMN flow_wait TEXT;
 ALTER TABLE tasks ADD COLUMN debounce_key TEXT;
 ALTER TABLE workers ADD COLUMN slots INTEGER;
+ALTER TABLE workers ADD COLUMN queues TEXT;
 ALTER TABLE tasks ADD COLUMN debounce_until REAL;
 
 CREATE INDEX tasks_ready_queue ON tasks (queue, run_at)
