@@ -174,7 +174,8 @@ def test_revoke_holder_bumps_generation_and_makes_tasks_claimable(pg: tuple[str,
 def test_claim_plan_uses_the_ready_index_with_many_finished_tasks(pg: tuple[str, str]) -> None:
     """The claim must stay an index scan of the partial ready set: finished tasks are not in
     ``tasks_ready``, so their number cannot slow a claim (the benchmark shows 10k vs 1M)."""
-    from ratchet.ledger.base import claim_kinds
+    from ratchet.ledger.base import ClaimScope, claim_kinds
+    from ratchet.ledger.ops.flowclaims import entries_of, entry_params
     from ratchet.ledger.postgres import CLAIM_READY_SQL
 
     url, schema = pg
@@ -194,8 +195,8 @@ def test_claim_plan_uses_the_ready_index_with_many_finished_tasks(pg: tuple[str,
             plan = "\n".join(
                 str(r[0]) for r in conn.execute(
                     "EXPLAIN " + CLAIM_READY_SQL,
-                    {"now": time.time(), **claim_kinds([("pg.task", 1)]), "limit": 10,
-                     "holder": "h"},
+                    {**entry_params(entries_of(claim_kinds([("pg.task", 1)]), [], None),
+                                    ClaimScope(), time.time(), 10), "holder": "h"},
                 )
             )
             conn.execute("ROLLBACK")
