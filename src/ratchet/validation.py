@@ -27,6 +27,7 @@ __all__ = [
     "check_finite",
     "check_int",
     "check_identifier",
+    "check_queue_name",
     "duration_text",
     "parse_duration_s",
     "parse_rate_per_s",
@@ -37,6 +38,27 @@ MAX_NAME_BYTES = 200
 
 MAX_KEY_BYTES = 1024
 """Upper bound, in UTF-8 bytes, of an idempotency key or effect key."""
+
+
+def check_queue_name(value: object, error: type[Exception] | None = None) -> str:
+    """Return ``value`` if it can name a queue: an identifier (:func:`check_identifier`)
+    without a comma or surrounding whitespace, since ``ratchet worker --queues a,b``
+    splits on commas and strips spaces: such a queue could never be served by name.
+
+    Raises:
+        InvalidArguments (or ``error``): anything else.
+    """
+    try:
+        name = check_identifier(value, "queue name", MAX_NAME_BYTES)
+        if "," in name or name != name.strip():
+            raise InvalidArguments(
+                f"queue name {name!r} may not hold a comma or start or end with whitespace "
+                "(ratchet worker --queues could not name it)")
+    except InvalidArguments as exc:
+        if error is None:
+            raise
+        raise error(str(exc)) from None
+    return name
 
 
 def check_identifier(value: object, what: str, max_bytes: int) -> str:

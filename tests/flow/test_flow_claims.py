@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from ratchet import App, RateLimit, State
 from ratchet.control import Control
 from ratchet.ledger.base import ClaimScope, TaskWrite, Transition
@@ -176,11 +178,12 @@ def test_a_rate_limit_defers_what_its_bucket_cannot_pay(app: App) -> None:
     assert all(w.attempt == 0 for w in waiting)  # no attempt spent
 
 
-def _set_limit(app: App, name: str, per_s: float, burst: int) -> None:
+def _set_limit(app: App, name: str, per_s: float | str, burst: int) -> None:
     """The type's limit, set by an operator."""
     assert app.ledger_url is not None and app.ledger is not None  # created
+    rate = per_s if isinstance(per_s, str) else f"{per_s:g}/s"
     with Control(app.ledger_url) as control:
-        control.set_rate_limit(name, f"{per_s:g}/s", burst=burst, reason="test")
+        control.set_rate_limit(name, rate, burst=burst, reason="test")
 
 
 def test_a_worker_serving_critical_only_never_runs_default_tasks(app: App) -> None:
@@ -267,3 +270,81 @@ def test_concurrent_submitters_and_finishers_never_overfill_a_key(ledger_url: st
     assert states == {State.SUCCEEDED}
     for a in apps:
         a.close()
+
+
+def test_a_fair_task_without_a_tenant_runs(app: App) -> None:
+    @app.task("f.none", fair=True)
+    def work(ctx: Any, n: int) -> None:
+        return None
+
+    alone = app.submit("f.none", {"n": 0}).task_id  # fairness key "" (no tenant)
+    scope = ClaimScope(fair=frozenset({"f.none"}))
+    assert _ids(app.ledger.claim("w", ["f.none"], 5, scope)) == [alone]
+    later = app.submit("f.none", {"n": 1}).task_id
+    assert _ids(app.ledger.claim("w", ["f.none"], 5, scope)) == [later]
+
+
+def test_tenants_with_only_later_tasks_do_not_hide_the_ones_after_them(app: App) -> None:
+    @app.task("f.later", fair=True)
+    def work(ctx: Any, n: int) -> None:
+        return None
+
+    from ratchet import SubmitRequest
+    app.submit_many([SubmitRequest("f.later", {"n": i}, tenant=f"t{i:03d}", delay_s=3600)
+                     for i in range(100)])
+    ready = app.submit("f.later", {"n": -1}, tenant="zzz").task_id
+    scope = ClaimScope(fair=frozenset({"f.later"}))
+    assert _ids(app.ledger.claim("w", ["f.later"], 4, scope)) == [ready]
+
+
+def test_tasks_stored_without_a_fairness_key_are_not_starved(app: App) -> None:
+    @app.task("f.mixed", fair=True)
+    def work(ctx: Any, n: int) -> None:
+        return None
+
+    unfair = App(app.ledger_url)
+
+    @unfair.task("f.mixed")  # the same type, declared without fairness
+    def same(ctx: Any, n: int) -> None:
+        return None
+
+    from ratchet import SubmitRequest
+    app.submit_many([SubmitRequest("f.mixed", {"n": i}, tenant=f"t{i % 50}")
+                     for i in range(500)])
+    plain = unfair.submit("f.mixed", {"n": -1}).task_id
+    scope = ClaimScope(fair=frozenset({"f.mixed"}))
+    seen: list[str] = []
+    for _ in range(40):  # a claim with room, or one in FAIR_UNKEYED_EVERY, reaches it
+        seen += _ids(app.ledger.claim("w", ["f.mixed"], 4, scope))
+        if plain in seen:
+            break
+    assert plain in seen
+    unfair.close()
+
+
+def test_raising_a_rate_limit_rechecks_the_tasks_it_held_back(app: App) -> None:
+    @app.task("r.slow", rate_limit=RateLimit("1/d", burst=1))
+    def call(ctx: Any, n: int) -> None:
+        return None
+
+    _set_limit(app, "r.slow", "1/d", 1)
+    ids = [app.submit("r.slow", {"n": i}).task_id for i in range(4)]
+    assert len(app.ledger.claim("w", ["r.slow"], 4, ALL)) == 1
+    held = [t for t in ids if app.get(t).flow_wait == "rate"]
+    assert len(held) == 3
+    _set_limit(app, "r.slow", 100.0, 10)
+    assert sorted(_ids(app.ledger.claim("w", ["r.slow"], 4, ALL))) == sorted(held)
+
+
+def test_queue_names_a_worker_could_not_serve_are_refused(app: App) -> None:
+    from ratchet.errors import ConfigError, InvalidArguments
+
+    @app.task("q.names")
+    def work(ctx: Any) -> None:
+        return None
+
+    for bad in ("a,b", " padded", "x "):
+        with pytest.raises(InvalidArguments, match="queue name"):
+            app.submit("q.names", queue=bad)
+        with pytest.raises(ConfigError):
+            app.task("q.bad", queue=bad)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError, InvalidArguments
 from ..ratelimit import RateLimit
-from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
+from ..validation import MAX_KEY_BYTES, check_identifier, check_queue_name
 
 __all__ = ["DEFAULT_QUEUE", "MAX_DEBOUNCE_S", "MAX_PRIORITY", "FlowSpec", "flow_fields"]
 
@@ -59,10 +59,7 @@ class FlowSpec:
     fair_key: KeyFn | None = None
 
     def __post_init__(self) -> None:
-        try:
-            check_identifier(self.queue, "queue name", MAX_NAME_BYTES)
-        except InvalidArguments as exc:
-            raise ConfigError(str(exc)) from None
+        check_queue_name(self.queue, ConfigError)
         if self.rate_limit is not None and not isinstance(self.rate_limit, RateLimit):
             raise ConfigError(
                 f"rate_limit must be a ratchet.RateLimit, got {type(self.rate_limit).__name__}")
@@ -112,7 +109,11 @@ def _key(fn: KeyFn, params: Mapping[str, Any], what: str, task: str) -> str:
             isinstance(value, float) and not math.isfinite(value)):
         raise InvalidArguments(
             f"{what} of task {task!r} must return text or a number, got {value!r}")
-    text = value if isinstance(value, str) else str(value)
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except ValueError:  # an int too large to print
+        raise InvalidArguments(f"{what} of task {task!r} returned a number too large to use "
+                               "as a key") from None
     check_identifier(text, f"{what} of task {task!r}", MAX_KEY_BYTES)
     return text
 
@@ -133,7 +134,7 @@ def flow_fields(
             longest wait no shorter than the window).
     """
     if queue is not None:
-        check_identifier(queue, "queue", MAX_NAME_BYTES)
+        check_queue_name(queue)
     if (isinstance(priority, bool) or not isinstance(priority, int)
             or abs(priority) > MAX_PRIORITY):
         raise InvalidArguments(

@@ -256,7 +256,8 @@ def worker(
             prune_every_s=prune_every_s,
             stop_descendants=True,  # the process is the worker's: leave none behind
             scheduler=scheduler,
-            queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+            queues=None if queues is None else [q.strip() for q in queues.split(",")
+                                                if q.strip()],
         )
         w.install_signal_handlers()
         log.info("worker %s: tasks %s, queues %s, concurrency %d, prefetch %d, writers %d, "

@@ -73,7 +73,7 @@ from ..app import App
 from ..errors import EXIT_LEDGER_CORRUPT, ConfigError, LedgerCorrupt, RatchetError
 from ..ledger.base import Claim, ClaimScope, DefinitionSpec, Subscription
 from ..serde import dumps
-from ..validation import MAX_NAME_BYTES, check_identifier
+from ..validation import MAX_NAME_BYTES, check_identifier, check_queue_name
 from .backoff import RepeatedFailure
 from .ended import EndedAttempts
 from .executor import Executor
@@ -291,7 +291,7 @@ class Worker(EndedAttempts):
         """The (name, version) pairs this worker claims: every version its app defines of
         each name in ``names``; a task pinned to another version is never claimed here."""
         served = None if queues is None else tuple(sorted({
-            check_identifier(q, "queue", MAX_NAME_BYTES) for q in queues}))
+            check_queue_name(q, ConfigError) for q in queues}))
         if served == ():
             raise ConfigError("queues is empty: name at least one queue, or None for all")
         if served is not None:

@@ -104,7 +104,7 @@ class FlowClaims:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._after: dict[tuple[str, str], str] = {}
+        self._after: dict[tuple[str, str], str | None] = {}
         self._claims = 0
 
     def claim(
@@ -148,6 +148,10 @@ class FlowClaims:
                 last = [k for k in keys if (name, k) in served]
                 if last:
                     self._after[(name, queue)] = last[-1]
+                elif keys and len(keys) >= FAIR_KEYS_PER_CLAIM:
+                    # Nothing served from this window (its tasks were locked by other
+                    # claims, or rate-limited): the next claim looks further on.
+                    self._after[(name, queue)] = keys[-1]
         return [claimed[i] for i in take if i in claimed]
 
     def _fair(self, tx: Tx, now: float, entry: Entry, want: int,
@@ -158,14 +162,14 @@ class FlowClaims:
         are one more key, served last in each round. ``rotation`` receives the entry's
         keys in the order this claim visits them."""
         with self._lock:
-            after = self._after.get((entry.name, entry.queue), "")
+            after = self._after.get((entry.name, entry.queue))
         base = {"name": entry.name, "queue": entry.queue, "now": now}
         keys = [r.key for r in CLAIM_FAIR_KEYS.all(
             tx, {**base, "after": after, "limit": FAIR_KEYS_PER_CLAIM})]
-        if len(keys) < FAIR_KEYS_PER_CLAIM and after:
+        if len(keys) < FAIR_KEYS_PER_CLAIM and after is not None:
             # Round the corner: the keys up to where the last claim stopped.
             keys += [r.key for r in CLAIM_FAIR_KEYS.all(
-                tx, {**base, "after": "", "limit": FAIR_KEYS_PER_CLAIM - len(keys)})
+                tx, {**base, "after": None, "limit": FAIR_KEYS_PER_CLAIM - len(keys)})
                 if r.key <= after]
         keys = list(dict.fromkeys(keys))
         rotation[(entry.name, entry.queue)] = keys
@@ -182,7 +186,9 @@ class FlowClaims:
         out: list[tuple[int, int, float, CandidateRow]] = []
         for r in sorted(rows, key=lambda r: (-r.priority, r.run_at, r.id)):
             rank[r.fair_key] = rank.get(r.fair_key, 0) + 1
-            place = len(keys) if r.fair_key is None else position.get(r.fair_key, len(keys))
+            # Tasks without a key, when walked (see FAIR_UNKEYED_EVERY), go first in their
+            # round: placed last, a claim of fewer tasks than keys never reached them.
+            place = -1 if r.fair_key is None else position.get(r.fair_key, len(keys))
             out.append((rank[r.fair_key], place, r.run_at, r))
         return out
 

@@ -143,6 +143,7 @@ class RateLimits:
                                    "name": name, "rate_per_s": per_s, "burst": burst,
                                    "key_param": key, "version": new.version,
                                    "previous": _values(old)}))])
+            tx.execute("rate_recheck", {"name": name})
             return new
 
         return self.core.dialect.run(body)
@@ -175,6 +176,7 @@ class RateLimits:
                                    "code": None if code is None else {
                                        "rate_per_s": code[0], "burst": code[1],
                                        "key_param": code[2]}}))])
+            tx.execute("rate_recheck", {"name": name})
             return old
 
         return self.core.dialect.run(body)

@@ -54,6 +54,8 @@ class Registry:
                             queues: Sequence[str] | None = None) -> None:
         """See :meth:`Ledger.record_worker_slots`: the registry row's ``slots`` and
         ``queues`` (JSON)."""
+        if not self.core.schema.has(FLOW):
+            return  # a ledger before flow control: no column for them
         served = None if queues is None else dumps(sorted(queues))
         self.core.dialect.run(lambda tx: tx.execute(
             "worker_slots_set", {"holder": holder, "slots": slots, "queues": served}))
@@ -61,7 +63,7 @@ class Registry:
     def live_worker_slots(self, live_within_s: float) -> list[WorkerSlots]:
         """See :meth:`Ledger.live_worker_slots` (none on a ledger not yet migrated to the
         definition tables)."""
-        if not self.core.schema.has(DEFINITIONS):
+        if not self.core.schema.has(DEFINITIONS) or not self.core.schema.has(FLOW):
             return []
         rows = self.core.dialect.run(lambda tx: LIVE_WORKER_SLOTS.all(
             tx, {"since": tx.now - live_within_s}), write=False)

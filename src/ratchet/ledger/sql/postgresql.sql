@@ -267,19 +267,21 @@ SELECT * FROM (SELECT * FROM ranked UNION ALL SELECT * FROM plain) AS c
 ORDER BY priority DESC, run_at, id LIMIT %(limit)s;
 
 -- name: claim_fair_keys
--- The fairness keys with claimable-state tasks of one (name, queue), in key order after
--- %(after)s (where the engine's round-robin stopped last), at most %(limit)s: a skip scan
--- of tasks_ready_fair, one index probe per key (a key whose tasks are all scheduled later
--- is listed too; its walk in claim_fair_candidates finds nothing).
+-- The fairness keys with tasks ready now of one (name, queue), in key order after
+-- %(after)s (where the engine's round-robin stopped last; NULL: from the first), at most
+-- %(limit)s: a skip scan of tasks_ready_fair, one index probe per key (a key whose tasks
+-- are all scheduled later is passed over inside its probe, never listed: 64 such keys
+-- must not hide the ones after them).
 WITH RECURSIVE k(fk, n) AS (
     SELECT (SELECT fair_key FROM tasks
             WHERE name = %(name)s AND queue = %(queue)s AND state IN ('PENDING', 'RETRY_WAIT')
-              AND fair_key IS NOT NULL AND fair_key > %(after)s
+              AND fair_key IS NOT NULL AND run_at <= %(now)s
+              AND (%(after)s::text IS NULL OR fair_key > %(after)s)
             ORDER BY fair_key LIMIT 1), 1
     UNION ALL
     SELECT (SELECT fair_key FROM tasks
             WHERE name = %(name)s AND queue = %(queue)s AND state IN ('PENDING', 'RETRY_WAIT')
-              AND fair_key IS NOT NULL AND fair_key > k.fk
+              AND fair_key IS NOT NULL AND run_at <= %(now)s AND fair_key > k.fk
             ORDER BY fair_key LIMIT 1), k.n + 1
     FROM k WHERE k.fk IS NOT NULL AND k.n < %(limit)s)
 SELECT fk FROM k WHERE fk IS NOT NULL;
@@ -356,6 +358,14 @@ WHERE b.scope = u.scope AND b.name = u.name AND b.key = u.key;
 UPDATE tasks t SET run_at = u.run_at, flow_wait = 'rate', updated_at = %(now)s
 FROM json_to_recordset(%(rows)s::json) AS u(id text, run_at float8)
 WHERE t.id = u.id AND t.state IN ('PENDING', 'RETRY_WAIT');
+
+-- name: rate_recheck
+-- A type's limit changed (set or cleared by an operator): its tasks waiting for a token
+-- are due again at once, and the next claim checks them against the new limit (moved by
+-- the old one, a task of a 1/d limit would wait days after the limit was raised).
+UPDATE tasks SET run_at = %(now)s::float8, updated_at = %(now)s::float8
+WHERE name = %(name)s AND flow_wait = 'rate' AND state IN ('PENDING', 'RETRY_WAIT')
+  AND run_at > %(now)s::float8;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps

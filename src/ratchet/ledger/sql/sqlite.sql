@@ -324,18 +324,19 @@ SELECT * FROM (
 ORDER BY priority DESC, run_at, id LIMIT :limit;
 
 -- name: claim_fair_keys
--- The fairness keys with claimable-state tasks of one (name, queue), in key order after
--- :after (where the engine's round-robin stopped last), at most :limit: a skip scan of
--- tasks_ready_fair, one index probe per key.
+-- The fairness keys with tasks ready now of one (name, queue), in key order after
+-- :after (where the engine's round-robin stopped last; NULL: from the first), at most
+-- :limit: a skip scan of tasks_ready_fair, one index probe per key.
 WITH RECURSIVE k(fk, n) AS (
     SELECT (SELECT fair_key FROM tasks
             WHERE name = :name AND queue = :queue AND state IN ('PENDING', 'RETRY_WAIT')
-              AND fair_key IS NOT NULL AND fair_key > :after
+              AND fair_key IS NOT NULL AND run_at <= :now
+              AND (:after IS NULL OR fair_key > :after)
             ORDER BY fair_key LIMIT 1), 1
     UNION ALL
     SELECT (SELECT fair_key FROM tasks
             WHERE name = :name AND queue = :queue AND state IN ('PENDING', 'RETRY_WAIT')
-              AND fair_key IS NOT NULL AND fair_key > k.fk
+              AND fair_key IS NOT NULL AND run_at <= :now AND fair_key > k.fk
             ORDER BY fair_key LIMIT 1), k.n + 1
     FROM k WHERE k.fk IS NOT NULL AND k.n < :limit)
 SELECT fk FROM k WHERE fk IS NOT NULL;
@@ -406,6 +407,14 @@ WHERE scope = :scope AND name = :name AND key = :key;
 -- token for them (run_at; flow_wait 'rate').
 UPDATE tasks SET run_at = :run_at, flow_wait = 'rate', updated_at = :now
 WHERE id = :id AND state IN ('PENDING', 'RETRY_WAIT');
+
+-- name: rate_recheck
+-- A type's limit changed (set or cleared by an operator): its tasks waiting for a token
+-- are due again at once, and the next claim checks them against the new limit (moved by
+-- the old one, a task of a 1/d limit would wait days after the limit was raised).
+UPDATE tasks SET run_at = :now, updated_at = :now
+WHERE name = :name AND flow_wait = 'rate' AND state IN ('PENDING', 'RETRY_WAIT')
+  AND run_at > :now;
 
 -- name: claim_steps
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
