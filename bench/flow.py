@@ -291,9 +291,9 @@ def child_drain(args: argparse.Namespace) -> dict[str, Any]:
     """One drain (section 1 and 2), in a child process on its tree's snapshot."""
     scenario = args.scenario
     app = build_app(args.url, scenario, args.rate)
+    with Control(args.url) as control:
+        control.migrate()  # not in the submit's time
     if scenario == "rate":
-        with Control(args.url) as control:
-            control.migrate()
         limit = ratchet.RateLimit(args.rate)
         ensure_rate_limit(args.url, "bench.rate", limit.per_s, 1_000_000)
     one, many = submit_tasks(app, scenario, args.tasks, args.submit_one, args.tenants)
