@@ -323,6 +323,31 @@ def child_drain(args: argparse.Namespace) -> dict[str, Any]:
             "submit_one_us": one, "submit_many_us": many}
 
 
+def child_claims(args: argparse.Namespace) -> dict[str, Any]:
+    """Claims alone (section 1's detail): ``--tasks`` plain tasks claimed through
+    ``Ledger.claim`` in batches of ``--claim-limit`` until none is left, nothing finished:
+    the claim transaction's cost per claimed task, wall and process CPU (SQLite: the whole
+    statement work is in this process)."""
+    app = build_app(args.url, "plain")
+    with Control(args.url) as control:
+        control.migrate()
+    submit_tasks(app, "plain", args.tasks, 0, 1)
+    kinds = [("bench.plain", 1)]
+    claimed = calls = 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    while claimed < args.tasks:
+        got = app.ledger.claim("bench-claims", kinds, args.claim_limit)
+        claimed += len(got)
+        calls += 1
+        if not got:
+            break
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    app.close()
+    return {"ratchet_file": ratchet.__file__, "n": claimed, "calls": calls,
+            "us": wall / claimed * 1e6, "cpu_us": cpu / claimed * 1e6,
+            "claim_ms": wall / calls * 1000}
+
+
 def child_worker(args: argparse.Namespace) -> None:
     """A worker process of the flood (runs until killed)."""
     app = build_app(args.url, "flood")
@@ -377,6 +402,36 @@ def drains(args: argparse.Namespace, ledgers: Ledgers, backend: str,
                  zip(results[("after", "plain")], results[("before", "plain")], strict=True)]
         print(f"after / before (plain drain, per round): "
               f"{', '.join(f'{p:.3f}' for p in pairs)}; median {statistics.median(pairs):.3f}")
+    print(flush=True)
+
+
+def claim_costs(args: argparse.Namespace, ledgers: Ledgers, backend: str,
+                trees: dict[str, Path], tmp: Path) -> None:
+    """Claims alone, before / after, alternated (:func:`child_claims`)."""
+    results: dict[str, list[dict[str, Any]]] = {t: [] for t in trees}
+    loads: list[float] = []
+    for r in range(args.repeat):
+        for tree in sorted(trees, reverse=True):  # before, then after
+            loads.append(load())
+            res = run_child(trees[tree], [
+                "claims", "--url", ledgers.new(backend), "--tasks", str(args.tasks),
+                "--claim-limit", str(args.claim_limit)],
+                tmp / f"claims-{backend}-{tree}-{r}.json")
+            results[tree].append(res)
+            print(f"  [{backend}] round {r + 1} claims {tree:6} {res['us']:,.1f} µs/task "
+                  f"(load {loads[-1]:.2f})", flush=True)
+    print(f"\n[{backend}] claims alone, {args.tasks:,} tasks in claims of "
+          f"{args.claim_limit}, {args.repeat} rounds; load {min(loads):.2f}-{max(loads):.2f}")
+    rows = [[tree, fmt([x["us"] for x in results[tree]], 1),
+             fmt([x["cpu_us"] for x in results[tree]], 1),
+             fmt([x["claim_ms"] for x in results[tree]], 2)]
+            for tree in sorted(trees, reverse=True)]
+    print(table(["tree", "µs/claimed task", "CPU µs/task", "ms/claim"], rows))
+    if "before" in trees:
+        pairs = [a["us"] / b["us"] for a, b in
+                 zip(results["after"], results["before"], strict=True)]
+        print(f"after / before (µs per claimed task, per round): "
+              f"{', '.join(f'{x:.3f}' for x in pairs)}; median {statistics.median(pairs):.3f}")
     print(flush=True)
 
 
@@ -494,7 +549,11 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--flood", type=int, default=50_000, help="bulk tasks of a flood (50000)")
     p.add_argument("--critical-rate", type=float, default=20.0,
                    help="critical submits per second during a flood (20)")
+    p.add_argument("--claim-limit", type=int, default=8,
+                   help="claims alone: tasks per claim (8)")
     p.add_argument("--skip-drain", action="store_true")
+    p.add_argument("--skip-claims", action="store_true",
+                   help="skip the claims-alone section (it runs with --before)")
     p.add_argument("--skip-flood", action="store_true")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes, one round (a smoke run of every section)")
@@ -506,6 +565,9 @@ def main(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     if args.child == "drain":
         Path(args.out).write_text(json.dumps(child_drain(args)))
+        return 0
+    if args.child == "claims":
+        Path(args.out).write_text(json.dumps(child_claims(args)))
         return 0
     if args.child == "worker":
         child_worker(args)
@@ -528,6 +590,8 @@ def main(argv: Sequence[str]) -> int:
         for backend in [b for b in args.ledgers.split(",") if b]:
             if not args.skip_drain:
                 drains(args, ledgers, backend, trees, tmp)
+            if "before" in trees and not args.skip_claims:
+                claim_costs(args, ledgers, backend, trees, tmp)
             if not args.skip_flood:
                 floods(args, ledgers, backend, trees["after"])
     finally:
