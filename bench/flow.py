@@ -367,7 +367,7 @@ def drains(args: argparse.Namespace, ledgers: Ledgers, backend: str,
     loads: list[float] = []
     for r in range(args.repeat):
         for tree, scenario in labels:
-            n = args.keys if scenario == "keyed" else args.tasks
+            n = {"keyed": args.keys, "fair": args.fair_tasks}.get(scenario, args.tasks)
             loads.append(load())
             out = tmp / f"drain-{backend}-{tree}-{scenario}-{r}.json"
             res = run_child(trees[tree], [
@@ -539,6 +539,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--keys", type=int, default=10_000,
                    help="keyed drain: tasks, one per concurrency key (10000)")
     p.add_argument("--tenants", type=int, default=1_000, help="fair drain: tenants (1000)")
+    p.add_argument("--fair-tasks", type=int, default=None,
+                   help="fair drain: tasks (default --tasks)")
     p.add_argument("--rate", default="1000000/s",
                    help="rate limit of the rated drain, never reached (1000000/s)")
     p.add_argument("--submit-one", type=int, default=1_000,
@@ -574,7 +576,9 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if args.quick:
         args.tasks, args.keys, args.tenants, args.submit_one = 200, 200, 20, 20
-        args.repeat, args.flood = 1, 600
+        args.repeat, args.flood, args.fair_tasks = 1, 600, None
+    if args.fair_tasks is None:
+        args.fair_tasks = args.tasks
     tmp = Path(tempfile.mkdtemp(prefix="ratchet-flow-"))
     trees = {"after": snapshot(None, tmp / "after")}
     dirty = " (src/ has uncommitted changes)" if git("status", "--porcelain", "--",
