@@ -391,7 +391,8 @@ def drains(args: argparse.Namespace, ledgers: Ledgers, backend: str,
         us = [1e6 / r["rate"] for r in runs]
         extra = statistics.median(us) - base_us
         rows.append([f"{tree} {scenario}", f"{runs[0]['n']:,}", fmt(rates), fmt(us, 1),
-                     "-" if (tree, scenario) == ("after", "plain") else f"{extra:+.1f}",
+                     "-" if (tree, scenario) == ("after", "plain") or not base
+                     else f"{extra:+.1f}",
                      fmt([r["cpu_us"] for r in runs]),
                      fmt([r["submit_one_us"] for r in runs]),
                      fmt([r["submit_many_us"] for r in runs], 1)])
