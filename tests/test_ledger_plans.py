@@ -121,6 +121,11 @@ def test_pg_hot_statements_use_their_indexes(
         sorts = [ln for ln in plan.splitlines() if "Sort Key" in ln]
         assert all("ranked." in ln for ln in sorts), plan
         assert "Index Scan using tasks_ready_priority" in plan, plan
+        # Without prioritised tasks: one ordered walk per pair, stopped at the limit.
+        plan = _pg_plan(conn, "claim_fifo", {**params, "holder": "h"})
+        assert "Index Scan using tasks_ready on" in plan, plan
+        assert "Bitmap" not in plan and "Seq Scan on tasks" not in plan, plan
+        assert all("p.run_at" in ln for ln in plan.splitlines() if "Sort Key" in ln), plan
         index_cond = next(ln for ln in plan.splitlines() if "Index Cond" in ln)
         assert "version" in index_cond, plan
         # Bulkheads (DESIGN §8): the limited claim walks tasks_ready per (name, version
@@ -234,11 +239,20 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
         assert plan.count("TEMP B-TREE") == 1, plan
         assert re.search(r"SCAN \(subquery-\d+\) / USE TEMP B-TREE FOR ORDER BY", plan), plan
         assert "SCAN tasks\n" not in plan + "\n" and "SCAN tasks /" not in plan, plan
+    for kinds in ([NAME], [(NAME, 1)], [(NAME, 2), ("other.task", 1)]):
+        fifo = {**params, **{k: json.dumps(v) for k, v in claim_kinds(kinds).items()}}
+        plan = _sqlite_plan(conn, "claim_fifo", fifo)
+        # Without prioritised tasks: the one run_at walk claims always had, no sort.
+        assert "USING INDEX tasks_ready" in plan and "TEMP B-TREE" not in plan, plan
+    plan = _sqlite_plan(conn, "claim_priorities", params)
+    assert "tasks_ready_priority" in plan and "SCAN tasks\n" not in plan + "\n", plan
     served = {**params, "served": json.dumps(["critical", "default"])}
     plan = _sqlite_plan(conn, "claim_ready_queues", served)
     # A worker serving some queues walks each one on tasks_ready_queue (queue, run_at).
     assert "USING INDEX tasks_ready_queue (queue=? AND run_at<?)" in plan, plan
     assert plan.count("TEMP B-TREE") == 1, plan
+    plan = _sqlite_plan(conn, "claim_fifo_queues", served)
+    assert "USING INDEX tasks_ready_queue (queue=? AND run_at<?)" in plan, plan
     for kinds in ([NAME, "other.task"], [(NAME, 1)], [(NAME, 1), (NAME, 2)]):
         entries = len(claim_kinds(kinds)["names"])
         plan = _sqlite_plan(conn, "claim_limited", {

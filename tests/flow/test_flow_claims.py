@@ -332,8 +332,16 @@ def test_raising_a_rate_limit_rechecks_the_tasks_it_held_back(app: App) -> None:
     assert len(app.ledger.claim("w", ["r.slow"], 4, ALL)) == 1
     held = [t for t in ids if app.get(t).flow_wait == "rate"]
     assert len(held) == 3
+    assert all(app.get(t).run_at > time.time() + 3600 for t in held)
     _set_limit(app, "r.slow", 100.0, 10)
-    assert sorted(_ids(app.ledger.claim("w", ["r.slow"], 4, ALL))) == sorted(held)
+    # Due again at once; each then takes a token of the bucket at its new rate.
+    assert all(app.get(t).run_at < time.time() + 5 for t in held)
+    taken: list[str] = []
+    deadline = time.monotonic() + 30
+    while len(taken) < 3 and time.monotonic() < deadline:
+        taken += _ids(app.ledger.claim("w", ["r.slow"], 4, ALL))
+        time.sleep(0.01)  # a poll interval, as a worker's
+    assert sorted(taken) == sorted(held)
 
 
 def test_queue_names_a_worker_could_not_serve_are_refused(app: App) -> None:

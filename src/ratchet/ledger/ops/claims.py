@@ -22,8 +22,11 @@ from ..dialect import Tx
 from ..rows import (
     CLAIM_EFFECTS,
     CLAIM_EXPIRED,
+    CLAIM_FIFO,
+    CLAIM_FIFO_QUEUES,
     CLAIM_GATE,
     CLAIM_LIMITED,
+    CLAIM_PRIORITIES,
     CLAIM_QUEUES,
     CLAIM_READY,
     CLAIM_READY_QUEUES,
@@ -71,6 +74,7 @@ class ClaimReads(NamedTuple):
     limits: list[LimitRow]
     queues: list[QueuePairRow]
     rates: list[RateLimitTypeRow]
+    prioritised: bool
     woken: list[WokenRow]
     refill: list[RefillRow]
 
@@ -78,9 +82,10 @@ class ClaimReads(NamedTuple):
     def of(cls, rows: Sequence[Sequence[tuple[Any, ...]]]) -> ClaimReads:
         """The rows of :meth:`Claims.reads` (in their order), as ``Tx.rows_many``
         returned them."""
-        expired, _gate, pauses, limits, queues, rates, *woken = rows
+        expired, _gate, pauses, limits, queues, rates, prioritised, *woken = rows
         return cls(CLAIM_EXPIRED.of(expired), PAUSES_ACTIVE.of(pauses), LIMITS_ALL.of(limits),
                    CLAIM_QUEUES.of(queues), RATE_LIMITS_TYPES.of(rates),
+                   bool(prioritised and prioritised[0][0]),
                    WAKE_DUE.of(woken[0]) if woken else [],
                    KEY_REFILL_TAKE.of(woken[1]) if woken else [])
 
@@ -133,7 +138,7 @@ class Claims:
         reads = [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit, "served": served}),
                  CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent(),
                  CLAIM_QUEUES.sent({"names": claim_kinds(names)["names"]}),
-                 RATE_LIMITS_TYPES.sent()]
+                 RATE_LIMITS_TYPES.sent(), CLAIM_PRIORITIES.sent()]
         clock = time.monotonic()
         if clock >= self._next_wake:
             self._next_wake = clock + WAKE_EVERY_S
@@ -169,7 +174,7 @@ class Claims:
         scope = scope or ClaimScope()
         if pre is None:
             pre = ClaimReads.of(tx.rows_many(self.reads(names, limit, scope)))
-        expired, pauses, limit_rows, queue_rows, rate_rows, woken, refill = pre
+        expired, pauses, limit_rows, queue_rows, rate_rows, prioritised, woken, refill = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
         self.core.repair_clock(tx, now, repaired)
         if woken:
@@ -210,7 +215,7 @@ class Claims:
             plain = [e for e in entries if e.name not in shaped]
             if plain:
                 rows.extend(self._claim_plain(tx, holder, now, plain, limit - len(expired),
-                                              limits, paused_types, scope))
+                                              limits, paused_types, scope, prioritised))
             want = limit - len(expired) - len(rows)
             if shaped and want > 0:
                 flow = [e for e in entries if e.name in shaped]
@@ -255,17 +260,22 @@ class Claims:
 
     def _claim_plain(
         self, tx: Tx, holder: str, now: float, entries: list[Entry], want: int,
-        limits: list[Limit], paused: set[str], scope: ClaimScope,
+        limits: list[Limit], paused: set[str], scope: ClaimScope, prioritised: bool,
     ) -> list[ClaimRow]:
         """Fresh claims of types without fairness or a rate limit: one statement
         (``claim_ready``; ``claim_ready_queues`` where the dialect walks served queues
-        rather than pairs; ``claim_limited`` under bulkheads)."""
+        rather than pairs; ``claim_fifo`` / ``claim_fifo_queues`` while no claimable task
+        has a priority: one walk, as before priorities; ``claim_limited`` under
+        bulkheads)."""
         params = entry_params(entries, scope, now, want)
         names = list(dict.fromkeys(e.name for e in entries))
         scopes = bulkheads.lock_scopes(limits, names) if limits else None
         if scopes is None:
-            ready = (CLAIM_READY_QUEUES if scope.queues is not None
-                     and not self.core.dialect.walks_queue_pairs else CLAIM_READY)
+            by_queue = scope.queues is not None and not self.core.dialect.walks_queue_pairs
+            if prioritised:
+                ready = CLAIM_READY_QUEUES if by_queue else CLAIM_READY
+            else:
+                ready = CLAIM_FIFO_QUEUES if by_queue else CLAIM_FIFO
             return ready.all(tx, {**params, "holder": holder})
         plan = _allowance(tx, now, names, want, limits, scopes, paused)
         return _claim_limited(tx, holder, params, entries, plan)

@@ -229,6 +229,38 @@ FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
           t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
 
+-- name: claim_priorities
+-- Whether any claimable task has a priority (tasks_ready_priority holds only those: an
+-- empty index probe). Without one, claims take claim_fifo: one walk per pair, no sort.
+SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
+               AND priority <> 0);
+
+-- name: claim_fifo
+-- claim_ready while no claimable task has a priority (claim_priorities): per (name, queue)
+-- pair one walk of tasks_ready stopped at the limit, then the oldest of those.
+WITH picked AS (
+    SELECT p.id, p.state
+    FROM unnest(%(enames)s::text[], %(equeues)s::text[], %(elo)s::int[],
+                %(ehi)s::int[]) AS e(name, queue, lo, hi)
+    CROSS JOIN LATERAL (
+        SELECT id, state, run_at FROM tasks
+        WHERE tasks.name = e.name AND tasks.queue = e.queue
+          AND state IN ('PENDING', 'RETRY_WAIT')
+          AND run_at <= %(now)s AND tasks.version BETWEEN e.lo AND e.hi
+        ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p
+    ORDER BY p.run_at, p.id LIMIT %(limit)s)
+UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
+                   attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
+                   updated_at = %(now)s, flow_wait = NULL
+FROM picked WHERE t.id = picked.id
+RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
+          t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
+
+-- name: claim_fifo_queues
+-- PostgreSQL walks (name, queue) pairs in claim_fifo whatever the queues served; kept for
+-- the catalogue.
+SELECT true;
+
 -- name: claim_ready_queues
 -- PostgreSQL walks (name, queue) pairs in claim_ready whatever the queues served; kept for
 -- the catalogue (SQLite walks the served queues in a statement of its own).

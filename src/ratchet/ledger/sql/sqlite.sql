@@ -241,6 +241,61 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
           control_request, trace_context;
 
+-- name: claim_priorities
+-- Whether any claimable task has a priority (an empty probe of tasks_ready_priority).
+-- Without one, claims take claim_fifo: the walk claims had before priorities.
+SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_ready_priority
+               WHERE state IN ('PENDING', 'RETRY_WAIT') AND priority <> 0);
+
+-- name: claim_fifo
+-- claim_ready while no claimable task has a priority (claim_priorities): the ready set in
+-- run_at order (tasks_ready), every queue, stopped at the limit; then the lease.
+DELETE FROM temp.claim_pick;
+INSERT INTO temp.claim_pick (id, from_state)
+SELECT id, state FROM tasks
+WHERE state IN ('PENDING', 'RETRY_WAIT') AND run_at <= :now
+  AND name IN (SELECT value FROM json_each(:names))
+  AND ((name, version) IN (SELECT n.value, l.value FROM json_each(:names) AS n
+                           JOIN json_each(:lo) AS l ON l.key = n.key
+                           JOIN json_each(:hi) AS h ON h.key = n.key WHERE l.value = h.value)
+       OR EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = tasks.name
+                  AND tasks.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
+                                        AND json_extract(:hi, '$[' || n.key || ']')))
+ORDER BY run_at LIMIT :limit;
+UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 1,
+                 attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now,
+                 flow_wait = NULL
+WHERE id IN (SELECT id FROM temp.claim_pick)
+RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
+          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
+          control_request, trace_context;
+
+-- name: claim_fifo_queues
+-- claim_ready_queues while no claimable task has a priority: per served queue a walk of
+-- tasks_ready_queue stopped at the limit, then the oldest of those.
+DELETE FROM temp.claim_pick;
+INSERT INTO temp.claim_pick (id, from_state)
+SELECT t.id, t.state FROM json_each(:served) AS q
+JOIN tasks AS t ON t.id IN (
+    SELECT r.id FROM tasks AS r
+    WHERE r.queue = q.value AND r.state IN ('PENDING', 'RETRY_WAIT') AND r.run_at <= :now
+      AND r.name IN (SELECT value FROM json_each(:names))
+  AND ((r.name, r.version) IN (SELECT n.value, l.value FROM json_each(:names) AS n
+                           JOIN json_each(:lo) AS l ON l.key = n.key
+                           JOIN json_each(:hi) AS h ON h.key = n.key WHERE l.value = h.value)
+       OR EXISTS (SELECT 1 FROM json_each(:names) AS n WHERE n.value = r.name
+                  AND r.version BETWEEN json_extract(:lo, '$[' || n.key || ']')
+                                        AND json_extract(:hi, '$[' || n.key || ']')))
+    ORDER BY r.run_at LIMIT :limit)
+ORDER BY t.run_at, t.id LIMIT :limit;
+UPDATE tasks SET state = 'RUNNING', holder = :holder, generation = generation + 1,
+                 attempt = attempt + 1, lease_until = :now + lease_s, updated_at = :now,
+                 flow_wait = NULL
+WHERE id IN (SELECT id FROM temp.claim_pick)
+RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
+          lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
+          control_request, trace_context;
+
 -- name: claim_ready_queues
 -- claim_ready for a worker that serves some queues (:served): per served queue a walk of
 -- tasks_ready_queue (queue, run_at) stopped at the limit (a walk of every queue filtered
