@@ -244,7 +244,7 @@ def test_sqlite_hot_statements_use_their_indexes(tmp_path: Path, analyzed: bool)
         plan = _sqlite_plan(conn, "claim_fifo", fifo)
         # Without prioritised tasks: the one run_at walk claims always had, no sort.
         assert "USING INDEX tasks_ready" in plan and "TEMP B-TREE" not in plan, plan
-    plan = _sqlite_plan(conn, "claim_priorities", params)
+    plan = _sqlite_plan(conn, "claim_flow", {**params, "names": json.dumps([NAME])})
     assert "tasks_ready_priority" in plan and "SCAN tasks\n" not in plan + "\n", plan
     served = {**params, "served": json.dumps(["critical", "default"])}
     plan = _sqlite_plan(conn, "claim_ready_queues", served)

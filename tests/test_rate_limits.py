@@ -130,6 +130,8 @@ def test_held_back_tasks_per_type_and_queue(ledger_url: str, ledger: Ledger) -> 
     submit(ledger, "plain", 2)
     claims = ledger.claim("h", ["pay"], 2)
     assert len(claims) == 2
+    with Control(ledger_url) as control:  # (a change re-checks the tasks held back then)
+        control.set_rate_limit("pay", "1/s", reason="slow", by="a")
     # One is handed back by a downstream's rate limit, the other keeps running.
     [out] = ledger.commit([TaskWrite(claims[0].task_id, claims[0].generation, "h", "rate",
                                      transition=Transition(State.PENDING, delay_s=60.0,
@@ -139,7 +141,6 @@ def test_held_back_tasks_per_type_and_queue(ledger_url: str, ledger: Ledger) -> 
     assert (info.flow_wait, info.queue, info.state, info.attempt) == (
         "rate", "payments", State.PENDING, 0)
     with Control(ledger_url) as control:
-        control.set_rate_limit("pay", "1/s", reason="slow", by="a")
         [view] = control.rate_limits()
         assert view.held == 1
         status = control.status()

@@ -651,14 +651,26 @@ class ScheduleRow(NamedTuple):
     seen_by: str
 
 
+class FlowRow(NamedTuple):
+    """One row of ``claim_flow``: ``kind`` ``queue`` (``name``, ``queue``: a pair),
+    ``rate`` (``name``, ``rate_per_s``, ``burst``, ``key_param``: a type's rate limit) or
+    ``priority`` (a claimable task has a priority)."""
+    kind: str
+    name: str | None
+    queue: str | None
+    rate_per_s: float | None
+    burst: int | None
+    key_param: str | None
+
+
 class QueuePairRow(NamedTuple):
-    """A (task name, queue) pair ever submitted (``claim_queues``)."""
+    """A (task name, queue) pair ever submitted (``claim_flow``)."""
     name: str
     queue: str
 
 
 class RateLimitTypeRow(NamedTuple):
-    """A rate limit on a task type as the claim reads it (``rate_limits_types``)."""
+    """A rate limit on a task type as the claim reads it (``claim_flow``)."""
     name: str
     rate_per_s: float
     burst: int

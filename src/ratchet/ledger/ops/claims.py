@@ -24,10 +24,9 @@ from ..rows import (
     CLAIM_EXPIRED,
     CLAIM_FIFO,
     CLAIM_FIFO_QUEUES,
+    CLAIM_FLOW,
     CLAIM_GATE,
     CLAIM_LIMITED,
-    CLAIM_PRIORITIES,
-    CLAIM_QUEUES,
     CLAIM_READY,
     CLAIM_READY_QUEUES,
     CLAIM_STEPS,
@@ -38,7 +37,6 @@ from ..rows import (
     LIMITS_READY,
     LIMITS_RUNNING,
     PAUSES_ACTIVE,
-    RATE_LIMITS_TYPES,
     WAKE_DUE,
     AuditRow,
     effect_record,
@@ -82,10 +80,14 @@ class ClaimReads(NamedTuple):
     def of(cls, rows: Sequence[Sequence[tuple[Any, ...]]]) -> ClaimReads:
         """The rows of :meth:`Claims.reads` (in their order), as ``Tx.rows_many``
         returned them."""
-        expired, _gate, pauses, limits, queues, rates, prioritised, *woken = rows
+        expired, _gate, pauses, limits, flow, *woken = rows
+        shaped = CLAIM_FLOW.of(flow)
         return cls(CLAIM_EXPIRED.of(expired), PAUSES_ACTIVE.of(pauses), LIMITS_ALL.of(limits),
-                   CLAIM_QUEUES.of(queues), RATE_LIMITS_TYPES.of(rates),
-                   bool(prioritised and prioritised[0][0]),
+                   [QueuePairRow(str(r.name), str(r.queue)) for r in shaped
+                    if r.kind == "queue"],
+                   [RateLimitTypeRow(str(r.name), float(r.rate_per_s or 0), int(r.burst or 1),
+                                     r.key_param) for r in shaped if r.kind == "rate"],
+                   any(r.kind == "priority" for r in shaped),
                    WAKE_DUE.of(woken[0]) if woken else [],
                    KEY_REFILL_TAKE.of(woken[1]) if woken else [])
 
@@ -137,8 +139,7 @@ class Claims:
         served = None if scope is None or scope.queues is None else list(scope.queues)
         reads = [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit, "served": served}),
                  CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent(),
-                 CLAIM_QUEUES.sent({"names": claim_kinds(names)["names"]}),
-                 RATE_LIMITS_TYPES.sent(), CLAIM_PRIORITIES.sent()]
+                 CLAIM_FLOW.sent({"names": claim_kinds(names)["names"]})]
         clock = time.monotonic()
         if clock >= self._next_wake:
             self._next_wake = clock + WAKE_EVERY_S

@@ -229,11 +229,18 @@ FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
           t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
 
--- name: claim_priorities
--- Whether any claimable task has a priority (tasks_ready_priority holds only those: an
--- empty index probe). Without one, claims take claim_fifo: one walk per pair, no sort.
-SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT')
-               AND priority <> 0);
+-- name: claim_flow
+-- What flow control a claim must know, in one statement (sent with the claim's other
+-- reads): the (name, queue) pairs ever submitted of the claimed names (task_queues, a
+-- small table; the claim walks the ready set once per pair it serves), the rate limits on
+-- task types (rate_limits), and whether any claimable task has a priority (an empty probe
+-- of tasks_ready_priority: without one, claims take claim_fifo, one walk, no sort).
+SELECT 'queue', name, queue, NULL, NULL, NULL FROM task_queues WHERE name = ANY(%(names)s::text[])
+UNION ALL
+SELECT 'rate', name, NULL, rate_per_s, burst, key_param FROM rate_limits WHERE scope = 'type'
+UNION ALL
+SELECT 'priority', NULL, NULL, NULL, NULL, NULL
+WHERE EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND priority <> 0);
 
 -- name: claim_fifo
 -- claim_ready while no claimable task has a priority (claim_priorities): per (name, queue)
@@ -265,12 +272,6 @@ SELECT true;
 -- PostgreSQL walks (name, queue) pairs in claim_ready whatever the queues served; kept for
 -- the catalogue (SQLite walks the served queues in a statement of its own).
 SELECT true;
-
--- name: claim_queues
--- The (name, queue) pairs ever submitted of the claimed names (task_queues, a small
--- table): a claim walks the ready set once per pair in a queue the worker serves.
-SELECT name, queue FROM task_queues WHERE name = ANY(%(names)s::text[])
-ORDER BY name, queue;
 
 -- name: claim_candidates
 -- The ready tasks a claim under flow control (fairness, rate limits) chooses from: per
@@ -351,12 +352,6 @@ FROM (SELECT id, state FROM tasks WHERE id = ANY(%(ids)s::text[])
 WHERE t.id = picked.id
 RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
           t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
-
--- name: rate_limits_types
--- Rate limits on task types (DESIGN §8, flow control), read by every claim with its other
--- reads; an empty table keeps the claim as it was.
-SELECT name, rate_per_s, burst, key_param FROM rate_limits WHERE scope = 'type'
-ORDER BY name;
 
 -- name: rate_buckets_open
 -- The buckets a claim spends from, created full where never used (so that the lock that

@@ -241,10 +241,18 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
           control_request, trace_context;
 
--- name: claim_priorities
--- Whether any claimable task has a priority (an empty probe of tasks_ready_priority).
--- Without one, claims take claim_fifo: the walk claims had before priorities.
-SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_ready_priority
+-- name: claim_flow
+-- What flow control a claim must know, in one statement (sent with the claim's other
+-- reads): the (name, queue) pairs ever submitted of the claimed names (task_queues, a
+-- small table; the claim walks the ready set once per pair it serves), the rate limits on
+-- task types (rate_limits), and whether any claimable task has a priority (an empty probe
+-- of tasks_ready_priority: without one, claims take claim_fifo, one walk, no sort).
+SELECT 'queue', name, queue, NULL, NULL, NULL FROM task_queues WHERE name IN (SELECT value FROM json_each(:names))
+UNION ALL
+SELECT 'rate', name, NULL, rate_per_s, burst, key_param FROM rate_limits WHERE scope = 'type'
+UNION ALL
+SELECT 'priority', NULL, NULL, NULL, NULL, NULL
+WHERE EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_ready_priority
                WHERE state IN ('PENDING', 'RETRY_WAIT') AND priority <> 0);
 
 -- name: claim_fifo
@@ -340,11 +348,6 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
           control_request, trace_context;
 
--- name: claim_queues
--- The (name, queue) pairs ever submitted of the claimed names (task_queues, a small table).
-SELECT name, queue FROM task_queues WHERE name IN (SELECT value FROM json_each(:names))
-ORDER BY name, queue;
-
 -- name: claim_candidates
 -- The ready tasks a claim under flow control (fairness, rate limits) chooses from, in the
 -- served queues (:served; NULL: every queue), as claim_ready orders them; not yet claimed:
@@ -431,11 +434,6 @@ WHERE id IN (SELECT id FROM temp.claim_pick)
 RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
           control_request, trace_context;
-
--- name: rate_limits_types
--- Rate limits on task types (DESIGN §8, flow control), read by every claim.
-SELECT name, rate_per_s, burst, key_param FROM rate_limits WHERE scope = 'type'
-ORDER BY name;
 
 -- name: rate_buckets_open
 -- The buckets a claim spends from, created full where never used.
