@@ -158,9 +158,9 @@ class FlowClaims:
               rotation: dict[tuple[str, str], list[str]],
               ) -> list[tuple[int, int, float, CandidateRow]]:
         """The candidates of one fair entry ranked round-robin: ``(round, position of its
-        key after the last one served, run_at, row)``; tasks stored without a fairness key
-        are one more key, served last in each round. ``rotation`` receives the entry's
-        keys in the order this claim visits them."""
+        key after the last one served, run_at, row)``; tasks stored without a fairness key,
+        when walked, go first in each round. ``rotation`` receives the entry's keys in the
+        order this claim visits them."""
         with self._lock:
             after = self._after.get((entry.name, entry.queue))
         base = {"name": entry.name, "queue": entry.queue, "now": now}
