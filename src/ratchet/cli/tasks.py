@@ -78,6 +78,16 @@ def submit(
         typer.Option("--task-version", min=1, max=MAX_VERSION, metavar="N",
                      help="Definition version to pin (default: the newest the app defines)."),
     ] = None,
+    queue: Annotated[
+        str | None,
+        typer.Option("--queue", metavar="QUEUE",
+                     help="The queue (default: the task type's)."),
+    ] = None,
+    priority: Annotated[
+        int,
+        typer.Option("--priority", metavar="N",
+                     help="Higher first among the queue's ready tasks (default 0)."),
+    ] = 0,
     ledger: LedgerOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -100,7 +110,8 @@ def submit(
         app = load_app(app_spec)
         app.configure(ledger=ledger)
         handle = Control(app=app).submit(name, decoded, idempotency_key=key, delay_s=delay_s,
-                                         tenant=tenant, version=task_version)
+                                         tenant=tenant, version=task_version, queue=queue,
+                                         priority=priority)
         if as_json:
             echo_json({"task_id": handle.task_id, "name": handle.name, "created": handle.created})
             return

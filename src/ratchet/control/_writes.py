@@ -493,9 +493,12 @@ class ControlWrites(ControlReads):
         delay_s: float = 0.0,
         tenant: str | None = None,
         version: int | None = None,
+        queue: str | None = None,
+        priority: int = 0,
     ) -> TaskHandle:
         """Submit one task through the App (see :meth:`ratchet.App.submit`; ``version``
-        pins a definition version, default the newest the App defines).
+        pins a definition version, default the newest the App defines; ``queue`` and
+        ``priority`` as there: flow control, DESIGN §8).
 
         Raises:
             ConfigError: this Control was made without an App.
@@ -512,5 +515,5 @@ class ControlWrites(ControlReads):
             )
         return self._app.submit(
             name, params, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s,
-            tenant=tenant, version=version)
+            tenant=tenant, version=version, queue=queue, priority=priority)
 
