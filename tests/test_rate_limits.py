@@ -237,3 +237,16 @@ def test_a_rate_limited_downstream_gets_at_most_burst_plus_rate_times_t(
     finally:
         client.close()
         app.close()
+
+
+def test_an_operators_key_parameter_must_be_one_of_the_types(ledger_url: str,
+                                                             ledger: Ledger) -> None:
+    app = code_app(ledger_url, None)
+    ledger.register_definitions("worker-a", specs(app))
+    with Control(ledger_url) as control:
+        with pytest.raises(InvalidArguments, match="no parameter 'merchnt'"):
+            control.set_rate_limit("pay", "5/s", key_param="merchnt", reason="typo")
+        view = control.set_rate_limit("pay", "5/s", key_param="merchant", reason="ok")
+        assert view.key_param == "merchant"
+        # A type no worker registered yet is not checked (limits may come first).
+        assert control.set_rate_limit("later", "5/s", key_param="x", reason="r").key_param == "x"

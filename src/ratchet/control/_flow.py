@@ -56,7 +56,8 @@ class ControlFlow(ControlReads):
 
         Raises:
             InvalidArguments: a bad rate (not ``N/unit``, 0, too high), a burst below 1,
-                a task type or parameter name that cannot be stored, a blank reason.
+                a task type or parameter name that cannot be stored, a ``key_param`` that is
+                not a parameter of the type's newest registered definition, a blank reason.
             LedgerUnavailable: no ledger there. SchemaTooOld: a ledger not migrated to
                 flow control.
         """

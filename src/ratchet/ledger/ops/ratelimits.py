@@ -48,6 +48,28 @@ def _setting(row: RateSettingRow) -> RateLimitSetting:
                             float(row.updated_at), row.updated_by, row.reason)
 
 
+def _check_key_param(tx: Tx, name: str, key_param: str) -> None:
+    """Refuse a key parameter the task type's newest stored definition does not have (a
+    misspelt one would put every task in the bucket of its missing value). A type no worker
+    registered yet, or whose params cannot be told, is not checked.
+
+    Raises:
+        InvalidArguments: the definition's params schema lists its fields and not this one.
+    """
+    stored = sorted(DEFINITIONS_OF.all(tx, {"names": [name]}), key=lambda r: int(r.version))
+    if not stored:
+        return
+    try:
+        spec = json.loads(stored[-1].spec)
+        fields = spec["params_schema"]["properties"]
+    except (ValueError, KeyError, TypeError):
+        return
+    if isinstance(fields, dict) and fields and key_param not in fields:
+        raise InvalidArguments(
+            f"task type {name!r} has no parameter {key_param!r} to key its rate limit by "
+            f"(its parameters: {', '.join(sorted(fields))})")
+
+
 def code_rate_limit(spec_json: str) -> tuple[float, int, str | None] | None:
     """``(per_s, burst, key_param)`` of the rate limit a definition's stored spec declares
     (``TaskDefinition.spec()["flow"]["rate_limit"]``), or None: none declared, or a spec
@@ -128,6 +150,8 @@ class RateLimits:
         self.core.schema.require(FLOW, "rate limits")
 
         def body(tx: Tx) -> RateLimitSetting:
+            if key_param is not None:
+                _check_key_param(tx, name, key_param)
             old = next((r for r in RATE_LIMIT_LIST.all(tx)
                         if r.scope == "type" and r.name == name), None)
             # An override of the rate keeps the buckets' key unless it names another.
