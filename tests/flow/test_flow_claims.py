@@ -13,6 +13,7 @@ import pytest
 from ratchet import App, RateLimit, State
 from ratchet.control import Control
 from ratchet.ledger.base import ClaimScope, TaskWrite, Transition
+from ratchet.testing.processes import wait_for
 from ratchet.testing.worker import running_worker
 
 ALL = ClaimScope()
@@ -337,10 +338,12 @@ def test_raising_a_rate_limit_rechecks_the_tasks_it_held_back(app: App) -> None:
     # Due again at once; each then takes a token of the bucket at its new rate.
     assert all(app.get(t).run_at < time.time() + 5 for t in held)
     taken: list[str] = []
-    deadline = time.monotonic() + 30
-    while len(taken) < 3 and time.monotonic() < deadline:
-        taken += _ids(app.ledger.claim("w", ["r.slow"], 4, ALL))
-        time.sleep(0.01)  # a poll interval, as a worker's
+
+    def claimed_all() -> bool:
+        taken.extend(_ids(app.ledger.claim("w", ["r.slow"], 4, ALL)))
+        return len(taken) >= 3
+
+    wait_for("the held tasks to be claimed at the new rate", claimed_all, 30.0)
     assert sorted(taken) == sorted(held)
 
 
