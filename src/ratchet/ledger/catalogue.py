@@ -1,4 +1,5 @@
-"""The SQL catalogue of a dialect: named statements read from ``ledger/sql/<dialect>.sql``.
+"""The SQL catalogue of a dialect: named statements read from ``ledger/sql/<dialect>.sql``
+and the files of its concerns, ``ledger/sql/<dialect>.<concern>.sql`` (the outbox's).
 
 A catalogue file is a sequence of blocks, each introduced by a ``-- name: NAME`` line (the
 format of procrastinate's ``sql/queries.sql``). The engine refers to statements only by
@@ -26,10 +27,15 @@ def load_catalogue(dialect: str) -> Catalogue:
     """The named statements of ``dialect`` (``"sqlite"`` or ``"postgresql"``), read once.
 
     Raises:
-        RuntimeError: the file names a statement twice or holds text before the first name
-            (a packaging bug).
+        RuntimeError: the files name a statement twice or one holds text before its first
+            name (a packaging bug).
     """
-    text = resources.files(__package__).joinpath("sql", f"{dialect}.sql").read_text("utf-8")
+    folder = resources.files(__package__).joinpath("sql")
+    files = sorted(f.name for f in folder.iterdir()
+                   if f.name == f"{dialect}.sql"
+                   or (f.name.startswith(f"{dialect}.") and f.name.endswith(".sql")))
+    # One text: a name defined in two files is refused like one defined twice in a file.
+    text = "\n".join(folder.joinpath(name).read_text("utf-8") for name in files)
     return parse_catalogue(text)
 
 
