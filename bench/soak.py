@@ -37,7 +37,11 @@ if str(BENCH) not in sys.path:
 from soakkit.cluster import PgServer, PrivateCluster, SharedServer  # noqa: E402
 from soakkit.faults import FaultRunner, Slot, plan_faults  # noqa: E402
 from soakkit.netns import NetnsLayout, netns_unavailable_reason  # noqa: E402
-from soakkit.outbox import outbox_unavailable_reason  # noqa: E402
+from soakkit.outbox import (  # noqa: E402
+    check_outbox_rows,
+    emit_available,
+    outbox_unavailable_reason,
+)
 from soakkit.report import Check, SoakReport, gather  # noqa: E402
 from soakkit.soakapp import CHARGE, KINDS, build_app, key_of  # noqa: E402
 
@@ -182,7 +186,7 @@ class Soak:
                "--concurrency", str(a.concurrency), "--ledger", url, "--log-level", "WARNING",
                "--poll-interval-s", "0.1", "--shutdown-grace-s", "5"]
         env = {"RATCHET_LEDGER_URL": url, "SOAK_LEASE_S": repr(a.lease_s),
-               "SOAK_EMIT": "1" if self.outbox_reason is None else "0"}
+               "SOAK_EMIT": "1" if emit_available() else "0"}
         env |= {f"SOAK_URL_{k.upper()}": f"http://{svc_host}:{s.port}"
                 for k, s in self.services.items()}
         proc = WorkerProcess(f"{slot.name}#{slot.starts}", ns.command(cmd) if ns else cmd,
@@ -228,6 +232,10 @@ class Soak:
         finally:
             app.close()
             self.feed_done.set()
+
+    def server_rows(self, query: str) -> list[tuple[Any, ...]]:
+        assert self.server is not None
+        return self.server.sql(query)
 
     def states(self) -> dict[str, int]:
         assert self.server is not None
@@ -357,6 +365,13 @@ def run(args: argparse.Namespace) -> int:
         short = soak.faults.shortfall()
         report.checks.append(Check("fault plan completed", not short,
                                    "yes" if not short else "no", "; ".join(short)))
+        if emit_available():
+            rows = soak.server_rows(
+                f'SELECT message_id, key, task_id FROM "soak_{soak.tag}".outbox ORDER BY id')
+            problems = check_outbox_rows(
+                [(str(m), k, t) for m, k, t in rows], list(soak.tasks))
+            report.checks.append(Check("outbox: one message per task", not problems,
+                                       f"{len(rows)} rows", "; ".join(problems)))
         report.checks.append(Check(
             "outbox delivered at least once, in order per key", True,
             "did not run" if soak.outbox_reason else "-", soak.outbox_reason or ""))

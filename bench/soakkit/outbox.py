@@ -18,7 +18,46 @@ from dataclasses import dataclass, field
 
 import ratchet
 
-__all__ = ["DeliveryReport", "check_deliveries", "outbox_unavailable_reason"]
+__all__ = [
+    "DeliveryReport",
+    "check_deliveries",
+    "check_outbox_rows",
+    "emit_available",
+    "outbox_unavailable_reason",
+]
+
+
+def emit_available() -> bool:
+    """True when tasks can emit (``TaskContext.emit`` exists): the outbox half runs."""
+    return hasattr(ratchet.TaskContext, "emit")
+
+
+def check_outbox_rows(rows: Sequence[tuple[str, str | None, str | None]],
+                      task_ids: Iterable[str]) -> list[str]:
+    """The outbox half: every task emitted exactly one message, whatever its attempts.
+
+    Args:
+        rows: ``(message_id, key, task_id)`` of the outbox, in ``id`` order.
+        task_ids: the soak's tasks.
+
+    Returns:
+        One line per problem (empty: one row per task, no stray row).
+    """
+    per_task: dict[str, int] = {}
+    for _mid, _key, tid in rows:
+        per_task[tid or ""] = per_task.get(tid or "", 0) + 1
+    wanted = set(task_ids)
+    problems = []
+    missing = [t for t in wanted if t not in per_task]
+    twice = [t for t, n in per_task.items() if n > 1]
+    stray = [t for t in per_task if t not in wanted]
+    if missing:
+        problems.append(f"{len(missing)} task(s) without an outbox message")
+    if twice:
+        problems.append(f"{len(twice)} task(s) with more than one message")
+    if stray:
+        problems.append(f"{len(stray)} message(s) of no soak task")
+    return problems
 
 
 def outbox_unavailable_reason(*, has_emit: bool | None = None, has_relay: bool | None = None,
