@@ -618,6 +618,11 @@ class SQLiteDialect:
             SchemaTooNew: the file has a newer schema (it is not modified).
         """
         conn = self._conn()
+        if conn.execute("PRAGMA user_version").fetchone()[0] == self.latest_version:
+            # Nothing to apply: no write lock taken (a first use of the ledger inside a
+            # caller's open transaction on the file, App.submit(connection=...), would
+            # otherwise wait for the lock that very transaction holds).
+            return self.latest_version
         for migration in self._migrations:
 
             def body(tx: SQLiteTx, migration: Any = migration) -> None:

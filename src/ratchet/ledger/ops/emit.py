@@ -9,6 +9,7 @@ from typing import Any
 from ...outbox import NewMessage
 from ..dialect import Tx
 from .core import EngineCore
+from .guarded import joinable
 
 __all__ = ["Emit", "write_messages"]
 
@@ -43,6 +44,6 @@ class Emit:
             return
         dialect = self.core.dialect
         if connection is not None:
-            dialect.join(connection, lambda tx: write_messages(tx, messages))
+            dialect.join(joinable(connection), lambda tx: write_messages(tx, messages))
         else:
             dialect.run(lambda tx: write_messages(tx, messages))

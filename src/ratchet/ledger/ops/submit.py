@@ -14,6 +14,7 @@ from ..rows import SUBMIT_EXISTING, SUBMIT_PRESENT, insert_audit
 from ..shapes import KeyRow
 from .core import EngineCore
 from .debounce import submit_debounced
+from .guarded import joinable
 
 __all__ = ["Submit", "SubmitConflict", "submit_in"]
 
@@ -57,7 +58,8 @@ class Submit:
         clock: list[float] = []  # the clock of the lost attempt, if it read one
         try:
             if connection is not None:
-                return dialect.join(connection, lambda tx: _submit_in(tx, tasks, clock))
+                return dialect.join(joinable(connection),
+                                    lambda tx: _submit_in(tx, tasks, clock))
             try:
                 return dialect.run(lambda tx: _submit_in(tx, tasks, clock))
             except CommitOutcomeUnknown:
