@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import LedgerConfig
 from ..errors import LedgerCorrupt
+from ..outbox import NewMessage
 from .base import (
     AuditEvent,
     BatchActivity,
@@ -69,6 +70,7 @@ from .ops.claims import Claims
 from .ops.commands import Commands
 from .ops.commit import Commits
 from .ops.core import EngineCore
+from .ops.emit import Emit
 from .ops.late_effects import LateEffects
 from .ops.limits import MAX_LIMIT as MAX_LIMIT
 from .ops.limits import Limits
@@ -111,6 +113,7 @@ class LedgerEngine:
         self.config = config
         core = self._core = EngineCore(config, dialect)
         self._submit = Submit(core)
+        self._emit = Emit(core)
         self._claims = Claims(core)
         self._renew = Renew(core)
         self._commits = Commits(core, self._claims)
@@ -158,9 +161,9 @@ class LedgerEngine:
         """See :attr:`Ledger.corruption`."""
         return self.dialect.corruption
 
-    def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
+    def subscribe(self, on_ready: Callable[[], None], channel: str = "ready") -> Subscription:
         """See :meth:`Ledger.subscribe` (PostgreSQL: LISTEN/NOTIFY; SQLite: never calls)."""
-        return self.dialect.subscribe(on_ready)
+        return self.dialect.subscribe(on_ready, channel)
 
     def close(self) -> None:
         """See :meth:`Ledger.close`."""
@@ -168,9 +171,13 @@ class LedgerEngine:
 
     # ------------------------------------------------------------------ the task's life
 
-    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+    def submit(self, tasks: Sequence[NewTask], connection: Any = None) -> list[SubmitResult]:
         """See :meth:`Ledger.submit` (:class:`~ratchet.ledger.ops.submit.Submit`)."""
-        return self._submit.submit(tasks)
+        return self._submit.submit(tasks, connection)
+
+    def emit(self, messages: Sequence[NewMessage], connection: Any = None) -> None:
+        """See :meth:`Ledger.emit` (:class:`~ratchet.ledger.ops.emit.Emit`)."""
+        self._emit.emit(messages, connection)
 
     def claim(self, holder: str, names: Sequence[ClaimKind], limit: int,
               scope: ClaimScope | None = None) -> list[Claim]:
