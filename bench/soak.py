@@ -155,7 +155,9 @@ class Soak:
         open_ledger(self.ledger_url()).close()  # migrate once, before the workers
         for kind in KINDS:
             self.services[kind] = start_counting_service(
-                self.dir / f"{kind}.db", **SERVICE_SETTINGS[kind], id_prefix=f"{kind[:2]}_")
+                self.dir / f"{kind}.db", honour_keys=SERVICE_SETTINGS[kind]["honour_keys"],
+                check_tokens=SERVICE_SETTINGS[kind].get("check_tokens", False),
+                id_prefix=f"{kind[:2]}_")
         if no_netns is None:
             self.layout = NetnsLayout.create(self.tag, 2)
             pairs = []
@@ -171,9 +173,9 @@ class Soak:
             if ready.strip() != b"READY":
                 raise RuntimeError(f"the forwarder did not start: {ready!r}")
         for i in range(a.workers):
-            ns = self.layout.namespaces[i % 2] if self.layout else None
-            self.workers.append(Slot(f"w{i}" + (f"@ns{ns.index}" if ns else ""), "worker",
-                                     self._start_worker, ns))
+            where = self.layout.namespaces[i % 2] if self.layout else None
+            self.workers.append(Slot(f"w{i}" + (f"@ns{where.index}" if where else ""),
+                                     "worker", self._start_worker, where))
         for slot in self.workers:
             slot.spawn()
 
@@ -310,7 +312,7 @@ class Soak:
             steps += [lambda: cast(Any, fw.stdin).close(), fw.kill, lambda: _reap(fw)]
         if self.layout is not None:
             steps.append(self.layout.teardown)
-        steps += [s.stop for s in self.services.values()]
+        steps += [_stopper(service) for service in self.services.values()]
         if self.server is not None:
             server = self.server
             steps.append(server.ensure_running)
@@ -329,6 +331,10 @@ class Soak:
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(10)
+
+
+def _stopper(service: CountingService) -> Callable[[], None]:
+    return lambda: _discard(service.stop())
 
 
 def _discard(_value: object) -> None:

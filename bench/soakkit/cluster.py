@@ -39,7 +39,7 @@ class PgServer:
     def sql(self, query: str, *args: Any) -> list[tuple[Any, ...]]:
         """Run one statement on a fresh autocommit connection; its rows (or [])."""
         with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
-            cur = conn.execute(query, args or None)  # type: ignore[call-overload]
+            cur = conn.execute(query, args or None)
             return list(cur.fetchall()) if cur.description else []
 
     def wait_ready(self, timeout_s: float = 60.0) -> bool:
