@@ -84,7 +84,7 @@ def build_app(ledger: str | None = None) -> ratchet.App:
         key = key_of(n, target)
         receipt = _charge(ctx, target, key, {"n": n, "amount_cents": quote["amount_cents"]})
         if EMIT:
-            ctx.emit(TOPIC, {"n": n, "key": key}, key=message_key_of(n))  # type: ignore[attr-defined]
+            ctx.emit(TOPIC, {"n": n, "key": key}, key=message_key_of(n))
         ctx.step("finalize", lambda: {"n": n}, durable=True)
         return {"n": n, "key": key, "id": receipt.get("id") if isinstance(receipt, dict) else None}
 
