@@ -4,9 +4,10 @@
 --prune-older-than 30d --prune-every 1h``) starts a :class:`Pruner` thread that calls
 :meth:`~ratchet.ledger.base.Ledger.prune` about every ``every_s`` seconds on its own ledger
 connection (finished tasks with their history, sent events and sent outbox messages older
-than the age; never an unsent outbox message). The prune runs in small batches, each its own short transaction, so the
-worker's claims and commits are never held up by it; on PostgreSQL its batches skip rows
-that other transactions hold (``FOR UPDATE SKIP LOCKED``). It pauses after each batch as
+than the age; never an unsent outbox message). The prune runs in small batches, each its
+own short transaction, so the worker's claims and commits are never held up by it; on
+PostgreSQL its batches skip rows that other transactions hold (``FOR UPDATE SKIP
+LOCKED``). It pauses after each batch as
 long as the batch took (``pace=1``): on SQLite so the writers get the single write lock
 in between, on PostgreSQL so that it takes at most about half of what one connection
 can do of the server's CPU and disk (an operator's ``ratchet prune`` does not pause
