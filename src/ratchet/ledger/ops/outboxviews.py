@@ -77,8 +77,8 @@ _LIST_UNSENT = Read.rows("outbox_list_unsent", _message)
 _PICK = Read.rows("outbox_prune_pick", _PickRow._make)
 
 
-def _scalar(tx: Tx, name: str, params: dict[str, Any]) -> Any:
-    row = tx.one(name, params)
+def _scalar(row: tuple[Any, ...] | None) -> Any:
+    """The first column of a one-row read, or None."""
     return None if row is None else row[0]
 
 
@@ -100,13 +100,13 @@ class OutboxViews:
 
         def body(tx: Tx) -> OutboxStats:
             now = tx.now
-            unsent = int(_scalar(tx, "outbox_count_unsent", {"cap": COUNT_CAP}) or 0)
-            sent = int(_scalar(tx, "outbox_count_sent", {"cap": COUNT_CAP}) or 0)
+            unsent = int(_scalar(tx.one("outbox_count_unsent", {"cap": COUNT_CAP})) or 0)
+            sent = int(_scalar(tx.one("outbox_count_sent", {"cap": COUNT_CAP})) or 0)
             sent_capped = sent >= COUNT_CAP
             if sent_capped:
-                estimate = _scalar(tx, "outbox_sent_estimate", {})
+                estimate = _scalar(tx.one("outbox_sent_estimate", {}))
                 sent = max(sent, int(estimate or 0))
-            oldest = _scalar(tx, "outbox_oldest_unsent", {}) if unsent else None
+            oldest = _scalar(tx.one("outbox_oldest_unsent", {})) if unsent else None
             topics = _TOPICS.all(tx, {"scan": SCAN_CAP}) if unsent else []
             failing = sum(int(t.failing or 0) for t in topics)
             failures = (_FAILING.all(tx, {"scan": SCAN_CAP, "limit": _FAILURES})
@@ -156,7 +156,7 @@ class OutboxViews:
 def count_prunable(tx: Tx, cutoff: float) -> int:
     """Sent outbox rows a prune at ``cutoff`` (ledger clock, epoch seconds) would delete
     (a range of ``outbox_sent``)."""
-    return int(_scalar(tx, "outbox_prune_count", {"cutoff": cutoff}) or 0)
+    return int(_scalar(tx.one("outbox_prune_count", {"cutoff": cutoff})) or 0)
 
 
 def prune_outbox_batch(tx: Tx, cutoff: float, limit: int) -> tuple[int, int]:
