@@ -29,9 +29,11 @@ __all__ = ["COUNT_CAP", "MAX_MESSAGES", "OUTBOX", "SCAN_CAP", "OutboxViews",
 OUTBOX = "outbox.sql"
 """The migration of the outbox tables (schema 16)."""
 
-COUNT_CAP = 1_000_000
-"""The most rows the ``unsent`` and ``sent`` counts of :class:`OutboxStats` walk (an index
-range each); past it the figure is flagged capped."""
+COUNT_CAP = 100_000
+"""The most rows the ``unsent`` and ``sent`` counts of :class:`OutboxStats` walk (a range
+of their partial index; PostgreSQL may read the sent rows from the table instead when
+they are most of it, a walk of at most this many); past it the figure is flagged
+capped."""
 
 SCAN_CAP = 100_000
 """The most unsent rows the per-topic and failing figures look at."""
