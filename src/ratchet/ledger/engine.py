@@ -42,6 +42,8 @@ from .base import (
     Limit,
     LimitScope,
     NewTask,
+    OutboxMessage,
+    OutboxStats,
     PauseRecord,
     PauseResult,
     PruneReport,
@@ -74,6 +76,7 @@ from .ops.emit import Emit
 from .ops.late_effects import LateEffects
 from .ops.limits import MAX_LIMIT as MAX_LIMIT
 from .ops.limits import Limits
+from .ops.outboxviews import OutboxViews
 from .ops.pauses import Pauses
 from .ops.quarantine import Quarantine
 from .ops.ratelimits import RateLimits
@@ -131,6 +134,7 @@ class LedgerEngine:
         self._waits = Waits(core)
         self._batches = Batches(core)
         self._schedules = Schedules(core)
+        self._outboxviews = OutboxViews(core)
 
     @property
     def dialect(self) -> Dialect:
@@ -351,6 +355,17 @@ class LedgerEngine:
         return self._rates.rate_take(task_id, generation, name, key, per_s, burst)
 
     # ------------------------------------------------------------------ reads, stats
+
+    def outbox_stats(self, top: int = 10) -> OutboxStats:
+        """See :meth:`Ledger.outbox_stats`
+        (:class:`~ratchet.ledger.ops.outboxviews.OutboxViews`)."""
+        return self._outboxviews.outbox_stats(top)
+
+    def outbox_messages(self, limit: int = 50, unsent_only: bool = False,
+                        topic: str | None = None, key: str | None = None,
+                        ) -> list[OutboxMessage]:
+        """See :meth:`Ledger.outbox_messages`."""
+        return self._outboxviews.outbox_messages(limit, unsent_only, topic, key)
 
     def get(self, task_id: str) -> TaskInfo:
         """See :meth:`Ledger.get` (:class:`~ratchet.ledger.ops.reads.Reads`)."""
