@@ -245,6 +245,31 @@ def test_libpq_url_keeps_a_local_socket_url_intact() -> None:
     assert libpq_url(cfg) == "postgresql:///test?host=127.0.0.1&user=postgres&options=-c%20x%3D1"
 
 
+def test_multi_host_urls_reach_libpq_whole() -> None:
+    """Several hosts, as libpq takes them (how workers find the new primary after a
+    failover): parsed, each port checked, passed to libpq with target_session_attrs."""
+    from ratchet.config import Durability, parse_ledger_url
+    from ratchet.ledger.postgres import libpq_url
+
+    cfg = parse_ledger_url(
+        "postgresql://postgres@127.0.0.1:5432,[::1]:5433,db3/test"
+        "?target_session_attrs=read-write&durability=replicated&schema=s&connect_timeout=2"
+    )
+    assert cfg.durability is Durability.REPLICATED
+    url = libpq_url(cfg)
+    assert url == (
+        "postgresql://postgres@127.0.0.1:5432,[::1]:5433,db3/test"
+        "?target_session_attrs=read-write&connect_timeout=2"
+    )
+    assert psycopg.conninfo.conninfo_to_dict(url) == {
+        "user": "postgres", "dbname": "test", "host": "127.0.0.1,::1,db3",
+        "port": "5432,5433,", "target_session_attrs": "read-write", "connect_timeout": "2",
+    }
+    for bad, reason in (("h1:5432,h2:x", "'x'"), ("h1:5432,h2:70000", "out of range")):
+        with pytest.raises(ConfigError, match=reason):
+            parse_ledger_url(f"postgresql://u@{bad}/test")
+
+
 def test_non_ascii_names_and_keys_with_a_latin1_client_encoding(pg: tuple[str, str]) -> None:
     """Statements travel with their parameters bound in, as UTF-8: a URL (or PGCLIENTENCODING)
     asking for another client encoding must not garble names and keys (found by review: a
