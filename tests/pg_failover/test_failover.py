@@ -54,6 +54,9 @@ WORK_S = 0.05
 """Time each charge spends in its ``prepare`` step, seconds: the drain lasts a few seconds,
 so the kill lands in the middle of it."""
 LEASE_S = 2.0
+REFUSED = "session is read-only"
+"""libpq's refusal of a standby under ``target_session_attrs=read-write``, as the pool
+logs it."""
 RECONNECT_BOUND_S = 30.0
 """Promotion → first completion on the new primary, seconds (about 1-3 s expected)."""
 
@@ -114,9 +117,13 @@ def _rows(pair: ReplicatedPair, query: str, *args: Any) -> list[tuple[Any, ...]]
         return conn.execute(query, args or None).fetchall()
 
 
+@pytest.mark.parametrize("outage", ["prompt", "leases-expire"])
 def test_failover_to_the_synchronous_standby_loses_nothing_a_caller_saw(
-    pair: ReplicatedPair, tmp_path: Any, request: pytest.FixtureRequest
+    pair: ReplicatedPair, tmp_path: Any, request: pytest.FixtureRequest, outage: str
 ) -> None:
+    """``prompt``: the standby is promoted as soon as every worker found no writable host.
+    ``leases-expire``: only once every lease the standby knows of has expired (a slower
+    failover; the running tasks are taken over on the new primary)."""
     url = pair.hosts_url(target_session_attrs="read-write", durability="replicated",
                          schema=SCHEMA)  # fmt: skip
     rig = PgRig(tmp_path, url, SCHEMA)
@@ -137,11 +144,26 @@ def test_failover_to_the_synchronous_standby_loses_nothing_a_caller_saw(
         saw = caller.snapshot()
         killed = time.monotonic()
         pair.kill_primary()
+        # No writable host until the promotion: every worker finds the primary gone and
+        # is refused by the standby (target_session_attrs=read-write), and keeps trying.
+        wait_for("every worker to be refused by the read-only standby",
+                 lambda: all(REFUSED in w.log() for w in workers), timeout_s=20,
+                 interval_s=0.02)  # fmt: skip
+        if outage == "leases-expire":
+            # A slower failover: every lease the standby knows of runs out first, so the
+            # workers' running tasks are taken over (new generations) on the new primary.
+            leases = _rows(pair, "SELECT max(lease_until) FROM tasks WHERE state = 'RUNNING'")
+            until = float(leases[0][0] or 0.0)
+            wait_for("every running task's lease to expire", lambda: time.time() > until,
+                     timeout_s=LEASE_S + 10, interval_s=0.02)  # fmt: skip
+        down_s = time.monotonic() - killed
         pair.promote()
         promoted = time.monotonic()
         promoted_wall = time.time()  # the ledger clock is this host's clock (same machine)
         done_at_kill = _rows(pair, "SELECT count(*) FROM tasks WHERE state = 'SUCCEEDED'")[0][0]
         assert done_at_kill < TASKS, "every task finished before the kill: nothing was tested"
+        for w in workers:
+            assert w.returncode is None, f"{w.name} exited without a primary: {w.log()[-3000:]}"
 
         # ---- workers reconnect on their own
         def first_completions() -> dict[str, float] | None:
@@ -195,6 +217,7 @@ def test_failover_to_the_synchronous_standby_loses_nothing_a_caller_saw(
         stats = rig.client.stats()
         assert stats["duplicate_keys"] == 0 and stats["executions"] == total, stats
         check_ledger_consistent(check_url)
+        takeovers = _rows(pair, "SELECT count(*) FROM tasks WHERE generation > 1")[0][0]
 
         # ---- the promoted standby has no synchronous standby of its own: 'replicated' no
         # longer holds, and a process opening the ledger now is told so (the running ones
@@ -203,11 +226,14 @@ def test_failover_to_the_synchronous_standby_loses_nothing_a_caller_saw(
             open_ledger(url).close()
 
         print(
-            f"failover: saw {len(saw)} completions before the kill, {done_at_kill} done on the "
-            f"standby at the kill; kill+promote {promoted - killed:.2f} s; first completion "
+            f"failover ({outage}): saw {len(saw)} completions before the kill, "
+            f"{done_at_kill} done on the standby at the kill; no writable host for "
+            f"{down_s:.2f} s, promoted {promoted - killed:.2f} s after the kill; "
+            f"first completion "
             f"on the new primary {reconnect_s:.2f} s after promotion (seen by the test after "
             f"{seen_new_s:.2f} s), per worker {[f'{s:.2f}' for s in per_worker_s]} s; caller "
-            f"retried {caller.errors} ledger errors; service replays {stats['replays']}"
+            f"retried {caller.errors} ledger errors; service replays {stats['replays']}; "
+            f"takeovers {takeovers}"
         )
     finally:
         if caller is not None:
