@@ -270,6 +270,19 @@ def test_multi_host_urls_reach_libpq_whole() -> None:
             parse_ledger_url(f"postgresql://u@{bad}/test")
 
 
+def test_the_urls_connect_timeout_is_the_one_every_connection_uses() -> None:
+    """psycopg's connect_timeout keyword overrides the URL's, so the ledger reads the URL's
+    itself (a failover over a multi-host URL waits that long on a vanished host)."""
+    from ratchet.config import parse_ledger_url
+    from ratchet.ledger.postgres import DEFAULT_CONNECT_TIMEOUT_S, connect_timeout_s
+
+    base = "postgresql://u@h1,h2/test"
+    assert connect_timeout_s(parse_ledger_url(base)) == DEFAULT_CONNECT_TIMEOUT_S
+    assert connect_timeout_s(parse_ledger_url(f"{base}?connect_timeout=2")) == 2
+    with pytest.raises(ConfigError, match="connect_timeout must be a whole number"):
+        connect_timeout_s(parse_ledger_url(f"{base}?connect_timeout=soon"))
+
+
 def test_non_ascii_names_and_keys_with_a_latin1_client_encoding(pg: tuple[str, str]) -> None:
     """Statements travel with their parameters bound in, as UTF-8: a URL (or PGCLIENTENCODING)
     asking for another client encoding must not garble names and keys (found by review: a

@@ -125,7 +125,7 @@ def test_failover_to_the_synchronous_standby_loses_nothing_a_caller_saw(
     ``leases-expire``: only once every lease the standby knows of has expired (a slower
     failover; the running tasks are taken over on the new primary)."""
     url = pair.hosts_url(target_session_attrs="read-write", durability="replicated",
-                         schema=SCHEMA)  # fmt: skip
+                         schema=SCHEMA, connect_timeout="2")  # fmt: skip
     rig = PgRig(tmp_path, url, SCHEMA)
     caller: Caller | None = None
     try:
