@@ -39,7 +39,7 @@ from ratchet.testing import check_exactly_once, check_ledger_consistent, wait_fo
 
 pytestmark = [
     pytest.mark.crash,
-    pytest.mark.timeout(150),
+    pytest.mark.timeout(300),
     # Process kills, a promotion and a reconnect bound: kept on one xdist worker.
     pytest.mark.xdist_group("pg_failover"),
 ]
@@ -57,6 +57,9 @@ LEASE_S = 2.0
 REFUSED = "session is read-only"
 """libpq's refusal of a standby under ``target_session_attrs=read-write``, as the pool
 logs it."""
+STARTUP_S = 90.0
+"""Bound on a worker's start-up and on the drain phases, seconds: generous, because a
+loaded CI machine (several suites at once) starts a Python process in tens of seconds."""
 RECONNECT_BOUND_S = 30.0
 """Promotion → first completion on the new primary, seconds (about 1-3 s expected)."""
 
@@ -134,11 +137,12 @@ def test_failover_to_the_synchronous_standby_loses_nothing_a_caller_saw(
         orders = [f"f-{i:04d}" for i in range(TASKS)]
         handles = rig.app.submit_many([_charge(o, 100 + i) for i, o in enumerate(orders)])
         workers = [rig.pg_worker(f"w{i}", concurrency=CONCURRENCY) for i in range(WORKERS)]
-        holders = {w.holder() for w in workers}
+        holders = {w.holder(timeout_s=STARTUP_S) for w in workers}
         caller = Caller(rig.app, handles)
         caller.start()
         wait_for("the caller to see a quarter of the tasks succeed",
-                 lambda: len(caller.snapshot()) >= TASKS // 4, timeout_s=60, interval_s=0.01)
+                 lambda: len(caller.snapshot()) >= TASKS // 4, timeout_s=STARTUP_S,
+                 interval_s=0.01)
 
         # ---- the primary's host dies; the standby is promoted
         saw = caller.snapshot()
@@ -194,7 +198,7 @@ def test_failover_to_the_synchronous_standby_loses_nothing_a_caller_saw(
         total = TASKS + LATE_TASKS
         wait_for("every task to succeed on the promoted standby",
                  lambda: _rows(pair, "SELECT count(*) FROM tasks WHERE state = 'SUCCEEDED'")
-                 [0][0] == total, timeout_s=60, interval_s=0.1)  # fmt: skip
+                 [0][0] == total, timeout_s=STARTUP_S, interval_s=0.1)  # fmt: skip
         for w in workers:
             assert w.returncode is None, f"{w.name} exited during the failover: {w.log()[-3000:]}"
         for w in workers:
