@@ -151,7 +151,7 @@ def test_failover_to_the_synchronous_standby_loses_nothing_a_caller_saw(
         # No writable host until the promotion: every worker finds the primary gone and
         # is refused by the standby (target_session_attrs=read-write), and keeps trying.
         wait_for("every worker to be refused by the read-only standby",
-                 lambda: all(REFUSED in w.log() for w in workers), timeout_s=20,
+                 lambda: all(REFUSED in w.log() for w in workers), timeout_s=RECONNECT_BOUND_S,
                  interval_s=0.02)  # fmt: skip
         if outage == "leases-expire":
             # A slower failover: every lease the standby knows of runs out first, so the
