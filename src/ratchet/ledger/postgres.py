@@ -81,7 +81,14 @@ from .migrations import load_migrations
 from .pgpool import make_pool
 from .pgtx import PgTx
 
-__all__ = ["CLAIM_READY_SQL", "PostgresDialect", "PostgresLedger", "libpq_url"]
+__all__ = [
+    "CLAIM_READY_SQL",
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "PostgresDialect",
+    "PostgresLedger",
+    "connect_timeout_s",
+    "libpq_url",
+]
 
 log = logging.getLogger("ratchet.ledger.postgres")
 
@@ -117,6 +124,33 @@ _REJECTED = (pg_errors.DataError, pg_errors.ProgramLimitExceeded, pg_errors.Inte
 character the encoding cannot hold, a NOT NULL or CHECK violation): WriteRejected."""
 
 
+DEFAULT_CONNECT_TIMEOUT_S = 5
+"""libpq's ``connect_timeout`` of a connection attempt when the URL sets none, seconds."""
+
+
+def connect_timeout_s(config: LedgerConfig) -> int:
+    """libpq's ``connect_timeout`` for every connection of this ledger, in seconds: the
+    URL's ``connect_timeout`` when it has one, else :data:`DEFAULT_CONNECT_TIMEOUT_S`.
+
+    Every connect passes it explicitly, and psycopg's keyword wins over the URL's value, so
+    the URL's must be read here or it would be ignored. A shorter one matters in a
+    failover: on a multi-host URL each connection waits this long on a host that vanished
+    from the network before it tries the next host.
+
+    Raises:
+        ConfigError: the URL's ``connect_timeout`` is not an integer.
+    """
+    raw = config.options.get("connect_timeout")
+    if raw is None:
+        return DEFAULT_CONNECT_TIMEOUT_S
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"connect_timeout must be a whole number of seconds, got {raw!r}"
+        ) from None
+
+
 def libpq_url(config: LedgerConfig) -> str:
     """The URL without Ratchet's own query parameters: what libpq gets."""
     parts = urlsplit(config.url)
@@ -132,8 +166,11 @@ class _PgSubscription:
     """A LISTEN loop on its own connection, calling ``on_ready`` for every notification
     (and once after every reconnect, since notifications sent meanwhile were missed)."""
 
-    def __init__(self, conninfo: str, channel: str, on_ready: Callable[[], None]) -> None:
+    def __init__(
+        self, conninfo: str, channel: str, on_ready: Callable[[], None], connect_timeout_s: int
+    ) -> None:
         self._conninfo = conninfo
+        self._connect_timeout_s = connect_timeout_s
         self._channel = channel
         self._on_ready = on_ready
         self._closed = threading.Event()
@@ -144,7 +181,8 @@ class _PgSubscription:
         backoff = 0.05
         while not self._closed.is_set():
             try:
-                with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(self._conninfo, autocommit=True,
+                                     connect_timeout=self._connect_timeout_s) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     backoff = 0.05
                     self._on_ready()
@@ -189,6 +227,7 @@ class PostgresDialect:
         self.channels = {"ready": self.channel, "outbox": "ratchet_outbox_" + digest}
         """Wake-up channels by name (:meth:`Tx.wake`): tasks ready, outbox rows written."""
         self._conninfo = libpq_url(config)
+        self._connect_timeout_s = connect_timeout_s(config)
         self._catalogue = load_catalogue("postgresql")
         self._migrations = load_migrations("postgresql")
         self.latest_version = self._migrations[-1].version
@@ -214,12 +253,14 @@ class PostgresDialect:
             max_size=int(config.options.get("pool_size", "4")),
             configure=self._configure,
             name=f"ratchet-{self.schema}",
+            connect_timeout_s=self._connect_timeout_s,
         )
 
     def _check_server(self) -> None:
         """Connect once directly: a clear error now instead of a pool timeout later."""
         try:
-            with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
+            with psycopg.connect(self._conninfo, autocommit=True,
+                                 connect_timeout=self._connect_timeout_s) as conn:
                 if self.config.durability is Durability.REPLICATED:
                     row = conn.execute("SHOW synchronous_standby_names").fetchone()
                     if not row or not str(row[0]).strip():
@@ -529,7 +570,8 @@ class PostgresDialect:
         ready (``channel="ready"``) or outbox rows were committed (``"outbox"``): LISTEN
         on this ledger's channel, on a dedicated connection that reconnects by itself.
         Close the returned subscription to stop."""
-        return _PgSubscription(self._conninfo, self.channels[channel], on_ready)
+        return _PgSubscription(self._conninfo, self.channels[channel], on_ready,
+                               self._connect_timeout_s)
 
     def close(self) -> None:
         """Close the pool (every connection this object opened)."""
