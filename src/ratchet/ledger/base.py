@@ -22,6 +22,7 @@ This module gathers the contract's names in one place; they live in modules by c
 * :mod:`~ratchet.ledger.records_flow`: rate limits and live tasks per queue (flow
   control);
 * :mod:`~ratchet.ledger.records_registry`: the worker and definition registries;
+* :mod:`~ratchet.ledger.records_outbox`: the outbox relay's partition leases and rows;
 * :mod:`~ratchet.ledger.records_schedules`: periodic schedules, their cursors and a
   scheduler pass;
 * :mod:`~ratchet.ledger.protocol`: the :class:`Ledger` Protocol, made of
@@ -36,6 +37,7 @@ from .protocol import (
     Ledger,
     LedgerHandle,
     OperatorLedger,
+    RelayLedger,
     Subscription,
     WorkerLedger,
 )
@@ -73,6 +75,7 @@ from .records_ops import (
     ResolveOutcome,
     SlotUsage,
 )
+from .records_outbox import OutboxRow, PartLease
 from .records_registry import (
     DefinitionChange,
     DefinitionRecord,
@@ -166,6 +169,9 @@ __all__ = [
     "Ledger",
     "LedgerHandle",
     "OperatorLedger",
+    "OutboxRow",
+    "PartLease",
+    "RelayLedger",
     "WorkerLedger",
     "Limit",
     "LimitScope",
