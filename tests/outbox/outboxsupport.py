@@ -5,6 +5,7 @@ a producer of outbox rows."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 import time
@@ -143,10 +144,8 @@ class NatsSink:
     def delete(self) -> None:
         async def run() -> None:
             nc = await nats.connect(self.url)
-            try:
+            with contextlib.suppress(NotFoundError):
                 await nc.jetstream().delete_stream(self.stream)
-            except NotFoundError:
-                pass
             await nc.close()
         asyncio.run(run())
 
