@@ -4,7 +4,8 @@ the app, its commands in the order ``ratchet --help`` lists them, and the entry 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
 ``late-effects``, ``check``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
 ``send-event``, ``pause``, ``resume``, ``limits`` (``set``, ``clear``), ``quarantine``
-(``list``, ``replay``), ``definitions``, ``schedules``, ``prune``, ``serve``, ``migrate``, ``demo``;
+(``list``, ``replay``), ``definitions``, ``schedules``, ``prune``, ``serve``, ``relay``,
+``migrate``, ``demo``;
 ``ratchet --version``. Every command takes
 ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``). The commands
 call only the public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loading.load_app`),
@@ -22,7 +23,8 @@ One module per command group: :mod:`~ratchet.cli.worker_boot`, :mod:`~ratchet.cl
 :mod:`~ratchet.cli.definitions`, :mod:`~ratchet.cli.schedules`,
 :mod:`~ratchet.cli.reconcile`, :mod:`~ratchet.cli.actions`, :mod:`~ratchet.cli.events`,
 :mod:`~ratchet.cli.pausing`, :mod:`~ratchet.cli.limits`, :mod:`~ratchet.cli.quarantine`,
-:mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.migrate`,
+:mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.relay`,
+:mod:`~ratchet.cli.migrate`,
 :mod:`~ratchet.cli.demo`; shared options in :mod:`~ratchet.cli.options`, errors to exit
 status in :mod:`~ratchet.cli.guard`.
 """
@@ -45,6 +47,7 @@ from . import (
     pausing,
     prune,
     reconcile,
+    relay,
     schedules,
     serve,
     status,
@@ -113,6 +116,7 @@ for _name, _command in (
     ("resume", pausing.resume),
     ("prune", prune.prune),
     ("serve", serve.serve),
+    ("relay", relay.relay),
     ("migrate", migrate.migrate),
     ("demo", demo.demo),
 ):
