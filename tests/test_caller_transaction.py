@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 
 from ratchet import App, InvalidArguments, State, SubmitRequest, TaskContext
 from ratchet.errors import IdempotencyConflict
+from ratchet.ledger import open_ledger
 from ratchet.testing import running_worker, wait_for
 
 
@@ -264,3 +265,51 @@ def test_sigkill_between_the_caller_insert_and_its_commit_leaves_neither_row(
     # The ledger goes on: a later submit commits.
     handle = app.submit("ship", {"order_id": "o-2"})
     assert app.get(handle.task_id).state is State.PENDING
+
+
+def test_temporary_tables_named_like_the_ledger_cannot_take_the_rows(
+        app: App, caller: Caller) -> None:
+    """A caller's temporary ``tasks`` / ``outbox`` table is searched before the ledger's
+    schema (PostgreSQL's ``pg_temp``, SQLite's ``temp``): the rows must still land in the
+    ledger (PostgreSQL: ``pg_temp`` is put last) or the join is refused (SQLite)."""
+    with caller.connect() as conn:
+        if caller.pg:
+            schema = _schema(caller.url)
+            for table in ("tasks", "outbox"):
+                source = sql.Identifier(schema, table).as_string(None)
+                conn.execute(f"CREATE TEMP TABLE {table} (LIKE {source} INCLUDING ALL)")
+            handle = app.submit("ship", {"order_id": "o-1"}, connection=conn)
+            app.emit("order.created", {}, key="o-1", connection=conn)
+            conn.commit()
+            assert [t.task_id for t in app.list_tasks().tasks] == [handle.task_id]
+            assert len(outbox_rows(app)) == 1
+        else:
+            conn.execute("CREATE TEMP TABLE tasks AS SELECT * FROM main.tasks WHERE 0")
+            with pytest.raises(InvalidArguments, match="temporary tables"):
+                app.submit("ship", {"order_id": "o-1"}, connection=conn)
+            conn.commit()
+            assert app.list_tasks().tasks == []
+
+
+def test_another_database_with_a_ledger_of_the_same_schema_is_refused(
+        app: App, caller: Caller) -> None:
+    if not caller.pg:
+        pytest.skip("PostgreSQL only: on SQLite the connection's file is compared")
+    schema = _schema(caller.url)
+    other = f"{schema}_other"
+    base = _base(caller.url)
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(other)))
+    try:
+        other_base = base.rsplit("/", 1)[0] + "/" + other
+        open_ledger(f"{other_base}?schema={schema}").close()  # a ledger there, same schema
+        with psycopg.connect(other_base) as conn:
+            with pytest.raises(InvalidArguments, match="another ledger"):
+                app.submit("ship", {"order_id": "o-1"}, connection=conn)
+            with pytest.raises(InvalidArguments, match="pipeline"), conn.pipeline():
+                app.submit("ship", {"order_id": "o-1"}, connection=conn)
+    finally:
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(other)))
+    assert app.list_tasks().tasks == []

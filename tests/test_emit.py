@@ -21,6 +21,7 @@ from ratchet import (
     TaskContext,
     TransactionMisuse,
 )
+from ratchet.errors import WriteRejected
 from ratchet.ledger.base import TaskWrite, Transition
 from ratchet.outbox import message_id_for, new_message, partition_of
 from ratchet.testing import fast_retry_policy, running_worker, wait_for
@@ -100,7 +101,7 @@ def test_app_emit_checks_what_it_is_given(app: App) -> None:
         app.emit("order.paid", {}, key="")
     assert outbox_rows(app) == []
     first = app.emit("order.paid", {"n": 1}, message_id="same")
-    second = app.emit("order.paid", {"n": 2}, message_id="same")
+    second = app.emit("order.paid", {"n": 1}, message_id="same")
     assert first == second == "same"
     ((_, mid, _, key, payload, task_id),) = outbox_rows(app)
     assert (mid, key, payload, task_id) == ("same", None, '{"n":1}', None)
@@ -189,3 +190,30 @@ def _waiting_on_lock(caller: Caller, conn: Any) -> bool:
         row = probe.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
                             (pid,)).fetchone()
     return row is not None and row[0] == "Lock"
+
+
+def test_a_chosen_message_id_names_one_message(app: App) -> None:
+    """The same message twice under a chosen id is one row; another message under it is
+    refused (not dropped), and a task that catches the refusal and emits again at the same
+    position gets that checkpoint (its recorded id is the second choice)."""
+
+    @app.task(name="choose")
+    def choose(ctx: TaskContext) -> str:
+        try:
+            ctx.emit("order.paid", {"from": "task"}, message_id="taken")
+        except WriteRejected:
+            pass
+        return ctx.emit("order.paid", {"from": "task"}, message_id="free")
+
+    app.ledger.migrate()
+    app.emit("order.paid", {"n": 1}, message_id="taken")
+    app.emit("order.paid", {"n": 1}, message_id="taken")
+    with pytest.raises(WriteRejected, match="already used for another message"):
+        app.emit("order.paid", {"n": 2}, message_id="taken")
+    handle = app.submit("choose")
+    with running_worker(app):
+        info = handle.wait(30)
+    assert info.state is State.SUCCEEDED and info.result == "free"
+    assert [r[1] for r in outbox_rows(app)] == ["taken", "free"]
+    steps = {s.name: s.result_json for s in app.ledger.timeline(handle.task_id).steps}
+    assert steps == {"ratchet:emit:order.paid": '"free"'}

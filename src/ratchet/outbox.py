@@ -49,6 +49,8 @@ class NewMessage:
         part: the partition (:func:`partition_of`).
         payload_json: the message, JSON text.
         task_id: the task that emitted it, or None (a caller's :meth:`ratchet.App.emit`).
+        chosen_id: the caller chose ``message_id``: the write checks that an existing row
+            of that id is this very message (a derived or random id needs no check).
     """
 
     message_id: str
@@ -57,6 +59,7 @@ class NewMessage:
     part: int
     payload_json: str
     task_id: str | None = None
+    chosen_id: bool = False
 
 
 def check_topic(topic: object) -> str:
@@ -96,7 +99,7 @@ def partition_of(key: str | None, message_id: str) -> int:
 
 def new_message(topic: str, message: Any, *, key: str | None, message_id: str,
                 max_payload_bytes: int, task_id: str | None = None,
-                what: str = "outbox message") -> NewMessage:
+                what: str = "outbox message", chosen_id: bool = False) -> NewMessage:
     """The :class:`NewMessage` of an emit, checked.
 
     Args:
@@ -106,6 +109,7 @@ def new_message(topic: str, message: Any, *, key: str | None, message_id: str,
         message_id: the message's id, an identifier of at most ``MAX_KEY_BYTES`` bytes.
         max_payload_bytes: the largest encoded message allowed (the app's payload limit).
         task_id: the emitting task, if any.
+        chosen_id: ``message_id`` is the caller's choice (see :class:`NewMessage`).
 
     Raises:
         InvalidArguments: a topic, key or message id that cannot be stored or routed.
@@ -124,4 +128,4 @@ def new_message(topic: str, message: Any, *, key: str | None, message_id: str,
         raise PayloadTooLarge(size, max_payload_bytes)
     return NewMessage(message_id=message_id, topic=topic, key=key,
                       part=partition_of(key, message_id), payload_json=payload,
-                      task_id=task_id)
+                      task_id=task_id, chosen_id=chosen_id)

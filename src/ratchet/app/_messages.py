@@ -95,7 +95,8 @@ class Messages:
             key: the ordering key (an order id): messages of one key reach the broker in
                 the order their transactions committed. None: no order.
             message_id: the id consumers deduplicate by; default a new random one. The
-                same id written twice is one message (the second write keeps the first).
+                same message written twice under one id is one message (the second write
+                keeps the first); another message under an id already used is refused.
             connection: your open transaction's connection, or None.
 
         Returns:
@@ -107,10 +108,12 @@ class Messages:
                 :meth:`ratchet.App.submit`).
             PayloadNotSerializable: ``message`` is not plain JSON.
             PayloadTooLarge: the encoded message is over the size limit.
+            WriteRejected: ``message_id`` was already used for another message.
             LedgerError: the ledger failed.
         """
         mid = message_id if message_id is not None else uuid.uuid4().hex
         msg = new_message(topic, message, key=key, message_id=mid,
-                          max_payload_bytes=self.max_payload_bytes)
+                          max_payload_bytes=self.max_payload_bytes,
+                          chosen_id=message_id is not None)
         self.ledger.emit([msg], connection)
         return mid

@@ -77,8 +77,10 @@ class PgTx:
         (``SET LOCAL``). End it with :meth:`release` (the caller's ``search_path`` put
         back; nothing commits until the caller commits) or :meth:`rollback_joined`."""
         ident = psycopg.sql.Identifier(schema).as_string(conn)
+        # pg_temp named last: else it is searched first, and a caller's temporary table
+        # named like a ledger table would take the rows instead of the ledger.
         return cls(conn, catalogue, clock, prelude=(
-            f"SAVEPOINT {SAVEPOINT}", f"SET LOCAL search_path TO {ident}"))
+            f"SAVEPOINT {SAVEPOINT}", f"SET LOCAL search_path TO {ident}, pg_temp"))
 
     # -- the clock and the raw cursor (migrations, settings) force BEGIN out
 

@@ -235,6 +235,7 @@ class PostgresDialect:
         host = parts.netloc.rsplit("@", 1)[-1] or "localhost"
         self.where = f"postgresql://{host}{parts.path} schema {self.schema}"
         self._closed = False
+        self._ledger_id: str | None = None
         self.clock: ClockFn | None = None  # testing seam (Dialect.clock)
         self.corruption: LedgerCorrupt | None = None
         """The last :class:`LedgerCorrupt` this dialect raised, if any (kept until closed)."""
@@ -390,6 +391,13 @@ class PostgresDialect:
         except psycopg.Error as exc:
             raise LedgerError(f"PostgreSQL ledger {self.where}: {exc}") from exc
 
+    def _identity(self) -> str:
+        """This ledger's random id (``ledger_identity``, schema 16), read once."""
+        if self._ledger_id is None:
+            row = self.run(lambda tx: tx.one("ledger_identity"), write=False)
+            self._ledger_id = str(row[0]) if row else ""
+        return self._ledger_id
+
     def join(self, connection: Any, body: Callable[[Any], T]) -> T:
         """Run ``body`` inside the caller's open transaction on ``connection``, a psycopg 3
         connection to the ledger's database (see ``Dialect.join``): under a savepoint,
@@ -400,8 +408,9 @@ class PostgresDialect:
 
         Raises:
             InvalidArguments: not a psycopg 3 ``Connection``, a closed one, one in
-                autocommit mode outside a transaction, one whose transaction already
-                failed, or one whose database holds no ledger in this schema.
+                autocommit mode outside a transaction, in pipeline mode, one whose
+                transaction already failed, or one on another database or server (its
+                schema holds no ledger, or another one: ``ledger_identity`` differs).
             psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected: raised
                 as they are, for the caller's own retry of its transaction.
             LedgerUnavailable, WriteRejected, LedgerError: as :meth:`run` (never retried:
@@ -423,20 +432,27 @@ class PostgresDialect:
                 "connection= is in autocommit mode and outside a transaction: the task "
                 "would commit at once, not with your work. Open one (with "
                 "conn.transaction(): ...) or use autocommit=False")
-        tables = sql.Identifier(self.schema, "tasks").as_string(connection)
+        if connection.info.pipeline_status != psycopg.pq.PipelineStatus.OFF:
+            raise InvalidArguments(
+                "connection= is in pipeline mode: submit or emit outside the "
+                "conn.pipeline() block (Ratchet's statements need their results)")
+        identity = sql.Identifier(self.schema, "ledger_identity").as_string(connection)
         try:
             with connection.cursor(row_factory=psycopg.rows.tuple_row) as cur:
                 found = cur.execute("SELECT current_setting('search_path'), to_regclass(%s)",
-                                    (tables,)).fetchone()
+                                    (identity,)).fetchone()
+                assert found is not None
+                theirs = (cur.execute(f"SELECT id FROM {identity}").fetchone()
+                          if found[1] is not None else None)
         except psycopg.Error as exc:
             raise LedgerError(f"PostgreSQL ledger {self.where}: connection= could not be "
                               f"read: {exc}") from exc
-        assert found is not None
-        search_path, ledger_table = found
-        if ledger_table is None:
+        search_path = found[0]
+        if theirs is None or theirs[0] != self._identity():
             raise InvalidArguments(
-                f"connection= is not on the ledger's database: it has no Ratchet ledger in "
-                f"schema {self.schema!r} ({self.where})")
+                f"connection= is not on this ledger's database: its schema {self.schema!r} "
+                f"holds {'another ledger' if theirs else 'no ledger (of schema 16 or later)'}"
+                f", not the one at {self.where}")
         tx = PgTx.joined(connection, self._catalogue, self.schema, self.clock)
         try:
             try:

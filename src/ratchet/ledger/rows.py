@@ -291,6 +291,7 @@ TIMELINE_EFFECTS = Read.rows("timeline_effects", sh.EffectRow._make)
 SUBMIT_PRESENT = Read.rows("submit_present", sh.IdRow._make)
 SUBMIT_EXISTING = Read.rows("submit_existing", sh.KeyRow._make)
 SUBMIT_DEBOUNCE = Read.rows("submit_debounce", sh.DebounceRow._make)
+OUTBOX_SAME = Read.rows("outbox_same", sh.OutboxSameRow._make)
 
 CLAIM_EXPIRED = Read.rows("claim_expired", sh.LeaseRow._make)
 CLAIM_GATE = Read.rows("claim_gate", tuple)

@@ -189,6 +189,15 @@ class KeyRow(NamedTuple):
     created_at: float
 
 
+class OutboxSameRow(NamedTuple):
+    """An outbox row of a chosen message id, read back after its insert (``outbox_same``)."""
+    message_id: str
+    task_id: str | None
+    topic: str
+    key: str | None
+    payload: str
+
+
 class DebounceRow(NamedTuple):
     """The open task of a debounce group after a submit (``submit_debounce``): its id,
     the group, its state and when it starts (``run_at``, or ``due_at`` while it waits for

@@ -531,9 +531,10 @@ class SQLiteDialect:
         write (``BEGIN`` + its ``isolation_level``).
 
         Raises:
-            InvalidArguments: not a ``sqlite3.Connection``, one on another file, or one in
-                autocommit mode (``isolation_level=None``) outside a transaction: the task
-                would commit at once, not with the caller's work.
+            InvalidArguments: not a ``sqlite3.Connection``, one on another file, one with
+                temporary tables named like the ledger's, or one in autocommit mode
+                (``isolation_level=None``) outside a transaction: the task would commit at
+                once, not with the caller's work.
             LedgerUnavailable, WriteRejected, LedgerError: as :meth:`run`; the caller's
                 transaction is as before the call (the savepoint rolled back).
         """
@@ -553,6 +554,18 @@ class SQLiteDialect:
                 f"connection= is on {main or 'an in-memory database'!r}, not on the "
                 f"ledger's file {self.path!r}: a task must be written in the ledger's "
                 "database to commit with your transaction")
+        try:
+            shadows = sorted(name for (name,) in connection.execute(
+                "SELECT name FROM temp.sqlite_master WHERE type IN ('table', 'view') AND "
+                "name IN (SELECT name FROM main.sqlite_master)").fetchall())
+        except sqlite3.Error as exc:
+            raise InvalidArguments(f"connection= cannot be read: {exc}") from None
+        if shadows:
+            # SQLite resolves an unqualified name in temp first: the task would be written
+            # to the caller's temporary table, not to the ledger.
+            raise InvalidArguments(
+                f"connection= has temporary tables named like the ledger's ({', '.join(shadows)}"
+                "): Ratchet's rows would land in them; drop or rename them first")
         if not connection.in_transaction:
             if connection.isolation_level is None:
                 raise InvalidArguments(

@@ -517,17 +517,23 @@ class CheckpointState:
             self.task_id, cp.stored_name)
         limit = (self.app.max_payload_bytes if self.app is not None
                  else max_payload_bytes_from_env())
-        msg = new_message(topic, message, key=key, message_id=mid, max_payload_bytes=limit,
-                          task_id=self.task_id, what=f"message of {cp.describe()}")
-        result_json = dumps(mid)
-        self._steps[cp.stored_name] = result_json
-        self._unsaved.append((cp.stored_name, result_json, cp.seq))
         try:
+            msg = new_message(topic, message, key=key, message_id=mid,
+                              max_payload_bytes=limit, task_id=self.task_id,
+                              what=f"message of {cp.describe()}",
+                              chosen_id=message_id is not None)
+            result_json = dumps(mid)
+            self._steps[cp.stored_name] = result_json
+            self._unsaved.append((cp.stored_name, result_json, cp.seq))
             self._commit(f"emit:{topic}", outbox=[msg])
         except BaseException:
-            # Not durable: a later call at this position (a retry in this attempt's code)
-            # must write it again, not replay it.
+            # Not known durable (a refused message, an outage whose commit may have gone
+            # through): the position is given back, so an emit the task code makes again
+            # here is this very checkpoint, with the same message id (written once).
             self._steps.pop(cp.stored_name, None)
+            self._unsaved = [u for u in self._unsaved if u[0] != cp.stored_name]
+            self._occurrences[("step", cp.name)] -= 1
+            self._next_seq = cp.seq
             raise
         fault_point("emit.after_commit")
         return mid

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ...errors import WriteRejected
 from ...outbox import NewMessage
 from ..dialect import Tx
+from ..rows import OUTBOX_SAME
 from .core import EngineCore
 from .guarded import joinable
 
@@ -18,7 +20,13 @@ def write_messages(tx: Tx, messages: Sequence[NewMessage]) -> None:
     """Write ``messages`` in ``tx``: first each key's ``outbox_keys`` row (in key order:
     on PostgreSQL its row lock, held to commit, makes a later emit to the same key take a
     later id, so per key id order is commit order), then the rows (a message id already
-    written is kept, not written twice). Wakes the relays at commit."""
+    written is kept, not written twice; a chosen id already used for another message is
+    refused). Wakes the relays at commit.
+
+    Raises:
+        WriteRejected: a chosen message id names another message already (the caller's
+            transaction must roll back).
+    """
     if not messages:
         return
     keys = sorted({m.key for m in messages if m.key is not None})
@@ -27,6 +35,19 @@ def write_messages(tx: Tx, messages: Sequence[NewMessage]) -> None:
         {"message_id": m.message_id, "topic": m.topic, "key": m.key, "part": m.part,
          "payload": m.payload_json, "task_id": m.task_id}
         for m in messages])
+    chosen = {m.message_id: m for m in messages if m.chosen_id}
+    if chosen:
+        # A chosen id kept by ON CONFLICT must be this very message (a re-send of it), not
+        # another one that used the id first: that one would be dropped without a word.
+        for row in OUTBOX_SAME.all(tx, {"ids": sorted(chosen)}):
+            mine = chosen[row.message_id]
+            if (row.task_id, row.topic, row.key, row.payload) != (
+                    mine.task_id, mine.topic, mine.key, mine.payload_json):
+                raise WriteRejected(
+                    f"refused write 'outbox_insert': message_id {row.message_id!r} was "
+                    f"already used for another message (topic {row.topic!r}, key "
+                    f"{row.key!r}, task {row.task_id or 'none'}); a message id names one "
+                    "message: choose another, or let Ratchet derive it")
     tx.wake("outbox")
 
 

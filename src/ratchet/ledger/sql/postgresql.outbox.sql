@@ -16,3 +16,11 @@ SELECT u.message_id, u.topic, u.key, u.part, u.payload, u.task_id, %(now)s
 FROM json_to_recordset(%(rows)s::json)
      AS u(message_id text, topic text, key text, part int, payload text, task_id text)
 ON CONFLICT (message_id) DO NOTHING;
+
+-- name: ledger_identity
+-- The ledger's random id (schema 16): a joined connection must read the same.
+SELECT id FROM ledger_identity;
+
+-- name: outbox_same
+-- The rows of chosen message ids after their insert: each must be the message written.
+SELECT message_id, task_id, topic, key, payload FROM outbox WHERE message_id = ANY(%(ids)s);

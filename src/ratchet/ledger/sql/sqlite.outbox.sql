@@ -10,3 +10,11 @@ INSERT INTO outbox_keys (key) VALUES (:key) ON CONFLICT (key) DO NOTHING;
 INSERT INTO outbox (message_id, topic, key, part, payload, task_id, created_at)
 VALUES (:message_id, :topic, :key, :part, :payload, :task_id, :now)
 ON CONFLICT (message_id) DO NOTHING;
+
+-- name: ledger_identity
+-- The ledger's random id (schema 16): a joined connection must read the same.
+SELECT id FROM ledger_identity;
+
+-- name: outbox_same
+-- The rows of chosen message ids after their insert: each must be the message written.
+SELECT message_id, task_id, topic, key, payload FROM outbox WHERE message_id IN (SELECT value FROM json_each(:ids));

@@ -8,6 +8,9 @@
 --   partition of the key (of the message id for a message without key), what a relay
 --   leases. `sent_at`: set by the relay once the broker confirmed, fenced by the relay's
 --   partition lease; sent rows are pruned with the retention age.
+-- * ledger_identity: one random id per ledger, so that a caller's connection handed to
+--   App.submit(connection=) is checked to be on this very ledger (another database or
+--   server with a ledger in a schema of the same name has another id).
 -- * outbox_leases: one row per partition, leased by a relay (`holder`, `lease_until` on the
 --   ledger clock); every take bumps `generation`, the relay's fencing token: a relay that
 --   lost the partition cannot mark rows sent.
@@ -43,3 +46,8 @@ CREATE TABLE outbox_leases (
     lease_until double precision
 );
 INSERT INTO outbox_leases (part) SELECT generate_series(0, 31);
+
+CREATE TABLE ledger_identity (
+    id text NOT NULL
+);
+INSERT INTO ledger_identity (id) SELECT replace(gen_random_uuid()::text, '-', '');

@@ -2,6 +2,8 @@
 -- The same tables as on PostgreSQL (see its 0016_outbox.sql). One writer at a time: `id`
 -- (AUTOINCREMENT, never reused after a prune) is the commit order, per key too; the
 -- outbox_keys upsert an emit makes first is kept for the same statements on both.
+-- ledger_identity: the ledger's random id (PostgreSQL checks a caller's connection with it;
+-- on SQLite the file itself is compared).
 
 CREATE TABLE outbox (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -33,3 +35,8 @@ CREATE TABLE outbox_leases (
 );
 WITH RECURSIVE parts(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM parts WHERE n < 31)
 INSERT INTO outbox_leases (part) SELECT n FROM parts;
+
+CREATE TABLE ledger_identity (
+    id TEXT NOT NULL
+);
+INSERT INTO ledger_identity (id) SELECT lower(hex(randomblob(16)));
