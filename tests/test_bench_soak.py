@@ -58,7 +58,7 @@ def test_forward_pairs() -> None:
 def test_outbox_reason_and_delivery_check() -> None:
     assert "emit" in (outbox_unavailable_reason(has_emit=False) or "")
     assert "relay" in (outbox_unavailable_reason(has_emit=True, has_relay=False) or "")
-    assert outbox_unavailable_reason(has_emit=True, has_relay=True, has_pika=True) is None
+    assert outbox_unavailable_reason(has_emit=True, has_relay=True, has_client=True) is None
     outbox = [("m1", "a"), ("m2", "b"), ("m3", "a")]
     good = check_deliveries(outbox, [("m2", "b"), ("m1", "a"), ("m1", "a"), ("m3", "a")])
     assert good.ok and good.deliveries == 4 and good.delivered_distinct == 3

@@ -199,8 +199,9 @@ class FaultRunner:
         self._note("sigkill", slot.name)
 
     def _do_relay_kill(self) -> None:
-        slot = self.rng.choice(self.relays)
-        slot.kill_and_restart()
+        with self.lock:  # not while the soak restarts a relay that exited by itself
+            slot = self.rng.choice(self.relays)
+            slot.kill_and_restart()
         self._note("relay_sigkill", slot.name)
 
     def _do_stop(self) -> None:
