@@ -336,10 +336,10 @@ class Soak:
                 self.log(f"giving up: the drain did not end {a.timeout_s:.0f}s after the feed")
                 return now - t0, None
 
-    def _respawn_dead(self) -> None:
+    def _respawn_dead(self, slots: list[Slot] | None = None) -> None:
         assert self.faults is not None
         with self.faults.lock:
-            for slot in self.workers + self.relays:
+            for slot in self.workers + self.relays if slots is None else slots:
                 if slot.proc is not None and not slot.alive():
                     slot.exits.append(slot.proc.returncode)
                     self.log(f"{slot.name} exited by itself ({slot.proc.returncode}); restarted")
@@ -356,7 +356,7 @@ class Soak:
         unsent = -1
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):
-                self._respawn_dead()
+                self._respawn_dead(self.relays)  # the workers were stopped
                 unsent = int(self.server_rows(
                     f"SELECT count(*) FROM {table} WHERE sent_at IS NULL")[0][0])
                 if unsent == 0:

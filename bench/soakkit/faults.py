@@ -184,7 +184,8 @@ class FaultRunner:
 
     def _note(self, kind: str, what: str) -> None:
         self.injected[kind] += 1
-        self.log(f"[{time.monotonic() - self.t0:6.1f}s] {kind}: {what}")
+        self.log(f"[{time.monotonic() - self.t0:6.1f}s {time.strftime('%H:%M:%S')}] "
+                 f"{kind}: {what}")
 
     def _running(self) -> list[Slot]:
         return [s for s in self.workers if s.alive() and not s.stopped]
