@@ -225,9 +225,16 @@ class FaultRunner:
         self._later(self.plan.stop_s, cont)
 
     def _do_pg_terminate(self) -> None:
-        rows = self.server.sql(
-            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = %s AND pid <> pg_backend_pid()", self.app_name)
+        for attempt in range(20):  # it may land while the server restarts: try for ~10 s
+            try:
+                rows = self.server.sql(
+                    "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = %s AND pid <> pg_backend_pid()",
+                    self.app_name)
+                break
+            except Exception:
+                if attempt == 19 or self._stop.wait(0.5):
+                    raise
         n = sum(1 for _, ok in rows if ok)
         self.terminated_sessions += n
         self._note("pg_terminate", f"{n} ledger session(s)")
