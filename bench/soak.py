@@ -25,10 +25,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
@@ -38,6 +40,10 @@ from soakkit.cluster import PgServer, PrivateCluster, SharedServer  # noqa: E402
 from soakkit.faults import FaultRunner, Slot, plan_faults  # noqa: E402
 from soakkit.netns import NetnsLayout, netns_unavailable_reason  # noqa: E402
 from soakkit.outbox import (  # noqa: E402
+    AmqpConsumer,
+    DeliveryReport,
+    broker_unreachable_reason,
+    check_deliveries,
     check_outbox_rows,
     emit_available,
     outbox_unavailable_reason,
@@ -76,7 +82,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=4, help="ratchet worker processes (>= 4)")
     p.add_argument("--concurrency", type=int, default=8, help="task threads per worker")
     p.add_argument("--relays", type=int, default=2,
-                   help="outbox relays (when the outbox exists; default 2)")
+                   help="ratchet relay processes publishing the outbox to RabbitMQ, "
+                        "alternately in the two namespaces (default 2; 0: no relay)")
+    p.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/", metavar="URL",
+                   help="the RabbitMQ broker (the run makes its own exchange and queue "
+                        "there, deleted after)")
+    p.add_argument("--relay-lease-s", type=float, default=2.0,
+                   help="the relays' partition lease, seconds (default 2)")
     p.add_argument("--lease-s", type=float, default=2.0, help="task lease, seconds")
     p.add_argument("--feed-s", type=float, default=None,
                    help="tasks are submitted over this many seconds and the faults spread "
@@ -103,6 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.seed = secrets.randbelow(1 << 30)
     if args.tasks < 1 or args.workers < 1 or args.concurrency < 1 or args.lease_s < 1:
         p.error("--tasks, --workers, --concurrency must be >= 1 and --lease-s >= 1")
+    if args.relays < 0 or args.relay_lease_s < 0.3:
+        p.error("--relays must be >= 0 and --relay-lease-s >= 0.3")
     return args
 
 
@@ -127,6 +141,9 @@ class Soak:
         self.services: dict[str, CountingService] = {}
         self.group = ProcessGroup(self.dir / "logs", pythonpath=[BENCH])
         self.workers: list[Slot] = []
+        self.relays: list[Slot] = []
+        self.consumer: AmqpConsumer | None = None
+        self.exchange = f"ratchet-soak-{self.tag}"
         self.faults: FaultRunner | None = None
         self.tasks: dict[str, tuple[str, str]] = {}
         self.submitted = 0
@@ -147,6 +164,10 @@ class Soak:
               f"?schema={schema}"
         return url + (f"&application_name={self.app_name}" if workers else "")
 
+    def broker(self) -> tuple[str, int]:
+        parts = urlsplit(self.args.amqp)
+        return parts.hostname or "127.0.0.1", parts.port or 5672
+
     def setup(self, no_netns: str | None) -> None:
         a = self.args
         self.server = PrivateCluster() if a.pg == "private" else SharedServer()
@@ -165,6 +186,9 @@ class Soak:
                 pairs.append(f"{ns.db_host}:{self.server.port}=127.0.0.1:{self.server.port}")
                 pairs += [f"{ns.svc_host}:{s.port}=127.0.0.1:{s.port}"
                           for s in self.services.values()]
+                if self.outbox_reason is None:  # the relays reach the broker on this link
+                    host, port = self.broker()
+                    pairs.append(f"{ns.svc_host}:{port}={host}:{port}")
             self.forwarder = subprocess.Popen(
                 [sys.executable, "-m", "soakkit.forward", *pairs], cwd=BENCH,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -178,6 +202,38 @@ class Soak:
                                      "worker", self._start_worker, where))
         for slot in self.workers:
             slot.spawn()
+        if self.outbox_reason is None:
+            # The queue is bound before any relay publishes: nothing goes unrouted.
+            base = a.amqp.split("?", 1)[0]
+            self.consumer = AmqpConsumer(base, self.exchange)
+            self.consumer.start()
+            for i in range(a.relays):
+                where = self.layout.namespaces[i % 2] if self.layout else None
+                self.relays.append(Slot(f"r{i}" + (f"@ns{where.index}" if where else ""),
+                                        "relay", self._start_relay, where))
+            for slot in self.relays:
+                slot.spawn()
+
+    def _start_relay(self, slot: Slot) -> ManagedProcess:
+        """A ``ratchet relay`` in the slot's namespace: the ledger over the database link
+        (cut by the partition), the broker over the services link (not cut), sessions
+        named like the workers' (``pg_terminate_backend`` hits them too)."""
+        a, ns = self.args, slot.ns
+        url = self.ledger_url(ns.db_host if ns else "127.0.0.1", workers=True)
+        parts = urlsplit(a.amqp.split("?", 1)[0])
+        netloc = parts.netloc
+        if ns is not None:
+            creds = netloc.rsplit("@", 1)[0] + "@" if "@" in netloc else ""
+            netloc = f"{creds}{ns.svc_host}:{self.broker()[1]}"
+        to = f"{parts.scheme}://{netloc}{parts.path or '/'}?exchange={self.exchange}"
+        cmd = [sys.executable, "-m", "ratchet.cli.main", "relay", "--ledger", url,
+               "--to", to, "--lease", f"{a.relay_lease_s}s", "--name", slot.name,
+               "--log-level", "INFO"]
+        proc = ManagedProcess(f"{slot.name}#{slot.starts}", ns.command(cmd) if ns else cmd,
+                              self.group.environment({"RATCHET_LEDGER_URL": url}),
+                              self.group._log_path(slot.name), cwd=self.dir)
+        self.group.procs.append(proc)
+        return proc
 
     def _start_worker(self, slot: Slot) -> ManagedProcess:
         a, ns = self.args, slot.ns
@@ -251,7 +307,7 @@ class Soak:
         assert self.server is not None
         self.faults = FaultRunner(
             plan_faults(a.quick, a.lease_s, 0 if self.outbox_reason else a.relays),
-            a.feed_s, self.workers, [], self.server, self.app_name,
+            a.feed_s, self.workers, self.relays, self.server, self.app_name,
             self.layout.namespaces if self.layout else [],
             None if self.layout else "no network namespaces", a.seed, self.log)
         t0 = time.monotonic()
@@ -280,14 +336,46 @@ class Soak:
                 self.log(f"giving up: the drain did not end {a.timeout_s:.0f}s after the feed")
                 return now - t0, None
 
-    def _respawn_dead(self) -> None:
+    def _respawn_dead(self, slots: list[Slot] | None = None) -> None:
         assert self.faults is not None
         with self.faults.lock:
-            for slot in self.workers:
+            for slot in self.workers + self.relays if slots is None else slots:
                 if slot.proc is not None and not slot.alive():
                     slot.exits.append(slot.proc.returncode)
                     self.log(f"{slot.name} exited by itself ({slot.proc.returncode}); restarted")
                     slot.spawn()
+
+    def finish_outbox(self) -> dict[str, Any]:
+        """After the drain: wait until the relays marked every row sent and the consumer
+        saw every message (relays still running), then stop the relays (SIGTERM) and the
+        consumer (its queue and exchange deleted). Returns figures."""
+        assert self.consumer is not None
+        a, t0 = self.args, time.monotonic()
+        deadline = t0 + max(120.0, a.timeout_s / 3)
+        table = f'"soak_{self.tag}".outbox'
+        unsent = -1
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                self._respawn_dead(self.relays)  # the workers were stopped
+                unsent = int(self.server_rows(
+                    f"SELECT count(*) FROM {table} WHERE sent_at IS NULL")[0][0])
+                if unsent == 0:
+                    break
+            time.sleep(0.5)
+        all_sent_s = time.monotonic() - t0
+        ids = {str(m) for (m,) in self.server_rows(f"SELECT message_id FROM {table}")}
+        self.consumer.wait_for(ids, max(5.0, deadline - time.monotonic()))
+        time.sleep(2.0)  # late duplicates already on their way
+        codes = []
+        for slot in self.relays:
+            if slot.proc is not None:
+                try:
+                    codes.append(slot.proc.stop(timeout_s=30))
+                except Exception as exc:
+                    codes.append(f"{type(exc).__name__}")
+        self.consumer.stop()
+        return {"after the drain until every row was marked sent, s": round(all_sent_s, 1),
+                "relay exit statuses at the end (SIGTERM)": codes}
 
     def stop_workers(self) -> None:
         for slot in self.workers:
@@ -307,6 +395,8 @@ class Soak:
         if self.faults is not None:
             steps.append(self.faults.undo_all)
         steps.append(self.group.cleanup)
+        if self.consumer is not None:
+            steps.append(self.consumer.stop)
         if self.forwarder is not None:
             fw = self.forwarder
             steps += [lambda: cast(Any, fw.stdin).close(), fw.kill, lambda: _reap(fw)]
@@ -327,6 +417,31 @@ class Soak:
                 print(f"teardown: {exc}", file=sys.stderr)
         if not self.args.keep:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def outbox_checks(delivery: DeliveryReport, rows: list[tuple[Any, ...]],
+                  soak: Soak) -> list[Check]:
+    """The delivery half's checks: at least once, first occurrences in outbox order per
+    key, duplicates (a figure: allowed), every row marked sent, relay kills injected."""
+    unsent = sum(1 for r in rows if not r[3])
+    assert soak.faults is not None
+    planned = soak.faults.plan.relay_kills
+    kills = soak.faults.injected["relay_sigkill"]
+    missing = delivery.missing
+    return [
+        Check("outbox delivered at least once", not missing and not delivery.unexpected,
+              f"{delivery.delivered_distinct}/{delivery.expected}",
+              (f"{len(missing)} never delivered, e.g. {missing[:3]}" if missing else "")
+              + (f"; {delivery.unexpected} unexpected" if delivery.unexpected else "")),
+        Check("outbox in order per key (first occurrences, outbox id order)",
+              not delivery.out_of_order_keys,
+              f"{len(delivery.out_of_order_keys)} keys out of order",
+              ", ".join(delivery.out_of_order_keys[:5])),
+        Check("outbox duplicates delivered (allowed)", True, str(delivery.duplicates)),
+        Check("outbox rows all marked sent", unsent == 0, f"{unsent} unsent of {len(rows)}"),
+        Check("relay SIGKILLs injected", kills >= planned and planned > 0,
+              f"{kills}/{planned}"),
+    ]
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
@@ -352,7 +467,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"network namespaces not used: {no_netns}; running on loopback, no partition",
               flush=True)
     soak = Soak(args)
-    soak.outbox_reason = outbox_unavailable_reason()
+    soak.outbox_reason = (outbox_unavailable_reason()
+                          or ("--relays 0 given" if args.relays < 1 else None)
+                          or broker_unreachable_reason(args.amqp))
+    if soak.outbox_reason:
+        print(f"outbox delivery not checked: {soak.outbox_reason}", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)
     report = SoakReport(settings={
         "tasks": args.tasks, "workers": args.workers, "concurrency": args.concurrency,
@@ -366,21 +485,39 @@ def run(args: argparse.Namespace) -> int:
         assert soak.faults is not None
         soak.faults.stop()
         soak.stop_workers()
+        relay_figures = soak.finish_outbox() if soak.consumer is not None else {}
         checks, figures = gather(soak.ledger_url(), soak.tasks, soak.services)
         report.checks = checks
         short = soak.faults.shortfall()
         report.checks.append(Check("fault plan completed", not short,
                                    "yes" if not short else "no", "; ".join(short)))
+        rows: list[tuple[Any, ...]] = []
         if emit_available():
             rows = soak.server_rows(
-                f'SELECT message_id, key, task_id FROM "soak_{soak.tag}".outbox ORDER BY id')
+                f'SELECT message_id, key, task_id, sent_at IS NOT NULL, sent_by '
+                f'FROM "soak_{soak.tag}".outbox ORDER BY id')
             problems = check_outbox_rows(
-                [(str(m), k, t) for m, k, t in rows], list(soak.tasks))
+                [(str(m), k, t) for m, k, t, _, _ in rows], list(soak.tasks))
             report.checks.append(Check("outbox: one message per task", not problems,
                                        f"{len(rows)} rows", "; ".join(problems)))
-        report.checks.append(Check(
-            "outbox delivered at least once, in order per key", True,
-            "did not run" if soak.outbox_reason else "-", soak.outbox_reason or ""))
+        if soak.consumer is None:
+            report.checks.append(Check(
+                "outbox delivered at least once, in order per key", True,
+                "did not run", soak.outbox_reason or ""))
+        else:
+            delivery = check_deliveries([(str(m), k) for m, k, _, _, _ in rows],
+                                        [(m, k) for m, k, _ in soak.consumer.seen()])
+            report.checks += outbox_checks(delivery, rows, soak)
+            relay_figures |= {
+                "outbox deliveries (distinct / all)":
+                    f"{delivery.delivered_distinct} / {delivery.deliveries}",
+                "outbox duplicates delivered": delivery.duplicates,
+                "consumer redeliveries (broker)": soak.consumer.redelivered,
+                "rows marked sent per relay process": len(Counter(r[4] for r in rows if r[3])),
+                "relay starts": sum(s.starts for s in soak.relays),
+                "relay exits by themselves": sum(
+                    1 for s in soak.relays for c in s.exits if c != -signal.SIGKILL),
+            }
         report.figures = {
             "time to drain (first submit -> all SUCCEEDED), s": round(drain_s, 1),
             "tail after the last submit, s": None if tail_s is None else round(tail_s, 1),
@@ -391,6 +528,7 @@ def run(args: argparse.Namespace) -> int:
             "worker starts": sum(s.starts for s in soak.workers),
             "submit retries": soak.feed_errors,
             **figures,
+            **relay_figures,
         }
     except KeyboardInterrupt:
         print("interrupted: tearing down", file=sys.stderr)

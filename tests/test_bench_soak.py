@@ -16,14 +16,18 @@ sys.path.insert(0, str(BENCH))
 import soak  # noqa: E402
 from soakkit.forward import parse_pair  # noqa: E402
 from soakkit.netns import netns_unavailable_reason  # noqa: E402
-from soakkit.outbox import check_deliveries, outbox_unavailable_reason  # noqa: E402
+from soakkit.outbox import (  # noqa: E402
+    broker_unreachable_reason,
+    check_deliveries,
+    outbox_unavailable_reason,
+)
 
 
 def test_soak_help() -> None:
     done = subprocess.run([sys.executable, str(BENCH / "soak.py"), "--help"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    for option in ("--tasks", "--quick", "--json", "--no-netns", "--pg"):
+    for option in ("--tasks", "--quick", "--json", "--no-netns", "--pg", "--relays", "--amqp"):
         assert option in done.stdout
 
 
@@ -58,7 +62,7 @@ def test_forward_pairs() -> None:
 def test_outbox_reason_and_delivery_check() -> None:
     assert "emit" in (outbox_unavailable_reason(has_emit=False) or "")
     assert "relay" in (outbox_unavailable_reason(has_emit=True, has_relay=False) or "")
-    assert outbox_unavailable_reason(has_emit=True, has_relay=True, has_pika=True) is None
+    assert outbox_unavailable_reason(has_emit=True, has_relay=True, has_client=True) is None
     outbox = [("m1", "a"), ("m2", "b"), ("m3", "a")]
     good = check_deliveries(outbox, [("m2", "b"), ("m1", "a"), ("m1", "a"), ("m3", "a")])
     assert good.ok and good.deliveries == 4 and good.delivered_distinct == 3
@@ -66,3 +70,16 @@ def test_outbox_reason_and_delivery_check() -> None:
     assert late.out_of_order_keys == ["a"] and not late.missing
     lost = check_deliveries(outbox, [("m1", "a"), ("m3", "a")])
     assert lost.missing == ["m2"] and not lost.ok
+    assert good.duplicates == 1 and late.duplicates == 0
+    stray = check_deliveries(outbox, [("m1", "a"), ("m2", "b"), ("m3", "a"), ("x", "a")])
+    assert stray.unexpected == 1 and not stray.ok and not stray.out_of_order_keys
+
+
+def test_relay_options() -> None:
+    args = soak.parse_args(["--quick"])
+    assert (args.relays, args.relay_lease_s) == (2, 2.0)
+    assert args.amqp == "amqp://guest:guest@127.0.0.1:5672/"
+    assert soak.parse_args(["--relays", "0"]).relays == 0
+    with pytest.raises(SystemExit):
+        soak.parse_args(["--relays", "-1"])
+    assert "not reachable" in (broker_unreachable_reason("amqp://g:g@127.0.0.1:1/", 1.0) or "")

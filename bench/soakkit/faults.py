@@ -184,7 +184,8 @@ class FaultRunner:
 
     def _note(self, kind: str, what: str) -> None:
         self.injected[kind] += 1
-        self.log(f"[{time.monotonic() - self.t0:6.1f}s] {kind}: {what}")
+        self.log(f"[{time.monotonic() - self.t0:6.1f}s {time.strftime('%H:%M:%S')}] "
+                 f"{kind}: {what}")
 
     def _running(self) -> list[Slot]:
         return [s for s in self.workers if s.alive() and not s.stopped]
@@ -199,8 +200,9 @@ class FaultRunner:
         self._note("sigkill", slot.name)
 
     def _do_relay_kill(self) -> None:
-        slot = self.rng.choice(self.relays)
-        slot.kill_and_restart()
+        with self.lock:  # not while the soak restarts a relay that exited by itself
+            slot = self.rng.choice(self.relays)
+            slot.kill_and_restart()
         self._note("relay_sigkill", slot.name)
 
     def _do_stop(self) -> None:
@@ -223,9 +225,16 @@ class FaultRunner:
         self._later(self.plan.stop_s, cont)
 
     def _do_pg_terminate(self) -> None:
-        rows = self.server.sql(
-            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = %s AND pid <> pg_backend_pid()", self.app_name)
+        for attempt in range(20):  # it may land while the server restarts: try for ~10 s
+            try:
+                rows = self.server.sql(
+                    "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = %s AND pid <> pg_backend_pid()",
+                    self.app_name)
+                break
+            except Exception:
+                if attempt == 19 or self._stop.wait(0.5):
+                    raise
         n = sum(1 for _, ok in rows if ok)
         self.terminated_sessions += n
         self._note("pg_terminate", f"{n} ledger session(s)")

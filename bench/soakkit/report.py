@@ -13,7 +13,9 @@ Checks (each one fails the run):
 * **stale writes accepted 0**: :func:`ratchet.testing.check_ledger_consistent` (every
   generation bump audited, no step or effect written by a generation that was not the
   holder's, finished tasks hold no lease; ``stale_rejected`` rows are fine and counted);
-* **outbox**: every message delivered at least once, in order per key (when it ran);
+* **outbox** (when relays ran): every message delivered at least once, in order per key
+  (first occurrences), every row marked sent, the planned relay kills injected;
+  duplicates are a figure;
 * **fault plan completed**: every planned fault was injected.
 """
 
