@@ -109,3 +109,17 @@ def test_failed_publishes_are_counted(ledger: Ledger) -> None:
     ledger.outbox_failed("r1", [row.id], "broker down")
     ledger.outbox_failed("r1", [row.id], "broker down")
     assert ledger.outbox_fetch([row.part], 1)[0].attempts == 2
+
+
+def test_fetch_leaves_out_the_keys_and_ids_a_relay_backs_off_from(ledger: Ledger) -> None:
+    a = _emit(ledger, "a", 5)
+    b = _emit(ledger, "b", 2)
+    lone = _emit(ledger, None, 2)
+    every = list(range(OUTBOX_PARTITIONS))
+    rows = ledger.outbox_fetch(every, 3, skip_keys=["a"])
+    assert [r.message_id for r in rows] == b + lone[:1]
+    skip = [r.id for r in ledger.outbox_fetch(every, 100) if r.message_id == lone[0]]
+    rows = ledger.outbox_fetch(every, 100, skip_keys=["a", "b"], skip_ids=skip)
+    assert [r.message_id for r in rows] == lone[1:]
+    assert [r.message_id for r in ledger.outbox_fetch(every, 100, skip_keys=[],
+                                                      skip_ids=[])] == a + b + lone

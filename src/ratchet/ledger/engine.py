@@ -192,9 +192,11 @@ class LedgerEngine:
         """See :meth:`Ledger.outbox_lease` (:class:`~ratchet.ledger.ops.relay.Relay`)."""
         return self._relay.outbox_lease(holder, lease_s, want, rebalance=rebalance)
 
-    def outbox_fetch(self, parts: Sequence[int], limit: int) -> list[OutboxRow]:
+    def outbox_fetch(self, parts: Sequence[int], limit: int, *,
+                     skip_keys: Sequence[str] = (),
+                     skip_ids: Sequence[int] = ()) -> list[OutboxRow]:
         """See :meth:`Ledger.outbox_fetch`."""
-        return self._relay.outbox_fetch(parts, limit)
+        return self._relay.outbox_fetch(parts, limit, skip_keys=skip_keys, skip_ids=skip_ids)
 
     def outbox_mark_sent(self, holder: str, leases: Sequence[tuple[int, int]],
                          ids: Sequence[int]) -> int:

@@ -32,9 +32,13 @@ class RelayLedger(LedgerHandle, Protocol):
         """
         ...
 
-    def outbox_fetch(self, parts: Sequence[int], limit: int) -> list[OutboxRow]:
+    def outbox_fetch(self, parts: Sequence[int], limit: int, *,
+                     skip_keys: Sequence[str] = (),
+                     skip_ids: Sequence[int] = ()) -> list[OutboxRow]:
         """At most ``limit`` unsent rows of partitions ``parts``, in id order (per key,
-        commit order)."""
+        commit order), leaving out every row of a key in ``skip_keys`` and the rows
+        ``skip_ids`` (what a relay backs off from: a blocked key's tail never fills the
+        batch). Read on the partial index ``outbox_unsent``."""
         ...
 
     def outbox_mark_sent(self, holder: str, leases: Sequence[tuple[int, int]],

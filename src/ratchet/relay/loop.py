@@ -11,6 +11,11 @@ have more than ``lease_s / 3`` of its lease left on this process's monotonic clo
 lease was measured from before the call that granted it), and a batch that has not been
 confirmed by then is abandoned.
 
+A message the broker refuses (too large, a nack of that message) holds back only its key
+(:mod:`~ratchet.relay.holds`: a per-key backoff, the key left out of the fetch meanwhile);
+the other keys go on, and the connection is kept. Only a connection failure (lost, no
+confirmation in time) reconnects, after a backoff.
+
 Wake-ups: the ledger's ``outbox`` subscription (PostgreSQL NOTIFY at the commit of an
 emit) wakes an idle relay at once; a poll covers what it misses (``poll_s``: 1 s where the
 ledger notifies, 50 ms on SQLite, which has no notifications).
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -31,7 +37,8 @@ from dataclasses import dataclass, field
 from ..faults import point as fault_point
 from ..ledger.base import Ledger, OutboxRow
 from ..outbox import OUTBOX_PARTITIONS
-from .targets import Publisher
+from .holds import KeyHolds
+from .targets import HeldBack, Publisher, Refused
 
 __all__ = ["Relay", "RelayOptions", "RelayStats", "default_holder"]
 
@@ -70,19 +77,25 @@ class RelayOptions:
 class RelayStats:
     """Counters of one relay process: ``published`` (confirmed by every broker),
     ``marked`` (marked sent), ``rejected`` (confirmed but the mark was fenced off: the
-    partition was lost), ``failed`` (not confirmed), ``rounds``, ``reconnects``."""
+    partition was lost), ``failed`` (not confirmed: the connection failed), ``refused``
+    (a broker refused that message: its key is held back), ``held`` (not sent or not
+    counted: behind a failed message of its key in the batch), ``rounds``,
+    ``reconnects``."""
 
     published: int = 0
     marked: int = 0
     rejected: int = 0
     failed: int = 0
+    refused: int = 0
+    held: int = 0
     rounds: int = 0
     reconnects: int = 0
     lost: list[int] = field(default_factory=list)
 
 
 class BrokerTrouble(Exception):
-    """A publish failed or timed out: reconnect before the next round."""
+    """The connection failed or timed out: reconnect (after a backoff) before the next
+    round."""
 
 
 class Relay:
@@ -115,6 +128,8 @@ class Relay:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._holds = KeyHolds()
+        self._troubles = 0
 
     # -- control
 
@@ -155,19 +170,26 @@ class Relay:
                 try:
                     n = await self._round()
                 except BrokerTrouble as exc:
-                    log.warning("relay %s: publishing failed (%s); reconnecting", self.holder,
-                                exc)
+                    wait = BACKOFF_S[min(self._troubles, len(BACKOFF_S) - 1)]
+                    self._troubles += 1
+                    log.warning("relay %s: publishing failed (%s); reconnecting in %.1f s",
+                                self.holder, exc, wait)
                     self._connected = False
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), wait)
                     continue
                 except Exception as exc:  # ledger trouble: log, back off, go on
                     log.warning("relay %s: round failed: %s: %s", self.holder,
                                 type(exc).__name__, exc)
                     n = 0
                 if n < self.options.batch:
-                    due = self._lease_at + self._renew_every - time.monotonic()
+                    now = time.monotonic()
+                    due = min(self.poll_s, self._lease_at + self._renew_every - now)
+                    hold_end = self._holds.next_end(now)
+                    if hold_end is not None:
+                        due = min(due, hold_end)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(),
-                                               max(0.0, min(self.poll_s, due)))
+                        await asyncio.wait_for(self._wake.wait(), max(0.0, due))
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -256,20 +278,26 @@ class Relay:
     # -- a round
 
     async def _round(self) -> int:
-        """Fetch, publish, mark. Returns the rows fetched (0: nothing to do)."""
+        """Fetch (leaving out the keys held back), publish, mark. Returns the rows fetched
+        (0: nothing to do)."""
         self._in_round = True
         try:
             held = self._usable()
             if not held:
                 return 0
-            rows = await asyncio.to_thread(self.ledger.outbox_fetch, sorted(held),
-                                           self.options.batch)
+            self._holds.keep_parts(held)
+            skip_keys, skip_ids = self._holds.skips(time.monotonic())
+            rows = await asyncio.to_thread(
+                functools.partial(self.ledger.outbox_fetch, sorted(held), self.options.batch,
+                                  skip_keys=skip_keys, skip_ids=skip_ids))
+            fetched = len(rows)
             if not rows:
                 return 0
             self.stats.rounds += 1
             now_held = self._usable()
-            rows = [r for r in rows
-                    if r.part in now_held and now_held[r.part][0] == held[r.part][0]]
+            rows = self._holds.trim(
+                [r for r in rows
+                 if r.part in now_held and now_held[r.part][0] == held[r.part][0]])
             if not rows:
                 return 0
             left = min(now_held[r.part][1] for r in rows)
@@ -278,9 +306,17 @@ class Relay:
                 results = await asyncio.wait_for(self._publish(rows), left)
             except TimeoutError as exc:
                 raise BrokerTrouble(f"no confirmation within {left:.1f} s") from exc
-            sent, failed, error = _settle(rows, results)
+            out = _settle(rows, results)
+            sent = out.sent
             self.stats.published += len(sent)
-            self.stats.failed += len(failed)
+            self.stats.failed += len(out.broken)
+            self.stats.refused += len(out.refused)
+            self.stats.held += out.behind
+            if out.overtook:
+                log.error("relay %s: %d confirmed messages of keys %s overtook a refused "
+                          "earlier message of their key (nacked after they were sent); "
+                          "they are published again after it", self.holder,
+                          len(out.overtook), sorted(out.overtook)[:5])
             if sent:
                 fault_point("relay.after_publish")
                 parts = sorted({r.part for r in sent})
@@ -294,13 +330,37 @@ class Relay:
                              "partitions were taken over); they will be published again",
                              self.holder, len(sent) - marked)
                 fault_point("relay.after_mark")
-            if failed:
+                for row in sent:
+                    self._holds.confirmed(row)
+                self._troubles = 0
+            if out.refused:
+                await self._refused(out.refused)
+            if out.broken:
+                error = out.broken[0][1]
                 await asyncio.to_thread(self.ledger.outbox_failed, self.holder,
-                                        [r.id for r in failed], error)
-                raise BrokerTrouble(f"{len(failed)} messages not confirmed: {error}")
-            return len(rows)
+                                        [r.id for r, _ in out.broken],
+                                        f"{type(error).__name__}: {error}")
+                raise BrokerTrouble(f"{len(out.broken)} messages not confirmed: "
+                                    f"{type(error).__name__}: {error}")
+            self._troubles = 0
+            return fetched
         finally:
             self._in_round = False
+
+    async def _refused(self, refused: Sequence[tuple[OutboxRow, BaseException]]) -> None:
+        """Count each refused message's attempt and hold back its key (one update per
+        distinct error; at most one per key per backoff step)."""
+        by_error: dict[str, list[int]] = {}
+        now = time.monotonic()
+        for row, exc in refused:
+            error = f"{type(exc).__name__}: {exc}"
+            by_error.setdefault(error, []).append(row.id)
+            wait = self._holds.refused(row, now)
+            log.warning("relay %s: message %s (key %r, outbox id %d) refused: %s; %s "
+                        "waits %.1f s", self.holder, row.message_id, row.key, row.id, error,
+                        "its key" if row.key is not None else "it", wait)
+        for error, ids in by_error.items():
+            await asyncio.to_thread(self.ledger.outbox_failed, self.holder, ids, error)
 
     async def _publish(self, rows: Sequence[OutboxRow]) -> list[BaseException | None]:
         """Every publisher's result per row: None when all confirmed it."""
@@ -315,23 +375,40 @@ class Relay:
         return out
 
 
-def _settle(rows: Sequence[OutboxRow], results: Sequence[BaseException | None]
-            ) -> tuple[list[OutboxRow], list[OutboxRow], str]:
-    """Split a published batch: the rows to mark sent, and the failed ones. A key's run
-    stops at its first failure: a later row of that key counts as failed even if
-    confirmed (it is published again after the failed one)."""
-    sent: list[OutboxRow] = []
-    failed: list[OutboxRow] = []
-    stopped: set[str] = set()
-    error = ""
+@dataclass(slots=True)
+class _Settled:
+    """A published batch split: ``sent`` (to mark), ``refused`` (a broker refused that
+    message), ``broken`` (the connection failed: the first failed row of each key),
+    ``behind`` (rows behind a failed row of their key: not counted), ``overtook`` (keys
+    with a confirmed row behind a refused one)."""
+
+    sent: list[OutboxRow] = field(default_factory=list)
+    refused: list[tuple[OutboxRow, BaseException]] = field(default_factory=list)
+    broken: list[tuple[OutboxRow, BaseException]] = field(default_factory=list)
+    behind: int = 0
+    overtook: set[str] = field(default_factory=set)
+
+
+def _settle(rows: Sequence[OutboxRow], results: Sequence[BaseException | None]) -> _Settled:
+    """Split a published batch. A key's run stops at its first failure: a later row of that
+    key is not marked even if confirmed (it is published again after the failed one)."""
+    out = _Settled()
+    stopped: dict[str, bool] = {}  # key -> stopped by a refusal
     for row, result in zip(rows, results, strict=True):
         if row.key is not None and row.key in stopped:
-            failed.append(row)
-        elif result is None:
-            sent.append(row)
+            out.behind += 1
+            if result is None and stopped[row.key]:
+                out.overtook.add(row.key)
+            continue
+        if result is None:
+            out.sent.append(row)
+            continue
+        if isinstance(result, Refused):
+            out.refused.append((row, result))
+        elif isinstance(result, HeldBack):
+            out.behind += 1
         else:
-            failed.append(row)
-            error = error or f"{type(result).__name__}: {result}"
-            if row.key is not None:
-                stopped.add(row.key)
-    return sent, failed, error
+            out.broken.append((row, result))
+        if row.key is not None:
+            stopped[row.key] = isinstance(result, Refused)
+    return out

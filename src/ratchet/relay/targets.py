@@ -5,6 +5,12 @@ confirms; NATS JetStream through nats-py, awaiting each message's ack).
 Both publishers send a batch's messages in outbox order on one channel / connection and
 then wait for every confirmation, so a batch costs about one round trip, and the broker
 receives the messages of a key in the order sent.
+
+A publish reports one result per row. A refusal of one message (too large for the server
+or the stream, a broker nack of that message) is a :class:`Refused` for that row only: the
+other rows, of other keys, are still sent and confirmed. A row of the same key after a row
+refused while sending is not sent (:class:`HeldBack`). Anything else (connection lost, no
+confirmation in time) is a connection failure: the relay reconnects.
 """
 
 from __future__ import annotations
@@ -23,18 +29,20 @@ from ..ledger.base import OutboxRow
 
 try:
     import aio_pika
+    import aiormq.exceptions
 except ImportError:  # the relay extra is not installed: said when a target needs it
     aio_pika = None  # type: ignore[assignment]
 try:
     import nats
     from nats.aio.client import Client as NatsClient
+    from nats.errors import MaxPayloadError
     from nats.js import JetStreamContext
-    from nats.js.errors import BadRequestError
+    from nats.js.errors import APIError, BadRequestError, ServiceUnavailableError
 except ImportError:
     nats = None  # type: ignore[assignment]
 
-__all__ = ["AmqpPublisher", "NatsPublisher", "Publisher", "Target", "parse_target",
-           "publisher_for"]
+__all__ = ["AmqpPublisher", "HeldBack", "NatsPublisher", "Publisher", "Refused", "Target",
+           "parse_target", "publisher_for"]
 
 AMQP_SCHEMES = ("amqp", "amqps")
 NATS_SCHEMES = ("nats", "tls")
@@ -43,6 +51,15 @@ DEFAULT_STREAM = "RATCHET"
 DEFAULT_PREFIX = "ratchet"
 PUBLISH_TIMEOUT_S = 10.0
 """How long a batch waits for the broker's confirmations before it counts as failed."""
+
+
+class Refused(Exception):
+    """The broker (or its client's limit) refused this one message; the connection is
+    fine and the batch's other messages are not affected."""
+
+
+class HeldBack(Exception):
+    """Not sent: an earlier message of the same key in the batch was refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +133,9 @@ class Publisher(Protocol):
 
     async def publish(self, rows: Sequence[OutboxRow]) -> list[BaseException | None]:
         """Send ``rows`` in order and wait for each one's confirmation: one entry per row,
-        None when the broker confirmed it, else why not."""
+        None when the broker confirmed it, a :class:`Refused` when the broker refused that
+        message only, a :class:`HeldBack` for a row of a key whose earlier row was refused
+        before it was sent, any other exception when the connection failed."""
         ...
 
     async def close(self) -> None:
@@ -169,7 +188,7 @@ class AmqpPublisher:
                              content_type="application/json", headers=dict(_headers(row))),
             routing_key=row.topic, timeout=PUBLISH_TIMEOUT_S) for row in rows]
         results = await asyncio.gather(*sends, return_exceptions=True)
-        return [r if isinstance(r, BaseException) else None for r in results]
+        return [_amqp_result(r) for r in results]
 
     async def close(self) -> None:
         """See :meth:`Publisher.close`."""
@@ -177,6 +196,19 @@ class AmqpPublisher:
         if connection is not None:
             with contextlib.suppress(Exception):  # closing a broken connection
                 await connection.close()
+
+
+def _amqp_result(result: object) -> BaseException | None:
+    """A nack or a return of one message is that message's refusal; the rest is the
+    connection's."""
+    if not isinstance(result, BaseException):
+        return None
+    if isinstance(result, aiormq.exceptions.DeliveryError | aiormq.exceptions.PublishError):
+        refused = Refused(f"the broker refused the message: {type(result).__name__}: "
+                          f"{result}")
+        refused.__cause__ = result
+        return refused
+    return result
 
 
 class NatsPublisher:
@@ -190,6 +222,7 @@ class NatsPublisher:
         self.target = target
         self._nc: NatsClient | None = None
         self._js: JetStreamContext | None = None
+        self._max_msg_size: int | None = None
 
     async def connect(self) -> None:
         """See :meth:`Publisher.connect`. Creates the stream on ``<prefix>.>`` if missing."""
@@ -199,41 +232,65 @@ class NatsPublisher:
         js = self._nc.jetstream()
         subjects = [f"{self.target.prefix}.>"]
         try:
-            await js.stream_info(self.target.stream)
+            info = await js.stream_info(self.target.stream)
         except nats.js.errors.NotFoundError:
             try:
-                await js.add_stream(name=self.target.stream, subjects=subjects)
+                info = await js.add_stream(name=self.target.stream, subjects=subjects)
             except BadRequestError:  # created meanwhile by another relay
-                await js.stream_info(self.target.stream)
+                info = await js.stream_info(self.target.stream)
+        limit = info.config.max_msg_size
+        self._max_msg_size = limit if limit is not None and limit > 0 else None
         self._js = js
 
     async def publish(self, rows: Sequence[OutboxRow]) -> list[BaseException | None]:
         """See :meth:`Publisher.publish`: every message sent in order, then every ack
-        awaited."""
+        awaited. A message above the server's ``max_payload`` or the stream's
+        ``max_msg_size`` is refused before it is sent, and the later rows of its key are
+        held back; an error ack of the stream is that message's refusal."""
         js = self._js
         if js is None:
             raise ConnectionError(f"not connected to {self.target.where}")
-        futures: list[asyncio.Future[object]] = []
+        futures: list[tuple[int, asyncio.Future[object]]] = []
         out: list[BaseException | None] = [None] * len(rows)
+        stopped: set[str] = set()
         for i, row in enumerate(rows):
+            if row.key is not None and row.key in stopped:
+                out[i] = HeldBack(f"an earlier message of key {row.key!r} was refused")
+                continue
             headers = {"Nats-Msg-Id": row.message_id, **_headers(row)}
+            payload = row.payload.encode()
             try:
-                futures.append(await js.publish_async(  # type: ignore[arg-type]
-                    f"{self.target.prefix}.{row.topic}", row.payload.encode(),
-                    wait_stall=PUBLISH_TIMEOUT_S, headers=headers))
-            except Exception as exc:  # this row and the rest are not sent
+                size = len(payload) + sum(len(k) + len(v) for k, v in headers.items())
+                if self._max_msg_size is not None and size > self._max_msg_size:
+                    raise Refused(f"message of {size} bytes is above the stream's "
+                                  f"max_msg_size {self._max_msg_size}")
+                futures.append((i, await js.publish_async(  # type: ignore[arg-type]
+                    f"{self.target.prefix}.{row.topic}", payload,
+                    wait_stall=PUBLISH_TIMEOUT_S, headers=headers)))
+            except (Refused, MaxPayloadError) as exc:  # this message only
+                out[i] = exc if isinstance(exc, Refused) else Refused(
+                    f"message of {len(payload)} bytes is above the server's max_payload "
+                    f"{self._nc.max_payload if self._nc else '?'} (MaxPayloadError)")
+                if row.key is not None:
+                    stopped.add(row.key)
+            except Exception as exc:  # the connection: this row and the rest are not sent
                 for j in range(i, len(rows)):
                     out[j] = exc
                 break
         try:
             acks = await asyncio.wait_for(
-                asyncio.gather(*futures, return_exceptions=True), PUBLISH_TIMEOUT_S)
+                asyncio.gather(*(f for _, f in futures), return_exceptions=True),
+                PUBLISH_TIMEOUT_S)
         except TimeoutError as exc:
-            for j in range(len(futures)):
+            for j, _ in futures:
                 out[j] = exc
             return out
-        for j, ack in enumerate(acks):
-            if isinstance(ack, BaseException):
+        for (j, _), ack in zip(futures, acks, strict=True):
+            if isinstance(ack, APIError) and not isinstance(ack, ServiceUnavailableError):
+                refused = Refused(f"the stream refused the message: {ack}")
+                refused.__cause__ = ack
+                out[j] = refused
+            elif isinstance(ack, BaseException):
                 out[j] = ack
         return out
 

@@ -82,16 +82,20 @@ class Relay:
 
         return self.core.dialect.run(body)
 
-    def outbox_fetch(self, parts: Sequence[int], limit: int) -> list[OutboxRow]:
+    def outbox_fetch(self, parts: Sequence[int], limit: int, *,
+                     skip_keys: Sequence[str] = (),
+                     skip_ids: Sequence[int] = ()) -> list[OutboxRow]:
         """See :meth:`Ledger.outbox_fetch`."""
         if not parts or limit <= 0:
             return []
+        params = {"parts": [int(p) for p in parts], "limit": int(limit),
+                  "skip_keys": [str(k) for k in skip_keys],
+                  "skip_ids": [int(i) for i in skip_ids]}
 
         def body(tx: Tx) -> list[OutboxRow]:
             return [OutboxRow(int(r[0]), r[1], r[2], r[3], int(r[4]), r[5], r[6], r[7],
                               float(r[8]), int(r[9]))
-                    for r in tx.rows("outbox_fetch", {"parts": [int(p) for p in parts],
-                                                      "limit": int(limit)})]
+                    for r in tx.rows("outbox_fetch", params)]
 
         return self.core.dialect.run(body, write=False)
 

@@ -45,8 +45,12 @@ WITH freed AS (
 DELETE FROM outbox_leases WHERE part < 0 AND holder = %(holder)s;
 
 -- name: outbox_fetch
+-- On the partial index outbox_unsent (part, id); the keys and ids a relay backs off from
+-- are filtered on that scan, so a blocked key's tail never fills a batch.
 SELECT id, message_id, topic, key, part, payload, headers, task_id, created_at, attempts
 FROM outbox WHERE part = ANY(%(parts)s::int[]) AND sent_at IS NULL
+  AND (key IS NULL OR key <> ALL(%(skip_keys)s::text[]))
+  AND id <> ALL(%(skip_ids)s::bigint[])
 ORDER BY id LIMIT %(limit)s;
 
 -- name: outbox_mark_sent

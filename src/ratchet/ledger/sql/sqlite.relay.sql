@@ -34,8 +34,12 @@ WHERE part >= 0 AND holder = :holder;
 DELETE FROM outbox_leases WHERE part < 0 AND holder = :holder;
 
 -- name: outbox_fetch
+-- On the partial index outbox_unsent (part, id); the keys and ids a relay backs off from
+-- are filtered on that scan, so a blocked key's tail never fills a batch.
 SELECT id, message_id, topic, key, part, payload, headers, task_id, created_at, attempts
 FROM outbox WHERE part IN (SELECT value FROM json_each(:parts)) AND sent_at IS NULL
+  AND (key IS NULL OR key NOT IN (SELECT value FROM json_each(:skip_keys)))
+  AND id NOT IN (SELECT value FROM json_each(:skip_ids))
 ORDER BY id LIMIT :limit;
 
 -- name: outbox_mark_sent
