@@ -531,12 +531,13 @@ class App:
 
     def _submit_one(self, request: SubmitRequest) -> TaskHandle:
         """:meth:`submit` of one prepared request (also :meth:`submit_sharded`'s): its span,
-        the group commit, the fault point after it."""
+        the group commit, the fault points before and after it."""
         with submit_span(request.name, idempotency_key=request.idempotency_key,
                          tenant=request.tenant) as span:
             task = self._prepare(request)
             if span.trace_context is not None:
                 task = dataclasses.replace(task, trace_context=span.trace_context)
+            faults.point("submit.before_commit")
             result = self._submit_group.submit(self.ledger, task)
             span.submitted(result.task_id, result.created, task.version)
         faults.point("submit.after_commit")
@@ -579,6 +580,7 @@ class App:
             new = [self._prepare(r) for r in requests]
             if span.trace_context is not None:
                 new = [dataclasses.replace(t, trace_context=span.trace_context) for t in new]
+            faults.point("submit.before_commit")
             results = self.ledger.submit(new)
             span.submitted_many(len(new), sum(r.created for r in results))
         faults.point("submit.after_commit")
