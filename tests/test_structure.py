@@ -277,10 +277,11 @@ def test_faces_take_public_names_only() -> None:
 LATE_FACES: dict[str, frozenset[str]] = {
     "ratchet.cli.serve": frozenset({"ratchet.web.serve"}),
     "ratchet.cli.demo": frozenset({"ratchet.demo.runner"}),
+    "ratchet.cli.crashmatrix": frozenset({"ratchet.testing.matrix"}),
     "ratchet.web": frozenset({"ratchet.web.app"}),
 }
 """The only late imports that are not optional dependencies: a face loading a heavy face
-(the HTTP stack, the demo) when its command runs, so that the CLI's other commands and a
+(the HTTP stack, the demo, the crash-point matrix) when its command runs, so that the CLI's other commands and a
 worker's start do not pay for them (about half a second together). None dodges a cycle:
 the imported module does not import the importer."""
 

@@ -4,7 +4,7 @@ the app, its commands in the order ``ratchet --help`` lists them, and the entry 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
 ``late-effects``, ``check``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
 ``send-event``, ``pause``, ``resume``, ``limits`` (``set``, ``clear``), ``quarantine``
-(``list``, ``replay``), ``definitions``, ``schedules``, ``prune``, ``serve``, ``migrate``, ``demo``;
+(``list``, ``replay``), ``definitions``, ``schedules``, ``prune``, ``serve``, ``migrate``, ``demo``, ``crash-matrix``;
 ``ratchet --version``. Every command takes
 ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``). The commands
 call only the public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loading.load_app`),
@@ -23,7 +23,7 @@ One module per command group: :mod:`~ratchet.cli.worker_boot`, :mod:`~ratchet.cl
 :mod:`~ratchet.cli.reconcile`, :mod:`~ratchet.cli.actions`, :mod:`~ratchet.cli.events`,
 :mod:`~ratchet.cli.pausing`, :mod:`~ratchet.cli.limits`, :mod:`~ratchet.cli.quarantine`,
 :mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.migrate`,
-:mod:`~ratchet.cli.demo`; shared options in :mod:`~ratchet.cli.options`, errors to exit
+:mod:`~ratchet.cli.demo`, :mod:`~ratchet.cli.crashmatrix`; shared options in :mod:`~ratchet.cli.options`, errors to exit
 status in :mod:`~ratchet.cli.guard`.
 """
 
@@ -38,6 +38,7 @@ from ..loading import load_app
 from . import (
     actions,
     batches,
+    crashmatrix,
     definitions,
     demo,
     events,
@@ -115,6 +116,7 @@ for _name, _command in (
     ("serve", serve.serve),
     ("migrate", migrate.migrate),
     ("demo", demo.demo),
+    ("crash-matrix", crashmatrix.crash_matrix),
 ):
     cli.command(_name, cls=Command)(_command)
 cli.add_typer(limits_cli, name="limits")
