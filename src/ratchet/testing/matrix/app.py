@@ -8,7 +8,8 @@ Everything the matrix counts is counted *outside* Ratchet:
   returns, so a step that ran but whose commit was lost still shows up;
 * every charge, and every batch of items, goes over real HTTP to the counting service
   (:mod:`ratchet.testing.services`) at ``MATRIX_PAY_URL``, which counts executions per key
-  (and applied items) in its own SQLite file.
+  (and applied items) in its own SQLite file. Keys and items start with ``MATRIX_WORLD``
+  (the world's prefix: the worlds of one matrix run share the service).
 
 Tasks:
 
@@ -48,6 +49,10 @@ DELIVER = "matrix.deliver"
 LEASE_S = float(os.environ.get("MATRIX_LEASE_S", "1.0"))
 """Lease of the tasks this process submits, seconds."""
 
+WORLD = os.environ.get("MATRIX_WORLD", "")
+"""This process's world's prefix of every key and item sent to the counting service (worlds
+of one matrix run share one service)."""
+
 FAST_RETRY = RetryPolicy(
     max_attempts=60, base_delay_s=0.05, max_delay_s=1.0, jitter=0.5, overload_min_delay_s=0.2,
     quarantine_after=None,
@@ -65,13 +70,15 @@ def payment_client() -> CountingClient:
 
 
 def charge_key(order_id: str) -> str:
-    """The external idempotency key of the charge of ``order_id``."""
-    return f"charge:{order_id}"
+    """The external idempotency key of the charge of ``order_id`` (after the world's
+    prefix)."""
+    return f"{WORLD}charge:{order_id}"
 
 
 def deliver_key(task_id: str, pos: int) -> str:
-    """The external idempotency key of the batch of ``task_id`` at position ``pos``."""
-    return f"deliver:{task_id}@{pos}"
+    """The external idempotency key of the batch of ``task_id`` at position ``pos`` (after
+    the world's prefix)."""
+    return f"{WORLD}deliver:{task_id}@{pos}"
 
 
 def _append(line: dict[str, Any]) -> None:
@@ -129,7 +136,7 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> App:
         final = ctx.step("finalize", finalize, durable=True)
         charged = receipt["body"]["amount_cents"] if isinstance(receipt, dict) else receipt
         # Only deterministic parts: a crash-free control run must return exactly this.
-        return {"quote": quote, "final": final, "charged_key": key, "charged": charged}
+        return {"quote": quote, "final": final, "charged": charged}
 
     @app.task(name=DELIVER, retry=FAST_RETRY, lease_s=lease)
     def deliver(ctx: TaskContext, n: int, size: int, parallel: int,
@@ -138,7 +145,7 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> App:
             _append({"task": ctx.task_id, "step": f"batch@{pos}", "pid": os.getpid(),
                      "generation": ctx.generation, "attempt": ctx.attempt})
             client = payment_client()
-            body = {"pos": pos, "items": batch}
+            body = {"pos": pos, "items": [f"{WORLD}{item}" for item in batch]}
             ctx.effect("deliver", lambda k: client.execute(k, body),
                        key=deliver_key(ctx.task_id, pos), lookup=client.lookup,
                        params={"pos": pos, "n": len(batch)})

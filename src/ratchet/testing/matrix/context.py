@@ -13,6 +13,7 @@ import contextlib
 import secrets
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +24,10 @@ from ...config import parse_ledger_url
 from ...errors import ConfigError, LedgerUnavailable
 from ...states import State
 from .app import CHARGE, DELIVER
+from ..counting.process import CountingService, start_counting_service
 from .rig import MatrixRig, expect
 
-__all__ = ["BATCH_PARAMS", "CHARGE_PARAMS", "Control", "RowContext", "Worlds", "pg_connection"]
+__all__ = ["BATCH_PARAMS", "CHARGE_PARAMS", "Control", "Controls", "RowContext", "Worlds", "pg_connection"]
 
 CHARGE_PARAMS: dict[str, Any] = {"order_id": "o-1", "amount_cents": 1234}
 """The params of the charge every charge row submits."""
@@ -41,7 +43,7 @@ class Control:
     result: Any
     step_runs: dict[str, int]
     executions: dict[str, int]
-    items: dict[str | int, int] = field(default_factory=dict)
+    items: dict[str, int] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -71,6 +73,14 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+@dataclass
+class Controls:
+    """The control runs of one matrix run, by name, made once (under ``lock``)."""
+
+    runs: dict[str, Control] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 class Worlds:
     """Makes fresh worlds on the dialect of ``ledger_url`` and removes them all at
     :meth:`close`.
@@ -92,6 +102,8 @@ class Worlds:
         self.schemas: list[str] = []
         self.rigs: list[MatrixRig] = []
         self._n = 0
+        self._lock = threading.Lock()
+        self.service: CountingService | None = None
         if ledger_url is None:
             self.base = "sqlite:///ledger.db"
             self.root = Path(tempfile.mkdtemp(prefix="ratchet-matrix-"))
@@ -140,14 +152,18 @@ class Worlds:
 
     def url(self, name: str) -> str:
         """A fresh ledger URL for the world called ``name``."""
-        self._n += 1
+        with self._lock:
+            self._n += 1
+            return self._url(name, self._n)
+
+    def _url(self, name: str, n: int) -> str:
         parts = urlsplit(self.base)
         query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
                  if k != "schema"]
         if self.dialect == "sqlite":
-            path = self.root / f"{self._n:02d}-{name}.db"
+            path = self.root / f"{n:02d}-{name}.db"
             return f"sqlite:///{path}" + (f"?{urlencode(query)}" if query else "")
-        schema = f"ratchet_matrix_{self.token}_{self._n}"
+        schema = f"ratchet_matrix_{self.token}_{n}"
         self.schemas.append(schema)
         query.append(("schema", schema))
         return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), ""))
@@ -155,10 +171,16 @@ class Worlds:
     def world(self, name: str) -> MatrixRig:
         """A fresh world (its own ledger, step log, process logs); closed by :meth:`close`."""
         url = self.url(name)
-        directory = self.root / f"{self._n:02d}-{name}"
+        directory = self.root / f"{name}-{secrets.token_hex(3)}"
         directory.mkdir(parents=True)
-        rig = MatrixRig(directory, url, lease_s=self.lease_s)
-        self.rigs.append(rig)
+        with self._lock:
+            if self.service is None:
+                self.service = start_counting_service(
+                    self.root / "service.db", honour_keys=False,
+                    log_path=self.root / "service.log")
+            rig = MatrixRig(directory, url, lease_s=self.lease_s, service=self.service,
+                            world=f"{directory.name}/")
+            self.rigs.append(rig)
         return rig
 
     def release(self, rig: MatrixRig) -> None:
@@ -170,6 +192,8 @@ class Worlds:
         for rig in self.rigs:
             with contextlib.suppress(Exception):
                 rig.cleanup()
+        if self.service is not None:
+            self.service.stop()
         if self.schemas:
             from psycopg import sql  # psycopg is there: the schemas were made with it
 
@@ -187,9 +211,10 @@ class RowContext:
     """What a row's function gets: fresh worlds, the control runs, and the counts to report
     (fill :attr:`counts` with what the external side counted)."""
 
-    def __init__(self, worlds: Worlds, controls: dict[str, Control]) -> None:
+    def __init__(self, worlds: Worlds, controls: Controls) -> None:
         self.worlds = worlds
-        self._controls = controls
+        self._controls = controls.runs
+        self._control_lock = controls.lock
         self.counts: dict[str, Any] = {}
         self.opened: list[MatrixRig] = []
 
@@ -205,6 +230,10 @@ class RowContext:
         Raises:
             RowFailed: the control run itself did not end as expected.
         """
+        with self._control_lock:
+            return self._control_charge()
+
+    def _control_charge(self) -> Control:
         if "charge" not in self._controls:
             rig = self.world("control-charge")
             rig.start_service()
@@ -224,6 +253,10 @@ class RowContext:
         Raises:
             RowFailed: the control run itself did not end as expected.
         """
+        with self._control_lock:
+            return self._control_batches()
+
+    def _control_batches(self) -> Control:
         if "batches" not in self._controls:
             rig = self.world("control-batches")
             rig.start_service()
@@ -232,9 +265,8 @@ class RowContext:
             info = rig.wait_state(task_id)
             expect(info.state is State.SUCCEEDED, f"the control run ended {info.state.value}")
             expect(worker.stop() == 0, "the control worker did not stop cleanly")
-            records = rig.records()
             self._controls["batches"] = Control(
-                info.result, {}, {k.split("@")[1]: v for k, v in records.executions.items()},
-                records.items)
+                info.result, {}, {k.split("@")[1]: v for k, v in rig.executions().items()},
+                rig.items())
             self.worlds.release(rig)
         return self._controls["batches"]

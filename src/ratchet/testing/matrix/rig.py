@@ -72,17 +72,24 @@ class MatrixRig:
         directory: its directory (process logs, step log, the service's file, the gate).
         ledger_url: a fresh, empty ledger (a SQLite file, or a private PostgreSQL schema).
         lease_s: lease of the tasks it submits, seconds.
+        service: a counting service shared with other worlds (``None``: the world starts
+            its own on :meth:`start_service`).
+        world: this world's prefix of the keys and items its processes send to the
+            service; the reads here see only those, the prefix stripped.
     """
 
-    def __init__(self, directory: Path, ledger_url: str, lease_s: float = 1.0) -> None:
+    def __init__(self, directory: Path, ledger_url: str, lease_s: float = 1.0,
+                 service: CountingService | None = None, world: str = "") -> None:
         self.directory = directory
         self.ledger_url = ledger_url
         self.lease_s = lease_s
+        self.world = world
+        self._own_service = service is None
         self.step_log = directory / "steps.jsonl"
         self.gate = directory / "gate"
         self.procs = ProcessGroup(directory / "procs", cwd=directory,
                                   drop_prefixes=("RATCHET_", "MATRIX_"))
-        self.service: CountingService | None = None
+        self.service: CountingService | None = service
         self._app: App | None = None
         self._ledger: Ledger | None = None
 
@@ -131,6 +138,7 @@ class MatrixRig:
             "MATRIX_GATE": str(self.gate),
             "MATRIX_LEASE_S": repr(self.lease_s),
             "MATRIX_PAY_URL": self.service.url if self.service is not None else None,
+            "MATRIX_WORLD": self.world,
         }
         env.update(extra)
         return env
@@ -197,11 +205,21 @@ class MatrixRig:
         return dict(Counter(r.step for r in self.step_runs(task_id)))
 
     def executions(self) -> dict[str, int]:
-        """Executions per key, read from the counting service's own SQLite file."""
-        return self.start_service().executions()
+        """This world's executions per key (its prefix stripped), read from the counting
+        service's own SQLite file."""
+        return self._mine(self.start_service().executions())
+
+    def items(self) -> dict[str, int]:
+        """How often each of this world's items was applied at the service (its prefix
+        stripped)."""
+        return self._mine({str(k): v for k, v in self.records().items.items()})
+
+    def _mine(self, counts: dict[str, int]) -> dict[str, int]:
+        n = len(self.world)
+        return {k[n:]: v for k, v in counts.items() if k.startswith(self.world)}
 
     def records(self) -> ServiceRecords:
-        """Everything the counting service recorded (executions, applied items, ids)."""
+        """Everything the counting service recorded (every world's, when it is shared)."""
         return self.start_service().records()
 
     def counts(self, task_id: str | None = None) -> dict[str, Any]:
@@ -214,14 +232,14 @@ class MatrixRig:
         """The last ``tail`` characters of every process log (for a failure's detail)."""
         parts = [f"===== {p.name} pid={p.pid} rc={p.returncode}\n{p.log()[-tail:]}"
                  for p in self.procs.procs]
-        if self.service is not None:
+        if self.service is not None and self._own_service:
             parts.append(f"===== counting service\n{self.service.log()[-tail:]}")
         return "\n".join(parts)
 
     def cleanup(self) -> None:
         """Kill every process still running, stop the service, close the handles."""
         self.procs.cleanup()
-        if self.service is not None:
+        if self.service is not None and self._own_service:
             self.service.stop()
         if self._app is not None:
             self._app.close()

@@ -87,15 +87,15 @@ def row9(ctx: RowContext) -> str:
     expect(info.state is State.SUCCEEDED, f"the task ended {info.state.value}")
     expect(info.result == control.result,
            f"the report differs from the control run's: {info.result} != {control.result}")
-    records = rig.records()
-    expect(records.items == control.items,
-           f"items applied at the service differ from the control run's: {records.items}")
-    per_batch = {k.split("@")[1]: v for k, v in records.executions.items()}
+    items = rig.items()
+    expect(items == control.items,
+           f"items applied at the service differ from the control run's: {items}")
+    per_batch = {k.split("@")[1]: v for k, v in rig.executions().items()}
     expect(per_batch == control.executions, f"deliveries per batch {per_batch}")
     calls = rig.step_counts(task_id)
     wanted = {f"batch@{p}": 2 if p == 0 else 1 for p in range(0, n, size)}
     expect(calls == wanted, f"batch function calls {calls} != {wanted}")
-    ctx.counts.update(items_applied=sum(records.items.values()), items=n,
+    ctx.counts.update(items_applied=sum(items.values()), items=n,
                       deliveries=per_batch, batch_calls=calls)
     return ("batch 0's commit lost below three committed batches: batch 0 ran again, the "
             "others did not; every item applied once")

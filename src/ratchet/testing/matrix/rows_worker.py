@@ -8,14 +8,15 @@ from __future__ import annotations
 from ...ledger.base import EffectState
 from ...ledger.migrations import load_migrations
 from ...states import State
-from .app import CHARGE, charge_key
+from .app import CHARGE
 from .context import CHARGE_PARAMS, RowContext
 from .rig import SIGKILLED, MatrixRig, expect
 from .rows_submit import finish_like_control
 
 __all__ = ["row4", "row5", "row6", "row7", "startup_writes"]
 
-KEY = charge_key(CHARGE_PARAMS["order_id"])
+KEY = f"charge:{CHARGE_PARAMS['order_id']}"
+"""The charge's key as the rig reads it (the world's prefix stripped)."""
 
 
 def _killed_worker(rig: MatrixRig, point: str, skip: int | None = None) -> str:

@@ -3,15 +3,18 @@ turned into a :class:`RowResult`; the whole run into a :class:`MatrixReport`."""
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...config import redact_url
+from ...errors import InvalidArguments
 from ..processes import ConditionTimeout
-from .context import Control, RowContext, Worlds
+from .context import Controls, RowContext, Worlds
 from .registry import ROWS, parse_rows
 from .rig import RowFailed
 
@@ -80,7 +83,7 @@ class MatrixReport:
                    for r in self.rows)
 
 
-def _run_row(number: int, worlds: Worlds, controls: dict[str, Control]) -> RowResult:
+def _run_row(number: int, worlds: Worlds, controls: Controls) -> RowResult:
     row = ROWS[number]
     result = RowResult(row.number, row.point, row.mechanism, SKIP, row.unavailable,
                        faults=list(row.faults))
@@ -108,7 +111,7 @@ def _run_row(number: int, worlds: Worlds, controls: dict[str, Control]) -> RowRe
 
 
 def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None = None, *,
-               lease_s: float = 1.0,
+               lease_s: float = 1.0, parallel: int = 2,
                on_row: Callable[[RowResult], None] | None = None) -> MatrixReport:
     """Run the selected rows of the crash-point matrix with real worker processes.
 
@@ -121,28 +124,37 @@ def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None =
         rows: ``--rows`` text (``"1-10"``, ``"3"``, ``"1-3,5"``) or row numbers; ``None``:
             every row.
         lease_s: lease of the charge tasks, seconds (row 9 uses at least 2 s).
+        parallel: rows run at the same time (each in worlds of its own; 1: one by one).
         on_row: called with each row's result as soon as it is known.
 
     Raises:
-        InvalidArguments: ``rows`` is malformed or outside 1-10.
+        InvalidArguments: ``rows`` is malformed or outside 1-10, or ``parallel`` < 1.
         ConfigError: a malformed ledger URL, or neither SQLite nor PostgreSQL.
         LedgerUnavailable: the PostgreSQL server or the SQLite directory cannot be used.
     """
     numbers = parse_rows(rows) if isinstance(rows, str) or rows is None else sorted(set(rows))
     if not isinstance(rows, str) and rows is not None:
         parse_rows(",".join(str(n) for n in numbers) or "0")
+    if parallel < 1:
+        raise InvalidArguments(f"parallel must be at least 1 (rows at a time), got {parallel}")
     started = time.monotonic()
     worlds = Worlds(ledger_url, lease_s=lease_s)
     report = MatrixReport(worlds.dialect, redact_url(ledger_url) if ledger_url else
                           f"sqlite (temporary directory {worlds.root})", [],
                           explicit=rows is not None)
-    controls: dict[str, Control] = {}
-    try:
-        for number in numbers:
-            result = _run_row(number, worlds, controls)
-            report.rows.append(result)
-            if on_row is not None:
+    controls = Controls()
+    lock = threading.Lock()
+
+    def one(number: int) -> RowResult:
+        result = _run_row(number, worlds, controls)
+        if on_row is not None:
+            with lock:
                 on_row(result)
+        return result
+
+    try:
+        with ThreadPoolExecutor(max(1, parallel), thread_name_prefix="matrix-row") as pool:
+            report.rows = list(pool.map(one, numbers))
     finally:
         worlds.close()
         report.duration_s = time.monotonic() - started
