@@ -23,11 +23,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ...config import parse_ledger_url
 from ...errors import ConfigError, LedgerUnavailable
 from ...states import State
-from .app import CHARGE, DELIVER
 from ..counting.process import CountingService, start_counting_service
+from .app import CHARGE, DELIVER
 from .rig import MatrixRig, expect
 
-__all__ = ["BATCH_PARAMS", "CHARGE_PARAMS", "Control", "Controls", "RowContext", "Worlds", "pg_connection"]
+__all__ = ["BATCH_PARAMS", "CHARGE_PARAMS", "Control", "Controls", "RowContext", "Worlds",
+           "pg_connection"]
 
 CHARGE_PARAMS: dict[str, Any] = {"order_id": "o-1", "amount_cents": 1234}
 """The params of the charge every charge row submits."""

@@ -10,7 +10,7 @@ from typing import Any
 from ...ledger.base import BatchRun
 from ...states import State
 from ..processes import wait_for
-from .app import CHARGE, DELIVER, charge_key
+from .app import CHARGE, DELIVER
 from .context import BATCH_PARAMS, CHARGE_PARAMS, RowContext
 from .rig import SIGKILLED, expect
 from .rows_submit import check_like_control

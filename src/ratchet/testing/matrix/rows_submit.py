@@ -67,7 +67,8 @@ else:
     conn.execute("INSERT INTO matrix_orders (id) VALUES (%s)", (sys.argv[2],))
 handle = m.app.submit(m.CHARGE, json.loads(sys.argv[1]), idempotency_key=sys.argv[2],
                       connection=conn)
-faults.point("test.matrix.caller_before_commit")
+before_commit = "test.matrix.caller_before_commit"  # a point of this caller's own code
+faults.point(before_commit)
 conn.commit()
 print("ANSWER " + json.dumps({"task_id": handle.task_id, "created": handle.created}), flush=True)
 """
@@ -126,7 +127,7 @@ def finish_like_control(rig: MatrixRig, task_id: str, control: Control,
     check_like_control(rig, task_id, info.state, info.result, control, steps)
 
 
-def check_like_control(rig: MatrixRig, task_id: str, state: State, result: Any,
+def check_like_control(rig: MatrixRig, task_id: str, state: object, result: Any,
                        control: Control, steps: dict[str, int] | None = None) -> None:
     """The end of a crashed run equals the control run (state, result, executions per key
     at the service, step runs in the external log).
@@ -134,7 +135,7 @@ def check_like_control(rig: MatrixRig, task_id: str, state: State, result: Any,
     Raises:
         RowFailed: it does not.
     """
-    expect(state is State.SUCCEEDED, f"the task ended {state.value}, the control run SUCCEEDED")
+    expect(state is State.SUCCEEDED, f"the task ended {state}, the control run SUCCEEDED")
     expect(result == control.result,
            f"the result differs from the control run's: {result!r} != {control.result!r}")
     executions = rig.executions()
@@ -204,7 +205,7 @@ def row2(ctx: RowContext) -> str:
 def _caller_rows(rig: MatrixRig) -> int:
     """Rows in the caller's table of the world."""
     config = parse_ledger_url(rig.ledger_url)
-    query = f"SELECT count(*) FROM {CALLER_TABLE}"
+    query = "SELECT count(*) FROM matrix_orders"  # CALLER_TABLE
     if config.scheme == "sqlite":
         conn = sqlite3.connect(config.path)
         try:
@@ -219,7 +220,7 @@ def _caller_rows(rig: MatrixRig) -> int:
 def _make_caller_table(rig: MatrixRig) -> None:
     config = parse_ledger_url(rig.ledger_url)
     rig.app.ledger.get  # noqa: B018 - opened and migrated: the file or schema exists
-    ddl = f"CREATE TABLE {CALLER_TABLE} (id text PRIMARY KEY)"
+    ddl = "CREATE TABLE matrix_orders (id text PRIMARY KEY)"  # CALLER_TABLE
     if config.scheme == "sqlite":
         conn = sqlite3.connect(config.path)
         try:
