@@ -140,7 +140,7 @@ def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None =
     started = time.monotonic()
     worlds = Worlds(ledger_url, lease_s=lease_s)
     report = MatrixReport(worlds.dialect, redact_url(ledger_url) if ledger_url else
-                          f"sqlite (temporary directory {worlds.root})", [],
+                          "a temporary directory", [],
                           explicit=rows is not None)
     controls = Controls()
     lock = threading.Lock()
