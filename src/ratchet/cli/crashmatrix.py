@@ -57,6 +57,10 @@ def crash_matrix(
                      help="Rows to run: N, A-B or a comma list (1-3,5); default every row "
                      "(1-10)."),
     ] = None,
+    parallel: Annotated[
+        int, typer.Option("--parallel", min=1, max=10, metavar="N",
+                          help="Rows run at the same time, each in worlds of its own.")
+    ] = 2,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the report as JSON instead of a table.")
     ] = False,
@@ -78,7 +82,7 @@ def crash_matrix(
             progress.print(line(f"row {result.row:>2} ", (label, style),
                                 f" {result.duration_s:.1f} s  {result.detail}"))
 
-    report = guard(lambda: run_matrix(ledger, rows, on_row=shown))
+    report = guard(lambda: run_matrix(ledger, rows, parallel=parallel, on_row=shown))
     if as_json:
         data = dataclasses.asdict(report)
         data["ok"] = report.ok

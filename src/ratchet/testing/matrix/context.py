@@ -188,6 +188,13 @@ class Worlds:
         """Stop what ``rig`` started (its ledger stays until :meth:`close`)."""
         rig.cleanup()
 
+    def kill_all(self) -> None:
+        """SIGKILL every process of every world now (an interrupted run)."""
+        with self._lock:
+            rigs = list(self.rigs)
+        for rig in rigs:
+            rig.procs.cleanup()
+
     def close(self) -> None:
         """Clean every world up: kill its processes, drop its schema, remove its files."""
         for rig in self.rigs:

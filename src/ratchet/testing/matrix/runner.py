@@ -152,10 +152,15 @@ def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None =
                 on_row(result)
         return result
 
+    pool = ThreadPoolExecutor(parallel, thread_name_prefix="matrix-row")
     try:
-        with ThreadPoolExecutor(max(1, parallel), thread_name_prefix="matrix-row") as pool:
-            report.rows = list(pool.map(one, numbers))
+        report.rows = list(pool.map(one, numbers))
+    except BaseException:
+        # Interrupted (Ctrl-C): kill every process now, so the running rows end at once.
+        worlds.kill_all()
+        raise
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         worlds.close()
         report.duration_s = time.monotonic() - started
     return report
