@@ -125,8 +125,8 @@ class Worlds:
         if config.scheme != "postgresql":
             raise ConfigError(f"the crash matrix runs on sqlite:// or postgresql:// ledgers, "
                               f"not {config.scheme}://")
-        self.root = Path(tempfile.mkdtemp(prefix="ratchet-matrix-"))
         self._pg(lambda conn: conn.execute("SELECT 1"))
+        self.root = Path(tempfile.mkdtemp(prefix="ratchet-matrix-"))
 
     def _pg(self, body: Callable[[Any], Any]) -> None:
         """Run ``body(connection)`` on an autocommit connection to the user's server.
