@@ -4,6 +4,15 @@ it proves, and the function that runs it, in a registry a build can extend.
 A row without a function is listed (its crash point and mechanism) but cannot run in this
 build: the runner reports it as ``skip`` with :attr:`Row.unavailable` as the reason.
 :func:`register_row` adds or replaces a row (row 10, the outbox, is plugged in that way).
+
+Writing a row: a function ``(ctx: RowContext) -> str`` that opens fresh worlds with
+``ctx.world(name)`` (a :class:`~ratchet.testing.matrix.rig.MatrixRig`: its own ledger,
+the run's counting service behind a key prefix of its own, its processes), starts real
+processes there (``rig.worker(name, crash_at=...)``, ``rig.procs.spawn(...)`` with
+``rig.env(...)``), compares the end with a crash-free control run, checks counts read at
+the external side (``rig.executions()``, ``rig.items()``, ``rig.step_counts()``) with
+:func:`~ratchet.testing.matrix.rig.expect`, puts them in ``ctx.counts`` and returns a
+one-line detail.
 """
 
 from __future__ import annotations
