@@ -245,6 +245,44 @@ def test_libpq_url_keeps_a_local_socket_url_intact() -> None:
     assert libpq_url(cfg) == "postgresql:///test?host=127.0.0.1&user=postgres&options=-c%20x%3D1"
 
 
+def test_multi_host_urls_reach_libpq_whole() -> None:
+    """Several hosts, as libpq takes them (how workers find the new primary after a
+    failover): parsed, each port checked, passed to libpq with target_session_attrs."""
+    from ratchet.config import Durability, parse_ledger_url
+    from ratchet.ledger.postgres import libpq_url
+
+    cfg = parse_ledger_url(
+        "postgresql://postgres@127.0.0.1:5432,[::1]:5433,db3/test"
+        "?target_session_attrs=read-write&durability=replicated&schema=s&connect_timeout=2"
+    )
+    assert cfg.durability is Durability.REPLICATED
+    url = libpq_url(cfg)
+    assert url == (
+        "postgresql://postgres@127.0.0.1:5432,[::1]:5433,db3/test"
+        "?target_session_attrs=read-write&connect_timeout=2"
+    )
+    assert psycopg.conninfo.conninfo_to_dict(url) == {
+        "user": "postgres", "dbname": "test", "host": "127.0.0.1,::1,db3",
+        "port": "5432,5433,", "target_session_attrs": "read-write", "connect_timeout": "2",
+    }
+    for bad, reason in (("h1:5432,h2:x", "'x'"), ("h1:5432,h2:70000", "out of range")):
+        with pytest.raises(ConfigError, match=reason):
+            parse_ledger_url(f"postgresql://u@{bad}/test")
+
+
+def test_the_urls_connect_timeout_is_the_one_every_connection_uses() -> None:
+    """psycopg's connect_timeout keyword overrides the URL's, so the ledger reads the URL's
+    itself (a failover over a multi-host URL waits that long on a vanished host)."""
+    from ratchet.config import parse_ledger_url
+    from ratchet.ledger.postgres import DEFAULT_CONNECT_TIMEOUT_S, connect_timeout_s
+
+    base = "postgresql://u@h1,h2/test"
+    assert connect_timeout_s(parse_ledger_url(base)) == DEFAULT_CONNECT_TIMEOUT_S
+    assert connect_timeout_s(parse_ledger_url(f"{base}?connect_timeout=2")) == 2
+    with pytest.raises(ConfigError, match="connect_timeout must be a whole number"):
+        connect_timeout_s(parse_ledger_url(f"{base}?connect_timeout=soon"))
+
+
 def test_non_ascii_names_and_keys_with_a_latin1_client_encoding(pg: tuple[str, str]) -> None:
     """Statements travel with their parameters bound in, as UTF-8: a URL (or PGCLIENTENCODING)
     asking for another client encoding must not garble names and keys (found by review: a

@@ -42,6 +42,7 @@ CONTROL_ALL = [
     "ConservationReport", "Control", "ControlOutcome", "DefinitionView", "EffectPage",
     "EffectRecord", "EffectState", "EffectView", "EventReceipt", "LATE_ACCOUNTED_FOR",
     "LATE_POSSIBLE_DUPLICATE", "LateEffectView", "LimitReached", "LimitView", "LimitsReport",
+    "OutboxMessage", "OutboxRelay", "OutboxStats", "OutboxTopic",
     "PauseRecord", "PauseResult", "PruneReport", "QuarantineGroupView", "QueueStatusView",
     "REASON_REQUIRED", "RateLimitView", "ReconcileCounts", "ReplayReport", "ReplayedTask",
     "ResolveOutcome", "STALE_SCHEDULE_S",

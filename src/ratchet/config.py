@@ -5,7 +5,9 @@ Ledger URLs:
 * ``sqlite:///ratchet.db`` — a file relative to the working directory (the default);
 * ``sqlite:////var/lib/ratchet/ledger.db`` — an absolute path;
 * query parameters: ``durability=fsync|buffered``, ``busy_timeout_s=<seconds>``;
-* ``postgresql://user@host:5432/dbname`` — a PostgreSQL ledger; query parameters
+* ``postgresql://user@host:5432/dbname`` — a PostgreSQL ledger (several hosts as libpq
+  takes them, ``postgresql://user@h1:5432,h2:5432/dbname?target_session_attrs=read-write``,
+  so that workers find the new primary after a failover); query parameters
   ``durability=fsync|buffered|replicated``, ``schema=<name>`` (default ``ratchet``: the
   ledger's tables live in that schema), ``pool_size=<connections>`` (default 4), and any
   libpq parameter (``sslmode``, ``connect_timeout``, ``application_name``, ...).
@@ -141,6 +143,23 @@ def _durability(raw: str) -> Durability:
         raise ConfigError(f"unknown durability level {raw!r}; expected one of: {names}") from None
 
 
+def _check_ports(scheme: str, netloc: str) -> None:
+    """Validate the port(s) of ``netloc``; raise ``ValueError`` (urllib's) when one is bad.
+
+    A PostgreSQL URL may name several hosts, as libpq does
+    (``postgresql://user@h1:5432,h2:5433/db?target_session_attrs=read-write``): libpq tries
+    them in turn, which is how a client finds the new primary after a failover. urllib
+    reads ``5432,h2:5433`` as one port and refuses it, so each ``host[:port]`` entry is
+    checked on its own.
+    """
+    hosts = netloc.rpartition("@")[2]
+    if scheme in ("postgresql", "postgres") and "," in hosts:
+        for entry in hosts.split(","):
+            urlsplit(f"//{entry}").port  # noqa: B018 - validates the port
+        return
+    urlsplit(f"//{hosts}").port  # noqa: B018 - validates the port
+
+
 def parse_ledger_url(url: str | None = None, durability: str | None = None) -> LedgerConfig:
     """Parse a ledger URL (default: ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``).
 
@@ -161,7 +180,7 @@ def parse_ledger_url(url: str | None = None, durability: str | None = None) -> L
         raise ConfigError("ledger URL is empty; expected e.g. sqlite:///ratchet.db")
     try:
         parts = urlsplit(raw)
-        parts.port  # noqa: B018 - validates the port
+        _check_ports(parts.scheme.lower(), parts.netloc)
     except ValueError as exc:
         hint = _encoding_hint(raw)
         # urllib's message quotes the text it choked on, which may be part of a password

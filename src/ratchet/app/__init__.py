@@ -29,13 +29,12 @@ import pydantic
 from .. import faults
 from ..breaker import CircuitBreaker, DownstreamBreaker
 from ..config import max_payload_bytes_from_env, redact_url
-from ..errors import ConfigError, InvalidArguments, PayloadTooLarge, UnknownTask
+from ..errors import ConfigError, InvalidArguments, UnknownTask
 from ..ledger import open_ledger
-from ..ledger.base import ControlOutcome, EventReceipt, Ledger, NewTask, TaskInfo
+from ..ledger.base import ControlOutcome, Ledger, NewTask, TaskInfo
 from ..lookups import RegisteredLookup, effect_base_name, make_lookup
 from ..ratelimit import RateLimit
 from ..retry import RetryBudget, RetryPolicy
-from ..serde import dumps
 from ..shards import SHARDS_PARAM, check_shards
 from ..validation import (
     MAX_KEY_BYTES,
@@ -46,6 +45,7 @@ from ..validation import (
 from . import _taskops as taskops
 from ._downstream import Downstreams
 from ._flow import DEFAULT_QUEUE, FlowSpec
+from ._messages import Messages
 from ._periodic import PeriodicTask, find_definition, periodic_task
 from ._submitgroup import SUBMIT_GROUP_MAX as SUBMIT_GROUP_MAX
 from ._submitgroup import SubmitGroup as _SubmitGroup
@@ -100,7 +100,7 @@ def _check_ledger_arg(ledger: object) -> None:
 
 
 
-class App:
+class App(Messages):
     """A Ratchet application: the task registry plus a handle on the ledger.
 
     Args:
@@ -478,6 +478,7 @@ class App:
         priority: int = 0,
         debounce_s: float | None = None,
         debounce_max_s: float | None = None,
+        connection: Any = None,
     ) -> TaskHandle:
         """Submit one task; the task row is the dispatch (no separate message to lose).
 
@@ -511,6 +512,11 @@ class App:
                 was claimed opens a new window (DESIGN §8, debounce).
             debounce_max_s: the latest start, seconds after the first submit of the window
                 (default ``debounce_s``).
+            connection: write the task in your own open transaction on the ledger's
+                database (a psycopg 3 ``Connection``; on SQLite the ``sqlite3.Connection``
+                on the ledger's file), under a savepoint: the task exists if and only if
+                your transaction commits, and workers are woken at that commit. Not
+                grouped with other threads' submits (DESIGN §6, row 2).
 
         Raises:
             UnknownTask: no task of that name (or that ``version``); nothing was
@@ -521,34 +527,42 @@ class App:
             PayloadTooLarge: the params are over the size limit; nothing was written.
             IdempotencyConflict: the key was used before with other params; nothing was
                 written.
+            InvalidArguments: also a ``connection`` of the wrong kind, on another
+                database, in autocommit mode or in a failed transaction.
             LedgerError: the ledger failed (:class:`~ratchet.errors.LedgerUnavailable`:
                 the outcome may be unknown; submit again with the same idempotency key).
         """
         return self._submit_one(SubmitRequest(
             name, params, idempotency_key, run_at, delay_s, tenant=tenant, version=version,
             queue=queue, priority=priority, debounce_s=debounce_s,
-            debounce_max_s=debounce_max_s))
+            debounce_max_s=debounce_max_s), connection)
 
-    def _submit_one(self, request: SubmitRequest) -> TaskHandle:
+    def _submit_one(self, request: SubmitRequest, connection: Any = None) -> TaskHandle:
         """:meth:`submit` of one prepared request (also :meth:`submit_sharded`'s): its span,
-        the group commit, the fault points before and after it."""
+        the group commit (or the caller's transaction), the fault points before and after
+        it."""
         with submit_span(request.name, idempotency_key=request.idempotency_key,
                          tenant=request.tenant) as span:
             task = self._prepare(request)
             if span.trace_context is not None:
                 task = dataclasses.replace(task, trace_context=span.trace_context)
             faults.point("submit.before_commit")
-            result = self._submit_group.submit(self.ledger, task)
+            if connection is not None:
+                (result,) = self.ledger.submit([task], connection)
+            else:
+                result = self._submit_group.submit(self.ledger, task)
             span.submitted(result.task_id, result.created, task.version)
         faults.point("submit.after_commit")
         return TaskHandle(result.task_id, task.name, result.created, self)
 
-    def submit_many(self, requests: Iterable[SubmitRequest]) -> list[TaskHandle]:
+    def submit_many(self, requests: Iterable[SubmitRequest], *,
+                    connection: Any = None) -> list[TaskHandle]:
         """Submit several tasks in one ledger transaction, all-or-nothing.
 
         Args:
             requests: :class:`SubmitRequest` items (name, params, idempotency_key, run_at /
                 delay_s): a list, or any iterable (read once).
+            connection: write them in your own open transaction (see :meth:`submit`).
 
         Raises:
             InvalidArguments: ``requests`` is not iterable, or an item is not a
@@ -581,7 +595,7 @@ class App:
             if span.trace_context is not None:
                 new = [dataclasses.replace(t, trace_context=span.trace_context) for t in new]
             faults.point("submit.before_commit")
-            results = self.ledger.submit(new)
+            results = self.ledger.submit(new, connection)
             span.submitted_many(len(new), sum(r.created for r in results))
         faults.point("submit.after_commit")
         return [
@@ -652,56 +666,6 @@ class App:
             span.submitted_many(len(new), sum(r.created for r in results))
         return [TaskHandle(res.task_id, task.name, res.created, self)
                 for res, task in zip(results, new, strict=True)]
-
-    # ------------------------------------------------------------------ events
-
-    def send_event(self, name: str, *, key: str, payload: Any = None,
-                   event_id: str | None = None, by: str | None = None) -> EventReceipt:
-        """Send the event ``(name, key)``: stored in the ledger's mailbox and delivered to
-        every task waiting on it in ``ctx.wait_for_event`` (DESIGN §3, waits), audited.
-
-        A task that reaches its wait later still receives it (the mailbox keeps events
-        until ``ratchet prune`` removes those older than the retention age). The same
-        ``event_id`` sent twice is one event (the second send writes and delivers nothing:
-        ``duplicate=True``).
-
-        Args:
-            name: the event's name (``"shipped"``).
-            key: the event's key (an order id; a task's id for a signal).
-            payload: plain JSON, size-limited like params.
-            event_id: the event's identity (a webhook's delivery id, say); None: a new one.
-            by: who sent it, for the audit trail.
-
-        Returns:
-            The :class:`~ratchet.ledger.base.EventReceipt` (event id, mailbox position,
-            duplicate, how many waiting tasks it woke).
-
-        Raises:
-            InvalidArguments: a name, key or event id that is not a storable identifier,
-                or an event id already used for another event.
-            PayloadNotSerializable: the payload is not plain JSON.
-            PayloadTooLarge: the payload is over the size limit.
-            LedgerError: the ledger failed (send again with the same ``event_id``).
-        """
-        check_identifier(name, "event name", MAX_NAME_BYTES)
-        check_identifier(key, "event key", MAX_KEY_BYTES)
-        if event_id is not None:
-            check_identifier(event_id, "event id", MAX_KEY_BYTES)
-        payload_json = dumps(payload, what=f"payload of event {name!r}")
-        size = len(payload_json.encode("utf-8"))
-        if size > self.max_payload_bytes:
-            raise PayloadTooLarge(size, self.max_payload_bytes)
-        return self.ledger.send_event(name, key, payload_json, event_id, by)
-
-    def signal(self, task_id: str, name: str, payload: Any = None, *,
-               event_id: str | None = None, by: str | None = None) -> EventReceipt:
-        """Signal one task: the event ``(name, key=task_id)``, which that task receives
-        with ``ctx.wait_for_event(name, key=ctx.task_id)``. See :meth:`send_event`.
-
-        Raises:
-            Same as :meth:`send_event`.
-        """
-        return self.send_event(name, key=task_id, payload=payload, event_id=event_id, by=by)
 
     # ------------------------------------------------------------------ read
 

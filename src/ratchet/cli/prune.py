@@ -61,7 +61,9 @@ def prune(
     SUCCEEDED, FAILED and CANCELLED tasks, their steps, effects, late effects and audit
     rows, in small batches; tasks that are not finished are never touched. A pruned task's
     idempotency key no longer deduplicates: submitting it again creates a new task (the
-    dedupe window is the retention age). Audited, unless --dry-run.
+    dedupe window is the retention age). Outbox messages sent (confirmed by the broker)
+    before the same cutoff go too; unsent ones never, whatever their age. Audited, unless
+    --dry-run.
     """
 
     def run() -> None:
@@ -82,7 +84,8 @@ def prune(
             (datetime.fromtimestamp(report.cutoff, UTC)
              .strftime("%Y-%m-%d %H:%M:%S"), ""),
             f" UTC): {report.steps} step(s), {report.effects} effect(s), "
-            f"{report.late_effects} late effect(s), {report.audit} audit row(s)",
+            f"{report.late_effects} late effect(s), {report.audit} audit row(s), "
+            f"{report.outbox} sent outbox message(s)",
             f"; {report.batches} batch(es) in {report.elapsed_s:.2f} s" if not report.dry_run
             else "",
             f"; {report.exported} exported to " if export is not None else "",

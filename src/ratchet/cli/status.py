@@ -31,6 +31,7 @@ from .options import (
     JsonOpt,
     LedgerOpt,
 )
+from .outbox import outbox_views
 from .queues import queue_views
 from .render import (
     console,
@@ -168,6 +169,7 @@ def _status_view(s: StatusReport) -> list[RenderableType]:
             parts.append(line(("waiting: ", "bold yellow"), f"{ver.ready} task(s) of ",
                               (ver.name, "bold"), f" version {ver.version}: {ver.note} (they "
                               "run once a worker that has it starts)"))
+    parts.extend(outbox_views(s.outbox))
     duplicates = s.late_effects - s.late_effects_accounted_for
     late_style = "bold yellow" if duplicates else ""
     parts.append(line("late effects (possible duplicates, see ratchet late-effects): ",
@@ -252,7 +254,8 @@ def status(
     arrival rate x W against those slots (at L >= slots the backlog cannot converge),
     and with --drain-within the slots that drain the backlog in that time while tasks
     keep arriving. Also: late effects, claims, takeovers, revocations, stale-generation
-    rejections, pauses, durability and schema version.
+    rejections, pauses, durability and schema version; the outbox: unsent messages, the
+    oldest unsent age, failing messages, the relays holding partitions.
     --watch [SECONDS] redraws until Ctrl-C (--count N: N reads, then exit).
     """
 

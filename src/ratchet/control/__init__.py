@@ -19,7 +19,7 @@ Read-only calls (:meth:`Control.status`, :meth:`Control.throughput`,
 :meth:`Control.limits`, :meth:`Control.effects`, :meth:`Control.reconcile_counts`,
 :meth:`Control.schema_version`, :meth:`Control.children`, :meth:`Control.batch_progress`,
 :meth:`Control.batch_activity`, :meth:`Control.check`, :meth:`Control.schedules`,
-:meth:`Control.rate_limits`)
+:meth:`Control.rate_limits`, :meth:`Control.outbox`, :meth:`Control.outbox_messages`)
 open the ledger with ``must_exist=True`` and without migrating: pointed at a file or
 schema that holds no ledger they raise :class:`~ratchet.errors.LedgerUnavailable` and
 change nothing. :meth:`Control.resolve` needs an existing ledger too (it migrates it if
@@ -31,7 +31,7 @@ in :mod:`ratchet.control._reports`, the task page and the cancel / retry App and
 share in :mod:`ratchet.app._taskops`, the ledger handles in :mod:`ratchet.control._base`, the
 read calls in :mod:`ratchet.control._reads`, the writes in :mod:`ratchet.control._writes`,
 the rate limits in :mod:`ratchet.control._flow` and the views of flow control in
-:mod:`ratchet.control._flowviews`,
+:mod:`ratchet.control._flowviews`, the outbox in :mod:`ratchet.control._outbox`,
 the argument checks in :mod:`ratchet.app._checks`. This module puts them together and is the
 import path: every name below stays importable from here.
 """
@@ -62,12 +62,17 @@ from ..ledger.base import (
 )
 from ..ledger.base import Limit as Limit
 from ..ledger.base import LimitScope as LimitScope
+from ..ledger.base import OutboxMessage as OutboxMessage
+from ..ledger.base import OutboxRelay as OutboxRelay
+from ..ledger.base import OutboxStats as OutboxStats
+from ..ledger.base import OutboxTopic as OutboxTopic
 from ..ledger.base import Timeline as Timeline
 from ..serde import Undecodable
 from ..states import State as State
 from ._batches import BatchProgress, ConservationLine, ConservationReport, ControlBatches
 from ._flow import ControlFlow
 from ._flowviews import QueueStatusView, RateLimitView, TypeFlowView
+from ._outbox import ControlOutbox
 from ._records import (
     EffectPage,
     EffectView,
@@ -118,6 +123,10 @@ __all__ = [
     "LimitReached",
     "LimitView",
     "LimitsReport",
+    "OutboxMessage",
+    "OutboxRelay",
+    "OutboxStats",
+    "OutboxTopic",
     "PauseRecord",
     "PauseResult",
     "PruneReport",
@@ -148,7 +157,7 @@ __all__ = [
 ]
 
 
-class Control(ControlWrites, ControlBatches, ControlFlow):
+class Control(ControlWrites, ControlBatches, ControlFlow, ControlOutbox):
     """Operator operations on one ledger.
 
     Args:

@@ -16,8 +16,17 @@ from ..app import _taskops as taskops
 from ..app._taskops import TaskPage
 from ..capacity import capacity_views
 from ..config import redact_url
-from ..errors import InvalidArguments, LedgerError, TaskNotFound
-from ..ledger.base import EffectRecord, Ledger, Limit, LimitScope, PauseRecord, TaskInfo, Timeline
+from ..errors import InvalidArguments, LedgerError, SchemaTooOld, TaskNotFound
+from ..ledger.base import (
+    EffectRecord,
+    Ledger,
+    Limit,
+    LimitScope,
+    OutboxStats,
+    PauseRecord,
+    TaskInfo,
+    Timeline,
+)
 from ..ledger.migrations import load_migrations
 from ..serde import loads_stored
 from ..shards import job_shards, task_shard
@@ -76,7 +85,8 @@ class ControlReads(ControlHandles):
         per type (``types``, ``totals``: backlog, scheduled, rates over the last
         ``window_s`` seconds, net drain rate and drain ETA, oldest ages, unknown and
         quarantined counts; :class:`TypeStatusView`), the live tasks per queue
-        (``queues``) and the tasks flow control holds back per type (``flow``). Reads no
+        (``queues``), the tasks flow control holds back per type (``flow``) and the outbox
+        (``outbox``: :meth:`outbox`). Reads no
         history (DESIGN §9): the non-terminal rows from their indexes, and the window's
         rows by range scans of ``tasks_created`` / ``tasks_finished``; it first moves the
         counts mark forward in a short write transaction of its own (skipped if the
@@ -148,6 +158,7 @@ class ControlReads(ControlHandles):
             totals=totals,
             queues=queues,
             flow=flow,
+            outbox=_outbox_stats(led),
         )
 
     def throughput(self, window_s: float = 600.0, bucket_s: float = 30.0,
@@ -539,6 +550,15 @@ def _active_pauses(led: Ledger) -> list[PauseRecord]:
         if led.schema_version() >= load_migrations(led.config.scheme)[-1].version:
             raise
         return []
+
+
+def _outbox_stats(led: Ledger) -> OutboxStats | None:
+    """The outbox's stats; None on a ledger without an outbox (read-only opened before
+    its migration to schema 16)."""
+    try:
+        return led.outbox_stats()
+    except SchemaTooOld:
+        return None
 
 
 def _all_limits(led: Ledger) -> list[Limit]:

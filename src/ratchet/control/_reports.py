@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capacity import TypeStatusView
-from ..ledger.base import AuditEvent, PauseRecord
+from ..ledger.base import AuditEvent, OutboxStats, PauseRecord
 from ..worker.registry import GONE_STATES
 from ._flowviews import QueueStatusView, RateLimitView, TypeFlowView
 
@@ -72,6 +72,9 @@ class StatusReport:
             ready, scheduled, running, waiting for a key slot, rate-limited, parked.
         flow: per task type with tasks flow control holds back, how many
             (:class:`~ratchet.control.TypeFlowView`: rate-limited, waiting for a key slot).
+        outbox: the outbox's backlog, oldest unsent age, relays and failing messages
+            (:class:`~ratchet.control.OutboxStats`, as :meth:`Control.outbox`); None on a
+            ledger without an outbox (schema below 16).
     """
 
     ledger: str
@@ -102,6 +105,7 @@ class StatusReport:
     totals: TypeStatusView | None = None
     queues: list[QueueStatusView] = field(default_factory=list)
     flow: list[TypeFlowView] = field(default_factory=list)
+    outbox: OutboxStats | None = None
 
 
 MAX_WINDOW_S = 86_400.0

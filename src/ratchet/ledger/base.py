@@ -21,6 +21,8 @@ This module gathers the contract's names in one place; they live in modules by c
 * :mod:`~ratchet.ledger.records_stats`: the aggregates of ``ratchet status``;
 * :mod:`~ratchet.ledger.records_flow`: rate limits and live tasks per queue (flow
   control);
+* :mod:`~ratchet.ledger.records_outbox`: the outbox as operators see it (backlog,
+  relays, failing messages);
 * :mod:`~ratchet.ledger.records_registry`: the worker and definition registries;
 * :mod:`~ratchet.ledger.records_schedules`: periodic schedules, their cursors and a
   scheduler pass;
@@ -73,6 +75,7 @@ from .records_ops import (
     ResolveOutcome,
     SlotUsage,
 )
+from .records_outbox import OutboxMessage, OutboxRelay, OutboxStats, OutboxTopic
 from .records_registry import (
     DefinitionChange,
     DefinitionRecord,
@@ -171,6 +174,10 @@ __all__ = [
     "LimitScope",
     "LedgerStats",
     "NewTask",
+    "OutboxMessage",
+    "OutboxRelay",
+    "OutboxStats",
+    "OutboxTopic",
     "PruneReport",
     "QuarantineGroup",
     "RateLimitSetting",

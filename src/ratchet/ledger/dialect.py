@@ -85,8 +85,9 @@ class Tx(Protocol):
         all rows, as one multi-row statement where the dialect can (no rows: nothing)."""
         ...
 
-    def wake(self) -> None:
-        """Tasks became ready in this transaction: wake subscribed workers at commit."""
+    def wake(self, channel: str = "ready") -> None:
+        """Wake subscribers of ``channel`` at commit: ``"ready"`` (tasks became ready:
+        workers) or ``"outbox"`` (outbox rows were written: relays)."""
         ...
 
 
@@ -149,8 +150,23 @@ class Dialect(Protocol):
         """Backend facts for ``ratchet status`` (journal mode, synchronous_commit, ...)."""
         ...
 
-    def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
-        """Call ``on_ready`` when tasks may have become ready (a hint; may never call)."""
+    def subscribe(self, on_ready: Callable[[], None], channel: str = "ready") -> Subscription:
+        """Call ``on_ready`` when tasks may have become ready (``channel="ready"``) or
+        outbox rows were committed (``"outbox"``): a hint; may never call."""
+        ...
+
+    def join(self, connection: Any, body: Callable[[Tx], T]) -> T:
+        """Run ``body`` inside the caller's own open transaction on ``connection`` (a
+        DB-API connection on the ledger's database), under a savepoint, and commit
+        nothing: the rows exist if and only if the caller's transaction commits, and
+        wake-ups go out with that commit. On any error the savepoint is rolled back and
+        the caller's transaction is as it was before the call.
+
+        Raises:
+            InvalidArguments: a connection of the wrong kind, on another database, or one
+                that cannot hold a transaction the caller commits (autocommit).
+            LedgerUnavailable, WriteRejected, LedgerError: as :meth:`run`, never retried.
+        """
         ...
 
     def close(self) -> None:

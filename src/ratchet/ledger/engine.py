@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import LedgerConfig
 from ..errors import LedgerCorrupt
+from ..outbox import NewMessage
 from .base import (
     AuditEvent,
     BatchActivity,
@@ -41,6 +42,8 @@ from .base import (
     Limit,
     LimitScope,
     NewTask,
+    OutboxMessage,
+    OutboxStats,
     PauseRecord,
     PauseResult,
     PruneReport,
@@ -69,9 +72,11 @@ from .ops.claims import Claims
 from .ops.commands import Commands
 from .ops.commit import Commits
 from .ops.core import EngineCore
+from .ops.emit import Emit
 from .ops.late_effects import LateEffects
 from .ops.limits import MAX_LIMIT as MAX_LIMIT
 from .ops.limits import Limits
+from .ops.outboxviews import OutboxViews
 from .ops.pauses import Pauses
 from .ops.quarantine import Quarantine
 from .ops.ratelimits import RateLimits
@@ -111,6 +116,7 @@ class LedgerEngine:
         self.config = config
         core = self._core = EngineCore(config, dialect)
         self._submit = Submit(core)
+        self._emit = Emit(core)
         self._claims = Claims(core)
         self._renew = Renew(core)
         self._commits = Commits(core, self._claims)
@@ -128,6 +134,7 @@ class LedgerEngine:
         self._waits = Waits(core)
         self._batches = Batches(core)
         self._schedules = Schedules(core)
+        self._outboxviews = OutboxViews(core)
 
     @property
     def dialect(self) -> Dialect:
@@ -158,9 +165,9 @@ class LedgerEngine:
         """See :attr:`Ledger.corruption`."""
         return self.dialect.corruption
 
-    def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
+    def subscribe(self, on_ready: Callable[[], None], channel: str = "ready") -> Subscription:
         """See :meth:`Ledger.subscribe` (PostgreSQL: LISTEN/NOTIFY; SQLite: never calls)."""
-        return self.dialect.subscribe(on_ready)
+        return self.dialect.subscribe(on_ready, channel)
 
     def close(self) -> None:
         """See :meth:`Ledger.close`."""
@@ -168,9 +175,13 @@ class LedgerEngine:
 
     # ------------------------------------------------------------------ the task's life
 
-    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+    def submit(self, tasks: Sequence[NewTask], connection: Any = None) -> list[SubmitResult]:
         """See :meth:`Ledger.submit` (:class:`~ratchet.ledger.ops.submit.Submit`)."""
-        return self._submit.submit(tasks)
+        return self._submit.submit(tasks, connection)
+
+    def emit(self, messages: Sequence[NewMessage], connection: Any = None) -> None:
+        """See :meth:`Ledger.emit` (:class:`~ratchet.ledger.ops.emit.Emit`)."""
+        self._emit.emit(messages, connection)
 
     def claim(self, holder: str, names: Sequence[ClaimKind], limit: int,
               scope: ClaimScope | None = None) -> list[Claim]:
@@ -344,6 +355,17 @@ class LedgerEngine:
         return self._rates.rate_take(task_id, generation, name, key, per_s, burst)
 
     # ------------------------------------------------------------------ reads, stats
+
+    def outbox_stats(self, top: int = 10) -> OutboxStats:
+        """See :meth:`Ledger.outbox_stats`
+        (:class:`~ratchet.ledger.ops.outboxviews.OutboxViews`)."""
+        return self._outboxviews.outbox_stats(top)
+
+    def outbox_messages(self, limit: int = 50, unsent_only: bool = False,
+                        topic: str | None = None, key: str | None = None,
+                        ) -> list[OutboxMessage]:
+        """See :meth:`Ledger.outbox_messages`."""
+        return self._outboxviews.outbox_messages(limit, unsent_only, topic, key)
 
     def get(self, task_id: str) -> TaskInfo:
         """See :meth:`Ledger.get` (:class:`~ratchet.ledger.ops.reads.Reads`)."""

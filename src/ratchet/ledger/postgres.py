@@ -16,8 +16,8 @@ control (the SQL is in ``ledger/sql/postgresql.sql``):
   statement per batch whatever its size.
 * **Round trips**: a statement whose result is not read travels with the next read or with
   ``COMMIT``, independent reads travel together, each group one simple-protocol string
-  (:class:`_PgTx`): commit + claim is three round trips, a submit without keys one. No
-  pipeline mode (after a pipeline, PostgreSQL 15 stops enforcing
+  (:class:`~ratchet.ledger.pgtx.PgTx`): commit + claim is three round trips, a submit
+  without keys one. No pipeline mode (after a pipeline, PostgreSQL 15 stops enforcing
   ``idle_in_transaction_session_timeout`` on the session, which is what frees the row locks
   of a frozen worker). Sessions read UTF-8 (parameters travel inside the statement text).
 * **The ledger clock** is the server's transaction timestamp, ``now()``, read with the
@@ -50,11 +50,12 @@ import contextlib
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import psycopg
+import psycopg.rows
 import tenacity
 from psycopg import errors as pg_errors
 from psycopg import sql
@@ -64,13 +65,13 @@ from .. import faults
 from ..config import Durability, LedgerConfig, redact_url
 from ..errors import (
     ConfigError,
+    InvalidArguments,
     LedgerCorrupt,
     LedgerError,
     LedgerUnavailable,
     SchemaTooNew,
     WriteRejected,
 )
-from ..serde import dumps_rows
 from .base import Subscription
 from .catalogue import load_catalogue
 from .clock import ClockFn
@@ -78,8 +79,16 @@ from .dialect import CommitOutcomeUnknown
 from .engine import LedgerEngine
 from .migrations import load_migrations
 from .pgpool import make_pool
+from .pgtx import PgTx
 
-__all__ = ["CLAIM_READY_SQL", "PostgresDialect", "PostgresLedger", "libpq_url"]
+__all__ = [
+    "CLAIM_READY_SQL",
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "PostgresDialect",
+    "PostgresLedger",
+    "connect_timeout_s",
+    "libpq_url",
+]
 
 log = logging.getLogger("ratchet.ledger.postgres")
 
@@ -115,6 +124,33 @@ _REJECTED = (pg_errors.DataError, pg_errors.ProgramLimitExceeded, pg_errors.Inte
 character the encoding cannot hold, a NOT NULL or CHECK violation): WriteRejected."""
 
 
+DEFAULT_CONNECT_TIMEOUT_S = 5
+"""libpq's ``connect_timeout`` of a connection attempt when the URL sets none, seconds."""
+
+
+def connect_timeout_s(config: LedgerConfig) -> int:
+    """libpq's ``connect_timeout`` for every connection of this ledger, in seconds: the
+    URL's ``connect_timeout`` when it has one, else :data:`DEFAULT_CONNECT_TIMEOUT_S`.
+
+    Every connect passes it explicitly, and psycopg's keyword wins over the URL's value, so
+    the URL's must be read here or it would be ignored. A shorter one matters in a
+    failover: on a multi-host URL each connection waits this long on a host that vanished
+    from the network before it tries the next host.
+
+    Raises:
+        ConfigError: the URL's ``connect_timeout`` is not an integer.
+    """
+    raw = config.options.get("connect_timeout")
+    if raw is None:
+        return DEFAULT_CONNECT_TIMEOUT_S
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"connect_timeout must be a whole number of seconds, got {raw!r}"
+        ) from None
+
+
 def libpq_url(config: LedgerConfig) -> str:
     """The URL without Ratchet's own query parameters: what libpq gets."""
     parts = urlsplit(config.url)
@@ -130,8 +166,11 @@ class _PgSubscription:
     """A LISTEN loop on its own connection, calling ``on_ready`` for every notification
     (and once after every reconnect, since notifications sent meanwhile were missed)."""
 
-    def __init__(self, conninfo: str, channel: str, on_ready: Callable[[], None]) -> None:
+    def __init__(
+        self, conninfo: str, channel: str, on_ready: Callable[[], None], connect_timeout_s: int
+    ) -> None:
         self._conninfo = conninfo
+        self._connect_timeout_s = connect_timeout_s
         self._channel = channel
         self._on_ready = on_ready
         self._closed = threading.Event()
@@ -142,7 +181,8 @@ class _PgSubscription:
         backoff = 0.05
         while not self._closed.is_set():
             try:
-                with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(self._conninfo, autocommit=True,
+                                     connect_timeout=self._connect_timeout_s) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     backoff = 0.05
                     self._on_ready()
@@ -159,172 +199,6 @@ class _PgSubscription:
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=2.0)
-
-
-_NOW_EXPR = "(" + load_catalogue("postgresql")["now"][0].removeprefix("SELECT ") + ")"
-"""The ledger clock as an SQL expression (the catalogue's ``now`` statement): the
-transaction's timestamp, the same value in every statement of a transaction."""
-
-
-class _PgTx:
-    """A transaction on one pooled connection (see :class:`~ratchet.ledger.dialect.Tx`),
-    sent in as few round trips as the engine's reads allow.
-
-    Nothing is sent until a result is needed. Statements whose result the engine does not
-    read (:meth:`batch`) are kept and sent in front of the next statement that returns
-    rows, or with ``COMMIT``; ``BEGIN`` and the clock read go in front of the first of
-    them, and reads that do not depend on each other go together (:meth:`rows_many`). Each
-    such group is one simple-protocol query string (parameters bound on the client by
-    psycopg, one message, one round trip): a commit of many tasks' writes plus a claim is
-    three round trips instead of nine. Not psycopg's pipeline mode: after a
-    pipeline, PostgreSQL 15 stops enforcing ``idle_in_transaction_session_timeout`` until
-    the next plain statement, and that timeout is what frees the row locks of a frozen
-    worker (tests/pg_faults).
-
-    ``now`` is known once the first group has run. A statement sent before that gets the
-    clock as SQL (``now()``, the same transaction timestamp), so a submit is one round trip.
-    """
-
-    def __init__(self, conn: psycopg.Connection[Any],
-                 catalogue: Mapping[str, tuple[str, ...]], clock: ClockFn | None = None) -> None:
-        self._conn = conn
-        self._clock = clock
-        self._raw = conn.cursor()
-        self._binder = psycopg.ClientCursor(conn)
-        self.catalogue = catalogue
-        self._now: float | None = None
-        self._deferred: list[str] = []
-        self._names: list[str] = []
-        self.started = False
-        self.statement = "begin"
-        self.woken = False
-
-    # -- the clock and the raw cursor (migrations, settings) force BEGIN out
-
-    @property
-    def now(self) -> float:
-        if self._now is None:
-            self._send(None)
-        assert self._now is not None
-        return self._now
-
-    @property
-    def conn(self) -> psycopg.Connection[Any]:
-        """The connection this transaction runs on (transaction steps' user code)."""
-        return self._conn
-
-    @property
-    def cur(self) -> Cursor:
-        """The raw cursor, with BEGIN and every kept statement sent first."""
-        if not self.started or self._deferred:
-            self._send(None)
-        return self._raw
-
-    # -- statements
-
-    def _bind(self, name: str, params: Mapping[str, Any] | None) -> list[str]:
-        values = dict(params or {})
-        texts = self.catalogue[name]
-        if "now" not in values:
-            if self._now is not None:
-                values["now"] = self._now
-            else:
-                texts = tuple(t.replace("%(now)s", _NOW_EXPR) for t in texts)
-        return [self._binder.mogrify(t, values) for t in texts]
-
-    def _send(self, name: str | None, params: Mapping[str, Any] | None = None,
-              tail: str | None = None,
-              more: Sequence[tuple[str, Mapping[str, Any] | None]] = ()) -> Cursor:
-        """Send BEGIN (first time), the kept statements, then ``name`` and ``more`` (or
-        ``tail``) as one query string; return the cursor positioned on the result of
-        ``name`` (its last statement), followed by those of ``more``."""
-        if not self.started and self._clock is not None and name is not None:
-            self._send(None)  # an injected clock is not SQL: read it before binding
-        parts: list[str] = []
-        names = list(self._names)
-        if not self.started:
-            parts += ["BEGIN", "SELECT " + _NOW_EXPR]
-        parts += self._deferred
-        later: list[str] = []
-        if name is not None:
-            names.append(name)
-            parts += self._bind(name, params)
-            for other, other_params in more:
-                names.append(other)
-                later += self._bind(other, other_params)
-        if tail is not None:
-            names.append(tail)
-            parts.append(tail)
-        self.statement = "+".join(names) or ("begin" if not self.started else self.statement)
-        self._deferred, self._names = [], []
-        cur = self._raw
-        # Never server-prepared: every string differs (its parameters are bound in it).
-        cur.execute("; ".join(parts + later).encode("utf-8"), prepare=False)
-        skip = len(parts) - 1
-        if not self.started:
-            self.started = True
-            cur.nextset()  # BEGIN -> the clock
-            clock = cur.fetchone()
-            assert clock is not None
-            self._now = float(clock[0])
-            if self._clock is not None:
-                self._now = self._clock(self._now)
-            skip -= 1
-        for _ in range(skip):  # to the result of the last part
-            cur.nextset()
-        return cur
-
-    def rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        return self._send(name, params).fetchall()
-
-    def rows_many(
-        self, reads: Sequence[tuple[str, Mapping[str, Any] | None]]
-    ) -> list[list[tuple[Any, ...]]]:
-        if not reads:
-            return []
-        (name, params), *more = reads
-        # Each catalogue entry here is one statement: one result set per read.
-        assert all(len(self.catalogue[n]) == 1 for n, _ in more), "multi-statement read"
-        cur = self._send(name, params, more=more)
-        results = [cur.fetchall()]
-        for _ in more:
-            cur.nextset()
-            results.append(cur.fetchall())
-        return results
-
-    def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
-        return self._send(name, params).fetchone()
-
-    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
-        return self._send(name, params).rowcount
-
-    def batch(self, name: str, rows: Sequence[Mapping[str, Any]], **scalars: Any) -> None:
-        """All rows as one JSON parameter (``%(rows)s``, read with ``json_to_recordset``),
-        kept and sent with the next statement that returns rows or with ``COMMIT``. Text
-        the encoding cannot hold (NUL, a lone surrogate) is refused by the server as a
-        DataError: WriteRejected."""
-        if not rows:
-            return
-        if not self.started and self._clock is not None:
-            self._send(None)  # an injected clock is not SQL: read it before binding
-        try:
-            encoded = dumps_rows(rows)
-        except ValueError as exc:  # NaN / Infinity: no JSON, no column can hold it
-            raise WriteRejected(f"refused write {name!r}: {exc}") from exc
-        self._deferred += self._bind(name, {"rows": encoded, **scalars})
-        self._names.append(name)
-
-    def commit(self, notify: str | None) -> None:
-        """Send what is kept, the NOTIFY (if any) and COMMIT; nothing if nothing began."""
-        if not self.started and not self._deferred:
-            return
-        if notify is not None:
-            self._deferred.append(notify)
-            self._names.append("notify")
-        self._send(None, tail="COMMIT")
-
-    def wake(self) -> None:
-        self.woken = True
 
 
 class PostgresDialect:
@@ -348,8 +222,12 @@ class PostgresDialect:
         self.config = config
         self.schema = config.options.get("schema", "ratchet")
         # NOTIFY channel names are identifiers (at most 63 bytes): hash the schema in.
-        self.channel = "ratchet_ready_" + hashlib.sha256(self.schema.encode()).hexdigest()[:32]
+        digest = hashlib.sha256(self.schema.encode()).hexdigest()[:32]
+        self.channel = "ratchet_ready_" + digest
+        self.channels = {"ready": self.channel, "outbox": "ratchet_outbox_" + digest}
+        """Wake-up channels by name (:meth:`Tx.wake`): tasks ready, outbox rows written."""
         self._conninfo = libpq_url(config)
+        self._connect_timeout_s = connect_timeout_s(config)
         self._catalogue = load_catalogue("postgresql")
         self._migrations = load_migrations("postgresql")
         self.latest_version = self._migrations[-1].version
@@ -360,7 +238,8 @@ class PostgresDialect:
         self.clock: ClockFn | None = None  # testing seam (Dialect.clock)
         self.corruption: LedgerCorrupt | None = None
         """The last :class:`LedgerCorrupt` this dialect raised, if any (kept until closed)."""
-        self._notify = "SELECT pg_notify(" + sql.Literal(self.channel).as_string(None) + ", '')"
+        self._notify = {name: "SELECT pg_notify(" + sql.Literal(ch).as_string(None) + ", '')"
+                        for name, ch in self.channels.items()}
         try:
             psycopg.conninfo.conninfo_to_dict(self._conninfo)
         except psycopg.ProgrammingError as exc:
@@ -374,12 +253,14 @@ class PostgresDialect:
             max_size=int(config.options.get("pool_size", "4")),
             configure=self._configure,
             name=f"ratchet-{self.schema}",
+            connect_timeout_s=self._connect_timeout_s,
         )
 
     def _check_server(self) -> None:
         """Connect once directly: a clear error now instead of a pool timeout later."""
         try:
-            with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
+            with psycopg.connect(self._conninfo, autocommit=True,
+                                 connect_timeout=self._connect_timeout_s) as conn:
                 if self.config.durability is Durability.REPLICATED:
                     row = conn.execute("SHOW synchronous_standby_names").fetchone()
                     if not row or not str(row[0]).strip():
@@ -399,7 +280,7 @@ class PostgresDialect:
         conn.execute(
             sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema))
         )
-        # Statements travel as UTF-8 text with their parameters bound in (_PgTx), so the
+        # Statements travel as UTF-8 text with their parameters bound in (PgTx), so the
         # session must read UTF-8 whatever the database's or the URL's client_encoding
         # (the server converts to the database's encoding, or refuses what it cannot hold).
         conn.execute("SET client_encoding TO 'UTF8'")
@@ -459,10 +340,10 @@ class PostgresDialect:
     def _attempt(self, body: Callable[[Any], T], write: bool) -> T:
         """One attempt of :meth:`run`; driver errors mapped (see the module docstring)."""
         committing = False
-        tx: _PgTx | None = None
+        tx: PgTx | None = None
         try:
             with self._connection() as conn:
-                tx = _PgTx(conn, self._catalogue, self.clock)
+                tx = PgTx(conn, self._catalogue, self.clock)
                 try:
                     result = body(tx)
                     if write:
@@ -470,7 +351,7 @@ class PostgresDialect:
                     committing = True
                     # What is kept, the wake-up (NOTIFY, delivered at commit) and COMMIT:
                     # one round trip.
-                    tx.commit(self._notify if tx.woken else None)
+                    tx.commit([self._notify[c] for c in sorted(tx.woken)])
                     return result
                 except BaseException:
                     # Also after a failed final group (a refused write): the server aborted
@@ -509,6 +390,77 @@ class PostgresDialect:
         except psycopg.Error as exc:
             raise LedgerError(f"PostgreSQL ledger {self.where}: {exc}") from exc
 
+    def join(self, connection: Any, body: Callable[[Any], T]) -> T:
+        """Run ``body`` inside the caller's open transaction on ``connection``, a psycopg 3
+        connection to the ledger's database (see ``Dialect.join``): under a savepoint,
+        with ``search_path`` set to the ledger's schema for its statements and put back
+        after them; its NOTIFYs are delivered when the caller commits (PostgreSQL sends
+        them at commit, and drops them on rollback). A connection outside a transaction
+        (not autocommit) begins one, as its next statement would.
+
+        Raises:
+            InvalidArguments: not a psycopg 3 ``Connection``, a closed one, one in
+                autocommit mode outside a transaction, one whose transaction already
+                failed, or one whose database holds no ledger in this schema.
+            psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected: raised
+                as they are, for the caller's own retry of its transaction.
+            LedgerUnavailable, WriteRejected, LedgerError: as :meth:`run` (never retried:
+                the transaction is the caller's); the savepoint is rolled back.
+        """
+        if not isinstance(connection, psycopg.Connection):
+            raise InvalidArguments(
+                "connection= on a PostgreSQL ledger takes a psycopg 3 Connection (not an "
+                f"AsyncConnection) on the ledger's database, got {type(connection).__name__}")
+        status = connection.info.transaction_status
+        if connection.closed or connection.broken:
+            raise InvalidArguments("connection= is closed")
+        if status == psycopg.pq.TransactionStatus.INERROR:
+            raise InvalidArguments(
+                "connection='s transaction has already failed (a statement raised): roll it "
+                "back before submitting")
+        if status == psycopg.pq.TransactionStatus.IDLE and connection.autocommit:
+            raise InvalidArguments(
+                "connection= is in autocommit mode and outside a transaction: the task "
+                "would commit at once, not with your work. Open one (with "
+                "conn.transaction(): ...) or use autocommit=False")
+        tables = sql.Identifier(self.schema, "tasks").as_string(connection)
+        try:
+            with connection.cursor(row_factory=psycopg.rows.tuple_row) as cur:
+                found = cur.execute("SELECT current_setting('search_path'), to_regclass(%s)",
+                                    (tables,)).fetchone()
+        except psycopg.Error as exc:
+            raise LedgerError(f"PostgreSQL ledger {self.where}: connection= could not be "
+                              f"read: {exc}") from exc
+        assert found is not None
+        search_path, ledger_table = found
+        if ledger_table is None:
+            raise InvalidArguments(
+                f"connection= is not on the ledger's database: it has no Ratchet ledger in "
+                f"schema {self.schema!r} ({self.where})")
+        tx = PgTx.joined(connection, self._catalogue, self.schema, self.clock)
+        try:
+            try:
+                result = body(tx)
+                tx.release([self._notify[c] for c in sorted(tx.woken)], str(search_path))
+                return result
+            except BaseException:
+                if not connection.closed and connection.info.transaction_status in _OPEN:
+                    with contextlib.suppress(psycopg.Error):
+                        tx.rollback_joined()
+                raise
+        except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure):
+            raise
+        except _CORRUPT as exc:
+            raise self._corrupt(exc) from exc
+        except _REJECTED as exc:
+            raise self._rejected(exc, tx.statement) from exc
+        except psycopg.OperationalError as exc:
+            raise LedgerUnavailable(
+                f"PostgreSQL ledger {self.where}: connection= was lost ({exc}); your "
+                "transaction did not commit") from exc
+        except psycopg.Error as exc:
+            raise LedgerError(f"PostgreSQL ledger {self.where}: {exc}") from exc
+
     def _corrupt(self, exc: psycopg.Error) -> LedgerCorrupt:
         """The :class:`LedgerCorrupt` for a server error of SQLSTATE class XX (data or index
         corrupted), remembered in :attr:`corruption`."""
@@ -542,7 +494,7 @@ class PostgresDialect:
     def schema_version(self) -> int:
         """The schema's version (0 when the schema or its version table does not exist)."""
 
-        def body(tx: _PgTx) -> int:
+        def body(tx: PgTx) -> int:
             row = tx.cur.execute(
                 "SELECT to_regclass(format('%%I.schema_version', %s::text))", (self.schema,)
             ).fetchone()
@@ -564,7 +516,7 @@ class PostgresDialect:
         done. Raises :class:`SchemaTooNew` (without writing) for a newer schema.
         """
 
-        def body(tx: _PgTx) -> int:
+        def body(tx: PgTx) -> int:
             cur = tx.cur
             cur.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
@@ -613,11 +565,13 @@ class PostgresDialect:
             "where": self.where,
         }
 
-    def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
+    def subscribe(self, on_ready: Callable[[], None], channel: str = "ready") -> Subscription:
         """Call ``on_ready()`` (from a listener thread) whenever a task may have become
-        ready: LISTEN on this ledger's channel, on a dedicated connection that reconnects
-        by itself. Close the returned subscription to stop."""
-        return _PgSubscription(self._conninfo, self.channel, on_ready)
+        ready (``channel="ready"``) or outbox rows were committed (``"outbox"``): LISTEN
+        on this ledger's channel, on a dedicated connection that reconnects by itself.
+        Close the returned subscription to stop."""
+        return _PgSubscription(self._conninfo, self.channels[channel], on_ready,
+                               self._connect_timeout_s)
 
     def close(self) -> None:
         """Close the pool (every connection this object opened)."""

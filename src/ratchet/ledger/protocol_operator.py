@@ -21,6 +21,7 @@ from .records_ops import (
     ResolveOutcome,
     SlotUsage,
 )
+from .records_outbox import OutboxMessage, OutboxStats
 from .records_registry import DefinitionRecord, VersionBacklog, WorkerSlots
 from .records_schedules import ScheduleRecord
 from .records_stats import LedgerStats, ThroughputCount
@@ -335,4 +336,32 @@ class OperatorLedger(LedgerHandle, Protocol):
 
     def schedules(self) -> list[ScheduleRecord]:
         """Every periodic schedule stored, by name (none on a ledger without the table)."""
+        ...
+
+    # ---------------------------------------------------------------- outbox
+
+    def outbox_stats(self, top: int = 10) -> OutboxStats:
+        """The outbox at a glance (DESIGN §6 row 10, §9): unsent and sent counts, the
+        oldest unsent age (ledger clock, seconds), unsent per topic (the ``top`` largest),
+        the messages relays failed to publish with their last error, and the relays
+        holding partitions with an unexpired lease. Reads the partial indexes and the
+        lease rows only (see :class:`~ratchet.ledger.base.OutboxStats` for the caps).
+
+        Raises:
+            InvalidArguments: ``top`` not in 0..1000.
+            SchemaTooOld: the ledger has no outbox yet (schema below 16).
+        """
+        ...
+
+    def outbox_messages(self, limit: int = 50, unsent_only: bool = False,
+                        topic: str | None = None, key: str | None = None,
+                        ) -> list[OutboxMessage]:
+        """Outbox messages without their payload, at most ``limit`` (1..10000): the newest
+        first, or with ``unsent_only`` the unsent ones in outbox order (what the relays
+        publish next); only those of ``topic`` and / or ``key`` when given.
+
+        Raises:
+            InvalidArguments: a limit out of range, an empty or over-long topic or key.
+            SchemaTooOld: the ledger has no outbox yet.
+        """
         ...

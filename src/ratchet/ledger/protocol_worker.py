@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ..outbox import NewMessage
 from .protocol_handle import LedgerHandle, Subscription
 from .records_batches import BatchRun
 from .records_claims import Claim, ClaimKind, ClaimScope, CommitOutcome, RenewResult, TaskWrite
@@ -24,8 +25,14 @@ class WorkerLedger(LedgerHandle, Protocol):
     writes, the registry). Each is one transaction; every write on behalf of a task carries
     its fencing generation (DESIGN §4)."""
 
-    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+    def submit(self, tasks: Sequence[NewTask], connection: Any = None) -> list[SubmitResult]:
         """Insert tasks, deduplicated per idempotency key, all-or-nothing.
+
+        ``connection``: write them inside the caller's own open transaction on that
+        connection (a ``sqlite3.Connection`` on the ledger's file, a psycopg 3 connection
+        on the ledger's database), under a savepoint: they exist if and only if the
+        caller commits (:meth:`Dialect.join <ratchet.ledger.dialect.Dialect.join>`, whose
+        errors it raises too). None: a transaction of its own.
 
         Same key + same digest returns the existing id (``created=False``), writing nothing.
         A task with a ``debounce_key`` collapses into the open (not yet claimed) task of
@@ -36,6 +43,16 @@ class WorkerLedger(LedgerHandle, Protocol):
             IdempotencyConflict: a key exists with another digest (nothing is written;
                 the conflict is counted in the audit log).
             WriteRejected: the database refused a row for its content (nothing is written).
+        """
+        ...
+
+    def emit(self, messages: Sequence[NewMessage], connection: Any = None) -> None:
+        """Write outbox messages (DESIGN §6, row 10) in a transaction of their own, or in
+        the caller's on ``connection`` (as :meth:`submit`). A message id already written
+        is kept, not written twice.
+
+        Raises:
+            WriteRejected: the database refused a row for its content.
         """
         ...
 
@@ -202,8 +219,9 @@ class WorkerLedger(LedgerHandle, Protocol):
         """
         ...
 
-    def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
-        """Call ``on_ready()`` (from another thread) when a task may have become ready.
+    def subscribe(self, on_ready: Callable[[], None], channel: str = "ready") -> Subscription:
+        """Call ``on_ready()`` (from another thread) when a task may have become ready
+        (``channel="ready"``) or outbox rows were committed (``"outbox"``: relays).
 
         A hint only: callers still claim, and still poll as the fallback. PostgreSQL uses
         LISTEN/NOTIFY; SQLite has no server to notify and returns a subscription that never

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..outbox import NewMessage
 from ..states import State
 from ..storedtext import StoredState
 from ..validation import MAX_VERSION
@@ -240,6 +241,8 @@ class TaskWrite:
         transition: optional state change.
         batches: committed batches of ``ctx.batches`` runs (the run's watermark moves in
             the same transaction, DESIGN §6 row 9).
+        outbox: messages the task emitted (``ctx.emit``), written only if the write
+            passes its fence (DESIGN §6 row 10).
     """
 
     task_id: str
@@ -250,6 +253,7 @@ class TaskWrite:
     effects: Sequence[EffectWrite] = ()
     transition: Transition | None = None
     batches: Sequence[BatchMark] = ()
+    outbox: Sequence[NewMessage] = ()
 
 
 @fast_init

@@ -243,6 +243,9 @@ class PruneReport:
         elapsed_s: wall-clock seconds the prune took.
         events: events of the mailbox sent before the cutoff, deleted (0 in a dry run,
             which counts finished tasks only).
+        outbox: outbox messages sent (confirmed by the broker) before the cutoff,
+            deleted (in a dry run: that would be). Unsent messages are never pruned,
+            whatever their age.
     """
 
     older_than_s: float
@@ -258,3 +261,4 @@ class PruneReport:
     by: str
     elapsed_s: float
     events: int = 0
+    outbox: int = 0

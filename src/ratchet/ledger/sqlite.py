@@ -38,19 +38,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .. import faults
 from ..config import Durability, LedgerConfig, redact_url
-from ..errors import LedgerCorrupt, LedgerError, LedgerUnavailable, SchemaTooNew, WriteRejected
+from ..errors import (
+    InvalidArguments,
+    LedgerCorrupt,
+    LedgerError,
+    LedgerUnavailable,
+    SchemaTooNew,
+    WriteRejected,
+)
 from ..storedtext import decode_stored
 from .base import Subscription
 from .catalogue import load_catalogue
@@ -58,6 +64,7 @@ from .clock import ClockFn
 from .engine import LedgerEngine
 from .migrations import load_migrations, split_statements
 from .sqlitefile import EMPTY_DETAIL, FILE_CHECK_S, MAGIC, create_whole, file_identity, file_problem
+from .sqlitetx import SQLiteTx
 
 __all__ = ["SQLiteDialect", "SQLiteLedger"]
 
@@ -120,59 +127,6 @@ class _NoSubscription:
 
     def close(self) -> None:
         return None
-
-
-def _params(params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """List parameters become JSON arrays (read by ``json_each`` in the statement)."""
-    if not params:
-        return {}
-    return {k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in params.items()}
-
-
-class _SQLiteTx:
-    """A transaction on one connection (see :class:`~ratchet.ledger.dialect.Tx`)."""
-
-    def __init__(self, cur: sqlite3.Cursor, catalogue: Mapping[str, tuple[str, ...]]) -> None:
-        self.cur = cur
-        self.catalogue = catalogue
-        self.statement = "begin"
-        self.now = 0.0
-
-    def _run(self, name: str, params: Mapping[str, Any] | None) -> sqlite3.Cursor:
-        self.statement = name
-        args = _params(params)
-        args.setdefault("now", self.now)
-        *first, last = self.catalogue[name]
-        for sql in first:
-            self.cur.execute(sql, args)
-        return self.cur.execute(last, args)
-
-    def rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        return self._run(name, params).fetchall()
-
-    def rows_many(
-        self, reads: Sequence[tuple[str, Mapping[str, Any] | None]]
-    ) -> list[list[tuple[Any, ...]]]:
-        return [self.rows(name, params) for name, params in reads]
-
-    def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
-        row: tuple[Any, ...] | None = self._run(name, params).fetchone()
-        return row
-
-    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
-        return self._run(name, params).rowcount
-
-    def batch(self, name: str, rows: Sequence[Mapping[str, Any]], **scalars: Any) -> None:
-        if not rows:
-            return
-        self.statement = name
-        shared = {"now": self.now, **scalars}
-        args = [{**shared, **row} for row in rows]
-        for sql in self.catalogue[name]:  # a multi-statement entry: each over every row
-            self.cur.executemany(sql, args)
-
-    def wake(self) -> None:
-        """SQLite has no server to notify; workers poll."""
 
 
 class SQLiteDialect:
@@ -547,7 +501,7 @@ class SQLiteDialect:
             raise LedgerUnavailable(
                 f"SQLite ledger {self.path!r} is busy or gone: {exc}") from exc
         cur = conn.cursor()
-        tx = _SQLiteTx(cur, self._catalogue)
+        tx = SQLiteTx(cur, self._catalogue)
         try:
             tx.statement = "now"
             tx.now = self._clock(cur)
@@ -564,6 +518,62 @@ class SQLiteDialect:
                 if _primary(exc)[0] == "SQLITE_FULL":
                     self._full = True
                     self._reclaim(conn)
+                raise self._error(exc, tx.statement) from exc
+            raise
+        finally:
+            cur.close()
+
+    def join(self, connection: Any, body: Callable[[Any], T]) -> T:
+        """Run ``body`` inside the caller's open transaction on ``connection``, a
+        ``sqlite3.Connection`` on the ledger's file (see ``Dialect.join``): under a
+        savepoint, nothing committed until the caller commits. A connection outside a
+        transaction gets the ``BEGIN`` its module would send before the caller's next
+        write (``BEGIN`` + its ``isolation_level``).
+
+        Raises:
+            InvalidArguments: not a ``sqlite3.Connection``, one on another file, or one in
+                autocommit mode (``isolation_level=None``) outside a transaction: the task
+                would commit at once, not with the caller's work.
+            LedgerUnavailable, WriteRejected, LedgerError: as :meth:`run`; the caller's
+                transaction is as before the call (the savepoint rolled back).
+        """
+        if not isinstance(connection, sqlite3.Connection):
+            raise InvalidArguments(
+                f"connection= on a SQLite ledger takes the sqlite3.Connection of your "
+                f"transaction on the ledger's file {self.path!r}, got "
+                f"{type(connection).__name__}")
+        try:
+            files = {name: path for _, name, path in
+                     connection.execute("PRAGMA database_list").fetchall()}
+        except sqlite3.Error as exc:
+            raise InvalidArguments(f"connection= cannot be read: {exc}") from None
+        main = files.get("main") or ""
+        if not main or not os.path.exists(main) or not os.path.samefile(main, self.path):
+            raise InvalidArguments(
+                f"connection= is on {main or 'an in-memory database'!r}, not on the "
+                f"ledger's file {self.path!r}: a task must be written in the ledger's "
+                "database to commit with your transaction")
+        if not connection.in_transaction:
+            if connection.isolation_level is None:
+                raise InvalidArguments(
+                    "connection= is in autocommit mode (isolation_level=None) and outside a "
+                    "transaction: the task would commit at once, not with your work. "
+                    "Run BEGIN first (or use the default isolation_level)")
+            connection.execute(f"BEGIN {connection.isolation_level}".strip())
+        cur = connection.cursor()
+        tx = SQLiteTx(cur, self._catalogue)
+        try:
+            cur.execute("SAVEPOINT ratchet_join")
+            tx.statement = "now"
+            tx.now = self._clock(cur)
+            result = body(tx)
+            cur.execute("RELEASE SAVEPOINT ratchet_join")
+            return result
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                cur.execute("ROLLBACK TO SAVEPOINT ratchet_join")
+                cur.execute("RELEASE SAVEPOINT ratchet_join")
+            if isinstance(exc, sqlite3.Error):
                 raise self._error(exc, tx.statement) from exc
             raise
         finally:
@@ -608,9 +618,14 @@ class SQLiteDialect:
             SchemaTooNew: the file has a newer schema (it is not modified).
         """
         conn = self._conn()
+        if conn.execute("PRAGMA user_version").fetchone()[0] == self.latest_version:
+            # Nothing to apply: no write lock taken (a first use of the ledger inside a
+            # caller's open transaction on the file, App.submit(connection=...), would
+            # otherwise wait for the lock that very transaction holds).
+            return self.latest_version
         for migration in self._migrations:
 
-            def body(tx: _SQLiteTx, migration: Any = migration) -> None:
+            def body(tx: SQLiteTx, migration: Any = migration) -> None:
                 current = tx.cur.execute("PRAGMA user_version").fetchone()[0]
                 if current > self.latest_version:
                     raise SchemaTooNew(current, self.latest_version, self.path)
@@ -635,9 +650,9 @@ class SQLiteDialect:
             "path": self.path,
         }
 
-    def subscribe(self, on_ready: Callable[[], None]) -> Subscription:
+    def subscribe(self, on_ready: Callable[[], None], channel: str = "ready") -> Subscription:
         """SQLite has no server to notify: the subscription never calls back and workers
-        poll."""
+        (and relays) poll."""
         return _NoSubscription()
 
     def close(self) -> None:

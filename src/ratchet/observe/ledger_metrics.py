@@ -51,7 +51,15 @@ Series:
   ``ratchet_ledger_schedule_fired_total`` (ticks submitted, ever),
   ``ratchet_ledger_schedule_missed_total`` (ticks recorded as missed, later than their
   misfire grace: alert on its increase), ``ratchet_ledger_schedule_stale`` (1: no running
-  scheduler has the schedule in its code).
+  scheduler has the schedule in its code);
+* the outbox (DESIGN §6 row 10; absent on a ledger without one):
+  ``ratchet_outbox_unsent_messages`` (written, not yet confirmed by the broker),
+  ``ratchet_outbox_oldest_unsent_age_seconds`` (0 when none: alert on it),
+  ``ratchet_outbox_failing_messages`` (unsent, a relay failed to publish them at least
+  once), ``ratchet_outbox_sent_messages`` (sent, kept until pruned; an estimate past the
+  count cap), ``ratchet_outbox_free_partitions`` (held by no relay: their messages wait)
+  and ``ratchet_outbox_relay_partitions{holder}`` (partitions each relay holds with an
+  unexpired lease; at most :data:`MAX_TYPE_SERIES` holders).
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ from ..control import (
     MAX_WINDOW_S,
     BatchActivity,
     Control,
+    OutboxStats,
     QueueStatusView,
     StatusReport,
     TypeStatusView,
@@ -173,6 +182,7 @@ class LedgerCollector(Collector):
             check_label_names(name, ["type"])
         check_label_names("ratchet_ledger_tasks", ["type", "state"])
         check_label_names("ratchet_ledger_queue_tasks", ["queue", "state"])
+        check_label_names("ratchet_outbox_relay_partitions", ["holder"])
 
     def describe(self) -> Iterable[Metric]:
         return []  # no read at registration: the series are known only from the ledger
@@ -304,6 +314,8 @@ def _families(report: StatusReport) -> Iterator[Metric]:
             family.add_metric([view.name], float(raw or 0.0))
         yield family
     yield from _flow_families(report, views)
+    if report.outbox is not None:
+        yield from _outbox_families(report.outbox)
     window = GaugeMetricFamily("ratchet_ledger_rate_window_seconds",
                                "The window of the arrival and completion rates.")
     window.add_metric([], float(report.window_s))
@@ -326,6 +338,37 @@ def _families(report: StatusReport) -> Iterator[Metric]:
         counter = CounterMetricFamily(f"ratchet_ledger_{attr}", doc)
         counter.add_metric([], float(getattr(report, attr)))
         yield counter
+
+
+def _outbox_families(s: OutboxStats) -> Iterator[Metric]:
+    """The ``ratchet_outbox_*`` gauges of one read of the outbox."""
+    for metric, doc, value in (
+        ("ratchet_outbox_unsent_messages", "Outbox messages written and not yet confirmed "
+         "by the broker (the relays' backlog).", s.unsent),
+        ("ratchet_outbox_oldest_unsent_age_seconds", "Age of the oldest unsent outbox "
+         "message at the head of a partition, ledger clock (0: none unsent). Alert when "
+         "it stays above what consumers tolerate.", s.oldest_unsent_age_s or 0.0),
+        ("ratchet_outbox_failing_messages", "Unsent outbox messages a relay failed to "
+         "publish at least once.", s.failing),
+        ("ratchet_outbox_sent_messages", "Sent outbox messages kept until the retention "
+         "prune (an estimate past the count cap).", s.sent),
+        ("ratchet_outbox_free_partitions", "Outbox partitions no relay holds now: their "
+         "messages wait for a relay.", s.free_partitions),
+    ):
+        gauge = GaugeMetricFamily(metric, doc)
+        gauge.add_metric([], float(value))
+        yield gauge
+    relays = GaugeMetricFamily("ratchet_outbox_relay_partitions", "Outbox partitions each "
+                               "relay holds with an unexpired lease.", labels=["holder"])
+    held = {r.holder: float(len(r.partitions)) for r in s.relays}
+    if len(held) > MAX_TYPE_SERIES:
+        names = sorted(held)
+        keep = names[:MAX_TYPE_SERIES - 1]
+        held = {**{h: held[h] for h in keep},
+                OTHER: sum(held[h] for h in names[MAX_TYPE_SERIES - 1:])}
+    for holder, n in held.items():
+        relays.add_metric([holder], n)
+    yield relays
 
 
 _QUEUE_STATES = ("ready", "scheduled", "running", "key_waiting", "rate_limited", "waiting")

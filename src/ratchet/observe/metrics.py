@@ -13,7 +13,8 @@ several workers in one process and tests do not collide) holds the series, and
 Naming: ``ratchet_`` prefix, base units (seconds), counters end in ``_total``. Labels come
 only from :data:`ALLOWED_LABELS` (``type``, ``outcome``, ``state``, ``downstream``,
 ``schedule``: a periodic schedule's name, from the code, capped per scrape; ``queue``: a
-task queue's name, from the code or a submit, capped per scrape) and
+task queue's name, from the code or a submit, capped per scrape; ``holder``: an outbox
+relay holding partitions now, capped per scrape) and
 their values from fixed sets: task types this worker claims, downstreams its app
 configured, outcomes listed here; anything else is counted under ``"other"``. So the
 number of series does not grow with the number of tasks run; task ids, idempotency keys
@@ -65,7 +66,8 @@ __all__ = [
     "render",
 ]
 
-ALLOWED_LABELS = frozenset({"type", "outcome", "state", "downstream", "schedule", "queue"})
+ALLOWED_LABELS = frozenset({"type", "outcome", "state", "downstream", "schedule", "queue",
+                            "holder"})
 """The only label names a Ratchet metric may carry (DESIGN §9). Histogram buckets add
 Prometheus' own ``le``."""
 

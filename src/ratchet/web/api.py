@@ -17,7 +17,8 @@ when a token is configured, open otherwise): ``GET /api/status``, ``/api/tasks``
 runs; a sharded job's: its shards'), ``/api/tasks/{task_id}/check`` (whether its item
 counts add up: 200 either way, ``ok`` in the body), ``/api/workers``,
 ``/api/definitions``, ``/api/schedules``, ``/api/pauses``, ``/api/limits`` (concurrency
-and rate limits, the latest changes), ``/api/quarantine``, ``/api/late-effects``.
+and rate limits, the latest changes), ``/api/quarantine``, ``/api/late-effects``,
+``/api/outbox`` and ``/api/outbox/messages`` (:mod:`ratchet.web.outboxapi`).
 
 Mutations (:func:`ratchet.web.auth.token_ok`: the token when one is configured, else a
 loopback peer): ``POST /api/tasks`` (submit, with an optional ``Idempotency-Key``
@@ -107,6 +108,7 @@ from .models import (
     SubmitBody,
     SubmitResponse,
 )
+from .outboxapi import add_outbox_routes
 from .settings import WebSettings
 
 __all__ = ["ApiError", "api_index", "build_api", "routes"]
@@ -573,6 +575,7 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
     ) -> list[LateEffectView]:
         return control.late_effects(task_id, limit)
 
+    add_outbox_routes(reads, control, read_errors)
     api.include_router(reads)
 
     # ------------------------------------------------------------------ mutations

@@ -15,7 +15,10 @@ token they are open; ``/login`` and ``/static`` are always open):
 * ``/pauses`` the active pauses (who, why, since, what still runs), pause / resume a type;
 * ``/limits`` the concurrency limits per type, tenant and total with their live use
   (running, ready, oldest ready; a full one marked), the use per type, the rate limits
-  with the tasks they hold back, the latest changes.
+  with the tasks they hold back, the latest changes;
+* ``/outbox`` the outbox: backlog, oldest unsent age, relays and their partitions, the
+  failing messages, the latest messages with their state (``?unsent=1``: the unsent ones
+  the relays publish next).
 
 Mutations (POST ``/actions/...``) need a session (``/login``: the operator's name, and the
 token when ``RATCHET_API_TOKEN`` is set, checked by :func:`ratchet.web.auth.token_ok`), the
@@ -449,6 +452,17 @@ class Dashboard:
 
     # ------------------------------------------------------------------ login
 
+    async def outbox_page(self, request: Request) -> Response:
+        """``GET /outbox``: the outbox's stats and latest messages (``Control.outbox``)."""
+        unsent = request.query_params.get("unsent") == "1"
+
+        async def page() -> Response:
+            stats = await self.call(self.control.outbox)
+            messages = await self.call(self.control.outbox_messages, 50, unsent_only=unsent)
+            return self.render(request, "outbox.html", stats=stats, messages=messages,
+                               unsent=unsent)
+        return await self.guarded(request, page)
+
     async def login_form(self, request: Request) -> Response:
         """``GET /login?next=``: the login form (name; the token in token mode)."""
         return self.render(request, "login.html", next=_safe_next(
@@ -751,6 +765,7 @@ def routes(control: Control, settings: WebSettings) -> list[BaseRoute]:
         Route("/quarantine", d.gated(d.quarantine_page), methods=["GET"]),
         Route("/pauses", d.gated(d.pauses_page), methods=["GET"]),
         Route("/limits", d.gated(d.limits_page), methods=["GET"]),
+        Route("/outbox", d.gated(d.outbox_page), methods=["GET"]),
         Route("/login", d.login_form, methods=["GET"]),
         Route("/login", d.login, methods=["POST"]),
         Route("/logout", d.logout, methods=["POST"]),

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..breaker import DownstreamBreaker
+from ..config import max_payload_bytes_from_env
 from ..errors import (
     ContextUsedInAnotherProcess,
     InvalidArguments,
@@ -39,6 +40,7 @@ from ..ledger.base import (
     TaskWrite,
 )
 from ..lookups import RegisteredLookup
+from ..outbox import check_topic, message_id_for, new_message
 from ..ratelimit import RateLimit
 from ..serde import dumps, loads
 from ..shards import SHARD_PARAM, SHARDS_PARAM, Shard, check_shards, shard_place
@@ -46,8 +48,8 @@ from .heartbeat import LeaseHandle
 from .hooks import Hooks
 from .writer import LedgerWriter, WriterStopped
 
-__all__ = ["Checkpoint", "CheckpointState", "ControlInterrupt", "HistoryEnd", "Shutdown",
-           "StepKind", "describe_checkpoint", "occurrence_name"]
+__all__ = ["EMIT_PREFIX", "Checkpoint", "CheckpointState", "ControlInterrupt", "HistoryEnd",
+           "Shutdown", "StepKind", "describe_checkpoint", "occurrence_name"]
 
 
 class Shutdown(BaseException):
@@ -71,6 +73,9 @@ class ControlInterrupt(BaseException):
         super().__init__(request)
         self.request = request
 
+
+EMIT_PREFIX = "ratchet:emit:"
+"""The stored step name of an emit is this plus its topic (occurrence-numbered)."""
 
 StepKind = str
 """``"step"`` (also transaction steps) or ``"effect"``."""
@@ -290,8 +295,10 @@ class CheckpointState:
             # Inside a transaction step's fn: a checkpoint's write would wait for the row
             # or file lock that the step's own transaction holds.
             raise TransactionMisuse(
-                "ctx.step, ctx.effect and ctx.transaction cannot be called inside a "
-                "transaction step's function; call them before or after ctx.transaction")
+                "ctx.step, ctx.effect, ctx.emit and ctx.transaction cannot be called inside "
+                "a transaction step's function; call them before or after ctx.transaction "
+                "(a message that must commit with the step's writes: app.emit(..., "
+                "connection=conn))")
         if self._interrupt is not None:
             raise self._interrupt
         if self._parent is not None and self._parent._interrupt is not None:
@@ -491,6 +498,39 @@ class CheckpointState:
         if durable:
             self._commit(f"step:{stored_name}")
         return loads(result_json), False
+
+    def _emit(self, topic: str, message: Any, key: str | None,
+              message_id: str | None) -> str:
+        """:meth:`~ratchet.worker.context.TaskContext.emit` after its boundary: the emit's
+        checkpoint (a step named ``ratchet:emit:<topic>``, whose value is the message id)
+        and the outbox row, committed together and fenced; a replay returns the recorded
+        id and writes nothing."""
+        check_topic(topic)
+        cp = self._checkpoint("step", f"{EMIT_PREFIX}{topic}")
+        stored = self._steps.get(cp.stored_name)
+        if stored is not None:
+            recorded = loads(stored, f"stored value of {cp.describe()}")
+            return str(recorded)
+        if self.compensating:
+            raise HistoryEnd(cp.describe())
+        mid = message_id if message_id is not None else message_id_for(
+            self.task_id, cp.stored_name)
+        limit = (self.app.max_payload_bytes if self.app is not None
+                 else max_payload_bytes_from_env())
+        msg = new_message(topic, message, key=key, message_id=mid, max_payload_bytes=limit,
+                          task_id=self.task_id, what=f"message of {cp.describe()}")
+        result_json = dumps(mid)
+        self._steps[cp.stored_name] = result_json
+        self._unsaved.append((cp.stored_name, result_json, cp.seq))
+        try:
+            self._commit(f"emit:{topic}", outbox=[msg])
+        except BaseException:
+            # Not durable: a later call at this position (a retry in this attempt's code)
+            # must write it again, not replay it.
+            self._steps.pop(cp.stored_name, None)
+            raise
+        fault_point("emit.after_commit")
+        return mid
 
     def open_intents(self) -> list[str]:
         """Names of effects whose intent is recorded but whose outcome is not (safe to call

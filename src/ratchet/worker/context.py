@@ -181,6 +181,46 @@ class TaskContext(BatchCalls):
         """
         return run_transaction(self, name, fn, args, kwargs)
 
+    # ------------------------------------------------------------------ the outbox
+
+    def emit(self, topic: str, message: Any, *, key: str | None = None,
+             message_id: str | None = None) -> str:
+        """Write ``message`` to the transactional outbox, once per task: the outbox row
+        commits in the same fenced transaction as this emit's checkpoint, so a stale
+        holder's emit never becomes visible, and a later attempt that replays this
+        position returns the recorded message id and writes nothing (DESIGN §6, row 10).
+        Returns once the row is durable. A relay (``ratchet relay``) then publishes it
+        and marks it sent once the broker confirmed it; a relay that dies in between
+        publishes it again with the same message id, for consumers to deduplicate.
+
+        Each call is a checkpoint of the code path (a step named ``ratchet:emit:<topic>``,
+        numbered per occurrence like any step).
+
+        Args:
+            topic: the RabbitMQ routing key / NATS subject, dot-separated words
+                (``"order.paid"``).
+            message: plain JSON, size-limited like params.
+            key: the ordering key: messages of one key reach the broker in the order
+                their transactions committed. None: no order with other messages.
+            message_id: the id consumers deduplicate by; default one derived from the task
+                and this emit's position, the same for every holder of the task.
+
+        Returns:
+            The message id.
+
+        Raises:
+            InvalidArguments: a topic, key or message id that cannot be stored or routed.
+            PayloadNotSerializable: ``message`` is not plain JSON (a permanent failure).
+            PayloadTooLarge: the message is over the payload limit.
+            NonDeterministicReplay: an earlier attempt recorded another checkpoint here.
+            StaleGeneration: another worker took the task over; nothing was written.
+            TransactionMisuse: called inside a step's or a transaction step's function
+                (inside ``ctx.transaction``, write it with ``app.emit(...,
+                connection=conn)``: it then commits with the transaction step).
+        """
+        self._boundary()
+        return self._emit(topic, message, key, message_id)
+
     # ------------------------------------------------------------------ effects
 
     def effect(

@@ -3,9 +3,11 @@
 ``Worker(app, prune_older_than_s=30 * 86400, prune_every_s=3600)`` (``ratchet worker
 --prune-older-than 30d --prune-every 1h``) starts a :class:`Pruner` thread that calls
 :meth:`~ratchet.ledger.base.Ledger.prune` about every ``every_s`` seconds on its own ledger
-connection. The prune runs in small batches, each its own short transaction, so the
-worker's claims and commits are never held up by it; on PostgreSQL its batches skip rows
-that other transactions hold (``FOR UPDATE SKIP LOCKED``). It pauses after each batch as
+connection (finished tasks with their history, sent events and sent outbox messages older
+than the age; never an unsent outbox message). The prune runs in small batches, each its
+own short transaction, so the worker's claims and commits are never held up by it; on
+PostgreSQL its batches skip rows that other transactions hold (``FOR UPDATE SKIP
+LOCKED``). It pauses after each batch as
 long as the batch took (``pace=1``): on SQLite so the writers get the single write lock
 in between, on PostgreSQL so that it takes at most about half of what one connection
 can do of the server's CPU and disk (an operator's ``ratchet prune`` does not pause
@@ -66,10 +68,11 @@ class Pruner(threading.Thread):
                                    batch_size=self.batch_size, audit_empty=False, pace=1.0)
         self.runs += 1
         self.last = report
-        if report.tasks or report.audit:
-            log.info("pruned %d finished task(s) older than %.0f s (%d audit rows) in %d "
-                     "batch(es), %.2f s", report.tasks, self.older_than_s, report.audit,
-                     report.batches, report.elapsed_s)
+        if report.tasks or report.audit or report.outbox:
+            log.info("pruned %d finished task(s) older than %.0f s (%d audit rows, %d sent "
+                     "outbox messages) in %d batch(es), %.2f s", report.tasks,
+                     self.older_than_s, report.audit, report.outbox, report.batches,
+                     report.elapsed_s)
         return report
 
     def run(self) -> None:

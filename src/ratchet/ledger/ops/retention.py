@@ -32,6 +32,7 @@ from ..rows import (
 from ..shapes import AuditGoneRow, PruneCountRow
 from .core import EngineCore
 from .counts import advance_counts, keep_audit_counts, shared_mark
+from .outboxviews import OUTBOX, count_prunable, prune_outbox_batch
 
 __all__ = ["Retention"]
 
@@ -62,6 +63,9 @@ class Retention:
         their records to ``export``, delete them (terminal ones only), then their steps,
         effects (the idempotency records of their keys go with the task row that
         deduplicates them), late effects and audit rows, and settle the counts rollup.
+        Then the mailbox's events and the outbox's sent messages older than the cutoff
+        (by ``sent_at``; unsent ones never, whatever their age) with the ``outbox_keys``
+        lock rows of their keys, in batches too.
         Between batches the prune sleeps ``pace`` times as long as the batch took (default:
         1 on a single-writer database, SQLite, so waiting writers get the lock in between;
         0 on PostgreSQL, where nothing waits for it but it shares the server's CPU and
@@ -86,8 +90,11 @@ class Retention:
         if dry_run:
             row = dialect.run(lambda tx: PRUNE_COUNT.first(tx, {"cutoff": cutoff}), write=False)
             n = PruneCountRow(*(int(v) for v in row)) if row else PruneCountRow(0, 0, 0, 0, 0)
+            outbox = (dialect.run(lambda tx: count_prunable(tx, cutoff), write=False)
+                      if self.core.schema.has(OUTBOX) else 0)
             return PruneReport(older_than_s, cutoff, True, n.tasks, n.steps, n.effects,
-                               n.late_effects, n.audit, 0, 0, by, time.monotonic() - started)
+                               n.late_effects, n.audit, 0, 0, by, time.monotonic() - started,
+                               outbox=outbox)
         advance_counts(dialect)
         totals: Counter[str] = Counter()
         while True:
@@ -122,11 +129,20 @@ class Retention:
                 break
             if pace > 0:
                 time.sleep(pace * max(time.monotonic() - t0, 0.002))
+        while self.core.schema.has(OUTBOX):  # sent outbox messages (DESIGN §6, row 10)
+            t0 = time.monotonic()
+            picked, gone = dialect.run(functools.partial(
+                prune_outbox_batch, cutoff=cutoff, limit=batch_size))
+            totals.update(outbox=gone, batches=1 if gone else 0)
+            if picked < batch_size:
+                break
+            if pace > 0:
+                time.sleep(pace * max(time.monotonic() - t0, 0.002))
         report = PruneReport(
             older_than_s, cutoff, False, totals["tasks"], totals["steps"], totals["effects"],
             totals["late_effects"], totals["audit"], totals["batches"], totals["exported"],
-            by, time.monotonic() - started, totals["events"])
-        if audit_empty or report.tasks or report.audit or report.events:
+            by, time.monotonic() - started, totals["events"], totals["outbox"])
+        if audit_empty or report.tasks or report.audit or report.events or report.outbox:
             detail = dumps_report(report)
             dialect.run(lambda tx: insert_audit(tx, [
                 ("", tx.now, "prune", None, None, None, printable(by), detail)]))

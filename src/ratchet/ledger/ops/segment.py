@@ -1,5 +1,5 @@
 """The rows one commit segment writes, typed: steps, effect intents and outcomes,
-transitions (:class:`Segment`). Used by the commit and by transaction steps.
+transitions, outbox messages (:class:`Segment`). Used by the commit and by transaction steps.
 
 The entries are TypedDicts: named and typed for the checker, and at run time the
 very mappings the statements bind, so the commit path converts nothing per row."""
@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
+from ...outbox import NewMessage
 from ...serde import dumps, printable
 from ...states import State
 from ..base import EffectState, TaskWrite, Transition
 from ..dialect import Tx
 from ..rows import AuditRow, reschedules
+from .emit import write_messages
 
 __all__ = ["IntentEntry", "OutcomeEntry", "Segment", "StepEntry", "TransitionEntry",
            "step_entry"]
@@ -93,6 +95,7 @@ class Segment:
         self.intents: dict[tuple[str, str], IntentEntry] = {}
         self.outcomes: dict[tuple[str, str], OutcomeEntry] = {}
         self.transitions: list[TransitionEntry] = []
+        self.messages: list[NewMessage] = []
 
     def add(self, write: TaskWrite, attempt: int, audit: list[AuditRow], now: float,
             request: str | None = None) -> None:
@@ -114,6 +117,7 @@ class Segment:
             if e.via_lookup:
                 audit.append((write.task_id, now, "lookup_hit", None, None, write.generation,
                               write.holder, dumps({"effect": e.name, "key": e.key})))
+        self.messages.extend(write.outbox)
         t = write.transition
         if t is not None:
             self.transitions.append(transition_entry(write, t, now, request))
@@ -124,6 +128,7 @@ class Segment:
         tx.batch("effects_intent", list(self.intents.values()), now=now, resend=resend)
         tx.batch("effects_outcome", list(self.outcomes.values()), now=now)
         tx.batch("transition", self.transitions, now=now)
+        write_messages(tx, self.messages)
 
 
 _RELEASES = frozenset({State.PENDING, State.PAUSED, State.WAITING, State.COMPENSATING})

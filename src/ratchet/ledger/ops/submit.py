@@ -4,6 +4,7 @@ debounced rows collapse into their group's open task (:mod:`.debounce`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ...errors import IdempotencyConflict
 from ...serde import dumps
@@ -13,6 +14,7 @@ from ..rows import SUBMIT_EXISTING, SUBMIT_PRESENT, insert_audit
 from ..shapes import KeyRow
 from .core import EngineCore
 from .debounce import submit_debounced
+from .guarded import joinable
 
 __all__ = ["Submit", "SubmitConflict", "submit_in"]
 
@@ -31,7 +33,7 @@ class Submit:
     def __init__(self, core: EngineCore) -> None:
         self.core = core
 
-    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+    def submit(self, tasks: Sequence[NewTask], connection: Any = None) -> list[SubmitResult]:
         """See :meth:`Ledger.submit`: one multi-row insert per batch, deduplicated per
         idempotency key (``ON CONFLICT DO NOTHING``, then one read of the batch's keys).
         A row with a ``debounce_key`` is inserted, or collapses into the open task of its
@@ -45,12 +47,19 @@ class Submit:
         again: a task id is unique per :class:`NewTask`, so a row with one of the batch's
         ids was written by the lost transaction and is reported ``created``, not inserted
         twice.
+
+        ``connection``: the caller's open transaction to write in (:meth:`Dialect.join
+        <ratchet.ledger.dialect.Dialect.join>`); a conflict rolls back only the batch's
+        savepoint, and is audited in the caller's transaction (kept if it commits).
         """
         if not tasks:
             return []
         dialect = self.core.dialect
         clock: list[float] = []  # the clock of the lost attempt, if it read one
         try:
+            if connection is not None:
+                return dialect.join(joinable(connection),
+                                    lambda tx: _submit_in(tx, tasks, clock))
             try:
                 return dialect.run(lambda tx: _submit_in(tx, tasks, clock))
             except CommitOutcomeUnknown:
@@ -59,8 +68,16 @@ class Submit:
             found = stop.conflict
         detail = dumps({"key": found.key, "existing_digest": found.existing_digest,
                         "new_digest": found.new_digest})
-        dialect.run(lambda tx: insert_audit(tx, [(
-            found.task_id, tx.now, "idempotency_conflict", None, None, None, None, detail)]))
+        def audit(tx: Tx) -> None:
+            insert_audit(tx, [(found.task_id, tx.now, "idempotency_conflict", None, None,
+                               None, None, detail)])
+
+        if connection is not None:
+            # In the caller's transaction too: on SQLite a transaction of our own would
+            # wait for the write lock that transaction holds.
+            dialect.join(connection, audit)
+        else:
+            dialect.run(audit)
         raise found
 
 

@@ -1,0 +1,234 @@
+"""One ledger transaction on PostgreSQL (:class:`PgTx`): statements kept and sent in as few
+round trips as the engine's reads allow, on a pooled connection of the ledger's own, or
+inside a caller's open transaction (:meth:`PgTx.joined`: a savepoint, the ledger's
+``search_path`` set for its statements and put back after them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+import psycopg.rows
+import psycopg.sql
+
+from ..errors import WriteRejected
+from ..serde import dumps_rows
+from .catalogue import load_catalogue
+from .clock import ClockFn
+
+__all__ = ["NOW_EXPR", "SAVEPOINT", "PgTx"]
+
+SAVEPOINT = "ratchet_join"
+"""The savepoint a joined transaction's statements run under (:meth:`PgTx.joined`)."""
+
+Cursor = psycopg.Cursor[tuple[Any, ...]]
+
+NOW_EXPR = "(" + load_catalogue("postgresql")["now"][0].removeprefix("SELECT ") + ")"
+"""The ledger clock as an SQL expression (the catalogue's ``now`` statement): the
+transaction's timestamp, the same value in every statement of a transaction."""
+
+
+class PgTx:
+    """A transaction on one pooled connection (see :class:`~ratchet.ledger.dialect.Tx`),
+    sent in as few round trips as the engine's reads allow.
+
+    Nothing is sent until a result is needed. Statements whose result the engine does not
+    read (:meth:`batch`) are kept and sent in front of the next statement that returns
+    rows, or with ``COMMIT``; ``BEGIN`` and the clock read go in front of the first of
+    them, and reads that do not depend on each other go together (:meth:`rows_many`). Each
+    such group is one simple-protocol query string (parameters bound on the client by
+    psycopg, one message, one round trip): a commit of many tasks' writes plus a claim is
+    three round trips instead of nine. Not psycopg's pipeline mode: after a
+    pipeline, PostgreSQL 15 stops enforcing ``idle_in_transaction_session_timeout`` until
+    the next plain statement, and that timeout is what frees the row locks of a frozen
+    worker (tests/pg_faults).
+
+    ``now`` is known once the first group has run. A statement sent before that gets the
+    clock as SQL (``now()``, the same transaction timestamp), so a submit is one round trip.
+
+    ``prelude``: the statements the first group starts with instead of ``BEGIN`` (a joined
+    transaction's savepoint and ``search_path``, :meth:`joined`).
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any],
+                 catalogue: Mapping[str, tuple[str, ...]], clock: ClockFn | None = None,
+                 prelude: Sequence[str] = ("BEGIN",)) -> None:
+        self._prelude = list(prelude)
+        self._conn = conn
+        self._clock = clock
+        # Tuples whatever row factory a caller's joined connection has.
+        self._raw = conn.cursor(row_factory=psycopg.rows.tuple_row)
+        self._binder = psycopg.ClientCursor(conn)
+        self.catalogue = catalogue
+        self._now: float | None = None
+        self._deferred: list[str] = []
+        self._names: list[str] = []
+        self.started = False
+        self.statement = "begin"
+        self.woken: set[str] = set()
+        """The wake-up channels (:meth:`wake`) this transaction's commit notifies."""
+
+    @classmethod
+    def joined(cls, conn: psycopg.Connection[Any], catalogue: Mapping[str, tuple[str, ...]],
+               schema: str, clock: ClockFn | None = None) -> PgTx:
+        """A transaction inside the caller's open transaction on ``conn``: its statements
+        run under :data:`SAVEPOINT` with ``search_path`` set to the ledger's ``schema``
+        (``SET LOCAL``). End it with :meth:`release` (the caller's ``search_path`` put
+        back; nothing commits until the caller commits) or :meth:`rollback_joined`."""
+        ident = psycopg.sql.Identifier(schema).as_string(conn)
+        return cls(conn, catalogue, clock, prelude=(
+            f"SAVEPOINT {SAVEPOINT}", f"SET LOCAL search_path TO {ident}"))
+
+    # -- the clock and the raw cursor (migrations, settings) force BEGIN out
+
+    @property
+    def now(self) -> float:
+        if self._now is None:
+            self._send(None)
+        assert self._now is not None
+        return self._now
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        """The connection this transaction runs on (transaction steps' user code)."""
+        return self._conn
+
+    @property
+    def cur(self) -> Cursor:
+        """The raw cursor, with BEGIN and every kept statement sent first."""
+        if not self.started or self._deferred:
+            self._send(None)
+        return self._raw
+
+    # -- statements
+
+    def _bind(self, name: str, params: Mapping[str, Any] | None) -> list[str]:
+        values = dict(params or {})
+        texts = self.catalogue[name]
+        if "now" not in values:
+            if self._now is not None:
+                values["now"] = self._now
+            else:
+                texts = tuple(t.replace("%(now)s", NOW_EXPR) for t in texts)
+        return [self._binder.mogrify(t, values) for t in texts]
+
+    def _send(self, name: str | None, params: Mapping[str, Any] | None = None,
+              tail: str | None = None,
+              more: Sequence[tuple[str, Mapping[str, Any] | None]] = ()) -> Cursor:
+        """Send BEGIN (first time), the kept statements, then ``name`` and ``more`` (or
+        ``tail``) as one query string; return the cursor positioned on the result of
+        ``name`` (its last statement), followed by those of ``more``."""
+        if not self.started and self._clock is not None and name is not None:
+            self._send(None)  # an injected clock is not SQL: read it before binding
+        parts: list[str] = []
+        names = list(self._names)
+        if not self.started:
+            parts += [*self._prelude, "SELECT " + NOW_EXPR]
+        parts += self._deferred
+        later: list[str] = []
+        if name is not None:
+            names.append(name)
+            parts += self._bind(name, params)
+            for other, other_params in more:
+                names.append(other)
+                later += self._bind(other, other_params)
+        if tail is not None:
+            names.append(tail)
+            parts.append(tail)
+        self.statement = "+".join(names) or ("begin" if not self.started else self.statement)
+        self._deferred, self._names = [], []
+        cur = self._raw
+        # Never server-prepared: every string differs (its parameters are bound in it).
+        cur.execute("; ".join(parts + later).encode("utf-8"), prepare=False)
+        skip = len(parts) - 1
+        if not self.started:
+            self.started = True
+            for _ in self._prelude:  # BEGIN (or the savepoint and search_path) -> the clock
+                cur.nextset()
+            clock = cur.fetchone()
+            assert clock is not None
+            self._now = float(clock[0])
+            if self._clock is not None:
+                self._now = self._clock(self._now)
+            skip -= len(self._prelude)
+        for _ in range(skip):  # to the result of the last part
+            cur.nextset()
+        return cur
+
+    def rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        return self._send(name, params).fetchall()
+
+    def rows_many(
+        self, reads: Sequence[tuple[str, Mapping[str, Any] | None]]
+    ) -> list[list[tuple[Any, ...]]]:
+        if not reads:
+            return []
+        (name, params), *more = reads
+        # Each catalogue entry here is one statement: one result set per read.
+        assert all(len(self.catalogue[n]) == 1 for n, _ in more), "multi-statement read"
+        cur = self._send(name, params, more=more)
+        results = [cur.fetchall()]
+        for _ in more:
+            cur.nextset()
+            results.append(cur.fetchall())
+        return results
+
+    def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
+        return self._send(name, params).fetchone()
+
+    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> int:
+        return self._send(name, params).rowcount
+
+    def batch(self, name: str, rows: Sequence[Mapping[str, Any]], **scalars: Any) -> None:
+        """All rows as one JSON parameter (``%(rows)s``, read with ``json_to_recordset``),
+        kept and sent with the next statement that returns rows or with ``COMMIT``. Text
+        the encoding cannot hold (NUL, a lone surrogate) is refused by the server as a
+        DataError: WriteRejected."""
+        if not rows:
+            return
+        if not self.started and self._clock is not None:
+            self._send(None)  # an injected clock is not SQL: read it before binding
+        try:
+            encoded = dumps_rows(rows)
+        except ValueError as exc:  # NaN / Infinity: no JSON, no column can hold it
+            raise WriteRejected(f"refused write {name!r}: {exc}") from exc
+        self._deferred += self._bind(name, {"rows": encoded, **scalars})
+        self._names.append(name)
+
+    def commit(self, notify: Sequence[str] = ()) -> None:
+        """Send what is kept, the NOTIFYs (statements) and COMMIT; nothing if nothing
+        began."""
+        self._finish(notify, "COMMIT")
+
+    def release(self, notify: Sequence[str], search_path: str) -> None:
+        """End a joined transaction (:meth:`joined`): send what is kept, the NOTIFYs
+        (delivered when the caller commits), the caller's ``search_path`` back (as it
+        read, ``SET LOCAL``) and ``RELEASE SAVEPOINT``."""
+        if not self.started and not self._deferred:
+            return
+        restore = self._binder.mogrify("SELECT set_config('search_path', %s, true)",
+                                       (search_path,))
+        self._finish([*notify, restore], f"RELEASE SAVEPOINT {SAVEPOINT}")
+
+    def rollback_joined(self) -> None:
+        """Undo a joined transaction's statements (the savepoint's: the ``search_path``
+        too); the caller's transaction goes on as before it. Nothing if nothing was
+        sent."""
+        self._deferred, self._names = [], []
+        if self.started:
+            self._raw.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}; "
+                              f"RELEASE SAVEPOINT {SAVEPOINT}", prepare=False)
+
+    def _finish(self, before: Sequence[str], tail: str) -> None:
+        if not self.started and not self._deferred:
+            return
+        for statement in before:
+            self._deferred.append(statement)
+            self._names.append("notify")
+        self._send(None, tail=tail)
+
+    def wake(self, channel: str = "ready") -> None:
+        self.woken.add(channel)
+
+
