@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from outboxsupport import fill_outbox, sql_run
+from outboxviewsupport import fill_outbox, sql_run
 from typer.testing import CliRunner
 
 from ratchet import App, Control, InvalidArguments

@@ -22,6 +22,12 @@ Point names (:data:`POINTS`; the crash-point matrix rows are DESIGN §6's):
 * ``task.after_complete`` — completion committed, worker not yet moved on (row 6)
 * ``batch.before_commit`` — a batch of ``ctx.batches`` processed, its commit not sent (row 9)
 * ``batch.after_commit`` — a batch committed, not yet counted by the task (row 9)
+* ``emit.after_commit`` — ``ctx.emit``'s checkpoint and outbox row committed, the call
+  not returned (row 10)
+* ``relay.before_publish`` — a relay's lease checked a last time, its batch not yet sent
+  (a frozen relay)
+* ``relay.after_publish`` — a batch published and confirmed, not marked sent (row 10)
+* ``relay.after_mark`` — a batch marked sent
 
 Names under ``test.`` are left to tests, for points they place in their own task code.
 Any other name in ``RATCHET_CRASH_AT`` / ``RATCHET_PAUSE_AT`` is refused with a
@@ -43,7 +49,8 @@ POINTS: frozenset[str] = frozenset({
     "submit.before_commit", "submit.after_commit", "claim.after_commit", "effect.after_intent",
     "effect.before_call", "effect.after_call", "step.after_commit", "transaction.before_begin",
     "transaction.after_commit", "commit.before_commit", "task.after_complete",
-    "batch.before_commit", "batch.after_commit",
+    "batch.before_commit", "batch.after_commit", "emit.after_commit", "relay.before_publish",
+    "relay.after_publish", "relay.after_mark",
 })
 """Every fault point the code reaches (the module docstring says where each one is)."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from dashsupport import serve
-from outboxsupport import fill_outbox
+from outboxviewsupport import fill_outbox
 
 from ratchet import App, Control
 from ratchet.web import WebSettings

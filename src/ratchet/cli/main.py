@@ -4,10 +4,10 @@ the app, its commands in the order ``ratchet --help`` lists them, and the entry 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
 ``late-effects``, ``check``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
 ``send-event``, ``pause``, ``resume``, ``limits`` (``set``, ``clear``), ``quarantine``
-(``list``, ``replay``), ``definitions``, ``schedules``, ``prune``, ``serve``, ``migrate``,
-``demo``, ``crash-matrix``; ``ratchet --version``. Every command takes ``--ledger URL``
-(default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``; ``crash-matrix``: fresh SQLite
-files in a temporary directory). The commands
+(``list``, ``replay``), ``definitions``, ``schedules``, ``prune``, ``serve``, ``relay``,
+``migrate``, ``demo``, ``crash-matrix``; ``ratchet --version``. Every command takes
+``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``;
+``crash-matrix``: fresh SQLite files in a temporary directory). The commands
 call only the public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loading.load_app`),
 never the ledger modules. Ratchet errors print one line saying what to fix (stored data and
 user input printed as text, never as markup; passwords redacted) and exit with the status
@@ -23,9 +23,10 @@ One module per command group: :mod:`~ratchet.cli.worker_boot`, :mod:`~ratchet.cl
 :mod:`~ratchet.cli.definitions`, :mod:`~ratchet.cli.schedules`,
 :mod:`~ratchet.cli.reconcile`, :mod:`~ratchet.cli.actions`, :mod:`~ratchet.cli.events`,
 :mod:`~ratchet.cli.pausing`, :mod:`~ratchet.cli.limits`, :mod:`~ratchet.cli.quarantine`,
-:mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.migrate`,
-:mod:`~ratchet.cli.demo`, :mod:`~ratchet.cli.crashmatrix`; shared options in
-:mod:`~ratchet.cli.options`, errors to exit status in :mod:`~ratchet.cli.guard`.
+:mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.relay`,
+:mod:`~ratchet.cli.migrate`, :mod:`~ratchet.cli.demo`, :mod:`~ratchet.cli.crashmatrix`;
+shared options in :mod:`~ratchet.cli.options`, errors to exit status in
+:mod:`~ratchet.cli.guard`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from . import (
     pausing,
     prune,
     reconcile,
+    relay,
     schedules,
     serve,
     status,
@@ -115,6 +117,7 @@ for _name, _command in (
     ("resume", pausing.resume),
     ("prune", prune.prune),
     ("serve", serve.serve),
+    ("relay", relay.relay),
     ("migrate", migrate.migrate),
     ("demo", demo.demo),
     ("crash-matrix", crashmatrix.crash_matrix),

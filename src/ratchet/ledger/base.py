@@ -24,6 +24,7 @@ This module gathers the contract's names in one place; they live in modules by c
 * :mod:`~ratchet.ledger.records_outbox`: the outbox as operators see it (backlog,
   relays, failing messages);
 * :mod:`~ratchet.ledger.records_registry`: the worker and definition registries;
+* :mod:`~ratchet.ledger.records_relay`: the outbox relay's partition leases and rows;
 * :mod:`~ratchet.ledger.records_schedules`: periodic schedules, their cursors and a
   scheduler pass;
 * :mod:`~ratchet.ledger.protocol`: the :class:`Ledger` Protocol, made of
@@ -38,6 +39,7 @@ from .protocol import (
     Ledger,
     LedgerHandle,
     OperatorLedger,
+    RelayLedger,
     Subscription,
     WorkerLedger,
 )
@@ -84,6 +86,7 @@ from .records_registry import (
     WorkerInfo,
     WorkerSlots,
 )
+from .records_relay import OutboxRow, PartLease
 from .records_schedules import (
     ScheduleAdvance,
     ScheduleFired,
@@ -169,6 +172,9 @@ __all__ = [
     "Ledger",
     "LedgerHandle",
     "OperatorLedger",
+    "OutboxRow",
+    "PartLease",
+    "RelayLedger",
     "WorkerLedger",
     "Limit",
     "LimitScope",

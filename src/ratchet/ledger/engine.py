@@ -21,7 +21,7 @@ from typing import Any
 
 from ..config import LedgerConfig
 from ..errors import LedgerCorrupt
-from ..outbox import NewMessage
+from ..outbox import OUTBOX_PARTITIONS, NewMessage
 from .base import (
     AuditEvent,
     BatchActivity,
@@ -43,7 +43,9 @@ from .base import (
     LimitScope,
     NewTask,
     OutboxMessage,
+    OutboxRow,
     OutboxStats,
+    PartLease,
     PauseRecord,
     PauseResult,
     PruneReport,
@@ -82,6 +84,7 @@ from .ops.quarantine import Quarantine
 from .ops.ratelimits import RateLimits
 from .ops.reads import Reads
 from .ops.registry import Registry
+from .ops.relay import Relay
 from .ops.renew import Renew
 from .ops.retention import Retention
 from .ops.schedules import Schedules
@@ -117,6 +120,7 @@ class LedgerEngine:
         core = self._core = EngineCore(config, dialect)
         self._submit = Submit(core)
         self._emit = Emit(core)
+        self._relay = Relay(core)
         self._claims = Claims(core)
         self._renew = Renew(core)
         self._commits = Commits(core, self._claims)
@@ -182,6 +186,28 @@ class LedgerEngine:
     def emit(self, messages: Sequence[NewMessage], connection: Any = None) -> None:
         """See :meth:`Ledger.emit` (:class:`~ratchet.ledger.ops.emit.Emit`)."""
         self._emit.emit(messages, connection)
+
+    def outbox_lease(self, holder: str, lease_s: float, want: int = OUTBOX_PARTITIONS,
+                     *, rebalance: bool = True) -> list[PartLease]:
+        """See :meth:`Ledger.outbox_lease` (:class:`~ratchet.ledger.ops.relay.Relay`)."""
+        return self._relay.outbox_lease(holder, lease_s, want, rebalance=rebalance)
+
+    def outbox_fetch(self, parts: Sequence[int], limit: int) -> list[OutboxRow]:
+        """See :meth:`Ledger.outbox_fetch`."""
+        return self._relay.outbox_fetch(parts, limit)
+
+    def outbox_mark_sent(self, holder: str, leases: Sequence[tuple[int, int]],
+                         ids: Sequence[int]) -> int:
+        """See :meth:`Ledger.outbox_mark_sent` (fenced by the partitions' generations)."""
+        return self._relay.outbox_mark_sent(holder, leases, ids)
+
+    def outbox_failed(self, holder: str, ids: Sequence[int], error: str) -> None:
+        """See :meth:`Ledger.outbox_failed`."""
+        self._relay.outbox_failed(holder, ids, error)
+
+    def outbox_release(self, holder: str) -> None:
+        """See :meth:`Ledger.outbox_release`."""
+        self._relay.outbox_release(holder)
 
     def claim(self, holder: str, names: Sequence[ClaimKind], limit: int,
               scope: ClaimScope | None = None) -> list[Claim]:

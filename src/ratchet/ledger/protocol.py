@@ -12,11 +12,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from .protocol_handle import LedgerHandle, Subscription
 from .protocol_operator import OperatorLedger
+from .protocol_relay import RelayLedger
 from .protocol_worker import WorkerLedger
 from .records_ops import PruneReport
 
-__all__ = ["AdminLedger", "Ledger", "LedgerHandle", "OperatorLedger", "Subscription",
-           "WorkerLedger"]
+__all__ = ["AdminLedger", "Ledger", "LedgerHandle", "OperatorLedger", "RelayLedger",
+           "Subscription", "WorkerLedger"]
 
 
 @runtime_checkable
@@ -69,7 +70,7 @@ class AdminLedger(LedgerHandle, Protocol):
 
 
 @runtime_checkable
-class Ledger(WorkerLedger, OperatorLedger, AdminLedger, Protocol):
+class Ledger(WorkerLedger, OperatorLedger, AdminLedger, RelayLedger, Protocol):
     """The storage contract every backend implements (:class:`~ratchet.ledger.engine.
     LedgerEngine` over the SQLite and PostgreSQL dialects).
 

@@ -116,8 +116,13 @@ class OutboxViews:
             held: dict[str, list[_LeaseRow]] = {}
             for lease in _LEASES.all(tx, {}):
                 held.setdefault(lease.holder, []).append(lease)
-            relays = [OutboxRelay(holder, tuple(sorted(int(r.part) for r in rows)),
-                                  min(float(r.lease_until) for r in rows))
+            # A relay's own row with a negative part is its presence (a live relay that
+            # holds no partition yet still counts in the fair share), not a partition.
+            relays = [OutboxRelay(holder, tuple(sorted(int(r.part) for r in rows
+                                                       if int(r.part) >= 0)),
+                                  min((float(r.lease_until) for r in rows
+                                       if int(r.part) >= 0),
+                                      default=max(float(r.lease_until) for r in rows)))
                       for holder, rows in sorted(held.items())]
             ranked = sorted(topics, key=lambda t: (-int(t.n), t.topic))[:top]
             return OutboxStats(
