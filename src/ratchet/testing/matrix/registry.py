@@ -79,7 +79,8 @@ ROWS: dict[int, Row] = {row.number: row for row in (
     Row(9, "a later batch committed, an earlier one lost", "contiguous watermark",
         ("batch.before_commit",), row9),
     Row(10, "outbox published, not marked sent", "stable message id, consumer dedupe",
-        unavailable="not available in this build (no outbox relay)"),
+        unavailable="not available in this build (no outbox row registered: it needs "
+                    "ratchet relay and a broker)"),
 )}
 """Every row, by number (:func:`register_row` changes it)."""
 
