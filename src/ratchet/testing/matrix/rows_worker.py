@@ -6,7 +6,6 @@ equal the crash-free control run, counted at the counting service and the step l
 from __future__ import annotations
 
 from ...ledger.base import EffectState
-from ...ledger.migrations import load_migrations
 from ...states import State
 from .app import CHARGE
 from .context import CHARGE_PARAMS, RowContext
@@ -100,9 +99,10 @@ def row6(ctx: RowContext) -> str:
 
 def startup_writes(backend: str) -> int:
     """Write transactions a fresh worker runs when it opens an up-to-date ledger, before
-    its first claim: SQLite checks each migration in its own transaction, PostgreSQL all in
-    one; then the registration of the worker's definitions."""
-    return (len(load_migrations("sqlite")) if backend == "sqlite" else 1) + 1
+    its first claim: on SQLite none (opening a current file takes no write lock), on
+    PostgreSQL one (the migrations are checked in one transaction under an advisory lock);
+    then one more on both: the registration of the worker's definitions (DESIGN §8)."""
+    return (0 if backend == "sqlite" else 1) + 1
 
 
 RESULT_WRITE = 2
