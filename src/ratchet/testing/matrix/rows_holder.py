@@ -28,7 +28,7 @@ def row8(ctx: RowContext) -> str:
     rig.start_service()
     task_id = rig.app.submit(CHARGE, CHARGE_PARAMS).task_id
     a = rig.worker("A", pause_at="effect.after_call")
-    a_holder = a.holder()
+    a_holder = a.holder(60.0)
     a.wait_stopped()
     rig.wait_lease_expired(task_id)
     b = rig.worker("B")

@@ -184,7 +184,7 @@ def row2(ctx: RowContext) -> str:
     rig = ctx.world("row2")
     rig.start_service()
     dead = rig.worker("A")
-    dead.holder()
+    dead.holder(60.0)
     expect(dead.kill() == SIGKILLED, "the first worker was not killed")
     task_id = rig.app.submit(CHARGE, CHARGE_PARAMS).task_id
     info = rig.get(task_id)
