@@ -277,12 +277,13 @@ def test_faces_take_public_names_only() -> None:
 LATE_FACES: dict[str, frozenset[str]] = {
     "ratchet.cli.serve": frozenset({"ratchet.web.serve"}),
     "ratchet.cli.demo": frozenset({"ratchet.demo.runner"}),
+    "ratchet.cli.crashmatrix": frozenset({"ratchet.testing.matrix"}),
     "ratchet.web": frozenset({"ratchet.web.app"}),
 }
 """The only late imports that are not optional dependencies: a face loading a heavy face
-(the HTTP stack, the demo) when its command runs, so that the CLI's other commands and a
-worker's start do not pay for them (about half a second together). None dodges a cycle:
-the imported module does not import the importer."""
+(the HTTP stack, the demo, the crash-point matrix) when its command runs, so that the CLI's
+other commands and a worker's start do not pay for them (about half a second together).
+None dodges a cycle: the imported module does not import the importer."""
 
 
 def test_no_function_local_import_of_a_ratchet_module() -> None:
@@ -320,6 +321,9 @@ SQL_ELSEWHERE: tuple[tuple[str, str, str], ...] = (
      "the migration bookkeeping of the dialect that applies the catalogue's migrations"),
     ("ledger/", "sqlite_master",
      "the SQLite dialect asks SQLite's system catalogue which tables exist"),
+    ("testing/matrix/rows_submit.py", "matrix_orders",
+     "the crash matrix's caller writes and counts its own table (in the world's ledger file "
+     "or schema) in its own transaction, which submit(connection=) joins: not the ledger's"),
     ("demo/", "pg_namespace",
      "the demo reads the marker comment on its own PostgreSQL schema (a system catalogue) "
      "before it drops that schema"),

@@ -9,6 +9,7 @@ started with ``RATCHET_CRASH_AT=<name>`` — then the process kills itself with 
 
 Point names (:data:`POINTS`; the crash-point matrix rows are DESIGN §6's):
 
+* ``submit.before_commit`` — request received and checked, nothing written (matrix row 1)
 * ``submit.after_commit`` — task row committed, client not answered (matrix row 3)
 * ``claim.after_commit`` — claimed, nothing executed (row 4)
 * ``effect.after_intent`` — intent committed, call not made (row 5)
@@ -45,8 +46,8 @@ from .errors import ConfigError
 __all__ = ["POINTS", "armed", "point", "reset"]
 
 POINTS: frozenset[str] = frozenset({
-    "submit.after_commit", "claim.after_commit", "effect.after_intent", "effect.before_call",
-    "effect.after_call", "step.after_commit", "transaction.before_begin",
+    "submit.before_commit", "submit.after_commit", "claim.after_commit", "effect.after_intent",
+    "effect.before_call", "effect.after_call", "step.after_commit", "transaction.before_begin",
     "transaction.after_commit", "commit.before_commit", "task.after_complete",
     "batch.before_commit", "batch.after_commit", "emit.after_commit", "relay.before_publish",
     "relay.after_publish", "relay.after_mark",

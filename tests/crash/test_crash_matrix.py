@@ -28,6 +28,7 @@ from crashkit import (
 from ratchet import State
 from ratchet.ledger.base import EffectState
 from ratchet.testing import list_task_ids
+from ratchet.testing.matrix.rows_worker import startup_writes
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(90)]
 
@@ -294,16 +295,6 @@ def test_row6_task_completed_not_rerun(rig: Rig, control: Any) -> None:
 
 
 # --------------------------------------------------------------------- row 7
-
-def startup_writes(backend: str) -> int:
-    """Write transactions a fresh worker runs when it opens an up-to-date ledger, before
-    its first claim: SQLite checks each migration in its own ``BEGIN IMMEDIATE``
-    transaction; PostgreSQL checks them all in one transaction under an advisory lock.
-    Then one more: the registration of the worker's definitions (DESIGN §8)."""
-    from ratchet.ledger.migrations import load_migrations
-
-    return (len(load_migrations("sqlite")) if backend == "sqlite" else 1) + 1
-
 
 # The n-th write transaction of a fresh worker (0-based) after its migrations:
 # claim, prepare step + effect intent (the pipelined step rides on the intent's

@@ -539,12 +539,14 @@ class App(Messages):
 
     def _submit_one(self, request: SubmitRequest, connection: Any = None) -> TaskHandle:
         """:meth:`submit` of one prepared request (also :meth:`submit_sharded`'s): its span,
-        the group commit (or the caller's transaction), the fault point after it."""
+        the group commit (or the caller's transaction), the fault points before and after
+        it."""
         with submit_span(request.name, idempotency_key=request.idempotency_key,
                          tenant=request.tenant) as span:
             task = self._prepare(request)
             if span.trace_context is not None:
                 task = dataclasses.replace(task, trace_context=span.trace_context)
+            faults.point("submit.before_commit")
             if connection is not None:
                 (result,) = self.ledger.submit([task], connection)
             else:
@@ -592,6 +594,7 @@ class App(Messages):
             new = [self._prepare(r) for r in requests]
             if span.trace_context is not None:
                 new = [dataclasses.replace(t, trace_context=span.trace_context) for t in new]
+            faults.point("submit.before_commit")
             results = self.ledger.submit(new, connection)
             span.submitted_many(len(new), sum(r.created for r in results))
         faults.point("submit.after_commit")

@@ -5,9 +5,9 @@ Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect`
 ``late-effects``, ``check``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
 ``send-event``, ``pause``, ``resume``, ``limits`` (``set``, ``clear``), ``quarantine``
 (``list``, ``replay``), ``definitions``, ``schedules``, ``prune``, ``serve``, ``relay``,
-``migrate``, ``demo``;
-``ratchet --version``. Every command takes
-``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``). The commands
+``migrate``, ``demo``, ``crash-matrix``; ``ratchet --version``. Every command takes
+``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``;
+``crash-matrix``: fresh SQLite files in a temporary directory). The commands
 call only the public API (``Control``, ``App``, ``Worker``, :func:`ratchet.loading.load_app`),
 never the ledger modules. Ratchet errors print one line saying what to fix (stored data and
 user input printed as text, never as markup; passwords redacted) and exit with the status
@@ -24,9 +24,9 @@ One module per command group: :mod:`~ratchet.cli.worker_boot`, :mod:`~ratchet.cl
 :mod:`~ratchet.cli.reconcile`, :mod:`~ratchet.cli.actions`, :mod:`~ratchet.cli.events`,
 :mod:`~ratchet.cli.pausing`, :mod:`~ratchet.cli.limits`, :mod:`~ratchet.cli.quarantine`,
 :mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.relay`,
-:mod:`~ratchet.cli.migrate`,
-:mod:`~ratchet.cli.demo`; shared options in :mod:`~ratchet.cli.options`, errors to exit
-status in :mod:`~ratchet.cli.guard`.
+:mod:`~ratchet.cli.migrate`, :mod:`~ratchet.cli.demo`, :mod:`~ratchet.cli.crashmatrix`;
+shared options in :mod:`~ratchet.cli.options`, errors to exit status in
+:mod:`~ratchet.cli.guard`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ..loading import load_app
 from . import (
     actions,
     batches,
+    crashmatrix,
     definitions,
     demo,
     events,
@@ -119,6 +120,7 @@ for _name, _command in (
     ("relay", relay.relay),
     ("migrate", migrate.migrate),
     ("demo", demo.demo),
+    ("crash-matrix", crashmatrix.crash_matrix),
 ):
     cli.command(_name, cls=Command)(_command)
 cli.add_typer(limits_cli, name="limits")
