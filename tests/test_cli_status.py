@@ -35,9 +35,9 @@ def echo(ctx: TaskContext, text: str = "") -> str:
     return text
 """
 
-NOT_JSON = {"worker", "demo", "serve"}
-"""Commands without --json: a worker (and the HTTP service) runs until stopped, the demo
-prints a report. Every other command must take --json (test_every_command_has_json)."""
+NOT_JSON = {"worker", "demo", "serve", "relay"}
+"""Commands without --json: a worker, a relay (and the HTTP service) run until stopped, the
+demo prints a report. Every other command must take --json (test_every_command_has_json)."""
 
 
 def _env() -> dict[str, str]:
