@@ -5,13 +5,12 @@ them under ``CI=true`` (``.ci/run`` starts both)."""
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from outboxsupport import AmqpSink, NatsSink
+from outboxsupport import AmqpSink, NatsSink, require_broker
 
 from ratchet.testing import ProcessGroup
 
@@ -19,21 +18,10 @@ AMQP_URL = os.environ.get("RATCHET_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1
 NATS_URL = os.environ.get("RATCHET_TEST_NATS_URL", "nats://127.0.0.1:4222")
 
 
-def _require(name: str, host: str, port: int) -> None:
-    try:
-        socket.create_connection((host, port), timeout=2).close()
-    except OSError as exc:
-        message = (f"{name} at {host}:{port} is not reachable ({exc}); start it (.ci/run "
-                   "does) to run the outbox relay tests")
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 @pytest.fixture
 def amqp() -> Iterator[AmqpSink]:
     """A fresh exchange and a durable queue bound to all of it (deleted afterwards)."""
-    _require("RabbitMQ", "127.0.0.1", 5672)
+    require_broker("RabbitMQ", "127.0.0.1", 5672)
     sink = AmqpSink(AMQP_URL, f"rt-{uuid.uuid4().hex[:10]}")
     sink.declare()
     yield sink
@@ -43,7 +31,7 @@ def amqp() -> Iterator[AmqpSink]:
 @pytest.fixture
 def nats_sink() -> Iterator[NatsSink]:
     """A fresh JetStream stream on its own subject prefix (deleted afterwards)."""
-    _require("NATS", "127.0.0.1", 4222)
+    require_broker("NATS", "127.0.0.1", 4222)
     tag = uuid.uuid4().hex[:10]
     sink = NatsSink(NATS_URL, stream=f"RT{tag}", prefix=f"rt{tag}")
     sink.declare()

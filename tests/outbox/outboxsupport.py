@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import sys
 import threading
 import time
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import aio_pika
 import nats
+import pytest
 from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
@@ -238,3 +241,15 @@ def unsent(ledger_url: str) -> int:
         return len(ledger.outbox_fetch(list(range(32)), 100_000))
     finally:
         ledger.close()
+
+
+def require_broker(name: str, host: str, port: int) -> None:
+    """Skip (fail under ``CI=true``) unless ``host:port`` accepts a connection."""
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError as exc:
+        message = (f"{name} at {host}:{port} is not reachable ({exc}); start it (.ci/run "
+                   "does) to run the outbox relay tests")
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)

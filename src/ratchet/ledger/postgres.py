@@ -419,7 +419,9 @@ class PostgresDialect:
         if not isinstance(connection, psycopg.Connection):
             raise InvalidArguments(
                 "connection= on a PostgreSQL ledger takes a psycopg 3 Connection (not an "
-                f"AsyncConnection) on the ledger's database, got {type(connection).__name__}")
+                "AsyncConnection) on the ledger's database, got "
+                f"{type(connection).__module__}.{type(connection).__qualname__} (from "
+                "SQLAlchemy: session.connection().connection.driver_connection)")
         status = connection.info.transaction_status
         if connection.closed or connection.broken:
             raise InvalidArguments("connection= is closed")

@@ -542,7 +542,8 @@ class SQLiteDialect:
             raise InvalidArguments(
                 f"connection= on a SQLite ledger takes the sqlite3.Connection of your "
                 f"transaction on the ledger's file {self.path!r}, got "
-                f"{type(connection).__name__}")
+                f"{type(connection).__module__}.{type(connection).__qualname__} (from "
+                "SQLAlchemy: session.connection().connection.driver_connection)")
         try:
             files = {name: path for _, name, path in
                      connection.execute("PRAGMA database_list").fetchall()}
@@ -755,7 +756,8 @@ class SQLiteLedger(LedgerEngine):
             raise LedgerUnavailable(
                 f"{dialect.path} (from {shown!r}) holds no Ratchet ledger (tables: "
                 f"{listed}); it was left untouched. Point --ledger / RATCHET_LEDGER_URL "
-                "at a Ratchet ledger file, or at a new path to create one."
+                "at a Ratchet ledger file, or at a new path to create one (to keep your own "
+                "tables in the ledger's file, create the ledger first, then add them)."
             )
         if migrate:
             self.migrate()

@@ -31,14 +31,16 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from ..errors import ConfigError
 from ..faults import point as fault_point
 from ..ledger.base import Ledger, OutboxRow
 from ..outbox import OUTBOX_PARTITIONS
 from .holds import KeyHolds
-from .targets import HeldBack, Publisher, Refused
+from .targets import HeldBack, Publisher, Refused, misconfigured
 
 __all__ = ["Relay", "RelayOptions", "RelayStats", "default_holder"]
 
@@ -214,8 +216,8 @@ class Relay:
         attempt = 0
         while not self._stop.is_set():
             try:
-                for publisher in self.publishers:
-                    await publisher.connect()
+                if not await self._until_stopped(self._connect_all()):
+                    return False  # stopped while connecting
                 self._connected = True
                 if attempt or self.stats.reconnects:
                     log.info("relay %s: connected to %s", self.holder,
@@ -223,6 +225,12 @@ class Relay:
                 self.stats.reconnects += 1
                 return True
             except Exception as exc:
+                if misconfigured(exc):
+                    # Retrying cannot help (a bad stream name, an exchange of another type,
+                    # TLS on a plain port, refused credentials): stop, exit status 2.
+                    raise ConfigError(
+                        f"relay {self.holder}: the broker refused the relay's set-up "
+                        f"({type(exc).__name__}: {exc}); check --to") from exc
                 wait = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
                 log.warning("relay %s: broker unreachable (%s: %s); retrying in %.1f s",
                             self.holder, type(exc).__name__, exc, wait)
@@ -231,6 +239,28 @@ class Relay:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), wait)
         return False
+
+    async def _connect_all(self) -> None:
+        for publisher in self.publishers:
+            await publisher.connect()
+
+    async def _until_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
+        """Run ``work`` until it ends (True; its exception raised) or the relay is asked to
+        stop (False; ``work`` cancelled): a connect that hangs never keeps SIGTERM from
+        stopping the relay."""
+        task = asyncio.ensure_future(work)
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            return False
+        task.result()
+        return True
 
     # -- leases
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -49,6 +51,11 @@ NATS_SCHEMES = ("nats", "tls")
 DEFAULT_EXCHANGE = "ratchet"
 DEFAULT_STREAM = "RATCHET"
 DEFAULT_PREFIX = "ratchet"
+log = logging.getLogger("ratchet.relay")
+
+CONNECT_TIMEOUT_S = 10.0
+"""How long one connect to a broker may take before the relay counts it failed, seconds."""
+
 PUBLISH_TIMEOUT_S = 10.0
 """How long a batch waits for the broker's confirmations before it counts as failed."""
 
@@ -158,7 +165,8 @@ def _headers(row: OutboxRow) -> dict[str, str]:
 class AmqpPublisher:
     """RabbitMQ: publisher confirms on one channel, persistent messages to a durable topic
     exchange; routing key = topic, ``message_id`` = the message id, headers
-    ``ratchet-key``, ``ratchet-outbox-id``."""
+    ``ratchet-key``, ``ratchet-outbox-id``. Published mandatory: a message that no bound
+    queue takes is returned, and counts as refused (it stays unsent)."""
 
     def __init__(self, target: Target) -> None:
         if aio_pika is None:
@@ -172,7 +180,10 @@ class AmqpPublisher:
         """See :meth:`Publisher.connect`."""
         await self.close()
         self._connection = await aio_pika.connect(self.target.url, timeout=5)
-        channel = await self._connection.channel(publisher_confirms=True)
+        # A message no queue is bound for is returned (mandatory) and raises: it stays
+        # unsent and failing, never "sent" into nowhere.
+        channel = await self._connection.channel(publisher_confirms=True,
+                                                 on_return_raises=True)
         self._exchange = await channel.declare_exchange(
             self.target.exchange, aio_pika.ExchangeType.TOPIC, durable=True)
 
@@ -227,8 +238,13 @@ class NatsPublisher:
     async def connect(self) -> None:
         """See :meth:`Publisher.connect`. Creates the stream on ``<prefix>.>`` if missing."""
         await self.close()
-        self._nc = await nats.connect(servers=[self.target.url], connect_timeout=5,
-                                      allow_reconnect=False, max_reconnect_attempts=0)
+        # One try, bounded: nats-py retries a refused server for ever when its reconnect
+        # attempts are 0 (0 means "no limit" there), and logs every try with a traceback
+        # through its default error callback; the relay's own loop retries with backoff.
+        self._nc = await asyncio.wait_for(nats.connect(
+            servers=[self.target.url], connect_timeout=5, allow_reconnect=False,
+            max_reconnect_attempts=1, reconnect_time_wait=0.1, error_cb=_nats_error),
+            timeout=CONNECT_TIMEOUT_S)
         js = self._nc.jetstream()
         subjects = [f"{self.target.prefix}.>"]
         try:
@@ -300,6 +316,25 @@ class NatsPublisher:
         if nc is not None:
             with contextlib.suppress(Exception):  # closing a broken connection
                 await nc.close()
+
+
+def misconfigured(exc: BaseException) -> bool:
+    """Is ``exc``, raised by a publisher's connect, a set-up the broker refuses whatever
+    the retries (a bad stream name, an exchange declared with another type, refused
+    credentials, TLS against a plain port), rather than a broker that cannot be reached?"""
+    if isinstance(exc, ValueError | ssl.SSLError):
+        return True
+    if aio_pika is not None and isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed
+                                           | aiormq.exceptions.ChannelAccessRefused
+                                           | aiormq.exceptions.ProbableAuthenticationError):
+        return True
+    return nats is not None and isinstance(exc, BadRequestError)
+
+
+async def _nats_error(exc: Exception) -> None:
+    """nats-py's error callback: one line at debug level (the relay logs the failure of
+    the connect or publish it causes, once, with its backoff)."""
+    log.debug("nats: %s: %s", type(exc).__name__, exc)
 
 
 def publisher_for(target: Target) -> Publisher:
