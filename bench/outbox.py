@@ -23,7 +23,7 @@ import psycopg
 
 from ratchet import open_ledger
 from ratchet.ledger.base import Ledger
-from ratchet.ledger.records_outbox import OutboxRow
+from ratchet.ledger.base import OutboxRow
 from ratchet.outbox import new_message
 from ratchet.relay import Publisher, Relay, RelayOptions, default_holder, parse_target
 from ratchet.relay import publisher_for as make_publisher
