@@ -19,11 +19,11 @@ import threading
 import time
 from collections.abc import Sequence
 
+import aio_pika
 import psycopg
 
 from ratchet import open_ledger
-from ratchet.ledger.base import Ledger
-from ratchet.ledger.base import OutboxRow
+from ratchet.ledger.base import Ledger, OutboxRow
 from ratchet.outbox import new_message
 from ratchet.relay import Publisher, Relay, RelayOptions, default_holder, parse_target
 from ratchet.relay import publisher_for as make_publisher
@@ -124,12 +124,41 @@ def lag(url: str, target: str, n: int) -> tuple[float, float]:
     return q[49] * 1000, q[98] * 1000
 
 
+AMQP = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def amqp_queue(create: bool) -> None:
+    """Bind (or delete) the bench's queue to its exchange: the relay publishes mandatory,
+    so a message no queue takes would be returned and stay unsent."""
+    async def run() -> None:
+        connection = await aio_pika.connect(AMQP, timeout=5)
+        channel = await connection.channel()
+        if create:
+            exchange = await channel.declare_exchange("ratchet-bench",
+                                                      aio_pika.ExchangeType.TOPIC,
+                                                      durable=True)
+            queue = await channel.declare_queue("ratchet-bench", durable=True)
+            await queue.bind(exchange, "#")
+        else:
+            await channel.queue_delete("ratchet-bench")
+        await connection.close()
+    asyncio.run(run())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--keys", type=int, default=200)
     parser.add_argument("--lag", type=int, default=200)
     args = parser.parse_args()
+    amqp_queue(create=True)
+    try:
+        run_all(args)
+    finally:
+        amqp_queue(create=False)
+
+
+def run_all(args: argparse.Namespace) -> None:
     for name, target in TARGETS.items():
         for relays in (1, 2):
             schema = f"bench_outbox_{secrets.token_hex(4)}"
