@@ -5,10 +5,13 @@ private schemas the command creates and drops), its JSON report and its exit sta
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from pgsupport import require_pg
@@ -19,6 +22,25 @@ from ratchet.testing import clean_env
 from ratchet.testing.matrix import FAIL, ROWS, Row, expect, register_row, run_matrix
 
 pytestmark = [pytest.mark.crash]
+
+AMQP_URL = os.environ.get("RATCHET_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+NATS_URL = os.environ.get("RATCHET_TEST_NATS_URL", "nats://127.0.0.1:4222")
+NEEDS_BROKER = "needs --broker URL (amqp:// or nats://)"
+
+
+def require_broker(url: str) -> str:
+    """``url`` when its broker accepts connections; else skip (fail under ``CI=true``)."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 5672
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError as exc:
+        message = f"the broker at {host}:{port} is not reachable ({exc}): row 10 needs it"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return url
+
 
 ROW_KEYS = {"row", "point", "mechanism", "status", "passed", "detail", "counts",
             "duration_s", "faults", "logs"}
@@ -44,7 +66,7 @@ def _pg_schemas(base: str, like: str) -> list[str]:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_every_row_passes_and_the_report_has_its_shape(backend: str) -> None:
-    args = ["--json"]
+    args = ["--json", "--broker", require_broker(AMQP_URL)]
     if backend == "postgresql":
         base = require_pg()
         before = set(_pg_schemas(base, "ratchet\\_matrix\\_%"))
@@ -78,6 +100,11 @@ def test_every_row_passes_and_the_report_has_its_shape(backend: str) -> None:
     assert nine["items_applied"] == nine["items"] == 40
     assert nine["deliveries"] == {"0": 1, "10": 1, "20": 1, "30": 1}
     assert nine["batch_calls"] == {"batch@0": 2, "batch@10": 1, "batch@20": 1, "batch@30": 1}
+    ten = by_row[10]["counts"]
+    # RabbitMQ keeps both copies of the re-published batch: consumers dedupe by message id.
+    assert (ten["broker"], ten["emitted"], ten["distinct"]) == ("rabbitmq", 20, 20), ten
+    assert ten["republished"] >= 1 and ten["duplicates"] == ten["republished"]
+    assert ten["deliveries"] == 20 + ten["republished"]
     if backend == "postgresql":
         assert set(_pg_schemas(base, "ratchet\\_matrix\\_%")) <= before, "schemas left behind"
 
@@ -93,6 +120,8 @@ def test_every_row_passes_and_the_report_has_its_shape(backend: str) -> None:
      "cannot make a directory for the matrix's ledger files in /nonexistent-dir/sub"),
     (["--ledger", "postgresql://nobody@127.0.0.1:9/x", "--rows", "3"],
      "PostgreSQL at 127.0.0.1 cannot be used"),
+    (["--broker", "http://127.0.0.1/", "--rows", "10"], "use amqp://"),
+    (["--broker", "amqp://127.0.0.1/?exchange=x", "--rows", "10"], "no query parameters"),
 ])
 def test_bad_usage_exits_2_with_a_clear_message(args: list[str], message: str) -> None:
     done = crash_matrix(*args, timeout_s=60.0)
@@ -101,20 +130,45 @@ def test_bad_usage_exits_2_with_a_clear_message(args: list[str], message: str) -
     assert done.stdout == ""
 
 
-def test_a_named_row_this_build_cannot_run_exits_1() -> None:
-    """``--rows 10`` while row 10 is not available: nothing is proved, exit status 1 with the
-    reason; in a full run the same row is a skip that does not fail the run."""
-    if ROWS[10].run is not None:
-        pytest.skip("row 10 is available in this build")
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_row_10_on_jetstream() -> None:
+    """Row 10 on NATS JetStream: the stream drops the re-published copies by Nats-Msg-Id."""
+    done = crash_matrix("--rows", "10", "--broker", require_broker(NATS_URL), "--json",
+                        timeout_s=240.0)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    (row,) = json.loads(done.stdout)["rows"]
+    assert row["status"] == "pass", row
+    ten = row["counts"]
+    assert (ten["broker"], ten["emitted"], ten["distinct"], ten["deliveries"],
+            ten["duplicates"]) == ("jetstream", 20, 20, 20, 0), ten
+    assert ten["republished"] >= 1
+
+
+def test_row_10_named_without_a_broker_exits_1() -> None:
+    """``--rows 10`` without ``--broker``: nothing is proved, exit status 1 with the reason;
+    in a full run the same row is a skip that does not fail the run."""
     done = crash_matrix("--rows", "10", "--json", timeout_s=60.0)
     assert done.returncode == 1, (done.stdout, done.stderr)
     report = json.loads(done.stdout)
     assert report["ok"] is False and report["explicit"] is True
     (row,) = report["rows"]
-    assert (row["row"], row["status"], row["detail"]) == (10, "skip", ROWS[10].unavailable)
+    assert (row["row"], row["status"], row["detail"]) == (10, "skip", NEEDS_BROKER)
     text = crash_matrix("--rows", "10", timeout_s=60.0)
     assert text.returncode == 1
-    assert "SKIP" in text.stdout and ROWS[10].unavailable in text.stdout
+    assert "SKIP" in text.stdout and NEEDS_BROKER in text.stdout
+    full = run_matrix(None, [10])
+    assert full.rows[0].status == "skip" and not full.ok
+
+
+def test_row_10_with_a_broker_that_cannot_be_reached_fails() -> None:
+    done = crash_matrix("--rows", "10", "--broker", "amqp://guest:guest@127.0.0.1:9/",
+                        "--json", timeout_s=120.0)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    (row,) = json.loads(done.stdout)["rows"]
+    assert row["status"] == "fail", row
+    assert row["detail"].startswith("the broker at amqp://guest:***@127.0.0.1:9/"), row
+    assert "cannot be used" in row["detail"] and "Traceback" not in row["detail"]
 
 
 @pytest.fixture

@@ -4,9 +4,10 @@ user's choosing, with real worker processes and real signals
 
 Prints one table row per matrix row (number, crash point, mechanism, pass / fail / skip,
 what the external side counted, time), or with ``--json`` the whole report. Exit status 0
-when every selected row passed (a row not available in this build is a skip, and fails the
-run only when ``--rows`` named it), 1 otherwise, 2 for bad usage (a malformed or
-out-of-range ``--rows``, a malformed or unreachable ledger).
+when every selected row passed (a row not available in this build or run, such as row 10
+without ``--broker``, is a skip, and fails the run only when ``--rows`` named it), 1
+otherwise (a broker that cannot be reached fails row 10), 2 for bad usage (a malformed or
+out-of-range ``--rows``, a malformed or unreachable ledger, a malformed ``--broker``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ def crash_matrix(
                      help="Rows to run: N, A-B or a comma list (1-3,5); default every row "
                      "(1-10)."),
     ] = None,
+    broker: Annotated[
+        str | None,
+        typer.Option("--broker", metavar="URL",
+                     help="The broker of row 10 (the outbox relay): amqp://user:pass@host:5672/"
+                     " (RabbitMQ) or nats://host:4222 (NATS JetStream). The run publishes to"
+                     " an exchange and queue, or a stream, of its own (ratchet-matrix-*),"
+                     " deleted at the end. Without it row 10 is a skip."),
+    ] = None,
     parallel: Annotated[
         int, typer.Option("--parallel", min=1, max=10, metavar="N",
                           help="Rows run at the same time, each in worlds of its own.")
@@ -82,7 +91,8 @@ def crash_matrix(
             progress.print(line(f"row {result.row:>2} ", (label, style),
                                 f" {result.duration_s:.1f} s  {result.detail}"))
 
-    report = guard(lambda: run_matrix(ledger, rows, parallel=parallel, on_row=shown))
+    report = guard(lambda: run_matrix(ledger, rows, broker=broker, parallel=parallel,
+                                      on_row=shown))
     if as_json:
         data = dataclasses.asdict(report)
         data["ok"] = report.ok

@@ -7,8 +7,10 @@ SIGSTOP at the named fault points of :mod:`ratchet.faults`, and the counting ser
   :class:`RowResult` (pass / fail / skip, detail, external counts, time);
   ``ratchet crash-matrix`` is its command line;
 * :data:`ROWS` and :func:`register_row`: the rows, one function each
-  (:mod:`~ratchet.testing.matrix.rows_submit`, ``rows_worker``, ``rows_holder``), and how a
-  build adds one;
+  (:mod:`~ratchet.testing.matrix.rows_submit`, ``rows_worker``, ``rows_holder``,
+  ``rows_outbox``), and how a build adds one;
+* row 10 (the outbox relay) needs a broker (``run_matrix(broker=...)``): its consumers of
+  RabbitMQ and NATS JetStream are in :mod:`~ratchet.testing.matrix.brokers`;
 * :class:`MatrixRig` (one world: ledger, service, step log, processes),
   :class:`RowContext` (what a row's function gets) and :func:`expect` for writing a row;
 * the app the workers run: ``ratchet.testing.matrix.app:app``.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from .context import BATCH_PARAMS, CHARGE_PARAMS, Control, RowContext, Worlds
 from .registry import FIRST_ROW, LAST_ROW, ROWS, Row, RowFunction, parse_rows, register_row
-from .rig import APP, MatrixRig, RowFailed, StepRun, expect
+from .rig import APP, MatrixRig, RowFailed, RowSkipped, StepRun, expect
 from .runner import FAIL, PASS, SKIP, MatrixReport, RowResult, run_matrix
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "Row",
     "RowContext",
     "RowFailed",
+    "RowSkipped",
     "RowFunction",
     "RowResult",
     "StepRun",

@@ -22,6 +22,9 @@ Tasks:
   ``deliver:<task>@<position>``). With ``hold_first`` the batch at position 0 of the first
   claim delivers and then holds until the file named by ``MATRIX_GATE`` exists (at most
   ``MATRIX_HOLD_S`` seconds, default 60), so later batches commit first.
+* :data:`EMIT` ``(n, keys)``: ``ctx.emit`` of ``n`` messages (topic :data:`EVENT_TOPIC`,
+  ``{"n": i}``, key ``k<i mod keys>``) to the transactional outbox; returns
+  ``{"messages": [[key, message id], ...]}`` in emit order (row 10).
 
 Leases come from ``MATRIX_LEASE_S`` (default 1 s) at submit; retries are fast and there is
 no quarantine (the matrix kills workers on purpose). The ledger comes from
@@ -42,10 +45,14 @@ from ...worker.context import TaskContext
 from ..counting.client import CountingClient
 from ..processes import ConditionTimeout, wait_for
 
-__all__ = ["CHARGE", "DELIVER", "LEASE_S", "app", "build_app", "charge_key", "deliver_key"]
+__all__ = ["CHARGE", "DELIVER", "EMIT", "EVENT_TOPIC", "LEASE_S", "app", "build_app",
+           "charge_key", "deliver_key"]
 
 CHARGE = "matrix.charge"
 DELIVER = "matrix.deliver"
+EMIT = "matrix.emit"
+EVENT_TOPIC = "matrix.event"
+"""The topic of the messages :data:`EMIT` writes to the outbox."""
 LEASE_S = float(os.environ.get("MATRIX_LEASE_S", "1.0"))
 """Lease of the tasks this process submits, seconds."""
 
@@ -153,6 +160,14 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> App:
                 _hold()
 
         return ctx.batches("items", range(n), fn, size=size, parallel=parallel)
+
+    @app.task(name=EMIT, retry=FAST_RETRY, lease_s=lease)
+    def emit(ctx: TaskContext, n: int, keys: int) -> dict[str, Any]:
+        sent = []
+        for i in range(n):
+            key = f"k{i % keys}"
+            sent.append([key, ctx.emit(EVENT_TOPIC, {"n": i}, key=key)])
+        return {"messages": sent}
 
     return app
 

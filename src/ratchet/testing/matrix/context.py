@@ -216,11 +216,13 @@ class Worlds:
 
 
 class RowContext:
-    """What a row's function gets: fresh worlds, the control runs, and the counts to report
-    (fill :attr:`counts` with what the external side counted)."""
+    """What a row's function gets: fresh worlds, the control runs, the broker of the run
+    (:attr:`broker`: the ``--broker`` URL, ``None`` when none was given) and the counts to
+    report (fill :attr:`counts` with what the external side counted)."""
 
-    def __init__(self, worlds: Worlds, controls: Controls) -> None:
+    def __init__(self, worlds: Worlds, controls: Controls, broker: str | None = None) -> None:
         self.worlds = worlds
+        self.broker = broker
         self._controls = controls.runs
         self._control_lock = controls.lock
         self.counts: dict[str, Any] = {}

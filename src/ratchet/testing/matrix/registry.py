@@ -3,7 +3,9 @@ it proves, and the function that runs it, in a registry a build can extend.
 
 A row without a function is listed (its crash point and mechanism) but cannot run in this
 build: the runner reports it as ``skip`` with :attr:`Row.unavailable` as the reason.
-:func:`register_row` adds or replaces a row (row 10, the outbox, is plugged in that way).
+:func:`register_row` adds or replaces a row. A row that can run in this build but not in this
+run (row 10 without a broker) raises :class:`~ratchet.testing.matrix.rig.RowSkipped`, also
+reported as ``skip``.
 
 Writing a row: a function ``(ctx: RowContext) -> str`` that opens fresh worlds with
 ``ctx.world(name)`` (a :class:`~ratchet.testing.matrix.rig.MatrixRig`: its own ledger,
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from ...errors import InvalidArguments
 from .context import RowContext
 from .rows_holder import row8, row9
+from .rows_outbox import row10
 from .rows_submit import row1, row2, row3
 from .rows_worker import row4, row5, row6, row7
 
@@ -79,8 +82,7 @@ ROWS: dict[int, Row] = {row.number: row for row in (
     Row(9, "a later batch committed, an earlier one lost", "contiguous watermark",
         ("batch.before_commit",), row9),
     Row(10, "outbox published, not marked sent", "stable message id, consumer dedupe",
-        unavailable="not available in this build (no outbox row registered: it needs "
-                    "ratchet relay and a broker)"),
+        ("relay.after_publish",), row10),
 )}
 """Every row, by number (:func:`register_row` changes it)."""
 

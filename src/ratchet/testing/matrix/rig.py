@@ -28,7 +28,8 @@ from ..counting.records import ServiceRecords
 from ..processes import ConditionTimeout, ManagedProcess, ProcessGroup, WorkerProcess, wait_for
 from . import app as matrix_app
 
-__all__ = ["APP", "DONE", "SIGKILLED", "MatrixRig", "RowFailed", "StepRun", "expect"]
+__all__ = ["APP", "DONE", "SIGKILLED", "MatrixRig", "RowFailed", "RowSkipped", "StepRun",
+           "expect"]
 
 APP = "ratchet.testing.matrix.app:app"
 """What the matrix's workers run."""
@@ -42,6 +43,12 @@ DONE = (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.UNKNOWN)
 
 class RowFailed(RatchetError):
     """A row's check did not hold; the message says which and what was seen."""
+
+
+class RowSkipped(RatchetError):
+    """A row cannot run in this run (something it needs was not given); the message says
+    what. The runner reports it as ``skip``, which fails the run only when ``--rows`` named
+    the row."""
 
 
 def expect(ok: bool, what: str) -> None:

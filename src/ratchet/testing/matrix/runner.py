@@ -14,9 +14,10 @@ from typing import Any
 from ...config import redact_url
 from ...errors import InvalidArguments
 from ..processes import ConditionTimeout
+from .brokers import check_broker_url
 from .context import Controls, RowContext, Worlds
 from .registry import ROWS, parse_rows
-from .rig import RowFailed
+from .rig import RowFailed, RowSkipped
 
 __all__ = ["PASS", "FAIL", "SKIP", "MatrixReport", "RowResult", "run_matrix"]
 
@@ -32,7 +33,8 @@ class RowResult:
         row: its number in DESIGN §6's table.
         point: the crash point.
         mechanism: the mechanism it proves.
-        status: :data:`PASS`, :data:`FAIL` or :data:`SKIP` (not runnable in this build).
+        status: :data:`PASS`, :data:`FAIL` or :data:`SKIP` (not runnable in this build, or
+            in this run: row 10 without a broker).
         detail: one line: what was shown, or the first check that failed and what was seen.
         counts: what the external side counted (executions per key, step runs, items).
         duration_s: wall-clock time the row took, control run included when it ran first,
@@ -83,17 +85,20 @@ class MatrixReport:
                    for r in self.rows)
 
 
-def _run_row(number: int, worlds: Worlds, controls: Controls) -> RowResult:
+def _run_row(number: int, worlds: Worlds, controls: Controls,
+             broker: str | None) -> RowResult:
     row = ROWS[number]
     result = RowResult(row.number, row.point, row.mechanism, SKIP, row.unavailable,
                        faults=list(row.faults))
     if row.run is None:
         return result
-    ctx = RowContext(worlds, controls)
+    ctx = RowContext(worlds, controls, broker)
     started = time.monotonic()
     try:
         result.detail = row.run(ctx)
         result.status = PASS
+    except RowSkipped as exc:
+        result.status, result.detail = SKIP, str(exc)
     except (RowFailed, ConditionTimeout) as exc:
         result.status, result.detail = FAIL, str(exc)
     except Exception as exc:  # a row must end as a result, whatever broke
@@ -111,7 +116,7 @@ def _run_row(number: int, worlds: Worlds, controls: Controls) -> RowResult:
 
 
 def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None = None, *,
-               lease_s: float = 1.0, parallel: int = 2,
+               broker: str | None = None, lease_s: float = 1.0, parallel: int = 2,
                on_row: Callable[[RowResult], None] | None = None) -> MatrixReport:
     """Run the selected rows of the crash-point matrix with real worker processes.
 
@@ -123,12 +128,18 @@ def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None =
             never touched.
         rows: ``--rows`` text (``"1-10"``, ``"3"``, ``"1-3,5"``) or row numbers; ``None``:
             every row.
+        broker: the broker of row 10 (the outbox relay): ``amqp://user:pass@host:5672/vhost``
+            (RabbitMQ) or ``nats://host:4222`` (NATS JetStream); each run publishes to an
+            exchange and queue, or a stream, of its own (``ratchet-matrix-*``), deleted at
+            the end. ``None``: row 10 is a skip. A broker that cannot be reached fails
+            row 10.
         lease_s: lease of the charge tasks, seconds (row 9 uses at least 2 s).
         parallel: rows run at the same time (each in worlds of its own; 1: one by one).
         on_row: called with each row's result as soon as it is known.
 
     Raises:
-        InvalidArguments: ``rows`` is malformed or outside 1-10, or ``parallel`` < 1.
+        InvalidArguments: ``rows`` is malformed or outside 1-10, ``parallel`` < 1, or
+            ``broker`` is not an amqp:// or nats:// URL.
         ConfigError: a malformed ledger URL, or neither SQLite nor PostgreSQL.
         LedgerUnavailable: the PostgreSQL server or the SQLite directory cannot be used.
     """
@@ -137,6 +148,8 @@ def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None =
         parse_rows(",".join(str(n) for n in numbers) or "0")
     if parallel < 1:
         raise InvalidArguments(f"parallel must be at least 1 (rows at a time), got {parallel}")
+    if broker is not None:
+        check_broker_url(broker)
     started = time.monotonic()
     worlds = Worlds(ledger_url, lease_s=lease_s)
     report = MatrixReport(worlds.dialect, redact_url(ledger_url) if ledger_url else
@@ -146,7 +159,7 @@ def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None =
     lock = threading.Lock()
 
     def one(number: int) -> RowResult:
-        result = _run_row(number, worlds, controls)
+        result = _run_row(number, worlds, controls, broker)
         if on_row is not None:
             with lock:
                 on_row(result)
