@@ -24,7 +24,6 @@ import pytest
 from pgsupport import pg_base_url, private_schema, with_params
 from psycopg import sql
 
-import ratchet.ledger.postgres as pg_module
 from ratchet import open_ledger
 from ratchet.app import new_task_id
 from ratchet.errors import IdempotencyConflict, LedgerUnavailable
@@ -37,6 +36,7 @@ from ratchet.ledger.base import (
     Transition,
     WorkerInfo,
 )
+from ratchet.ledger.pgtx import PgTx
 from ratchet.serde import digest, dumps
 from ratchet.states import State
 from ratchet.worker.registry import (
@@ -308,7 +308,7 @@ def test_connection_killed_inside_a_transaction_is_retried(
     url, schema = pg
     ledger = open_ledger(with_params(url, pool_size="2"))
     armed = [0]
-    real_send = pg_module._PgTx._send
+    real_send = PgTx._send
 
     def send_then_kill(self: Any, *args: Any, **kwargs: Any) -> Any:
         first = not self.started
@@ -321,7 +321,7 @@ def test_connection_killed_inside_a_transaction_is_retried(
             time.sleep(0.05)
         return cur
 
-    monkeypatch.setattr(pg_module._PgTx, "_send", send_then_kill)
+    monkeypatch.setattr(PgTx, "_send", send_then_kill)
 
     def once(op: Any) -> Any:
         armed[0] = 1

@@ -443,21 +443,21 @@ class PostgresDialect:
             with connection.cursor(row_factory=psycopg.rows.tuple_row) as cur:
                 found = cur.execute("SELECT current_setting('search_path'), to_regclass(%s)",
                                     (identity,)).fetchone()
-                assert found is not None
-                theirs = (cur.execute(f"SELECT id FROM {identity}").fetchone()
-                          if found[1] is not None else None)
         except psycopg.Error as exc:
             raise LedgerError(f"PostgreSQL ledger {self.where}: connection= could not be "
                               f"read: {exc}") from exc
-        search_path = found[0]
-        if theirs is None or theirs[0] != self._identity():
-            raise InvalidArguments(
-                f"connection= is not on this ledger's database: its schema {self.schema!r} "
-                f"holds {'another ledger' if theirs else 'no ledger (of schema 16 or later)'}"
-                f", not the one at {self.where}")
+        assert found is not None
+        search_path, has_identity = found
+        mismatch = (f"connection= is not on this ledger's database: its schema "
+                    f"{self.schema!r} holds {{}}, not the ledger at {self.where}")
+        if has_identity is None:
+            raise InvalidArguments(mismatch.format("no ledger (of schema 16 or later)"))
         tx = PgTx.joined(connection, self._catalogue, self.schema, self.clock)
         try:
             try:
+                theirs = tx.one("ledger_identity")  # first, under the savepoint
+                if theirs is None or theirs[0] != self._identity():
+                    raise InvalidArguments(mismatch.format("another ledger"))
                 result = body(tx)
                 tx.release([self._notify[c] for c in sorted(tx.woken)], str(search_path))
                 return result
