@@ -12,6 +12,7 @@ from typer.core import TyperArgument, TyperCommand
 from .. import InvalidArguments, UndecodableData
 from ..control import REASON_REQUIRED
 from ..serde import loads
+from .render import err_console, line
 
 __all__ = [
     "MAX_WAIT_S", "AppArg", "Command", "JsonOpt", "LedgerOpt", "OperatorOpt", "ReasonOpt",
@@ -95,3 +96,22 @@ def json_arg(text: str, option: str) -> object:
         return loads(text, option)
     except UndecodableData as exc:  # its message starts with ``option``
         raise InvalidArguments(str(exc)) from None
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def log_level_of(value: str) -> str:
+    """``--log-level`` upper-cased, one of :data:`LOG_LEVELS`.
+
+    Raises:
+        typer.Exit: (status 2) any other value, after a one-line error on stderr.
+    """
+    level = value.upper()
+    if level not in LOG_LEVELS:
+        err_console().print(line(("error: ", "bold red"),
+                                 "--log-level must be DEBUG, INFO, WARNING or ERROR, not ",
+                                 (repr(value), "")))
+        raise typer.Exit(2)
+    return level
+

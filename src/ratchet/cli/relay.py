@@ -14,8 +14,7 @@ from ..outbox import OUTBOX_PARTITIONS
 from ..relay import RelayOptions, default_holder, parse_target, run_relay
 from ..validation import parse_duration_s
 from .guard import guard
-from .options import LedgerOpt
-from .render import err_console, line
+from .options import LedgerOpt, log_level_of
 
 __all__ = ["relay"]
 
@@ -59,12 +58,7 @@ def relay(
     back, exit 0. A broker that cannot be reached is retried (logged). Exit status 2: a
     bad URL or option.
     """
-    level = log_level.upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        err_console().print(line(("error: ", "bold red"),
-                                 "--log-level must be DEBUG, INFO, WARNING or ERROR, not ",
-                                 (repr(log_level), "")))
-        raise typer.Exit(2)
+    level = log_level_of(log_level)
     logs.setup_logging(level, "text")
 
     def run() -> None:

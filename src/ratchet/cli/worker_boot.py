@@ -31,6 +31,7 @@ from .options import (
     MAX_WAIT_S,
     AppArg,
     LedgerOpt,
+    log_level_of,
 )
 from .render import (
     err_console,
@@ -202,12 +203,7 @@ def worker(
     --shutdown-grace-s ends. Exit status: 0 stopped cleanly, 3 leases handed back (grace
     ended or second signal), 4 stopped at --max-stuck-threads, 2 a Ratchet error.
     """
-    level = log_level.upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        err_console().print(line(("error: ", "bold red"),
-                                 "--log-level must be DEBUG, INFO, WARNING or ERROR, not ",
-                                 (repr(log_level), "")))
-        raise typer.Exit(2)
+    level = log_level_of(log_level)
     if log_format not in ("text", "json"):
         err_console().print(line(("error: ", "bold red"), "--log-format must be text or json,"
                                  " not ", (repr(log_format), "")))
