@@ -5,7 +5,7 @@ tasks waiting in ``ctx.wait_for_event``) and messages out through the transactio
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import PayloadTooLarge
 from ..ledger.base import EventReceipt, Ledger
@@ -16,16 +16,22 @@ from ..validation import MAX_KEY_BYTES, MAX_NAME_BYTES, check_identifier
 __all__ = ["Messages"]
 
 
-class Messages:
-    """The message calls of :class:`ratchet.App` (a base class of it)."""
+class _App(Protocol):
+    """What the message calls use of :class:`ratchet.App`."""
 
     max_payload_bytes: int
 
     @property
-    def ledger(self) -> Ledger:  # pragma: no cover - App's property overrides it
-        raise NotImplementedError
+    def ledger(self) -> Ledger: ...
 
     def send_event(self, name: str, *, key: str, payload: Any = None,
+                   event_id: str | None = None, by: str | None = None) -> EventReceipt: ...
+
+
+class Messages:
+    """The message calls of :class:`ratchet.App` (a base class of it)."""
+
+    def send_event(self: _App, name: str, *, key: str, payload: Any = None,
                    event_id: str | None = None, by: str | None = None) -> EventReceipt:
         """Send the event ``(name, key)``: stored in the ledger's mailbox and delivered to
         every task waiting on it in ``ctx.wait_for_event`` (DESIGN §3, waits), audited.
@@ -63,7 +69,7 @@ class Messages:
             raise PayloadTooLarge(size, self.max_payload_bytes)
         return self.ledger.send_event(name, key, payload_json, event_id, by)
 
-    def signal(self, task_id: str, name: str, payload: Any = None, *,
+    def signal(self: _App, task_id: str, name: str, payload: Any = None, *,
                event_id: str | None = None, by: str | None = None) -> EventReceipt:
         """Signal one task: the event ``(name, key=task_id)``, which that task receives
         with ``ctx.wait_for_event(name, key=ctx.task_id)``. See :meth:`send_event`.
@@ -76,7 +82,7 @@ class Messages:
 
     # ------------------------------------------------------------------ the outbox
 
-    def emit(self, topic: str, message: Any, *, key: str | None = None,
+    def emit(self: _App, topic: str, message: Any, *, key: str | None = None,
              message_id: str | None = None, connection: Any = None) -> str:
         """Write a message to the transactional outbox from outside a task (inside a task
         use ``ctx.emit``): a relay (``ratchet relay``) publishes it to the broker and marks
