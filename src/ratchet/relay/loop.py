@@ -4,8 +4,9 @@ generations), repeat.
 
 One asyncio task runs the rounds; ledger calls are blocking and run in threads
 (:func:`asyncio.to_thread`). A second task renews the leases while a round is in flight
-(every ``lease_s / 3``); between rounds the loop itself renews and rebalances (gives back
-partitions above its fair share). A partition whose lease was lost, or whose renewal
+(every ``lease_s / 3``); between rounds, at least every ``lease_s / 3`` even when it never
+runs out of work, the loop renews and rebalances (gives back partitions above its fair
+share). A partition whose lease was lost, or whose renewal
 failed, is not published from again: before a batch is sent, every partition in it must
 have more than ``lease_s / 3`` of its lease left on this process's monotonic clock (the
 lease was measured from before the call that granted it), and a batch that has not been
@@ -124,6 +125,7 @@ class Relay:
         self._renew_every = self.options.lease_s / 3
         self._leases: dict[int, tuple[int, float]] = {}  # part -> (generation, deadline)
         self._lease_at = -1e18
+        self._rebalanced_at = -1e18
         self._lease_lock = asyncio.Lock()
         self._in_round = False
         self._connected = False
@@ -166,7 +168,10 @@ class Relay:
             while not self._stop.is_set():
                 if not self._connected and not await self._connect():
                     break
-                if time.monotonic() - self._lease_at >= self._renew_every:
+                # Rebalance on its own clock: a busy relay's leases are always fresh
+                # (renewed during its rounds), yet it must still give back partitions
+                # above its share when another relay starts.
+                if time.monotonic() - self._rebalanced_at >= self._renew_every:
                     await self._lease(rebalance=True)
                 self._wake.clear()
                 try:
@@ -186,7 +191,7 @@ class Relay:
                     n = 0
                 if n < self.options.batch:
                     now = time.monotonic()
-                    due = min(self.poll_s, self._lease_at + self._renew_every - now)
+                    due = min(self.poll_s, self._rebalanced_at + self._renew_every - now)
                     hold_end = self._holds.next_end(now)
                     if hold_end is not None:
                         due = min(due, hold_end)
@@ -277,6 +282,8 @@ class Relay:
                                 "its %d partitions", self.holder, exc, len(self._leases))
                 self._leases = {}
                 self._lease_at = started
+                if rebalance:
+                    self._rebalanced_at = started
                 return
             new = {p.part: (p.generation, started + (p.lease_until - p.now)) for p in got}
             lost = sorted(p for p, (g, _) in self._leases.items()
@@ -288,6 +295,8 @@ class Relay:
                          f" (gave up or lost {lost})" if lost else "")
             self._leases = new
             self._lease_at = started
+            if rebalance:
+                self._rebalanced_at = started
 
     async def _renew_loop(self) -> None:
         """Renew the leases while a round is in flight (between rounds the loop does)."""
