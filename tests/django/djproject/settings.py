@@ -78,3 +78,4 @@ RATCHET = {
     "DASHBOARD_URL": "http://dash.example:8080/",
     "SCHEMA": os.environ.get("DJ_SCHEMA", "ratchet"),
 }
+TEST_RUNNER = "ratchet.contrib.django.testing.RatchetTestRunner"

@@ -21,7 +21,7 @@ Then, in a view::
     # the order and the task commit together, or neither does
 
 Names: :func:`get_app`, :func:`ledger_url`, :func:`submit`, :func:`atomic_connection`,
-:class:`CloseOldConnections`; the settings in :mod:`ratchet.contrib.django.conf`.
+:func:`get_control`, :func:`close`, :class:`CloseOldConnections`; the settings in :mod:`ratchet.contrib.django.conf`.
 """
 
 from __future__ import annotations
@@ -34,14 +34,17 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections
 
 from ratchet import App, InvalidArguments, Middleware, TaskHandle
+from ratchet.control import Control
 from ratchet.loading import load_app
 
 from .conf import derived_ledger_url, ratchet_settings
 
-__all__ = ["CloseOldConnections", "atomic_connection", "get_app", "ledger_url", "submit"]
+__all__ = ["CloseOldConnections", "atomic_connection", "close", "get_app", "get_control",
+           "ledger_url", "submit"]
 
 _lock = threading.Lock()
 _app: App | None = None
+_control: Control | None = None
 
 
 def ledger_url() -> str:
@@ -162,8 +165,30 @@ class CloseOldConnections(Middleware):
         close_old_connections()
 
 
-def _reset_for_tests() -> None:
-    """Forget the loaded app (tests that change settings)."""
-    global _app
+def get_control() -> Control:
+    """One :class:`ratchet.control.Control` on :func:`get_app`'s ledger per process, for
+    read-only views (the admin page); its connections are kept for the next call.
+
+    Raises:
+        ImproperlyConfigured, ConfigError: as :func:`get_app`.
+    """
+    global _control
+    app = get_app()
     with _lock:
-        _app = None
+        if _control is None:
+            _control = Control(app=app)
+        return _control
+
+
+def close() -> None:
+    """Close the ledger connections of :func:`get_app` and :func:`get_control` (they
+    reopen on next use). Call it before the project's database is dropped (the test
+    runner :class:`ratchet.contrib.django.testing.RatchetTestRunner` does): PostgreSQL
+    refuses to drop a database that Ratchet's connection pool still holds."""
+    global _control
+    with _lock:
+        if _control is not None:
+            _control.close()
+            _control = None
+        if _app is not None:
+            _app.close()

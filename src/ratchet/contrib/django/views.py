@@ -3,7 +3,6 @@ links to the dashboard (``ratchet serve``)."""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote
@@ -13,9 +12,8 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from ratchet import RatchetError, State
-from ratchet.control import Control
 
-from . import get_app
+from . import get_control
 from .conf import ratchet_settings
 
 __all__ = ["PAGE_SIZE", "TaskRow", "tasks_page"]
@@ -23,8 +21,6 @@ __all__ = ["PAGE_SIZE", "TaskRow", "tasks_page"]
 PAGE_SIZE = 50
 """Tasks listed per page."""
 
-_lock = threading.Lock()
-_control: Control | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,15 +42,6 @@ def _when(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _shared_control() -> Control:
-    """One :class:`Control` on the App's ledger per process (its connections are reused)."""
-    global _control
-    with _lock:
-        if _control is None:
-            _control = Control(app=get_app())
-        return _control
-
-
 def tasks_page(request: HttpRequest, site: AdminSite) -> HttpResponse:
     """``GET <admin>/ratchet/tasks/?state=S&cursor=C``: counts per state (all task types),
     per type and state, and a page of the newest tasks (of state ``S`` when given)."""
@@ -67,7 +54,7 @@ def tasks_page(request: HttpRequest, site: AdminSite) -> HttpResponse:
     context = {**site.each_context(request), "title": "Ratchet tasks", "states": states,
                "chosen": chosen.upper() if chosen else None, "dashboard_url": dashboard}
     try:
-        control = _shared_control()
+        control = get_control()
         counts = control.status().counts
         page = control.list_tasks(state=chosen, limit=PAGE_SIZE, cursor=cursor)
     except RatchetError as exc:
