@@ -3,8 +3,9 @@ ratchet.contrib.django.get_app()."""
 
 from typing import Any
 
-from ratchet import App
 from shop.models import Order
+
+from ratchet import App
 
 app = App()
 

@@ -14,8 +14,8 @@ from django.db import connection, transaction
 from django.test import TransactionTestCase
 
 from ratchet import InvalidArguments, State, TaskNotFound
-from ratchet.control import Control
 from ratchet.contrib.django import atomic_connection, get_app, ledger_url, submit
+from ratchet.control import Control
 from ratchet.testing import wait_for
 from shop.models import Order
 

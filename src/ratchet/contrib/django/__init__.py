@@ -21,7 +21,9 @@ Then, in a view::
     # the order and the task commit together, or neither does
 
 Names: :func:`get_app`, :func:`ledger_url`, :func:`submit`, :func:`atomic_connection`,
-:func:`get_control`, :func:`close`, :class:`CloseOldConnections`; the settings in :mod:`ratchet.contrib.django.conf`.
+:func:`get_control`, :func:`close`, :class:`CloseOldConnections`; the settings in
+:mod:`ratchet.contrib.django.conf`; the admin page in :mod:`ratchet.contrib.django.admin`;
+the test runner in :mod:`ratchet.contrib.django.testing`.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ _control: Control | None = None
 
 def ledger_url() -> str:
     """The ledger URL of the settings: ``RATCHET["LEDGER_URL"]``, else the one derived
-    from ``DATABASES[RATCHET["DATABASE"]]`` (:func:`ratchet.contrib.django.conf.derived_ledger_url`).
+    from ``DATABASES[RATCHET["DATABASE"]]``
+    (:func:`ratchet.contrib.django.conf.derived_ledger_url`).
 
     Holds the database password when there is one: never print it (use
     :func:`ratchet.config.redact_url`).

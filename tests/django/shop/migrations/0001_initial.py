@@ -1,12 +1,14 @@
 """The Order table."""
 
+from typing import ClassVar
+
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
     initial = True
-    dependencies: list[tuple[str, str]] = []
-    operations = [
+    dependencies: ClassVar[list[tuple[str, str]]] = []
+    operations: ClassVar[list[migrations.operations.base.Operation]] = [
         migrations.CreateModel(
             name="Order",
             fields=[

@@ -27,7 +27,6 @@ class Command(BaseCommand):
 
     help = ("Run a Ratchet worker for RATCHET['APP'] on the project's ledger. SIGTERM or "
             "Ctrl-C stops it gracefully.")
-    requires_system_checks: list[str] = []  # a worker does not need the URL/admin checks
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         """The options of ``ratchet worker`` most deployments set."""
