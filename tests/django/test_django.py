@@ -35,7 +35,7 @@ def _run_django_tests(env: dict[str, str]) -> None:
         cwd=PROJECT, env=full, capture_output=True, text=True, timeout=280)
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, report
-    assert "Ran 9 tests" in report and "\nOK" in report, report
+    assert "Ran 12 tests" in report and "\nOK" in report, report
 
 
 def test_django_runner_on_sqlite(tmp_path: Path) -> None:
@@ -53,4 +53,5 @@ def test_django_runner_on_postgresql() -> None:
                            "DJ_PG_URL": pg_base_url()})
     finally:
         with psycopg.connect(pg_base_url(), autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "test_{name}" WITH (FORCE)')
+            for db in (f"test_{name}", f"test_{name}_other"):
+                conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')

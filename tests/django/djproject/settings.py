@@ -60,18 +60,27 @@ if _kind == "sqlite":
         "NAME": _name,
         "OPTIONS": _options,
         "TEST": {"NAME": os.environ.get("DJ_TEST_DB_NAME", _name + ".test")},
+    }, "other": {  # a database without the ledger
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": _name + ".other",
+        "OPTIONS": _options,
+        "TEST": {"NAME": os.environ.get("DJ_TEST_DB_NAME", _name + ".test") + ".other"},
     }}
 else:
     _server = urlsplit(os.environ.get("DJ_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"))
-    DATABASES = {"default": {
+    _pg = {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": _name,
         "USER": _server.username or "postgres",
         "PASSWORD": _server.password or "",
         "HOST": _server.hostname or "127.0.0.1",
         "PORT": str(_server.port or 5432),
-        "TEST": {"NAME": os.environ.get("DJ_TEST_DB_NAME", "test_" + _name)},
-    }}
+    }
+    DATABASES = {
+        "default": {**_pg, "NAME": _name,
+                    "TEST": {"NAME": os.environ.get("DJ_TEST_DB_NAME", "test_" + _name)}},
+        # a database without the ledger
+        "other": {**_pg, "NAME": _name + "_other", "TEST": {"NAME": f"test_{_name}_other"}},
+    }
 
 RATCHET = {
     "APP": "djproject.tasks:app",

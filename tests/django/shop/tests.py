@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.test import TransactionTestCase
 
-from ratchet import InvalidArguments, State, TaskNotFound
+from ratchet import IdempotencyConflict, InvalidArguments, State, TaskNotFound
 from ratchet.contrib.django import atomic_connection, get_app, ledger_url, submit
 from ratchet.control import Control
 from ratchet.testing import wait_for
@@ -31,6 +31,8 @@ def control() -> Control:
 
 
 class SubmitInAtomic(TransactionTestCase):
+    databases = {"default", "other"}
+
     def test_the_ledger_is_in_the_project_database(self) -> None:
         url = ledger_url()
         name = str(connection.settings_dict["NAME"])
@@ -80,6 +82,34 @@ class SubmitInAtomic(TransactionTestCase):
             submit("fulfil", {"order_id": 1}, idempotency_key=key)
         with self.assertRaisesRegex(InvalidArguments, "transaction.atomic"):
             atomic_connection()
+        with control() as c:
+            self.assertEqual(c.list_tasks(key=key).tasks, [])
+
+    def test_the_same_key_in_a_later_transaction_gets_the_same_task(self) -> None:
+        key = f"fulfil:{uuid.uuid4()}"
+        with transaction.atomic():
+            first = submit("fulfil", {"order_id": 5}, idempotency_key=key, delay_s=3600)
+        with transaction.atomic():
+            again = submit("fulfil", {"order_id": 5}, idempotency_key=key, delay_s=3600)
+        self.assertTrue(first.created)
+        self.assertFalse(again.created)
+        self.assertEqual(again.task_id, first.task_id)
+
+    def test_a_conflicting_key_leaves_the_transaction_usable(self) -> None:
+        key = f"fulfil:{uuid.uuid4()}"
+        with transaction.atomic():
+            submit("fulfil", {"order_id": 6}, idempotency_key=key, delay_s=3600)
+        with transaction.atomic():
+            with self.assertRaises(IdempotencyConflict):
+                submit("fulfil", {"order_id": 7}, idempotency_key=key, delay_s=3600)
+            Order.objects.create(total_cents=606)
+        self.assertTrue(Order.objects.filter(total_cents=606).exists())
+
+    def test_a_database_without_the_ledger_is_refused(self) -> None:
+        key = f"fulfil:{uuid.uuid4()}"
+        with self.assertRaisesRegex(InvalidArguments, "ledger"), \
+                transaction.atomic(using="other"):
+            submit("fulfil", {"order_id": 1}, idempotency_key=key, using="other")
         with control() as c:
             self.assertEqual(c.list_tasks(key=key).tasks, [])
 
