@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import ClassVar
 
 from django.contrib.auth.models import User
 from django.db import connection, transaction
@@ -31,7 +32,7 @@ def control() -> Control:
 
 
 class SubmitInAtomic(TransactionTestCase):
-    databases = {"default", "other"}
+    databases: ClassVar[set[str]] = {"default", "other"}
 
     def test_the_ledger_is_in_the_project_database(self) -> None:
         url = ledger_url()

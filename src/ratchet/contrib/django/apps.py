@@ -7,9 +7,11 @@ import os
 from typing import Any
 
 from django.apps import AppConfig
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.models.signals import pre_migrate
 
+from ratchet import LedgerUnavailable
 from ratchet.config import parse_ledger_url
 from ratchet.control import Control
 
@@ -57,18 +59,31 @@ def migrate_ledger() -> int:
     opens and adds its tables to.
 
     Raises:
-        LedgerUnavailable: the file holds other tables and no ledger (keep the ledger in a
-            file of its own with ``RATCHET["LEDGER_URL"]``, or start the database anew),
-            or the database is unreachable.
+        ImproperlyConfigured: the SQLite file holds other tables and no ledger (keep the
+            ledger in a file of its own with ``RATCHET["LEDGER_URL"]``, or start the
+            database anew); as :func:`ratchet.contrib.django.ledger_url`.
+        LedgerUnavailable: the database is unreachable.
         SchemaTooNew: the ledger is newer than this Ratchet.
-        ImproperlyConfigured: as :func:`ratchet.contrib.django.ledger_url`.
     """
     url = _effective_url()
     parsed = parse_ledger_url(url)
-    if parsed.scheme == "sqlite":
-        _clear_empty_django_file(os.path.abspath(parsed.path))
-    with Control(url) as control:
-        return control.migrate()
+    if parsed.scheme != "sqlite":
+        with Control(url) as control:
+            return control.migrate()
+    path = os.path.abspath(parsed.path)
+    _clear_empty_django_file(path)
+    try:
+        with Control(url) as control:
+            return control.migrate()
+    except LedgerUnavailable as exc:
+        if not os.path.isfile(path):
+            raise
+        raise ImproperlyConfigured(
+            f"{exc} In a Django project: the SQLite file {path!r} already holds tables and "
+            "no ledger; a ledger is created before Django's tables (manage.py migrate on a "
+            "new database does that), so keep the ledger in a file of its own "
+            "(RATCHET['LEDGER_URL'] = 'sqlite:///ledger.db') or start the database anew"
+        ) from exc
 
 
 def _clear_empty_django_file(ledger_path: str) -> None:

@@ -28,6 +28,7 @@ the transaction).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -36,7 +37,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-__all__ = ["LIBPQ_OPTIONS", "RatchetSettings", "derived_ledger_url", "ratchet_settings"]
+__all__ = ["LIBPQ_OPTIONS", "RatchetSettings", "database_ledger_url", "derived_ledger_url",
+           "ratchet_settings"]
 
 _KEYS = {"APP", "LEDGER_URL", "DATABASE", "SCHEMA", "DASHBOARD_URL", "MIGRATE"}
 
@@ -116,13 +118,22 @@ def derived_ledger_url(alias: str, schema: str) -> str:
     database, so the URL follows it.
 
     Raises:
-        ImproperlyConfigured: no such alias, an engine other than SQLite or PostgreSQL,
-            or an in-memory SQLite database.
+        ImproperlyConfigured: no such alias, or as :func:`database_ledger_url`.
     """
     if alias not in connections:
         raise ImproperlyConfigured(f"RATCHET['DATABASE'] names {alias!r}, which is not in "
                                    "settings.DATABASES")
-    db = connections[alias].settings_dict
+    return database_ledger_url(connections[alias].settings_dict, schema, alias)
+
+
+def database_ledger_url(db: Mapping[str, Any], schema: str, alias: str = "default") -> str:
+    """The ledger URL of one database's settings (a ``DATABASES`` entry): see the module
+    docstring. ``alias`` is for messages.
+
+    Raises:
+        ImproperlyConfigured: an engine other than SQLite or PostgreSQL, or an in-memory
+            SQLite database.
+    """
     engine = db.get("ENGINE", "")
     if engine == _SQLITE:
         name = str(db.get("NAME") or "")
