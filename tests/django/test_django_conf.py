@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("django", reason="Django is not installed (pip install 'ratchet[django]')")
 
-from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+from django.core.exceptions import ImproperlyConfigured
 
-from ratchet.config import parse_ledger_url  # noqa: E402
-from ratchet.contrib.django.conf import database_ledger_url  # noqa: E402
+from ratchet.config import parse_ledger_url
+from ratchet.contrib.django.conf import database_ledger_url
 
 PG = "django.db.backends.postgresql"
 
