@@ -35,7 +35,7 @@ def _run_django_tests(env: dict[str, str]) -> None:
         cwd=PROJECT, env=full, capture_output=True, text=True, timeout=280)
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, report
-    assert "Ran 12 tests" in report and "\nOK" in report, report
+    assert "Ran 13 tests" in report and "\nOK" in report, report
 
 
 def test_django_runner_on_sqlite(tmp_path: Path) -> None:

@@ -7,10 +7,12 @@ import signal
 import subprocess
 import sys
 import uuid
+from io import StringIO
 from pathlib import Path
 from typing import ClassVar
 
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import TransactionTestCase
 
@@ -40,6 +42,12 @@ class SubmitInAtomic(TransactionTestCase):
         self.assertIn(os.path.basename(name), url)
         with control() as c:
             self.assertGreater(c.schema_version(), 0)
+
+    def test_ratchet_migrate_reports_the_schema_version(self) -> None:
+        out = StringIO()
+        call_command("ratchet_migrate", stdout=out)
+        with control() as c:
+            self.assertIn(f"schema version {c.schema_version()}", out.getvalue())
 
     def test_commit_writes_the_row_and_the_task_together(self) -> None:
         with transaction.atomic():
