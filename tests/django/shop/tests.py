@@ -175,6 +175,10 @@ class AdminPage(TransactionTestCase):
         self.assertIn(f'href="{link}"', html)
         self.assertIn("fulfil", html)
 
+        index = self.client.get("/admin/")
+        self.assertEqual(index.status_code, 200)
+        self.assertIn(f'href="{self.URL}"', index.content.decode())
+
         filtered = self.client.get(self.URL, {"state": "SUCCEEDED"})
         self.assertEqual(filtered.status_code, 200)
         self.assertNotIn(link, filtered.content.decode())
