@@ -25,6 +25,7 @@ This module gathers the contract's names in one place; they live in modules by c
   relays, failing messages);
 * :mod:`~ratchet.ledger.records_registry`: the worker and definition registries;
 * :mod:`~ratchet.ledger.records_relay`: the outbox relay's partition leases and rows;
+* :mod:`~ratchet.ledger.records_fork`: a fork of a task from a step and its links;
 * :mod:`~ratchet.ledger.records_schedules`: periodic schedules, their cursors and a
   scheduler pass;
 * :mod:`~ratchet.ledger.protocol`: the :class:`Ledger` Protocol, made of
@@ -77,6 +78,7 @@ from .records_ops import (
     ResolveOutcome,
     SlotUsage,
 )
+from .records_fork import ForkLinks, ForkRecord
 from .records_outbox import OutboxMessage, OutboxRelay, OutboxStats, OutboxTopic
 from .records_registry import (
     DefinitionChange,
@@ -148,6 +150,8 @@ __all__ = [
     "FOREVER",
     "EventReceipt",
     "FlowCount",
+    "ForkLinks",
+    "ForkRecord",
     "WaitInfo",
     "WaitSpec",
     "Claim",
