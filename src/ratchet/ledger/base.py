@@ -65,6 +65,7 @@ from .records_claims import (
     claim_kinds,
 )
 from .records_flow import FlowCount, RateLimitSetting
+from .records_fork import ForkLinks, ForkRecord
 from .records_ops import (
     ControlOutcome,
     ControlRequest,
@@ -78,7 +79,6 @@ from .records_ops import (
     ResolveOutcome,
     SlotUsage,
 )
-from .records_fork import ForkLinks, ForkRecord
 from .records_outbox import OutboxMessage, OutboxRelay, OutboxStats, OutboxTopic
 from .records_registry import (
     DefinitionChange,
