@@ -46,6 +46,7 @@ from ..app._taskops import TaskPage
 from ..capacity import ALL_TYPES, LimitReached, TypeStatusView
 from ..ledger.base import (
     BATCH_EFFECT_PREFIX,
+    FORK_AT_END,
     LATE_ACCOUNTED_FOR,
     LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
@@ -121,6 +122,7 @@ __all__ = [
     "EffectState",
     "EffectView",
     "EventReceipt",
+    "FORK_AT_END",
     "ForkLinks",
     "ForkRecord",
     "LATE_ACCOUNTED_FOR",

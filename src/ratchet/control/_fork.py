@@ -37,7 +37,10 @@ class ControlFork(ControlReads):
                 ``CANCELLED`` (cancel a live one first).
             from_step: a stored checkpoint name of the original as ``ratchet inspect``
                 lists it: ``name`` for its first occurrence, ``name#N`` for the N-th (a
-                step, an effect, an emit ``ratchet:emit:<topic>``).
+                step, an effect, an emit ``ratchet:emit:<topic>``), or
+                :data:`~ratchet.control.FORK_AT_END` (``"ratchet:end"``): after the last
+                recorded checkpoint. A step that failed is not recorded: to run it again
+                with the fix, fork from the end (or from an earlier checkpoint).
             version: the definition version the fork pins (default: the original's). It
                 must be one a worker registered, or one this Control's App defines.
             reason: why (required, audited).

@@ -65,7 +65,7 @@ from .records_claims import (
     claim_kinds,
 )
 from .records_flow import FlowCount, RateLimitSetting
-from .records_fork import ForkLinks, ForkRecord
+from .records_fork import FORK_AT_END, ForkLinks, ForkRecord
 from .records_ops import (
     ControlOutcome,
     ControlRequest,
@@ -150,6 +150,7 @@ __all__ = [
     "FOREVER",
     "EventReceipt",
     "FlowCount",
+    "FORK_AT_END",
     "ForkLinks",
     "ForkRecord",
     "WaitInfo",

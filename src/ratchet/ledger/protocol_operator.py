@@ -143,7 +143,8 @@ class OperatorLedger(LedgerHandle, Protocol):
                 ``CANCELLED``.
             from_step: a stored checkpoint name of the source (``name``: its first
                 occurrence, ``name#N``: the N-th; a step or an effect; an emit is the step
-                ``ratchet:emit:<topic>``).
+                ``ratchet:emit:<topic>``), or ``FORK_AT_END`` (``"ratchet:end"``: after the
+                last recorded checkpoint, where a step that failed starts).
             new_task_id: the id of the new task.
             version: the definition version the fork pins, or None for the source's.
             known_versions: versions of the source's name the caller's app defines,

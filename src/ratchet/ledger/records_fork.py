@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ForkLinks", "ForkRecord"]
+__all__ = ["FORK_AT_END", "ForkLinks", "ForkRecord"]
+
+FORK_AT_END = "ratchet:end"
+"""The fork point after the last recorded checkpoint: the fork holds the whole history and
+runs what follows it with the version it pins (the step that failed is not recorded, so it
+cannot be named)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,13 @@ from ...states import State
 from ...validation import MAX_VERSION, check_int
 from ..base import COMPENSABLE_STEP, COMPENSATING_STEP, NewTask
 from ..dialect import Tx
-from ..records_fork import ForkLinks, ForkRecord
+from ..records_fork import FORK_AT_END, ForkLinks, ForkRecord
 from ..rows import DEFINITIONS_OF, Read, insert_audit, task_state
 from .core import EngineCore
 from .schema import DEFINITIONS
 from .submit import submit_in
 
-__all__ = ["FORKABLE", "FORKS", "Forks"]
+__all__ = ["FORKABLE", "FORKS", "Forks", "fork_point"]
 
 FORKS = "forks.sql"
 """The migration of the ``forks`` table (schema 17)."""
@@ -99,7 +99,8 @@ _LINKS = Read.rows("fork_links", _record)
 
 def fork_point(task_id: str, history: Sequence[_HistoryRow], from_step: str) -> int:
     """The position of the checkpoint stored as ``from_step`` in ``history`` (the lowest,
-    when a step and an effect share the name).
+    when a step and an effect share the name); for :data:`FORK_AT_END`, the position after
+    the last one.
 
     Raises:
         InvalidArguments: no checkpoint of that name (the message lists the recorded
@@ -112,6 +113,8 @@ def fork_point(task_id: str, history: Sequence[_HistoryRow], from_step: str) -> 
             f"task {task_id} has checkpoints recorded without a position by an older "
             f"release ({', '.join(sorted(unplaced)[:5])}): it cannot be forked")
     placed = [h for h in history if h.seq is not None]
+    if from_step == FORK_AT_END:
+        return max((h.seq for h in placed if h.seq is not None), default=-1) + 1
     found = [h.seq for h in placed if h.name == from_step and h.seq is not None]
     if found:
         return min(found)
@@ -121,7 +124,8 @@ def fork_point(task_id: str, history: Sequence[_HistoryRow], from_step: str) -> 
                 else "it recorded no checkpoint (fork it from nothing by re-submitting it)")
     raise InvalidArguments(
         f"task {task_id} has no checkpoint {from_step!r} (a stored name: 'name' is its "
-        f"first occurrence, 'name#2' the second); {recorded}")
+        f"first occurrence, 'name#2' the second); {recorded}. A step that failed is not "
+        f"recorded: to run again from it, fork from {FORK_AT_END!r} (after the last one)")
 
 
 class Forks:
