@@ -107,6 +107,18 @@ def test_fork_runs_the_rest_with_the_fixed_version(ledger_url: str, tmp_path: Pa
                 assert 'id="task-forked-from"' in html and handle.task_id in html
                 html = httpx.get(f"{base}/tasks/{handle.task_id}", timeout=30).text
                 assert 'id="task-fork-list"' in html and fork_id in html
+                # Over HTTP: bad input is a 422 naming the recorded checkpoints; a fork a 201.
+                url = f"{base}/api/tasks/{handle.task_id}/fork"
+                bad = httpx.post(url, json={"from_step": "nope", "reason": "r"}, timeout=30)
+                assert bad.status_code == 422 and "charge (effect)" in bad.text, bad.text
+                missing = httpx.post(f"{base}/api/tasks/nope/fork",
+                                     json={"from_step": "load", "reason": "r"}, timeout=30)
+                assert missing.status_code == 404, missing.text
+                made = httpx.post(url, json={"from_step": "load", "reason": "over http"},
+                                  headers={"X-Ratchet-Operator": "carol"}, timeout=30)
+                assert made.status_code == 201, made.text
+                assert (made.json()["from_seq"], made.json()["version"],
+                        made.json()["by"]) == (0, 1, "carol")
         finally:
             app.close()
 
