@@ -9,8 +9,8 @@ by tests/asgi/test_fastapi_orders.py under a real uvicorn server.
 * ``GET /healthz``: the event loop answers.
 
 The Ratchet :class:`~ratchet.App` and the connection pool are made on startup and closed on
-shutdown (the lifespan). A worker runs the tasks: ``ratchet worker --app
-orders_app:worker_app`` (or ``build_ratchet(url)`` in-process).
+shutdown (the lifespan). A worker runs the tasks: ``ratchet worker --app orders_app:jobs``
+(or ``running_worker(build_ratchet(url))`` in a test).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import psycopg
 import pydantic
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
@@ -47,9 +47,9 @@ def build_ratchet(ledger_url: str | None = None) -> ratchet.App:
     return app
 
 
-def worker_app() -> ratchet.App:
-    """For ``ratchet worker --app orders_app:worker_app``."""
-    return build_ratchet()
+jobs = build_ratchet()
+"""For the worker: ``ratchet worker --app orders_app:jobs`` (``RATCHET_LEDGER_URL``; the
+ledger opens at first use, not at import)."""
 
 
 class NewOrder(pydantic.BaseModel):
@@ -67,27 +67,27 @@ def create_app(ledger_url: str | None = None, dsn: str | None = None, *,
 
     @asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
-        jobs = build_ratchet(ledger_url)
-        await asyncio.to_thread(lambda: jobs.ledger)  # open (and migrate) off the loop
+        ratchet_app = build_ratchet(ledger_url)
+        await asyncio.to_thread(lambda: ratchet_app.ledger)  # open (and migrate) off the loop
         pool = AsyncConnectionPool(dsn, min_size=1, max_size=pool_size, open=False)
         await pool.open(wait=True)
-        api.state.jobs, api.state.pool = jobs, pool
+        api.state.ratchet, api.state.pool = ratchet_app, pool
         try:
             yield
         finally:
             await pool.close()
-            await asyncio.to_thread(jobs.close)
+            await asyncio.to_thread(ratchet_app.close)
 
     api = FastAPI(lifespan=lifespan)
 
     @api.post("/orders", status_code=201)
     async def create_order(order: NewOrder, request: Request) -> dict[str, str]:
-        jobs: ratchet.App = request.app.state.jobs
+        ratchet_app: ratchet.App = request.app.state.ratchet
         order_id = uuid.uuid4().hex
         try:
             # One transaction: the order row and the task commit together, or neither.
             async with request.app.state.pool.connection() as conn, conn.transaction():
-                handle = await jobs.submit_async(
+                handle = await ratchet_app.submit_async(
                     "ship_order", {"order_id": order_id, "item": order.item,
                                    "quantity": order.quantity},
                     idempotency_key=f"ship:{order_id}", connection=conn)
@@ -100,9 +100,11 @@ def create_app(ledger_url: str | None = None, dsn: str | None = None, *,
         return {"order_id": order_id, "task_id": handle.task_id}
 
     @api.get("/orders/{order_id}/result")
-    async def order_result(order_id: str, request: Request,
-                           timeout_s: float = 10.0) -> dict[str, Any]:
-        jobs: ratchet.App = request.app.state.jobs
+    async def order_result(
+        order_id: str, request: Request,
+        timeout_s: Annotated[float, Query(ge=0.0, le=MAX_WAIT_S)] = 10.0,
+    ) -> dict[str, Any]:
+        ratchet_app: ratchet.App = request.app.state.ratchet
         async with request.app.state.pool.connection() as conn:
             cur = await conn.execute(
                 sql.SQL("SELECT task_id FROM {} WHERE id = %s").format(orders), (order_id,))
@@ -110,7 +112,8 @@ def create_app(ledger_url: str | None = None, dsn: str | None = None, *,
         if row is None:
             raise HTTPException(404, f"no order {order_id}")
         try:
-            info = await jobs.wait_async(row[0], timeout_s=min(max(timeout_s, 0.0), MAX_WAIT_S))
+            info = await ratchet_app.wait_async(
+                row[0], timeout_s=timeout_s)
         except WaitTimeout as exc:
             raise HTTPException(504, f"order {order_id} is not shipped yet") from exc
         return {"order_id": order_id, "task_id": info.task_id, "state": str(info.state),

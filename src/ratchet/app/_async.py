@@ -104,11 +104,13 @@ class AsyncCalls:
         """:meth:`ratchet.App.submit` for a coroutine: ``handle = await
         app.submit_async(name, params, ...)``, the same arguments, checks, errors and
         :class:`~ratchet.app.TaskHandle`, without blocking the event loop (the ledger
-        write runs in a worker thread the coroutine awaits).
+        write runs in a worker thread the coroutine awaits). Cancelling the call waits for
+        the write in flight to end first (see :func:`off_loop`).
 
         Args:
-            name, params, idempotency_key, run_at, delay_s, tenant, version, queue,
-                priority, debounce_s, debounce_max_s: as :meth:`ratchet.App.submit`.
+            name: as :meth:`ratchet.App.submit`, like ``params``, ``idempotency_key``,
+                ``run_at``, ``delay_s``, ``tenant``, ``version``, ``queue``, ``priority``,
+                ``debounce_s`` and ``debounce_max_s``.
             connection: write the task in your own open transaction (see
                 :meth:`ratchet.App.submit`): a psycopg ``AsyncConnection`` on the ledger's
                 database (its statements are sent on your event loop, under the savepoint
@@ -118,10 +120,13 @@ class AsyncCalls:
                 ``check_same_thread=False`` (it is used from the worker thread).
 
         Raises:
-            Same as :meth:`ratchet.App.submit`. ``InvalidArguments`` also for a
-            ``sqlite3.Connection`` bound to its thread (``check_same_thread=True``).
-            Cancelling the call waits for the write in flight to end first (see
-            :func:`off_loop`).
+            UnknownTask: as :meth:`ratchet.App.submit`.
+            InvalidArguments: as :meth:`ratchet.App.submit`; also a ``sqlite3.Connection``
+                bound to its thread (``check_same_thread=True``).
+            PayloadNotSerializable: as :meth:`ratchet.App.submit`.
+            PayloadTooLarge: as :meth:`ratchet.App.submit`.
+            IdempotencyConflict: as :meth:`ratchet.App.submit`.
+            LedgerError: as :meth:`ratchet.App.submit`.
         """
         return await off_loop(
             self.submit, name, params, idempotency_key=idempotency_key, run_at=run_at,
