@@ -14,6 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from ratchet import (
     App,
@@ -24,7 +26,8 @@ from ratchet import (
     UnknownTask,
     WaitTimeout,
 )
-from ratchet.testing import running_worker
+from ratchet.errors import IdempotencyConflict
+from ratchet.testing import running_worker, wait_for
 
 
 def _schema(url: str) -> str:
@@ -239,3 +242,99 @@ def test_a_sqlite_connection_is_used_through_a_thread(shipping: App, backend: st
     kept = asyncio.run(main())
     assert _orders(app, table) == ["o-1"]
     assert [t.task_id for t in app.list_tasks().tasks] == [kept]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_conflict_leaves_the_async_transaction_usable(shipping: App, backend: str) -> None:
+    app = shipping
+    url = app.ledger_url or ""
+    table = _orders_table(app)
+    app.submit("ship", {"order_id": "o-1"}, idempotency_key="k")
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(_base(url)) as conn, \
+                conn.transaction():
+            await conn.execute(f"INSERT INTO {table} (id) VALUES ('o-9')")
+            with pytest.raises(IdempotencyConflict):
+                await app.submit_async("ship", {"order_id": "o-2"}, idempotency_key="k",
+                                       connection=conn)
+            await conn.execute(f"INSERT INTO {table} (id) VALUES ('o-10')")
+
+    asyncio.run(main())
+    assert _orders(app, table) == ["o-10", "o-9"]
+    assert len(app.list_tasks().tasks) == 1
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_cancelled_submit_ends_its_write_before_the_caller_goes_on(shipping: App,
+                                                                     backend: str) -> None:
+    """The submit waits on a locked task table when its coroutine is cancelled: the
+    cancellation goes on only once the write in flight has ended, so nothing of Ratchet's
+    runs on the caller's connection afterwards; the caller's transaction, rolled back by
+    the cancellation, takes the task with it."""
+    app = shipping
+    url = app.ledger_url or ""
+    schema = _schema(url)
+    table = _orders_table(app)
+    holder = psycopg.connect(_base(url))
+    holder.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(
+        sql.Identifier(schema, "tasks")))
+
+    def waiting() -> bool:
+        with psycopg.connect(_base(url)) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE NOT l.granted AND c.relname = 'tasks' AND n.nspname = %s",
+                (schema,)).fetchone()
+            return bool(row and row[0])
+
+    async def order(conn: psycopg.AsyncConnection[Any]) -> None:
+        async with conn.transaction():
+            await conn.execute(f"INSERT INTO {table} (id) VALUES ('o-1')")
+            await app.submit_async("ship", {"order_id": "o-1"}, connection=conn)
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(_base(url)) as conn:
+            call = asyncio.create_task(order(conn))
+            await asyncio.to_thread(wait_for, "the submit to wait on the lock", waiting, 30)
+            call.cancel()
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not call.done()  # still ending the write in flight
+            holder.rollback()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            cur = await conn.execute("SELECT 1")  # the connection is the caller's again
+            assert await cur.fetchone() == (1,)
+
+    try:
+        asyncio.run(main())
+    finally:
+        holder.close()
+    assert _orders(app, table) == []
+    assert app.list_tasks().tasks == []
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_sqlalchemy_async_session_gives_its_driver_connection(shipping: App,
+                                                                backend: str) -> None:
+    app = shipping
+    url = app.ledger_url or ""
+    table = _orders_table(app)
+    engine = create_async_engine(_base(url).replace("postgresql://", "postgresql+psycopg://"))
+
+    async def main() -> str:
+        try:
+            async with AsyncSession(engine) as session, session.begin():
+                await session.execute(text(f"INSERT INTO {table} (id) VALUES ('o-1')"))
+                raw = await (await session.connection()).get_raw_connection()
+                handle = await app.submit_async("ship", {"order_id": "o-1"},
+                                                connection=raw.driver_connection)
+            return handle.task_id
+        finally:
+            await engine.dispose()
+
+    task_id = asyncio.run(main())
+    assert _orders(app, table) == ["o-1"]
+    assert [t.task_id for t in app.list_tasks().tasks] == [task_id]
