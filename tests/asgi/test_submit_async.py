@@ -328,6 +328,9 @@ def test_a_sqlalchemy_async_session_gives_its_driver_connection(shipping: App,
         try:
             async with AsyncSession(engine) as session, session.begin():
                 await session.execute(text(f"INSERT INTO {table} (id) VALUES ('o-1')"))
+                with pytest.raises(InvalidArguments, match="driver_connection"):
+                    await app.submit_async("ship", {"order_id": "o-1"},
+                                           connection=await session.connection())
                 raw = await (await session.connection()).get_raw_connection()
                 handle = await app.submit_async("ship", {"order_id": "o-1"},
                                                 connection=raw.driver_connection)

@@ -427,7 +427,10 @@ class PostgresDialect:
             given = target_of(connection)
             hint = ("; an AsyncConnection is joined by `await app.submit_async(...)` (or "
                     "`submit_many_async`, `emit_async`)"
-                    if isinstance(given, psycopg.AsyncConnection) else "")
+                    if isinstance(given, psycopg.AsyncConnection) else
+                    "; from an AsyncSession: (await (await session.connection())"
+                    ".get_raw_connection()).driver_connection, a psycopg AsyncConnection"
+                    if isinstance(connection, LoopConnection) else "")
             raise InvalidArguments(
                 "connection= on a PostgreSQL ledger takes a psycopg 3 Connection on the "
                 "ledger's database, got "
