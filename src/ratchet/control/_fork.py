@@ -50,9 +50,14 @@ class ControlFork(ControlReads):
         copied checkpoints (steps before the fork point return their recorded values,
         effects before it are not called again) and runs the rest with the version it
         pins. Effects from the fork point on are called again, with the keys the code
-        gives (keys derived from the params are the same, so a target that honours keys
-        does not execute them twice); the fork's generation is above the original's, so a
-        fenced target accepts its tokens. Messages emitted before the fork point are not
+        gives: keys derived from the params are the same, so a target that honours keys
+        does not execute them twice; any other target may (a lookup-only target is not
+        asked first, a fenced target accepts the fork's tokens: its generation is above
+        every task of its lineage). The fork's ``ctx.lineage_id`` is the original's (its
+        lineage's first task), so :func:`ratchet.fencing.fenced_step` finds the original's
+        done markers and does not run a fenced step again. One task of a lineage runs at a
+        time: while one has not ended, a fork, ``retry`` or ``compensate`` of the others
+        is refused. Messages emitted before the fork point are not
         emitted again; those after it get ids derived from the new task id (unless the
         code passes ``message_id``).
 
