@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -201,5 +202,33 @@ def test_a_quarantine_replay_leaves_a_forked_task_to_retry(ledger_url: str) -> N
                                                by="t")
             assert [t.task_id for t in report.tasks] == [handles[1].task_id]
             assert handles[0].get().state is State.FAILED
+    finally:
+        app.close()
+
+
+def test_concurrent_forks_of_one_task_make_one(ledger_url: str) -> None:
+    app = App(ledger_url)
+    try:
+        task_id = _failed_task(app, ledger_url)
+        gate = threading.Barrier(4, timeout=30)
+        made: list[str] = []
+        refused: list[BaseException] = []
+
+        def fork_once(n: int) -> None:
+            with Control(ledger_url) as control:
+                gate.wait()
+                try:
+                    made.append(control.fork(task_id, "b", reason=f"try {n}", by="t"))
+                except IllegalTransition as exc:
+                    refused.append(exc)
+
+        threads = [threading.Thread(target=fork_once, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(made) == 1 and len(refused) == 3, (made, refused)
+        with Control(ledger_url) as control:
+            assert [f.task_id for f in control.fork_links(task_id).forks] == made
     finally:
         app.close()
