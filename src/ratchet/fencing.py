@@ -62,7 +62,8 @@ original's (a fork's generation starts above every task of its lineage). The ``t
 columns hold lineage ids. A holder without ``lineage_id`` is keyed by its ``task_id``.
 
 Keep the rows of ``ratchet_fences``: they are what rejects a stale holder. Delete a task's
-rows only once no holder of it can still be alive (long after it finished).
+rows only once no holder of it can still be alive (long after it finished; for a lineage,
+once none of its tasks can be forked or retried any more).
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ checked, the new task is inserted as a submit inserts one
 source's), its generation set above the source's, the source's steps and effects at
 positions below the fork point copied to it as they are, the link written to ``forks``
 and an audit row ``forked`` written on both tasks.
+
+Lineage: the fork holds the reserved step :data:`~ratchet.ledger.base.LINEAGE_STEP`
+(without a position) naming the first task of its chain of forks. One task of a lineage
+runs at a time: a fork, and a retry or compensate (:mod:`.commands`), is refused while
+another task of the lineage has not ended (:func:`lineage`, :func:`refuse_live`), and the
+task that starts gets a generation above every task of the lineage.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ class _MemberRow(NamedTuple):
 
 
 _SOURCE = Read.rows("fork_source", _SourceRow._make)
+_HISTORY = Read.rows("fork_history", _HistoryRow._make)
 _ROOT = Read.rows("fork_lineage_root", lambda row: str(next(iter(row))))
 _MEMBERS = Read.rows("fork_lineage", _MemberRow._make)
 _LINKED = Read.rows("fork_linked", lambda row: str(next(iter(row))))
@@ -161,7 +168,6 @@ def refuse_live(task_id: str, found: Lineage, what: str) -> None:
         f"task {task_id} cannot be {what}: another task of its fork lineage has not ended "
         f"({others}); two tasks with one history would run side by side. Wait for it to "
         "end, or cancel it first (ratchet cancel)")
-_HISTORY = Read.rows("fork_history", _HistoryRow._make)
 
 
 def _record(row: Iterable[Any]) -> ForkRecord:
