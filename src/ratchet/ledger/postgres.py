@@ -399,7 +399,8 @@ class PostgresDialect:
             self._ledger_id = str(row[0]) if row else ""
         return self._ledger_id
 
-    def join(self, connection: Any, body: Callable[[Any], T]) -> T:
+    def join(self, connection: Any, body: Callable[[Any], T], *,
+             what: str = "the task") -> T:
         """Run ``body`` inside the caller's open transaction on ``connection``, a psycopg 3
         connection to the ledger's database (see ``Dialect.join``): under a savepoint,
         with ``search_path`` set to the ledger's schema for its statements and put back
@@ -445,7 +446,7 @@ class PostgresDialect:
                 "back before submitting")
         if status == psycopg.pq.TransactionStatus.IDLE and connection.autocommit:
             raise InvalidArguments(
-                "connection= is in autocommit mode and outside a transaction: the task "
+                f"connection= is in autocommit mode and outside a transaction: {what} "
                 "would commit at once, not with your work. Open one (with "
                 "conn.transaction(): ...) or use autocommit=False")
         if connection.info.pipeline_status != psycopg.pq.PipelineStatus.OFF:
