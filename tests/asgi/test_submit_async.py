@@ -401,3 +401,32 @@ def test_duplicates_waiting_on_an_open_transaction_do_not_starve_it(
     first, others = asyncio.run(main())
     assert others == [first] * duplicates
     assert len(app.list_tasks().tasks) == 1
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_lock_timeout_of_the_caller_bounds_the_wait_and_keeps_its_transaction(
+        shipping: App, backend: str) -> None:
+    """The caller sets ``SET LOCAL lock_timeout``: a joined submit that waits on another
+    transaction's uncommitted row for the same key raises psycopg's LockNotAvailable once
+    it passes, and the caller's transaction goes on (only Ratchet's savepoint is rolled
+    back)."""
+    app = shipping
+    url = app.ledger_url or ""
+    table = _orders_table(app)
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(_base(url)) as first, \
+                await psycopg.AsyncConnection.connect(_base(url)) as second:
+            async with first.transaction():
+                await app.submit_async("ship", {"order_id": "o-1"}, idempotency_key="k",
+                                       connection=first)
+                async with second.transaction():
+                    await second.execute("SET LOCAL lock_timeout = '200ms'")
+                    with pytest.raises(psycopg.errors.LockNotAvailable):
+                        await app.submit_async("ship", {"order_id": "o-1"},
+                                               idempotency_key="k", connection=second)
+                    await second.execute(f"INSERT INTO {table} (id) VALUES ('o-2')")
+
+    asyncio.run(main())
+    assert _orders(app, table) == ["o-2"]
+    assert len(app.list_tasks().tasks) == 1

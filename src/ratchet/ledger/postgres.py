@@ -418,7 +418,10 @@ class PostgresDialect:
                 transaction already failed, or one on another database or server (its
                 schema holds no ledger, or another one: ``ledger_identity`` differs).
             psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected: raised
-                as they are, for the caller's own retry of its transaction.
+                as they are, for the caller's own retry of its transaction; so are
+                psycopg.errors.LockNotAvailable and QueryCanceled (the caller's
+                ``lock_timeout`` or ``statement_timeout`` passed; the savepoint is rolled
+                back and the caller's transaction goes on).
             LedgerUnavailable, WriteRejected, LedgerError: as :meth:`run` (never retried:
                 the transaction is the caller's); the savepoint is rolled back.
         """
@@ -482,7 +485,8 @@ class PostgresDialect:
                     with contextlib.suppress(psycopg.Error):
                         tx.rollback_joined()
                 raise
-        except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure):
+        except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
+                pg_errors.LockNotAvailable, pg_errors.QueryCanceled):
             raise
         except _CORRUPT as exc:
             raise self._corrupt(exc) from exc
