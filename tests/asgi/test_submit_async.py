@@ -416,16 +416,16 @@ def test_a_lock_timeout_of_the_caller_bounds_the_wait_and_keeps_its_transaction(
 
     async def main() -> None:
         async with await psycopg.AsyncConnection.connect(_base(url)) as first, \
-                await psycopg.AsyncConnection.connect(_base(url)) as second:
-            async with first.transaction():
-                await app.submit_async("ship", {"order_id": "o-1"}, idempotency_key="k",
-                                       connection=first)
-                async with second.transaction():
-                    await second.execute("SET LOCAL lock_timeout = '200ms'")
-                    with pytest.raises(psycopg.errors.LockNotAvailable):
-                        await app.submit_async("ship", {"order_id": "o-1"},
-                                               idempotency_key="k", connection=second)
-                    await second.execute(f"INSERT INTO {table} (id) VALUES ('o-2')")
+                await psycopg.AsyncConnection.connect(_base(url)) as second, \
+                first.transaction():
+            await app.submit_async("ship", {"order_id": "o-1"}, idempotency_key="k",
+                                   connection=first)
+            async with second.transaction():
+                await second.execute("SET LOCAL lock_timeout = '200ms'")
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    await app.submit_async("ship", {"order_id": "o-1"},
+                                           idempotency_key="k", connection=second)
+                await second.execute(f"INSERT INTO {table} (id) VALUES ('o-2')")
 
     asyncio.run(main())
     assert _orders(app, table) == ["o-2"]
