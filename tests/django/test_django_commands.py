@@ -18,7 +18,8 @@ PROJECT = Path(__file__).resolve().parent
 APP = "djproject.tasks:app"
 
 
-def _manage(tmp_path: Path, *args: str, ratchet: str | None = None) -> subprocess.CompletedProcess[str]:
+def _manage(tmp_path: Path, *args: str,
+            ratchet: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "djproject.settings", "DJ_DB": "sqlite",
            "DJ_DB_NAME": str(tmp_path / "project.sqlite3")}
     env.pop("DJ_RATCHET", None)
