@@ -54,8 +54,9 @@ def test_a_bad_ratchet_setting_is_one_line_and_exit_1(tmp_path: Path, setting: s
     _refused(_manage(tmp_path, "ratchet_worker", ratchet=setting), expected)
 
 
-def test_ratchet_migrate_reports_a_bad_setting_on_one_line(tmp_path: Path) -> None:
-    _refused(_manage(tmp_path, "ratchet_migrate", ratchet="[1]"), "must be a dict")
+@pytest.mark.parametrize("command", ["ratchet_migrate", "migrate"])
+def test_migrate_reports_a_bad_setting_on_one_line(tmp_path: Path, command: str) -> None:
+    _refused(_manage(tmp_path, command, ratchet="[1]"), "must be a dict")
 
 
 @pytest.mark.parametrize(("args", "expected"), [
