@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -194,8 +195,10 @@ def test_async_connections_that_cannot_hold_the_task_are_refused(shipping: App,
 
     async def main() -> None:
         async with await psycopg.AsyncConnection.connect(_base(url), autocommit=True) as conn:
-            with pytest.raises(InvalidArguments, match="autocommit"):
+            with pytest.raises(InvalidArguments, match=r"autocommit.*: the task would"):
                 await app.submit_async("ship", {"order_id": "o-1"}, connection=conn)
+            with pytest.raises(InvalidArguments, match=r"autocommit.*: the message would"):
+                await app.emit_async("orders", {"order": 1}, connection=conn)
         async with await psycopg.AsyncConnection.connect(_base(url)) as conn:
             with pytest.raises(psycopg.errors.DivisionByZero):
                 await conn.execute("SELECT 1 / 0")
@@ -341,3 +344,89 @@ def test_a_sqlalchemy_async_session_gives_its_driver_connection(shipping: App,
     task_id = asyncio.run(main())
     assert _orders(app, table) == ["o-1"]
     assert [t.task_id for t in app.list_tasks().tasks] == [task_id]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+@pytest.mark.parametrize("duplicates_join", [True, False], ids=["joined", "own-transaction"])
+def test_duplicates_waiting_on_an_open_transaction_do_not_starve_it(
+        shipping: App, backend: str, duplicates_join: bool) -> None:
+    """Request 0 submits key K in its transaction and, before committing, emits a message
+    on it too. Meanwhile duplicates submit K (in transactions of their own, or without
+    ``connection=``) and wait in PostgreSQL for request 0's uncommitted row, holding a
+    thread each: more of them than the loop's default executor has threads (two here).
+    Request 0's emit still runs (a joined call never waits for a thread another call
+    holds), request 0 commits, and every duplicate gets the same task."""
+    app = shipping
+    url = app.ledger_url or ""
+    duplicates = 5
+    # without connection=, concurrent submits share one ledger transaction (group commit)
+    blocked = 2 if duplicates_join else 1
+
+    def blocked_by(pid: int) -> int:
+        with psycopg.connect(_base(url)) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity "
+                               "WHERE %s = ANY(pg_blocking_pids(pid))", (pid,)).fetchone()
+            return int(row[0]) if row else 0
+
+    async def duplicate() -> str:
+        if not duplicates_join:
+            return (await app.submit_async("ship", {"order_id": "o-42"},
+                                           idempotency_key="order-42")).task_id
+        async with await psycopg.AsyncConnection.connect(_base(url)) as conn, \
+                conn.transaction():
+            return (await app.submit_async("ship", {"order_id": "o-42"},
+                                           idempotency_key="order-42",
+                                           connection=conn)).task_id
+
+    async def main() -> tuple[str, list[str]]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(2))
+        async with await psycopg.AsyncConnection.connect(_base(url)) as conn:
+            async with conn.transaction():
+                first = await app.submit_async("ship", {"order_id": "o-42"},
+                                               idempotency_key="order-42", connection=conn)
+                waiting = [asyncio.create_task(duplicate()) for _ in range(duplicates)]
+                with ThreadPoolExecutor(1) as watcher:  # not the default executor's
+                    await loop.run_in_executor(
+                        watcher, wait_for, "duplicates to wait on the open transaction",
+                        lambda: blocked_by(conn.info.backend_pid) >= blocked, 30)
+                emit = asyncio.create_task(
+                    app.emit_async("orders", {"order": 42}, connection=conn))
+                await asyncio.wait([emit], timeout=30)
+                assert emit.done(), "the emit waits for a thread the duplicates hold"
+                await emit
+            async with asyncio.timeout(30):
+                return first.task_id, list(await asyncio.gather(*waiting))
+
+    first, others = asyncio.run(main())
+    assert others == [first] * duplicates
+    assert len(app.list_tasks().tasks) == 1
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+def test_a_lock_timeout_of_the_caller_bounds_the_wait_and_keeps_its_transaction(
+        shipping: App, backend: str) -> None:
+    """The caller sets ``SET LOCAL lock_timeout``: a joined submit that waits on another
+    transaction's uncommitted row for the same key raises psycopg's LockNotAvailable once
+    it passes, and the caller's transaction goes on (only Ratchet's savepoint is rolled
+    back)."""
+    app = shipping
+    url = app.ledger_url or ""
+    table = _orders_table(app)
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(_base(url)) as first, \
+                await psycopg.AsyncConnection.connect(_base(url)) as second, \
+                first.transaction():
+            await app.submit_async("ship", {"order_id": "o-1"}, idempotency_key="k",
+                                   connection=first)
+            async with second.transaction():
+                await second.execute("SET LOCAL lock_timeout = '200ms'")
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    await app.submit_async("ship", {"order_id": "o-1"},
+                                           idempotency_key="k", connection=second)
+                await second.execute(f"INSERT INTO {table} (id) VALUES ('o-2')")
+
+    asyncio.run(main())
+    assert _orders(app, table) == ["o-2"]
+    assert len(app.list_tasks().tasks) == 1

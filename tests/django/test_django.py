@@ -7,8 +7,9 @@ commits the order row and the task together and an exception rolls back both (a 
 back savepoint too); submit outside ``atomic()`` is refused and writes nothing;
 ``manage.py ratchet_worker``, a real subprocess, runs the task to ``SUCCEEDED`` (the task
 updates the order through the ORM) and exits 0 on SIGTERM; the admin page shows counts by
-state and dashboard links to staff and sends anonymous and non-staff users to the login
-page; the ledger was made by ``manage.py migrate`` in the project's database.
+state and dashboard links to staff with ``ratchet.view_tasks`` (and superusers), answers
+403 to staff without it and 400 to a malformed cursor, and sends anonymous and non-staff
+users to the login page; the ledger was made by ``manage.py migrate`` in the project's database.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _run_django_tests(env: dict[str, str]) -> None:
         cwd=PROJECT, env=full, capture_output=True, text=True, timeout=280)
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, report
-    assert "Ran 13 tests" in report and "\nOK" in report, report
+    assert "Ran 15 tests" in report and "\nOK" in report, report
 
 
 def test_django_runner_on_sqlite(tmp_path: Path) -> None:

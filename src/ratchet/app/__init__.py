@@ -286,7 +286,9 @@ class App(Messages, AsyncCalls):
         return self._ledger
 
     def close(self) -> None:
-        """Close the ledger connections this app opened."""
+        """Close the ledger connections this app opened (and let the threads of its async
+        calls end)."""
+        self._close_async_executor()
         with self._lock:
             if self._ledger is not None and not isinstance(self._ledger_arg, Ledger):
                 self._ledger.close()

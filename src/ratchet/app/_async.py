@@ -3,10 +3,18 @@
 ``await app.wait_async(...)``, which never block the event loop.
 
 Each is its sync call, run off the loop: the same validation, the same errors, the same
-ledger code (one copy). The ledger's write runs in a thread of the loop's default
-executor while the coroutine awaits it. With ``connection=`` a psycopg
-``AsyncConnection``, that thread writes on the caller's connection inside the caller's
-transaction, each statement sent on the caller's loop
+ledger code (one copy). Which thread runs it:
+
+* with ``connection=`` (a call that joins the caller's transaction), a thread of its own,
+  started for the call: such a call must never wait for a thread that another call holds,
+  because that other call may itself be waiting for the caller's transaction to end (a
+  duplicate submit waiting on its uncommitted row). Their number is bounded by the
+  caller's connections (one call at a time on each);
+* without it, a thread of the App's own executor (:data:`ASYNC_THREADS` threads, not the
+  loop's default executor), writing on the ledger's own connections.
+
+With ``connection=`` a psycopg ``AsyncConnection``, the thread writes on the caller's
+connection inside the caller's transaction, each statement sent on the caller's loop
 (:class:`~ratchet.ledger.loopbridge.LoopConnection`); a sync connection (psycopg
 ``Connection``, ``sqlite3.Connection`` opened with ``check_same_thread=False``) is used
 from the thread as it is. Waits poll with ``asyncio.sleep`` between reads made off the
@@ -16,8 +24,10 @@ loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -27,7 +37,7 @@ from ..ledger.loopbridge import LoopConnection, is_async_connection
 from . import _taskops as taskops
 from ._submitting import SubmitRequest
 
-__all__ = ["AsyncCalls", "off_loop"]
+__all__ = ["ASYNC_THREADS", "AsyncCalls", "off_loop"]
 
 T = TypeVar("T")
 H_co = TypeVar("H_co", covariant=True)
@@ -48,9 +58,36 @@ class _App(Protocol[H_co]):
     def get(self, task_id: str) -> TaskInfo: ...
 
 
-async def off_loop(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` in a thread of the running loop's default executor, with
-    the caller's context variables (a trace span), awaited.
+ASYNC_THREADS = 16
+"""Threads of an App's executor for its async calls without ``connection=``."""
+
+_executors_lock = threading.Lock()
+
+
+def _start_own_thread(call: Callable[[], T]) -> concurrent.futures.Future[T]:
+    """``call()`` in a new (daemon) thread; its outcome in the returned future."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = call()
+        except BaseException as exc:  # handed to the awaiting coroutine
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    threading.Thread(target=run, name="ratchet-joined-call", daemon=True).start()
+    return future
+
+
+async def off_loop(fn: Callable[..., T], /, *args: Any,
+                   executor: concurrent.futures.Executor | None = None,
+                   **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` off the running loop, with the caller's context variables
+    (a trace span), awaited: in a thread of ``executor``, or (None) in a new thread of its
+    own, started for this call (it never waits for a thread another call holds).
 
     Cancelling the awaiting coroutine waits for the call in flight to end before the
     cancellation goes on, so that nothing of it runs on the caller's connection once the
@@ -62,7 +99,10 @@ async def off_loop(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    future = loop.run_in_executor(None, call)
+    if executor is None:
+        future: asyncio.Future[T] = asyncio.wrap_future(_start_own_thread(call), loop=loop)
+    else:
+        future = loop.run_in_executor(executor, call)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
@@ -72,6 +112,24 @@ async def off_loop(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
             except asyncio.CancelledError:
                 continue
         raise
+
+
+def _executor(owner: Any, connection: Any) -> concurrent.futures.Executor | None:
+    """Where a call of ``owner`` (the App) runs: None (a thread of its own) when it joins
+    ``connection``, else the App's executor of :data:`ASYNC_THREADS` threads, made on
+    first use."""
+    if connection is not None:
+        return None
+    slots = vars(owner)
+    pool: concurrent.futures.ThreadPoolExecutor | None = slots.get("_async_executor")
+    if pool is None:
+        with _executors_lock:
+            pool = slots.get("_async_executor")
+            if pool is None:
+                pool = concurrent.futures.ThreadPoolExecutor(
+                    ASYNC_THREADS, thread_name_prefix="ratchet-async")
+                slots["_async_executor"] = pool
+    return pool
 
 
 def _bridged(connection: Any) -> Any:
@@ -84,6 +142,14 @@ def _bridged(connection: Any) -> Any:
 
 class AsyncCalls:
     """The asyncio calls of :class:`ratchet.App` (a base class of it)."""
+
+    def _close_async_executor(self) -> None:
+        """Let the threads of the App's executor end once their calls have (a later async
+        call makes a new one)."""
+        with _executors_lock:
+            pool = vars(self).pop("_async_executor", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     async def submit_async(
         self: _App[H_co],
@@ -132,7 +198,7 @@ class AsyncCalls:
             self.submit, name, params, idempotency_key=idempotency_key, run_at=run_at,
             delay_s=delay_s, tenant=tenant, version=version, queue=queue, priority=priority,
             debounce_s=debounce_s, debounce_max_s=debounce_max_s,
-            connection=_bridged(connection))
+            connection=_bridged(connection), executor=_executor(self, connection))
 
     async def submit_many_async(self: _App[H_co], requests: Iterable[SubmitRequest], *,
                                 connection: Any = None) -> list[H_co]:
@@ -143,7 +209,8 @@ class AsyncCalls:
             Same as :meth:`ratchet.App.submit_many`.
         """
         return list(await off_loop(self.submit_many, requests,
-                                   connection=_bridged(connection)))
+                                   connection=_bridged(connection),
+                                   executor=_executor(self, connection)))
 
     async def emit_async(self: _App[Any], topic: str, message: Any, *, key: str | None = None,
                          message_id: str | None = None, connection: Any = None) -> str:
@@ -157,7 +224,8 @@ class AsyncCalls:
             Same as :meth:`ratchet.App.emit`.
         """
         return await off_loop(self.emit, topic, message, key=key, message_id=message_id,
-                              connection=_bridged(connection))
+                              connection=_bridged(connection),
+                              executor=_executor(self, connection))
 
     async def wait_async(self: _App[Any], task_id: str, timeout_s: float | None = None,
                          poll_s: float = 0.05) -> TaskInfo:
@@ -177,8 +245,9 @@ class AsyncCalls:
             InvalidArguments: ``timeout_s`` or ``poll_s`` is not a finite number >= 0.
         """
         get = self.get
+        executor = _executor(self, None)
 
         async def read(tid: str) -> TaskInfo:
-            return await off_loop(get, tid)
+            return await off_loop(get, tid, executor=executor)
 
         return await taskops.wait_settled_async(read, task_id, timeout_s, poll_s)

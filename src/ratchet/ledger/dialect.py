@@ -155,12 +155,13 @@ class Dialect(Protocol):
         outbox rows were committed (``"outbox"``): a hint; may never call."""
         ...
 
-    def join(self, connection: Any, body: Callable[[Tx], T]) -> T:
+    def join(self, connection: Any, body: Callable[[Tx], T], *, what: str = "the task") -> T:
         """Run ``body`` inside the caller's own open transaction on ``connection`` (a
         DB-API connection on the ledger's database), under a savepoint, and commit
         nothing: the rows exist if and only if the caller's transaction commits, and
         wake-ups go out with that commit. On any error the savepoint is rolled back and
-        the caller's transaction is as it was before the call.
+        the caller's transaction is as it was before the call. ``what`` names the rows in
+        messages (``"the task"``, ``"the message"``).
 
         Raises:
             InvalidArguments: a connection of the wrong kind, on another database, or one

@@ -399,7 +399,8 @@ class PostgresDialect:
             self._ledger_id = str(row[0]) if row else ""
         return self._ledger_id
 
-    def join(self, connection: Any, body: Callable[[Any], T]) -> T:
+    def join(self, connection: Any, body: Callable[[Any], T], *,
+             what: str = "the task") -> T:
         """Run ``body`` inside the caller's open transaction on ``connection``, a psycopg 3
         connection to the ledger's database (see ``Dialect.join``): under a savepoint,
         with ``search_path`` set to the ledger's schema for its statements and put back
@@ -417,7 +418,10 @@ class PostgresDialect:
                 transaction already failed, or one on another database or server (its
                 schema holds no ledger, or another one: ``ledger_identity`` differs).
             psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected: raised
-                as they are, for the caller's own retry of its transaction.
+                as they are, for the caller's own retry of its transaction; so are
+                psycopg.errors.LockNotAvailable and QueryCanceled (the caller's
+                ``lock_timeout`` or ``statement_timeout`` passed; the savepoint is rolled
+                back and the caller's transaction goes on).
             LedgerUnavailable, WriteRejected, LedgerError: as :meth:`run` (never retried:
                 the transaction is the caller's); the savepoint is rolled back.
         """
@@ -445,7 +449,7 @@ class PostgresDialect:
                 "back before submitting")
         if status == psycopg.pq.TransactionStatus.IDLE and connection.autocommit:
             raise InvalidArguments(
-                "connection= is in autocommit mode and outside a transaction: the task "
+                f"connection= is in autocommit mode and outside a transaction: {what} "
                 "would commit at once, not with your work. Open one (with "
                 "conn.transaction(): ...) or use autocommit=False")
         if connection.info.pipeline_status != psycopg.pq.PipelineStatus.OFF:
@@ -481,7 +485,8 @@ class PostgresDialect:
                     with contextlib.suppress(psycopg.Error):
                         tx.rollback_joined()
                 raise
-        except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure):
+        except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
+                pg_errors.LockNotAvailable, pg_errors.QueryCanceled):
             raise
         except _CORRUPT as exc:
             raise self._corrupt(exc) from exc

@@ -524,7 +524,8 @@ class SQLiteDialect:
         finally:
             cur.close()
 
-    def join(self, connection: Any, body: Callable[[Any], T]) -> T:
+    def join(self, connection: Any, body: Callable[[Any], T], *,
+             what: str = "the task") -> T:
         """Run ``body`` inside the caller's open transaction on ``connection``, a
         ``sqlite3.Connection`` on the ledger's file (see ``Dialect.join``): under a
         savepoint, nothing committed until the caller commits. A connection outside a
@@ -581,7 +582,7 @@ class SQLiteDialect:
             if connection.isolation_level is None:
                 raise InvalidArguments(
                     "connection= is in autocommit mode (isolation_level=None) and outside a "
-                    "transaction: the task would commit at once, not with your work. "
+                    f"transaction: {what} would commit at once, not with your work. "
                     "Run BEGIN first (or use the default isolation_level)")
             connection.execute(f"BEGIN {connection.isolation_level}".strip())
         cur = connection.cursor()

@@ -3,9 +3,11 @@
 * ``DJ_DB``: ``sqlite`` (default) or ``postgresql``;
 * ``DJ_DB_NAME``: the SQLite file, or the PostgreSQL database name (Django's test runner
   makes ``TEST NAME``: ``DJ_TEST_DB_NAME``, default ``<file>.test`` / ``test_<name>``);
-* ``DJ_PG_URL``: the PostgreSQL server (``postgresql://user@host:port/any``).
+* ``DJ_PG_URL``: the PostgreSQL server (``postgresql://user@host:port/any``);
+* ``DJ_RATCHET``: a Python literal that replaces the ``RATCHET`` setting (to try bad ones).
 """
 
+import ast
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -87,4 +89,6 @@ RATCHET = {
     "DASHBOARD_URL": "http://dash.example:8080/",
     "SCHEMA": os.environ.get("DJ_SCHEMA", "ratchet"),
 }
+if "DJ_RATCHET" in os.environ:
+    RATCHET = ast.literal_eval(os.environ["DJ_RATCHET"])
 TEST_RUNNER = "ratchet.contrib.django.testing.RatchetTestRunner"

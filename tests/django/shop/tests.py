@@ -11,7 +11,7 @@ from io import StringIO
 from pathlib import Path
 from typing import ClassVar
 
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import TransactionTestCase
@@ -163,9 +163,15 @@ class AdminPage(TransactionTestCase):
         with transaction.atomic():
             self.handle = submit("fulfil", {"order_id": 99}, delay_s=3600)
 
+    def viewer(self, username: str = "ops") -> User:
+        """A staff user granted ratchet.view_tasks (made by migrate)."""
+        staff = User.objects.create_user(username, password="pw", is_staff=True)
+        staff.user_permissions.add(Permission.objects.get(
+            content_type__app_label="ratchet", codename="view_tasks"))
+        return staff
+
     def test_staff_see_counts_and_dashboard_links(self) -> None:
-        staff = User.objects.create_user("ops", password="pw-ops", is_staff=True)
-        self.client.force_login(staff)
+        self.client.force_login(self.viewer())
         response = self.client.get(self.URL)
         self.assertEqual(response.status_code, 200)
         html = response.content.decode()
@@ -193,3 +199,26 @@ class AdminPage(TransactionTestCase):
         response = self.client.get(self.URL)
         self.assertEqual(response.status_code, 302)
         self.assertIn("/admin/login/", response["Location"])
+
+    def test_staff_without_the_permission_get_403_and_no_entry(self) -> None:
+        clerk = User.objects.create_user("clerk", password="pw", is_staff=True)
+        self.client.force_login(clerk)
+        self.assertEqual(self.client.get(self.URL).status_code, 403)
+        index = self.client.get("/admin/")
+        self.assertEqual(index.status_code, 200)
+        self.assertNotIn(f'href="{self.URL}"', index.content.decode())
+        boss = User.objects.create_superuser("boss", password="pw")
+        self.client.force_login(boss)
+        self.assertEqual(self.client.get(self.URL).status_code, 200)
+
+    def test_a_malformed_cursor_is_a_bad_request_not_a_ledger_error(self) -> None:
+        self.client.force_login(self.viewer())
+        for cursor in ("abc", "\x00", "-1", "x" * 5000):
+            response = self.client.get(self.URL, {"cursor": cursor})
+            self.assertEqual(response.status_code, 400, cursor[:20])
+            html = response.content.decode()
+            self.assertIn("cursor is malformed", html)
+            self.assertNotIn("could not be read", html)
+            self.assertNotIn("x" * 100, html)  # the value is not echoed
+        self.assertEqual(self.client.get(self.URL, {"cursor": "abc", "state": "pending"})
+                         .context["chosen"], "PENDING")

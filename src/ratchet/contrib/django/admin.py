@@ -1,4 +1,5 @@
-"""The admin page: ``<admin>/ratchet/tasks/`` on the default admin site, staff only.
+"""The admin page: ``<admin>/ratchet/tasks/`` on the default admin site, for staff users
+with the permission ``ratchet.view_tasks`` (:data:`VIEW_PERMISSION`; superusers have it).
 
 Django's admin imports this module when it starts (``admin.autodiscover``); it adds the
 page's URL in front of the site's own (:func:`install`). The page has no model behind it:
@@ -15,16 +16,17 @@ from django.contrib.admin import AdminSite
 from django.http import HttpRequest
 from django.urls import URLPattern, URLResolver, path, reverse
 
-from .views import tasks_page
+from .views import VIEW_PERMISSION, may_view_tasks, tasks_page
 
-__all__ = ["install"]
+__all__ = ["VIEW_PERMISSION", "install"]
 
 
 def install(site: AdminSite) -> None:
     """Add the tasks page to ``site`` as ``<site>/ratchet/tasks/`` (URL name
     ``<site name>:ratchet_tasks``), behind ``site.admin_view`` (staff only: others are sent
-    to the login page), and a "Ratchet: Tasks" entry to the site's app list (the admin
-    index and its sidebar). Idempotent."""
+    to the login page) and the permission ``ratchet.view_tasks`` (staff without it get 403),
+    and a "Ratchet: Tasks" entry to the site's app list (the admin index and its sidebar)
+    for users who have it. Idempotent."""
     if getattr(site, "_ratchet_installed", False):
         return
     own_urls: Callable[[], list[URLResolver | URLPattern]] = site.get_urls
@@ -36,7 +38,7 @@ def install(site: AdminSite) -> None:
 
     def get_app_list(request: HttpRequest, app_label: str | None = None) -> list[Any]:
         apps = own_app_list(request, app_label)
-        if app_label is not None:
+        if app_label is not None or not may_view_tasks(request):
             return apps
         url = reverse(f"{site.name}:ratchet_tasks", current_app=site.name)
         entry = {"name": "Ratchet", "app_label": "ratchet", "app_url": url,

@@ -8,10 +8,11 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import CommandError
 from django.db import connections
 from django.db.models.signals import pre_migrate
 
-from ratchet import LedgerUnavailable
+from ratchet import LedgerUnavailable, RatchetError
 from ratchet.config import parse_ledger_url
 from ratchet.control import Control
 
@@ -36,9 +37,14 @@ class RatchetConfig(AppConfig):
 
 
 def _on_pre_migrate(sender: AppConfig, using: str = "default", **kwargs: Any) -> None:
-    conf = ratchet_settings()
-    if conf.migrate and using == conf.database:
-        migrate_ledger()
+    """Create or upgrade the ledger before ``manage.py migrate`` runs; a bad setting or a
+    Ratchet error is a :class:`CommandError` (one line, exit status 1, no traceback)."""
+    try:
+        conf = ratchet_settings()
+        if conf.migrate and using == conf.database:
+            migrate_ledger()
+    except (ImproperlyConfigured, RatchetError) as exc:
+        raise CommandError(" ".join(str(exc).split()) or type(exc).__name__) from exc
 
 
 def _effective_url() -> str:

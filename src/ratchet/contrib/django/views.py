@@ -8,18 +8,29 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from django.contrib.admin import AdminSite
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from ratchet import RatchetError, State
+from ratchet import InvalidArguments, RatchetError, State
 
 from . import get_control
 from .conf import ratchet_settings
 
-__all__ = ["PAGE_SIZE", "TaskRow", "tasks_page"]
+__all__ = ["PAGE_SIZE", "VIEW_PERMISSION", "TaskRow", "may_view_tasks", "tasks_page"]
+
+VIEW_PERMISSION = "ratchet.view_tasks"
+"""The permission the admin page asks for (created by ``manage.py migrate``; superusers
+have every permission). The page shows every task of the ledger, of every type."""
 
 PAGE_SIZE = 50
 """Tasks listed per page."""
+
+
+def may_view_tasks(request: HttpRequest) -> bool:
+    """Whether the request's user has :data:`VIEW_PERMISSION` (an active superuser has)."""
+    has_perm = getattr(request.user, "has_perm", None)
+    return callable(has_perm) and bool(has_perm(VIEW_PERMISSION))
 
 
 
@@ -44,7 +55,17 @@ def _when(epoch_s: float) -> str:
 
 def tasks_page(request: HttpRequest, site: AdminSite) -> HttpResponse:
     """``GET <admin>/ratchet/tasks/?state=S&cursor=C``: counts per state (all task types),
-    per type and state, and a page of the newest tasks (of state ``S`` when given)."""
+    per type and state, and a page of the newest tasks (of state ``S`` when given).
+
+    Answers 400 (with a link to the first page) for a cursor this page did not give out
+    (malformed, altered, a NUL byte, too long): the request's fault, not the ledger's; 503
+    when the ledger cannot be read.
+
+    Raises:
+        PermissionDenied: the user lacks :data:`VIEW_PERMISSION` (Django answers 403).
+    """
+    if not may_view_tasks(request):
+        raise PermissionDenied(f"the Ratchet tasks page needs the permission {VIEW_PERMISSION}")
     dashboard = ratchet_settings().dashboard_url
     states = [s.value for s in State]
     chosen = request.GET.get("state") or None
@@ -57,6 +78,10 @@ def tasks_page(request: HttpRequest, site: AdminSite) -> HttpResponse:
         control = get_control()
         counts = control.status().counts
         page = control.list_tasks(state=chosen, limit=PAGE_SIZE, cursor=cursor)
+    except InvalidArguments:
+        # The state is checked above: what is left is the cursor, the request's own.
+        context["bad_cursor"] = True
+        return TemplateResponse(request, "ratchet/admin_tasks.html", context, status=400)
     except RatchetError as exc:
         context["error"] = str(exc)
         return TemplateResponse(request, "ratchet/admin_tasks.html", context, status=503)

@@ -65,6 +65,7 @@ class Emit:
             return
         dialect = self.core.dialect
         if connection is not None:
-            dialect.join(joinable(connection), lambda tx: write_messages(tx, messages))
+            dialect.join(joinable(connection), lambda tx: write_messages(tx, messages),
+                         what="the message" if len(messages) == 1 else "the messages")
         else:
             dialect.run(lambda tx: write_messages(tx, messages))

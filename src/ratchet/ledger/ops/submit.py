@@ -59,7 +59,8 @@ class Submit:
         try:
             if connection is not None:
                 return dialect.join(joinable(connection),
-                                    lambda tx: _submit_in(tx, tasks, clock))
+                                    lambda tx: _submit_in(tx, tasks, clock),
+                                    what="the task" if len(tasks) == 1 else "the tasks")
             try:
                 return dialect.run(lambda tx: _submit_in(tx, tasks, clock))
             except CommitOutcomeUnknown:

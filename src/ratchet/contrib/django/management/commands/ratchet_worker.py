@@ -7,22 +7,41 @@ import sys
 from argparse import ArgumentParser
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from ratchet import ConfigError, InvalidArguments, LedgerUnavailable, Worker
+from ratchet import RatchetError, Worker
 from ratchet.config import redact_url
 from ratchet.contrib.django import CloseOldConnections, get_app
 
 
-def _names(raw: str | None) -> list[str] | None:
-    return None if raw is None else [n.strip() for n in raw.split(",") if n.strip()]
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (whitespace runs, newlines included, made one space)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _names(raw: str | None, option: str) -> list[str] | None:
+    """The comma-separated names of ``--option``; None when the option is not given.
+
+    Raises:
+        CommandError: given, but naming nothing (``""``, ``","``).
+    """
+    if raw is None:
+        return None
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if not names:
+        raise CommandError(f"--{option} names nothing ({raw!r}): name at least one, or "
+                           "leave the option out for all")
+    return names
 
 
 class Command(BaseCommand):
     """Run a worker until SIGTERM or Ctrl-C (graceful stop, as ``ratchet worker``).
 
     Exit status: 0 stopped cleanly, 3 leases handed back (grace ended or second signal),
-    4 stopped at the stuck-thread limit, 1 a Ratchet error (printed on one line).
+    4 stopped at the stuck-thread limit, 1 a configuration or Ratchet error (a bad
+    ``RATCHET`` setting, an unknown ``--names`` task, an empty ``--names`` or
+    ``--queues``, an unreachable ledger: printed on one line, no traceback).
     """
 
     help = ("Run a Ratchet worker for RATCHET['APP'] on the project's ledger. SIGTERM or "
@@ -44,13 +63,15 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Build the :class:`ratchet.Worker`, install its signal handlers and run it."""
+        names = _names(options["names"], "names")
+        queues = _names(options["queues"], "queues")
         try:
             app = get_app()
             worker = Worker(
                 app,
                 concurrency=options["concurrency"],
-                names=_names(options["names"]),
-                queues=_names(options["queues"]),
+                names=names,
+                queues=queues,
                 shutdown_grace_s=options["shutdown_grace_s"],
                 scheduler=not options["no_scheduler"],
                 middleware=[CloseOldConnections()],
@@ -63,8 +84,8 @@ class Command(BaseCommand):
                 f"{options['concurrency']}, ledger {redact_url(app.ledger.config.url)}")
             self.stdout.flush()
             stats = worker.run()
-        except (ConfigError, InvalidArguments, LedgerUnavailable) as exc:
-            raise CommandError(str(exc)) from exc
+        except (ImproperlyConfigured, RatchetError) as exc:
+            raise CommandError(one_line(exc)) from exc
         self.stdout.write(f"ratchet worker {worker.holder} stopped: {stats}")
         self.stdout.flush()
         if worker.exit_code:

@@ -1,0 +1,1 @@
+"""Django migrations of ratchet.contrib.django: only the admin page's permission."""
