@@ -412,6 +412,10 @@ class TaskContext(BatchCalls):
                                        compensate_lookup)
         return value
 
+    sync_effect = effect
+    """:meth:`effect`, called in the calling thread also on an
+    :class:`~ratchet.worker.asynccontext.AsyncTaskContext` (compensations run so)."""
+
 
 # Task functions' first parameter is checked against this class (ratchet.params sits below
 # the worker and cannot import it).

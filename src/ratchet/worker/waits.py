@@ -372,7 +372,7 @@ class WorkflowCalls(EffectCalls):
         done: list[dict[str, Any]] = []
         for comp in reversed(self.compensations_found):
             fn, result = comp.fn, comp.result
-            value = self.effect(  # type: ignore[attr-defined]
+            value = self.sync_effect(  # type: ignore[attr-defined]
                 f"compensate:{comp.effect}", lambda k, fn=fn, result=result: fn(k, result),
                 key=f"compensate:{comp.key}", lookup=comp.lookup)
             done.append({"effect": comp.effect, "key": f"compensate:{comp.key}",

@@ -117,7 +117,8 @@ def _run_row(number: int, worlds: Worlds, controls: Controls,
 
 def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None = None, *,
                broker: str | None = None, lease_s: float = 1.0, parallel: int = 2,
-               on_row: Callable[[RowResult], None] | None = None) -> MatrixReport:
+               on_row: Callable[[RowResult], None] | None = None,
+               async_bodies: bool = False) -> MatrixReport:
     """Run the selected rows of the crash-point matrix with real worker processes.
 
     Args:
@@ -136,6 +137,9 @@ def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None =
         lease_s: lease of the charge tasks, seconds (row 9 uses at least 2 s).
         parallel: rows run at the same time (each in worlds of its own; 1: one by one).
         on_row: called with each row's result as soon as it is known.
+        async_bodies: the workers run the charge task (rows 1-8) as an ``async def`` body
+            on their event loop (``ratchet crash-matrix --async``); rows 9 (``ctx.batches``)
+            and 10 (emits) keep their plain def bodies.
 
     Raises:
         InvalidArguments: ``rows`` is malformed or outside 1-10, ``parallel`` < 1, or
@@ -151,7 +155,7 @@ def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None =
     if broker is not None:
         check_broker_url(broker)
     started = time.monotonic()
-    worlds = Worlds(ledger_url, lease_s=lease_s)
+    worlds = Worlds(ledger_url, lease_s=lease_s, async_bodies=async_bodies)
     report = MatrixReport(worlds.dialect, redact_url(ledger_url) if ledger_url else
                           "a temporary directory", [],
                           explicit=rows is not None)

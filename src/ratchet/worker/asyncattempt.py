@@ -1,0 +1,117 @@
+"""One attempt of an ``async def`` task body, on the worker's event loop
+(:mod:`ratchet.worker.asyncrun`; DESIGN §5, async bodies).
+
+The same steps as a sync attempt (:mod:`ratchet.worker.attempt`), and the same code for
+them: :meth:`~ratchet.worker.attempt.AttemptLadder._begin` (hooks, context, time limit),
+:meth:`~ratchet.worker.attempt.AttemptLadder._start` (the start checks, run in a thread
+of the loop's executor), then the body awaited on the loop with an
+:class:`~ratchet.worker.asynccontext.AsyncTaskContext`, then
+:meth:`~ratchet.worker.attempt.AttemptLadder._conclude` (the exception ladder turning the
+ending into a transition, and the final write) and
+:meth:`~ratchet.worker.attempt.AttemptLadder._end`, in a thread of the executor too.
+
+A time limit or the end of the shutdown grace ends the attempt without its body (as for
+a sync body) and cancels the body's asyncio task: the body sees
+``asyncio.CancelledError`` at its current ``await`` (its outcome was already written by
+the worker). An attempt whose task is an async type's sharded job is refused (sharded
+jobs and ``ctx.batches`` run on threads: sync task types only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..app import TaskDefinition
+from ..errors import InvalidArguments
+from ..ledger.base import Claim
+from .asynccontext import AsyncTaskContext
+from .attempt import AttemptLadder, compensations, replay_ended
+from .context import TaskContext
+from .heartbeat import LeaseHandle
+from .timelimit import Attempt
+
+__all__ = ["AsyncAttempts"]
+
+log = logging.getLogger("ratchet.worker")
+
+T = TypeVar("T")
+
+
+class _Body:
+    """Whether an async attempt's body is being awaited (loop thread only): a time limit
+    cancels the asyncio task only then, never its start checks nor its final write."""
+
+    __slots__ = ("running", "task")
+
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        self.task = task
+        self.running = False
+
+    def cancel(self) -> None:
+        if self.running and self.task is not None:
+            self.task.cancel()
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread of the loop's executor, awaited to its end even when the
+    awaiting task is cancelled meanwhile (a cancellation requested just as the body
+    returned must not cut the attempt's final write short)."""
+    inner = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    while True:
+        try:
+            return await asyncio.shield(inner)
+        except asyncio.CancelledError:
+            if inner.cancelled():
+                raise
+
+
+class AsyncAttempts(AttemptLadder):
+    """Runs one claimed attempt of an ``async def`` task type (see the module
+    docstring)."""
+
+    async def _execute_async(self, item: tuple[Claim, LeaseHandle]) -> None:
+        claim, lease = item
+        outcome: str | None = "abandoned"
+        ctx: TaskContext | None = None
+        attempt: Attempt | None = None
+        try:
+            definition, ctx, attempt = self._begin(claim, lease, AsyncTaskContext, None)
+            body = _Body(asyncio.current_task())
+            runner = self._async
+            assert runner is not None
+            attempt.cancel = lambda: runner.call_soon(body.cancel)
+            try:
+                params = await asyncio.to_thread(self._start, ctx)
+                body.running = True
+                try:
+                    result = await self._call_async(definition, ctx, params)
+                finally:
+                    body.running = False
+            except BaseException as exc:
+                error: BaseException | None = exc
+                result = None
+            else:
+                error = None
+            outcome = await _in_thread(self._conclude, definition, claim, ctx, result, error)
+        except BaseException:  # never let one task kill the worker or leak its slot
+            log.exception("internal error while running task %s", claim.task_id)
+            outcome = "abandoned"
+        await _in_thread(self._end, claim, lease, attempt, ctx, outcome)
+
+    async def _call_async(self, definition: TaskDefinition, ctx: TaskContext,
+                          params: dict[str, Any]) -> Any:
+        """The body: ``await fn(ctx, **params)``, or its compensation replay."""
+        if ctx.shard_job is not None:
+            raise InvalidArguments(
+                f"task {definition.name!r} is async def: a sharded job's parent runs on "
+                "threads (ctx.batches), for plain def task types only")
+        if ctx.compensation_mode:
+            try:
+                await definition.fn(ctx, **params)
+            except BaseException as exc:
+                replay_ended(ctx, exc)
+            return await asyncio.to_thread(compensations, ctx)
+        return await definition.fn(ctx, **params)
