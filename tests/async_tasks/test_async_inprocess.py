@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from ratchet import NOT_FOUND, App, AsyncTaskContext, Control, Middleware, State, TaskContext
+from ratchet import (
+    NOT_FOUND,
+    App,
+    AsyncTaskContext,
+    Control,
+    Middleware,
+    State,
+    TaskContext,
+    Worker,
+)
 from ratchet.errors import ConfigError
 from ratchet.testing import fast_retry_policy, wait_for
 from ratchet.testing.worker import running_worker
@@ -215,3 +224,64 @@ def test_time_limit_cancels_an_async_body(app: App) -> None:
                  timeout_s=20)
         assert cancelled.wait(10)
         assert worker.stats.stuck_threads == 0
+
+
+def test_a_stopping_worker_releases_an_async_body_at_its_next_boundary(app: App) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    async def gate() -> int:
+        started.set()
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        return 1
+
+    @app.task(name="t.stopped", retry=FAST)
+    async def stopped(ctx: AsyncTaskContext) -> int:
+        await ctx.step("first", gate)
+        await ctx.step("second", lambda: 2)
+        return 3
+
+    h = app.submit("t.stopped", {})
+    with running_worker(app, shutdown_grace_s=20) as worker:
+        assert started.wait(20)
+        worker.stop()
+        release.set()
+    info = app.get(h.task_id)
+    assert info.state is State.PENDING  # released at the "second" boundary
+    assert worker.exit_code == 0
+    assert [s.name for s in app.ledger.timeline(h.task_id).steps] == ["first"]
+
+
+def test_the_end_of_the_grace_hands_back_and_cancels_an_async_body(app: App) -> None:
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    async def forever() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    @app.task(name="t.stuck", retry=FAST)
+    async def stuck(ctx: AsyncTaskContext) -> None:
+        await ctx.step("forever", forever)
+
+    h = app.submit("t.stuck", {})
+    with running_worker(app, shutdown_grace_s=0.5) as worker:
+        assert started.wait(20)
+    assert cancelled.is_set()
+    assert worker.stats.handed_back == 1 and worker.exit_code == 3
+    assert app.get(h.task_id).state is State.PENDING
+
+
+def test_async_concurrency_is_validated(app: App) -> None:
+    @app.task(name="t.any")
+    async def any_(ctx: AsyncTaskContext) -> None:
+        return None
+
+    for bad in (0, 10_001, "8"):
+        with pytest.raises(ConfigError, match="async_concurrency"):
+            Worker(app, async_concurrency=bad)  # type: ignore[arg-type]
