@@ -85,6 +85,18 @@ def payment_client() -> CountingClient:
     return _client
 
 
+_async_client: AsyncCountingClient | None = None
+
+
+def async_payment_client() -> AsyncCountingClient:
+    """The async counting-service client of this process, for the ``async def`` charge
+    (created on first use; used on the worker's one event loop only)."""
+    global _async_client
+    if _async_client is None:
+        _async_client = AsyncCountingClient(os.environ["MATRIX_PAY_URL"], timeout_s=10.0)
+    return _async_client
+
+
 def charge_key(order_id: str) -> str:
     """The external idempotency key of the charge of ``order_id`` (after the world's
     prefix)."""
@@ -200,12 +212,9 @@ async def charge_async(ctx: AsyncTaskContext, order_id: str,
     quote = await ctx.step("prepare", prepare)
     key = charge_key(order_id)
     body = {"order_id": order_id, "amount_cents": amount_cents}
-    client = AsyncCountingClient(os.environ["MATRIX_PAY_URL"], timeout_s=10.0)
-    try:
-        receipt = await ctx.effect("charge", lambda k: client.execute(k, body), key=key,
-                                   lookup=client.lookup, params=body)
-    finally:
-        await client.aclose()
+    client = async_payment_client()
+    receipt = await ctx.effect("charge", lambda k: client.execute(k, body), key=key,
+                               lookup=client.lookup, params=body)
 
     def finalize() -> dict[str, Any]:  # a plain function inside an async body
         record_step(ctx, "finalize")
@@ -220,3 +229,10 @@ app = build_app()
 if os.environ.get("MATRIX_PAY_URL"):
     # Build the HTTP client at import, before the worker starts its threads.
     payment_client()
+    if ASYNC:
+        # And the async one (its TLS context, its transport's imports), so that the first
+        # charge takes as long as in a plain def body: the rows count transactions.
+        import anyio._backends._asyncio  # noqa: F401
+        import httpcore._async  # noqa: F401
+
+        async_payment_client()
