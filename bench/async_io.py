@@ -42,7 +42,7 @@ import httpx
 HERE = Path(__file__).resolve()
 SYNC_TASK = "bench.io_sync"
 ASYNC_TASK = "bench.io_async"
-ASYNC_POOLS = 32
+ASYNC_POOLS = 256
 """``httpx.AsyncClient`` pools the async task spreads its calls over (see build_app)."""
 
 
@@ -93,8 +93,8 @@ def build_app(ledger: str, url: str) -> Any:
     # CA bundle, tens of ms of the loop's time); used on the worker's event loop only.
     tls = ssl.create_default_context()
     clients = [httpx.AsyncClient(base_url=url, timeout=30.0, verify=tls,
-                                 limits=httpx.Limits(max_connections=64,
-                                                     max_keepalive_connections=64))
+                                 limits=httpx.Limits(max_connections=8,
+                                                     max_keepalive_connections=8))
                for _ in range(ASYNC_POOLS)]
 
     @app.task(name=SYNC_TASK)
