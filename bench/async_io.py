@@ -85,7 +85,7 @@ def build_app(ledger: str, url: str) -> Any:
 
     app = ratchet.App(ledger)
     sync_client = httpx.Client(base_url=url, timeout=30.0,
-                               limits=httpx.Limits(max_connections=256))
+                               limits=httpx.Limits(max_connections=1024))
     # httpcore's pool looks at each of its connections for every request it assigns, so
     # one pool of 1,000 connections spends its time there (quadratic); 32 pools of at most
     # 64 connections each keep that small (the thread worker needs one pool of 32).
@@ -182,7 +182,9 @@ def main() -> None:
     parser.add_argument("--ledger", default=None,
                         help="ledger URL, with no ready tasks of the bench's types (default: "
                         "a fresh SQLite file per mode in a temp dir)")
-    parser.add_argument("--modes", default="thread,async")
+    parser.add_argument("--modes", default="thread,async",
+                        help="comma list of thread (--concurrency threads), thread:N (N "
+                        "threads) and async (--async-concurrency)")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--drain", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--url", default=None, help=argparse.SUPPRESS)
@@ -205,8 +207,11 @@ def main() -> None:
     results = []
     try:
         _wait_listening(port)
-        for mode in args.modes.split(","):
-            ledger = args.ledger or f"sqlite:///{tmp}/{mode}.db"
+        for spec in args.modes.split(","):
+            # "thread" (--concurrency threads), "thread:N" (N threads) or "async".
+            mode, _, threads = spec.partition(":")
+            concurrency = int(threads) if threads else args.concurrency
+            ledger = args.ledger or f"sqlite:///{tmp}/{spec.replace(':', '-')}.db"
             app = build_app(ledger, url)
             name = ASYNC_TASK if mode == "async" else SYNC_TASK
             for start in range(0, args.tasks, 500):
@@ -215,12 +220,13 @@ def main() -> None:
             app.close()
             out = subprocess.run(
                 [sys.executable, str(HERE), "--drain", mode, "--ledger", ledger, "--url", url,
-                 "--tasks", str(args.tasks), "--concurrency", str(args.concurrency),
+                 "--tasks", str(args.tasks), "--concurrency", str(concurrency),
                  "--async-concurrency", str(args.async_concurrency)],
                 capture_output=True, text=True, check=True, env={**os.environ})
             result = json.loads(out.stdout.strip().splitlines()[-1])
+            result["mode"] = spec
             results.append(result)
-            print(f"{mode:>6}: {result['tasks_per_s']:8.0f} tasks/s  "
+            print(f"{spec:>11}: {result['tasks_per_s']:8.0f} tasks/s  "
                   f"{result['seconds']:6.1f} s  peak RSS {result['peak_rss_mib']:6.1f} MiB  "
                   f"peak threads {result['peak_threads']}", flush=True)
     finally:

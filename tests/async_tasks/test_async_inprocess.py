@@ -19,6 +19,7 @@ from ratchet import (
     AsyncTaskContext,
     Control,
     Middleware,
+    PermanentError,
     State,
     TaskContext,
     Worker,
@@ -285,3 +286,46 @@ def test_async_concurrency_is_validated(app: App) -> None:
     for bad in (0, 10_001, "8"):
         with pytest.raises(ConfigError, match="async_concurrency"):
             Worker(app, async_concurrency=bad)  # type: ignore[arg-type]
+
+
+def test_children_and_events_in_an_async_task(app: App) -> None:
+    @app.task(name="t.child", retry=FAST)
+    def child(ctx: TaskContext, n: int) -> int:
+        return n * 10
+
+    @app.task(name="t.parent", retry=FAST)
+    async def parent(ctx: AsyncTaskContext) -> dict[str, Any]:
+        handles = await ctx.submit_many("t.child", [{"n": 1}, {"n": 2}])
+        one = await ctx.submit("t.child", {"n": 3})
+        results = await ctx.gather([*handles, one])
+        got = await ctx.wait_for_event("shipped", key=ctx.task_id, timeout_s=60)
+        return {"results": results, "event": got}
+
+    h = app.submit("t.parent", {})
+    with running_worker(app):
+        wait_for("the parent to wait for its event", lambda: any(
+            s.name.startswith("event-deadline:") for s in app.ledger.timeline(h.task_id).steps),
+            timeout_s=30)
+        app.send_event("shipped", key=h.task_id, payload={"box": 7})
+        info = h.wait(timeout_s=30)
+    assert info.state is State.SUCCEEDED, info.last_error
+    assert info.result == {"results": [10, 20, 30], "event": {"box": 7}}
+
+
+def test_an_async_task_that_fails_is_compensated(app: App) -> None:
+    undone: list[str] = []
+
+    async def call(key: str) -> str:
+        return f"done:{key}"
+
+    @app.task(name="t.saga", retry=FAST)
+    async def saga(ctx: AsyncTaskContext) -> None:
+        await ctx.effect("reserve", call, key="r-1", idempotent=True,
+                         compensate=lambda key, result: undone.append(f"{key}={result}"))
+        raise PermanentError("out of stock")
+
+    h = app.submit("t.saga", {})
+    with running_worker(app):
+        info = h.wait(timeout_s=30)
+    assert info.state is State.COMPENSATED, info.last_error
+    assert undone == ["compensate:r-1=done:r-1"]

@@ -85,6 +85,9 @@ class AsyncAttempts(AttemptLadder):
             attempt.cancel = lambda: runner.call_soon(body.cancel)
             try:
                 params = await asyncio.to_thread(self._start, ctx)
+                if not self._attempts.is_running(claim):
+                    # Ended meanwhile (time limit, shutdown grace): the body never starts.
+                    raise asyncio.CancelledError()
                 body.running = True
                 try:
                     result = await self._call_async(definition, ctx, params)

@@ -250,8 +250,8 @@ class WorkflowCalls(EffectCalls):
             NonDeterministicReplay: the history holds another checkpoint here.
         """
         check_checkpoint_name(name, "child task name")
-        return self.submit_many(name, [params or {}],
-                                keys=None if key is None else [key], _one=True)[0]
+        return WorkflowCalls.submit_many(self, name, [params or {}],
+                                         keys=None if key is None else [key], _one=True)[0]
 
     def submit_many(self, name: str, params_list: Iterable[Mapping[str, Any]], *,
                     keys: Sequence[str] | None = None, _one: bool = False,
@@ -337,7 +337,7 @@ class WorkflowCalls(EffectCalls):
         Raises:
             ChildFailed: the child did not succeed.
         """
-        return self.gather([handle])[0]
+        return WorkflowCalls.gather(self, [handle])[0]
 
     # ------------------------------------------------------------------ compensation
 
