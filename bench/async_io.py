@@ -84,6 +84,8 @@ def build_app(ledger: str, url: str) -> Any:
     import ratchet
 
     app = ratchet.App(ledger)
+    # "sleep:S": no HTTP, each call sleeps S seconds (what the worker costs without a client).
+    pause = float(url.removeprefix("sleep:")) if url.startswith("sleep:") else None
     sync_client = httpx.Client(base_url=url, timeout=30.0,
                                limits=httpx.Limits(max_connections=1024))
     # httpcore's pool looks at each of its connections for every request it assigns, so
@@ -100,7 +102,10 @@ def build_app(ledger: str, url: str) -> Any:
     @app.task(name=SYNC_TASK)
     def io_sync(ctx: ratchet.TaskContext, n: int) -> int:
         def call() -> int:
-            sync_client.get("/work", params={"n": n}).raise_for_status()
+            if pause is not None:
+                time.sleep(pause)
+            else:
+                sync_client.get("/work", params={"n": n}).raise_for_status()
             return n
         return int(ctx.step("call", call))
 
@@ -108,7 +113,10 @@ def build_app(ledger: str, url: str) -> Any:
     async def io_async(ctx: ratchet.AsyncTaskContext, n: int) -> int:
         async def call() -> int:
             client = clients[n % ASYNC_POOLS]
-            (await client.get("/work", params={"n": n})).raise_for_status()
+            if pause is not None:
+                await asyncio.sleep(pause)
+            else:
+                (await client.get("/work", params={"n": n})).raise_for_status()
             return n
         return int(await ctx.step("call", call))
 
@@ -185,6 +193,10 @@ def main() -> None:
     parser.add_argument("--modes", default="thread,async",
                         help="comma list of thread (--concurrency threads), thread:N (N "
                         "threads) and async (--async-concurrency)")
+    parser.add_argument("--no-http", action="store_true",
+                        help="each call sleeps --latency-ms instead (time.sleep in the thread "
+                        "task, asyncio.sleep in the async one): the workers without an HTTP "
+                        "client's cost")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--drain", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--url", default=None, help=argparse.SUPPRESS)
@@ -200,7 +212,7 @@ def main() -> None:
     import ratchet
 
     port = _free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"sleep:{args.latency_ms / 1000}" if args.no_http else f"http://127.0.0.1:{port}"
     service = subprocess.Popen([sys.executable, str(HERE), "--serve", str(port),
                                 "--latency-ms", str(args.latency_ms)])
     tmp = Path(tempfile.mkdtemp(prefix="ratchet-async-io-"))

@@ -3,12 +3,15 @@
 
 The same steps as a sync attempt (:mod:`ratchet.worker.attempt`), and the same code for
 them: :meth:`~ratchet.worker.attempt.AttemptLadder._begin` (hooks, context, time limit),
-:meth:`~ratchet.worker.attempt.AttemptLadder._start` (the start checks, run in a thread
-of the loop's executor), then the body awaited on the loop with an
-:class:`~ratchet.worker.asynccontext.AsyncTaskContext`, then
+:meth:`~ratchet.worker.attempt.AttemptLadder._start` (the start checks: on the loop when
+nothing in them can wait, i.e. a read of the operator requests covering the lease is fresh
+and the lease is confirmed, else in a thread of the loop's executor), then the body
+awaited on the loop with an :class:`~ratchet.worker.asynccontext.AsyncTaskContext`, then
 :meth:`~ratchet.worker.attempt.AttemptLadder._conclude` (the exception ladder turning the
-ending into a transition, and the final write) and
-:meth:`~ratchet.worker.attempt.AttemptLadder._end`, in a thread of the executor too.
+ending into a transition handed to the writer, without waiting) and
+:meth:`~ratchet.worker.attempt.AttemptLadder._end`, on the loop; an attempt ended without
+its body (whose late result waits for the attempt's own ending write) concludes in a
+thread.
 
 A time limit or the end of the shutdown grace ends the attempt without its body (as for
 a sync body) and cancels the body's asyncio task: the body sees
@@ -84,7 +87,11 @@ class AsyncAttempts(AttemptLadder):
             assert runner is not None
             attempt.cancel = lambda: runner.call_soon(body.cancel)
             try:
-                params = await asyncio.to_thread(self._start, ctx)
+                if (self._start_check.fresh(lease) and not lease.lost
+                        and lease.remaining_s() > 0):
+                    params = self._start(ctx)  # nothing in it can block now
+                else:
+                    params = await asyncio.to_thread(self._start, ctx)
                 if not self._attempts.is_running(claim):
                     # Ended meanwhile (time limit, shutdown grace): the body never starts.
                     raise asyncio.CancelledError()
@@ -98,11 +105,19 @@ class AsyncAttempts(AttemptLadder):
                 result = None
             else:
                 error = None
-            outcome = await _in_thread(self._conclude, definition, claim, ctx, result, error)
+            if self._attempts.is_running(claim):
+                # The common end: the transition handed to the writer, nothing that waits
+                # (hooks and logging run here, as the step hooks do).
+                outcome = self._conclude(definition, claim, ctx, result, error)
+            else:
+                # Ended without the body (time limit, grace): a late result waits for the
+                # attempt's own ending write to be handed over first.
+                outcome = await _in_thread(self._conclude, definition, claim, ctx, result,
+                                           error)
         except BaseException:  # never let one task kill the worker or leak its slot
             log.exception("internal error while running task %s", claim.task_id)
             outcome = "abandoned"
-        await _in_thread(self._end, claim, lease, attempt, ctx, outcome)
+        self._end(claim, lease, attempt, ctx, outcome)  # never waits
 
     async def _call_async(self, definition: TaskDefinition, ctx: TaskContext,
                           params: dict[str, Any]) -> Any:
