@@ -266,10 +266,12 @@ def worker(
                                                 if q.strip()],
         )
         w.install_signal_handlers()
-        log.info("worker %s: tasks %s, queues %s, concurrency %d, prefetch %d, writers %d, "
-                 "ledger %s", w.holder, [f"{n} v{v}" for n, v in w.kinds],
+        log.info("worker %s: tasks %s, queues %s, concurrency %d, async concurrency %d, "
+                 "prefetch %d, writers %d, ledger %s", w.holder,
+                 [f"{n} v{v}" for n, v in w.kinds],
                  "all" if queues is None else ",".join(w.claim_scope.queues or ()),
-                 concurrency, w.prefetch, w.writers, redact_url(app.ledger.config.url))
+                 concurrency, async_concurrency, w.prefetch, w.writers,
+                 redact_url(app.ledger.config.url))
         try:
             stats = w.run()
         finally:
