@@ -329,3 +329,19 @@ def test_an_async_task_that_fails_is_compensated(app: App) -> None:
         info = h.wait(timeout_s=30)
     assert info.state is State.COMPENSATED, info.last_error
     assert undone == ["compensate:r-1=done:r-1"]
+
+
+def test_checkpoints_awaited_side_by_side_are_refused(app: App) -> None:
+    async def slow() -> int:
+        await asyncio.sleep(0.05)
+        return 1
+
+    @app.task(name="t.gathered", retry=FAST)
+    async def gathered(ctx: AsyncTaskContext) -> Any:
+        return await asyncio.gather(ctx.step("a", slow), ctx.step("b", slow))
+
+    h = app.submit("t.gathered", {})
+    with running_worker(app):
+        info = h.wait(timeout_s=30)
+    assert info.state is State.FAILED
+    assert "one at a time" in (info.last_error or "")

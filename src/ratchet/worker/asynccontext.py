@@ -26,18 +26,19 @@ effect logic is the one sans-I/O core of :mod:`ratchet.worker.protocol`, driven 
 Not available in an async body: ``ctx.batches`` and ``ctx.submit_shards`` (their batch
 functions run on threads of their own), which raise
 :class:`~ratchet.errors.InvalidArguments`. The context must be used from its task's own
-coroutine only (not from several coroutines of the task at once: the checkpoints of a
-task form one ordered code path).
+coroutine, one checkpoint at a time: the checkpoints of a task form one ordered code path,
+so one awaited from another coroutine while one is pending (``asyncio.gather`` of two
+steps) raises :class:`~ratchet.errors.TransactionMisuse`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
-from ..errors import InvalidArguments
+from ..errors import InvalidArguments, TransactionMisuse
 from ..params import register_context_class
 from .context import TaskContext
 from .protocol import run_async
@@ -45,6 +46,8 @@ from .transaction import run_transaction
 from .waits import ChildHandle
 
 __all__ = ["AsyncTaskContext"]
+
+T = TypeVar("T")
 
 
 def _sync_only(what: str) -> NoReturn:
@@ -60,6 +63,35 @@ class AsyncTaskContext(TaskContext):
     and awaitable checkpoint methods with the same names, arguments, results and errors
     (see the module docstring for how each one runs)."""
 
+    _busy: asyncio.Task[Any] | None = None
+    """The asyncio task awaiting one of this context's checkpoints, if any."""
+
+    async def _one(self, run: Coroutine[Any, Any, T]) -> T:
+        """Await ``run``, a checkpoint of this context: one at a time (the checkpoints of a
+        task form one ordered code path).
+
+        Raises:
+            TransactionMisuse: another coroutine of the task (``asyncio.gather``,
+                ``create_task``) is awaiting a checkpoint of this context; ``run`` is
+                closed, never started.
+        """
+        task = asyncio.current_task()
+        busy = self._busy
+        if busy is not None and busy is not task:
+            run.close()
+            raise TransactionMisuse(
+                "the checkpoints of a task (ctx.step, ctx.effect, ctx.emit, ...) are "
+                "awaited one at a time, from one coroutine: their order is the task's "
+                "code path, which a replay must find again. Await them one after the "
+                "other (concurrency belongs inside one step's function)")
+        if busy is task:  # nested (inside a step's own function): the boundary says why
+            return await run
+        self._busy = task
+        try:
+            return await run
+        finally:
+            self._busy = None
+
     async def step(
         self, name: str, fn: Callable[..., Any], *args: Any, durable: bool = False,
         **kwargs: Any,
@@ -72,7 +104,8 @@ class AsyncTaskContext(TaskContext):
         Raises:
             The errors of :meth:`TaskContext.step`.
         """
-        return await run_async(self._step_call_g(name, fn, args, kwargs, durable))
+        return await self._one(run_async(
+            self._step_call_g(name, fn, args, kwargs, durable)))
 
     async def effect(
         self,
@@ -99,9 +132,9 @@ class AsyncTaskContext(TaskContext):
         Raises:
             The errors of :meth:`TaskContext.effect`.
         """
-        return await run_async(self._effect_call_g(
+        return await self._one(run_async(self._effect_call_g(
             name, call, key, lookup, idempotent, fenced, params, in_flight_s, downstream,
-            compensate, compensate_lookup))
+            compensate, compensate_lookup)))
 
     async def emit(  # type: ignore[override]
         self, topic: str, message: Any, *, key: str | None = None,
@@ -115,7 +148,8 @@ class AsyncTaskContext(TaskContext):
         Raises:
             The errors of :meth:`TaskContext.emit`.
         """
-        return await run_async(self._emit_call_g(topic, message, key, message_id))
+        return await self._one(run_async(
+            self._emit_call_g(topic, message, key, message_id)))
 
     async def transaction(
         self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any,
@@ -133,32 +167,33 @@ class AsyncTaskContext(TaskContext):
                 f"ctx.transaction({name!r}, fn): fn runs inside the ledger's own (sync) "
                 "transaction and cannot be async def; give a plain function of the "
                 "connection")
-        return await asyncio.to_thread(run_transaction, self, name, fn, args, kwargs)
+        return await self._one(asyncio.to_thread(run_transaction, self, name, fn, args,
+                                                  kwargs))
 
     async def sleep(self, name: str, seconds: float) -> None:  # type: ignore[override]
         """``await`` form of :meth:`TaskContext.sleep` (durable; the task is ``WAITING``
         meanwhile, no coroutine kept)."""
-        await asyncio.to_thread(TaskContext.sleep, self, name, seconds)
+        await self._one(asyncio.to_thread(TaskContext.sleep, self, name, seconds))
 
     async def sleep_until(  # type: ignore[override]
         self, name: str, when: datetime | float,
     ) -> None:
         """``await`` form of :meth:`TaskContext.sleep_until`."""
-        await asyncio.to_thread(TaskContext.sleep_until, self, name, when)
+        await self._one(asyncio.to_thread(TaskContext.sleep_until, self, name, when))
 
     async def wait_for_event(
         self, name: str, *, key: str, timeout_s: float | None = None,
     ) -> Any:
         """``await`` form of :meth:`TaskContext.wait_for_event`; returns the payload."""
-        return await asyncio.to_thread(
-            lambda: TaskContext.wait_for_event(self, name, key=key, timeout_s=timeout_s))
+        return await self._one(asyncio.to_thread(
+            lambda: TaskContext.wait_for_event(self, name, key=key, timeout_s=timeout_s)))
 
     async def submit(  # type: ignore[override]
         self, name: str, params: Mapping[str, Any] | None = None, *, key: str | None = None,
     ) -> ChildHandle:
         """``await`` form of :meth:`TaskContext.submit` (a child task's handle)."""
-        return await asyncio.to_thread(
-            lambda: TaskContext.submit(self, name, params, key=key))
+        return await self._one(asyncio.to_thread(
+            lambda: TaskContext.submit(self, name, params, key=key)))
 
     async def submit_many(  # type: ignore[override]
         self, name: str, params_list: Iterable[Mapping[str, Any]], *,
@@ -166,16 +201,16 @@ class AsyncTaskContext(TaskContext):
     ) -> list[ChildHandle]:
         """``await`` form of :meth:`TaskContext.submit_many`."""
         items = list(params_list)
-        return await asyncio.to_thread(
-            lambda: TaskContext.submit_many(self, name, items, keys=keys))
+        return await self._one(asyncio.to_thread(
+            lambda: TaskContext.submit_many(self, name, items, keys=keys)))
 
     async def gather(  # type: ignore[override]
         self, handles: Sequence[ChildHandle], *, return_exceptions: bool = False,
     ) -> list[Any]:
         """``await`` form of :meth:`TaskContext.gather` (durable: ``WAITING`` until the
         children ended)."""
-        return await asyncio.to_thread(
-            lambda: TaskContext.gather(self, handles, return_exceptions=return_exceptions))
+        return await self._one(asyncio.to_thread(
+            lambda: TaskContext.gather(self, handles, return_exceptions=return_exceptions)))
 
     async def wait(self, handle: ChildHandle) -> Any:
         """``await`` form of :meth:`TaskContext.wait` (one child's result)."""
