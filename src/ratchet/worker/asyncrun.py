@@ -120,6 +120,8 @@ class AsyncRunner(Generic[T]):
             self._running += 1
             slot = True
             await self._run(item)
+        except asyncio.CancelledError:  # stop() cancels what is left: its attempt was ended
+            log.debug("async runner: an attempt's task was cancelled at stop")
         except BaseException:  # run must not raise: never leak the slot
             log.exception("async runner: internal error")
         finally:
