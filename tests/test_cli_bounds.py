@@ -71,6 +71,8 @@ def test_the_ledger_and_control_bound_limits(ledger_url: str) -> None:
 @pytest.mark.parametrize(("command", "option"), [
     (["worker", "boundapp:app", "--concurrency", HUGE], "--concurrency"),
     (["worker", "boundapp:app", "--prefetch", HUGE], "--prefetch"),
+    (["worker", "boundapp:app", "--async-concurrency", "10001"], "--async-concurrency"),
+    (["worker", "boundapp:app", "--async-concurrency", "0"], "--async-concurrency"),
     (["worker", "boundapp:app", "--writers", "1000"], "--writers"),
     (["worker", "boundapp:app", "--poll-interval-s", "1e300"], "--poll-interval-s"),
     (["worker", "boundapp:app", "--ledger-wait-s", "1e300"], "--ledger-wait-s"),

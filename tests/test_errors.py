@@ -114,7 +114,6 @@ BAD_CALLS: dict[str, BadCall] = {
     "version float": lambda a, p: _register(a, name="t.v2", version=1.5),
     "version huge": lambda a, p: _register(a, name="t.v3", version=2**40),
     "retry not a policy": lambda a, p: _register(a, name="t.r1", retry={"max_attempts": 3}),
-    "async task": lambda a, p: a.task(name="t.async")(_async_fn),
     # retry policies
     "max_attempts NaN": lambda a, p: ratchet.RetryPolicy(max_attempts=math.nan),  # type: ignore[arg-type]
     "max_attempts 1.5": lambda a, p: ratchet.RetryPolicy(max_attempts=1.5),  # type: ignore[arg-type]
@@ -221,10 +220,6 @@ def _crash_skip_garbage() -> None:
     finally:
         del os.environ["RATCHET_CRASH_AT"], os.environ["RATCHET_CRASH_SKIP"]
         faults.reset()
-
-
-async def _async_fn(ctx: ratchet.TaskContext) -> None:
-    return None
 
 
 def _cycle() -> list[Any]:

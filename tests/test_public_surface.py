@@ -15,10 +15,11 @@ import pytest
 
 import ratchet
 import ratchet.control
-from ratchet import TaskContext, params
+from ratchet import AsyncTaskContext, TaskContext, params
 
 RATCHET_ALL = [
-    "App", "BatchCounts", "ChildFailed", "ChildHandle", "CircuitBreaker", "CircuitOpen",
+    "App", "AsyncTaskContext", "BatchCounts", "ChildFailed", "ChildHandle", "CircuitBreaker",
+    "CircuitOpen",
     "ConfigError",
     "ContextUsedInAnotherProcess", "Control", "ControlOutcome", "Durability",
     "EffectOutcomeUnknown", "EventReceipt", "EventTimeout", "FailureClass",
@@ -88,4 +89,4 @@ def test_control_names_are_the_defining_objects() -> None:
 def test_the_context_check_knows_the_real_context_class() -> None:
     """:mod:`ratchet.params` sits below the worker: the worker registers its context class
     with it, so the first-parameter check judges annotations against the real class."""
-    assert params._context_classes == [TaskContext]
+    assert params._context_classes == [TaskContext, AsyncTaskContext]

@@ -14,6 +14,7 @@ from ratchet import App, TaskContext, Worker
 from ratchet.cli.main import cli
 from ratchet.errors import ConfigError
 from ratchet.worker.runner import (
+    MAX_ASYNC_CONCURRENCY,
     MAX_CONCURRENCY,
     MAX_POLL_INTERVAL_S,
     MAX_PREFETCH,
@@ -35,6 +36,8 @@ def noop_app(app: App) -> App:
     ("concurrency", MAX_CONCURRENCY + 1, str(MAX_CONCURRENCY)),
     ("concurrency", 0, str(MAX_CONCURRENCY)),
     ("concurrency", 2.5, str(MAX_CONCURRENCY)),
+    ("async_concurrency", MAX_ASYNC_CONCURRENCY + 1, str(MAX_ASYNC_CONCURRENCY)),
+    ("async_concurrency", 0, str(MAX_ASYNC_CONCURRENCY)),
     ("prefetch", 99_999_999, str(MAX_PREFETCH)),
     ("prefetch", -1, str(MAX_PREFETCH)),
     ("writers", MAX_WRITERS + 1, str(MAX_WRITERS)),
@@ -53,6 +56,7 @@ def test_worker_refuses_values_past_the_limits(
 
 def test_the_limits_themselves_are_accepted(noop_app: App) -> None:
     w = Worker(noop_app, concurrency=MAX_CONCURRENCY, prefetch=MAX_PREFETCH,
+               async_concurrency=MAX_ASYNC_CONCURRENCY,
                writers=MAX_WRITERS, max_stuck_threads=MAX_STUCK_THREADS,
                poll_interval_s=MAX_POLL_INTERVAL_S)
     assert (w.concurrency, w.prefetch, w.writers) == (MAX_CONCURRENCY, MAX_PREFETCH, MAX_WRITERS)

@@ -70,12 +70,13 @@ from .schedule import Schedule
 from .shards import Shard
 from .states import State
 from .version import __version__
-from .worker import NOT_FOUND, Middleware, TaskContext, Worker
+from .worker import NOT_FOUND, AsyncTaskContext, Middleware, TaskContext, Worker
 from .worker.batches import BatchCounts
 from .worker.waits import ChildHandle
 
 __all__ = [
     "App",
+    "AsyncTaskContext",
     "BatchCounts",
     "ChildFailed",
     "ChildHandle",

@@ -319,6 +319,10 @@ MAX_CONCURRENCY = 1024
 its stack, and all share one interpreter lock: past a few hundred, more threads add
 contention, not throughput; run more processes instead."""
 
+MAX_ASYNC_CONCURRENCY = 10_000
+"""Most ``async def`` task bodies one worker process runs at once on its event loop
+(``async_concurrency``): each holds a coroutine and its task context, no thread."""
+
 MAX_PREFETCH = 1024
 """Most tasks one worker holds claimed beyond ``concurrency`` (``prefetch``). A prefetched
 task is leased and renewed but not running, and no other worker can take it: past the

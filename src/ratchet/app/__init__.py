@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -316,8 +315,10 @@ class App(Messages, AsyncCalls):
         """Register a function as a task type (one version of a name).
 
         The function is called as ``fn(ctx, **params)`` with a
-        :class:`~ratchet.worker.context.TaskContext`; it must be a plain ``def`` (``async def``
-        is reserved for a later version) whose first parameter receives the context. Its
+        :class:`~ratchet.worker.context.TaskContext`, or, for an ``async def`` function,
+        ``await fn(ctx, **params)`` with an :class:`~ratchet.AsyncTaskContext` on the
+        worker's event loop (``TaskDefinition.is_async``); its first parameter receives the
+        context. Its
         return value must be JSON-serialisable. Several functions may register the same
         name with different versions: :meth:`submit` pins the newest unless given
         ``version=``, and a worker claims every version its app defines, running each
@@ -346,7 +347,7 @@ class App(Messages, AsyncCalls):
 
         Raises:
             ConfigError: the same (name, version) twice, a bad flow-control argument,
-                ``async def``, no context first parameter, a positional-only parameter
+                no context first parameter, a positional-only parameter
                 after it, an annotation pydantic cannot validate, a lease below
                 :data:`MIN_LEASE_S`, a ``time_limit_s`` that is not a finite number > 0 or
                 None, a ``retry`` that is not a :class:`RetryPolicy`, a version below 1;
@@ -367,10 +368,6 @@ class App(Messages, AsyncCalls):
         def decorator(fn: F) -> F:
             task_name = name or f"{fn.__module__}.{fn.__qualname__}"
             check_identifier(task_name, "task name", MAX_NAME_BYTES)
-            if inspect.iscoroutinefunction(fn):
-                raise ConfigError(
-                    f"task {task_name!r} is async; this version runs plain def tasks only"
-                )
             versions = self.versions.setdefault(task_name, {})
             if version in versions:
                 raise ConfigError(

@@ -4,6 +4,7 @@ and time limit (DESIGN §8, "Definitions"; DESIGN §7, time limits)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,12 @@ class TaskDefinition:
         """
         if self._schema is not None:
             self._schema.validate(self.name, self.version, params_json)
+
+    @property
+    def is_async(self) -> bool:
+        """True when ``fn`` is an ``async def`` function: the worker runs it on its event
+        loop with an :class:`~ratchet.worker.asynccontext.AsyncTaskContext`."""
+        return inspect.iscoroutinefunction(self.fn)
 
     @property
     def params_schema(self) -> dict[str, Any]:

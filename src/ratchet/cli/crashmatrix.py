@@ -73,6 +73,10 @@ def crash_matrix(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the report as JSON instead of a table.")
     ] = False,
+    async_bodies: Annotated[
+        bool, typer.Option("--async", help="Run the charge task of rows 1-8 as an async def "
+                           "body on the workers' event loop (rows 9 and 10 stay plain def).")
+    ] = False,
 ) -> None:
     """Run the crash-point matrix (DESIGN §6) against a ledger: real workers, SIGKILL at
     each crash point, executions counted by an external service.
@@ -92,7 +96,7 @@ def crash_matrix(
                                 f" {result.duration_s:.1f} s  {result.detail}"))
 
     report = guard(lambda: run_matrix(ledger, rows, broker=broker, parallel=parallel,
-                                      on_row=shown))
+                                      on_row=shown, async_bodies=async_bodies))
     if as_json:
         data = dataclasses.asdict(report)
         data["ok"] = report.ok

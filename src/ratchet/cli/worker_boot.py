@@ -19,6 +19,7 @@ from ..loading import load_app, load_middleware
 from ..observe import logs, tracing
 from ..observe.metrics import MetricsServer, WorkerMetrics
 from ..validation import (
+    MAX_ASYNC_CONCURRENCY,
     MAX_CONCURRENCY,
     MAX_POLL_INTERVAL_S,
     MAX_PREFETCH,
@@ -50,6 +51,13 @@ def worker(
         typer.Option("--concurrency", "-c", min=1, max=MAX_CONCURRENCY, metavar="N",
                      help="Tasks run at the same time (threads)."),
     ] = 8,
+    async_concurrency: Annotated[
+        int,
+        typer.Option("--async-concurrency", min=1, max=MAX_ASYNC_CONCURRENCY, metavar="N",
+                     help="async def task bodies run at the same time on the worker's event"
+                     " loop (one per worker, started only when it serves an async def task"
+                     " type), beside the --concurrency threads of plain def bodies."),
+    ] = 100,
     prefetch: Annotated[
         int | None,
         typer.Option(
@@ -197,7 +205,8 @@ def worker(
 ) -> None:
     """Run a worker for the app's tasks.
 
-    Claims ready tasks, runs them on --concurrency threads and commits fenced results.
+    Claims ready tasks, runs them on --concurrency threads (async def bodies on an event
+    loop, at most --async-concurrency at once) and commits fenced results.
     SIGTERM or Ctrl-C stops gracefully: no new claims, prefetched tasks released at once,
     running tasks released at their next step boundary, or their leases handed back when
     --shutdown-grace-s ends. Exit status: 0 stopped cleanly, 3 leases handed back (grace
@@ -241,6 +250,7 @@ def worker(
             app,
             middleware=installed,
             concurrency=concurrency,
+            async_concurrency=async_concurrency,
             prefetch=prefetch,
             writers=writers,
             names=[n.strip() for n in names.split(",") if n.strip()] if names else None,
@@ -256,10 +266,12 @@ def worker(
                                                 if q.strip()],
         )
         w.install_signal_handlers()
-        log.info("worker %s: tasks %s, queues %s, concurrency %d, prefetch %d, writers %d, "
-                 "ledger %s", w.holder, [f"{n} v{v}" for n, v in w.kinds],
+        log.info("worker %s: tasks %s, queues %s, concurrency %d, async concurrency %d, "
+                 "prefetch %d, writers %d, ledger %s", w.holder,
+                 [f"{n} v{v}" for n, v in w.kinds],
                  "all" if queues is None else ",".join(w.claim_scope.queues or ()),
-                 concurrency, w.prefetch, w.writers, redact_url(app.ledger.config.url))
+                 concurrency, async_concurrency, w.prefetch, w.writers,
+                 redact_url(app.ledger.config.url))
         try:
             stats = w.run()
         finally:

@@ -68,13 +68,15 @@ every name, and ``python -m ratchet.testing.services`` runs :func:`main`.
 
 Python side: :func:`start_counting_service` (spawn, wait for ``READY``; returns a
 :class:`CountingService` that reads the service's own file), :class:`CountingClient`
-(httpx; errors are raised unchanged, so Ratchet's classifier sees them, except a 409
+(httpx; :class:`AsyncCountingClient` for ``async def`` bodies; errors are raised unchanged,
+so Ratchet's classifier sees them, except a 409
 stale-token reply, raised as ``ratchet.TokenRejected``).
 """
 
 from __future__ import annotations
 
 from ..errors import TokenRejected as TokenRejected
+from .counting.client import AsyncCountingClient as AsyncCountingClient
 from .counting.client import CountingClient as CountingClient
 from .counting.process import CountingService as CountingService
 from .counting.process import start_counting_service as start_counting_service
@@ -94,6 +96,7 @@ from .counting.store import CountingStore as CountingStore
 __all__ = [
     "ITEMS_ERROR",
     "RETRY_AFTER_S",
+    "AsyncCountingClient",
     "CountingClient",
     "CountingService",
     "CountingStore",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .asynccontext import AsyncTaskContext
 from .context import NOT_FOUND, NotFound, TaskContext
 from .hooks import Middleware
 from .runner import (
@@ -20,4 +21,5 @@ __all__ = [
     "MAX_PREFETCH",
     "MAX_STUCK_THREADS",
     "MAX_WRITERS",
-    "NOT_FOUND", "Middleware", "NotFound", "TaskContext", "Worker", "WorkerStats"]
+    "NOT_FOUND", "AsyncTaskContext", "Middleware", "NotFound", "TaskContext", "Worker",
+    "WorkerStats"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ..app import TaskDefinition
@@ -52,7 +53,7 @@ from .ratewait import RateWait
 from .timelimit import Attempt
 from .waits import Suspend
 
-__all__ = ["AttemptLadder"]
+__all__ = ["AttemptLadder", "compensations", "replay_ended"]
 
 log = logging.getLogger("ratchet.worker")
 
@@ -79,59 +80,98 @@ class AttemptLadder(FinalWrites):
         claim, lease = item
         outcome: str | None = "abandoned"
         ctx: TaskContext | None = None
-        hooks = self._hooks
         attempt: Attempt | None = None
         try:
-            self.on_claimed(claim)
-            if hooks is not None:
-                hooks.before_attempt(claim)
-            definition = self.app.definition(claim.name, claim.version)
-            ctx = TaskContext(
-                claim, self.holder, self.writer, lease, self._stopping,
-                on_block=self._executor.blocking, hooks=hooks,
-            )
-            attempt = self._attempts.begin(claim, lease, ctx, definition.time_limit_s)
-            ctx.breakers = self.app.breakers
-            ctx.downstream_rates = self.app.downstream_rates
-            ctx.lookups = self.app.lookups
-            ctx.app = self.app
+            definition, ctx, attempt = self._begin(claim, lease, TaskContext,
+                                                   self._executor.blocking)
             outcome = self._run_body(definition, claim, ctx)
         except BaseException:  # never let one task kill the worker or leak its slot
             log.exception("internal error while running task %s", claim.task_id)
             outcome = "abandoned"
-        if outcome is not None:  # None: a final write is on its way to the ledger
+        self._end(claim, lease, attempt, ctx, outcome)
+
+    def _begin(
+        self, claim: Claim, lease: LeaseHandle, context: type[TaskContext],
+        on_block: Callable[[], None] | None,
+    ) -> tuple[TaskDefinition, TaskContext, Attempt]:
+        """The start of an attempt, for sync and async bodies alike: the hooks, its
+        definition, its context (of class ``context``) and its registration (the time
+        limit runs from here)."""
+        hooks = self._hooks
+        self.on_claimed(claim)
+        if hooks is not None:
+            hooks.before_attempt(claim)
+        definition = self.app.definition(claim.name, claim.version)
+        ctx = context(claim, self.holder, self.writer, lease, self._stopping,
+                      on_block=on_block, hooks=hooks)
+        attempt = self._attempts.begin(claim, lease, ctx, definition.time_limit_s)
+        ctx.breakers = self.app.breakers
+        ctx.downstream_rates = self.app.downstream_rates
+        ctx.lookups = self.app.lookups
+        ctx.app = self.app
+        return definition, ctx, attempt
+
+    def _end(self, claim: Claim, lease: LeaseHandle, attempt: Attempt | None,
+             ctx: TaskContext | None, outcome: str | None) -> None:
+        """Report ``outcome`` (None: a final write is on its way to the ledger and reports
+        it when it commits), unless the attempt was ended without its body."""
+        if outcome is not None:
             if attempt is None or self._attempts.end(claim):
                 self._done(claim, lease, outcome, ctx.exception if ctx is not None else None)
             else:  # ended at its time limit or the shutdown grace: not ours any more
                 self._stuck_returned(claim, None)
 
+    def _start(self, ctx: TaskContext) -> dict[str, Any]:
+        """The checks before a body starts (blocking: a sync body's thread, or a thread
+        of the event loop's executor); returns the decoded params.
+
+        Raises:
+            Shutdown: the worker is stopping (claimed, perhaps prefetched, not started).
+            ControlInterrupt: an operator asked for the task meanwhile.
+            LedgerUnavailable, LeaseLost, UndecodableData: the task cannot start.
+        """
+        if self._stopping.is_set():
+            raise Shutdown()  # claimed (perhaps prefetched), not started: release it
+        # A prefetched task may have waited: start it only under a confirmed lease,
+        # and not at all if an operator has asked for it meanwhile (cancel, pause),
+        # as known from a read of the requests at most START_CHECK_S old.
+        try:
+            self._start_check.ensure(ctx.lease)
+        except LedgerUnavailable as exc:
+            ctx.ledger_outage = exc  # not the task's fault: hand the attempt back
+            raise
+        ctx.check_control()
+        ctx.ensure_lease()
+        return ctx.load_params()
+
     def _run_body(self, definition: TaskDefinition, claim: Claim, ctx: TaskContext) -> str | None:
         """Run the task function; return its outcome, or None when the final write was
-        handed to the writer (the outcome is reported when it commits).
+        handed to the writer (the outcome is reported when it commits)."""
+        try:
+            params = self._start(ctx)
+            if ctx.compensation_mode:
+                result = _compensate(definition, ctx, params)
+            elif ctx.shard_job is not None:
+                result = run_shard_job(ctx, definition.name, params, ctx.shard_job)
+            else:
+                result = definition.fn(ctx, **params)
+        except BaseException as exc:
+            return self._conclude(definition, claim, ctx, None, exc)
+        return self._conclude(definition, claim, ctx, result, None)
+
+    def _conclude(self, definition: TaskDefinition, claim: Claim, ctx: TaskContext,
+                  result: Any, error: BaseException | None) -> str | None:
+        """How the body ended (its ``result``, or the ``error`` it raised, its start
+        checks included) turned into an outcome, for sync and async bodies alike: the
+        transition, handed to the writer (None returned: the outcome is reported when it
+        commits), or the outcome itself.
 
         Every way the body can end is turned into an outcome here (see the module
         docstring for the classification of ``BaseException``)."""
         try:
             try:
-                if self._stopping.is_set():
-                    raise Shutdown()  # claimed (perhaps prefetched), not started: release it
-                # A prefetched task may have waited: start it only under a confirmed lease,
-                # and not at all if an operator has asked for it meanwhile (cancel, pause),
-                # as known from a read of the requests at most START_CHECK_S old.
-                try:
-                    self._start_check.ensure(ctx.lease)
-                except LedgerUnavailable as exc:
-                    ctx.ledger_outage = exc  # not the task's fault: hand the attempt back
-                    raise
-                ctx.check_control()
-                ctx.ensure_lease()
-                params = ctx.load_params()
-                if ctx.compensation_mode:
-                    result = _compensate(definition, ctx, params)
-                elif ctx.shard_job is not None:
-                    result = run_shard_job(ctx, definition.name, params, ctx.shard_job)
-                else:
-                    result = definition.fn(ctx, **params)
+                if error is not None:
+                    raise error
             except BaseException as exc:
                 if os.getpid() != self._pid:  # a child the task forked: not a worker
                     exit_forked_child(claim.task_id, exc)
@@ -279,11 +319,24 @@ def _compensate(definition: TaskDefinition, ctx: TaskContext, params: dict[str, 
     returned (the task's result when it ends ``COMPENSATED``)."""
     try:
         definition.fn(ctx, **params)
-    except HistoryEnd:
-        pass
-    except _PASSES_THROUGH:
-        raise
-    except Exception:  # the failure that ended the task, replayed: the history ends here
-        log.debug("task %s: compensation replay ended by the body's failure", ctx.task_id)
+    except BaseException as exc:
+        replay_ended(ctx, exc)
+    return compensations(ctx)
+
+
+def replay_ended(ctx: TaskContext, exc: BaseException) -> None:
+    """A compensation replay raised ``exc``: return when that ends the replay (a
+    checkpoint its history lacks, or the body's own failure replayed); re-raise it when
+    it ends the attempt (the worker's machinery, a ``BaseException``)."""
+    if isinstance(exc, HistoryEnd):
+        return
+    if isinstance(exc, _PASSES_THROUGH) or not isinstance(exc, Exception):
+        raise exc
+    # The failure that ended the task, replayed: the history ends here.
+    log.debug("task %s: compensation replay ended by the body's failure", ctx.task_id)
+
+
+def compensations(ctx: TaskContext) -> dict[str, Any]:
+    """Run the compensations a replay found (blocking); the task's result."""
     return {"compensated": ctx.run_compensations()}
 

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from ..breaker import DownstreamBreaker
 from ..config import max_payload_bytes_from_env
@@ -47,11 +47,14 @@ from ..serde import dumps, loads
 from ..shards import SHARD_PARAM, SHARDS_PARAM, Shard, check_shards, shard_place
 from .heartbeat import LeaseHandle
 from .hooks import Hooks
+from .protocol import Call, Commit, Protocol, run_sync
 from .writer import LedgerWriter, WriterStopped
 
 __all__ = ["EMIT_PREFIX", "Checkpoint", "CheckpointState", "ControlInterrupt", "HistoryEnd",
            "Shutdown", "StepKind", "describe_checkpoint", "occurrence_name"]
 
+
+T = TypeVar("T")
 
 
 def _lineage_id(task_id: str, stored: str | None) -> str:
@@ -396,6 +399,19 @@ class CheckpointState:
                 fault_point("step.after_commit")
 
     def _commit(self, operation: str, **parts: Any) -> None:
+        """:meth:`_commit_g` driven in the calling thread."""
+        run_sync(self._commit_g(operation, **parts))
+
+    def _commit_g(self, operation: str, **parts: Any) -> Protocol[None]:
+        """Make a fenced write of this task durable, carrying the steps not yet durable
+        (a protocol generator, :mod:`ratchet.worker.protocol`).
+
+        Raises:
+            StaleGeneration: another claim of the task exists; nothing was written.
+            WriteRejected: the database refused the write (the unsaved steps are dropped).
+            LedgerUnavailable: the worker's own ledger is unreachable
+                (:attr:`ledger_outage` is set).
+        """
         carried = self.unsaved_steps()
         if carried:
             parts["steps"] = [*carried, *parts.get("steps", ())]
@@ -403,7 +419,7 @@ class CheckpointState:
         if self._on_block is not None:
             self._on_block()
         try:
-            outcome = self._writer.commit(write)
+            outcome: CommitOutcome = yield Commit(self._writer, write)
         except WriteRejected:
             self.discard_unsaved_steps()  # one of them may be what was refused
             raise
@@ -479,13 +495,17 @@ class CheckpointState:
         """``run()`` (a step's body, returning ``(value, cached)``) between the middleware's
         ``before_step`` and ``after_step`` hooks (timed, with the exception if it raised);
         returns the value. Also used by transaction steps."""
+        return run_sync(self.hooked_step_g(name, _returning(run)))
+
+    def hooked_step_g(self, name: str, body: Protocol[tuple[Any, bool]]) -> Protocol[Any]:
+        """:meth:`hooked_step` as a protocol generator around the generator ``body``."""
         hooks = self._hooks
         if hooks is None:
-            return run()[0]
+            return (yield from body)[0]
         hooks.before_step(self, name)
         t0 = time.perf_counter()
         try:
-            value, cached = run()
+            value, cached = yield from body
         except BaseException as exc:
             hooks.after_step(self, name, False, time.perf_counter() - t0, exc)
             raise
@@ -497,6 +517,13 @@ class CheckpointState:
         durable: bool,
     ) -> tuple[Any, bool]:
         """:meth:`step` without its checks and hooks; returns ``(value, cached)``."""
+        return run_sync(self._step_g(name, fn, args, kwargs, durable))
+
+    def _step_g(
+        self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+        durable: bool,
+    ) -> Protocol[tuple[Any, bool]]:
+        """:meth:`_step` as a protocol generator (``fn`` is a :class:`Call`)."""
         cp = self._checkpoint("step", name)
         stored_name = cp.stored_name
         stored = self._steps.get(stored_name)
@@ -508,14 +535,14 @@ class CheckpointState:
             self._flush_steps()
         self._in_step = True
         try:
-            value = fn(*args, **kwargs)
+            value = yield Call(cp.describe(), fn, *args, **kwargs)
         finally:
             self._in_step = False
         result_json = dumps(value, what=f"result of {cp.describe()}")
         self._steps[stored_name] = result_json
         self._unsaved.append((stored_name, result_json, cp.seq))
         if durable:
-            self._commit(f"step:{stored_name}")
+            yield from self._commit_g(f"step:{stored_name}")
         return loads(result_json), False
 
     def _emit(self, topic: str, message: Any, key: str | None,
@@ -524,6 +551,11 @@ class CheckpointState:
         checkpoint (a step named ``ratchet:emit:<topic>``, whose value is the message id)
         and the outbox row, committed together and fenced; a replay returns the recorded
         id and writes nothing."""
+        return run_sync(self._emit_g(topic, message, key, message_id))
+
+    def _emit_g(self, topic: str, message: Any, key: str | None,
+                message_id: str | None) -> Protocol[str]:
+        """:meth:`_emit` as a protocol generator."""
         check_topic(topic)
         cp = self._checkpoint("step", f"{EMIT_PREFIX}{topic}")
         stored = self._steps.get(cp.stored_name)
@@ -544,7 +576,7 @@ class CheckpointState:
             result_json = dumps(mid)
             self._steps[cp.stored_name] = result_json
             self._unsaved.append((cp.stored_name, result_json, cp.seq))
-            self._commit(f"emit:{topic}", outbox=[msg])
+            yield from self._commit_g(f"emit:{topic}", outbox=[msg])
         except BaseException:
             # Not known durable (a refused message, an outage whose commit may have gone
             # through): the position is given back, so an emit the task code makes again
@@ -562,3 +594,9 @@ class CheckpointState:
         from another thread than the task's: it reads a copy)."""
         return [n for n, r in list(self._effects.items()) if r.state is EffectState.INTENT]
 
+
+def _returning(run: Callable[[], T]) -> Protocol[T]:
+    """A protocol generator that yields nothing and returns ``run()``."""
+    value = run()
+    yield from ()
+    return value

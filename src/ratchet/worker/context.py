@@ -68,6 +68,7 @@ from .effects import NOT_FOUND as NOT_FOUND
 from .effects import EffectTarget, check_effect_callable
 from .effects import NotFound as NotFound
 from .events import EffectSettlement
+from .protocol import Protocol, run_sync
 from .transaction import run_transaction
 from .waits import ChildHandle as ChildHandle
 
@@ -143,14 +144,19 @@ class TaskContext(BatchCalls):
             WriteRejected: the database refused the step's write (``durable=True``, or a
                 pipelined write of an earlier step).
         """
+        return run_sync(self._step_call_g(name, fn, args, kwargs, durable))
+
+    def _step_call_g(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                     kwargs: dict[str, Any], durable: bool) -> Protocol[Any]:
+        """:meth:`step` as a protocol generator (:mod:`ratchet.worker.protocol`): the
+        boundary, the checks, the hooks and the step."""
         self._boundary()
         check_checkpoint_name(name, "step name")
         if not callable(fn):
             raise InvalidArguments(f"ctx.step({name!r}, fn, ...): fn must be callable, got "
                                    f"{type(fn).__name__} {fn!r}")
-        if self._hooks is None:
-            return self._step(name, fn, args, kwargs, durable)[0]
-        return self.hooked_step(name, lambda: self._step(name, fn, args, kwargs, durable))
+        return (yield from self.hooked_step_g(
+            name, self._step_g(name, fn, args, kwargs, durable)))
 
     # ------------------------------------------------------------------ transaction steps
 
@@ -220,8 +226,13 @@ class TaskContext(BatchCalls):
                 (inside ``ctx.transaction``, write it with ``app.emit(...,
                 connection=conn)``: it then commits with the transaction step).
         """
+        return run_sync(self._emit_call_g(topic, message, key, message_id))
+
+    def _emit_call_g(self, topic: str, message: Any, key: str | None,
+                     message_id: str | None) -> Protocol[str]:
+        """:meth:`emit` as a protocol generator."""
         self._boundary()
-        return self._emit(topic, message, key, message_id)
+        return (yield from self._emit_g(topic, message, key, message_id))
 
     # ------------------------------------------------------------------ effects
 
@@ -338,6 +349,18 @@ class TaskContext(BatchCalls):
             return scope.effect(name, call, key=key, lookup=lookup, idempotent=idempotent,
                                 fenced=fenced, params=params, in_flight_s=in_flight_s,
                                 downstream=downstream)
+        return run_sync(self._effect_call_g(
+            name, call, key, lookup, idempotent, fenced, params, in_flight_s, downstream,
+            compensate, compensate_lookup))
+
+    def _effect_call_g(
+        self, name: str, call: Callable[..., Any], key: str, lookup: Callable[..., Any] | None,
+        idempotent: bool, fenced: bool, params: Any, in_flight_s: float | None,
+        downstream: str | None, compensate: Callable[[str, Any], Any] | None,
+        compensate_lookup: Callable[[str], Any] | None,
+    ) -> Protocol[Any]:
+        """:meth:`effect` as a protocol generator (:mod:`ratchet.worker.protocol`): the
+        boundary, the checks, the hooks, the effect and its compensation."""
         self._boundary()
         check_checkpoint_name(name, "effect name")
         check_identifier(key, "effect key", MAX_KEY_BYTES)
@@ -370,7 +393,7 @@ class TaskContext(BatchCalls):
         self._downstream = downstream
         hooks = self._hooks
         if hooks is None:
-            value = self._effect(name, key, target, params)[0]
+            value = (yield from self._effect_g(name, key, target, params))[0]
             if compensate is not None:
                 self.register_compensation(self._effect_stored, key, value, compensate,
                                            compensate_lookup)
@@ -378,7 +401,7 @@ class TaskContext(BatchCalls):
         hooks.before_effect(self, name, key)
         t0 = time.perf_counter()
         try:
-            value, settled = self._effect(name, key, target, params)
+            value, settled = yield from self._effect_g(name, key, target, params)
         except BaseException as exc:
             how: EffectSettlement = (
                 "unknown" if isinstance(exc, EffectOutcomeUnknown) else "failed"
@@ -390,6 +413,10 @@ class TaskContext(BatchCalls):
             self.register_compensation(self._effect_stored, key, value, compensate,
                                        compensate_lookup)
         return value
+
+    sync_effect = effect
+    """:meth:`effect`, called in the calling thread also on an
+    :class:`~ratchet.worker.asynccontext.AsyncTaskContext` (compensations run so)."""
 
 
 # Task functions' first parameter is checked against this class (ratchet.params sits below

@@ -27,6 +27,7 @@ from ..ledger.base import Claim, ClaimScope, Ledger, Transition
 from ..outcome import AttemptFacts, Happened, decide
 from ..retry import TIME_LIMIT, FailureClass, classify, downstream_unreachable, retry_after_s
 from ..states import State
+from .asyncrun import AsyncRunner
 from .backoff import RepeatedFailure
 from .executor import Executor
 from .heartbeat import Heartbeat, LeaseHandle
@@ -78,6 +79,8 @@ class WorkerCore:
     _max_tasks: int | None
     _last_claimed_at: float
     _executor: Executor[tuple[Claim, LeaseHandle]]
+    _async: AsyncRunner[tuple[Claim, LeaseHandle]] | None
+    _run_slots: int
     _attempts: Attempts
     _stop_began: float | None
     _pid: int

@@ -33,12 +33,13 @@ from ..errors import (
     TransientError,
 )
 from ..faults import point as fault_point
-from ..ledger.base import EffectRecord, EffectState, EffectWrite, LateEffect
+from ..ledger.base import EffectRecord, EffectState, EffectWrite, LateEffect, TaskInfo
 from ..ratelimit import RateLimit
 from ..retry import FailureClass, classify, proves_not_executed
 from ..serde import digest, dumps, loads, printable
 from .checkpoints import Checkpoint, CheckpointState, ControlInterrupt, HistoryEnd
 from .events import EffectSettlement
+from .protocol import Block, Call, Protocol, run_sync
 from .ratewait import take_token
 
 __all__ = ["LATE_EVIDENCE_WAIT_S", "NOT_FOUND", "EffectCalls", "EffectTarget", "NotFound",
@@ -80,6 +81,12 @@ class EffectCalls(CheckpointState):
         self, name: str, key: str, target: EffectTarget, params: Any,
     ) -> tuple[Any, EffectSettlement]:
         """:meth:`effect` without its checks and hooks; returns ``(value, how settled)``."""
+        return run_sync(self._effect_g(name, key, target, params))
+
+    def _effect_g(
+        self, name: str, key: str, target: EffectTarget, params: Any,
+    ) -> Protocol[tuple[Any, EffectSettlement]]:
+        """:meth:`_effect` as a protocol generator (:mod:`ratchet.worker.protocol`)."""
         cp = self._checkpoint("effect", name)
         stored_name = self._effect_stored = cp.stored_name
         params_digest = digest(name, key, dumps(params, what=f"params of effect {name!r}"))
@@ -102,37 +109,38 @@ class EffectCalls(CheckpointState):
         if record is not None and record.state in (EffectState.INTENT, EffectState.GIVEN_UP):
             # An earlier attempt recorded the intent but not the outcome (or an operator
             # gave up on it, then retried the task): query first.
-            found, value = self._settle(cp, key, params_digest, target,
-                                        "intent without result from an earlier attempt",
-                                        record.updated_at)
+            found, value = yield from self._settle_g(
+                cp, key, params_digest, target,
+                "intent without result from an earlier attempt", record.updated_at)
             if found:
                 return value, "lookup"
-            self._settled_absent(cp, key, params_digest)
+            yield from self._settled_absent_g(cp, key, params_digest)
         breaker = self.breakers.get(self._downstream) if self._downstream else None
         # Raises CircuitOpen while the downstream's breaker is open: nothing is sent and no
         # intent recorded; the worker hands the attempt back (DESIGN §7).
         probe = breaker.acquire() if breaker is not None else False
         try:
-            return self._send(cp, key, params_digest, target, breaker, probe, params)
+            return (yield from self._send_g(cp, key, params_digest, target, breaker, probe,
+                                            params))
         finally:
             if breaker is not None and not self._released:
                 breaker.cancel(probe)  # ended before the call (e.g. the lease was lost)
 
-    def _send(
+    def _send_g(
         self, cp: Checkpoint, key: str, params_digest: str, target: EffectTarget,
         breaker: DownstreamBreaker | None, probe: bool, params: Any = None,
-    ) -> tuple[Any, EffectSettlement]:
+    ) -> Protocol[tuple[Any, EffectSettlement]]:
         """Record the intent, call, record the outcome (:meth:`_effect` after the checks
         of an existing record and the breaker)."""
         self._released = breaker is None
         stored_name = cp.stored_name
-        self._lease.ensure()
+        yield from self._ensure_lease_g()
         limit = self.downstream_rates.get(self._downstream) if self._downstream else None
         if limit is not None and self._downstream is not None:
             # Raises RateWait while the downstream's bucket is empty: nothing is sent and
             # no intent recorded; the worker hands the attempt back (DESIGN §8).
-            self._take_token(self._downstream, limit, params)
-        self._commit(
+            yield from self._take_token_g(self._downstream, limit, params)
+        yield from self._commit_g(
             f"effect_intent:{stored_name}",
             effects=[EffectWrite(stored_name, key, params_digest, EffectState.INTENT,
                                  seq=cp.seq)],
@@ -147,14 +155,14 @@ class EffectCalls(CheckpointState):
         # The last check before the request leaves: the safe window (which keeps a margin
         # of the lease, DESIGN §4) must still be open. A holder frozen after this line can
         # still send late; what that means per kind of target is in the docstring.
-        self._lease.ensure()
+        yield from self._ensure_lease_g()
         fault_point("effect.before_call")
         sent_at = self._ledger_now()
         downstream = self._downstream
         if downstream is not None:
             self.downstream_calls[downstream] = self.downstream_calls.get(downstream, 0) + 1
         try:
-            result = target.send(key, self.generation)
+            result = yield target.send(key, self.generation)
         except Exception as exc:
             if breaker is not None:
                 self._released = True
@@ -163,35 +171,36 @@ class EffectCalls(CheckpointState):
                 self.failed_downstream = downstream
             in_window = self._lease.remaining_s() > 0
             if isinstance(exc, TokenRejected):
-                self._token_rejected(cp, key, params_digest, exc)
+                yield from self._token_rejected_g(cp, key, params_digest, exc)
             if isinstance(exc, FenceError):
                 raise
             if proves_not_executed(exc):
                 # Evidence that nothing happened: the next attempt calls again (same key)
                 # without a lookup, even when the target cannot be asked.
-                self._record(cp, key, params_digest, EffectState.NOT_DONE, None, False)
+                yield from self._record_g(cp, key, params_digest, EffectState.NOT_DONE, None,
+                                         False)
                 raise
             late = (not in_window and not target.idempotent
-                    and self._taken_over(LATE_EVIDENCE_WAIT_S) is True)
+                    and (yield from self._taken_over_g(LATE_EVIDENCE_WAIT_S)) is True)
             if late:
                 # Sent after our safe window closed, and another holder has the task: the
                 # request may have executed after its lookup. Keep the evidence now: what
                 # this attempt writes next is fenced out (with no lookup the UNKNOWN
                 # write, which would otherwise be the only trace, is rejected too).
-                self._record_late(cp, key, "unknown", printable(repr(exc)))
+                yield from self._record_late_g(cp, key, "unknown", printable(repr(exc)))
             if classify(exc) is not FailureClass.UNKNOWN_OUTCOME:
                 raise
             try:
-                found, value = self._settle(cp, key, params_digest, target,
-                                            f"call failed with unknown outcome: {exc!r}",
-                                            sent_at)
+                found, value = yield from self._settle_g(
+                    cp, key, params_digest, target,
+                    f"call failed with unknown outcome: {exc!r}", sent_at)
             except StaleGeneration:
                 if not late and not in_window and not target.idempotent:
-                    self._record_late(cp, key, "unknown", printable(repr(exc)))
+                    yield from self._record_late_g(cp, key, "unknown", printable(repr(exc)))
                 raise
             if found:
                 return value, "lookup"
-            self._settled_absent(cp, key, params_digest)
+            yield from self._settled_absent_g(cp, key, params_digest)
             raise TransientError(
                 f"{cp.describe()} (key {key!r}) had an unknown outcome and the target "
                 "confirmed it did not execute; retrying with the same key"
@@ -206,33 +215,46 @@ class EffectCalls(CheckpointState):
         in_window = self._lease.remaining_s() > 0
         fault_point("effect.after_call")
         try:
-            return self._record_done(cp, key, params_digest, result, via_lookup=False), "call"
+            done = yield from self._record_done_g(cp, key, params_digest, result,
+                                                  via_lookup=False)
+            return done, "call"
         except StaleGeneration:
             # The reply came after our safe window closed and another holder took the task
             # over: the request may have executed after the new holder looked up (we were
             # frozen between the lease check and the send). Keep the evidence, unfenced,
             # unless the target deduplicates the key itself (then it was a replay).
             if not in_window and not target.idempotent:
-                self._record_late(cp, key, "done", _json_or_repr(result))
+                yield from self._record_late_g(cp, key, "done", _json_or_repr(result))
             raise
         except LedgerUnavailable:
             # The result write did not reach the ledger; if another holder has the task,
             # this late call is still evidence to keep (waiting for the ledger a while).
             if (not in_window and not target.idempotent
-                    and self._taken_over(LATE_EVIDENCE_WAIT_S) is True):
-                self._record_late(cp, key, "done", _json_or_repr(result))
+                    and (yield from self._taken_over_g(LATE_EVIDENCE_WAIT_S)) is True):
+                yield from self._record_late_g(cp, key, "done", _json_or_repr(result))
             raise
 
-    def _take_token(self, downstream: str, limit: RateLimit, params: Any) -> None:
+    def _ensure_lease_g(self) -> Protocol[None]:
+        """:meth:`~ratchet.worker.heartbeat.LeaseHandle.ensure`: at once while the lease's
+        safe window is open, else a :class:`Block` (it waits for the heartbeat)."""
+        lease = self._lease
+        if lease.lost or lease.remaining_s() <= 0:
+            yield Block(lease.ensure)
+        else:
+            lease.ensure()
+
+    def _take_token_g(self, downstream: str, limit: RateLimit, params: Any) -> Protocol[None]:
         """A token of ``downstream``'s rate limit for this call (:mod:`.ratewait`)."""
+        ledger, task_id, generation = self._writer.ledger, self.task_id, self.generation
         try:
-            take_token(self._writer.ledger, self.task_id, self.generation, downstream, limit,
-                       params)
+            yield Block(lambda: take_token(ledger, task_id, generation, downstream, limit,
+                                           params))
         except LedgerUnavailable as exc:
             self.ledger_outage = exc  # the worker's own ledger, not the task's code
             raise
 
-    def _settled_absent(self, cp: Checkpoint, key: str, params_digest: str) -> None:
+    def _settled_absent_g(self, cp: Checkpoint, key: str, params_digest: str
+                          ) -> Protocol[None]:
         """An open intent was settled as "call again" (a lookup confirmed the call did not
         execute, or the target honours the key). With an operator request on the task,
         no new call is made: a confirmed absence is recorded (``not_done``) and the request
@@ -247,7 +269,8 @@ class EffectCalls(CheckpointState):
         if request is None:
             return
         if self._proved_absent:
-            self._record(cp, key, params_digest, EffectState.NOT_DONE, None, False)
+            yield from self._record_g(cp, key, params_digest, EffectState.NOT_DONE, None,
+                                      False)
             raise ControlInterrupt(request)
         raise EffectOutcomeUnknown(
             cp.stored_name, key,
@@ -255,9 +278,9 @@ class EffectCalls(CheckpointState):
             "the open intent (the target honours the key but no lookup confirmed the "
             "outcome); resolve it (ratchet resolve)")
 
-    def _token_rejected(
+    def _token_rejected_g(
         self, cp: Checkpoint, key: str, params_digest: str, exc: TokenRejected
-    ) -> None:
+    ) -> Protocol[None]:
         """The target refused this claim's fencing token. Return (the caller re-raises
         ``exc``: this holder is stale) when the ledger has a newer claim or cannot tell;
         when this claim is still the current one, the target's tokens for ``key`` come from
@@ -269,9 +292,9 @@ class EffectCalls(CheckpointState):
             PermanentError: this claim is current, yet the target refused its token.
         """
         log.warning("task %s: %s", self.task_id, exc)
-        if self._taken_over(1.0) is not False:
+        if (yield from self._taken_over_g(1.0)) is not False:
             return
-        self._record(cp, key, params_digest, EffectState.NOT_DONE, None, False)
+        yield from self._record_g(cp, key, params_digest, EffectState.NOT_DONE, None, False)
         raise PermanentError(
             f"{cp.describe()}: the target refused fencing token {exc.token} for key {key!r}"
             f" (highest it has seen: {exc.highest}), but this claim (generation "
@@ -280,18 +303,21 @@ class EffectCalls(CheckpointState):
             "effect must belong to one task."
         ) from exc
 
-    def _taken_over(self, wait_s: float) -> bool | None:
+    def _taken_over_g(self, wait_s: float) -> Protocol[bool | None]:
         """True when the ledger says another claim of this task exists (a read, not
         fenced); None when the ledger could not be read within ``wait_s`` seconds."""
+        ledger, task_id = self._writer.ledger, self.task_id
         try:
-            info = _until_ledger_answers(lambda: self._writer.ledger.get(self.task_id), wait_s)
+            info: TaskInfo = yield Block(
+                lambda: _until_ledger_answers(lambda: ledger.get(task_id), wait_s))
         except (LedgerError, OSError) as exc:
             log.error("task %s: cannot tell whether the task was taken over (%s)",
                       self.task_id, exc)
             return None
         return info.generation != self.generation
 
-    def _record_late(self, cp: Checkpoint, key: str, outcome: str, detail: str | None) -> None:
+    def _record_late_g(self, cp: Checkpoint, key: str, outcome: str, detail: str | None
+                       ) -> Protocol[None]:
         """Append a late-effect record for a call this stale holder sent after its safe
         window closed, to a target that does not deduplicate keys (never raises: a ledger
         failure here is logged; the stale rejection itself is audited anyway)."""
@@ -304,22 +330,24 @@ class EffectCalls(CheckpointState):
             self._hooks.late_effect(self, cp.name, key, outcome)
         late = LateEffect(0, self.task_id, cp.stored_name, key, self.generation, self.holder,
                           0.0, outcome, detail)
+        ledger = self._writer.ledger
         try:
-            _until_ledger_answers(lambda: self._writer.ledger.record_late_effect(late),
-                                  LATE_EVIDENCE_WAIT_S)
+            yield Block(lambda: _until_ledger_answers(lambda: ledger.record_late_effect(late),
+                                                      LATE_EVIDENCE_WAIT_S))
         except (LedgerError, OSError) as exc:
             log.error("task %s: could not record the late effect of %s (key %s, "
                       "generation %d): %s", self.task_id, cp.describe(), key,
                       self.generation, exc)
 
-    def _record_done(
+    def _record_done_g(
         self, cp: Checkpoint, key: str, params_digest: str, result: Any, via_lookup: bool
-    ) -> Any:
+    ) -> Protocol[Any]:
         result_json = dumps(result, what=f"result of {cp.describe()}")
-        self._record(cp, key, params_digest, EffectState.DONE, result_json, via_lookup)
+        yield from self._record_g(cp, key, params_digest, EffectState.DONE, result_json,
+                                  via_lookup)
         return loads(result_json)
 
-    def _record(
+    def _record_g(
         self,
         cp: Checkpoint,
         key: str,
@@ -327,9 +355,9 @@ class EffectCalls(CheckpointState):
         state: EffectState,
         result_json: str | None,
         via_lookup: bool,
-    ) -> None:
+    ) -> Protocol[None]:
         name = cp.stored_name
-        self._commit(
+        yield from self._commit_g(
             f"effect_{state.value}:{name}",
             effects=[EffectWrite(name, key, params_digest, state, result_json, via_lookup,
                                  cp.seq)],
@@ -339,7 +367,7 @@ class EffectCalls(CheckpointState):
             via_lookup, 0.0, cp.seq,
         )
 
-    def _settle(
+    def _settle_g(
         self,
         cp: Checkpoint,
         key: str,
@@ -347,7 +375,7 @@ class EffectCalls(CheckpointState):
         target: EffectTarget,
         why: str,
         intent_at: float,
-    ) -> tuple[bool, Any]:
+    ) -> Protocol[tuple[bool, Any]]:
         """Resolve an unknown outcome. Returns ``(True, result)`` when the lookup found it,
         ``(False, None)`` when calling again with the same key is safe.
 
@@ -362,9 +390,9 @@ class EffectCalls(CheckpointState):
         self._proved_absent = False
         if target.lookup is not None:
             try:
-                answer = target.ask(key, self.generation)
+                answer = yield target.ask(key, self.generation)
             except TokenRejected as exc:
-                self._token_rejected(cp, key, params_digest, exc)
+                yield from self._token_rejected_g(cp, key, params_digest, exc)
                 raise
             except FenceError:
                 raise
@@ -393,7 +421,9 @@ class EffectCalls(CheckpointState):
                     self._proved_absent = True
                     return False, None
                 log.info("%s key %s: lookup found an earlier execution", what, key)
-                return True, self._record_done(cp, key, params_digest, answer, via_lookup=True)
+                found = yield from self._record_done_g(cp, key, params_digest, answer,
+                                                       via_lookup=True)
+                return True, found
         if target.idempotent:
             return False, None
         raise EffectOutcomeUnknown(cp.stored_name, key, reason)
@@ -414,14 +444,18 @@ class EffectTarget:
         self.fenced = fenced
         self.in_flight_s = in_flight_s
 
-    def send(self, key: str, token: int) -> Any:
-        """Call the target (with the fencing token when it checks tokens)."""
-        return self.call(key, token) if self.fenced else self.call(key)
+    def send(self, key: str, token: int) -> Call:
+        """The call of the target, as a protocol operation (with the fencing token when
+        it checks tokens)."""
+        args = (key, token) if self.fenced else (key,)
+        return Call("the effect's call", self.call, *args)
 
-    def ask(self, key: str, token: int) -> Any:
-        """Ask the target's lookup (with the fencing token when it checks tokens)."""
+    def ask(self, key: str, token: int) -> Call:
+        """The target's lookup, as a protocol operation (with the fencing token when it
+        checks tokens)."""
         assert self.lookup is not None
-        return self.lookup(key, token) if self.fenced else self.lookup(key)
+        args = (key, token) if self.fenced else (key,)
+        return Call("the effect's lookup", self.lookup, *args)
 
 
 def _until_ledger_answers(call: Callable[[], T], wait_s: float) -> T:

@@ -29,7 +29,7 @@ from ..errortext import error_message
 from ..ledger.base import Transition
 from ..retry import TIME_LIMIT
 from ..states import State
-from .attempt import AttemptLadder
+from .asyncattempt import AsyncAttempts
 from .context import Shutdown
 from .options import STUCK_CONFIRM_S
 from .timelimit import ENDED_BY_SHUTDOWN_GRACE, Attempt
@@ -39,7 +39,7 @@ __all__ = ["EndedAttempts"]
 log = logging.getLogger("ratchet.worker")
 
 
-class EndedAttempts(AttemptLadder):
+class EndedAttempts(AsyncAttempts):
     """Ends attempts without their threads (see the module docstring)."""
 
     def _on_time_limit(self, attempt: Attempt) -> None:
@@ -112,7 +112,11 @@ class EndedAttempts(AttemptLadder):
         the watchdog: a thread that comes back from task code at once (it was in a ledger
         call, or about to start an effect) must find itself detached and counted, else it
         would uncount itself first and then be detached while idle or running the next task
-        (stuck threads never reaching ``max_stuck_threads``, a healthy thread dropped)."""
+        (stuck threads never reaching ``max_stuck_threads``, a healthy thread dropped).
+        An async body holds no thread: its asyncio task is cancelled instead."""
+        if attempt.cancel is not None:
+            attempt.cancel()
+            return
         self._executor.detach(attempt.thread)
         self.stats.add("stuck_threads")
 

@@ -75,7 +75,9 @@ class FinalWrites(ClaimSlots):
         later claim may have run the task again). Nothing else is reported: the attempt's
         outcome was reported when it was ended."""
         attempt = self._attempts.came_back(claim)
-        if attempt is not None:  # counted stuck when it was taken (_taken_from_thread)
+        if attempt is not None and attempt.cancel is None:
+            # A thread counted stuck when it was taken (_taken_from_thread); an async
+            # body's task was cancelled instead, never counted.
             self.stats.add("stuck_threads", -1)
         log.warning("task %s gen=%d: its task thread came back from the task's code after "
                     "the attempt was ended without it", claim.task_id, claim.generation)

@@ -10,6 +10,7 @@ import socket
 
 from ..errors import ConfigError, InvalidArguments
 from ..validation import (
+    MAX_ASYNC_CONCURRENCY,
     MAX_CONCURRENCY,
     MAX_POLL_INTERVAL_S,
     MAX_PREFETCH,
@@ -20,9 +21,11 @@ from ..validation import (
 from ..validation import check_int as validation_check_int
 
 __all__ = [
+    "DEFAULT_ASYNC_CONCURRENCY",
     "DEFAULT_SHUTDOWN_GRACE_S",
     "EXIT_HANDED_BACK",
     "EXIT_STUCK_THREADS",
+    "MAX_ASYNC_CONCURRENCY",
     "MAX_CONCURRENCY",
     "MAX_POLL_INTERVAL_S",
     "MAX_PREFETCH",
@@ -36,6 +39,14 @@ __all__ = [
     "default_prefetch",
     "default_writers",
 ]
+
+
+DEFAULT_ASYNC_CONCURRENCY = 100
+"""Default ``async_concurrency``: ``async def`` bodies one worker runs at once on its
+event loop. An awaiting body costs a coroutine and its context (kilobytes), not a thread,
+so far more run at once than threads would; 100 keeps one worker's share of a downstream
+and of the ledger's writer moderate. Raise it for I/O-bound tasks
+(``bench/async_io.py`` ran 1,000)."""
 
 
 def default_holder() -> str:

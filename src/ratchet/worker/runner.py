@@ -28,9 +28,15 @@ completion is handed to the writer without waiting; the task keeps its lease (th
 heartbeat renews it) and its slot in the concurrency limit until the completion has
 committed, and ``on_finished`` fires once the outcome is known. The calling thread only
 polls for work when idle, watches for stalled task threads and decides when to stop.
-Leases are renewed by one :class:`~ratchet.worker.heartbeat.Heartbeat`. An ``async def``
-runner would replace only :meth:`~ratchet.worker.attempt.AttemptLadder._run_body` with an
-event loop; the ledger, writer, heartbeat and context protocol stay as they are.
+Leases are renewed by one :class:`~ratchet.worker.heartbeat.Heartbeat`.
+
+``async def`` bodies (:mod:`ratchet.worker.asyncattempt`) run on one event loop per
+worker process (:mod:`ratchet.worker.asyncrun`), started only when the worker serves an
+``async def`` task type, beside the task threads: at most ``async_concurrency`` at once.
+The claim capacity is then ``concurrency + prefetch + async_concurrency``; each claimed
+task waits for a free slot of its own kind (a thread, or the loop). The ledger, writer,
+heartbeat, leases, fencing, start checks, the exception ladder and the context protocol
+are the same for both (:mod:`ratchet.worker.protocol`).
 
 How a task body can end and what is recorded: :mod:`ratchet.worker.attempt`. Attempts
 ended without their thread (time limits, the shutdown grace): :mod:`ratchet.worker.ended`.
@@ -74,6 +80,7 @@ from ..errors import EXIT_LEDGER_CORRUPT, ConfigError, LedgerCorrupt, RatchetErr
 from ..ledger.base import Claim, ClaimScope, DefinitionSpec, Subscription
 from ..serde import dumps
 from ..validation import MAX_NAME_BYTES, check_identifier, check_queue_name
+from .asyncrun import AsyncRunner
 from .backoff import RepeatedFailure
 from .ended import EndedAttempts
 from .executor import Executor
@@ -81,9 +88,11 @@ from .forks import Descendants, install_signal_handler
 from .heartbeat import Heartbeat, LeaseHandle
 from .hooks import Hooks, Middleware, with_defaults
 from .options import (
+    DEFAULT_ASYNC_CONCURRENCY,
     DEFAULT_SHUTDOWN_GRACE_S,
     EXIT_HANDED_BACK,
     EXIT_STUCK_THREADS,
+    MAX_ASYNC_CONCURRENCY,
     MAX_CONCURRENCY,
     MAX_POLL_INTERVAL_S,
     MAX_PREFETCH,
@@ -107,10 +116,12 @@ from .timelimit import Attempts
 from .writer import LedgerWriter
 
 __all__ = [
+    "DEFAULT_ASYNC_CONCURRENCY",
     "DEFAULT_SHUTDOWN_GRACE_S",
     "EXIT_HANDED_BACK",
     "EXIT_LEDGER_CORRUPT",
     "EXIT_STUCK_THREADS",
+    "MAX_ASYNC_CONCURRENCY",
     "MAX_CONCURRENCY",
     "MAX_POLL_INTERVAL_S",
     "MAX_PREFETCH",
@@ -210,10 +221,15 @@ class Worker(EndedAttempts):
             (``ratchet worker --no-scheduler``) leaves the firing to other workers.
         queues: the named queues served (``ratchet worker --queues critical,default``);
             default None: every queue. A task in another queue is never claimed here.
+        async_concurrency: ``async def`` bodies run at once on the worker's event loop
+            (one loop per worker, on a thread of its own, started only when a served task
+            type is ``async def``), beside the ``concurrency`` task threads of plain
+            ``def`` bodies. Default :data:`DEFAULT_ASYNC_CONCURRENCY` (100).
 
     Raises:
         ConfigError: ``concurrency`` not an integer from 1 to :data:`MAX_CONCURRENCY`,
-            ``prefetch`` not from 0 to :data:`MAX_PREFETCH`, ``writers`` not from 1 to
+            ``prefetch`` not from 0 to :data:`MAX_PREFETCH`, ``async_concurrency`` not from
+            1 to :data:`MAX_ASYNC_CONCURRENCY`, ``writers`` not from 1 to
             :data:`MAX_WRITERS`, ``poll_interval_s`` not above 0 and at most
             :data:`MAX_POLL_INTERVAL_S`, ``shutdown_grace_s`` not a finite number >= 0,
             ``max_stuck_threads`` not from 1 to :data:`MAX_STUCK_THREADS`,
@@ -243,6 +259,7 @@ class Worker(EndedAttempts):
         overload_floor_s: float | None = None,
         scheduler: bool = True,
         queues: Sequence[str] | None = None,
+        async_concurrency: int = DEFAULT_ASYNC_CONCURRENCY,
     ) -> None:
         self.run_scheduler = bool(scheduler)
         self.scheduler: Scheduler | None = None
@@ -259,6 +276,8 @@ class Worker(EndedAttempts):
         self._pid = os.getpid()  # the worker's process (run() sets it): not a forked child
         self.pruner: Pruner | None = None
         concurrency = check_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
+        async_concurrency = check_int("async_concurrency", async_concurrency, 1,
+                                      MAX_ASYNC_CONCURRENCY)
         if prefetch is None:
             prefetch = default_prefetch(concurrency)
         prefetch = check_int("prefetch", prefetch, 0, MAX_PREFETCH)
@@ -280,14 +299,20 @@ class Worker(EndedAttempts):
         otherwise."""
         self.app = app
         self.concurrency = concurrency
+        self.async_concurrency = async_concurrency
         self.prefetch = prefetch
-        self._capacity = concurrency + prefetch  # claimed and not finished, at most
         self.names = list(names) if names is not None else sorted(app.tasks)
         for name in self.names:
             app.definition(name)
         self.kinds: list[tuple[str, int]] = [
             (name, version) for name in self.names for version in sorted(app.versions[name])
         ]
+        self._async = None
+        if any(app.definition(n, v).is_async for n, v in self.kinds):
+            self._async = AsyncRunner(async_concurrency, self._execute_async)
+        # Running bodies at most, and claimed and not finished at most.
+        self._run_slots = concurrency + (async_concurrency if self._async else 0)
+        self._capacity = self._run_slots + prefetch
         """The (name, version) pairs this worker claims: every version its app defines of
         each name in ``names``; a task pinned to another version is never claimed here."""
         served = None if queues is None else tuple(sorted({
@@ -439,10 +464,12 @@ class Worker(EndedAttempts):
         self.writer.start()
         self.heartbeat.start()
         self._attempts.start()
+        if self._async is not None:
+            self._async.start()
         self._register_definitions()
         registrar: Registrar | None = None
         if self.fast_takeover:
-            registrar = Registrar(self.ledger, self.holder, slots=self.concurrency,
+            registrar = Registrar(self.ledger, self.holder, slots=self._run_slots,
                                   queues=self.claim_scope.queues)
             try:
                 registrar.register()
@@ -496,7 +523,7 @@ class Worker(EndedAttempts):
                 if self._claim_limit(0, forced=True) > 0:
                     last_try = max(self.writer.last_claim_at, last_poll)
                     due = last_try + (
-                        linger if 0 < inflight < self.concurrency else self.poll_interval_s
+                        linger if 0 < inflight < self._run_slots else self.poll_interval_s
                     )
                     if self._notified or now >= due:
                         self._notified = False
@@ -527,12 +554,21 @@ class Worker(EndedAttempts):
                 # Running tasks get until the grace ends to reach their end or a step
                 # boundary (where they are released); then their leases are handed back.
                 self._executor.close()
-                while not self._executor.join(0.05):
+                runner = self._async
+                if runner is not None:
+                    runner.close()  # bodies waiting for a slot are released at once
+                while not (self._executor.join(0.05)
+                           and (runner is None or runner.join(0.0))):
                     if self._cold or time.monotonic() >= grace_ends:
                         self._hand_back(
                             "second signal" if self._cold
                             else f"shutdown grace of {self.shutdown_grace_s:g} s ended")
                         break
+                if runner is not None:
+                    # Bodies still awaiting were cancelled by the hand-back; their final
+                    # writes were handed to the writer before it stops.
+                    runner.join(1.0)
+                    runner.stop()
                 self._attempts.stop()
                 self.writer.stop()
                 self.writer.join()  # final writes committed, on_finished fired

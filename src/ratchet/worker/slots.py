@@ -1,7 +1,8 @@
 """Claim slots: how many tasks a worker claims, reserved while a claim is in flight so
 that writer threads claiming at once never hold more than ``concurrency + prefetch``
-tasks, and the hand-over of claimed tasks to the task threads (see the
-:mod:`ratchet.worker.runner` docstring for the execution model)."""
+tasks (plus ``async_concurrency`` when the worker runs ``async def`` bodies), and the
+hand-over of claimed tasks to the task threads, or to the event loop for ``async def``
+bodies (see the :mod:`ratchet.worker.runner` docstring for the execution model)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class ClaimSlots(WorkerCore):
             free = min(free, self._max_tasks - self.stats.claimed - self._reserved)
         if free <= 0:
             return 0
-        if forced and inflight - freed >= self.concurrency:
+        if forced and inflight - freed >= self._run_slots:
             # Every thread has a task: room left only for prefetch is filled by the claims
             # riding on completions, never by a transaction of its own (a poll).
             return 0
@@ -118,7 +119,25 @@ class ClaimSlots(WorkerCore):
         if takeovers:
             self.stats.add("takeovers", takeovers)
         self._last_claimed_at = time.monotonic()
-        self._executor.push(zip(claims, handles, strict=True))
+        items = list(zip(claims, handles, strict=True))
+        runner = self._async
+        if runner is None:
+            self._executor.push(items)
+            return
+        # Each claimed task waits for a slot of its own kind: a task thread for a plain
+        # def body, the event loop for an async def one.
+        on_loop = [i for i in items if self._is_async(i[0])]
+        if len(on_loop) < len(items):
+            self._executor.push([i for i in items if not self._is_async(i[0])])
+        if on_loop:
+            runner.push(on_loop)
+
+    def _is_async(self, claim: Claim) -> bool:
+        """Whether ``claim``'s task type has an ``async def`` body (run on the loop)."""
+        try:
+            return self.app.definition(claim.name, claim.version).is_async
+        except Exception:  # reported by the attempt itself, on a task thread
+            return False
 
     def _stop_corrupt(self, error: LedgerCorrupt) -> None:
         """A claim found the ledger corrupt (writer thread): retrying cannot repair it, so

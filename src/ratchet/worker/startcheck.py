@@ -49,6 +49,11 @@ class StartCheck:
         self.reads = 0
         """Reads made for a start (the claim's and the heartbeat's not counted)."""
 
+    def fresh(self, lease: LeaseHandle) -> bool:
+        """True when :meth:`ensure` would return at once for ``lease`` (a read covering it
+        began at most the window ago): no ledger read, no wait."""
+        return lease.checked_at >= time.monotonic() - self._window_s
+
     def ensure(self, lease: LeaseHandle) -> None:
         """Return once a read of the operator requests that began at most ``window_s``
         before the call covers ``lease`` (its :attr:`~LeaseHandle.request` is then up to

@@ -56,8 +56,8 @@ class Attempt:
             ``"shutdown_grace"``).
     """
 
-    __slots__ = ("claim", "ctx", "deadline", "end_sent", "ended_by", "lease", "started",
-                 "thread", "time_limit_s")
+    __slots__ = ("cancel", "claim", "ctx", "deadline", "end_sent", "ended_by", "lease",
+                 "started", "thread", "time_limit_s")
 
     def __init__(
         self, claim: Claim, lease: LeaseHandle, ctx: Any, time_limit_s: float | None
@@ -70,6 +70,9 @@ class Attempt:
         self.time_limit_s = time_limit_s
         self.deadline = None if time_limit_s is None else self.started + time_limit_s
         self.ended_by: str | None = None
+        self.cancel: Callable[[], None] | None = None
+        """For an ``async def`` body (on the worker's event loop, not a task thread of its
+        own): cancels its asyncio task (any thread); None for a sync body."""
         self.end_sent: threading.Event | None = None
         """For an attempt ended without its thread: set once its ending write was handed
         to the writer (anything its thread writes later is queued behind it)."""

@@ -250,8 +250,8 @@ class WorkflowCalls(EffectCalls):
             NonDeterministicReplay: the history holds another checkpoint here.
         """
         check_checkpoint_name(name, "child task name")
-        return self.submit_many(name, [params or {}],
-                                keys=None if key is None else [key], _one=True)[0]
+        return WorkflowCalls.submit_many(self, name, [params or {}],
+                                         keys=None if key is None else [key], _one=True)[0]
 
     def submit_many(self, name: str, params_list: Iterable[Mapping[str, Any]], *,
                     keys: Sequence[str] | None = None, _one: bool = False,
@@ -337,7 +337,7 @@ class WorkflowCalls(EffectCalls):
         Raises:
             ChildFailed: the child did not succeed.
         """
-        return self.gather([handle])[0]
+        return WorkflowCalls.gather(self, [handle])[0]
 
     # ------------------------------------------------------------------ compensation
 
@@ -372,7 +372,7 @@ class WorkflowCalls(EffectCalls):
         done: list[dict[str, Any]] = []
         for comp in reversed(self.compensations_found):
             fn, result = comp.fn, comp.result
-            value = self.effect(  # type: ignore[attr-defined]
+            value = self.sync_effect(  # type: ignore[attr-defined]
                 f"compensate:{comp.effect}", lambda k, fn=fn, result=result: fn(k, result),
                 key=f"compensate:{comp.key}", lookup=comp.lookup)
             done.append({"effect": comp.effect, "key": f"compensate:{comp.key}",

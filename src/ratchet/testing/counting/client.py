@@ -13,7 +13,7 @@ from ...errors import TokenRejected
 from ...worker.context import NOT_FOUND, NotFound
 from .protocol import STALE_TOKEN_ERROR, TOKEN_HEADER
 
-__all__ = ["CountingClient"]
+__all__ = ["AsyncCountingClient", "CountingClient"]
 
 
 def _raise_if_stale(r: httpx.Response, key: str, token: int | None) -> None:
@@ -31,6 +31,27 @@ def _raise_if_stale(r: httpx.Response, key: str, token: int | None) -> None:
             int(body.get("token", token if token is not None else -1)),
             highest if isinstance(highest, int) else None,
         )
+
+
+def _lookup_answer(r: httpx.Response, key: str, token: int | None) -> dict[str, Any] | NotFound:
+    """The answer of a ``GET /effects/{key}`` reply (see :meth:`CountingClient.lookup`)."""
+    _raise_if_stale(r, key, token)
+    if r.status_code == 404:
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and body.get("error") == "not found":
+            return NOT_FOUND
+    r.raise_for_status()
+    return cast(dict[str, Any], r.json())
+
+
+def _effect_request(key: str, token: int | None) -> dict[str, str]:
+    headers = {"Idempotency-Key": key}
+    if token is not None:
+        headers[TOKEN_HEADER] = str(token)
+    return headers
 
 
 class CountingClient:
@@ -102,16 +123,7 @@ class CountingClient:
         """
         headers = {TOKEN_HEADER: str(token)} if token is not None else None
         r = self._http.get(f"/effects/{quote(key, safe='')}", headers=headers)
-        _raise_if_stale(r, key, token)
-        if r.status_code == 404:
-            try:
-                body = r.json()
-            except ValueError:
-                body = None
-            if isinstance(body, dict) and body.get("error") == "not found":
-                return NOT_FOUND
-        r.raise_for_status()
-        return cast(dict[str, Any], r.json())
+        return _lookup_answer(r, key, token)
 
     def executions(self) -> dict[str, int]:
         """``GET /executions``: executions per key."""
@@ -152,3 +164,54 @@ class CountingClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class AsyncCountingClient:
+    """An ``httpx.AsyncClient`` of the counting service, for ``async def`` task bodies
+    (``await ctx.effect("charge", lambda k: client.execute(k, body), key=...,
+    lookup=client.lookup)``: the call returns a coroutine, which the context awaits):
+    the same requests, answers and errors as :class:`CountingClient`.
+    Use it on one event loop (the worker's), closed with :meth:`aclose`.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:54321``.
+        timeout_s: read/write/pool timeout per request, seconds.
+        connect_timeout_s: TCP connect timeout, seconds.
+        max_connections: most connections open at once.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float = 1.0, connect_timeout_s: float = 2.0,
+                 max_connections: int = 1000) -> None:
+        self.base_url = base_url
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=max_connections,
+                                max_keepalive_connections=max_connections),
+        )
+
+    async def execute(self, key: str, body: dict[str, Any],
+                      token: int | None = None) -> dict[str, Any]:
+        """``POST /effects`` (see :meth:`CountingClient.execute`).
+
+        Raises:
+            The errors of :meth:`CountingClient.execute`.
+        """
+        r = await self._http.post("/effects", json=body, headers=_effect_request(key, token))
+        _raise_if_stale(r, key, token)
+        r.raise_for_status()
+        return cast(dict[str, Any], r.json())
+
+    async def lookup(self, key: str, token: int | None = None) -> dict[str, Any] | NotFound:
+        """``GET /effects/{key}`` (see :meth:`CountingClient.lookup`).
+
+        Raises:
+            The errors of :meth:`CountingClient.lookup`.
+        """
+        headers = {TOKEN_HEADER: str(token)} if token is not None else None
+        r = await self._http.get(f"/effects/{quote(key, safe='')}", headers=headers)
+        return _lookup_answer(r, key, token)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()

@@ -22,6 +22,11 @@ Tasks:
   ``deliver:<task>@<position>``). With ``hold_first`` the batch at position 0 of the first
   claim delivers and then holds until the file named by ``MATRIX_GATE`` exists (at most
   ``MATRIX_HOLD_S`` seconds, default 60), so later batches commit first.
+  With ``MATRIX_ASYNC=1`` in the worker's environment (``ratchet crash-matrix
+  --async``) the same body is ``async def``: ``await ctx.step`` / ``await ctx.effect``,
+  the charge and its lookup sent with an
+  :class:`~ratchet.testing.counting.client.AsyncCountingClient` (the worker runs it on its
+  event loop); the checkpoints, keys and results are the same.
 * :data:`EMIT` ``(n, keys)``: ``ctx.emit`` of ``n`` messages (topic :data:`EVENT_TOPIC`,
   ``{"n": i}``, key ``k<i mod keys>``) to the transactional outbox; returns
   ``{"messages": [[key, message id], ...]}`` in emit order (row 10).
@@ -41,8 +46,9 @@ from typing import Any
 
 from ...app import App
 from ...retry import RetryPolicy
+from ...worker.asynccontext import AsyncTaskContext
 from ...worker.context import TaskContext
-from ..counting.client import CountingClient
+from ..counting.client import AsyncCountingClient, CountingClient
 from ..processes import ConditionTimeout, wait_for
 
 __all__ = ["CHARGE", "DELIVER", "EMIT", "EVENT_TOPIC", "LEASE_S", "app", "build_app",
@@ -65,6 +71,9 @@ FAST_RETRY = RetryPolicy(
     quarantine_after=None,
 )
 
+ASYNC = os.environ.get("MATRIX_ASYNC") == "1"
+"""Register the charge task's ``async def`` body instead of its plain def one."""
+
 _client: CountingClient | None = None
 
 
@@ -74,6 +83,18 @@ def payment_client() -> CountingClient:
     if _client is None:
         _client = CountingClient(os.environ["MATRIX_PAY_URL"], timeout_s=10.0)
     return _client
+
+
+_async_client: AsyncCountingClient | None = None
+
+
+def async_payment_client() -> AsyncCountingClient:
+    """The async counting-service client of this process, for the ``async def`` charge
+    (created on first use; used on the worker's one event loop only)."""
+    global _async_client
+    if _async_client is None:
+        _async_client = AsyncCountingClient(os.environ["MATRIX_PAY_URL"], timeout_s=10.0)
+    return _async_client
 
 
 def charge_key(order_id: str) -> str:
@@ -102,7 +123,8 @@ def _append(line: dict[str, Any]) -> None:
 def record_step(ctx: TaskContext, step: str) -> None:
     """Append one line to the external step log: this step function is executing."""
     _append({"task": ctx.task_id, "step": step, "pid": os.getpid(),
-             "generation": ctx.generation, "attempt": ctx.attempt})
+             "generation": ctx.generation, "attempt": ctx.attempt,
+             "body": "async" if isinstance(ctx, AsyncTaskContext) else "def"})
 
 
 def _hold() -> None:
@@ -123,27 +145,10 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> App:
     app = App(ledger)
     lease = lease_s or LEASE_S
 
-    @app.task(name=CHARGE, retry=FAST_RETRY, lease_s=lease)
-    def charge(ctx: TaskContext, order_id: str, amount_cents: int) -> dict[str, Any]:
-        def prepare() -> dict[str, Any]:
-            record_step(ctx, "prepare")
-            return {"order_id": order_id, "amount_cents": amount_cents, "currency": "EUR"}
-
-        quote = ctx.step("prepare", prepare)
-        client = payment_client()
-        key = charge_key(order_id)
-        body = {"order_id": order_id, "amount_cents": amount_cents}
-        receipt = ctx.effect("charge", lambda k: client.execute(k, body), key=key,
-                             lookup=client.lookup, params=body)
-
-        def finalize() -> dict[str, Any]:
-            record_step(ctx, "finalize")
-            return {"order_id": order_id, "status": "paid"}
-
-        final = ctx.step("finalize", finalize, durable=True)
-        charged = receipt["body"]["amount_cents"] if isinstance(receipt, dict) else receipt
-        # Only deterministic parts: a crash-free control run must return exactly this.
-        return {"quote": quote, "final": final, "charged": charged}
+    if ASYNC:
+        app.task(name=CHARGE, retry=FAST_RETRY, lease_s=lease)(charge_async)
+    else:
+        app.task(name=CHARGE, retry=FAST_RETRY, lease_s=lease)(charge)
 
     @app.task(name=DELIVER, retry=FAST_RETRY, lease_s=lease)
     def deliver(ctx: TaskContext, n: int, size: int, parallel: int,
@@ -172,7 +177,62 @@ def build_app(ledger: str | None = None, lease_s: float | None = None) -> App:
     return app
 
 
+def charge(ctx: TaskContext, order_id: str, amount_cents: int) -> dict[str, Any]:
+    """The charge task's plain def body (see the module docstring)."""
+    def prepare() -> dict[str, Any]:
+        record_step(ctx, "prepare")
+        return {"order_id": order_id, "amount_cents": amount_cents, "currency": "EUR"}
+
+    quote = ctx.step("prepare", prepare)
+    client = payment_client()
+    key = charge_key(order_id)
+    body = {"order_id": order_id, "amount_cents": amount_cents}
+    receipt = ctx.effect("charge", lambda k: client.execute(k, body), key=key,
+                         lookup=client.lookup, params=body)
+
+    def finalize() -> dict[str, Any]:
+        record_step(ctx, "finalize")
+        return {"order_id": order_id, "status": "paid"}
+
+    final = ctx.step("finalize", finalize, durable=True)
+    charged = receipt["body"]["amount_cents"] if isinstance(receipt, dict) else receipt
+    # Only deterministic parts: a crash-free control run must return exactly this.
+    return {"quote": quote, "final": final, "charged": charged}
+
+
+async def charge_async(ctx: AsyncTaskContext, order_id: str,
+                       amount_cents: int) -> dict[str, Any]:
+    """The charge task's ``async def`` body (``MATRIX_ASYNC=1``): the same checkpoints as
+    :func:`charge`, the charge and its lookup sent with an ``httpx.AsyncClient``
+    (:class:`~ratchet.testing.counting.client.AsyncCountingClient`)."""
+    async def prepare() -> dict[str, Any]:
+        record_step(ctx, "prepare")
+        return {"order_id": order_id, "amount_cents": amount_cents, "currency": "EUR"}
+
+    quote = await ctx.step("prepare", prepare)
+    key = charge_key(order_id)
+    body = {"order_id": order_id, "amount_cents": amount_cents}
+    client = async_payment_client()
+    receipt = await ctx.effect("charge", lambda k: client.execute(k, body), key=key,
+                               lookup=client.lookup, params=body)
+
+    def finalize() -> dict[str, Any]:  # a plain function inside an async body
+        record_step(ctx, "finalize")
+        return {"order_id": order_id, "status": "paid"}
+
+    final = await ctx.step("finalize", finalize, durable=True)
+    charged = receipt["body"]["amount_cents"] if isinstance(receipt, dict) else receipt
+    return {"quote": quote, "final": final, "charged": charged}
+
+
 app = build_app()
 if os.environ.get("MATRIX_PAY_URL"):
     # Build the HTTP client at import, before the worker starts its threads.
     payment_client()
+    if ASYNC:
+        # And the async one (its TLS context, its transport's imports), so that the first
+        # charge takes as long as in a plain def body: the rows count transactions.
+        import anyio._backends._asyncio  # noqa: F401
+        import httpcore._async  # noqa: F401
+
+        async_payment_client()

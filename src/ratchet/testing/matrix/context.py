@@ -91,14 +91,18 @@ class Worlds:
             its dialect, server and parameters are used; its own file or schema is never
             touched.
         lease_s: lease of the tasks of every world, seconds.
+        async_bodies: the worlds' workers run the charge task as an ``async def`` body
+            (``MATRIX_ASYNC=1``): the same checkpoints, awaited on the worker's event loop.
 
     Raises:
         ConfigError: a malformed URL, or one that is neither SQLite nor PostgreSQL.
         LedgerUnavailable: the directory or the PostgreSQL server cannot be used.
     """
 
-    def __init__(self, ledger_url: str | None, lease_s: float = 1.0) -> None:
+    def __init__(self, ledger_url: str | None, lease_s: float = 1.0,
+                 async_bodies: bool = False) -> None:
         self.lease_s = lease_s
+        self.async_bodies = async_bodies
         self.token = secrets.token_hex(4)
         self.schemas: list[str] = []
         self.rigs: list[MatrixRig] = []
@@ -180,7 +184,7 @@ class Worlds:
                     self.root / "service.db", honour_keys=False,
                     log_path=self.root / "service.log")
             rig = MatrixRig(directory, url, lease_s=self.lease_s, service=self.service,
-                            world=f"{directory.name}/")
+                            world=f"{directory.name}/", async_bodies=self.async_bodies)
             self.rigs.append(rig)
         return rig
 

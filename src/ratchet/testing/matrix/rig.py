@@ -70,6 +70,8 @@ class StepRun:
     pid: int
     generation: int
     attempt: int
+    body: str = "def"
+    """``"async"`` when an ``async def`` task body ran it (``MATRIX_ASYNC=1``)."""
 
 
 class MatrixRig:
@@ -83,11 +85,15 @@ class MatrixRig:
             its own on :meth:`start_service`).
         world: this world's prefix of the keys and items its processes send to the
             service; the reads here see only those, the prefix stripped.
+        async_bodies: its processes run the charge task as an ``async def`` body
+            (``MATRIX_ASYNC=1``, :mod:`ratchet.testing.matrix.app`).
     """
 
     def __init__(self, directory: Path, ledger_url: str, lease_s: float = 1.0,
-                 service: CountingService | None = None, world: str = "") -> None:
+                 service: CountingService | None = None, world: str = "",
+                 async_bodies: bool = False) -> None:
         self.directory = directory
+        self.async_bodies = async_bodies
         self.ledger_url = ledger_url
         self.lease_s = lease_s
         self.world = world
@@ -146,6 +152,7 @@ class MatrixRig:
             "MATRIX_LEASE_S": repr(self.lease_s),
             "MATRIX_PAY_URL": self.service.url if self.service is not None else None,
             "MATRIX_WORLD": self.world,
+            "MATRIX_ASYNC": "1" if self.async_bodies else None,
         }
         env.update(extra)
         return env

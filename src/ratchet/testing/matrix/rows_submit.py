@@ -144,6 +144,9 @@ def check_like_control(rig: MatrixRig, task_id: str, state: object, result: Any,
     runs = rig.step_counts(task_id)
     wanted = steps if steps is not None else control.step_runs
     expect(runs == wanted, f"step runs {runs} != expected {wanted}")
+    bodies = {r.body for r in rig.step_runs(task_id)}
+    body = "async" if rig.async_bodies else "def"
+    expect(bodies <= {body}, f"step functions ran in {sorted(bodies)} bodies, not {body}")
 
 
 def row1(ctx: RowContext) -> str:

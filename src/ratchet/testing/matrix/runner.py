@@ -115,9 +115,19 @@ def _run_row(number: int, worlds: Worlds, controls: Controls,
     return result
 
 
+ASYNC_LEASE_S = 3.0
+"""The shortest lease of the charge tasks with ``async_bodies``, seconds. Row 7 kills the
+worker in its N-th write transaction, and a lease renewal is one too: an async body's
+first charge (the event loop's executor threads starting, the HTTP pool's first
+connection) on a loaded machine can outlast a third of a 1 s lease, when the heartbeat
+renews, and shift the count. A 3 s lease renews after 1 s; the rows wait 2 s longer for
+the dead holder's lease to expire."""
+
+
 def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None = None, *,
                broker: str | None = None, lease_s: float = 1.0, parallel: int = 2,
-               on_row: Callable[[RowResult], None] | None = None) -> MatrixReport:
+               on_row: Callable[[RowResult], None] | None = None,
+               async_bodies: bool = False) -> MatrixReport:
     """Run the selected rows of the crash-point matrix with real worker processes.
 
     Args:
@@ -136,6 +146,10 @@ def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None =
         lease_s: lease of the charge tasks, seconds (row 9 uses at least 2 s).
         parallel: rows run at the same time (each in worlds of its own; 1: one by one).
         on_row: called with each row's result as soon as it is known.
+        async_bodies: the workers run the charge task (rows 1-8) as an ``async def`` body
+            on their event loop (``ratchet crash-matrix --async``); rows 9 (``ctx.batches``)
+            and 10 (emits) keep their plain def bodies. The lease is then at least
+            :data:`ASYNC_LEASE_S`.
 
     Raises:
         InvalidArguments: ``rows`` is malformed or outside 1-10, ``parallel`` < 1, or
@@ -151,7 +165,9 @@ def run_matrix(ledger_url: str | None = None, rows: str | Sequence[int] | None =
     if broker is not None:
         check_broker_url(broker)
     started = time.monotonic()
-    worlds = Worlds(ledger_url, lease_s=lease_s)
+    if async_bodies:
+        lease_s = max(lease_s, ASYNC_LEASE_S)
+    worlds = Worlds(ledger_url, lease_s=lease_s, async_bodies=async_bodies)
     report = MatrixReport(worlds.dialect, redact_url(ledger_url) if ledger_url else
                           "a temporary directory", [],
                           explicit=rows is not None)
