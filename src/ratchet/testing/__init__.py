@@ -27,6 +27,7 @@ The how-to page: [Testing your tasks](../how-to/testing.md) (``docs/how-to/testi
 
 from __future__ import annotations
 
+from ..replay import Divergence, ReplayReport, replay, replay_sample
 from .checks import (
     CheckFailed,
     ConsistencyReport,
@@ -56,7 +57,6 @@ from .services import (
     read_stored,
     start_counting_service,
 )
-from ..replay import Divergence, ReplayReport, replay, replay_sample
 from .worker import WorkerCrashed, running_worker, worker_fixture
 
 __all__ = [
