@@ -23,23 +23,25 @@ __all__ = ["COMPENSATION_PREFIX", "RecordedCheckpoint", "describe_call", "record
 COMPENSATION_PREFIX = "compensate:"
 """Stored names of the effects compensations made start with this (not the body's)."""
 
-_LABELS: tuple[tuple[str, str], ...] = (
-    (EMIT_PREFIX, "emit"),
-    (BATCH_RUN_PREFIX, "batches"),
-    ("sleep:", "sleep"),
-    ("event-deadline:", "wait_for_event (its deadline)"),
-    ("event:", "wait_for_event"),
-    ("submit:", "submit"),
-    ("submit_many:", "submit_many"),
+_LABELS: tuple[tuple[str, str, str], ...] = (
+    (EMIT_PREFIX, "emit", ""),
+    (BATCH_RUN_PREFIX, "batches", ""),
+    ("sleep:", "sleep", ""),
+    ("event-deadline:", "wait_for_event", ", its deadline"),
+    ("event:", "wait_for_event", ", its event"),
+    ("submit:", "submit", ""),
+    ("submit_many:", "submit_many", ""),
 )
 """How the workflow calls that are stored as steps are named for people: a stored name's
-prefix and the ``ctx`` method that recorded it."""
+prefix, the ``ctx`` method that recorded it, and which of its checkpoints it is (a wait
+for an event records two: its deadline at first reach, the event once delivered)."""
 
 
 def describe_call(kind: str, stored_name: str, key: str | None = None) -> str:
     """A checkpoint for people, as the ``ctx`` call that makes it: ``"step 'quote'
     (occurrence 1)"``, ``"effect 'charge' (occurrence 2) key 'charge:o-7'"``, ``"sleep
-    'cool-off' (occurrence 1)"``, ``"emit 'order.paid' (occurrence 1)"``.
+    'cool-off' (occurrence 1)"``, ``"emit 'order.paid' (occurrence 1)"``,
+    ``"wait_for_event 'shipped' (occurrence 1, its deadline)"``.
 
     Args:
         kind: ``"step"`` or ``"effect"``.
@@ -49,15 +51,16 @@ def describe_call(kind: str, stored_name: str, key: str | None = None) -> str:
     base, sep, n = stored_name.rpartition("#")
     if not (sep and n.isdigit() and base):
         base, n = stored_name, "1"
-    label = kind
+    label, note = kind, ""
     if kind == "step":
         if base == "gather":
             label, base = "gather", ""
-        for prefix, name in _LABELS:
+        for prefix, name, which in _LABELS:
             if base.startswith(prefix):
-                label, base = name, base[len(prefix):]
+                label, base, note = name, base[len(prefix):], which
                 break
-    text = f"{label} {base!r} (occurrence {n})" if base else f"{label} (occurrence {n})"
+    where = f"(occurrence {n}{note})"
+    text = f"{label} {base!r} {where}" if base else f"{label} {where}"
     return text if key is None else f"{text} key {key!r}"
 
 
