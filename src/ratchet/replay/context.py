@@ -378,3 +378,14 @@ class AsyncReplayContext(_ReplayAttributes):
     async def wait(self, handle: ChildHandle) -> Any:
         """One child's recorded outcome."""
         return self.core.gather([handle], False)[0]
+
+    async def submit_shards(self, name: str, params: Mapping[str, Any], count: int
+                            ) -> list[ChildHandle]:
+        """The recorded shards (nothing submitted)."""
+        check_shards(count)
+        return self.core.submit_many(f"submit_many:{name}", name)
+
+    async def batches(self, name: str, source: Any, fn: Callable[..., Any], *, size: int,
+                      parallel: int = 1, total: int | None = None) -> dict[str, Any]:
+        """The run's recorded report (no batch is processed)."""
+        return self.core.batches(name)
