@@ -60,12 +60,8 @@ def _show(report: ReplayReport) -> None:
         out.print(line("  ", (f"{word} at position {d.position}", style)))
         out.print(line("    recorded: ", (d.recorded, "")))
         out.print(line("    new code: ", (d.new, "")))
-    elif report.history_end is not None:
-        out.print(line("  ", (report.history_end, style)))
     else:
-        out.print(line("  ", (str(report).rpartition("; ")[2], style)))
-    if report.error is not None and d is None and report.history_end is None:
-        out.print(line("  raised: ", (report.error, "")))
+        out.print(line("  ", (report.summary, style)))
 
 
 def replay(
@@ -119,7 +115,7 @@ def replay(
         out = console()
         for r in reports:
             word, style = _outcome(r)
-            detail = str(r).partition("): ")[2]
+            detail = f"{r.positions} of {r.recorded_positions} positions; {r.summary}"
             out.print(line((f"{word:<13}", style), (r.task_id, ""), "  ", (detail, "")))
         ended = sum(1 for r in reports if r.history_end is not None)
         same = sum(1 for r in reports if r.reproduced)

@@ -93,22 +93,28 @@ class ReplayReport:
     error: str | None = None
     result: Any = None
 
+    @property
+    def summary(self) -> str:
+        """How the replay ended, in one line: the divergence, the history's end, that it
+        reproduces the history, or what the new code did where the recorded run did not
+        succeed."""
+        if self.divergence is not None:
+            return str(self.divergence)
+        if self.history_end is not None:
+            return self.history_end
+        if self.reproduced:
+            return "reproduces the recorded history" + (
+                f" (raises {self.error})" if self.error else "")
+        if self.error is not None:
+            return f"the new code raises {self.error}"
+        return f"the new code returns {_short(self.result)} (the recorded run did not succeed)"
+
     def __str__(self) -> str:
         head = f"{self.name} {self.task_id} (version {self.version}"
         if self.version != self.recorded_version:
             head += f", recorded with version {self.recorded_version}"
-        head += f", {self.state}): {self.positions} of {self.recorded_positions} positions"
-        if self.divergence is not None:
-            return f"{head}; {self.divergence}"
-        if self.history_end is not None:
-            return f"{head}; {self.history_end}"
-        if self.reproduced:
-            return f"{head}; reproduces the recorded history" + (
-                f" (raises {self.error})" if self.error else "")
-        if self.error is not None:
-            return f"{head}; the new code raises {self.error}"
-        return f"{head}; the new code returns {_short(self.result)} (the recorded run " \
-               f"did not succeed)"
+        return (f"{head}, {self.state}): {self.positions} of {self.recorded_positions} "
+                f"positions; {self.summary}")
 
 
 def _short(value: Any, limit: int = 120) -> str:
