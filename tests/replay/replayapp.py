@@ -8,7 +8,9 @@
 * version 3: ``quote`` renamed ``price`` (diverges at position 0);
 * version 4: the effect's key changed to ``pay:<order>`` (diverges at position 1);
 * version 5: ``receipt`` moved before ``charge`` (diverges at position 1);
-* version 6: returns another result (diverges at the end).
+* version 6: returns another result (diverges at the end);
+* version 7: renames ``quote`` for orders whose id ends in ``-2`` only (a sample of
+  histories where some diverge and some reproduce).
 
 ``pipeline`` (fails after step 2 of 3):
 
@@ -83,8 +85,10 @@ def make_app(url: str | None) -> App:
     app = App(url)
     for version, kwargs in ((1, {}), (2, {}), (3, {"quote_name": "price"}),
                             (4, {"key_prefix": "pay"}), (5, {"receipt_first": True}),
-                            (6, {"extra": True})):
+                            (6, {"extra": True}), (7, {"quote_name": "-2"})):
         def order(ctx: TaskContext, order_id: str, kw: dict[str, Any] = kwargs) -> Any:
+            if kw.get("quote_name") == "-2":
+                kw = {"quote_name": "price" if order_id.endswith("-2") else "quote"}
             return _order(ctx, order_id, **kw)
 
         app.task(name="order", version=version, retry=ONCE)(order)

@@ -141,6 +141,9 @@ def test_a_sample_of_a_type_is_replayed_newest_first(
     assert [r.task_id for r in replay_sample(app, "order", version=2, sample=1)] == [more]
     diverged = replay_sample(app, "order", version=3)
     assert [r.divergence is not None for r in diverged] == [True, True]
+    mixed = replay_sample(app, "order", version=7)
+    assert [(r.task_id, r.reproduced, r.divergence is not None) for r in mixed] == [
+        (more, False, True), (ids["order"], True, False)]
 
 
 def test_bad_input_is_refused(recorded: tuple[App, dict[str, str]]) -> None:

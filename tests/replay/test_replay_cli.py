@@ -33,7 +33,8 @@ def recorded(ledger_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, s
         replayapp.SERVICE_URL = svc.url
         app = replayapp.make_app(ledger_url)
         ids = {"order": app.submit("order", {"order_id": "o-17"}, version=1).task_id,
-               "pipeline": app.submit("pipeline", {"n": 4}, version=1).task_id}
+               "pipeline": app.submit("pipeline", {"n": 4}, version=1).task_id,
+               "order2": app.submit("order", {"order_id": "o-2"}, version=1).task_id}
         with running_worker(app, concurrency=2):
             for task_id in ids.values():
                 wait_for(f"task {task_id} to end",
@@ -77,20 +78,26 @@ def test_json(recorded: tuple[str, dict[str, str]]) -> None:
     assert data["divergence"] == {"position": 0, "recorded": "step 'quote' (occurrence 1)",
                                   "new": "calls step 'price' (occurrence 1)"}
 
-    code, out = _replay(url, "--type", "order", "--version", "2", "--sample", "5", "--json")
-    assert code == 0, out
-    [only] = json.loads(out)
-    assert only["task_id"] == ids["order"] and only["reproduced"] is True
+    code, out = _replay(url, "--type", "order", "--version", "7", "--sample", "5", "--json")
+    assert code == 1, out
+    assert {(r["task_id"], r["reproduced"], r["divergence"] is None)
+            for r in json.loads(out)} == {(ids["order"], True, True),
+                                          (ids["order2"], False, False)}
 
 
 def test_a_sample_of_a_type(recorded: tuple[str, dict[str, str]]) -> None:
     url, ids = recorded
     code, out = _replay(url, "--type", "order", "--version", "2", "--sample", "100")
     assert code == 0, out
-    assert ids["order"] in out and "1 order tasks replayed: 1 reproduce, 0 diverge" in out
-    code, out = _replay(url, "--type", "order", "--version", "5")
+    assert ids["order"] in out and "2 order tasks replayed: 2 reproduce, 0 diverge" in out
+    code, out = _replay(url, "--type", "order", "--version", "7")
     assert code == 1, out
-    assert "DIVERGES" in out and "0 reproduce, 1 diverge" in out
+    assert "2 order tasks replayed: 1 reproduce, 1 diverge" in out
+    [diverged] = [row for row in out.splitlines() if row.startswith("DIVERGES")]
+    assert ids["order2"] in diverged and "diverges at position 0" in diverged
+    code, out = _replay(url, "--type", "order", "--version", "7", "--sample", "1")
+    assert code == 1 and "1 order tasks replayed" in out  # the newest: o-2
+    assert ids["order2"] in out and ids["order"] not in out
     code, out = _replay(url, "--type", "pipeline", "--version", "2")
     assert code == 0, out
     assert "1 reach the end of their history" in out
