@@ -122,7 +122,7 @@ def test_a_failed_history_tells_what_the_fixed_code_would_call_next(
     audit = replay(app, ids["audit"], version=2)
     assert audit.divergence is None and audit.history_end is None
     assert not audit.reproduced and audit.result == {"seen": 5}
-    assert "did not succeed" in str(audit)
+    assert "the recorded run has not succeeded (FAILED)" in str(audit)
     assert service.executions() == before
 
 

@@ -107,7 +107,8 @@ class ReplayReport:
                 f" (raises {self.error})" if self.error else "")
         if self.error is not None:
             return f"the new code raises {self.error}"
-        return f"the new code returns {_short(self.result)} (the recorded run did not succeed)"
+        return (f"the new code returns {_short(self.result)}; the recorded run has not "
+                f"succeeded ({self.state})")
 
     def __str__(self) -> str:
         head = f"{self.name} {self.task_id} (version {self.version}"
