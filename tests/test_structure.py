@@ -56,6 +56,7 @@ FACES = (
     "ratchet.cli",
     "ratchet.web",
     "ratchet.demo",
+    "ratchet.contrib",
     "ratchet.observe.metrics",
     "ratchet.observe.ledger_metrics",
     "ratchet.observe.tracing",
@@ -70,7 +71,7 @@ LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 """(modules under this prefix, may not import modules under these prefixes)."""
 
-FACE_MODULES = ("ratchet.cli", "ratchet.web", "ratchet.demo")
+FACE_MODULES = ("ratchet.cli", "ratchet.web", "ratchet.demo", "ratchet.contrib")
 INTERNALS = ("ratchet.ledger", "ratchet.worker")
 
 

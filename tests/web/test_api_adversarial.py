@@ -154,6 +154,7 @@ DUPLICATED = {
     "/tasks/{task_id}/cancel": b'{"reason": "ok", "reason": ""}',
     "/tasks/{task_id}/retry": b'{"reason": "x", "reason": "y"}',
     "/tasks/{task_id}/compensate": b'{"reason": "x", "reason": "y"}',
+    "/tasks/{task_id}/fork": b'{"from_step": "a", "reason": "x", "reason": "y"}',
     "/events": b'{"name": "shipped", "key": "o-1", "payload": {"n": 1, "n": 2}}',
     "/tasks/{task_id}/resolve": b'{"outcome": "done", "result": {"id": 1, "id": 2}, '
                                 b'"reason": "r"}',

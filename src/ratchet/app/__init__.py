@@ -43,6 +43,7 @@ from ..validation import (
     check_int,
 )
 from . import _taskops as taskops
+from ._async import AsyncCalls
 from ._downstream import Downstreams
 from ._flow import DEFAULT_QUEUE, FlowSpec
 from ._messages import Messages
@@ -83,6 +84,10 @@ class TaskHandle:
         """Block until the task settles (see :meth:`App.wait`)."""
         return self.app.wait(self.task_id, timeout_s=timeout_s)
 
+    async def wait_async(self, timeout_s: float | None = None) -> TaskInfo:
+        """Await until the task settles, never blocking the loop (see :meth:`App.wait_async`)."""
+        return await self.app.wait_async(self.task_id, timeout_s=timeout_s)
+
 
 def _check_ledger_arg(ledger: object) -> None:
     """Refuse a ``ledger`` argument that is neither a URL, ``None`` nor a ledger object.
@@ -100,7 +105,7 @@ def _check_ledger_arg(ledger: object) -> None:
 
 
 
-class App(Messages):
+class App(Messages, AsyncCalls):
     """A Ratchet application: the task registry plus a handle on the ledger.
 
     Args:
@@ -516,7 +521,8 @@ class App(Messages):
                 database (a psycopg 3 ``Connection``; on SQLite the ``sqlite3.Connection``
                 on the ledger's file), under a savepoint: the task exists if and only if
                 your transaction commits, and workers are woken at that commit. Not
-                grouped with other threads' submits (DESIGN §6, row 2).
+                grouped with other threads' submits (DESIGN §6, row 2). A psycopg
+                ``AsyncConnection``: use :meth:`submit_async`.
 
         Raises:
             UnknownTask: no task of that name (or that ``version``); nothing was

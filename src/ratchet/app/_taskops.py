@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import tenacity
 
@@ -163,6 +164,25 @@ def wait_settled(get: Callable[[str], TaskInfo], task_id: str, timeout_s: float 
         WaitTimeout: ``timeout_s`` seconds passed first.
         InvalidArguments: ``timeout_s`` or ``poll_s`` is not a finite number >= 0.
     """
+    return tenacity.Retrying(**_wait_policy(task_id, timeout_s, poll_s))(get, task_id)
+
+
+async def wait_settled_async(get: Callable[[str], Awaitable[TaskInfo]], task_id: str,
+                             timeout_s: float | None, poll_s: float) -> TaskInfo:
+    """:func:`wait_settled` for a coroutine: ``await get(task_id)`` polled with
+    ``asyncio.sleep`` between reads (:meth:`ratchet.App.wait_async`).
+
+    Raises:
+        Same as :func:`wait_settled`.
+    """
+    policy = _wait_policy(task_id, timeout_s, poll_s)
+    result: TaskInfo = await tenacity.AsyncRetrying(**policy)(get, task_id)
+    return result
+
+
+def _wait_policy(task_id: str, timeout_s: float | None, poll_s: float) -> dict[str, Any]:
+    """The tenacity arguments of a wait (one policy for :func:`wait_settled` and
+    :func:`wait_settled_async`), the arguments checked first."""
     for label, value in (("timeout_s", timeout_s), ("poll_s", poll_s)):
         if value is None and label == "timeout_s":
             continue
@@ -186,12 +206,11 @@ def wait_settled(get: Callable[[str], TaskInfo], task_id: str, timeout_s: float 
             f"task {task_id} is {where} after {timeout_s} s (is a worker running for it?)"
         )
 
-    poller = tenacity.Retrying(
-        retry=tenacity.retry_if_result(
-            lambda info: not (info.terminal or info.state is State.UNKNOWN)
-        ),
-        wait=until_deadline,
-        stop=tenacity.stop_never if timeout_s is None else tenacity.stop_after_delay(timeout_s),
-        retry_error_callback=timed_out,
-    )
-    return poller(get, task_id)
+    return {
+        "retry": tenacity.retry_if_result(
+            lambda info: not (info.terminal or info.state is State.UNKNOWN)),
+        "wait": until_deadline,
+        "stop": (tenacity.stop_never if timeout_s is None
+                 else tenacity.stop_after_delay(timeout_s)),
+        "retry_error_callback": timed_out,
+    }

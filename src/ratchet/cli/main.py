@@ -3,8 +3,8 @@ the app, its commands in the order ``ratchet --help`` lists them, and the entry 
 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
 ``late-effects``, ``replay``, ``check``, ``reconcile``, ``resolve``, ``cancel``, ``retry``,
-``compensate``,
-``send-event``, ``pause``, ``resume``, ``limits`` (``set``, ``clear``), ``quarantine``
+``compensate``, ``fork``, ``send-event``, ``pause``, ``resume``, ``limits`` (``set``,
+``clear``), ``quarantine``
 (``list``, ``replay``), ``definitions``, ``schedules``, ``prune``, ``serve``, ``relay``,
 ``migrate``, ``demo``, ``crash-matrix``; ``ratchet --version``. Every command takes
 ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``;
@@ -46,6 +46,7 @@ from . import (
     definitions,
     demo,
     events,
+    fork,
     migrate,
     pausing,
     prune,
@@ -116,6 +117,7 @@ for _name, _command in (
     ("cancel", actions.cancel),
     ("retry", actions.retry),
     ("compensate", actions.compensate),
+    ("fork", fork.fork),
     ("send-event", events.send_event),
     ("pause", pausing.pause),
     ("resume", pausing.resume),

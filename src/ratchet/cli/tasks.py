@@ -275,6 +275,15 @@ def _print_timeline(tl: TaskTimeline, now: float, with_traceback: bool = False,
         else:
             out.print(line("parent: ", (t.parent_id, ""), " (", (parent.name, ""), ", ",
                            (parent.state, "bold"), ")"))
+    if tl.forked_from is not None:
+        f = tl.forked_from
+        out.print(line(("forked from", "bold"), " ", (f.source_id, ""), " at step ",
+                       (f.from_step, ""), f" (version {f.source_version} -> {f.version}) by ",
+                       (f.by, ""), ": ", (f.reason, "")))
+    if tl.forks:
+        out.print(line(("forks", "bold"), ": ", (", ".join(
+            f"{f.task_id} (at step {f.from_step}, version {f.version})" for f in tl.forks),
+            "")))
     if t.state is State.WAITING:
         out.print(line(("waiting", "bold"), " for: ",
                        (t.waiting_for or "(not recorded)", ""),
@@ -371,7 +380,8 @@ def inspect(
     Params, result, last error (its type and the first line of its message; --traceback
     for the rest); claims, steps, effects, retries, stale rejections and operator actions
     in order; its parent, what it waits for (WAITING: a sleep's deadline, an event, its
-    children) and the children it submitted, with their states. Each ctx.batches run:
+    children) and the children it submitted, with their states; the task it was forked
+    from (ratchet fork) and the tasks forked from it. Each ctx.batches run:
     watermark / total (percent), counts, batches committed above the watermark, rate
     (items/s) and ETA; a shard's index / count; a sharded job's shard count and each
     shard's progress on one line (--json: batches, shards, shard_batches).

@@ -32,6 +32,7 @@ share in :mod:`ratchet.app._taskops`, the ledger handles in :mod:`ratchet.contro
 read calls in :mod:`ratchet.control._reads`, the writes in :mod:`ratchet.control._writes`,
 the rate limits in :mod:`ratchet.control._flow` and the views of flow control in
 :mod:`ratchet.control._flowviews`, the outbox in :mod:`ratchet.control._outbox`,
+forks in :mod:`ratchet.control._fork`,
 the argument checks in :mod:`ratchet.app._checks`. This module puts them together and is the
 import path: every name below stays importable from here.
 """
@@ -45,6 +46,7 @@ from ..app._taskops import TaskPage
 from ..capacity import ALL_TYPES, LimitReached, TypeStatusView
 from ..ledger.base import (
     BATCH_EFFECT_PREFIX,
+    FORK_AT_END,
     LATE_ACCOUNTED_FOR,
     LATE_POSSIBLE_DUPLICATE,
     AuditEvent,
@@ -53,6 +55,8 @@ from ..ledger.base import (
     EffectRecord,
     EffectState,
     EventReceipt,
+    ForkLinks,
+    ForkRecord,
     PauseRecord,
     PauseResult,
     PruneReport,
@@ -72,6 +76,7 @@ from ..states import State as State
 from ._batches import BatchProgress, ConservationLine, ConservationReport, ControlBatches
 from ._flow import ControlFlow
 from ._flowviews import QueueStatusView, RateLimitView, TypeFlowView
+from ._fork import ControlFork
 from ._outbox import ControlOutbox
 from ._records import (
     EffectPage,
@@ -117,6 +122,9 @@ __all__ = [
     "EffectState",
     "EffectView",
     "EventReceipt",
+    "FORK_AT_END",
+    "ForkLinks",
+    "ForkRecord",
     "LATE_ACCOUNTED_FOR",
     "LATE_POSSIBLE_DUPLICATE",
     "LateEffectView",
@@ -157,7 +165,7 @@ __all__ = [
 ]
 
 
-class Control(ControlWrites, ControlBatches, ControlFlow, ControlOutbox):
+class Control(ControlWrites, ControlBatches, ControlFlow, ControlOutbox, ControlFork):
     """Operator operations on one ledger.
 
     Args:

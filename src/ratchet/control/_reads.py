@@ -248,8 +248,8 @@ class ControlReads(ControlHandles):
         return self._reader().schema_version()
 
     def inspect(self, task_id: str) -> TaskTimeline:
-        """The task with its audit events, steps, effects, children and ``ctx.batches``
-        runs (a sharded job's: its shards' runs too) (``ratchet inspect``).
+        """The task with its audit events, steps, effects, children, ``ctx.batches``
+        runs (a sharded job's: its shards' runs too) and fork links (``ratchet inspect``).
 
         Values that cannot be decoded are returned as
         :class:`~ratchet.serde.Undecodable` (their text and the reason), not raised.
@@ -265,7 +265,8 @@ class ControlReads(ControlHandles):
         shard_ids = [c.task_id for c in children if task_shard(c.params) is not None]
         return TaskTimeline.from_timeline(
             dataclasses.replace(timeline, task=task), children, led.batch_runs([tid]),
-            shards, led.batch_runs(shard_ids) if shards is not None and shard_ids else ())
+            shards, led.batch_runs(shard_ids) if shards is not None and shard_ids else (),
+            led.fork_links(tid))
 
     def late_effects(self, task_id: str | None = None, limit: int = 100) -> list[LateEffectView]:
         """Calls that stale holders sent after their claim was taken over, newest first:

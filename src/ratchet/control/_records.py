@@ -29,6 +29,8 @@ from ..ledger.base import (
     BatchRun,
     EffectRecord,
     EffectState,
+    ForkLinks,
+    ForkRecord,
     LateEffect,
     QuarantineGroup,
     ReplayedTask,
@@ -311,6 +313,9 @@ class TaskTimeline:
         shard_batches: a sharded job's shards' runs (each one's ``task_id`` is the shard
             task, a child whose ``params["ratchet:shard"]`` gives its index); empty unless
             the task is a sharded job.
+        forked_from: the fork that made this task (``ratchet fork``: the original, the
+            step, who and why), or None.
+        forks: the tasks forked from this one, oldest first.
     """
 
     task: TaskInfo
@@ -322,15 +327,19 @@ class TaskTimeline:
     batches: list[BatchProgress] = field(default_factory=list)
     shards: int | None = None
     shard_batches: list[BatchProgress] = field(default_factory=list)
+    forked_from: ForkRecord | None = None
+    forks: list[ForkRecord] = field(default_factory=list)
 
     @classmethod
     def from_timeline(cls, tl: Timeline, children: Sequence[TaskInfo] = (),
                       batches: Sequence[BatchRun] = (), shards: int | None = None,
-                      shard_batches: Sequence[BatchRun] = ()) -> TaskTimeline:
+                      shard_batches: Sequence[BatchRun] = (),
+                      links: ForkLinks | None = None) -> TaskTimeline:
         """The view of the ledger's :class:`~ratchet.ledger.base.Timeline`: the same
         fields, each step, effect and late effect decoded; ``children``: the task's
         children as the ledger read them; ``batches``: its batch runs; ``shards`` and
-        ``shard_batches``: a sharded job's shard count and its shards' runs."""
+        ``shard_batches``: a sharded job's shard count and its shards' runs; ``links``:
+        its fork links."""
         effects = list(tl.effects)
         return cls(
             **_copy(tl, _TIMELINE_COPIED), events=list(tl.events),
@@ -341,6 +350,8 @@ class TaskTimeline:
             children=list(children),
             batches=[BatchProgress.from_run(r) for r in batches], shards=shards,
             shard_batches=[BatchProgress.from_run(r) for r in shard_batches],
+            forked_from=links.forked_from if links is not None else None,
+            forks=list(links.forks) if links is not None else [],
         )
 
 

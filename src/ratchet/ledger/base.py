@@ -25,6 +25,7 @@ This module gathers the contract's names in one place; they live in modules by c
   relays, failing messages);
 * :mod:`~ratchet.ledger.records_registry`: the worker and definition registries;
 * :mod:`~ratchet.ledger.records_relay`: the outbox relay's partition leases and rows;
+* :mod:`~ratchet.ledger.records_fork`: a fork of a task from a step and its links;
 * :mod:`~ratchet.ledger.records_schedules`: periodic schedules, their cursors and a
   scheduler pass;
 * :mod:`~ratchet.ledger.protocol`: the :class:`Ledger` Protocol, made of
@@ -64,6 +65,7 @@ from .records_claims import (
     claim_kinds,
 )
 from .records_flow import FlowCount, RateLimitSetting
+from .records_fork import FORK_AT_END, ForkLinks, ForkRecord
 from .records_ops import (
     ControlOutcome,
     ControlRequest,
@@ -148,6 +150,9 @@ __all__ = [
     "FOREVER",
     "EventReceipt",
     "FlowCount",
+    "FORK_AT_END",
+    "ForkLinks",
+    "ForkRecord",
     "WaitInfo",
     "WaitSpec",
     "Claim",

@@ -37,6 +37,8 @@ from .base import (
     EffectRecord,
     EventReceipt,
     FlowCount,
+    ForkLinks,
+    ForkRecord,
     LateEffect,
     LedgerStats,
     Limit,
@@ -75,6 +77,7 @@ from .ops.commands import Commands
 from .ops.commit import Commits
 from .ops.core import EngineCore
 from .ops.emit import Emit
+from .ops.fork import Forks
 from .ops.late_effects import LateEffects
 from .ops.limits import MAX_LIMIT as MAX_LIMIT
 from .ops.limits import Limits
@@ -126,6 +129,7 @@ class LedgerEngine:
         self._commits = Commits(core, self._claims)
         self._steps = TransactionSteps(core)
         self._commands = Commands(core)
+        self._forks = Forks(core)
         self._pauses = Pauses(core)
         self._quarantine = Quarantine(core)
         self._limits = Limits(core)
@@ -263,6 +267,16 @@ class LedgerEngine:
     def compensate(self, task_id: str, reason: str, operator: str) -> ControlOutcome:
         """See :meth:`Ledger.compensate`."""
         return self._commands.compensate(task_id, reason, operator)
+
+    def fork(self, task_id: str, from_step: str, new_task_id: str, version: int | None,
+             reason: str, operator: str, known_versions: Sequence[int] = ()) -> ForkRecord:
+        """See :meth:`Ledger.fork` (:class:`~ratchet.ledger.ops.fork.Forks`)."""
+        return self._forks.fork(task_id, from_step, new_task_id, version, reason, operator,
+                                known_versions)
+
+    def fork_links(self, task_id: str) -> ForkLinks:
+        """See :meth:`Ledger.fork_links`."""
+        return self._forks.fork_links(task_id)
 
     # ------------------------------------------------------------------ workflows
 

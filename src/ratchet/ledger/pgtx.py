@@ -16,13 +16,14 @@ from ..errors import WriteRejected
 from ..serde import dumps_rows
 from .catalogue import load_catalogue
 from .clock import ClockFn
+from .loopbridge import LoopConnection, LoopCursor
 
 __all__ = ["NOW_EXPR", "SAVEPOINT", "PgTx"]
 
 SAVEPOINT = "ratchet_join"
 """The savepoint a joined transaction's statements run under (:meth:`PgTx.joined`)."""
 
-Cursor = psycopg.Cursor[tuple[Any, ...]]
+Cursor = psycopg.Cursor[tuple[Any, ...]] | LoopCursor
 
 NOW_EXPR = "(" + load_catalogue("postgresql")["now"][0].removeprefix("SELECT ") + ")"
 """The ledger clock as an SQL expression (the catalogue's ``now`` statement): the
@@ -49,17 +50,23 @@ class PgTx:
 
     ``prelude``: the statements the first group starts with instead of ``BEGIN`` (a joined
     transaction's savepoint and ``search_path``, :meth:`joined`).
+
+    ``conn`` may also be a caller's ``AsyncConnection`` seen from a worker thread
+    (:class:`~ratchet.ledger.loopbridge.LoopConnection`, joined transactions only): the
+    same statements, each sent on the caller's event loop.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any],
+    def __init__(self, conn: psycopg.Connection[Any] | LoopConnection,
                  catalogue: Mapping[str, tuple[str, ...]], clock: ClockFn | None = None,
                  prelude: Sequence[str] = ("BEGIN",)) -> None:
         self._prelude = list(prelude)
         self._conn = conn
         self._clock = clock
         # Tuples whatever row factory a caller's joined connection has.
-        self._raw = conn.cursor(row_factory=psycopg.rows.tuple_row)
-        self._binder = psycopg.ClientCursor(conn)
+        self._raw: Cursor = conn.cursor(row_factory=psycopg.rows.tuple_row)
+        self._binder: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any] = (
+            psycopg.AsyncClientCursor(conn.target) if isinstance(conn, LoopConnection)
+            else psycopg.ClientCursor(conn))
         self.catalogue = catalogue
         self._now: float | None = None
         self._deferred: list[str] = []
@@ -70,13 +77,15 @@ class PgTx:
         """The wake-up channels (:meth:`wake`) this transaction's commit notifies."""
 
     @classmethod
-    def joined(cls, conn: psycopg.Connection[Any], catalogue: Mapping[str, tuple[str, ...]],
-               schema: str, clock: ClockFn | None = None) -> PgTx:
+    def joined(cls, conn: psycopg.Connection[Any] | LoopConnection,
+               catalogue: Mapping[str, tuple[str, ...]], schema: str,
+               clock: ClockFn | None = None) -> PgTx:
         """A transaction inside the caller's open transaction on ``conn``: its statements
         run under :data:`SAVEPOINT` with ``search_path`` set to the ledger's ``schema``
         (``SET LOCAL``). End it with :meth:`release` (the caller's ``search_path`` put
         back; nothing commits until the caller commits) or :meth:`rollback_joined`."""
-        ident = psycopg.sql.Identifier(schema).as_string(conn)
+        ident = psycopg.sql.Identifier(schema).as_string(
+            conn.target if isinstance(conn, LoopConnection) else conn)
         # pg_temp named last: else it is searched first, and a caller's temporary table
         # named like a ledger table would take the rows instead of the ledger.
         return cls(conn, catalogue, clock, prelude=(
@@ -94,6 +103,7 @@ class PgTx:
     @property
     def conn(self) -> psycopg.Connection[Any]:
         """The connection this transaction runs on (transaction steps' user code)."""
+        assert isinstance(self._conn, psycopg.Connection), "a caller's async connection"
         return self._conn
 
     @property

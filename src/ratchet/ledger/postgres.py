@@ -77,6 +77,7 @@ from .catalogue import load_catalogue
 from .clock import ClockFn
 from .dialect import CommitOutcomeUnknown
 from .engine import LedgerEngine
+from .loopbridge import LoopConnection, target_of
 from .migrations import load_migrations
 from .pgpool import make_pool
 from .pgtx import PgTx
@@ -404,10 +405,14 @@ class PostgresDialect:
         with ``search_path`` set to the ledger's schema for its statements and put back
         after them; its NOTIFYs are delivered when the caller commits (PostgreSQL sends
         them at commit, and drops them on rollback). A connection outside a transaction
-        (not autocommit) begins one, as its next statement would.
+        (not autocommit) begins one, as its next statement would. A psycopg
+        ``AsyncConnection`` comes bridged from its event loop
+        (:class:`~ratchet.ledger.loopbridge.LoopConnection`, ``App.submit_async``): the
+        same checks and statements, each sent on the caller's loop.
 
         Raises:
-            InvalidArguments: not a psycopg 3 ``Connection``, a closed one, one in
+            InvalidArguments: not a psycopg 3 ``Connection`` (or a bridged
+                ``AsyncConnection``), a closed one, one in
                 autocommit mode outside a transaction, in pipeline mode, one whose
                 transaction already failed, or one on another database or server (its
                 schema holds no ledger, or another one: ``ledger_identity`` differs).
@@ -416,12 +421,21 @@ class PostgresDialect:
             LedgerUnavailable, WriteRejected, LedgerError: as :meth:`run` (never retried:
                 the transaction is the caller's); the savepoint is rolled back.
         """
-        if not isinstance(connection, psycopg.Connection):
+        bridged = (isinstance(connection, LoopConnection)
+                   and isinstance(connection.target, psycopg.AsyncConnection))
+        if not bridged and not isinstance(connection, psycopg.Connection):
+            given = target_of(connection)
+            hint = ("; an AsyncConnection is joined by `await app.submit_async(...)` (or "
+                    "`submit_many_async`, `emit_async`)"
+                    if isinstance(given, psycopg.AsyncConnection) else
+                    "; from an AsyncSession: (await (await session.connection())"
+                    ".get_raw_connection()).driver_connection, a psycopg AsyncConnection"
+                    if isinstance(connection, LoopConnection) else "")
             raise InvalidArguments(
-                "connection= on a PostgreSQL ledger takes a psycopg 3 Connection (not an "
-                "AsyncConnection) on the ledger's database, got "
-                f"{type(connection).__module__}.{type(connection).__qualname__} (from "
-                "SQLAlchemy: session.connection().connection.driver_connection)")
+                "connection= on a PostgreSQL ledger takes a psycopg 3 Connection on the "
+                "ledger's database, got "
+                f"{type(given).__module__}.{type(given).__qualname__} (from "
+                f"SQLAlchemy: session.connection().connection.driver_connection){hint}")
         status = connection.info.transaction_status
         if connection.closed or connection.broken:
             raise InvalidArguments("connection= is closed")
@@ -438,7 +452,8 @@ class PostgresDialect:
             raise InvalidArguments(
                 "connection= is in pipeline mode: submit or emit outside the "
                 "conn.pipeline() block (Ratchet's statements need their results)")
-        identity = sql.Identifier(self.schema, "ledger_identity").as_string(connection)
+        identity = sql.Identifier(self.schema, "ledger_identity").as_string(
+            target_of(connection))
         try:
             with connection.cursor(row_factory=psycopg.rows.tuple_row) as cur:
                 found = cur.execute("SELECT current_setting('search_path'), to_regclass(%s)",

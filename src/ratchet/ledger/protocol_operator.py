@@ -10,6 +10,7 @@ from typing import Protocol, runtime_checkable
 from .protocol_handle import LedgerHandle
 from .records_batches import BatchActivity, BatchRun
 from .records_flow import FlowCount, RateLimitSetting
+from .records_fork import ForkLinks, ForkRecord
 from .records_ops import (
     ControlOutcome,
     Limit,
@@ -122,6 +123,48 @@ class OperatorLedger(LedgerHandle, Protocol):
         Raises:
             TaskNotFound: no such task.
         """
+        ...
+
+    def fork(self, task_id: str, from_step: str, new_task_id: str, version: int | None,
+             reason: str, operator: str, known_versions: Sequence[int] = ()) -> ForkRecord:
+        """Make the task ``new_task_id`` from ``task_id``'s history up to, not including,
+        its checkpoint stored as ``from_step`` (DESIGN §8, fork), audited ``forked`` on
+        both tasks with operator and reason, in one transaction.
+
+        The new task has the source's name, params, queue, priority, tenant, attempts and
+        lease; it pins ``version`` (None: the source's), is ``PENDING`` (``WAITING`` for
+        its concurrency key slot when it has one) with no attempt spent, and its
+        generation is the source's + 1. Its steps and effects are copies of the source's
+        at positions below the fork point, in the state they were in; the source is not
+        changed. The link is a ``forks`` row (:meth:`fork_links`).
+
+        Args:
+            task_id: the source; it must have ended ``SUCCEEDED``, ``FAILED`` or
+                ``CANCELLED``.
+            from_step: a stored checkpoint name of the source (``name``: its first
+                occurrence, ``name#N``: the N-th; a step or an effect; an emit is the step
+                ``ratchet:emit:<topic>``), or ``FORK_AT_END`` (``"ratchet:end"``: after the
+                last recorded checkpoint, where a step that failed starts).
+            new_task_id: the id of the new task.
+            version: the definition version the fork pins, or None for the source's.
+            known_versions: versions of the source's name the caller's app defines,
+                accepted besides those a worker registered in ``definitions``.
+
+        Returns:
+            the link (:class:`~ratchet.ledger.base.ForkRecord`).
+
+        Raises:
+            TaskNotFound: no such task.
+            InvalidArguments: the source has not ended (or was compensated), no
+                checkpoint ``from_step`` (the message lists the recorded ones, in order),
+                an unknown or malformed version.
+            SchemaTooOld: the ledger has no ``forks`` table (below schema 17).
+        """
+        ...
+
+    def fork_links(self, task_id: str) -> ForkLinks:
+        """The fork that made ``task_id`` and the forks made from it, oldest first (empty
+        on a ledger below schema 17; no error for an unknown task)."""
         ...
 
     def children(self, task_id: str) -> list[TaskInfo]:

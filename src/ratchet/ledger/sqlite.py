@@ -62,6 +62,7 @@ from .base import Subscription
 from .catalogue import load_catalogue
 from .clock import ClockFn
 from .engine import LedgerEngine
+from .loopbridge import target_of
 from .migrations import load_migrations, split_statements
 from .sqlitefile import EMPTY_DETAIL, FILE_CHECK_S, MAGIC, create_whole, file_identity, file_problem
 from .sqlitetx import SQLiteTx
@@ -539,14 +540,23 @@ class SQLiteDialect:
                 transaction is as before the call (the savepoint rolled back).
         """
         if not isinstance(connection, sqlite3.Connection):
+            given = target_of(connection)
             raise InvalidArguments(
                 f"connection= on a SQLite ledger takes the sqlite3.Connection of your "
                 f"transaction on the ledger's file {self.path!r}, got "
-                f"{type(connection).__module__}.{type(connection).__qualname__} (from "
+                f"{type(given).__module__}.{type(given).__qualname__} (from "
                 "SQLAlchemy: session.connection().connection.driver_connection)")
         try:
             files = {name: path for _, name, path in
                      connection.execute("PRAGMA database_list").fetchall()}
+        except sqlite3.ProgrammingError as exc:
+            if "thread" in str(exc):
+                raise InvalidArguments(
+                    "connection= was opened in another thread, and sqlite3 connections are "
+                    "bound to theirs (submit_async writes in a worker thread): open it with "
+                    "sqlite3.connect(..., check_same_thread=False) and use it from one "
+                    "task at a time") from None
+            raise InvalidArguments(f"connection= cannot be read: {exc}") from None
         except sqlite3.Error as exc:
             raise InvalidArguments(f"connection= cannot be read: {exc}") from None
         main = files.get("main") or ""

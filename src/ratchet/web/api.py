@@ -60,6 +60,7 @@ from ..control import (
     ControlOutcome,
     DefinitionView,
     EventReceipt,
+    ForkRecord,
     LateEffectView,
     LimitsReport,
     PauseRecord,
@@ -99,6 +100,7 @@ from .models import (
     ErrorBody,
     EventBody,
     FieldError,
+    ForkBody,
     HealthBody,
     PauseBody,
     ReplayBody,
@@ -632,6 +634,17 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                    ) -> ControlOutcome:
         return _unchanged_is_conflict(control.compensate(task_id, reason=body.reason,
                                                          by=operator))
+
+    @api.post("/tasks/{task_id}/fork", status_code=201, response_model=ForkRecord,
+              responses=_errors(401, 404, 408, 413, 422, 503),
+              summary="Fork an ended task from a step: a new task, linked to it")
+    def fork(task_id: TaskId, body: ForkBody, operator: Operator) -> ForkRecord:
+        new_id = control.fork(task_id, body.from_step, version=body.version,
+                              reason=body.reason, by=operator)
+        record = control.fork_links(new_id).forked_from
+        if record is None:  # written in the fork's own transaction: never
+            raise ApiError(500, INTERNAL.code, f"fork {new_id} has no link")
+        return record
 
     @api.post("/events", status_code=201, response_model=EventReceipt,
               responses={200: {"model": EventReceipt,

@@ -8,7 +8,8 @@ token they are open; ``/login`` and ``/static`` are always open):
   backlog and the running), backlog, rates, drain ETA, oldest pending age, unknown and
   quarantined, a chart of arrivals vs completions;
 * ``/tasks`` a filtered, paginated task list; ``/tasks/{id}`` one task's timeline, its
-  parent, what it waits for, the tree of its children with their states, and a progress
+  parent, the task it was forked from and its forks, what it waits for, the tree of its
+  children with their states, and a progress
   bar per batch run (a sharded job: per shard, :mod:`ratchet.web.batchview`);
 * ``/unknown`` the ``UNKNOWN`` queue with resolve forms;
 * ``/quarantine`` quarantined tasks by error fingerprint, a dry-run replay, a replay;

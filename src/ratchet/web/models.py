@@ -33,6 +33,7 @@ __all__ = [
     "ErrorBody",
     "EventBody",
     "FieldError",
+    "ForkBody",
     "HealthBody",
     "PauseBody",
     "ReplayBody",
@@ -137,6 +138,19 @@ class CompensateBody(_Body):
     """``POST /api/tasks/{task_id}/compensate``: undo a ``FAILED`` task's completed
     effects."""
 
+    reason: Reason
+
+
+class ForkBody(_Body):
+    """``POST /api/tasks/{task_id}/fork``: a new task from an ended task's history before
+    one of its checkpoints (``Control.fork``)."""
+
+    from_step: Annotated[Key, Field(min_length=1, description=(
+        "The stored checkpoint name to run again from (name: its first occurrence; "
+        "name#N: the N-th; ratchet:end: after the last recorded one)."))]
+    version: int | None = Field(
+        default=None, ge=1, le=MAX_VERSION,
+        description="Definition version the fork pins (default: the original's).")
     reason: Reason
 
 

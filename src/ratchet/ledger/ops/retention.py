@@ -178,6 +178,7 @@ def _prune_batch(
         batch["effects"] = tx.execute("prune_effects", {"ids": ids})
         batch["late_effects"] = tx.execute("prune_late_effects", {"ids": ids})
         tx.execute("prune_batch_runs", {"ids": ids})  # counted with the task
+        tx.execute("prune_forks", {"ids": ids})  # counted with the task
         audit_rows = PRUNE_AUDIT.all(tx, {"ids": ids})
         batch["audit"] = len(audit_rows)
         # The rollup counts tasks finished before the mark: those leave it; audit kinds

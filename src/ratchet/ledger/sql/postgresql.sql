@@ -1219,6 +1219,10 @@ DELETE FROM steps AS s USING unnest(%(ids)s::text[]) AS u(id) WHERE s.task_id = 
 -- name: prune_effects
 DELETE FROM effects AS e USING unnest(%(ids)s::text[]) AS u(id) WHERE e.task_id = u.id;
 
+-- name: prune_forks
+-- A pruned fork's link goes with it (the original's link rows stay with their forks).
+DELETE FROM forks AS f USING unnest(%(ids)s::text[]) AS u(id) WHERE f.task_id = u.id;
+
 -- name: prune_batch_runs
 DELETE FROM batch_runs AS b USING unnest(%(ids)s::text[]) AS u(id) WHERE b.task_id = u.id;
 

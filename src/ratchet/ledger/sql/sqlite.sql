@@ -1223,6 +1223,10 @@ DELETE FROM effects WHERE task_id IN (SELECT value FROM json_each(:ids));
 -- name: prune_late_effects
 DELETE FROM late_effects WHERE task_id IN (SELECT value FROM json_each(:ids));
 
+-- name: prune_forks
+-- A pruned fork's link goes with it (the original's link rows stay with their forks).
+DELETE FROM forks WHERE task_id IN (SELECT value FROM json_each(:ids));
+
 -- name: prune_batch_runs
 DELETE FROM batch_runs WHERE task_id IN (SELECT value FROM json_each(:ids));
 

@@ -1,0 +1,1 @@
+"""Management commands of :mod:`ratchet.contrib.django`."""

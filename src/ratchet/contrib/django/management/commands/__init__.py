@@ -1,0 +1,1 @@
+"""``manage.py ratchet_worker`` and ``manage.py ratchet_migrate``."""

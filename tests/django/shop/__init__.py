@@ -1,0 +1,1 @@
+"""The test project's own app: an Order model."""
