@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import replayapp
 
-from ratchet import App, State, TaskNotFound, UnknownTask
+from ratchet import App, Control, State, TaskNotFound, UnknownTask
+from ratchet.control import FORK_AT_END
 from ratchet.testing import (
     CountingService,
     ReplayReport,
@@ -123,6 +124,23 @@ def test_a_failed_history_tells_what_the_fixed_code_would_call_next(
     assert audit.divergence is None and audit.history_end is None
     assert not audit.reproduced and audit.result == {"seen": 5}
     assert "the recorded run has not succeeded (FAILED)" in str(audit)
+    assert service.executions() == before
+
+
+def test_a_fork_with_the_fixed_version_replays_and_reproduces(
+        recorded: tuple[App, dict[str, str]], service: CountingService) -> None:
+    app, ids = recorded
+    with Control(app=app) as control:
+        fork_id = control.fork(ids["pipeline"], FORK_AT_END, version=2,
+                               reason="step three fixed")
+    with running_worker(app, concurrency=1):
+        wait_for("the fork to succeed", lambda: app.get(fork_id).state is State.SUCCEEDED,
+                 timeout_s=60)
+    before = service.executions()
+    assert before == {"charge:o-17": 1, "two:4": 1}  # the fork did not call 'two' again
+    report = replay(app, fork_id)
+    assert report.reproduced, str(report)
+    assert (report.version, report.positions, report.recorded_positions) == (2, 3, 3)
     assert service.executions() == before
 
 
