@@ -34,6 +34,7 @@ NEEDS_REASON = {
     ("cancel",): ["t-1"],
     ("retry",): ["t-1"],
     ("compensate",): ["t-1"],
+    ("fork",): ["t-1", "--from-step", "a"],
     ("pause",): ["--type", "why.echo"],
     ("resume",): ["--type", "why.echo"],
     ("limits", "set"): ["--type", "why.echo", "--max", "2"],

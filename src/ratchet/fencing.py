@@ -53,8 +53,17 @@ What each database guarantees:
   busy timeout) until it resumes and commits; its commit then happened before the new
   holder's, whose done-marker check sees it: still exactly once.
 
+Forks (``ratchet fork``): the fence and the done markers are keyed by the task's
+*lineage id* (``ctx.lineage_id``: the first task of its chain of forks, the task's own id
+when it is not a fork), not by its task id. A fork therefore finds the original's done
+markers (a fenced step the original committed, before or after the fork point, returns the
+recorded result in the fork and is not run again) and its tokens are compared against the
+original's (a fork's generation starts above every task of its lineage). The ``task_id``
+columns hold lineage ids. A holder without ``lineage_id`` is keyed by its ``task_id``.
+
 Keep the rows of ``ratchet_fences``: they are what rejects a stale holder. Delete a task's
-rows only once no holder of it can still be alive (long after it finished).
+rows only once no holder of it can still be alive (long after it finished; for a lineage,
+once none of its tasks can be forked or retried any more).
 """
 
 from __future__ import annotations
@@ -77,6 +86,7 @@ __all__ = [
     "StaleFencingToken",
     "advance_fence",
     "create_fence_tables",
+    "fence_key",
     "fence_tables_ddl",
     "fenced_step",
 ]
@@ -151,7 +161,9 @@ class StaleFencingToken(TokenRejected):
 
 
 class FencingHolder(Protocol):
-    """What the fence needs from its caller: a :class:`~ratchet.TaskContext` has both."""
+    """What the fence needs from its caller: a :class:`~ratchet.TaskContext` has both (and
+    ``lineage_id``, read with ``getattr``: the fence's key when present, else
+    ``task_id``)."""
 
     @property
     def task_id(self) -> str: ...
@@ -230,8 +242,16 @@ def create_fence_tables(conn: Any) -> None:
             _run(conn, statement, ())
 
 
+def fence_key(holder: FencingHolder) -> str:
+    """The key of ``holder``'s fence and done markers: its ``lineage_id`` (a fork shares
+    its original's), or its ``task_id`` when it has none."""
+    lineage = getattr(holder, "lineage_id", None)
+    return str(lineage) if lineage else str(holder.task_id)
+
+
 def advance_fence(conn: Any, holder: FencingHolder) -> int:
-    """Advance ``holder.task_id``'s fence to ``holder.fencing_token``, inside the caller's
+    """Advance the fence of ``holder``'s lineage (:func:`fence_key`: ``holder.task_id``
+    unless it is a fork) to ``holder.fencing_token``, inside the caller's
     open transaction on ``conn``; call it before the transaction's other writes.
 
     The conditional upsert changes 0 rows when the stored token is higher: a stale holder
@@ -256,7 +276,7 @@ def advance_fence(conn: Any, holder: FencingHolder) -> int:
             transaction that writes).
         TypeError: another kind of connection.
     """
-    task_id = str(holder.task_id)
+    task_id = fence_key(holder)
     token = int(holder.fencing_token)
     try:
         changed = _run(conn, _ADVANCE, (task_id, token)).rowcount
@@ -343,12 +363,13 @@ def fenced_step(
     idle_timeout_s: float | None = 10.0,
     **kwargs: Any,
 ) -> Any:
-    """Run ``fn(conn, *args, **kwargs)`` at most once per task and step, fenced, in one
-    transaction of ``conn``'s database; return its JSON result (the stored one if an
-    earlier holder of the task already committed this step).
+    """Run ``fn(conn, *args, **kwargs)`` at most once per task (per fork lineage:
+    :func:`fence_key`) and step, fenced, in one transaction of ``conn``'s database; return
+    its JSON result (the stored one if an earlier holder of the task, or of a task of its
+    lineage, already committed this step).
 
     In one transaction (begun and committed here; rolled back if anything raises):
-    :func:`advance_fence`, then the done-marker lookup for ``(task_id, stored name)``;
+    :func:`advance_fence`, then the done-marker lookup for ``(fence key, stored name)``;
     found: its stored result is returned and ``fn`` is not called; else ``fn`` runs and its
     result is recorded as the marker with the writes it made.
 
@@ -393,7 +414,8 @@ def fenced_step(
     stored_name, consume = _stored_name(holder, name)
     with _transaction(conn, idle_timeout_s):
         token = advance_fence(conn, holder)
-        done = _run(conn, _DONE, (holder.task_id, stored_name)).fetchone()
+        key = fence_key(holder)
+        done = _run(conn, _DONE, (key, stored_name)).fetchone()
         if done is not None:
             result_json = str(done[0])
         else:
@@ -405,6 +427,6 @@ def fenced_step(
                     "the transaction it was given, so its writes and the step's done marker "
                     "can no longer commit together (what it committed stays; nothing of "
                     "the step was recorded); do not commit or roll back in fn")
-            _run(conn, _RECORD, (holder.task_id, stored_name, token, result_json))
+            _run(conn, _RECORD, (key, stored_name, token, result_json))
     consume()
     return loads(result_json, f"stored result of fenced step {stored_name!r}")

@@ -70,7 +70,10 @@ def test_fork_runs_the_rest_with_the_fixed_version(ledger_url: str, tmp_path: Pa
                 source = control.inspect(handle.task_id)
                 messages = control.outbox_messages(100, topic="orders")
             assert [m.task_id for m in messages] == [handle.task_id]  # not emitted again
-            assert [s.name for s in forked.steps] == ["load", "ratchet:emit:orders", "pack"]
+            # The reserved lineage step (no position) names the original.
+            assert [s.name for s in forked.steps] == [
+                "ratchet:lineage", "load", "ratchet:emit:orders", "pack"]
+            assert forked.steps[0].result == handle.task_id
             assert [e.name for e in forked.effects] == ["charge", "reserve", "ship"]
             assert forked.effects[0].result == before.effects[0].result
             assert forked.task.generation > original.generation
@@ -195,7 +198,8 @@ def test_bad_input_changes_nothing(ledger_url: str) -> None:
             assert control.fork_links(running.task_id).forks == ()
             # name#N is the N-th occurrence: the fork holds the first one only.
             fork_id = control.fork(running.task_id, "first#2", reason="second time")
-            assert [s.name for s in control.inspect(fork_id).steps] == ["first"]
+            assert [s.name for s in control.inspect(fork_id).steps] == [
+                "ratchet:lineage", "first"]
             assert control.fork_links(fork_id).forked_from is not None
         out = _cli("fork", running.task_id, "--from-step", "nope", "--reason", "r",
                    "--ledger", ledger_url)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ..control import Control, default_operator
+from ..loading import load_app
 from .guard import guard
 from .options import JsonOpt, LedgerOpt, OperatorOpt, ReasonOpt, TaskArg, require_reason
 from .render import console, echo_json, line
@@ -34,6 +35,13 @@ def fork(
     reason: ReasonOpt = None,
     operator: OperatorOpt = None,
     ledger: LedgerOpt = None,
+    app_spec: Annotated[
+        str | None,
+        typer.Option("--app", metavar="MODULE:APP",
+                     help="The application: its versions count as known, and the "
+                          "original's params are checked against the pinned version's "
+                          "signature as submit checks them."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fork an ended task from a step: a new task whose history is the original's up to,
@@ -44,12 +52,19 @@ def fork(
     original's) and is PENDING: steps and effects before the fork point replay their
     recorded results (not executed again); the rest runs with the pinned version, effects
     with the keys the code gives. Both tasks' inspect show the link. Prints the new task
-    id; exit status 0 when forked, 2 on an error (an unknown step lists the recorded ones).
+    id; exit status 0 when forked, 2 on an error (an unknown step lists the recorded ones;
+    another task of the original's fork lineage has not ended; with --app, params the
+    pinned version refuses).
     """
 
     def run() -> None:
         who = operator if operator is not None else default_operator()
-        with Control(ledger) as control:
+        app = None
+        if app_spec is not None:
+            app = load_app(app_spec)
+            if ledger is not None:
+                app.configure(ledger=ledger)
+        with (Control(app=app) if app is not None else Control(ledger)) as control:
             new_id = control.fork(task_id, from_step, version=version,
                                   reason=require_reason(reason), by=who)
             record = control.fork_links(new_id).forked_from

@@ -3,13 +3,37 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..app import _checks as opchecks
 from ..app._submitting import new_task_id
+from ..app._taskdef import TaskDefinition
 from ..ledger.base import ForkLinks
-from ..validation import MAX_KEY_BYTES, MAX_VERSION, check_identifier, check_int
+from ..serde import dumps
+from ..validation import (
+    MAX_KEY_BYTES,
+    MAX_VERSION,
+    RESERVED_PREFIX,
+    check_identifier,
+    check_int,
+)
 from ._reads import ControlReads
 
 __all__ = ["ControlFork"]
+
+
+def _check_params(definition: TaskDefinition, params: Any) -> None:
+    """Check a task's params (decoded) against ``definition`` (the version a fork pins) as
+    submit does (:meth:`TaskDefinition.validate`), without the keys Ratchet adds itself
+    (a shard's place).
+
+    Raises:
+        InvalidArguments: the params do not fit the definition's signature (the message
+            names each field).
+    """
+    if isinstance(params, dict):
+        params = {k: v for k, v in params.items() if not k.startswith(RESERVED_PREFIX)}
+    definition.validate(dumps(params, what=f"params of task {definition.name!r}"))
 
 
 class ControlFork(ControlReads):
@@ -26,9 +50,14 @@ class ControlFork(ControlReads):
         copied checkpoints (steps before the fork point return their recorded values,
         effects before it are not called again) and runs the rest with the version it
         pins. Effects from the fork point on are called again, with the keys the code
-        gives (keys derived from the params are the same, so a target that honours keys
-        does not execute them twice); the fork's generation is above the original's, so a
-        fenced target accepts its tokens. Messages emitted before the fork point are not
+        gives: keys derived from the params are the same, so a target that honours keys
+        does not execute them twice; any other target may (a lookup-only target is not
+        asked first, a fenced target accepts the fork's tokens: its generation is above
+        every task of its lineage). The fork's ``ctx.lineage_id`` is the original's (its
+        lineage's first task), so :func:`ratchet.fencing.fenced_step` finds the original's
+        done markers and does not run a fenced step again. One task of a lineage runs at a
+        time: while one has not ended, a fork, ``retry`` or ``compensate`` of the others
+        is refused. Messages emitted before the fork point are not
         emitted again; those after it get ids derived from the new task id (unless the
         code passes ``message_id``).
 
@@ -42,7 +71,10 @@ class ControlFork(ControlReads):
                 recorded checkpoint. A step that failed is not recorded: to run it again
                 with the fix, fork from the end (or from an earlier checkpoint).
             version: the definition version the fork pins (default: the original's). It
-                must be one a worker registered, or one this Control's App defines.
+                must be one a worker registered, or one this Control's App defines. When
+                this Control has the App (``Control(app=...)``) and it defines that
+                version, the original's params are checked against its signature as
+                submit checks them.
             reason: why (required, audited).
             by: the operator (default: ``$USER`` / the login name).
 
@@ -53,7 +85,11 @@ class ControlFork(ControlReads):
             InvalidArguments: blank reason, malformed id, step name, version or operator;
                 the original has not ended (or was compensated); no checkpoint
                 ``from_step`` (the message lists the recorded ones in order); an unknown
-                version.
+                version; params the pinned version's signature refuses (checked when this
+                Control has the App).
+            IllegalTransition: another task of the original's fork lineage (an earlier
+                fork of it, the task it was forked from) has not ended: two tasks with
+                one history would run side by side.
             TaskNotFound: no such task. SchemaTooOld: the ledger cannot be migrated to
                 schema 17 by this caller. LedgerUnavailable: no ledger there.
         """
@@ -64,8 +100,12 @@ class ControlFork(ControlReads):
             check_int(version, "version", minimum=1, maximum=MAX_VERSION)
         known: list[int] = []
         if self._app is not None:
-            name = self._reader().get(tid).name
-            known = sorted(self._app.versions.get(name, {}))
+            task = self._reader().get(tid)
+            versions = self._app.versions.get(task.name, {})
+            known = sorted(versions)
+            definition = versions.get(task.version if version is None else version)
+            if definition is not None:
+                _check_params(definition, task.params)
         return self._writer().fork(tid, step, new_task_id(), version, why, who,
                                    known).task_id
 

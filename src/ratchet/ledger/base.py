@@ -65,7 +65,7 @@ from .records_claims import (
     claim_kinds,
 )
 from .records_flow import FlowCount, RateLimitSetting
-from .records_fork import FORK_AT_END, ForkLinks, ForkRecord
+from .records_fork import FORK_AT_END, LINEAGE_STEP, ForkLinks, ForkRecord
 from .records_ops import (
     ControlOutcome,
     ControlRequest,
@@ -153,6 +153,7 @@ __all__ = [
     "FORK_AT_END",
     "ForkLinks",
     "ForkRecord",
+    "LINEAGE_STEP",
     "WaitInfo",
     "WaitSpec",
     "Claim",

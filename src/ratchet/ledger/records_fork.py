@@ -5,12 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FORK_AT_END", "ForkLinks", "ForkRecord"]
+__all__ = ["FORK_AT_END", "LINEAGE_STEP", "ForkLinks", "ForkRecord"]
 
 FORK_AT_END = "ratchet:end"
 """The fork point after the last recorded checkpoint: the fork holds the whole history and
 runs what follows it with the version it pins (the step that failed is not recorded, so it
 cannot be named)."""
+
+LINEAGE_STEP = "ratchet:lineage"
+"""Name of the reserved step a fork holds (written by the fork, without a position, so it
+is no checkpoint of the code path and is loaded with every claim like the compensation
+markers): its result is the JSON string of the lineage id, the task id of the first task
+of the chain of forks (the original's lineage id when the original is itself a fork). A
+task without it is its own lineage. :mod:`ratchet.fencing` keys its fence and done markers
+by the lineage id, so a fork finds the original's."""
 
 
 @dataclass(frozen=True, slots=True)

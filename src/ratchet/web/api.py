@@ -636,7 +636,7 @@ def build_api(control: Control, settings: WebSettings) -> FastAPI:
                                                          by=operator))
 
     @api.post("/tasks/{task_id}/fork", status_code=201, response_model=ForkRecord,
-              responses=_errors(401, 404, 408, 413, 422, 503),
+              responses=_errors(401, 404, 408, 409, 413, 422, 503),
               summary="Fork an ended task from a step: a new task, linked to it")
     def fork(task_id: TaskId, body: ForkBody, operator: Operator) -> ForkRecord:
         new_id = control.fork(task_id, body.from_step, version=body.version,

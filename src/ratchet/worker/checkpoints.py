@@ -33,6 +33,7 @@ from ..errors import (
 from ..faults import point as fault_point
 from ..ledger.base import (
     COMPENSATING_STEP,
+    LINEAGE_STEP,
     Claim,
     CommitOutcome,
     EffectRecord,
@@ -50,6 +51,19 @@ from .writer import LedgerWriter, WriterStopped
 
 __all__ = ["EMIT_PREFIX", "Checkpoint", "CheckpointState", "ControlInterrupt", "HistoryEnd",
            "Shutdown", "StepKind", "describe_checkpoint", "occurrence_name"]
+
+
+
+def _lineage_id(task_id: str, stored: str | None) -> str:
+    """The lineage id a lineage step's stored JSON names, else ``task_id`` (no step, or a
+    value that is not a non-empty JSON string)."""
+    if stored is None:
+        return task_id
+    try:
+        value = loads(stored, "lineage step")
+    except UndecodableData:
+        return task_id
+    return value if isinstance(value, str) and value else task_id
 
 
 class Shutdown(BaseException):
@@ -165,6 +179,11 @@ class CheckpointState:
             {n: s.result_json for n, s in claim.steps.items()} if claim.steps else {}
         )
         self._effects: dict[str, EffectRecord] = dict(claim.effects)
+        self.lineage_id = _lineage_id(self.task_id, self._steps.get(LINEAGE_STEP))
+        """The id of the first task of this task's chain of forks (``ratchet fork``): read
+        from the reserved lineage step a fork holds (loaded with the claim); this task's
+        own id when it is not a fork. :mod:`ratchet.fencing` keys its fence and done
+        markers by it, so a fork finds what the original committed there."""
         # The recorded order of checkpoints: position -> (kind, stored name). Rows written
         # without a position (an older release) are matched by name only.
         self._history: dict[int, tuple[StepKind, str]] = {}

@@ -82,6 +82,8 @@ class TaskContext(BatchCalls):
 
     Attributes:
         task_id: the task's id.
+        lineage_id: the id of the first task of its chain of forks (``ratchet fork``); its
+            own ``task_id`` when it is not a fork (:mod:`ratchet.fencing` keys by it).
         name: task name.
         generation: fencing token of this claim.
         attempt: 1-based claim count.

@@ -29,6 +29,7 @@ from ..rows import (
 )
 from .core import EngineCore
 from .counts import unfinish
+from .fork import FORKS, lineage, refuse_live
 from .retire import REQUEST_CLASS, apply_requests, holder_gone
 from .segment import step_entry
 from .waits import TASK_CHILDREN
@@ -147,22 +148,24 @@ class Commands:
                     f"task {task_id} is {state.value}, not FAILED: nothing changed (only a "
                     "failed task is compensated)")
             check_operator_move(State.FAILED, State.COMPENSATING)
+            bump = self._lineage_bump(tx, task_id, generation, "compensated")
             now = tx.now
             unfinish(tx, [(row.name, state.value, float(row.updated_at))])
             tx.execute("control_move", {
                 "id": task_id, "from_state": state.value, "generation": generation,
-                "state": State.COMPENSATING.value, "bump": 1, "request": None,
+                "state": State.COMPENSATING.value, "bump": bump, "request": None,
                 "run_at": now, "reset": True, "now": now, "error": None,
                 "error_class": None})
-            tx.batch("steps_upsert", [step_entry(task_id, generation + 1,
+            generation += bump
+            tx.batch("steps_upsert", [step_entry(task_id, generation,
                                                  (COMPENSATING_STEP, "true", None))], now=now)
             tx.execute("compensating_mark", {"ids": [task_id]})
             insert_audit(tx, [(task_id, now, "operator_compensate", State.FAILED.value,
-                               State.COMPENSATING.value, generation + 1, None,
+                               State.COMPENSATING.value, generation, None,
                                dumps({"operator": operator, "reason": reason}))])
             tx.wake()
             return ControlOutcome(
-                task_id, "compensate", "done", state, State.COMPENSATING, generation + 1,
+                task_id, "compensate", "done", state, State.COMPENSATING, generation,
                 f"task {task_id} is compensating: the compensations of its completed "
                 "effects run next, in reverse order")
 
@@ -256,23 +259,36 @@ class Commands:
                     task_id, "retry", "unchanged", state, state, generation,
                     f"task {task_id} is {state.value}, not FAILED: nothing changed ({why})")
             check_operator_move(State.FAILED, State.PENDING)
+            bump = self._lineage_bump(tx, task_id, generation, "retried")
             now = tx.now
             unfinish(tx, [(row.name, state.value, float(row.updated_at))])
             tx.execute("control_move", {
                 "id": task_id, "from_state": state.value, "generation": generation,
-                "state": State.PENDING.value, "bump": 1, "request": None, "run_at": now,
+                "state": State.PENDING.value, "bump": bump, "request": None, "run_at": now,
                 "reset": True, "now": now, "error": None, "error_class": None})
             insert_audit(tx, [(task_id, now, "operator_retry", State.FAILED.value,
-                               State.PENDING.value, generation + 1, None,
+                               State.PENDING.value, generation + bump, None,
                                dumps({"operator": operator, "reason": reason,
                                       "previous_attempts": attempts}))])
             tx.wake()
             return ControlOutcome(
-                task_id, "retry", "done", state, State.PENDING, generation + 1,
+                task_id, "retry", "done", state, State.PENDING, generation + bump,
                 f"task {task_id} queued again with a fresh set of {row.max_attempts} "
                 f"attempt(s) (it had used {attempts}); done steps stay done")
 
         return self.core.dialect.run(body)
+
+    def _lineage_bump(self, tx: Tx, task_id: str, generation: int, what: str) -> int:
+        """What to add to the generation of ``task_id``, an ended task about to run again
+        (retry, compensate): 1, or more so that it goes above every task of its fork
+        lineage (its tokens keep rising across the lineage, whose fence
+        :mod:`ratchet.fencing` shares).
+
+        Raises:
+            IllegalTransition: another task of its lineage has not ended."""
+        found = lineage(tx, task_id, self.core.schema.has(FORKS))
+        refuse_live(task_id, found, what)
+        return max(1, found.generation + 1 - generation)
 
     def revoke_holder(self, holder: str, by: str, reason: str) -> list[str]:
         """See :meth:`Ledger.revoke_holder`."""

@@ -18,6 +18,7 @@ from ..rows import (
 from ..shapes import QuarantineSampleRow
 from .core import EngineCore
 from .counts import unfinish
+from .fork import FORKS, linked
 
 __all__ = ["Quarantine"]
 
@@ -72,6 +73,9 @@ class Quarantine:
 
         def body(tx: Tx) -> list[ReplayedTask]:
             picked = QUARANTINE_PICK.all(tx, {"fingerprint": fingerprint, "limit": limit})
+            # A task a fork links stays quarantined: `ratchet retry` checks its lineage.
+            forked = linked(tx, [r.id for r in picked], self.core.schema.has(FORKS))
+            picked = [r for r in picked if r.id not in forked]
             now = tx.now
             if not dry_run and picked:
                 locked = {r.id for r in QUARANTINE_LOCK.all(

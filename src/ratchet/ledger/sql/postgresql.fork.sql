@@ -55,3 +55,31 @@ SELECT task_id, source_id, from_step, from_seq, source_version, version, created
        reason
 FROM forks WHERE source_id = %(id)s
 ORDER BY created_at, task_id;
+
+-- name: fork_lineage_root
+-- A task's lineage step (the JSON of its lineage id), when it is a fork.
+SELECT result FROM steps WHERE task_id = %(id)s AND name = %(name)s;
+
+-- name: fork_lineage_lock
+-- Serialises the writes that start a task of one lineage (fork, retry, compensate): a
+-- transaction-scoped advisory lock on the lineage id, taken after the task's own row lock
+-- (those writes lock no other task's row, so no lock order can cross).
+SELECT 1 FROM pg_advisory_xact_lock(1381256270,
+                                    hashtext(current_schema() || ':' || %(root)s));
+
+-- name: fork_lineage
+-- The tasks of a lineage: its first task and the forks made from it and from them, as far
+-- as the links go (state, generation).
+WITH RECURSIVE lineage (id) AS (
+    SELECT CAST(%(root)s AS text)
+    UNION
+    SELECT f.task_id FROM forks f JOIN lineage l ON f.source_id = l.id
+)
+SELECT t.id, t.state, t.generation FROM tasks t JOIN lineage l ON t.id = l.id
+ORDER BY t.id;
+
+-- name: fork_linked
+-- Which of the tasks are linked by a fork (made by one, or forked from).
+SELECT task_id FROM forks WHERE task_id = ANY(%(ids)s::text[])
+UNION
+SELECT source_id FROM forks WHERE source_id = ANY(%(ids)s::text[]);
