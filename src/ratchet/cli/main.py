@@ -2,8 +2,9 @@
 the app, its commands in the order ``ratchet --help`` lists them, and the entry point.
 
 Commands: ``worker``, ``submit``, ``status``, ``tasks``, ``workers``, ``inspect``,
-``late-effects``, ``check``, ``reconcile``, ``resolve``, ``cancel``, ``retry``, ``compensate``,
-``fork``, ``send-event``, ``pause``, ``resume``, ``limits`` (``set``, ``clear``), ``quarantine``
+``late-effects``, ``replay``, ``check``, ``reconcile``, ``resolve``, ``cancel``, ``retry``,
+``compensate``, ``fork``, ``send-event``, ``pause``, ``resume``, ``limits`` (``set``,
+``clear``), ``quarantine``
 (``list``, ``replay``), ``definitions``, ``schedules``, ``prune``, ``serve``, ``relay``,
 ``migrate``, ``demo``, ``crash-matrix``; ``ratchet --version``. Every command takes
 ``--ledger URL`` (default ``RATCHET_LEDGER_URL`` or ``sqlite:///ratchet.db``;
@@ -24,7 +25,8 @@ One module per command group: :mod:`~ratchet.cli.worker_boot`, :mod:`~ratchet.cl
 :mod:`~ratchet.cli.reconcile`, :mod:`~ratchet.cli.actions`, :mod:`~ratchet.cli.events`,
 :mod:`~ratchet.cli.pausing`, :mod:`~ratchet.cli.limits`, :mod:`~ratchet.cli.quarantine`,
 :mod:`~ratchet.cli.prune`, :mod:`~ratchet.cli.serve`, :mod:`~ratchet.cli.relay`,
-:mod:`~ratchet.cli.migrate`, :mod:`~ratchet.cli.demo`, :mod:`~ratchet.cli.crashmatrix`;
+:mod:`~ratchet.cli.migrate`, :mod:`~ratchet.cli.replay`, :mod:`~ratchet.cli.demo`,
+:mod:`~ratchet.cli.crashmatrix`;
 shared options in :mod:`~ratchet.cli.options`, errors to exit status in
 :mod:`~ratchet.cli.guard`.
 """
@@ -50,6 +52,7 @@ from . import (
     prune,
     reconcile,
     relay,
+    replay,
     schedules,
     serve,
     status,
@@ -107,6 +110,7 @@ for _name, _command in (
     ("schedules", schedules.schedules),
     ("inspect", tasks.inspect),
     ("late-effects", tasks.late_effects),
+    ("replay", replay.replay),
     ("check", batches.check),
     ("reconcile", reconcile.reconcile),
     ("resolve", actions.resolve),

@@ -16,6 +16,9 @@
   :func:`fast_retry_policy`, from :mod:`ratchet.testing.doubles`);
 * the ledger contract suite every dialect passes (:mod:`ratchet.testing.contract`, not
   imported here: it needs pytest);
+* :func:`replay` (:func:`replay_sample`): run a task's function against its recorded
+  history, nothing external called, and report where it diverges (from
+  :mod:`ratchet.replay`);
 * an in-process worker for pytest (:func:`running_worker`, :func:`worker_fixture`, from
   :mod:`ratchet.testing.worker`).
 
@@ -24,6 +27,7 @@ The how-to page: [Testing your tasks](../how-to/testing.md) (``docs/how-to/testi
 
 from __future__ import annotations
 
+from ..replay import Divergence, ReplayReport, replay, replay_sample
 from .checks import (
     CheckFailed,
     ConsistencyReport,
@@ -61,12 +65,14 @@ __all__ = [
     "ConsistencyReport",
     "CountingClient",
     "CountingService",
+    "Divergence",
     "ExactlyOnceReport",
     "FaultSettings",
     "LedgerClock",
     "LedgerProxy",
     "ManagedProcess",
     "ProcessGroup",
+    "ReplayReport",
     "ServiceError",
     "ServiceRecords",
     "WorkerCrashed",
@@ -79,6 +85,8 @@ __all__ = [
     "list_task_ids",
     "read_records",
     "read_stored",
+    "replay",
+    "replay_sample",
     "sqlite_write_locked",
     "start_counting_service",
     "running_worker",
