@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import replayapp
 
-from ratchet import App, ConfigError, Control, RetryPolicy, State, TaskContext, TaskDefinition
+from ratchet import App, Control, RetryPolicy, State, TaskContext
 from ratchet.replay.history import RecordedCheckpoint, recorded_history
-from ratchet.replay.run import _run
 from ratchet.testing import (
     CountingService,
     ReplayReport,
@@ -154,14 +153,8 @@ async def _order_async_changed(ctx: Any, order_id: str) -> Any:
 
 def _replay_async(app: App, task_id: str, fn: Any, version: int) -> ReplayReport:
     """Replay ``task_id`` with the ``async def`` ``fn`` registered as ``order`` version
-    ``version``; where ``@app.task`` does not take ``async def`` bodies yet, with a
-    definition built directly."""
-    try:
-        app.task(name="order", version=version, retry=ONCE)(fn)
-    except ConfigError:
-        with Control(app=app) as control:
-            return _run(app, TaskDefinition("order", fn, version, ONCE, 15.0),
-                        control.history(task_id))
+    ``version``."""
+    app.task(name="order", version=version, retry=ONCE)(fn)
     return replay(app, task_id, version=version)
 
 
@@ -193,10 +186,7 @@ def test_a_history_an_async_body_recorded_replays(ledger_url: str, tmp_path: Pat
         replayapp.SERVICE_URL = svc.url
         app = replayapp.make_app(ledger_url)
         try:
-            try:
-                app.task(name="order", version=30, retry=ONCE)(_order_async_recording)
-            except ConfigError:
-                pytest.skip("this release runs plain def task bodies only")
+            app.task(name="order", version=30, retry=ONCE)(_order_async_recording)
             task_id = app.submit("order", {"order_id": "o-30"}, version=30).task_id
             with running_worker(app, concurrency=1):
                 wait_for("the async order to succeed",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import ChildFailed, EventTimeout, InvalidArguments
 from ..ledger.base import BATCH_RUN_PREFIX
@@ -202,6 +202,13 @@ class ReplayCore:
         return report
 
 
+def _sync_only(what: str) -> NoReturn:
+    """What the worker's async context says of a call only plain ``def`` bodies have."""
+    raise InvalidArguments(
+        f"{what} is not available in an async def task (its batch functions run on "
+        "threads of their own): make this task a plain def task")
+
+
 class _ReplayAttributes:
     """What both replay contexts carry besides their methods: the attributes of
     :class:`~ratchet.TaskContext` (``task_id``, ``name``, ``generation``, ``attempt``,
@@ -379,13 +386,18 @@ class AsyncReplayContext(_ReplayAttributes):
         """One child's recorded outcome."""
         return self.core.gather([handle], False)[0]
 
-    async def submit_shards(self, name: str, params: Mapping[str, Any], count: int
-                            ) -> list[ChildHandle]:
-        """The recorded shards (nothing submitted)."""
-        check_shards(count)
-        return self.core.submit_many(f"submit_many:{name}", name)
+    def submit_shards(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Not available in an async body, as in the worker's ``AsyncTaskContext``.
 
-    async def batches(self, name: str, source: Any, fn: Callable[..., Any], *, size: int,
-                      parallel: int = 1, total: int | None = None) -> dict[str, Any]:
-        """The run's recorded report (no batch is processed)."""
-        return self.core.batches(name)
+        Raises:
+            InvalidArguments: always.
+        """
+        _sync_only("ctx.submit_shards")
+
+    def batches(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Not available in an async body, as in the worker's ``AsyncTaskContext``.
+
+        Raises:
+            InvalidArguments: always.
+        """
+        _sync_only("ctx.batches")
