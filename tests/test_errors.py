@@ -326,3 +326,14 @@ def test_unknown_task_carries_the_version_asked_for() -> None:
     with pytest.raises(errors.UnknownTask) as by_name:
         app.definition("t.none")
     assert by_name.value.version is None
+
+
+def test_app_task_without_parentheses_says_how_to_write_it(tmp_path: Path) -> None:
+    app = ratchet.App(f"sqlite:///{tmp_path}/l.db")
+
+    def fulfil(ctx: ratchet.TaskContext) -> None:
+        return None
+
+    with pytest.raises(ratchet.InvalidArguments, match=r"@app\.task needs parentheses"):
+        app.task(fulfil)  # type: ignore[arg-type]
+    assert app.tasks == {}

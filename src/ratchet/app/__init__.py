@@ -356,6 +356,11 @@ class App(Messages, AsyncCalls):
                 NUL, over :data:`~ratchet.validation.MAX_NAME_BYTES` bytes): checked here,
                 so a bad name never reaches a worker's claims.
         """
+        if callable(name):  # @app.task without parentheses: the function came as the name
+            raise InvalidArguments(
+                f"@app.task needs parentheses: write @app.task(name=\"...\") (or "
+                f"@app.task() for the default name "
+                f"{getattr(name, '__module__', '?')}.{getattr(name, '__qualname__', '?')})")
         check_lease_s(lease_s)
         check_time_limit_s(time_limit_s)
         if name is not None:

@@ -36,7 +36,8 @@ LedgerOpt = Annotated[
     typer.Option(
         "--ledger",
         metavar="URL",
-        help="Ledger URL (default: $RATCHET_LEDGER_URL or sqlite:///ratchet.db).",
+        help="Ledger URL (default: the app's own ledger where the command takes an app; "
+             "else $RATCHET_LEDGER_URL or sqlite:///ratchet.db).",
     ),
 ]
 JsonOpt = Annotated[

@@ -79,8 +79,10 @@ class FinalWrites(ClaimSlots):
             # A thread counted stuck when it was taken (_taken_from_thread); an async
             # body's task was cancelled instead, never counted.
             self.stats.add("stuck_threads", -1)
-        log.warning("task %s gen=%d: its task thread came back from the task's code after "
-                    "the attempt was ended without it", claim.task_id, claim.generation)
+        log.warning("task %s gen=%d: its %s came back from the task's code after the "
+                    "attempt was ended without it", claim.task_id, claim.generation,
+                    "task thread" if attempt is None or attempt.cancel is None
+                    else "cancelled async body")
         if late is None or attempt is None or attempt.end_sent is None:
             return
         # The attempt's own end goes first (its writes are applied in order): the watchdog

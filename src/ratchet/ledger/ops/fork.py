@@ -253,7 +253,8 @@ class Forks:
                     known = sorted({*stored, *known_versions, src.version})
                     raise InvalidArguments(
                         f"version {pinned} of {src.name!r} is not known: no worker "
-                        "registered it and this caller's app does not define it (known: "
+                        "registered it and no app defining it was given (pass the app: "
+                        "ratchet fork --app MODULE:APP, or Control(app=...)) (known: "
                         f"{', '.join(map(str, known))})")
             history = _HISTORY.all(tx, {"id": task_id})
             seq = fork_point(task_id, history, from_step)
