@@ -9,7 +9,6 @@ its own process and SQLite file), counted at the external side, on both ledgers:
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +80,6 @@ def test_many_slow_requests_share_one_loop_and_few_threads(app: App, tmp_path: P
         before = threading.active_count()
         threads_seen = before
         with running_worker(app, concurrency=2, async_concurrency=tasks + 50):
-            started = time.monotonic()
 
             def finished() -> bool:
                 nonlocal threads_seen
@@ -89,12 +87,10 @@ def test_many_slow_requests_share_one_loop_and_few_threads(app: App, tmp_path: P
                 infos = app.ledger.get_many([h.task_id for h in handles])
                 return all(i.state is State.SUCCEEDED for i in infos)
 
-            wait_for(f"{tasks} tasks to succeed", finished, timeout_s=90, interval_s=0.05)
-            elapsed = time.monotonic() - started
+            wait_for(f"{tasks} tasks to succeed", finished, timeout_s=240, interval_s=0.05)
         assert service.executions() == {f"io:{i}": 1 for i in range(tasks)}
+        # Side by side on one loop (how fast is a benchmark's business: bench/async_io.py).
         assert peak >= 100, f"at most {peak} requests were awaited at once"
-        # Serially this would take tasks * latency_s (100 s); side by side, a few seconds.
-        assert elapsed < tasks * latency_s / 5, f"{tasks} slow tasks took {elapsed:.1f} s"
         # The worker's own threads (writer, heartbeat, loop, its small executor, two task
         # threads, ...), not one per awaiting task.
         assert threads_seen - before < 40, f"{threads_seen - before} threads more"

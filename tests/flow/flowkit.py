@@ -125,9 +125,11 @@ class FlowRig:
             AssertionError: every try froze it inside a transaction.
         """
         config = parse_ledger_url(self.ledger_url)
-        for _ in range(200):
+        for _ in range(50):
             proc.pause()
-            if config.scheme != "sqlite" or not sqlite_write_locked(config.path, 0.05):
+            # A lock the frozen process holds is never released; one another worker (or
+            # the test's own submit) holds is, within a second even on a loaded machine.
+            if config.scheme != "sqlite" or not sqlite_write_locked(config.path, 1.0):
                 return
             proc.resume()
             time.sleep(0.005)  # a retry of the freeze, not a wait before an assertion
