@@ -54,6 +54,7 @@ def test_async_call_and_lookup_count_once_at_the_service(app: App, tmp_path: Pat
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_many_slow_requests_share_one_loop_and_few_threads(app: App, tmp_path: Path) -> None:
     tasks, latency_s = 250, 0.4
     with start_counting_service(tmp_path / "svc.db", latency_s=latency_s) as service:
@@ -62,7 +63,9 @@ def test_many_slow_requests_share_one_loop_and_few_threads(app: App, tmp_path: P
 
         async def call(key: str) -> Any:
             nonlocal in_flight, peak
-            client = AsyncCountingClient(service.url, timeout_s=30.0)
+            # Generous timeouts: on a loaded machine the service accepts 250 connections
+            # slowly, and a connect timeout would spend the task's attempts.
+            client = AsyncCountingClient(service.url, timeout_s=60.0, connect_timeout_s=60.0)
             in_flight += 1  # on the loop's own thread only: no lock needed
             peak = max(peak, in_flight)
             try:

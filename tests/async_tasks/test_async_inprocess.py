@@ -24,7 +24,7 @@ from ratchet import (
     TaskContext,
     Worker,
 )
-from ratchet.errors import ConfigError
+from ratchet.errors import ConfigError, TransactionMisuse
 from ratchet.testing import fast_retry_policy, wait_for
 from ratchet.testing.worker import running_worker
 
@@ -135,6 +135,29 @@ def test_an_awaitable_in_a_plain_task_is_refused(app: App) -> None:
         info = h.wait(timeout_s=30)
     assert info.state is State.FAILED
     assert "async def" in (info.last_error or "")
+
+
+def test_an_effect_call_returning_an_awaitable_in_a_plain_task_fails_not_unknown(
+        app: App) -> None:
+    sent: list[str] = []
+
+    async def charge(key: str) -> int:
+        sent.append(key)  # never runs: the coroutine is closed unawaited
+        return 1
+
+    @app.task(name="t.mixed_effect", retry=FAST)
+    def mixed(ctx: TaskContext) -> Any:
+        return ctx.effect("charge", lambda key: charge(key), key="k1")
+
+    h = app.submit("t.mixed_effect", {})
+    with running_worker(app):
+        info = h.wait(timeout_s=30)
+    # Nothing left the process, so the outcome is known: FAILED, not UNKNOWN.
+    assert info.state is State.FAILED, info
+    assert "async def" in (info.last_error or "")
+    assert sent == []
+    [effect] = Control(app=app).history(h.task_id).effects
+    assert effect.state.value == "not_done"
 
 
 def test_batches_are_refused_in_an_async_task(app: App) -> None:
@@ -345,3 +368,32 @@ def test_checkpoints_awaited_side_by_side_are_refused(app: App) -> None:
         info = h.wait(timeout_s=30)
     assert info.state is State.FAILED
     assert "one at a time" in (info.last_error or "")
+
+
+def test_a_task_the_body_left_running_cannot_checkpoint_after_it_returned(
+        app: App) -> None:
+    ran: list[str] = []
+    outcome: list[BaseException] = []
+    spawned: list[asyncio.Task[Any]] = []
+    release = asyncio.Event()
+
+    async def orphan(ctx: AsyncTaskContext) -> None:
+        await release.wait()
+        try:
+            await ctx.step("late", lambda: ran.append("late"))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    @app.task(name="t.spawner", retry=FAST)
+    async def spawner(ctx: AsyncTaskContext) -> int:
+        spawned.append(asyncio.get_running_loop().create_task(orphan(ctx)))
+        return 1
+
+    h = app.submit("t.spawner", {})
+    with running_worker(app):
+        assert h.wait(timeout_s=30).state is State.SUCCEEDED
+        loop = spawned[0].get_loop()
+        loop.call_soon_threadsafe(release.set)
+        wait_for("the orphan's step to be refused", lambda: outcome, timeout_s=30)
+    assert ran == []
+    assert isinstance(outcome[0], TransactionMisuse), outcome

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..app import TaskDefinition
-from ..errors import InvalidArguments
+from ..errors import InvalidArguments, TransactionMisuse
 from ..ledger.base import Claim
 from .asynccontext import AsyncTaskContext
 from .attempt import AttemptLadder, compensations, replay_ended
@@ -100,6 +100,12 @@ class AsyncAttempts(AttemptLadder):
                     result = await self._call_async(definition, ctx, params)
                 finally:
                     body.running = False
+                    # A task the body started and left running must not checkpoint into
+                    # an attempt that has ended: its next ctx call raises.
+                    ctx.interrupt(TransactionMisuse(
+                        "this attempt has ended (its body returned or raised): a "
+                        "checkpoint from an asyncio task the body started and did not "
+                        "await is refused"))
             except BaseException as exc:
                 error: BaseException | None = exc
                 result = None

@@ -39,7 +39,7 @@ from ..retry import FailureClass, classify, proves_not_executed
 from ..serde import digest, dumps, loads, printable
 from .checkpoints import Checkpoint, CheckpointState, ControlInterrupt, HistoryEnd
 from .events import EffectSettlement
-from .protocol import Block, Call, Protocol, run_sync
+from .protocol import AwaitableRefused, Block, Call, Protocol, run_sync
 from .ratewait import take_token
 
 __all__ = ["LATE_EVIDENCE_WAIT_S", "NOT_FOUND", "EffectCalls", "EffectTarget", "NotFound",
@@ -174,9 +174,10 @@ class EffectCalls(CheckpointState):
                 yield from self._token_rejected_g(cp, key, params_digest, exc)
             if isinstance(exc, FenceError):
                 raise
-            if proves_not_executed(exc):
+            if proves_not_executed(exc) or isinstance(exc, AwaitableRefused):
                 # Evidence that nothing happened: the next attempt calls again (same key)
-                # without a lookup, even when the target cannot be asked.
+                # without a lookup, even when the target cannot be asked. (An awaitable
+                # refused in a plain task was closed unrun: nothing left either.)
                 yield from self._record_g(cp, key, params_digest, EffectState.NOT_DONE, None,
                                          False)
                 raise

@@ -39,7 +39,8 @@ from ..errors import InvalidArguments
 from ..ledger.base import CommitOutcome, TaskWrite
 from .writer import LedgerWriter
 
-__all__ = ["Block", "Call", "Commit", "Op", "Protocol", "run_async", "run_sync"]
+__all__ = ["AwaitableRefused", "Block", "Call", "Commit", "Op", "Protocol", "run_async",
+           "run_sync"]
 
 T = TypeVar("T")
 
@@ -89,12 +90,18 @@ Protocol = Generator[Op, Any, T]
 """A protocol generator: yields :class:`Op`, receives each one's result, returns ``T``."""
 
 
+class AwaitableRefused(InvalidArguments):
+    """A user callable of a plain ``def`` task returned an awaitable: it was closed without
+    running, so nothing was sent (an effect's call refused this way is recorded not done,
+    never left open)."""
+
+
 def _refuse_awaitable(what: str, value: Any) -> None:
     """Close an awaitable a user callable returned in a sync task and refuse it."""
     close = getattr(value, "close", None)
     if inspect.iscoroutine(value) and callable(close):
         close()  # never awaited: no "coroutine was never awaited" warning
-    raise InvalidArguments(
+    raise AwaitableRefused(
         f"{what} returned an awaitable ({type(value).__name__}), but this task is a plain "
         "def task: its steps and effects cannot await. Make the task `async def` (then "
         "`await ctx.step(...)` / `await ctx.effect(...)`), or pass a plain function")
