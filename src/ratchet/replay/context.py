@@ -87,7 +87,7 @@ class ReplayCore:
         """
         if self.stopped is None:
             self.stopped = ReplayStop(kind, position, recorded, new)
-        raise self.stopped
+        raise self.stopped.with_traceback(None)
 
     def _next(self, kind: str, name: str, key: str | None = None) -> RecordedCheckpoint:
         """The recorded checkpoint the body's next ``kind``/``name`` call lands on.
@@ -97,7 +97,7 @@ class ReplayCore:
                 the replay has already stopped (a body that caught the stop).
         """
         if self.stopped is not None:
-            raise self.stopped
+            raise self.stopped.with_traceback(None)  # no traceback growing in a loop
         occurrence = self._occurrences.get((kind, name), 0) + 1
         self._occurrences[(kind, name)] = occurrence
         stored = occurrence_name(name, occurrence)
