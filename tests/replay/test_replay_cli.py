@@ -109,7 +109,7 @@ def test_a_sample_of_a_type(recorded: tuple[str, dict[str, str]]) -> None:
     (["--type", "nope", "--version", "1"], "UnknownTask"),
     (["--type", "order", "--sample", "0"], "sample"),
     (["{order}", "--type", "order"], "not both"),
-    ([], "not both"),
+    ([], "give a TASK id or --type TYPE"),
 ], ids=["unknown-task", "unknown-version", "unknown-type", "bad-sample", "both", "neither"])
 def test_bad_input_exits_2(recorded: tuple[str, dict[str, str]], args: list[str],
                            message: str) -> None:

@@ -23,8 +23,8 @@ def fork(
         typer.Option("--from-step", metavar="NAME",
                      help="The checkpoint to run again from, as ratchet inspect lists it "
                           "(name: its first occurrence; name#N: the N-th; a step, an "
-                          "effect, or an emit ratchet:emit:TOPIC); ratchet:end: after the "
-                          "last recorded one (a step that failed is not recorded)."),
+                          "effect, or an emit ratchet:emit:TOPIC), or ratchet:end for after "
+                          "the last recorded one (a step that failed is not recorded)."),
     ],
     version: Annotated[
         int | None,

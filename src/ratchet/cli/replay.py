@@ -4,7 +4,8 @@ histories of its type (:func:`ratchet.replay.replay_sample`).
 
 Exit status: 0 when nothing diverged (the history reproduced, or it ended before the
 body did), :data:`EXIT_DIVERGED` (1) when a task's replay diverged, 2 on bad input (an
-unknown task id, an app that cannot be loaded, a version the app does not define).
+unknown task id, an app that cannot be loaded, a version the app does not define or
+below 1). A body that does not end within ``--timeout`` seconds is a divergence (1).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import typer
 
 from ..errors import InvalidArguments
 from ..loading import load_app
-from ..replay import MAX_SAMPLE, ReplayReport, replay_sample
+from ..replay import DEFAULT_TIMEOUT_S, MAX_SAMPLE, ReplayReport, replay_sample
 from ..replay import replay as replay_task
 from .guard import guard
 from .options import JsonOpt, LedgerOpt
@@ -78,6 +79,10 @@ def replay(
         help="Replay the most recent tasks of this type that have a history.")] = None,
     sample: Annotated[int, typer.Option(
         "--sample", metavar="N", help=f"With --type: how many tasks (1-{MAX_SAMPLE}).")] = 100,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", metavar="SECONDS",
+        help="How long a replayed body may run before it is reported as not stopping "
+             "(a divergence).")] = DEFAULT_TIMEOUT_S,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a task's function locally against its recorded history.
@@ -88,22 +93,32 @@ def replay(
     call, the new call), where the history ends before the code does (and what the code
     would call next), or that it reproduces it. With --type T --version N --sample S:
     checks definition N against the S most recent recorded histories of type T before it
-    is deployed. Exit status 1 when a task diverges, 2 on bad input.
+    is deployed. A body that does not end within --timeout seconds (it caught the
+    replay's stop and loops) is reported as a divergence. Exit status 1 when a task
+    diverges, 2 on bad input.
     """
 
     def run() -> list[ReplayReport]:
         if not app_spec:
             raise InvalidArguments("--app MODULE:APP is required (the application whose "
                                    "task function is replayed)")
-        if (task_id is None) == (task_type is None):
-            raise InvalidArguments("give a TASK id, or --type TYPE (with --sample N), not "
+        if task_id is None and task_type is None:
+            raise InvalidArguments("give a TASK id or --type TYPE (with --sample N)")
+        if task_id is not None and task_type is not None:
+            raise InvalidArguments("give a TASK id or --type TYPE (with --sample N), not "
                                    "both")
+        if version is not None and version < 1:
+            raise InvalidArguments(f"--version {version}: versions are integers >= 1")
+        if not 0 < timeout < float("inf"):
+            raise InvalidArguments(f"--timeout {timeout:g}: give a positive number of "
+                                   "seconds")
         app = load_app(app_spec)
         app.configure(ledger=ledger)
         if task_id is not None:
-            return [replay_task(app, task_id, version=version)]
+            return [replay_task(app, task_id, version=version, timeout_s=timeout)]
         assert task_type is not None
-        return replay_sample(app, task_type, version=version, sample=sample)
+        return replay_sample(app, task_type, version=version, sample=sample,
+                             timeout_s=timeout)
 
     reports = guard(run)
     diverged = sum(1 for r in reports if r.divergence is not None)

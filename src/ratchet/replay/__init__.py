@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .context import AsyncReplayContext, ReplayContext
 from .history import RecordedCheckpoint
-from .run import MAX_SAMPLE, Divergence, ReplayReport, replay, replay_sample
+from .run import DEFAULT_TIMEOUT_S, MAX_SAMPLE, Divergence, ReplayReport, replay, replay_sample
 
-__all__ = ["MAX_SAMPLE", "AsyncReplayContext", "Divergence", "RecordedCheckpoint",
-           "ReplayContext", "ReplayReport", "replay", "replay_sample"]
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_SAMPLE", "AsyncReplayContext", "Divergence",
+           "RecordedCheckpoint", "ReplayContext", "ReplayReport", "replay", "replay_sample"]

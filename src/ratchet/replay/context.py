@@ -75,13 +75,29 @@ class ReplayCore:
         self.next_position = 0
         """The position the body's next checkpoint lands on (= positions replayed)."""
         self._occurrences: dict[tuple[str, str], int] = {}
+        self.stopped: ReplayStop | None = None
+        """The first stop of the replay (once set, every further checkpoint raises it
+        again at once), or None."""
+
+    def _stop(self, kind: str, position: int, recorded: str | None, new: str) -> NoReturn:
+        """Stop the replay here: the first stop is kept (:attr:`stopped`) and raised.
+
+        Raises:
+            ReplayStop: always.
+        """
+        if self.stopped is None:
+            self.stopped = ReplayStop(kind, position, recorded, new)
+        raise self.stopped.with_traceback(None)
 
     def _next(self, kind: str, name: str, key: str | None = None) -> RecordedCheckpoint:
         """The recorded checkpoint the body's next ``kind``/``name`` call lands on.
 
         Raises:
-            ReplayStop: it differs from the history, or the history ends before it.
+            ReplayStop: it differs from the history, or the history ends before it, or
+                the replay has already stopped (a body that caught the stop).
         """
+        if self.stopped is not None:
+            raise self.stopped.with_traceback(None)  # no traceback growing in a loop
         occurrence = self._occurrences.get((kind, name), 0) + 1
         self._occurrences[(kind, name)] = occurrence
         stored = occurrence_name(name, occurrence)
@@ -89,10 +105,10 @@ class ReplayCore:
         new = describe_call(kind, stored, key)
         recorded = self.history.get(position)
         if recorded is None:
-            raise ReplayStop("history_end", position, None, new)
+            self._stop("history_end", position, None, new)
         if recorded.kind != kind or recorded.stored_name != stored or (
                 kind == "effect" and recorded.key != key):
-            raise ReplayStop("divergence", position, recorded.describe(), new)
+            self._stop("divergence", position, recorded.describe(), new)
         self.next_position = position + 1
         return recorded
 
@@ -125,14 +141,14 @@ class ReplayCore:
         params_digest = digest(name, key, dumps(params, what=f"params of effect {name!r}"))
         if recorded.params_digest is not None and recorded.params_digest != params_digest:
             self.next_position = position
-            raise ReplayStop(
+            self._stop(
                 "divergence", position,
                 f"{recorded.describe()} with params digest {recorded.params_digest}",
                 f"{recorded.describe()} with params digest {params_digest} (the same key "
                 "must always carry the same request)")
         if not recorded.settled:
             self.next_position = position
-            raise ReplayStop(
+            self._stop(
                 "history_end", position,
                 f"{recorded.describe()} recorded as {recorded.state!r}, without a result "
                 "(its outcome is unknown to the history)",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,13 +26,17 @@ from ..ledger.base import Timeline
 from ..serde import Undecodable, dumps, loads
 from ..shards import SHARD_PARAM, SHARDS_PARAM, shard_place
 from ..states import State
-from .context import AsyncReplayContext, ReplayContext, ReplayCore, ReplayStop
+from .context import AsyncReplayContext, ReplayContext, ReplayCore
 from .history import recorded_history
 
-__all__ = ["MAX_SAMPLE", "Divergence", "ReplayReport", "replay", "replay_sample"]
+__all__ = ["DEFAULT_TIMEOUT_S", "MAX_SAMPLE", "Divergence", "ReplayReport", "replay",
+           "replay_sample"]
 
 MAX_SAMPLE = 10_000
 """The most tasks :func:`replay_sample` replays in one call."""
+
+DEFAULT_TIMEOUT_S = 60.0
+"""How long (seconds) a replayed body may run before the replay reports it did not stop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,9 @@ class ReplayReport:
             stopped at); None otherwise.
         error: what the body raised (``"ValueError: no stock"``), or None.
         result: what the body returned (its JSON round-trip), or None.
+        timed_out: True when the body did not end within the replay's time bound (it
+            caught the replay's stop and went on, or loops without checkpoints): a
+            divergence, with the reason in ``error``.
     """
 
     task_id: str
@@ -92,12 +99,15 @@ class ReplayReport:
     history_end: str | None = None
     error: str | None = None
     result: Any = None
+    timed_out: bool = False
 
     @property
     def summary(self) -> str:
         """How the replay ended, in one line: the divergence, the history's end, that it
         reproduces the history, or what the new code did where the recorded run did not
         succeed."""
+        if self.timed_out and self.error is not None:
+            return self.error
         if self.divergence is not None:
             return str(self.divergence)
         if self.history_end is not None:
@@ -146,27 +156,30 @@ def _params(task_params: Any) -> tuple[dict[str, Any], Any]:
     return params, shard_place(shard) if shard is not None else None
 
 
-def _run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run an async body to its end: on a loop of its own (in a thread of its own when
-    this thread already runs a loop)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
+def _run_body(call: Callable[[], Any], is_async: bool, timeout_s: float
+              ) -> tuple[bool, Any, BaseException | None]:
+    """Run a body on a daemon thread of its own (an async body: on an event loop of its
+    own in that thread) for at most ``timeout_s`` seconds.
+
+    Returns:
+        ``(ended, value, raised)``: whether the body ended in time, what it returned, and
+        any ``BaseException`` it raised (a :class:`ReplayStop` included). A body that has
+        not ended is left running on its daemon thread.
+    """
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["value"] = asyncio.run(coro)
-        except BaseException as exc:  # carried to the caller's thread
+            box["value"] = asyncio.run(call()) if is_async else call()
+        except BaseException as exc:  # every way a body ends is reported, none escapes
             box["error"] = exc
 
     thread = threading.Thread(target=target, name="ratchet-replay", daemon=True)
     thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return False, None, None
+    return True, box.get("value"), box.get("error")
 
 
 def _same_error(recorded: str | None, raised: BaseException) -> bool:
@@ -176,7 +189,24 @@ def _same_error(recorded: str | None, raised: BaseException) -> bool:
     return bool(line) and (line == kind or line.startswith(f"{kind}:"))
 
 
-def _run(app: App, definition: TaskDefinition, timeline: Timeline) -> ReplayReport:
+def _check_run_arguments(version: int | None, timeout_s: float) -> None:
+    """Refuse a version below 1 and a time bound that is not a positive number.
+
+    Raises:
+        InvalidArguments: either is out of range.
+    """
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)
+                                or version < 1):
+        raise InvalidArguments(f"version must be an integer >= 1 (versions are integers "
+                               f">= 1), got {version!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or \
+            not 0 < timeout_s < float("inf"):
+        raise InvalidArguments(f"timeout_s must be a positive number of seconds, got "
+                               f"{timeout_s!r}")
+
+
+def _run(app: App, definition: TaskDefinition, timeline: Timeline,
+         timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplayReport:
     task = timeline.task
     state = task.state.value if isinstance(task.state, State) else str(task.state)
     history = recorded_history(timeline)
@@ -191,14 +221,23 @@ def _run(app: App, definition: TaskDefinition, timeline: Timeline) -> ReplayRepo
         return ReplayReport(task.task_id, task.name, definition.version, task.version, state,
                             core.next_position, core.length, reproduced, **parts)
 
-    raised: BaseException | None = None
-    value: Any = None
-    try:
-        if is_async:
-            value = _run_coroutine(definition.fn(ctx, **params))
+    ended, value, raised = _run_body(lambda: definition.fn(ctx, **params), is_async,
+                                     timeout_s)
+    stop = core.stopped
+    if not ended:
+        if stop is None:
+            stuck = f"the body did not end within {timeout_s:g} s (a loop without checkpoints?)"
+            recorded = "the recorded run"
         else:
-            value = definition.fn(ctx, **params)
-    except ReplayStop as stop:
+            why = "a divergence" if stop.kind == "divergence" else "the end of the history"
+            stuck = (f"the body did not stop within {timeout_s:g} s after the replay stopped "
+                     f"it at position {stop.position} ({why}; its next call: {stop.new}); "
+                     "it caught ReplayStop?")
+            recorded = stop.recorded or "the end of the history"
+        position = core.next_position if stop is None else stop.position
+        return report(False, error=stuck, timed_out=True,
+                      divergence=Divergence(position, recorded, "does not stop"))
+    if stop is not None:  # raised, or caught by the body and then returned or raised
         if stop.kind == "divergence":
             assert stop.recorded is not None
             return report(False, divergence=Divergence(stop.position, stop.recorded,
@@ -207,8 +246,6 @@ def _run(app: App, definition: TaskDefinition, timeline: Timeline) -> ReplayRepo
         if stop.recorded is not None:
             where = f"history ends at position {stop.position} ({stop.recorded})"
         return report(False, history_end=f"{where}; the new code would next call {stop.new}")
-    except (Exception, SystemExit) as exc:
-        raised = exc
     end = core.next_position
     how = (f"raises {error_message(raised)}" if raised is not None else "returns")
     if end < core.length:  # the body ended before the history did
@@ -239,7 +276,8 @@ def _run(app: App, definition: TaskDefinition, timeline: Timeline) -> ReplayRepo
     return report(not ended, result=result)
 
 
-def replay(app: App, task_id: str, *, version: int | None = None) -> ReplayReport:
+def replay(app: App, task_id: str, *, version: int | None = None,
+           timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplayReport:
     """Run task ``task_id``'s function locally against its recorded history.
 
     Steps return their recorded values and effects their recorded results without being
@@ -253,6 +291,16 @@ def replay(app: App, task_id: str, *, version: int | None = None) -> ReplayRepor
     exception it raises reproduces a recorded failure of the same type. A plain ``def``
     body gets a :class:`~ratchet.replay.context.ReplayContext`, an ``async def`` one an
     :class:`~ratchet.replay.context.AsyncReplayContext` (run with :func:`asyncio.run`).
+    Whatever the body raises (``KeyboardInterrupt``, ``SystemExit``,
+    ``asyncio.CancelledError``, any ``BaseException``) is reported, never re-raised.
+
+    The body runs on a daemon thread of its own (an async body: on an event loop of its
+    own in that thread). Once the replay has stopped the body, every further checkpoint
+    call raises at once; a body that still does not end within ``timeout_s`` (it caught
+    the stop with a bare ``except:`` and loops, or loops without checkpoints) is reported
+    as a divergence with :attr:`ReplayReport.timed_out` set, and its thread is left
+    running (a daemon thread: it does not keep the process alive, but it holds what the
+    body holds and uses a core until the process ends).
 
     Args:
         app: the application holding the task's definition; its ledger is read (never
@@ -260,6 +308,8 @@ def replay(app: App, task_id: str, *, version: int | None = None) -> ReplayRepor
         task_id: the task to replay.
         version: the definition version to run; None: the version the task ran with.
             Another version checks new code against the task's history before deploying it.
+        timeout_s: how long (seconds) the body may run before the replay reports that it
+            does not stop (default :data:`DEFAULT_TIMEOUT_S`).
 
     Returns:
         A :class:`ReplayReport`.
@@ -268,22 +318,24 @@ def replay(app: App, task_id: str, *, version: int | None = None) -> ReplayRepor
         TaskNotFound: no task with that id.
         UnknownTask: the app does not define the task's name, or that version of it.
         UndecodableData: the task's params cannot be decoded.
-        InvalidArguments: a malformed task id, or a sharded job's parent (replay its
-            shards).
+        InvalidArguments: a malformed task id, a version below 1, a ``timeout_s`` that is
+            not a positive number, or a sharded job's parent (replay its shards).
         LedgerUnavailable: the ledger cannot be reached.
     """
+    _check_run_arguments(version, timeout_s)
     with Control(app=app) as control:
         timeline = control.history(task_id)
     task = timeline.task
     definition = app.definition(task.name, task.version if version is None else version)
-    return _run(app, definition, timeline)
+    return _run(app, definition, timeline, timeout_s)
 
 
-def _sampled(app: App, definition: TaskDefinition, timeline: Timeline) -> ReplayReport:
+def _sampled(app: App, definition: TaskDefinition, timeline: Timeline,
+             timeout_s: float) -> ReplayReport:
     """:func:`_run`, with a task that cannot be replayed (params that cannot be decoded, a
     sharded job's parent) reported as not reproduced, its reason in ``error``."""
     try:
-        return _run(app, definition, timeline)
+        return _run(app, definition, timeline, timeout_s)
     except (UndecodableData, InvalidArguments) as exc:
         task = timeline.task
         state = task.state.value if isinstance(task.state, State) else str(task.state)
@@ -293,7 +345,8 @@ def _sampled(app: App, definition: TaskDefinition, timeline: Timeline) -> Replay
 
 
 def replay_sample(app: App, name: str, *, version: int | None = None,
-                  sample: int = 100) -> list[ReplayReport]:
+                  sample: int = 100, timeout_s: float = DEFAULT_TIMEOUT_S
+                  ) -> list[ReplayReport]:
     """Replay the most recent tasks of type ``name`` that have a history (they were claimed
     at least once; any state, any recorded version) with the app's definition
     ``version`` (``ratchet replay --type T --version N --sample S``): a new definition
@@ -304,17 +357,20 @@ def replay_sample(app: App, name: str, *, version: int | None = None,
         name: the task type.
         version: the definition version to run; None: the newest the app defines.
         sample: how many tasks at most (1 .. :data:`MAX_SAMPLE`), newest first.
+        timeout_s: how long (seconds) each body may run (see :func:`replay`).
 
     Returns:
         One :class:`ReplayReport` per task, newest first (empty when none ran yet).
 
     Raises:
         UnknownTask: the app does not define ``name`` or that version of it.
-        InvalidArguments: ``sample`` out of range.
+        InvalidArguments: ``sample`` out of range, a version below 1, a ``timeout_s``
+            that is not a positive number.
         LedgerUnavailable: the ledger cannot be reached.
     """
     if isinstance(sample, bool) or not isinstance(sample, int) or not 1 <= sample <= MAX_SAMPLE:
         raise InvalidArguments(f"sample must be an int from 1 to {MAX_SAMPLE}, got {sample!r}")
+    _check_run_arguments(version, timeout_s)
     definition = app.definition(name, version)
     reports: list[ReplayReport] = []
     with Control(app=app) as control:
@@ -325,7 +381,8 @@ def replay_sample(app: App, name: str, *, version: int | None = None,
             for info in page.tasks:
                 if info.attempt < 1:
                     continue  # never claimed: no history to replay
-                reports.append(_sampled(app, definition, control.history(info.task_id)))
+                reports.append(_sampled(app, definition, control.history(info.task_id),
+                                        timeout_s))
                 if len(reports) >= sample:
                     break
             cursor = page.next_cursor

@@ -147,7 +147,7 @@ class ForkBody(_Body):
 
     from_step: Annotated[Key, Field(min_length=1, description=(
         "The stored checkpoint name to run again from (name: its first occurrence; "
-        "name#N: the N-th; ratchet:end: after the last recorded one)."))]
+        "name#N: the N-th; ratchet:end for after the last recorded one)."))]
     version: int | None = Field(
         default=None, ge=1, le=MAX_VERSION,
         description="Definition version the fork pins (default: the original's).")
