@@ -21,7 +21,9 @@ from ratchet.cli.main import cli
 from ratchet.testing import clean_env
 from ratchet.testing.matrix import FAIL, ROWS, Row, expect, register_row, run_matrix
 
-pytestmark = [pytest.mark.crash]
+# One xdist group with every test that runs the matrix on PostgreSQL: a run checks that it
+# left no ratchet_matrix_* schema behind, which another matrix running meanwhile would have.
+pytestmark = [pytest.mark.crash, pytest.mark.xdist_group("crash_matrix")]
 
 AMQP_URL = os.environ.get("RATCHET_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 NATS_URL = os.environ.get("RATCHET_TEST_NATS_URL", "nats://127.0.0.1:4222")
