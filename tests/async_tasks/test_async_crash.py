@@ -13,10 +13,7 @@ import pytest
 
 from ratchet.testing.matrix import run_matrix
 
-# One xdist group with the crash-matrix command's tests: a matrix run checks that it left
-# no ratchet_matrix_* schema behind, which another matrix running meanwhile would have.
-pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(600),
-              pytest.mark.xdist_group("crash_matrix")]
+pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_worker_rows_of_the_matrix_with_async_bodies(ledger_url: str) -> None:

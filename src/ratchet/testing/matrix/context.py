@@ -10,10 +10,12 @@ URL's other parameters (durability, pool and libpq settings) are kept.
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,11 @@ from ...states import State
 from ..counting.process import CountingService, start_counting_service
 from .app import CHARGE, DELIVER
 from .rig import MatrixRig, expect
+
+log = logging.getLogger("ratchet.testing.matrix")
+
+_DROP_WAIT_S = 10.0
+"""How long :meth:`Worlds.close` keeps trying to drop the run's schemas, seconds."""
 
 __all__ = ["BATCH_PARAMS", "CHARGE_PARAMS", "Control", "Controls", "RowContext", "Worlds",
            "pg_connection"]
@@ -214,8 +221,19 @@ class Worlds:
                     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
                         sql.Identifier(schema)))
 
-            with contextlib.suppress(LedgerUnavailable):
-                self._pg(drop)
+            # A drop can fail while a killed world's backend still holds its locks (the
+            # server ends it a moment later): try again for a while before leaving it.
+            deadline = time.monotonic() + _DROP_WAIT_S
+            while True:
+                try:
+                    self._pg(drop)
+                    break
+                except LedgerUnavailable as exc:
+                    if time.monotonic() >= deadline:
+                        log.warning("crash matrix: could not drop its schemas %s: %s",
+                                    ", ".join(self.schemas), exc)
+                        break
+                    time.sleep(0.2)  # a retry of the drop, not a wait before a check
         shutil.rmtree(self.root, ignore_errors=True)
 
 
