@@ -79,18 +79,6 @@ class _HistoryRow(NamedTuple):
     seq: int | None
 
 
-class _LinkRow(NamedTuple):
-    task_id: str
-    source_id: str
-    from_step: str
-    from_seq: int
-    source_version: int
-    version: int
-    created_at: float
-    by: str
-    reason: str
-
-
 class _MemberRow(NamedTuple):
     id: str
     state: Any
@@ -171,10 +159,10 @@ def refuse_live(task_id: str, found: Lineage, what: str) -> None:
 
 
 def _record(row: Iterable[Any]) -> ForkRecord:
-    r = _LinkRow._make(row)
-    return ForkRecord(r.task_id, r.source_id, r.from_step, int(r.from_seq),
-                      int(r.source_version), int(r.version), float(r.created_at), r.by,
-                      r.reason)
+    (task_id, source_id, from_step, from_seq, source_version, version, created_at, by,
+     reason) = row
+    return ForkRecord(task_id, source_id, from_step, int(from_seq), int(source_version),
+                      int(version), float(created_at), by, reason)
 
 
 _LINKS = Read.rows("fork_links", _record)
