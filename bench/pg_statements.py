@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 import ratchet
-import ratchet.ledger.postgres as pgm
+import ratchet.ledger.pgtx as pgm
 from ratchet.ledger.base import TaskWrite, Transition
 from ratchet.serde import dumps
 from ratchet.states import State
@@ -34,9 +34,11 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=20000, help="tasks in the ledger (20,000)")
     p.add_argument("--pg-url", default=os.environ.get(
         "RATCHET_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"))
+    p.add_argument("--prepared", choices=("on", "off"), default="on",
+                   help="the ledger's prepared statements (URL option prepared=; on)")
     args = p.parse_args()
     schema = "rbench_stmts_" + uuid.uuid4().hex[:8]
-    app = ratchet.App(f"{args.pg_url}?schema={schema}")
+    app = ratchet.App(f"{args.pg_url}?schema={schema}&prepared={args.prepared}")
 
     @app.task(name="noop")
     def noop(ctx: ratchet.TaskContext) -> None:
@@ -59,7 +61,7 @@ def main() -> None:
             if not self.started:
                 cur.execute("BEGIN")
                 self.started = True
-                cur.execute("SELECT " + pgm._NOW_EXPR)
+                cur.execute("SELECT " + pgm.NOW_EXPR)
                 self._now = float(cur.fetchone()[0])
             for kept_name, part in zip(self._names, self._deferred, strict=True):
                 timed(cur, kept_name, part)
@@ -68,7 +70,7 @@ def main() -> None:
             for n, prm in ([(name, params)] if name is not None else []) + list(more):
                 for part in self._bind(n, prm):
                     timed(cur, n, part)
-                results.append(cur.fetchall())
+                results.append(cur.fetchall() if cur.description is not None else [])
             self._results = results
             if tail:
                 timed(cur, tail, tail)
@@ -84,9 +86,9 @@ def main() -> None:
                  ) -> list[tuple[Any, ...]]:
             return rows_many(self, [(name, params)])[0]
 
-        pgm._PgTx._send = send  # type: ignore[method-assign]
-        pgm._PgTx.rows_many = rows_many  # type: ignore[method-assign]
-        pgm._PgTx.rows = rows  # type: ignore[method-assign]
+        pgm.PgTx._send = send  # type: ignore[method-assign]
+        pgm.PgTx.rows_many = rows_many  # type: ignore[method-assign]
+        pgm.PgTx.rows = rows  # type: ignore[method-assign]
         ledger = app.ledger
         claims = ledger.claim("bench", ["noop"], args.batch)
         done, t0 = 0, time.perf_counter()

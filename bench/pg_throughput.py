@@ -1241,6 +1241,8 @@ def main(argv: Sequence[str]) -> int:
                    help="poll this many seconds for the PostgreSQL ledger to become available")
     p.add_argument("--profile", action="store_true",
                    help="also drain fsync/1 step/1 process under py-spy (wall clock, GIL)")
+    p.add_argument("--profile-concurrency", type=int, default=8,
+                   help="worker concurrency of the --profile drain (8, the default)")
     p.add_argument("--src-rev", default=None,
                    help="measure the committed src/ratchet of this git revision (e.g. HEAD) "
                         "instead of the working tree")
@@ -1376,7 +1378,9 @@ def main(argv: Sequence[str]) -> int:
             for e in drains:
                 r = run_ratchet_drain(ctx, e["durability"], e["variant"], e["concurrency"],
                                       e["processes"], n, analyze=e["analyze"])
-                r["pgq_same_round"] = pgq[0]["runs"][-1]["tasks_per_s"] if pgq else None
+                same = [h for h in pgq if h["processes"] == e["processes"]] or pgq[:1]
+                r["pgq_same_round"] = same[0]["runs"][-1]["tasks_per_s"] if same else None
+                r["pgq_same_round_processes"] = same[0]["processes"] if same else None
                 e["runs"].append(r)
                 print(f"  ratchet {e['durability']} {VARIANT_LABEL[e['variant']]} "
                       f"C={e['concurrency']} x{e['processes']} process(es)"
@@ -1504,15 +1508,21 @@ def main(argv: Sequence[str]) -> int:
                           flush=True)
 
         # 5. the side-by-side table
-        base = _median([x["tasks_per_s"] for x in pgq[0]["runs"]]) if pgq else float("nan")
+        # Like for like: every Ratchet drain is divided by pgqueuer's drain with the same
+        # number of processes (pgqueuer's 1-process figure only where no equal count ran).
+        base_by_procs = {h["processes"]: _median([x["tasks_per_s"] for x in h["runs"]])
+                         for h in pgq}
+
+        def base_for(procs: int) -> float:
+            if procs in base_by_procs:
+                return base_by_procs[procs]
+            return next(iter(base_by_procs.values()), float("nan"))
+
         final = []
         for h in pgq:
             tps = [x["tasks_per_s"] for x in h["runs"]]
-            same = [x["tasks_per_s"] / y["tasks_per_s"]
-                    for x, y in zip(h["runs"], pgq[0]["runs"], strict=True)]
             final.append([f"pgqueuer batch_size={args.pgq_batch_size}", "sync_commit=on",
-                          f"{h['processes']}", "-", _fmt_rate(tps), "-",
-                          f"{_median(tps) / base:.2f}", f"{_median(same):.2f}"])
+                          f"{h['processes']}", "-", _fmt_rate(tps), "-", "1.00", "1.00"])
         for e in drains:
             tps = [x["tasks_per_s"] for x in e["runs"]]
             ltps = [x["ledger_tasks_per_s"] for x in e["runs"]]
@@ -1524,14 +1534,15 @@ def main(argv: Sequence[str]) -> int:
                           f"{' +ANALYZE' if e['analyze'] else ''}", e["durability"],
                           f"{e['processes']}", f"{e['concurrency']}", _fmt_rate(tps),
                           _fmt_rate(ltps),
-                          f"{_median(main_tps) / base:.2f}" if pgq else "-",
+                          f"{_median(main_tps) / base_for(e['processes']):.2f}" if pgq else "-",
                           f"{_median(ratios):.2f}" if ratios else "-"])
         if final:
             print("\n" + _table(
                 ["system", "durability", "processes", "C", "drain tasks/s (in-process)",
-                 "by ledger", "x pgqueuer 1 proc", "x pgqueuer same round"], final,
-                title=f"Drain of {n:,} no-op tasks (x pgqueuer: in-process figure for 1 "
-                      "process, ledger figure for more)"), flush=True)
+                 "by ledger", "x pgqueuer (median)", "x pgqueuer same round"], final,
+                title=f"Drain of {n:,} no-op tasks, each divided by pgqueuer with the same "
+                      "number of processes (in-process figure for 1 process, ledger figure "
+                      "for more)"), flush=True)
         if drains:
             detail = []
             for e in drains:
@@ -1606,7 +1617,7 @@ def main(argv: Sequence[str]) -> int:
                 verb_rows), flush=True)
 
         if args.profile and run_ratchet:
-            profile_drain(ctx, n, figures)
+            profile_drain(ctx, n, figures, args.profile_concurrency)
     finally:
         dropped = schemas.drop_all()
         schemas.close()
@@ -1618,8 +1629,10 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def profile_drain(ctx: RunContext, n: int, figures: dict[str, Any]) -> None:
-    """fsync / 1 step / C=32 / 1 process under py-spy (wall clock with --idle, and --gil)."""
+def profile_drain(ctx: RunContext, n: int, figures: dict[str, Any],
+                  concurrency: int = 8) -> None:
+    """fsync / 1 step / C=``concurrency`` / 1 process under py-spy (wall clock with --idle,
+    and --gil)."""
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not os.path.exists(pyspy):
         print("  py-spy not found: .venv/bin/pip install py-spy to profile", file=sys.stderr)
@@ -1627,10 +1640,11 @@ def profile_drain(ctx: RunContext, n: int, figures: dict[str, Any]) -> None:
     RESULTS_DIR.mkdir(exist_ok=True)
     figures["profile"] = {}
     for gil in (False, True):
-        raw = str(RESULTS_DIR / f"pg-profile-fsync-step-c32-{'gil' if gil else 'wall'}.txt")
+        raw = str(RESULTS_DIR / f"pg-profile-fsync-step-c{concurrency}-"
+                                f"{'gil' if gil else 'wall'}.txt")
         prof = [pyspy, "record", "--rate", "250", "--format", "raw", "--output", raw,
                 "--nonblocking", "--threads", "--gil" if gil else "--idle"]
-        r = run_ratchet_drain(ctx, "fsync", "step", 32, 1, n, profiler=prof)
+        r = run_ratchet_drain(ctx, "fsync", "step", concurrency, 1, n, profiler=prof)
         figures["profile"]["gil" if gil else "wall"] = {"raw": raw,
                                                         "tasks_per_s": r["tasks_per_s"]}
         print(f"\nprofile ({'GIL holder only' if gil else 'wall clock, every thread'}): "

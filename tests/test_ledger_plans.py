@@ -25,6 +25,7 @@ from ratchet import open_ledger
 from ratchet.ledger.base import ClaimScope, claim_kinds
 from ratchet.ledger.catalogue import load_catalogue
 from ratchet.ledger.ops.flowclaims import entries_of, entry_params
+from ratchet.ledger.pgprepared import HOT_STATEMENTS, prepare_text
 
 FINISHED = 100_000
 READY = 20_000
@@ -37,10 +38,32 @@ _FILL = (
 )
 
 
-def _pg_plan(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> str:
+def _plan(conn: psycopg.Connection[Any], name: str, params: dict[str, Any],
+          generic: bool = False) -> str:
+    """The plan of catalogue statement ``name`` with ``params``; ``generic``: the generic
+    plan of it prepared (what a pooled connection runs after five executions,
+    ledger/pgprepared.py), the parameters unknown to the planner."""
     (statement,) = load_catalogue("postgresql")[name]
     with conn.transaction(force_rollback=True):
-        rows = conn.execute("EXPLAIN " + statement, params).fetchall()
+        if not generic:
+            rows = conn.execute("EXPLAIN " + statement, params).fetchall()
+        else:
+            prepare, order = prepare_text(name, statement)
+            conn.execute(prepare)
+            try:
+                (types,) = conn.execute(
+                    "SELECT parameter_types::text[] FROM pg_prepared_statements "
+                    "WHERE name = %s", (f"ratchet_{name}",)).fetchone() or (None,)
+                assert types is not None and len(types) == len(order)
+                args = ", ".join(f"%({p})s::{t}" for p, t in zip(order, types, strict=True))
+                conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                # Bound on the client, as the ledger sends it (a utility statement's
+                # parameters have no types the server could infer).
+                bound = psycopg.ClientCursor(conn).mogrify(
+                    f"EXPLAIN EXECUTE ratchet_{name}({args})", params)
+                rows = conn.execute(bound).fetchall()
+            finally:
+                conn.execute(f"DEALLOCATE ratchet_{name}")
     return "\n".join(str(r[0]) for r in rows)
 
 
@@ -92,19 +115,27 @@ def test_pg_batch_effects_are_ranges_not_filters() -> None:
                 ("batch_effects", {"id": "t1", "lo": lo, "hi": "ratchet:batch:items~"}),
                 ("claim_effects", {"ids": ["t1"]}),
             ):
-                plan = _pg_plan(conn, name, params)
+                plan = _plan(conn, name, params)
                 assert "effects_name_bytes" in plan and "Seq Scan" not in plan, (name, plan)
                 conds = [ln for ln in plan.splitlines() if "Index Cond" in ln]
                 assert conds and all("name" in ln for ln in conds), (name, plan)
 
 
+@pytest.mark.parametrize("generic", [False, True], ids=["text", "prepared-generic"])
 @pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
 def test_pg_hot_statements_use_their_indexes(
-    pg_backlog: psycopg.Connection[Any], analyzed: bool
+    pg_backlog: psycopg.Connection[Any], analyzed: bool, generic: bool
 ) -> None:
+    """Sent as text (planned with its values) and prepared (the generic plan a pooled
+    connection settles on), each hot statement walks the index it was designed for."""
     conn = pg_backlog
     if analyzed:
         conn.execute("ANALYZE tasks")
+    hot = set(HOT_STATEMENTS)
+
+    def _pg_plan(c: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> str:
+        return _plan(c, name, params, generic=generic and name in hot)
+
     now = 1e11
     # Bare names (every version), a worker's (name, version) pairs, several versions.
     for kinds in ([NAME], [NAME, "other.task"], [(NAME, 1)], [(NAME, 2), ("other.task", 1)],
@@ -186,11 +217,11 @@ def test_pg_fenced_writes_probe_the_primary_key_while_draining() -> None:
             rows = [{"id": f"p{i}", "generation": 1, "state": "SUCCEEDED", "run_at": None,
                      "release": False, "keep": False, "result": "1", "error": None,
                      "error_class": None} for i in range(1, 33)]
-            plan = _pg_plan(conn, "transition", {"rows": json.dumps(rows), "now": 1e11})
+            plan = _plan(conn, "transition", {"rows": json.dumps(rows), "now": 1e11})
             assert "tasks_pkey" in plan and "Seq Scan on tasks" not in plan, plan
             retire = [{"id": f"p{i}", "generation": 1, "state": "FAILED", "error": "x"}
                       for i in range(1, 33)]
-            plan = _pg_plan(conn, "retire", {"rows": json.dumps(retire), "now": 1e11})
+            plan = _plan(conn, "retire", {"rows": json.dumps(retire), "now": 1e11})
             assert "tasks_pkey" in plan and "Seq Scan on tasks" not in plan, plan
 
 
@@ -340,48 +371,48 @@ def test_pg_prune_listing_and_status_use_their_indexes(
     if analyzed:
         conn.execute("ANALYZE")
     batch = {"cutoff": _HISTORY / 2, "limit": 100}
-    plan = _pg_plan(conn, "prune_pick", batch)
+    plan = _plan(conn, "prune_pick", batch)
     # The oldest finished tasks from tasks_finished; never a scan of the table.
     assert "tasks_finished" in plan and "Seq Scan" not in plan, plan
     _pg_capacity_plans(conn)
     for cursor in ({}, {"cursor_at": 1e6 + 5.0, "cursor_id": "r5"}):
-        plan = _pg_plan(conn, "tasks_list", {**_LIST, **cursor})
+        plan = _plan(conn, "tasks_list", {**_LIST, **cursor})
         # Newest first: a backward walk of tasks_created stopped at the page, no sort.
         assert "Index Scan Backward using tasks_created" in plan, plan
         assert "Sort" not in plan and "Seq Scan" not in plan, plan
     # ratchet limits' latest changes: a range of audit_task, never every audit row.
-    plan = _pg_plan(conn, "limits_audit", {"limit": 20})
+    plan = _plan(conn, "limits_audit", {"limit": 20})
     assert "audit_task" in plan and "Seq Scan on audit" not in plan, plan
     # Status counts the running tasks from tasks_leased and the audit since the mark from
     # audit_at, also on a table drained before its first ANALYZE (a scan of the table reads
     # every dead row version a drain left, of audit every row ever audited).
     upto = {"upto": float(_HISTORY - 10)}
-    assert "tasks_leased" in _pg_plan(conn, "stats_counts", upto)
-    plan = _pg_plan(conn, "stats_kinds", upto)
+    assert "tasks_leased" in _plan(conn, "stats_counts", upto)
+    plan = _plan(conn, "stats_kinds", upto)
     assert "audit_at" in plan and "Seq Scan on audit " not in plan + " ", plan
     if not analyzed:
         return
-    plan = _pg_plan(conn, "stats_counts", upto)
+    plan = _plan(conn, "stats_counts", upto)
     for index in ("tasks_ready", "tasks_leased", "tasks_parked", "tasks_finished"):
         assert index in plan, (index, plan)
     assert "Seq Scan on tasks" not in plan, plan
     # With statistics (autovacuum's ANALYZE): every prune statement probes by id or walks
     # its index in order, and status reads no history.
-    assert "Index Scan using tasks_finished" in _pg_plan(conn, "prune_pick", batch)
-    assert "Sort" not in _pg_plan(conn, "prune_pick", batch)
+    assert "Index Scan using tasks_finished" in _plan(conn, "prune_pick", batch)
+    assert "Sort" not in _plan(conn, "prune_pick", batch)
     for name, index in (("prune_tasks", "tasks_pkey"), ("prune_steps", "steps_pkey"),
                         ("prune_audit", "audit_task"), ("prune_export_audit", "audit_task")):
-        plan = _pg_plan(conn, name, {"ids": _IDS})
+        plan = _plan(conn, name, {"ids": _IDS})
         assert index in plan and "Seq Scan" not in plan, (name, plan)
-    plan = _pg_plan(conn, "prune_audit_walk", {"cutoff": _HISTORY / 2, "from_at": 0.0,
+    plan = _plan(conn, "prune_audit_walk", {"cutoff": _HISTORY / 2, "from_at": 0.0,
                                                "from_seq": 0, "limit": 100})
     assert "Index Scan using audit_at" in plan and "Sort" not in plan, plan
-    plan = _pg_plan(conn, "prune_audit_gone", {"seqs": list(range(1, 201))})
+    plan = _plan(conn, "prune_audit_gone", {"seqs": list(range(1, 201))})
     assert "audit_pkey" in plan and "tasks_pkey" in plan and "Seq Scan" not in plan, plan
     window = {"from_at": float(_HISTORY - 100), "to_at": float(_HISTORY)}
-    assert "tasks_finished" in _pg_plan(conn, "counts_window_tasks", window)
-    assert "audit_at" in _pg_plan(conn, "counts_window_audit", window)
-    plan = _pg_plan(conn, "stats_unknown", {})
+    assert "tasks_finished" in _plan(conn, "counts_window_tasks", window)
+    assert "audit_at" in _plan(conn, "counts_window_audit", window)
+    plan = _plan(conn, "stats_unknown", {})
     assert "tasks_parked" in plan and "Seq Scan" not in plan, plan
 
 
@@ -423,17 +454,17 @@ def _pg_capacity_plans(conn: psycopg.Connection[Any]) -> None:
          {"from_at": float(_HISTORY - 100), "to_at": float(_HISTORY), "bucket_s": 10.0,
           "name": NAME}),
     ):
-        plan = _pg_plan(conn, name, params)
+        plan = _plan(conn, name, params)
         assert index in plan and "Seq Scan on tasks" not in plan, (name, plan)
     # The mean attempt duration: the newest ends of the window (a backward walk of
     # audit_at stopped at the limit), each one's claim by a seek of audit_task and its
     # type by a primary-key probe; never a scan of the audit or of the tasks.
-    plan = _pg_plan(conn, "status_attempts", {"from_at": float(_HISTORY - 100),
+    plan = _plan(conn, "status_attempts", {"from_at": float(_HISTORY - 100),
                                               "now": float(_HISTORY), "limit": 10_000})
     for index in ("audit_at", "audit_task", "tasks_pkey"):
         assert index in plan, (index, plan)
     assert "Seq Scan" not in plan, plan
-    plan = _pg_plan(conn, "live_worker_slots", {"since": 0.0})
+    plan = _plan(conn, "live_worker_slots", {"since": 0.0})
     assert "audit" not in plan, plan  # the registry: two small tables
 
 

@@ -17,6 +17,7 @@ from ..serde import dumps_rows
 from .catalogue import load_catalogue
 from .clock import ClockFn
 from .loopbridge import LoopConnection, LoopCursor
+from .pgprepared import Prepared
 
 __all__ = ["NOW_EXPR", "SAVEPOINT", "PgTx"]
 
@@ -51,6 +52,10 @@ class PgTx:
     ``prelude``: the statements the first group starts with instead of ``BEGIN`` (a joined
     transaction's savepoint and ``search_path``, :meth:`joined`).
 
+    ``prepared``: the statements prepared on ``conn``
+    (:class:`~ratchet.ledger.pgprepared.PreparedStatements`), sent as ``EXECUTE`` in the
+    same query strings instead of their text.
+
     ``conn`` may also be a caller's ``AsyncConnection`` seen from a worker thread
     (:class:`~ratchet.ledger.loopbridge.LoopConnection`, joined transactions only): the
     same statements, each sent on the caller's event loop.
@@ -58,8 +63,10 @@ class PgTx:
 
     def __init__(self, conn: psycopg.Connection[Any] | LoopConnection,
                  catalogue: Mapping[str, tuple[str, ...]], clock: ClockFn | None = None,
-                 prelude: Sequence[str] = ("BEGIN",)) -> None:
+                 prelude: Sequence[str] = ("BEGIN",),
+                 prepared: Mapping[str, Prepared] | None = None) -> None:
         self._prelude = list(prelude)
+        self._prepared: Mapping[str, Prepared] = prepared or {}
         self._conn = conn
         self._clock = clock
         # Tuples whatever row factory a caller's joined connection has.
@@ -117,6 +124,15 @@ class PgTx:
 
     def _bind(self, name: str, params: Mapping[str, Any] | None) -> list[str]:
         values = dict(params or {})
+        prepared = self._prepared.get(name)
+        if prepared is not None:  # EXECUTE of the connection's prepared statement
+            execute = prepared.execute
+            if prepared.execute_now_sql is not None and "now" not in values:
+                if self._now is not None:
+                    values["now"] = self._now
+                else:
+                    execute = prepared.execute_now_sql
+            return [self._binder.mogrify(execute, values)]
         texts = self.catalogue[name]
         if "now" not in values:
             if self._now is not None:

@@ -80,7 +80,8 @@ from .engine import LedgerEngine
 from .loopbridge import LoopConnection, target_of
 from .migrations import load_migrations
 from .pgpool import make_pool
-from .pgtx import PgTx
+from .pgprepared import PreparedStatements
+from .pgtx import NOW_EXPR, PgTx
 
 __all__ = [
     "CLAIM_READY_SQL",
@@ -96,7 +97,7 @@ log = logging.getLogger("ratchet.ledger.postgres")
 T = TypeVar("T")
 Cursor = psycopg.Cursor[tuple[Any, ...]]
 
-_RATCHET_PARAMS = ("durability", "schema", "pool_size", "busy_timeout_s")
+_RATCHET_PARAMS = ("durability", "schema", "pool_size", "busy_timeout_s", "prepared")
 _SYNCHRONOUS_COMMIT = {
     Durability.BUFFERED: "off",
     Durability.FSYNC: "on",
@@ -248,6 +249,11 @@ class PostgresDialect:
             raise ConfigError(
                 f"malformed PostgreSQL ledger URL {redact_url(config.url)!r}: {exc}"
             ) from None
+        prepared = config.options.get("prepared", "on")
+        if prepared not in ("on", "off"):
+            raise ConfigError(f"ledger URL option prepared={prepared!r}: use 'on' or 'off'")
+        self._prepared = PreparedStatements(self._catalogue, NOW_EXPR)
+        self._prepare = prepared == "on"
         self._check_server()
         self._pool = make_pool(
             self._conninfo,
@@ -257,6 +263,13 @@ class PostgresDialect:
             name=f"ratchet-{self.schema}",
             connect_timeout_s=self._connect_timeout_s,
         )
+
+    def schema_current(self) -> None:
+        """The schema is at this Ratchet's version: its hot statements are prepared on each
+        pooled connection from now on (unless the URL says ``prepared=off``;
+        :mod:`~ratchet.ledger.pgprepared`)."""
+        if self._prepare:
+            self._prepared.enable()
 
     def _check_server(self) -> None:
         """Connect once directly: a clear error now instead of a pool timeout later."""
@@ -343,9 +356,11 @@ class PostgresDialect:
         """One attempt of :meth:`run`; driver errors mapped (see the module docstring)."""
         committing = False
         tx: PgTx | None = None
+        used: psycopg.Connection[Any] | None = None
         try:
             with self._connection() as conn:
-                tx = PgTx(conn, self._catalogue, self.clock)
+                used = conn
+                tx = PgTx(conn, self._catalogue, self.clock, prepared=self._prepared.on(conn))
                 try:
                     result = body(tx)
                     if write:
@@ -366,6 +381,14 @@ class PostgresDialect:
             raise _RolledBack(
                 LedgerError(f"PostgreSQL ledger {self.where}: {exc}"), connection_lost=False
             ) from exc
+        except (pg_errors.InvalidSqlStatementName, pg_errors.FeatureNotSupported) as exc:
+            # A prepared statement gone (deallocated) or changed under us (its result
+            # columns, after another process migrated): prepare again and retry.
+            if used is None:
+                raise LedgerError(f"PostgreSQL ledger {self.where}: {exc}") from exc
+            self._prepared.forget(used)
+            raise _RolledBack(LedgerError(f"PostgreSQL ledger {self.where}: {exc}"),
+                              connection_lost=False) from exc
         except _CORRUPT as exc:
             raise self._corrupt(exc) from exc
         except _REJECTED as exc:
@@ -695,6 +718,9 @@ class PostgresLedger(LedgerEngine):
                 )
             if migrate:
                 self.migrate()
+                current = self.latest_version
+            if current == self.latest_version:
+                dialect.schema_current()
         except BaseException:
             dialect.close()
             raise
