@@ -159,6 +159,14 @@ def test_pg_hot_statements_use_their_indexes(
         assert all("p.run_at" in ln for ln in plan.splitlines() if "Sort Key" in ln), plan
         index_cond = next(ln for ln in plan.splitlines() if "Index Cond" in ln)
         assert "version" in index_cond, plan
+        # The same walk sent with the claim's reads, behind its checks of the picture (each
+        # an index probe: no pause, limit, rate limit, priority or expired lease).
+        plan = _pg_plan(conn, "claim_fifo_spec", {**params, "holder": "h"})
+        assert "Index Scan using tasks_ready on" in plan, plan
+        assert "Seq Scan on tasks" not in plan, plan
+        assert "tasks_leased" in plan and "tasks_ready_priority" in plan, plan
+        assert all("tasks_leased" in ln for ln in plan.splitlines()
+                   if "Bitmap Index Scan" in ln), plan  # only the expired-lease probe
         # Bulkheads (DESIGN §8): the limited claim walks tasks_ready per (name, version
         # range) entry the same way, the version on the index entry; the numbers are per
         # name, repeated per entry.

@@ -45,7 +45,7 @@ log = logging.getLogger("ratchet.ledger.pgprepared")
 HOT_STATEMENTS = (
     # a claim (ops/claims.py): its reads, its walk, what it writes
     "claim_expired", "claim_gate", "pauses_active", "limits_all", "claim_flow",
-    "claim_fifo", "claim_ready", "claim_steps", "claim_effects", "wake_due",
+    "claim_fifo", "claim_fifo_spec", "claim_ready", "claim_steps", "claim_effects", "wake_due",
     "key_refill_take",
     # a commit (ops/commit.py)
     "fence_read", "transition", "steps_upsert", "effects_intent", "effects_outcome",

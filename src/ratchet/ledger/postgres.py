@@ -218,6 +218,7 @@ class PostgresDialect:
     name = "postgresql"
     probe_before_claim = False
     walks_queue_pairs = True
+    speculative_claims = True
     single_writer = False
 
     def __init__(self, config: LedgerConfig) -> None:

@@ -151,6 +151,7 @@ class SQLiteDialect:
     name = "sqlite"
     probe_before_claim = True
     walks_queue_pairs = False
+    speculative_claims = False
     single_writer = True
 
     def __init__(self, config: LedgerConfig) -> None:

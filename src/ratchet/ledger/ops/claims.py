@@ -24,6 +24,7 @@ from ..rows import (
     CLAIM_EXPIRED,
     CLAIM_FIFO,
     CLAIM_FIFO_QUEUES,
+    CLAIM_FIFO_SPEC,
     CLAIM_FLOW,
     CLAIM_GATE,
     CLAIM_LIMITED,
@@ -65,7 +66,9 @@ WAKE_EVERY_S = 0.05
 
 
 class ClaimReads(NamedTuple):
-    """What a claim reads first (:meth:`Claims.reads`), shaped."""
+    """What a claim reads first (:meth:`Claims.reads`), shaped. ``speculative``: the rows
+    the speculative walk sent with the reads claimed (``claim_fifo_spec``), or None when
+    none was sent."""
 
     expired: list[LeaseRow]
     pauses: list[PauseRow]
@@ -75,11 +78,19 @@ class ClaimReads(NamedTuple):
     prioritised: bool
     woken: list[WokenRow]
     refill: list[RefillRow]
+    speculative: list[ClaimRow] | None = None
+    walks: list[Entry] | None = None
 
     @classmethod
-    def of(cls, rows: Sequence[Sequence[tuple[Any, ...]]]) -> ClaimReads:
+    def of(cls, rows: Sequence[Sequence[tuple[Any, ...]]],
+           walks: list[Entry] | None = None) -> ClaimReads:
         """The rows of :meth:`Claims.reads` (in their order), as ``Tx.rows_many``
-        returned them."""
+        returned them; ``walks``: the speculative walk's entries when it was sent (its
+        rows are the last)."""
+        spec: list[ClaimRow] | None = None
+        if walks is not None:
+            *rows, last = rows
+            spec = CLAIM_FIFO_SPEC.of(last)
         expired, _gate, pauses, limits, flow, *woken = rows
         shaped = CLAIM_FLOW.of(flow)
         return cls(CLAIM_EXPIRED.of(expired), PAUSES_ACTIVE.of(pauses), LIMITS_ALL.of(limits),
@@ -89,7 +100,7 @@ class ClaimReads(NamedTuple):
                                      r.key_param) for r in shaped if r.kind == "rate"],
                    any(r.kind == "priority" for r in shaped),
                    WAKE_DUE.of(woken[0]) if woken else [],
-                   KEY_REFILL_TAKE.of(woken[1]) if woken else [])
+                   KEY_REFILL_TAKE.of(woken[1]) if woken else [], spec, walks)
 
 
 class Claims:
@@ -100,6 +111,10 @@ class Claims:
         self.core = core
         self._next_wake = 0.0  # monotonic seconds: when a claim next runs the wake-up
         self.flow = FlowClaims()
+        # Speculative claims (dialect.speculative_claims): per claimed kinds and scope, the
+        # walks of the last claim whose picture was plain (no pause, limit, rate limit,
+        # priority or expired lease), sent with the next claim's reads.
+        self._plain: dict[tuple[tuple[ClaimKind, ...], ClaimScope], list[Entry]] = {}
 
     def claim(self, holder: str, names: Sequence[ClaimKind], limit: int,
               scope: ClaimScope | None = None) -> list[Claim]:
@@ -118,12 +133,17 @@ class Claims:
             # ahead of it are re-anchored by the claim (ledger/clock.py).
             if not maybe and (clock is None or not core.clock_watch.observe(clock)):
                 return []
-        return core.run_repairing(
-            lambda tx, repaired: self.claim_in(tx, holder, names, limit, repaired=repaired,
-                                               scope=scope))
+        def body(tx: Tx, repaired: list[bool]) -> list[Claim]:
+            reads, walks = self.reads(names, limit, scope, holder)
+            pre = ClaimReads.of(tx.rows_many(reads), walks)
+            return self.claim_in(tx, holder, names, limit, pre, repaired=repaired,
+                                 scope=scope)
+
+        return core.run_repairing(body)
 
     def reads(self, names: Sequence[ClaimKind], limit: int, scope: ClaimScope | None = None,
-              ) -> list[tuple[str, Mapping[str, Any]]]:
+              holder: str | None = None,
+              ) -> tuple[list[tuple[str, Mapping[str, Any]]], list[Entry] | None]:
         """The reads a claim starts with, to send with others (one round trip): the
         expired-lease scan of the claimed kinds (DESIGN §8 versions), the pause gate
         (PostgreSQL: a shared advisory lock, taken before any bulkheads limit lock), the
@@ -135,7 +155,13 @@ class Claims:
         if longer): a claim that runs it pays one index probe more, the others nothing
         (wake-ups by an event or a last child are immediate and not rate-limited). Flow
         control (DESIGN §8) adds the (name, queue) pairs and the types' rate limits, two
-        small tables."""
+        small tables.
+
+        With ``holder`` on a dialect that speculates (``speculative_claims``), the walk of
+        the last plain claim of the same kinds goes last, in the same round trip
+        (``claim_fifo_spec``: it takes nothing unless the picture is still plain); the
+        second value is its entries when it was added, else None (:meth:`ClaimReads.of`
+        splits its rows off)."""
         served = None if scope is None or scope.queues is None else list(scope.queues)
         reads = [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit, "served": served}),
                  CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent(),
@@ -147,7 +173,14 @@ class Claims:
             # Concurrency keys whose admission found the key's lock taken (PostgreSQL):
             # filled again here, with the wake-up's cadence.
             reads.append(KEY_REFILL_TAKE.sent())
-        return reads
+        walks = (self._plain.get((tuple(names), scope or ClaimScope()))
+                 if holder is not None and self.core.dialect.speculative_claims else None)
+        if not walks:
+            return reads, None
+        params = entry_params(walks, scope or ClaimScope(), 0.0, limit)
+        del params["now"]  # the transaction's clock, read in the same round trip
+        reads.append(CLAIM_FIFO_SPEC.sent({**params, "holder": holder}))
+        return reads, walks
 
     def claim_in(
         self, tx: Tx, holder: str, names: Sequence[ClaimKind], limit: int,
@@ -172,12 +205,16 @@ class Claims:
         the others by one statement as before."""
         if limit <= 0 or not names:
             return []
+        key = (tuple(names), scope or ClaimScope())
         scope = scope or ClaimScope()
         if pre is None:
-            pre = ClaimReads.of(tx.rows_many(self.reads(names, limit, scope)))
-        expired, pauses, limit_rows, queue_rows, rate_rows, prioritised, woken, refill = pre
+            pre = ClaimReads.of(tx.rows_many(self.reads(names, limit, scope)[0]))
+        (expired, pauses, limit_rows, queue_rows, rate_rows, prioritised, woken, refill,
+         speculative, _walks) = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
+        repairs = len(repaired) if repaired is not None else 0
         self.core.repair_clock(tx, now, repaired)
+        repaired_now = repaired is not None and len(repaired) > repairs
         if woken:
             insert_audit(tx, wake_audit(woken, now))
         if refill:
@@ -203,21 +240,37 @@ class Claims:
         if expired:
             expired = holder_gone(tx, expired, audit, "lease expired on final attempt",
                                   "lease expired")
+        # The speculative walk's rows are claimed already (RUNNING, this holder's); what
+        # follows claims only the room they left.
+        taken: list[ClaimRow] = list(speculative or [])
+        room = limit - len(taken)
+        expired = expired[:max(0, room)]
         previous: dict[str, LeaseRow] = {row.id: row for row in expired}
         rows: list[ClaimRow] = []
         if expired:
             rows.extend(CLAIM_TAKEOVER.all(tx, {"holder": holder, "now": now,
                                                 "ids": list(previous)}))
-        if limit > len(expired):
+        entries = entries_of(kinds, queue_rows, scope.queues)
+        rated = {r.name: r for r in rate_rows}
+        shaped = {e.name for e in entries if e.name in scope.fair or e.name in rated}
+        plain = [e for e in entries if e.name not in shaped]
+        # Plain: the speculative walk of the next claim may take the place of this one.
+        simple = (not pauses and not limit_rows and not prioritised and not expired
+                  and not shaped and bool(plain))
+        if simple:
+            self._plain[key] = plain
+        else:
+            self._plain.pop(key, None)
+        # The speculative walk covered the fresh claim when the picture it assumed held
+        # (a clock repair ran after it: rows it re-anchored may be ready now).
+        covered = (speculative is not None and simple and not repaired_now
+                   and pre.walks == plain)
+        if room > len(expired) and not covered:
             limits = [limit_record(r) for r in limit_rows]
-            entries = entries_of(kinds, queue_rows, scope.queues)
-            rated = {r.name: r for r in rate_rows}
-            shaped = {e.name for e in entries if e.name in scope.fair or e.name in rated}
-            plain = [e for e in entries if e.name not in shaped]
             if plain:
-                rows.extend(self._claim_plain(tx, holder, now, plain, limit - len(expired),
+                rows.extend(self._claim_plain(tx, holder, now, plain, room - len(expired),
                                               limits, paused_types, scope, prioritised))
-            want = limit - len(expired) - len(rows)
+            want = room - len(expired) - len(rows)
             if shaped and want > 0:
                 flow = [e for e in entries if e.name in shaped]
                 allowance = None
@@ -227,6 +280,7 @@ class Claims:
                                            paused_types)
                 rows.extend(self.flow.claim(tx, holder, now, flow, want, scope, rated,
                                             allowance))
+        rows = taken + rows
         for row in rows:
             prev = previous.get(row.id)
             detail: dict[str, Any] = {"attempt": row.attempt, "lease_s": row.lease_s}

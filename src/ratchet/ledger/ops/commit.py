@@ -95,11 +95,12 @@ class Commits:
             repaired.clear()  # a retried attempt decides again
             # The expired-lease scan, the pause gate, the pauses and the limits travel
             # with the fence read (one round trip).
-            also = self.claims.reads(names, limit, scope) if claiming else []
+            also, walks = (self.claims.reads(names, limit, scope, holder) if claiming
+                           else ([], None))
             outcomes, extra = commit_in(tx, writes, also=also)
             if not claiming:
                 return outcomes, []
-            pre = ClaimReads.of(extra)
+            pre = ClaimReads.of(extra, walks)
             # The scan ran before the writes: a lease this commit ended (its holder's own
             # final write, e.g. a completion or a release) is not expired any more.
             ended = {w.task_id for w, o in zip(writes, outcomes, strict=True)

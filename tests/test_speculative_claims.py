@@ -1,0 +1,149 @@
+"""Speculative claims on PostgreSQL (ledger/ops/claims.py): after a plain claim, the next
+claim of the same kinds sends its walk with its reads (``claim_fifo_spec``), one round
+trip less. The walk takes nothing once the picture changed, and the claim then decides
+from its reads as before: a pause, a concurrency limit, a rate limit, a task with a
+priority, an expired lease (takeovers first) and a new queue each keep their rule."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pgsupport import private_schema
+
+from ratchet import open_ledger
+from ratchet.app import new_task_id
+from ratchet.ledger import pgtx
+from ratchet.ledger.base import Claim, NewTask
+from ratchet.ledger.engine import LedgerEngine
+from ratchet.ledger.records_ops import LimitScope
+from ratchet.serde import digest, dumps
+from ratchet.states import State
+
+NAME = "spec.task"
+
+
+@pytest.fixture
+def ledger() -> Iterator[LedgerEngine]:
+    with private_schema("rt_spec") as (url, _schema):
+        opened = open_ledger(url)
+        assert isinstance(opened, LedgerEngine)
+        try:
+            yield opened
+        finally:
+            opened.close()
+
+
+@pytest.fixture
+def groups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statement groups (round trips) the ledger sends, by their statements' names."""
+    sent: list[str] = []
+    send = pgtx.PgTx._send
+
+    def spy(self: pgtx.PgTx, *args: Any, **kwargs: Any) -> Any:
+        out = send(self, *args, **kwargs)
+        sent.append(self.statement)
+        return out
+
+    monkeypatch.setattr(pgtx.PgTx, "_send", spy)
+    return sent
+
+
+def _submit(ledger: LedgerEngine, n: int = 1, *, queue: str = "default", priority: int = 0,
+            lease_s: float = 30.0) -> list[str]:
+    tasks = []
+    for _ in range(n):
+        params = dumps({})
+        tasks.append(NewTask(new_task_id(), NAME, 1, params, digest(NAME, params), None, 3,
+                             lease_s, queue=queue, priority=priority))
+        # One at a time: created (and run_at) in submission order.
+        ledger.submit(tasks[-1:])
+    return [t.task_id for t in tasks]
+
+
+def _claim(ledger: LedgerEngine, limit: int, holder: str = "h1") -> list[Claim]:
+    return ledger.claim(holder, [NAME], limit)
+
+
+def test_a_claim_after_a_plain_one_takes_its_walk_with_its_reads(
+    ledger: LedgerEngine, groups: list[str]
+) -> None:
+    ids = _submit(ledger, 3)
+    assert [c.task_id for c in _claim(ledger, 1)] == ids[:1]
+    groups.clear()
+    assert [c.task_id for c in _claim(ledger, 1)] == ids[1:2]
+    # Reads and walk in one round trip, then the audit and COMMIT: two in all.
+    assert len(groups) == 2, groups
+    assert groups[0].endswith("claim_fifo_spec"), groups
+    assert groups[1] == "audit_insert+COMMIT", groups
+    (info,) = [ledger.get(ids[1])]
+    assert info.state is State.RUNNING and info.holder == "h1"
+
+
+def _speculated(groups: list[str]) -> bool:
+    return any(g.endswith("claim_fifo_spec") for g in groups)
+
+
+def test_a_pause_after_a_plain_claim_stops_the_next(
+    ledger: LedgerEngine, groups: list[str]
+) -> None:
+    ids = _submit(ledger, 2)
+    assert len(_claim(ledger, 1)) == 1
+    ledger.pause("type", NAME, "test", "op")
+    groups.clear()
+    assert _claim(ledger, 5) == []
+    assert _speculated(groups), groups  # sent, and it took nothing
+    assert ledger.get(ids[1]).state is State.PENDING
+    ledger.resume("type", NAME, "test", "op")
+    assert [c.task_id for c in _claim(ledger, 5)] == ids[1:]
+
+
+def test_a_limit_set_after_a_plain_claim_holds(ledger: LedgerEngine) -> None:
+    ids = _submit(ledger, 3)
+    assert len(_claim(ledger, 1)) == 1
+    ledger.set_limit(LimitScope.TYPE, NAME, 0, 1, "op", "test")
+    assert _claim(ledger, 5) == []  # the one slot is taken
+    assert {ledger.get(i).state for i in ids[1:]} == {State.PENDING}
+
+
+def test_a_prioritised_task_goes_first_after_a_plain_claim(ledger: LedgerEngine) -> None:
+    _submit(ledger, 3)
+    assert len(_claim(ledger, 1)) == 1
+    (urgent,) = _submit(ledger, 1, priority=5)
+    assert [c.task_id for c in _claim(ledger, 1)] == [urgent]
+
+
+def test_a_new_queue_is_claimed_after_a_plain_claim(ledger: LedgerEngine) -> None:
+    ids = _submit(ledger, 2)
+    assert len(_claim(ledger, 1)) == 1
+    (other,) = _submit(ledger, 1, queue="q2")
+    assert {c.task_id for c in _claim(ledger, 5)} == {ids[1], other}
+
+
+def test_a_rate_limit_set_after_a_plain_claim_holds(ledger: LedgerEngine) -> None:
+    _submit(ledger, 6)
+    assert len(_claim(ledger, 1)) == 1
+    ledger.set_rate_limit(NAME, 0.001, 2, None, "op", "test")
+    assert len(_claim(ledger, 5)) <= 2
+    assert _claim(ledger, 5) == []
+
+
+def test_an_expired_lease_is_taken_over_before_fresh_work(
+    ledger: LedgerEngine, groups: list[str]
+) -> None:
+    (short,) = _submit(ledger, 1, lease_s=1.0)
+    fresh = _submit(ledger, 2)
+    (first,) = _claim(ledger, 1, holder="dead")
+    assert first.task_id == short
+    assert [c.task_id for c in _claim(ledger, 1)] == fresh[:1]  # a plain claim
+    deadline = time.monotonic() + 30
+    while ledger.now() <= first.lease_until:
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.05)
+    groups.clear()
+    (taken,) = _claim(ledger, 1)
+    assert _speculated(groups), groups
+    assert taken.task_id == short and taken.takeover
+    assert ledger.get(fresh[1]).state is State.PENDING
