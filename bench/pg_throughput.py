@@ -565,7 +565,10 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
                     per_task[claim.task_id][1] = now_w
             super().on_finished(claim, outcome)
 
-    worker = BenchWorker(app, concurrency=args.concurrency)
+    # RATCHET_BENCH_WRITERS: the writer threads (default: the worker's own default).
+    writers = os.environ.get("RATCHET_BENCH_WRITERS")
+    worker = BenchWorker(app, concurrency=args.concurrency,
+                         writers=int(writers) if writers else None)
     sampler = (RssSampler(args.rss_interval, lambda: int(fig["finished"]),
                           max(1, args.max_tasks // 2)) if args.rss_interval > 0 else None)
     if sampler:
@@ -679,8 +682,10 @@ def run_ratchet_drain(
         kids = Children(cmds, ctx.directory, CHILD_ENV)
         try:
             kids.wait_ready()
+            server_before = postgres_cpu_s()
             kids.go()
             kids.wait()
+            server_after = postgres_cpu_s()
         finally:
             kids.kill()
         results = [json.loads(Path(out).read_text()) for out in outs]
@@ -699,6 +704,9 @@ def run_ratchet_drain(
         "ledger_tasks_per_s": (n / ledger["ledger_drain_s"]
                                if ledger["ledger_drain_s"] > 0 else float("nan")),
         "rss": results[0].get("rss"),
+        "server_cpu_s": (server_after - server_before
+                         if server_before is not None and server_after is not None
+                         else None),
         **ledger,
     }
     if ledger["succeeded"] != n:
@@ -709,6 +717,28 @@ def run_ratchet_drain(
         print(f"  WARNING: worker ran {results[0]['ratchet_file']}, not the snapshot",
               file=sys.stderr)
     return out
+
+
+def postgres_cpu_s() -> float | None:
+    """CPU seconds (user + system) the local PostgreSQL server has used so far: its live
+    processes, plus the children the postmaster reaped (backends of closed connections,
+    autovacuum workers: its cutime / cstime). None when no postgres process is visible
+    (a server on another host)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, found = 0, False
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.index("(") + 1:stat.rindex(")")] != "postgres":
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+        found = True
+    return total / tick if found else None
 
 
 def run_ratchet_latency(
@@ -1588,12 +1618,14 @@ def main(argv: Sequence[str]) -> int:
                     f"{1e3 * w_secs / max(1, w_count):.2f}",
                     stmt_ms("BEGIN"), stmt_ms("COMMIT"),
                     f"{1e6 * cpu / n:,.0f}",
+                    "-" if r.get("server_cpu_s") is None
+                    else f"{1e6 * r['server_cpu_s'] / n:,.0f}",
                 ])
             print("\n" + _table(
                 ["Ratchet drain (median run)", "C", "claim ms x calls", "commit ms x calls",
                  "commit+claim ms x calls", "tasks/claim tx", "writer busy",
                  "writer stmts/task", "ms/stmt", "BEGIN ms", "COMMIT ms",
-                 "worker CPU µs/task"], detail,
+                 "worker CPU µs/task", "server CPU µs/task"], detail,
                 title="Ledger calls inside the workers (all processes added up)"), flush=True)
             verb_rows = []
             for e in drains:

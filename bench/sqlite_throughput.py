@@ -267,9 +267,10 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
         def _open(self) -> Any:
             return TimedConnection(super()._open())
 
-        def claim(self, holder: str, names: Sequence[str], limit: int) -> Any:
+        def claim(self, holder: str, names: Sequence[Any], limit: int,
+                  scope: Any = None) -> Any:
             t = time.perf_counter()
-            claims = super().claim(holder, names, limit)
+            claims = super().claim(holder, names, limit, scope)
             figures["claim_s"] += time.perf_counter() - t
             figures["claim_calls"] += 1
             if claims:
@@ -290,11 +291,12 @@ def ratchet_worker_child(argv: Sequence[str]) -> int:
             return outcomes
 
         def commit_and_claim(
-            self, writes: Sequence[Any], holder: str, names: Sequence[str], limit: int
+            self, writes: Sequence[Any], holder: str, names: Sequence[Any], limit: int,
+            scope: Any = None,
         ) -> Any:
             # The worker's usual transaction: completions plus the claim of their successors.
             t = time.perf_counter()
-            outcomes, claims = super().commit_and_claim(writes, holder, names, limit)
+            outcomes, claims = super().commit_and_claim(writes, holder, names, limit, scope)
             figures["commit_s"] += time.perf_counter() - t
             figures["commit_calls"] += 1
             figures["commit_writes"] += len(writes)

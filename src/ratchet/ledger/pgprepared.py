@@ -112,6 +112,7 @@ class PreparedStatements:
     def __init__(self, catalogue: Mapping[str, tuple[str, ...]], now_sql: str,
                  names: Collection[str] = HOT_STATEMENTS) -> None:
         self._now_sql = now_sql
+        self._types_sql = catalogue["prepared_types"][0]
         self._texts = {n: prepare_text(n, catalogue[n][0]) for n in names
                        if n in catalogue and len(catalogue[n]) == 1}
         self._enabled = False
@@ -156,9 +157,7 @@ class PreparedStatements:
         try:
             conn.execute("; ".join(["DEALLOCATE ALL"] * stale
                                    + [p for p, _ in self._texts.values()]))
-            types = dict(conn.execute(
-                "SELECT name, parameter_types::text[] FROM pg_prepared_statements "
-                "WHERE name LIKE 'ratchet\\_%'").fetchall())
+            types = dict(conn.execute(self._types_sql).fetchall())
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:

@@ -14,6 +14,7 @@ from ..rows import SUBMIT_EXISTING, SUBMIT_PRESENT, insert_audit
 from ..shapes import KeyRow
 from .core import EngineCore
 from .debounce import submit_debounced
+from .flowclaims import DEFAULT_QUEUE
 from .guarded import joinable
 
 __all__ = ["Submit", "SubmitConflict", "submit_in"]
@@ -116,8 +117,11 @@ def _submit_in(
     plain.sort(key=lambda r: (r["key"] is None, r["key"] or ""))
     tx.batch("submit_insert", plain)
     debounced = submit_debounced(tx, [r for r in rows if r["debounce_key"] is not None])
+    # The (name, queue) pairs a claim walks (PostgreSQL); the default queue is walked for
+    # every name whatever the table holds (flowclaims.entries_of), so it is not written.
     tx.batch("submit_queues", [{"name": n, "queue": q}
-                               for n, q in sorted({(r["name"], r["queue"]) for r in rows})])
+                               for n, q in sorted({(r["name"], r["queue"]) for r in rows})
+                               if q != DEFAULT_QUEUE])
     keyed = sorted({(r["name"], r["ckey"], r["ckey_max"]) for r in rows
                     if r["ckey"] is not None})
     if keyed:

@@ -14,6 +14,12 @@
 -- name: now
 SELECT extract(epoch FROM now())::float8;
 
+-- name: prepared_types
+-- The parameter types the server inferred for the ledger's prepared statements on this
+-- session (ledger/pgprepared.py casts each EXECUTE argument to its type).
+SELECT name, parameter_types::text[] FROM pg_prepared_statements
+WHERE name LIKE 'ratchet\_%%';
+
 -- name: claim_probe
 -- Not needed on PostgreSQL (claims never block each other); kept for the catalogue.
 SELECT true;

@@ -12,6 +12,10 @@
 -- name: now
 SELECT (julianday('now') - 2440587.5) * 86400.0;
 
+-- name: prepared_types
+-- Not used on SQLite (statements are cached by the driver); kept for the catalogue.
+SELECT NULL AS name, NULL AS parameter_types WHERE 0;
+
 -- name: claim_probe
 -- A lock-free look, so that idle polling does not take SQLite's write lock (now: the
 -- ledger clock, read with the "now" statement just before).
