@@ -41,6 +41,9 @@ class ClaimPolicy:
         if isinstance(error, LedgerCorrupt):
             self._worker._stop_corrupt(error)
 
+    def unfinished(self) -> int:
+        return self._worker._inflight
+
 
 class ClaimSlots(WorkerCore):
     """The worker's claim accounting (see the module docstring)."""

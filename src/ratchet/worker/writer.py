@@ -6,8 +6,8 @@ results, durable steps) or not (:meth:`LedgerWriter.submit`: completions and pip
 steps, whose callback runs in a writer thread once the outcome is known). A writer thread
 takes everything queued to it so far (up to ``max_batch``) and calls
 :meth:`Ledger.commit` once: one transaction, one fsync, each task's rows still fenced on
-its own generation. No artificial delay is added: under load batches grow by themselves,
-when idle each write commits alone at once.
+its own generation. When idle each write commits alone at once; under load batches grow by
+themselves, and the one bounded wait below keeps them whole.
 
 A :class:`LedgerWriter` runs ``writers`` such threads ("lanes"), each with a queue of its
 own; their transactions run at once, each on its own ledger connection (PostgreSQL: one
@@ -24,6 +24,17 @@ claims as many tasks as the policy allows, counting the slots its own completion
 (:meth:`Ledger.commit_and_claim`: one fsync for both). The policy reserves the slots a
 claim asks for until its outcome is known, so two lanes claiming at once never take more
 than the worker has room for.
+
+One wait is added, bounded and only under load: a single writer thread whose last
+transaction carried at least :data:`LINGER_MIN_FINALS` final writes, and which finds final
+writes queued while tasks it claimed are still running, waits up to
+:data:`LINGER_FRACTION` of its last transaction's time (never more than
+:data:`LINGER_MAX_S`) for those tasks' final writes, and stops waiting as soon as every one
+is queued. Without it a busy worker's transactions settle into two "waves" (a task claimed
+by one transaction completes in the one after next, so each carries half the tasks in
+flight) or one, by thread timing; one wave costs the ledger about half as much per task
+(bench/README.md, "Bimodal C=8"). A lone write, and the writes of long tasks (small
+batches), commit at once as before.
 
 A poll's claim that fails (the ledger unavailable: a full disk, a database restart) is
 retried with exponential backoff and logged once, then summarised
@@ -55,9 +66,21 @@ from .backoff import RepeatedFailure
 from .events import CommitEvents
 from .forks import check_process
 
-__all__ = ["ClaimPolicy", "LedgerWriter", "WriteCallback", "WriterStopped"]
+__all__ = ["LINGER_FRACTION", "LINGER_MAX_S", "LINGER_MIN_FINALS", "ClaimPolicy",
+           "LedgerWriter", "WriteCallback", "WriterStopped"]
 
 log = logging.getLogger("ratchet.worker.writer")
+
+LINGER_FRACTION = 0.25
+"""The longest wait for expected final writes, as a fraction of the writer thread's last
+transaction (seconds measured around it)."""
+
+LINGER_MAX_S = 0.002
+"""The longest wait for expected final writes, seconds, whatever the last transaction took."""
+
+LINGER_MIN_FINALS = 8
+"""Final writes the writer thread's last transaction must have carried for it to wait at
+all: a busy worker with short tasks (a small batch means long tasks or little work)."""
 
 WriteCallback = Callable[[CommitOutcome | None, BaseException | None], None]
 """Called in a writer thread (the write's lane) with ``(outcome, None)`` or ``(None, error)``."""
@@ -131,6 +154,11 @@ class ClaimPolicy(Protocol):
     def claim_failed(self, error: BaseException) -> None:
         """A claim (a poll's, or riding on a commit) failed with ``error``; its reservation
         was released already."""
+        ...
+
+    def unfinished(self) -> int:
+        """Tasks claimed and handed to the worker whose final write is not committed yet
+        (queued to the writer, in a transaction, or still running)."""
         ...
 
 
@@ -341,6 +369,8 @@ class _Lane(threading.Thread):
         self.transactions = 0
         self.writes = 0
         self.last_claim_at = float("-inf")
+        self._last_tx_s = 0.0  # seconds the last batch's transaction took
+        self._last_finals = 0  # final writes it carried
 
     def run(self) -> None:
         stop = False
@@ -361,8 +391,15 @@ class _Lane(threading.Thread):
                     item = get_nowait()
                 except queue.Empty:
                     break
+            if batch and not stop:
+                stop = self._linger(batch)
             if batch or poll:
+                t0 = time.monotonic()
                 self._drain(batch, poll)
+                writes = [w for w, _ in batch if isinstance(w, TaskWrite)]
+                if writes:  # a sync or a poll alone says nothing about the load
+                    self._last_tx_s = time.monotonic() - t0
+                    self._last_finals = sum(1 for w in writes if w.transition is not None)
             self.busy = False
         # Queued after stop() (a race with its flag): never left waiting.
         while True:
@@ -376,6 +413,45 @@ class _Lane(threading.Thread):
                     _resolve(cb, [], None)
                 else:
                     _resolve(cb, None, WriterStopped("ledger writer is stopped"))
+
+    def _linger(self, batch: list[_Item]) -> bool:
+        """Wait, bounded, for the final writes of tasks still running (see the module
+        docstring), appending what arrives to ``batch``; True if :meth:`LedgerWriter.stop`
+        was queued meanwhile (the batch is still committed)."""
+        policy = self._owner._policy
+        if (policy is None or len(self._owner._lanes) != 1
+                or self._last_finals < LINGER_MIN_FINALS):
+            return False
+        if any(isinstance(w, _Sync) for w, _ in batch):
+            return False  # someone waits for what is queued: commit now
+        finals = sum(1 for w, _ in batch if isinstance(w, TaskWrite) and w.transition)
+        if finals == 0:
+            return False
+        try:
+            expected = policy.unfinished() - finals
+        except Exception:
+            log.exception("ledger writer: claim policy failed")
+            return False
+        deadline = time.monotonic() + min(LINGER_MAX_S, LINGER_FRACTION * self._last_tx_s)
+        while expected > 0:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                return False
+            try:
+                item = self.queue.get(timeout=wait)
+            except queue.Empty:
+                return False
+            if item is _STOP:
+                return True
+            if item is _POLL:
+                continue  # the batch claims anyway
+            batch.append(item)  # type: ignore[arg-type]
+            what = item[0]  # type: ignore[index]
+            if isinstance(what, _Sync):
+                return False  # someone waits for what is queued: commit now
+            if isinstance(what, TaskWrite) and what.transition is not None:
+                expected -= 1
+        return False
 
     def _policy_limit(self, policy: ClaimPolicy, freed: int, forced: bool) -> int:
         try:
