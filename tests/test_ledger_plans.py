@@ -39,14 +39,16 @@ _FILL = (
 
 
 def _plan(conn: psycopg.Connection[Any], name: str, params: dict[str, Any],
-          generic: bool = False) -> str:
+          generic: bool = False, analyze: bool = False) -> str:
     """The plan of catalogue statement ``name`` with ``params``; ``generic``: the generic
     plan of it prepared (what a pooled connection runs after five executions,
-    ledger/pgprepared.py), the parameters unknown to the planner."""
+    ledger/pgprepared.py), the parameters unknown to the planner; ``analyze``: run it too
+    (rolled back), with the rows each node produced."""
     (statement,) = load_catalogue("postgresql")[name]
+    explain = "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " if analyze else "EXPLAIN "
     with conn.transaction(force_rollback=True):
         if not generic:
-            rows = conn.execute("EXPLAIN " + statement, params).fetchall()
+            rows = conn.execute(explain + statement, params).fetchall()
         else:
             prepare, order = prepare_text(name, statement)
             conn.execute(prepare)
@@ -60,7 +62,7 @@ def _plan(conn: psycopg.Connection[Any], name: str, params: dict[str, Any],
                 # Bound on the client, as the ledger sends it (a utility statement's
                 # parameters have no types the server could infer).
                 bound = psycopg.ClientCursor(conn).mogrify(
-                    f"EXPLAIN EXECUTE ratchet_{name}({args})", params)
+                    f"{explain}EXECUTE ratchet_{name}({args})", params)
                 rows = conn.execute(bound).fetchall()
             finally:
                 conn.execute(f"DEALLOCATE ratchet_{name}")
@@ -153,15 +155,18 @@ def test_pg_hot_statements_use_their_indexes(
         assert all("ranked." in ln for ln in sorts), plan
         assert "Index Scan using tasks_ready_priority" in plan, plan
         # Without prioritised tasks: one ordered walk per pair, stopped at the limit.
-        plan = _pg_plan(conn, "claim_fifo", {**params, "holder": "h"})
+        plan = _pg_plan(conn, "claim_fifo", {**params, "holder": "h", "checked": False})
         assert "Index Scan using tasks_ready on" in plan, plan
-        assert "Bitmap" not in plan and "Seq Scan on tasks" not in plan, plan
+        assert "Seq Scan on tasks" not in plan, plan
+        assert all("tasks_leased" in ln for ln in plan.splitlines()
+                   if "Bitmap Index Scan" in ln), plan  # only the checked probe
         assert all("p.run_at" in ln for ln in plan.splitlines() if "Sort Key" in ln), plan
-        index_cond = next(ln for ln in plan.splitlines() if "Index Cond" in ln)
+        index_cond = next(ln for ln in plan.splitlines()
+                          if "Index Cond" in ln and "run_at" in ln)
         assert "version" in index_cond, plan
         # The same walk sent with the claim's reads, behind its checks of the picture (each
         # an index probe: no pause, limit, rate limit, priority or expired lease).
-        plan = _pg_plan(conn, "claim_fifo_spec", {**params, "holder": "h"})
+        plan = _pg_plan(conn, "claim_fifo", {**params, "holder": "h", "checked": True})
         assert "Index Scan using tasks_ready on" in plan, plan
         assert "Seq Scan on tasks" not in plan, plan
         assert "tasks_leased" in plan and "tasks_ready_priority" in plan, plan
@@ -180,6 +185,16 @@ def test_pg_hot_statements_use_their_indexes(
         index_cond = next(ln for ln in plan.splitlines()
                           if "Index Cond" in ln and "run_at" in ln)
         assert "version" in index_cond, plan
+    # Unchecked, the speculative walk's checks never run: folded away when planned with
+    # its values, never executed under the generic plan (the OR stops at NOT checked).
+    walks = entries_of(claim_kinds([NAME]), [], None)
+    unchecked = {**entry_params(walks, ClaimScope(), now, 5), "holder": "h", "checked": False}
+    checks = ("pauses", "limits", "rate_limits", "tasks_leased", "tasks_ready_priority")
+    folded = _plan(conn, "claim_fifo", unchecked, analyze=True)
+    assert not any(c in folded for c in checks), folded
+    lazy = _plan(conn, "claim_fifo", unchecked, generic=True, analyze=True)
+    probes = [ln for ln in lazy.splitlines() if "->" in ln and any(c in ln for c in checks)]
+    assert probes and all("never executed" in ln for ln in probes), lazy
     plan = _pg_plan(conn, "limits_running", {})
     assert "tasks_leased" in plan and "Seq Scan on tasks" not in plan, plan
     plan = _pg_plan(conn, "limits_ready", {"names": [NAME], "tenants": ["acme"],

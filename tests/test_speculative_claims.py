@@ -1,5 +1,5 @@
 """Speculative claims on PostgreSQL (ledger/ops/claims.py): after a plain claim, the next
-claim of the same kinds sends its walk with its reads (``claim_fifo_spec``), one round
+claim of the same kinds sends its walk with its reads (``claim_fifo``, checked), one round
 trip less. The walk takes nothing once the picture changed, and the claim then decides
 from its reads as before: a pause, a concurrency limit, a rate limit, a task with a
 priority, an expired lease (takeovers first) and a new queue each keep their rule."""
@@ -16,7 +16,7 @@ from pgsupport import private_schema
 from ratchet import open_ledger
 from ratchet.app import new_task_id
 from ratchet.ledger import pgtx
-from ratchet.ledger.base import Claim, NewTask
+from ratchet.ledger.base import Claim, ClaimScope, NewTask
 from ratchet.ledger.engine import LedgerEngine
 from ratchet.ledger.records_ops import LimitScope
 from ratchet.serde import digest, dumps
@@ -76,14 +76,14 @@ def test_a_claim_after_a_plain_one_takes_its_walk_with_its_reads(
     assert [c.task_id for c in _claim(ledger, 1)] == ids[1:2]
     # Reads and walk in one round trip, then the audit and COMMIT: two in all.
     assert len(groups) == 2, groups
-    assert groups[0].endswith("claim_fifo_spec"), groups
+    assert groups[0].startswith("claim_expired+") and groups[0].endswith("+claim_fifo"), groups
     assert groups[1] == "audit_insert+COMMIT", groups
     (info,) = [ledger.get(ids[1])]
     assert info.state is State.RUNNING and info.holder == "h1"
 
 
 def _speculated(groups: list[str]) -> bool:
-    return any(g.endswith("claim_fifo_spec") for g in groups)
+    return any(g.startswith("claim_expired+") and g.endswith("+claim_fifo") for g in groups)
 
 
 def test_a_pause_after_a_plain_claim_stops_the_next(
@@ -147,3 +147,35 @@ def test_an_expired_lease_is_taken_over_before_fresh_work(
     assert _speculated(groups), groups
     assert taken.task_id == short and taken.takeover
     assert ledger.get(fresh[1]).state is State.PENDING
+
+
+@pytest.mark.parametrize("where", ["queue", "version"])
+def test_an_expired_lease_the_claim_does_not_take_never_stops_it(
+    ledger: LedgerEngine, groups: list[str], where: str
+) -> None:
+    """An expired lease of the same name in a queue this worker does not serve, or of a
+    version it does not claim: not its takeover, so its speculative walk and its reads
+    agree that the picture is plain, and every claim takes its ready work."""
+    params = dumps({})
+    version = 1 if where == "queue" else 2
+    scope = ClaimScope(queues=("default",)) if where == "queue" else None
+    kinds: list[Any] = [NAME] if where == "queue" else [(NAME, 2)]
+    other = NewTask(new_task_id(), NAME, 1, params, digest(NAME, params), None, 3, 1.0,
+                    queue="q2" if where == "queue" else "default")
+    ledger.submit([other])
+    (dead,) = ledger.claim("dead", [NAME] if where == "queue" else [(NAME, 1)], 1,
+                           ClaimScope(queues=("q2",)) if where == "queue" else None)
+    mine = []
+    for _ in range(4):
+        mine.append(NewTask(new_task_id(), NAME, version, params, digest(NAME, params), None,
+                            3, 30.0))
+        ledger.submit(mine[-1:])
+    deadline = time.monotonic() + 30
+    while ledger.now() <= dead.lease_until:
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.05)
+    groups.clear()
+    taken = [c.task_id for _ in range(4) for c in ledger.claim("h1", kinds, 1, scope)]
+    assert taken == [t.task_id for t in mine]
+    assert _speculated(groups), groups
+    assert ledger.get(other.task_id).state is State.RUNNING  # still the dead holder's

@@ -101,8 +101,9 @@ class Dialect(Protocol):
             transaction (SQLite: idle polling must not take the single write lock).
         walks_queue_pairs: the claim statements walk the ready set per (name, queue)
             pair (PostgreSQL); else per served queue, ``claim_ready_queues`` (SQLite).
-        speculative_claims: a claim sends its walk with its reads (``claim_fifo_spec``,
-            one round trip less; PostgreSQL), taken only while its previous picture holds
+        speculative_claims: a claim sends its walk with its reads (``claim_fifo``
+            checked, one round trip less; PostgreSQL), taken only while its previous
+            picture holds
             (:class:`~ratchet.ledger.ops.claims.Claims`).
         single_writer: one write transaction at a time for the whole database (SQLite):
             background work in several transactions (prune batches) pauses between them

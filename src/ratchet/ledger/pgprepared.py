@@ -45,7 +45,7 @@ log = logging.getLogger("ratchet.ledger.pgprepared")
 HOT_STATEMENTS = (
     # a claim (ops/claims.py): its reads, its walk, what it writes
     "claim_expired", "claim_gate", "pauses_active", "limits_all", "claim_flow",
-    "claim_fifo", "claim_fifo_spec", "claim_ready", "claim_steps", "claim_effects", "wake_due",
+    "claim_fifo", "claim_ready", "claim_steps", "claim_effects", "wake_due",
     "key_refill_take",
     # a commit (ops/commit.py)
     "fence_read", "transition", "steps_upsert", "effects_intent", "effects_outcome",
@@ -129,12 +129,16 @@ class PreparedStatements:
         self._enabled = True
 
     def forget(self, conn: psycopg.Connection[Any]) -> None:
-        """Prepare ``conn``'s statements again, after ``DEALLOCATE ALL``, at its next
-        :meth:`on`: a use failed because the server's view of a statement changed (its
-        result columns, after a migration by another process) or it was deallocated. Safe
-        from any thread: nothing is sent on ``conn`` here."""
+        """Prepare ``conn``'s statements again, and every other pooled connection's, after
+        ``DEALLOCATE ALL``, at their next :meth:`on`: a use failed because the server's
+        view of a statement changed (its result columns, after a migration by another
+        process) or it was deallocated. Safe from any thread: nothing is sent here."""
         with self._lock:
-            self._done.pop(conn, None)
+            # Every connection: a migration changed the statements for all of them, and
+            # the retry may come on any.
+            for known in list(self._done):
+                self._stale.add(known)
+            self._done.clear()
             self._stale.add(conn)
 
     def on(self, conn: psycopg.Connection[Any]) -> Mapping[str, Prepared]:

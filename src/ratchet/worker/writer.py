@@ -392,7 +392,8 @@ class _Lane(threading.Thread):
                 except queue.Empty:
                     break
             if batch and not stop:
-                stop = self._linger(batch)
+                stop, polled = self._linger(batch)
+                poll = poll or polled
             if batch or poll:
                 t0 = time.monotonic()
                 self._drain(batch, poll)
@@ -414,44 +415,47 @@ class _Lane(threading.Thread):
                 else:
                     _resolve(cb, None, WriterStopped("ledger writer is stopped"))
 
-    def _linger(self, batch: list[_Item]) -> bool:
+    def _linger(self, batch: list[_Item]) -> tuple[bool, bool]:
         """Wait, bounded, for the final writes of tasks still running (see the module
-        docstring), appending what arrives to ``batch``; True if :meth:`LedgerWriter.stop`
-        was queued meanwhile (the batch is still committed)."""
+        docstring), appending what arrives to ``batch``. Returns ``(stop, poll)``:
+        :meth:`LedgerWriter.stop` was queued meanwhile (the batch is still committed), a
+        poll was (the batch's claim is then forced, as the poll's own would be)."""
         policy = self._owner._policy
         if (policy is None or len(self._owner._lanes) != 1
                 or self._last_finals < LINGER_MIN_FINALS):
-            return False
+            return False, False
         if any(isinstance(w, _Sync) for w, _ in batch):
-            return False  # someone waits for what is queued: commit now
+            return False, False  # someone waits for what is queued: commit now
         finals = sum(1 for w, _ in batch if isinstance(w, TaskWrite) and w.transition)
         if finals == 0:
-            return False
+            return False, False
         try:
             expected = policy.unfinished() - finals
         except Exception:
             log.exception("ledger writer: claim policy failed")
-            return False
+            return False, False
         deadline = time.monotonic() + min(LINGER_MAX_S, LINGER_FRACTION * self._last_tx_s)
+        polled = False
         while expected > 0:
             wait = deadline - time.monotonic()
             if wait <= 0:
-                return False
+                break
             try:
                 item = self.queue.get(timeout=wait)
             except queue.Empty:
-                return False
+                break
             if item is _STOP:
-                return True
+                return True, polled
             if item is _POLL:
-                continue  # the batch claims anyway
+                polled = True
+                continue
             batch.append(item)  # type: ignore[arg-type]
             what = item[0]  # type: ignore[index]
             if isinstance(what, _Sync):
-                return False  # someone waits for what is queued: commit now
+                break  # someone waits for what is queued: commit now
             if isinstance(what, TaskWrite) and what.transition is not None:
                 expected -= 1
-        return False
+        return False, polled
 
     def _policy_limit(self, policy: ClaimPolicy, freed: int, forced: bool) -> int:
         try:

@@ -24,7 +24,6 @@ from ..rows import (
     CLAIM_EXPIRED,
     CLAIM_FIFO,
     CLAIM_FIFO_QUEUES,
-    CLAIM_FIFO_SPEC,
     CLAIM_FLOW,
     CLAIM_GATE,
     CLAIM_LIMITED,
@@ -67,7 +66,7 @@ WAKE_EVERY_S = 0.05
 
 class ClaimReads(NamedTuple):
     """What a claim reads first (:meth:`Claims.reads`), shaped. ``speculative``: the rows
-    the speculative walk sent with the reads claimed (``claim_fifo_spec``), or None when
+    the speculative walk sent with the reads claimed (``claim_fifo``, checked), or None when
     none was sent."""
 
     expired: list[LeaseRow]
@@ -80,6 +79,7 @@ class ClaimReads(NamedTuple):
     refill: list[RefillRow]
     speculative: list[ClaimRow] | None = None
     walks: list[Entry] | None = None
+    checked: bool = False
 
     @classmethod
     def of(cls, rows: Sequence[Sequence[tuple[Any, ...]]],
@@ -88,9 +88,13 @@ class ClaimReads(NamedTuple):
         returned them; ``walks``: the speculative walk's entries when it was sent (its
         rows are the last)."""
         spec: list[ClaimRow] | None = None
+        checked = False
         if walks is not None:
             *rows, last = rows
-            spec = CLAIM_FIFO_SPEC.of(last)
+            spec = CLAIM_FIFO.of(last)
+            # One row with a NULL id: its check of the picture failed (it took nothing).
+            checked = all(r.id is not None for r in spec)
+            spec = [r for r in spec if r.id is not None]
         expired, _gate, pauses, limits, flow, *woken = rows
         shaped = CLAIM_FLOW.of(flow)
         return cls(CLAIM_EXPIRED.of(expired), PAUSES_ACTIVE.of(pauses), LIMITS_ALL.of(limits),
@@ -100,7 +104,7 @@ class ClaimReads(NamedTuple):
                                      r.key_param) for r in shaped if r.kind == "rate"],
                    any(r.kind == "priority" for r in shaped),
                    WAKE_DUE.of(woken[0]) if woken else [],
-                   KEY_REFILL_TAKE.of(woken[1]) if woken else [], spec, walks)
+                   KEY_REFILL_TAKE.of(woken[1]) if woken else [], spec, walks, checked)
 
 
 class Claims:
@@ -159,7 +163,8 @@ class Claims:
 
         With ``holder`` on a dialect that speculates (``speculative_claims``), the walk of
         the last plain claim of the same kinds goes last, in the same round trip
-        (``claim_fifo_spec``: it takes nothing unless the picture is still plain); the
+        (``claim_fifo`` with ``checked``: it takes nothing unless the picture is still
+        plain); the
         second value is its entries when it was added, else None (:meth:`ClaimReads.of`
         splits its rows off)."""
         served = None if scope is None or scope.queues is None else list(scope.queues)
@@ -179,7 +184,7 @@ class Claims:
             return reads, None
         params = entry_params(walks, scope or ClaimScope(), 0.0, limit)
         del params["now"]  # the transaction's clock, read in the same round trip
-        reads.append(CLAIM_FIFO_SPEC.sent({**params, "holder": holder}))
+        reads.append(CLAIM_FIFO.sent({**params, "holder": holder, "checked": True}))
         return reads, walks
 
     def claim_in(
@@ -210,7 +215,7 @@ class Claims:
         if pre is None:
             pre = ClaimReads.of(tx.rows_many(self.reads(names, limit, scope)[0]))
         (expired, pauses, limit_rows, queue_rows, rate_rows, prioritised, woken, refill,
-         speculative, _walks) = pre
+         speculative, _walks, _checked) = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
         repairs = len(repaired) if repaired is not None else 0
         self.core.repair_clock(tx, now, repaired)
@@ -261,10 +266,11 @@ class Claims:
             self._plain[key] = plain
         else:
             self._plain.pop(key, None)
-        # The speculative walk covered the fresh claim when the picture it assumed held
-        # (a clock repair ran after it: rows it re-anchored may be ready now).
-        covered = (speculative is not None and simple and not repaired_now
-                   and pre.walks == plain)
+        # The speculative walk covered the fresh claim when its own check of the picture
+        # passed and it walked the pairs there are (not after a clock repair: rows it
+        # re-anchored may be ready now). Decided on the walk's own verdict, never on the
+        # reads alone: a check that disagreed with them would otherwise stop every claim.
+        covered = (pre.checked and not expired and not repaired_now and pre.walks == plain)
         if room > len(expired) and not covered:
             limits = [limit_record(r) for r in limit_rows]
             if plain:
@@ -331,7 +337,8 @@ class Claims:
                 ready = CLAIM_READY_QUEUES if by_queue else CLAIM_READY
             else:
                 ready = CLAIM_FIFO_QUEUES if by_queue else CLAIM_FIFO
-            return ready.all(tx, {**params, "holder": holder})
+            return [r for r in ready.all(tx, {**params, "holder": holder, "checked": False})
+                    if r.id is not None]
         plan = _allowance(tx, now, names, want, limits, scopes, paused)
         return _claim_limited(tx, holder, params, entries, plan)
 

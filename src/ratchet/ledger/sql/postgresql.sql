@@ -251,44 +251,32 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND p
 -- name: claim_fifo
 -- claim_ready while no claimable task has a priority (claim_priorities): per (name, queue)
 -- pair one walk of tasks_ready stopped at the limit, then the oldest of those.
-WITH picked AS (
-    SELECT p.id, p.state
-    FROM unnest(%(enames)s::text[], %(equeues)s::text[], %(elo)s::int[],
-                %(ehi)s::int[]) AS e(name, queue, lo, hi)
-    CROSS JOIN LATERAL (
-        SELECT id, state, run_at FROM tasks
-        WHERE tasks.name = e.name AND tasks.queue = e.queue
-          AND state IN ('PENDING', 'RETRY_WAIT')
-          AND run_at <= %(now)s AND tasks.version BETWEEN e.lo AND e.hi
-        ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p
-    ORDER BY p.run_at, p.id LIMIT %(limit)s)
-UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
-                   attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
-                   updated_at = %(now)s, flow_wait = NULL
-FROM picked WHERE t.id = picked.id
-RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-          t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
-
--- name: claim_fifo_spec
--- claim_fifo sent with the claim's reads, in their round trip (ops/claims.py, speculative
--- claims): the walks of the (name, queue) pairs the engine's previous claim of the same
--- kinds found, taken only while that claim's picture still holds: no active pause, no
--- concurrency limit, no rate limit on the names, no ready task with a priority and no
--- expired lease of the names (takeovers come first; tasks_leased below the clock, empty
--- but after a crash). Otherwise it takes nothing and the engine claims as before, from
--- the reads. It runs after the pause gate in the same string, so a pause
--- cannot start between the check and the claim.
+-- checked (speculative claims, ops/claims.py): sent with the claim's reads, in their round
+-- trip, as the walk of the pairs the engine's previous claim of the same kinds found; it
+-- then takes something only while that claim's picture still holds: no active pause, no
+-- concurrency limit, no rate limit on the names, no ready task with a priority, and no
+-- expired lease that claim_expired would take (its names, versions and served queues:
+-- takeovers come first). Otherwise it takes nothing and says so with one row whose id is
+-- NULL, and the engine claims as before, from the reads. It runs after the pause gate of
+-- the same string, so a pause cannot start between the check and the claim. Unchecked,
+-- the checks are never evaluated (the OR stops at NOT checked) and no such row comes.
 WITH plain AS (
     SELECT 1 AS ok
-    WHERE NOT EXISTS (SELECT 1 FROM pauses WHERE resumed_at IS NULL)
+    WHERE NOT %(checked)s::bool OR (
+          NOT EXISTS (SELECT 1 FROM pauses WHERE resumed_at IS NULL)
       AND NOT EXISTS (SELECT 1 FROM limits)
       AND NOT EXISTS (SELECT 1 FROM rate_limits
                       WHERE scope = 'type' AND name = ANY(%(enames)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM tasks
                       WHERE state IN ('PENDING', 'RETRY_WAIT') AND priority <> 0)
-      AND NOT EXISTS (SELECT 1 FROM tasks
-                      WHERE lease_until IS NOT NULL AND lease_until < %(now)s
-                        AND state = 'RUNNING' AND name = ANY(%(enames)s::text[]))),
+      AND NOT EXISTS (
+          SELECT 1 FROM tasks
+          WHERE lease_until IS NOT NULL AND lease_until < %(now)s AND state = 'RUNNING'
+            AND name = ANY(%(names)s::text[])
+            AND EXISTS (SELECT 1 FROM unnest(%(names)s::text[], %(lo)s::int[], %(hi)s::int[])
+                                      AS n(name, lo, hi)
+                        WHERE n.name = tasks.name AND tasks.version BETWEEN n.lo AND n.hi)
+            AND (%(served)s::text[] IS NULL OR queue = ANY(%(served)s::text[]))))),
 picked AS (
     SELECT p.id, p.state
     FROM plain CROSS JOIN
@@ -300,13 +288,18 @@ picked AS (
           AND state IN ('PENDING', 'RETRY_WAIT')
           AND run_at <= %(now)s AND tasks.version BETWEEN e.lo AND e.hi
         ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p
-    ORDER BY p.run_at, p.id LIMIT %(limit)s)
-UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
-                   attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
-                   updated_at = %(now)s, flow_wait = NULL
-FROM picked WHERE t.id = picked.id
-RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-          t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context;
+    ORDER BY p.run_at, p.id LIMIT %(limit)s),
+claimed AS (
+    UPDATE tasks t SET state = 'RUNNING', holder = %(holder)s, generation = t.generation + 1,
+                       attempt = t.attempt + 1, lease_until = %(now)s + t.lease_s,
+                       updated_at = %(now)s, flow_wait = NULL
+    FROM picked WHERE t.id = picked.id
+    RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
+              t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context)
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE NOT EXISTS (SELECT 1 FROM plain);
 
 -- name: claim_fifo_queues
 -- PostgreSQL walks (name, queue) pairs in claim_fifo whatever the queues served; kept for

@@ -282,13 +282,6 @@ RETURNING id, name, version, params, generation, attempt, max_attempts, lease_s,
           lease_until, (SELECT p.from_state FROM temp.claim_pick p WHERE p.id = tasks.id),
           control_request, trace_context;
 
--- name: claim_fifo_spec
--- Not used on SQLite (a claim's statements cost no round trips to save: the dialect does
--- not speculate); kept for the catalogue.
-SELECT NULL AS id, NULL AS name, NULL AS version, NULL AS params, NULL AS generation,
-       NULL AS attempt, NULL AS max_attempts, NULL AS lease_s, NULL AS lease_until,
-       NULL AS state, NULL AS control_request, NULL AS trace_context WHERE 0;
-
 -- name: claim_fifo_queues
 -- claim_ready_queues while no claimable task has a priority: per served queue a walk of
 -- tasks_ready_queue stopped at the limit, then the oldest of those.
