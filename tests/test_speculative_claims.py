@@ -6,12 +6,15 @@ priority, an expired lease (takeovers first) and a new queue each keep their rul
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
-from pgsupport import private_schema
+from pgsupport import pg_base_url, private_schema
+from psycopg import sql
 
 from ratchet import open_ledger
 from ratchet.app import new_task_id
@@ -21,6 +24,7 @@ from ratchet.ledger.engine import LedgerEngine
 from ratchet.ledger.records_ops import LimitScope
 from ratchet.serde import digest, dumps
 from ratchet.states import State
+from ratchet.testing import wait_for
 
 NAME = "spec.task"
 
@@ -179,3 +183,39 @@ def test_an_expired_lease_the_claim_does_not_take_never_stops_it(
     assert taken == [t.task_id for t in mine]
     assert _speculated(groups), groups
     assert ledger.get(other.task_id).state is State.RUNNING  # still the dead holder's
+
+
+@pytest.mark.parametrize("scope", ["type", "all"])
+def test_a_resume_between_the_reads_and_the_walk_loses_no_claimed_task(
+    ledger: LedgerEngine, scope: str
+) -> None:
+    """The reads see a pause, a resume commits, then the speculative walk (after it, in
+    the same round trip) sees none and claims: what it claimed is returned, never left
+    RUNNING unseen. The window is held open by locking ``task_queues``, which the claim's
+    ``claim_flow`` read (between the pause read and the walk) must wait for."""
+    ids = _submit(ledger, 3)
+    assert [c.task_id for c in _claim(ledger, 1)] == ids[:1]
+    ledger.pause(scope, NAME if scope == "type" else "*", "test", "op")
+    schema = ledger.dialect.schema
+    base = pg_base_url()
+    got: list[list[Claim]] = []
+    with psycopg.connect(base) as blocker:
+        blocker.execute(sql.SQL("LOCK TABLE {}.task_queues IN ACCESS EXCLUSIVE MODE")
+                        .format(sql.Identifier(schema)))
+        claimer = threading.Thread(target=lambda: got.append(_claim(ledger, 1)))
+        claimer.start()
+        with psycopg.connect(base, autocommit=True) as watch:
+            wait_for("the claim waiting on task_queues", lambda: watch.execute(
+                "SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE NOT l.granted AND c.relname = 'task_queues' AND n.nspname = %s",
+                (schema,)).fetchone(), timeout_s=20)
+            # The resume's row update (Control.resume would wait on the lock too).
+            watch.execute(sql.SQL("UPDATE {}.pauses SET resumed_at = extract(epoch FROM "
+                                  "now()), resumed_by = 'op' WHERE resumed_at IS NULL")
+                          .format(sql.Identifier(schema)))
+        blocker.commit()
+    claimer.join(20)
+    (claims,) = got
+    running = [i for i in ids[1:] if ledger.get(i).state is State.RUNNING]
+    assert [c.task_id for c in claims] == running  # all it claimed, and only that

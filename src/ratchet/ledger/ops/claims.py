@@ -184,6 +184,9 @@ class Claims:
             return reads, None
         params = entry_params(walks, scope or ClaimScope(), 0.0, limit)
         del params["now"]  # the transaction's clock, read in the same round trip
+        # Its expired-lease check covers every claimed kind, as claim_expired does (not
+        # only the kinds that had a pair to walk last time).
+        params.update(claim_kinds(names))
         reads.append(CLAIM_FIFO.sent({**params, "holder": holder, "checked": True}))
         return reads, walks
 
@@ -225,16 +228,20 @@ class Claims:
         if refill:
             tx.batch("key_fill", [{"name": n, "key": k, "max": m} for n, k, m
                                   in sorted({(r.name, r.key, r.max) for r in refill})])
+        # The speculative walk's rows are claimed already (RUNNING, this holder's): they are
+        # returned whatever follows. Its check passed after the pause gate, so no pause
+        # covered them then (one the reads saw may have been resumed since).
+        taken: list[ClaimRow] = list(speculative or [])
         paused_types: set[str] = set()
         if pauses:
             if any(p.scope == "all" for p in pauses):
-                return []
+                return self._claimed(tx, holder, now, taken, {}, [])
             paused_types = {p.target for p in pauses if p.scope == "type"}
             names = [n for n in names
                      if (n if isinstance(n, str) else n[0]) not in paused_types]
             expired = [row for row in expired if row.name not in paused_types]
             if not names:
-                return []
+                return self._claimed(tx, holder, now, taken, {}, [])
         kinds = claim_kinds(names)
         audit: list[AuditRow] = []
         if any(row.control_request is not None for row in expired):
@@ -245,10 +252,9 @@ class Claims:
         if expired:
             expired = holder_gone(tx, expired, audit, "lease expired on final attempt",
                                   "lease expired")
-        # The speculative walk's rows are claimed already (RUNNING, this holder's); what
-        # follows claims only the room they left.
-        taken: list[ClaimRow] = list(speculative or [])
+        # What follows claims only the room the speculative walk left.
         room = limit - len(taken)
+        seen_expired = bool(expired)
         expired = expired[:max(0, room)]
         previous: dict[str, LeaseRow] = {row.id: row for row in expired}
         rows: list[ClaimRow] = []
@@ -260,7 +266,7 @@ class Claims:
         shaped = {e.name for e in entries if e.name in scope.fair or e.name in rated}
         plain = [e for e in entries if e.name not in shaped]
         # Plain: the speculative walk of the next claim may take the place of this one.
-        simple = (not pauses and not limit_rows and not prioritised and not expired
+        simple = (not pauses and not limit_rows and not prioritised and not seen_expired
                   and not shaped and bool(plain))
         if simple:
             self._plain[key] = plain
@@ -286,7 +292,14 @@ class Claims:
                                            paused_types)
                 rows.extend(self.flow.claim(tx, holder, now, flow, want, scope, rated,
                                             allowance))
-        rows = taken + rows
+        return self._claimed(tx, holder, now, taken + rows, previous, audit)
+
+    @staticmethod
+    def _claimed(tx: Tx, holder: str, now: float, rows: list[ClaimRow],
+                 previous: Mapping[str, LeaseRow], audit: list[AuditRow]) -> list[Claim]:
+        """The claimed ``rows`` audited (``claim``, or ``takeover`` for the ids of
+        ``previous``, the expired leases taken over) with ``audit``'s rows, and returned as
+        :class:`Claim` objects with the steps and effects of the resumed ones."""
         for row in rows:
             prev = previous.get(row.id)
             detail: dict[str, Any] = {"attempt": row.attempt, "lease_s": row.lease_s}
