@@ -164,9 +164,8 @@ class Claims:
         With ``holder`` on a dialect that speculates (``speculative_claims``), the walk of
         the last plain claim of the same kinds goes last, in the same round trip
         (``claim_fifo`` with ``checked``: it takes nothing unless the picture is still
-        plain); the
-        second value is its entries when it was added, else None (:meth:`ClaimReads.of`
-        splits its rows off)."""
+        plain); the second value is its entries when it was added, else None
+        (:meth:`ClaimReads.of` splits its rows off)."""
         served = None if scope is None or scope.queues is None else list(scope.queues)
         reads = [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit, "served": served}),
                  CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent(),
