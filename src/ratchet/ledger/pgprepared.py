@@ -140,6 +140,7 @@ class PreparedStatements:
                 self._stale.add(known)
             self._done.clear()
             self._stale.add(conn)
+            self._statements = None  # the parameter types are read again too
 
     def on(self, conn: psycopg.Connection[Any]) -> Mapping[str, Prepared]:
         """The statements prepared on ``conn`` (preparing them first if need be, one round
