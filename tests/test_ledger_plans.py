@@ -155,7 +155,8 @@ def test_pg_hot_statements_use_their_indexes(
         assert all("ranked." in ln for ln in sorts), plan
         assert "Index Scan using tasks_ready_priority" in plan, plan
         # Without prioritised tasks: one ordered walk per pair, stopped at the limit.
-        plan = _pg_plan(conn, "claim_fifo", {**params, "holder": "h", "checked": False})
+        plan = _pg_plan(conn, "claim_fifo",
+                        {**params, "holder": "h", "checked": False, "audited": False})
         assert "Index Scan using tasks_ready on" in plan, plan
         assert "Seq Scan on tasks" not in plan, plan
         assert all("tasks_leased" in ln for ln in plan.splitlines()
@@ -166,7 +167,8 @@ def test_pg_hot_statements_use_their_indexes(
         assert "version" in index_cond, plan
         # The same walk sent with the claim's reads, behind its checks of the picture (each
         # an index probe: no pause, limit, rate limit, priority or expired lease).
-        plan = _pg_plan(conn, "claim_fifo", {**params, "holder": "h", "checked": True})
+        plan = _pg_plan(conn, "claim_fifo",
+                        {**params, "holder": "h", "checked": True, "audited": True})
         assert "Index Scan using tasks_ready on" in plan, plan
         assert "Seq Scan on tasks" not in plan, plan
         assert "tasks_leased" in plan and "tasks_ready_priority" in plan, plan
@@ -188,7 +190,8 @@ def test_pg_hot_statements_use_their_indexes(
     # Unchecked, the speculative walk's checks never run: folded away when planned with
     # its values, never executed under the generic plan (the OR stops at NOT checked).
     walks = entries_of(claim_kinds([NAME]), [], None)
-    unchecked = {**entry_params(walks, ClaimScope(), now, 5), "holder": "h", "checked": False}
+    unchecked = {**entry_params(walks, ClaimScope(), now, 5), "holder": "h", "checked": False,
+                 "audited": False}
     checks = ("pauses", "limits", "rate_limits", "tasks_leased", "tasks_ready_priority")
     folded = _plan(conn, "claim_fifo", unchecked, analyze=True)
     assert not any(c in folded for c in checks), folded

@@ -18,7 +18,7 @@ from psycopg import sql
 from ratchet import open_ledger
 from ratchet.app import new_task_id
 from ratchet.ledger import pgtx
-from ratchet.ledger.base import Claim, ClaimScope, NewTask
+from ratchet.ledger.base import Claim, ClaimScope, NewTask, TaskWrite, Transition
 from ratchet.ledger.engine import LedgerEngine
 from ratchet.ledger.records_ops import LimitScope
 from ratchet.serde import digest, dumps
@@ -70,23 +70,67 @@ def _claim(ledger: LedgerEngine, limit: int, holder: str = "h1") -> list[Claim]:
     return ledger.claim(holder, [NAME], limit)
 
 
+def _no_wake_up(ledger: LedgerEngine) -> None:
+    """Put the wake-up of parked tasks (a claim's extra reads, at most every 50 ms) off, so
+    that the round trips counted do not depend on the machine's speed."""
+    ledger._claims._next_wake = float("inf")
+
+
 def test_a_claim_after_a_plain_one_takes_its_walk_with_its_reads(
     ledger: LedgerEngine, groups: list[str]
 ) -> None:
     ids = _submit(ledger, 3)
+    _no_wake_up(ledger)
     assert [c.task_id for c in _claim(ledger, 1)] == ids[:1]
     groups.clear()
     assert [c.task_id for c in _claim(ledger, 1)] == ids[1:2]
-    # Reads and walk in one round trip, then the audit and COMMIT: two in all.
-    assert len(groups) == 2, groups
-    assert groups[0].startswith("claim_expired+") and groups[0].endswith("+claim_fifo"), groups
-    assert groups[1] == "audit_insert+COMMIT", groups
+    # The whole transaction in one round trip: BEGIN, the reads, the walk (which writes its
+    # own audit rows) and COMMIT in one string.
+    assert groups == ["claim_expired+claim_gate+pauses_active+limits_all+claim_flow"
+                      "+claim_fifo+COMMIT"], groups
     (info,) = [ledger.get(ids[1])]
     assert info.state is State.RUNNING and info.holder == "h1"
+    # Audited as a claim written by the engine is: one row, with the attempt and lease.
+    (event,) = [e for e in ledger.timeline(ids[1]).events if e.kind == "claim"]
+    assert (event.from_state, event.to_state, event.generation, event.holder) == (
+        "PENDING", "RUNNING", 1, "h1")
+    assert event.detail == {"attempt": 1, "lease_s": 30.0}
+    # The picture changed (a second queue): the claim after a failed check decides from
+    # fresh reads in a transaction of its own, and the one after it is whole again.
+    (other,) = _submit(ledger, 1, queue="other")
+    groups.clear()
+    assert [c.task_id for c in _claim(ledger, 5)] == [ids[2], other]
+    reads = "claim_expired+claim_gate+pauses_active+limits_all+claim_flow"
+    assert groups == [reads + "+claim_fifo+COMMIT",  # took the default queue's task
+                      reads, "claim_fifo", "audit_insert+COMMIT"], groups  # then the rest
+    groups.clear()
+    assert _claim(ledger, 5) == []
+    assert len(groups) == 1 and groups[0].endswith("+claim_fifo+COMMIT"), groups
+
+
+def test_a_commit_and_claim_after_a_plain_claim_takes_two_round_trips(
+    ledger: LedgerEngine, groups: list[str]
+) -> None:
+    ids = _submit(ledger, 3)
+    _no_wake_up(ledger)
+    (first,) = _claim(ledger, 1)
+    groups.clear()
+    outcomes, claims = ledger.commit_and_claim(
+        [TaskWrite(first.task_id, first.generation, "h1", "complete",
+                   transition=Transition(State.SUCCEEDED, result_json=dumps(None)))],
+        "h1", [NAME], 5)
+    assert [o.ok for o in outcomes] == [True]
+    assert [c.task_id for c in claims] == ids[1:]
+    # The fence read with the claim's reads and walk; the writes, the audit and COMMIT.
+    assert len(groups) == 2 and groups[0].endswith("+claim_fifo"), groups
+    assert groups[1].endswith("+COMMIT"), groups
+    kinds = [e.kind for i in ids[1:] for e in ledger.timeline(i).events]
+    assert kinds.count("claim") == 2, kinds
 
 
 def _speculated(groups: list[str]) -> bool:
-    return any(g.startswith("claim_expired+") and g.endswith("+claim_fifo") for g in groups)
+    return any(g.startswith("claim_expired+") and g.endswith(("+claim_fifo", "+claim_fifo+COMMIT"))
+               for g in groups)
 
 
 def test_a_pause_after_a_plain_claim_stops_the_next(
@@ -180,14 +224,16 @@ def test_an_expired_lease_the_claim_does_not_take_never_stops_it(
     assert ledger.get(other.task_id).state is State.RUNNING  # still the dead holder's
 
 
+@pytest.mark.parametrize("via", ["claim", "commit_and_claim"])
 @pytest.mark.parametrize("scope", ["type", "all"])
 def test_a_resume_between_the_reads_and_the_walk_loses_no_claimed_task(
-    ledger: LedgerEngine, scope: str
+    ledger: LedgerEngine, scope: str, via: str
 ) -> None:
     """The reads see a pause, a resume commits, then the speculative walk (after it, in
     the same round trip) sees none and claims: what it claimed is returned, never left
     RUNNING unseen. The window is held open by locking ``task_queues``, which the claim's
-    ``claim_flow`` read (between the pause read and the walk) must wait for."""
+    ``claim_flow`` read (between the pause read and the walk) must wait for. A claim alone
+    sends it all with COMMIT; a commit's claim decides in the same transaction."""
     ids = _submit(ledger, 3)
     assert [c.task_id for c in _claim(ledger, 1)] == ids[:1]
     ledger.pause(scope, NAME if scope == "type" else "*", "test", "op")
@@ -197,7 +243,9 @@ def test_a_resume_between_the_reads_and_the_walk_loses_no_claimed_task(
     with psycopg.connect(base) as blocker:
         blocker.execute(sql.SQL("LOCK TABLE {}.task_queues IN ACCESS EXCLUSIVE MODE")
                         .format(sql.Identifier(schema)))
-        claimer = threading.Thread(target=lambda: got.append(_claim(ledger, 1)))
+        claimer = threading.Thread(target=lambda: got.append(
+            _claim(ledger, 1) if via == "claim"
+            else ledger.commit_and_claim([], "h1", [NAME], 1)[1]))
         claimer.start()
         with psycopg.connect(base, autocommit=True) as watch:
             wait_for("the claim waiting on task_queues", lambda: watch.execute(

@@ -72,6 +72,16 @@ class Tx(Protocol):
         dialect with a server sends them in one round trip)."""
         ...
 
+    def rows_last(
+        self, reads: Sequence[tuple[str, Mapping[str, Any] | None]]
+    ) -> list[list[tuple[Any, ...]]]:
+        """:meth:`rows_many` for the transaction's last statements: nothing is sent in it
+        after them. A dialect with a server sends them with ``COMMIT`` in one round trip
+        (the transaction commits before the body returns; a connection lost meanwhile
+        leaves its outcome unknown, :class:`CommitOutcomeUnknown`, as during ``COMMIT``).
+        Only for a transaction that wakes no one (:meth:`wake`)."""
+        ...
+
     def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
         """Run ``name`` and return its first row, or ``None``."""
         ...

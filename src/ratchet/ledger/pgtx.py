@@ -12,6 +12,7 @@ import psycopg
 import psycopg.rows
 import psycopg.sql
 
+from .. import faults
 from ..errors import WriteRejected
 from ..serde import dumps_rows
 from .catalogue import load_catalogue
@@ -82,6 +83,8 @@ class PgTx:
         self.statement = "begin"
         self.woken: set[str] = set()
         """The wake-up channels (:meth:`wake`) this transaction's commit notifies."""
+        self.commit_sent = False
+        """``COMMIT`` went with the last statements (:meth:`rows_last`)."""
 
     @classmethod
     def joined(cls, conn: psycopg.Connection[Any] | LoopConnection,
@@ -161,9 +164,9 @@ class PgTx:
             for other, other_params in more:
                 names.append(other)
                 later += self._bind(other, other_params)
-        if tail is not None:
+        if tail is not None:  # after ``more``: the string's last statement
             names.append(tail)
-            parts.append(tail)
+            later.append(tail)
         self.statement = "+".join(names) or ("begin" if not self.started else self.statement)
         self._deferred, self._names = [], []
         cur = self._raw
@@ -196,6 +199,26 @@ class PgTx:
         # Each catalogue entry here is one statement: one result set per read.
         assert all(len(self.catalogue[n]) == 1 for n, _ in more), "multi-statement read"
         cur = self._send(name, params, more=more)
+        results = [cur.fetchall()]
+        for _ in more:
+            cur.nextset()
+            results.append(cur.fetchall())
+        return results
+
+    def rows_last(
+        self, reads: Sequence[tuple[str, Mapping[str, Any] | None]]
+    ) -> list[list[tuple[Any, ...]]]:
+        """:meth:`rows_many` with ``COMMIT`` at the end of the same string: one round trip
+        for a whole transaction. :attr:`commit_sent` is set before it goes (the dialect
+        then treats a lost connection as a lost ``COMMIT``), and :meth:`commit` sends
+        nothing more."""
+        assert not self.woken, "a transaction that wakes someone commits through commit()"
+        assert reads, "no statements to end the transaction with"
+        (name, params), *more = reads
+        assert all(len(self.catalogue[n]) == 1 for n, _ in more), "multi-statement read"
+        faults.point("commit.before_commit")
+        self.commit_sent = True
+        cur = self._send(name, params, more=more, tail="COMMIT")
         results = [cur.fetchall()]
         for _ in more:
             cur.nextset()
@@ -249,6 +272,9 @@ class PgTx:
                               f"RELEASE SAVEPOINT {SAVEPOINT}", prepare=False)
 
     def _finish(self, before: Sequence[str], tail: str) -> None:
+        if self.commit_sent:  # rows_last sent COMMIT
+            assert not self._deferred and not before, "statements after COMMIT"
+            return
         if not self.started and not self._deferred:
             return
         for statement in before:

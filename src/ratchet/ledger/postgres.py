@@ -364,7 +364,7 @@ class PostgresDialect:
                 tx = PgTx(conn, self._catalogue, self.clock, prepared=self._prepared.on(conn))
                 try:
                     result = body(tx)
-                    if write:
+                    if write and not tx.commit_sent:  # else fired before rows_last sent it
                         faults.point("commit.before_commit")
                     committing = True
                     # What is kept, the wake-up (NOTIFY, delivered at commit) and COMMIT:
@@ -404,7 +404,7 @@ class PostgresDialect:
                 connection_lost=True,
             ) from exc
         except psycopg.OperationalError as exc:
-            if committing:
+            if committing or (tx is not None and tx.commit_sent):
                 raise CommitOutcomeUnknown(
                     f"PostgreSQL ledger {self.where}: connection lost during COMMIT; the "
                     f"outcome of this transaction is unknown ({exc})"

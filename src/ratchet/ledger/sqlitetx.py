@@ -44,6 +44,12 @@ class SQLiteTx:
     ) -> list[list[tuple[Any, ...]]]:
         return [self.rows(name, params) for name, params in reads]
 
+    def rows_last(
+        self, reads: Sequence[tuple[str, Mapping[str, Any] | None]]
+    ) -> list[list[tuple[Any, ...]]]:
+        # SQLite has no round trips to save: the dialect commits once the body returns.
+        return self.rows_many(reads)
+
     def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = self._run(name, params).fetchone()
         return row

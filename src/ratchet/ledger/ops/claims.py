@@ -137,13 +137,66 @@ class Claims:
             # ahead of it are re-anchored by the claim (ledger/clock.py).
             if not maybe and (clock is None or not core.clock_watch.observe(clock)):
                 return []
+        taken: list[Claim] = []
+        if self._one_shot_ready(names, scope):
+            taken, done = self._claim_one_shot(holder, names, limit, scope)
+            if done or len(taken) >= limit:
+                return taken
+            limit -= len(taken)
+
         def body(tx: Tx, repaired: list[bool]) -> list[Claim]:
             reads, walks = self.reads(names, limit, scope, holder)
             pre = ClaimReads.of(tx.rows_many(reads), walks)
             return self.claim_in(tx, holder, names, limit, pre, repaired=repaired,
                                  scope=scope)
 
-        return core.run_repairing(body)
+        return taken + core.run_repairing(body)
+
+    def _one_shot_ready(self, names: Sequence[ClaimKind], scope: ClaimScope | None) -> bool:
+        """Whether a claim of ``names`` can go in one round trip (:meth:`_claim_one_shot`):
+        the dialect speculates, the last claim of the same kinds was plain, the wake-up of
+        parked tasks is not due (its writes need the claim's transaction) and no repair of
+        the ledger clock is pending."""
+        return (self.core.dialect.speculative_claims
+                and bool(self._plain.get((tuple(names), scope or ClaimScope())))
+                and time.monotonic() < self._next_wake
+                and not self.core.clock_watch.pending)
+
+    def _claim_one_shot(self, holder: str, names: Sequence[ClaimKind], limit: int,
+                        scope: ClaimScope | None) -> tuple[list[Claim], bool]:
+        """A claim as one transaction in one round trip: ``BEGIN``, the claim's reads, the
+        speculative walk (checked, writing its own audit rows) and ``COMMIT`` in one
+        string (:meth:`Tx.rows_last <ratchet.ledger.dialect.Tx.rows_last>`). Returns the
+        claims it made and whether they are the whole claim: the walk's check passed, and
+        the reads show what its plain picture assumed (no expired lease, pause, limit,
+        priority or rate limit, and the (name, queue) pairs it walked are all there are),
+        and the clock did not step back. Otherwise the caller claims the rest in a
+        transaction of its own, decided from fresh reads (this picture is forgotten, so
+        that one does not speculate)."""
+        key = (tuple(names), scope or ClaimScope())
+        walks = self._plain[key]
+        reads = [*self._picture(names, limit, scope),
+                 self._walk(names, walks, limit, scope, holder, audited=True)]
+
+        def body(tx: Tx) -> tuple[float, ClaimReads]:
+            pre = ClaimReads.of(tx.rows_last(reads), walks)
+            return tx.now, pre  # read with the statements: BEGIN went first in their string
+
+        now, pre = self.core.dialect.run(body)
+        rows = pre.speculative or []
+        if rows and any(row.generation > 1 for row in rows):
+            # Resumed tasks: their steps and effects, read under the lease just committed.
+            claims = self.core.dialect.run(
+                lambda tx: self._claims(tx, now, rows, {}), write=False)
+        else:
+            claims = self._claims(None, now, rows, {})
+        plain, shaped = self._entries(names, pre, scope or ClaimScope())
+        done = (pre.checked and not pre.expired and not pre.pauses and not pre.limits
+                and not pre.prioritised and not shaped and plain == walks
+                and not self.core.clock_watch.observe(now))
+        if not done:
+            self._plain.pop(key, None)
+        return claims, done
 
     def reads(self, names: Sequence[ClaimKind], limit: int, scope: ClaimScope | None = None,
               holder: str | None = None,
@@ -166,10 +219,7 @@ class Claims:
         (``claim_fifo`` with ``checked``: it takes nothing unless the picture is still
         plain); the second value is its entries when it was added, else None
         (:meth:`ClaimReads.of` splits its rows off)."""
-        served = None if scope is None or scope.queues is None else list(scope.queues)
-        reads = [CLAIM_EXPIRED.sent({**claim_kinds(names), "limit": limit, "served": served}),
-                 CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent(),
-                 CLAIM_FLOW.sent({"names": claim_kinds(names)["names"]})]
+        reads = self._picture(names, limit, scope)
         clock = time.monotonic()
         if clock >= self._next_wake:
             self._next_wake = clock + WAKE_EVERY_S
@@ -179,15 +229,46 @@ class Claims:
             reads.append(KEY_REFILL_TAKE.sent())
         walks = (self._plain.get((tuple(names), scope or ClaimScope()))
                  if holder is not None and self.core.dialect.speculative_claims else None)
-        if not walks:
+        if not walks or holder is None:
             return reads, None
+        reads.append(self._walk(names, walks, limit, scope, holder, audited=False))
+        return reads, walks
+
+    @staticmethod
+    def _picture(names: Sequence[ClaimKind], limit: int, scope: ClaimScope | None,
+                 ) -> list[tuple[str, Mapping[str, Any]]]:
+        """The reads every claim starts with (see :meth:`reads`): the expired leases, the
+        pause gate, the pauses, the limits and the flow-control tables."""
+        served = None if scope is None or scope.queues is None else list(scope.queues)
+        kinds = claim_kinds(names)
+        return [CLAIM_EXPIRED.sent({**kinds, "limit": limit, "served": served}),
+                CLAIM_GATE.sent(), PAUSES_ACTIVE.sent(), LIMITS_ALL.sent(),
+                CLAIM_FLOW.sent({"names": kinds["names"]})]
+
+    @staticmethod
+    def _walk(names: Sequence[ClaimKind], walks: list[Entry], limit: int,
+              scope: ClaimScope | None, holder: str, audited: bool,
+              ) -> tuple[str, Mapping[str, Any]]:
+        """The speculative walk of ``walks`` (``claim_fifo``, checked); ``audited``: it
+        writes its claims' audit rows itself (a claim in one round trip)."""
         params = entry_params(walks, scope or ClaimScope(), 0.0, limit)
         del params["now"]  # the transaction's clock, read in the same round trip
         # Its expired-lease check covers every claimed kind, as claim_expired does (not
         # only the kinds that had a pair to walk last time).
         params.update(claim_kinds(names))
-        reads.append(CLAIM_FIFO.sent({**params, "holder": holder, "checked": True}))
-        return reads, walks
+        return CLAIM_FIFO.sent({**params, "holder": holder, "checked": True,
+                                "audited": audited})
+
+    @staticmethod
+    def _entries(names: Sequence[ClaimKind], pre: ClaimReads, scope: ClaimScope,
+                 ) -> tuple[list[Entry], set[str]]:
+        """The walks of a claim of ``names`` as ``pre`` read them: the plain entries (one
+        statement claims them) and the names that are shaped (fair or rate-limited: claimed
+        by :class:`~ratchet.ledger.ops.flowclaims.FlowClaims`)."""
+        entries = entries_of(claim_kinds(names), pre.queues, scope.queues)
+        rated = {r.name for r in pre.rates}
+        shaped = {e.name for e in entries if e.name in scope.fair or e.name in rated}
+        return [e for e in entries if e.name not in shaped], shaped
 
     def claim_in(
         self, tx: Tx, holder: str, names: Sequence[ClaimKind], limit: int,
@@ -262,8 +343,7 @@ class Claims:
                                                 "ids": list(previous)}))
         entries = entries_of(kinds, queue_rows, scope.queues)
         rated = {r.name: r for r in rate_rows}
-        shaped = {e.name for e in entries if e.name in scope.fair or e.name in rated}
-        plain = [e for e in entries if e.name not in shaped]
+        plain, shaped = self._entries(names, pre, scope)
         # Plain: the speculative walk of the next claim may take the place of this one.
         simple = (not pauses and not limit_rows and not prioritised and not seen_expired
                   and not shaped and bool(plain))
@@ -307,12 +387,20 @@ class Claims:
             audit.append((row.id, now, "takeover" if prev is not None else "claim",
                           row.from_state, "RUNNING", row.generation, holder, dumps(detail)))
         insert_audit(tx, audit)
+        return Claims._claims(tx, now, rows, previous)
+
+    @staticmethod
+    def _claims(tx: Tx | None, now: float, rows: list[ClaimRow],
+                previous: Mapping[str, LeaseRow]) -> list[Claim]:
+        """``rows`` as :class:`Claim` objects, with the steps and effects of the resumed
+        ones read in ``tx`` (None: no row is resumed)."""
         # Steps and effects can only exist after an earlier claim: generation > 1.
         # (Not attempt: a release hands its attempt back, the generation never goes back.)
         resumed = [row.id for row in rows if row.generation > 1]
         steps: dict[str, dict[str, StepRecord]] = {}
         effects: dict[str, dict[str, EffectRecord]] = {}
         if resumed:
+            assert tx is not None, "resumed claims read their steps"
             for s in CLAIM_STEPS.all(tx, {"ids": resumed}):
                 steps.setdefault(s.task_id, {})[s.name] = StepRecord(
                     s.name, s.result, s.generation, s.committed_at, s.seq)
@@ -349,7 +437,8 @@ class Claims:
                 ready = CLAIM_READY_QUEUES if by_queue else CLAIM_READY
             else:
                 ready = CLAIM_FIFO_QUEUES if by_queue else CLAIM_FIFO
-            return [r for r in ready.all(tx, {**params, "holder": holder, "checked": False})
+            return [r for r in ready.all(tx, {**params, "holder": holder, "checked": False,
+                                              "audited": False})
                     if r.id is not None]
         plan = _allowance(tx, now, names, want, limits, scopes, paused)
         return _claim_limited(tx, holder, params, entries, plan)

@@ -260,6 +260,8 @@ WHERE EXISTS (SELECT 1 FROM tasks WHERE state IN ('PENDING', 'RETRY_WAIT') AND p
 -- NULL, and the engine claims as before, from the reads. It runs after the pause gate of
 -- the same string, so a pause cannot start between the check and the claim. Unchecked,
 -- the checks are never evaluated (the OR stops at NOT checked) and no such row comes.
+-- audited (a claim in one round trip, ops/claims.py): the claims' audit rows are written
+-- here, as the engine's insert_audit writes them, for a string that ends in COMMIT.
 WITH plain AS (
     SELECT 1 AS ok
     WHERE NOT %(checked)s::bool OR (
@@ -295,7 +297,12 @@ claimed AS (
                        updated_at = %(now)s, flow_wait = NULL
     FROM picked WHERE t.id = picked.id
     RETURNING t.id, t.name, t.version, t.params, t.generation, t.attempt, t.max_attempts,
-              t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context)
+              t.lease_s, t.lease_until, picked.state, t.control_request, t.trace_context),
+audited AS (
+    INSERT INTO audit (task_id, at, kind, from_state, to_state, generation, holder, detail)
+    SELECT c.id, %(now)s, 'claim', c.state, 'RUNNING', c.generation, %(holder)s,
+           json_build_object('attempt', c.attempt, 'lease_s', c.lease_s)::text
+    FROM claimed AS c WHERE %(audited)s::bool)
 SELECT * FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
