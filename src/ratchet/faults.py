@@ -5,7 +5,9 @@ effect's call and the commit of its result, ...). Nothing happens unless the pro
 started with ``RATCHET_CRASH_AT=<name>`` — then the process kills itself with a real
 ``SIGKILL`` the ``RATCHET_CRASH_SKIP``-th + 1 time that point is reached — or with
 ``RATCHET_PAUSE_AT=<name>``, then it stops itself with ``SIGSTOP`` (a test later sends
-``SIGCONT``), to model a holder paused past its lease.
+``SIGCONT``), to model a holder paused past its lease. With ``RATCHET_CRASH_THREAD=<thread
+name>`` only that thread's passes count and stop (``ratchet-writer``: the worker's task
+writes and claims, not its lease renewals, whose number depends on the machine's speed).
 
 Point names (:data:`POINTS`; the crash-point matrix rows are DESIGN §6's):
 
@@ -59,11 +61,12 @@ TEST_PREFIX = "test."
 
 _lock = threading.Lock()
 _hits: dict[str, int] = {}
-_armed: tuple[str | None, str | None, int] | None = None
+_armed: tuple[str | None, str | None, int, str | None] | None = None
 
 
-def _config() -> tuple[str | None, str | None, int]:
-    """(crash point, pause point, skip), read from the environment once per process."""
+def _config() -> tuple[str | None, str | None, int, str | None]:
+    """(crash point, pause point, skip, thread), read from the environment once per
+    process."""
     global _armed
     if _armed is None:
         raw_skip = os.environ.get("RATCHET_CRASH_SKIP", "0")
@@ -74,7 +77,8 @@ def _config() -> tuple[str | None, str | None, int]:
                 f"RATCHET_CRASH_SKIP must be an integer (times to pass the point first), "
                 f"got {raw_skip!r}"
             ) from None
-        _armed = (_named("RATCHET_CRASH_AT"), _named("RATCHET_PAUSE_AT"), skip)
+        _armed = (_named("RATCHET_CRASH_AT"), _named("RATCHET_PAUSE_AT"), skip,
+                  os.environ.get("RATCHET_CRASH_THREAD") or None)
     return _armed
 
 
@@ -99,7 +103,7 @@ def armed() -> dict[str, str]:
     Raises:
         ConfigError: an unknown point name, or ``RATCHET_CRASH_SKIP`` not an integer.
     """
-    crash, pause, _skip = _config()
+    crash, pause, _skip, _thread = _config()
     named = {"RATCHET_CRASH_AT": crash, "RATCHET_PAUSE_AT": pause}
     return {variable: name for variable, name in named.items() if name is not None}
 
@@ -111,9 +115,11 @@ def point(name: str) -> None:
         ConfigError: ``RATCHET_CRASH_SKIP`` is set but not an integer, or
             ``RATCHET_CRASH_AT`` / ``RATCHET_PAUSE_AT`` names an unknown point.
     """
-    crash, pause, skip = _config()
+    crash, pause, skip, thread = _config()
     if name != crash and name != pause:
         return
+    if thread is not None and threading.current_thread().name != thread:
+        return  # neither counted nor armed in this thread
     with _lock:
         count = _hits.get(name, 0)
         _hits[name] = count + 1

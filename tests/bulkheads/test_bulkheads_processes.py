@@ -175,9 +175,11 @@ def test_sigkill_and_restart_keep_the_slot_until_revoked(rig_factory: Any) -> No
         w.holder()
     [long_id] = rig.submit("bh.limited", 1, 5000)
     a = started_long_task(rig, workers)
-    short = rig.submit("bh.limited", 6, 50)
+    # Killed at once, the short tasks submitted after: on a loaded machine their submits
+    # can take longer than the long body, which would then end before the kill.
     a.kill()
     killed_at = time.time()
+    short = rig.submit("bh.limited", 6, 50)
     rig.worker("a2", concurrency=2)
     rig.wait_done([long_id, *short])
     intervals = rig.intervals("bh.limited", open_end=killed_at)

@@ -165,6 +165,7 @@ class Rig:
         crash_at: str | None = None,
         skip: int | None = None,
         pause_at: str | None = None,
+        thread: str | None = None,
         concurrency: int = 1,
         env: dict[str, str] | None = None,
         fast_takeover: bool | None = False,
@@ -184,6 +185,7 @@ class Rig:
             RATCHET_CRASH_AT=crash_at,
             RATCHET_PAUSE_AT=pause_at,
             RATCHET_CRASH_SKIP=None if skip is None else str(skip),
+            RATCHET_CRASH_THREAD=thread,
             **(env or {}),
         )
         ledger = url or self.ledger_url

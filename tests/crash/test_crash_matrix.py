@@ -28,7 +28,7 @@ from crashkit import (
 from ratchet import State
 from ratchet.ledger.base import EffectState
 from ratchet.testing import list_task_ids
-from ratchet.testing.matrix.rows_worker import startup_writes
+from ratchet.testing.matrix.rows_worker import WRITER_THREAD
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(90)]
 
@@ -296,9 +296,10 @@ def test_row6_task_completed_not_rerun(rig: Rig, control: Any) -> None:
 
 # --------------------------------------------------------------------- row 7
 
-# The n-th write transaction of a fresh worker (0-based) after its migrations:
-# claim, prepare step + effect intent (the pipelined step rides on the intent's
-# transaction), effect result, finalize step (durable=True), completion.
+# The n-th write transaction of a fresh worker's writer thread (0-based; its start-up
+# writes run in the main thread, its lease renewals in the heartbeat's): claim, prepare
+# step + effect intent (the pipelined step rides on the intent's transaction), effect
+# result, finalize step (durable=True), completion.
 _CLAIM, _STEP, _INTENT, _RESULT, _FINAL, _COMPLETE = 0, 1, 1, 2, 3, 4
 
 
@@ -308,8 +309,8 @@ def test_row7_killed_inside_the_commit_transaction(rig: Rig, control: Any, targe
     rig.start_service(honour_keys=False)
     task_id = rig.submit()
     nth = {"claim": _CLAIM, "step": _STEP, "effect_result": _RESULT, "completion": _COMPLETE}
-    skip = startup_writes(rig.backend) + nth[target]
-    dead = rig.worker("A", crash_at="commit.before_commit", skip=skip)
+    dead = rig.worker("A", crash_at="commit.before_commit", skip=nth[target],
+                      thread=WRITER_THREAD)
     assert dead.wait() == SIGKILLED
 
     # Nothing of the killed transaction is visible; everything before it is.

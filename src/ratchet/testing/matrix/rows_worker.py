@@ -12,16 +12,18 @@ from .context import CHARGE_PARAMS, RowContext
 from .rig import SIGKILLED, MatrixRig, expect
 from .rows_submit import finish_like_control
 
-__all__ = ["row4", "row5", "row6", "row7", "startup_writes"]
+__all__ = ["WRITER_THREAD", "row4", "row5", "row6", "row7"]
 
 KEY = f"charge:{CHARGE_PARAMS['order_id']}"
 """The charge's key as the rig reads it (the world's prefix stripped)."""
 
 
-def _killed_worker(rig: MatrixRig, point: str, skip: int | None = None) -> str:
-    """Submit the charge and run a worker that SIGKILLs itself at ``point``; its task id."""
+def _killed_worker(rig: MatrixRig, point: str, skip: int | None = None,
+                   thread: str | None = None) -> str:
+    """Submit the charge and run a worker that SIGKILLs itself at ``point`` (the ``skip`` +
+    1-th time, in ``thread`` if named); its task id."""
     task_id = rig.app.submit(CHARGE, CHARGE_PARAMS).task_id
-    dead = rig.worker("A", crash_at=point, skip=skip)
+    dead = rig.worker("A", crash_at=point, skip=skip, thread=thread)
     status = dead.wait(30.0)
     expect(status == SIGKILLED, f"the worker was to die at {point}, exited {status}:\n"
                                 f"{dead.log()[-800:]}")
@@ -97,17 +99,15 @@ def row6(ctx: RowContext) -> str:
     return "killed after both steps committed: the new holder ran neither again"
 
 
-def startup_writes(backend: str) -> int:
-    """Write transactions a fresh worker runs when it opens an up-to-date ledger, before
-    its first claim: on SQLite none (opening a current file takes no write lock), on
-    PostgreSQL one (the migrations are checked in one transaction under an advisory lock);
-    then one more on both: the registration of the worker's definitions (DESIGN §8)."""
-    return (0 if backend == "sqlite" else 1) + 1
-
-
 RESULT_WRITE = 2
-"""The write transaction, after the start-up ones, that records the charge's result: the
-claim (0), the ``prepare`` step with the effect's intent (1), the effect's result (2)."""
+"""The write transaction of the worker's writer thread (``ratchet-writer``) that records
+the charge's result: the claim (0), the ``prepare`` step with the effect's intent (1), the
+effect's result (2). Counted in that thread only: the start-up writes run before it, and
+lease renewals (the heartbeat's, a third of a lease apart) may come between any two of
+these on a loaded machine."""
+
+WRITER_THREAD = "ratchet-writer"
+"""The worker's writer thread: its claims and task writes (:mod:`ratchet.worker.writer`)."""
 
 
 def row7(ctx: RowContext) -> str:
@@ -117,8 +117,8 @@ def row7(ctx: RowContext) -> str:
     control = ctx.control_charge()
     rig = ctx.world("row7")
     rig.start_service()
-    task_id = _killed_worker(rig, "commit.before_commit",
-                             skip=startup_writes(rig.backend) + RESULT_WRITE)
+    task_id = _killed_worker(rig, "commit.before_commit", skip=RESULT_WRITE,
+                             thread=WRITER_THREAD)
     timeline = rig.ledger.timeline(task_id)
     steps = sorted(s.name for s in timeline.steps)
     effects = {e.name: e.state for e in timeline.effects}
