@@ -104,3 +104,51 @@ def test_statements_the_server_lost_are_prepared_again(url: str) -> None:
         assert _prepared(ledger)["ratchet_claim_fifo"] >= 1
     finally:
         ledger.close()
+
+
+def test_the_prepared_statements_run_their_generic_plan(url: str) -> None:
+    """Planned once, never per execution: left to ``plan_cache_mode = auto`` the server
+    kept custom plans for the claim's reads on a table without statistics, planning them
+    on every claim."""
+    ledger = open_ledger(url)
+    assert isinstance(ledger, LedgerEngine)
+    try:
+        for _ in range(8):  # past the five custom plans ``auto`` would make first
+            _drain_one(ledger)
+
+        def body(tx: Any) -> list[tuple[str, int, int]]:
+            return list(tx.cur.execute(
+                "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE name LIKE 'ratchet\\_%'").fetchall())
+        plans = {str(n): (int(g), int(c)) for n, g, c in ledger.dialect.run(body, write=False)}
+        assert plans["ratchet_claim_expired"][0] >= 8, plans
+        assert {n: p for n, p in plans.items() if p[1]} == {}, plans
+    finally:
+        ledger.close()
+
+
+def test_a_bound_statement_is_reused_only_for_the_same_values(url: str) -> None:
+    """The claim's reads are bound once per distinct arguments (pgtx.BOUND_AGAIN): values
+    that differ only in type (1, 1.0, True) or in a list's items bind their own text."""
+    ledger = open_ledger(url)
+    assert isinstance(ledger, LedgerEngine)
+    try:
+        _drain_one(ledger)  # prepared
+        variants: list[dict[str, Any]] = [
+            {"names": [NAME], "lo": [1], "hi": [1], "limit": 1, "served": None},
+            {"names": [NAME], "lo": [1], "hi": [1], "limit": 1.0, "served": None},
+            {"names": [NAME], "lo": [1], "hi": [1], "limit": True, "served": None},
+            {"names": [NAME], "lo": [1.0], "hi": [1], "limit": 1, "served": None},
+            {"names": ["other"], "lo": [1], "hi": [1], "limit": 1, "served": ["q"]},
+        ]
+
+        def body(tx: Any) -> list[tuple[str, str]]:
+            prepared = tx._prepared["claim_expired"]
+            return [(tx._bind("claim_expired", v)[0],
+                     tx._binder.mogrify(prepared.execute_now_sql, v))
+                    for v in [*variants, *reversed(variants)]]
+        pairs = ledger.dialect.run(body, write=False)
+        assert all(bound == fresh for bound, fresh in pairs), pairs
+        assert len({bound for bound, _ in pairs}) == len(variants)
+    finally:
+        ledger.close()

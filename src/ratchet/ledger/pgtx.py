@@ -32,6 +32,34 @@ NOW_EXPR = "(" + load_catalogue("postgresql")["now"][0].removeprefix("SELECT ") 
 transaction's timestamp, the same value in every statement of a transaction."""
 
 
+BOUND_AGAIN = frozenset({"claim_expired", "claim_gate", "pauses_active", "limits_all",
+                         "claim_flow", "claim_fifo"})
+"""Prepared statements a worker sends with the same arguments claim after claim (its
+names, versions, queues, holder, limit): their bound ``EXECUTE`` strings are kept
+(:data:`_BOUND`), as binding them (psycopg's ``mogrify`` of arrays) was most of a claim's
+Python before its round trip."""
+
+_BOUND: dict[tuple[Any, ...], str] = {}
+_BOUND_MAX = 1024  # entries; the cache starts over when full
+
+
+def _frozen(values: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """``values`` as a hashable key (lists as tuples), or None when a value is neither a
+    scalar nor a list of scalars."""
+    key: list[Any] = []
+    for name in sorted(values):
+        value = values[name]
+        if isinstance(value, list):
+            if not all(v is None or isinstance(v, str | int | float) for v in value):
+                return None
+            # The element types are part of the key: 1 and 1.0 and True bind differently.
+            value = (tuple(value), tuple(type(v) for v in value))
+        elif not (value is None or isinstance(value, str | int | float)):
+            return None
+        key.append((name, value, type(value)))
+    return tuple(key)
+
+
 class PgTx:
     """A transaction on one pooled connection (see :class:`~ratchet.ledger.dialect.Tx`),
     sent in as few round trips as the engine's reads allow.
@@ -135,7 +163,19 @@ class PgTx:
                     values["now"] = self._now
                 else:
                     execute = prepared.execute_now_sql
-            return [self._binder.mogrify(execute, values)]
+            if name not in BOUND_AGAIN or "now" in values:  # a clock never comes again
+                return [self._binder.mogrify(execute, values)]
+            frozen = _frozen(values)
+            if frozen is None:
+                return [self._binder.mogrify(execute, values)]
+            key = (execute, frozen)
+            bound = _BOUND.get(key)
+            if bound is None:
+                bound = self._binder.mogrify(execute, values)
+                if len(_BOUND) >= _BOUND_MAX:
+                    _BOUND.clear()
+                _BOUND[key] = bound
+            return [bound]
         texts = self.catalogue[name]
         if "now" not in values:
             if self._now is not None:

@@ -367,6 +367,7 @@ class Worker(EndedAttempts):
         self._max_tasks: int | None = None
         self._last_claimed_at = float("-inf")  # monotonic: last claim that returned work
         self._notified = False  # the ledger said work may be ready: poll now
+        self._notify_polled_at = float("-inf")  # monotonic: the last poll _on_notify sent
         self._executor: Executor[tuple[Claim, LeaseHandle]] = Executor(
             concurrency, self._execute
         )
@@ -504,7 +505,8 @@ class Worker(EndedAttempts):
                     idle_since = now
                 idle_since = max(idle_since, self._last_claimed_at)
                 if idle_exit_s is not None and inflight == 0 and now - idle_since >= idle_exit_s:
-                    if max(last_poll, self.writer.last_claim_at) < idle_since:
+                    if max(last_poll, self.writer.last_claim_at,
+                           self._notify_polled_at) < idle_since:
                         # No claim tried since the worker became idle (a slow start-up, e.g.
                         # the LISTEN connection): try one before leaving.
                         self._notified = True
@@ -521,7 +523,8 @@ class Worker(EndedAttempts):
                 # on completions (a worker whose threads are all busy adds no transaction).
                 wait_s = self.poll_interval_s
                 if self._claim_limit(0, forced=True) > 0:
-                    last_try = max(self.writer.last_claim_at, last_poll)
+                    last_try = max(self.writer.last_claim_at, last_poll,
+                                   self._notify_polled_at)
                     due = last_try + (
                         linger if 0 < inflight < self._run_slots else self.poll_interval_s
                     )
@@ -615,8 +618,15 @@ class Worker(EndedAttempts):
 
     def _on_notify(self) -> None:
         """The ledger says work may be ready, or an operator recorded a request (e.g.
-        PostgreSQL NOTIFY): poll now, and let the heartbeat read the requests."""
-        self._notified = True
+        PostgreSQL NOTIFY): poll now, and let the heartbeat read the requests. With room
+        for a claim the poll goes to the writer from here, the listener's thread (one
+        thread hand-off less between a submit's commit and its claim); else the main loop
+        decides."""
+        if not self._stopping.is_set() and self._claim_limit(0, forced=True) > 0:
+            self._notify_polled_at = time.monotonic()
+            self.writer.poll()
+        else:
+            self._notified = True
         self._wake.set()
         self.heartbeat.poke_control()
 

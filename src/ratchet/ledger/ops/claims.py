@@ -119,6 +119,7 @@ class Claims:
         # walks of the last claim whose picture was plain (no pause, limit, rate limit,
         # priority or expired lease), sent with the next claim's reads.
         self._plain: dict[tuple[tuple[ClaimKind, ...], ClaimScope], list[Entry]] = {}
+        self._one_shot_reads: dict[tuple[Any, ...], list[tuple[str, Mapping[str, Any]]]] = {}
 
     def claim(self, holder: str, names: Sequence[ClaimKind], limit: int,
               scope: ClaimScope | None = None) -> list[Claim]:
@@ -175,8 +176,14 @@ class Claims:
         that one does not speculate)."""
         key = (tuple(names), scope or ClaimScope())
         walks = self._plain[key]
-        reads = [*self._picture(names, limit, scope),
-                 self._walk(names, walks, limit, scope, holder, audited=True)]
+        sent = (key, tuple(walks), limit, holder)
+        reads = self._one_shot_reads.get(sent)
+        if reads is None:  # the same claim comes again and again: built once
+            reads = [*self._picture(names, limit, scope),
+                     self._walk(names, walks, limit, scope, holder, audited=True)]
+            if len(self._one_shot_reads) >= 64:
+                self._one_shot_reads.clear()
+            self._one_shot_reads[sent] = reads
 
         def body(tx: Tx) -> tuple[float, ClaimReads]:
             pre = ClaimReads.of(tx.rows_last(reads), walks)
