@@ -54,7 +54,7 @@ HOT_STATEMENTS = (
     # a claim (ops/claims.py): its reads, its walk, what it writes
     "claim_expired", "claim_gate", "pauses_active", "limits_all", "claim_flow",
     "claim_fifo", "claim_ready", "claim_steps", "claim_effects", "wake_due",
-    "key_refill_take",
+    "key_refill_take", "claim_steps_taken", "claim_effects_taken",
     # a commit (ops/commit.py)
     "fence_read", "transition", "steps_upsert", "effects_intent", "effects_outcome",
     "audit_insert", "renew", "renew_held",

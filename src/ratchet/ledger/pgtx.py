@@ -5,6 +5,7 @@ inside a caller's open transaction (:meth:`PgTx.joined`: a savepoint, the ledger
 
 from __future__ import annotations
 
+import select
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,7 +34,8 @@ transaction's timestamp, the same value in every statement of a transaction."""
 
 
 BOUND_AGAIN = frozenset({"claim_expired", "claim_gate", "pauses_active", "limits_all",
-                         "claim_flow", "claim_fifo"})
+                         "claim_flow", "claim_fifo", "claim_steps_taken",
+                         "claim_effects_taken"})
 """Prepared statements a worker sends with the same arguments claim after claim (its
 names, versions, queues, holder, limit): their bound ``EXECUTE`` strings are kept
 (:data:`_BOUND`), as binding them (psycopg's ``mogrify`` of arrays) was most of a claim's
@@ -58,6 +60,25 @@ def _frozen(values: Mapping[str, Any]) -> tuple[Any, ...] | None:
             return None
         key.append((name, value, type(value)))
     return tuple(key)
+
+
+def _check_alive(conn: psycopg.Connection[Any]) -> None:
+    """Close ``conn`` and raise :class:`psycopg.OperationalError` if something waits on it
+    before anything was sent: the server does not speak to an idle session of ours (the
+    pooled connections LISTEN to nothing) unless it is ending it (a restart, a terminated
+    backend), and its last message may come before the end of the stream does. Sent with
+    ``COMMIT`` in the same string, a statement failing on such a connection would read as
+    a lost ``COMMIT`` (outcome unknown) instead of a transaction that never began (retried
+    on another connection; the pool discards this one)."""
+    try:
+        waiting, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (OSError, ValueError) as exc:
+        conn.close()
+        raise psycopg.OperationalError(f"connection lost before sending: {exc}") from exc
+    if waiting:
+        conn.close()
+        raise psycopg.OperationalError(
+            "connection lost before sending: the server spoke to an idle session (ending it)")
 
 
 class PgTx:
@@ -257,6 +278,8 @@ class PgTx:
         (name, params), *more = reads
         assert all(len(self.catalogue[n]) == 1 for n, _ in more), "multi-statement read"
         faults.point("commit.before_commit")
+        if not self.started and isinstance(self._conn, psycopg.Connection):
+            _check_alive(self._conn)
         self.commit_sent = True
         cur = self._send(name, params, more=more, tail="COMMIT")
         results = [cur.fetchall()]

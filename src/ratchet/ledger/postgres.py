@@ -652,8 +652,9 @@ class PostgresDialect:
         """The pooled connection of ``tx`` (see ``Dialect.user_connection``): the kept
         statements are sent first, and ``search_path`` is the database's default for the
         user's code (``SET LOCAL ... TO DEFAULT``: the value without the ledger's session
-        setting), then the ledger's schema again. User code must not change other session
-        settings (``SET LOCAL`` is fine: it ends with the transaction).
+        setting), then the ledger's schema again; so is ``plan_cache_mode`` (the ledger's
+        sessions run their prepared statements on generic plans). User code must not change
+        other session settings (``SET LOCAL`` is fine: it ends with the transaction).
 
         The transaction holds the task's row lock while the user's code runs; a session
         idle inside it longer than :data:`IDLE_IN_TRANSACTION_TIMEOUT_MS` (a frozen or
@@ -661,7 +662,9 @@ class PostgresDialect:
         """
         tx.cur  # noqa: B018 - sends BEGIN and every kept statement
         conn = tx.conn
-        conn.execute("SET LOCAL search_path TO DEFAULT")
+        # The prepared statements' generic plans (pgprepared.GENERIC_PLANS) are the
+        # ledger's: the user's statements, planned with their values, get the default.
+        conn.execute("SET LOCAL search_path TO DEFAULT; SET LOCAL plan_cache_mode TO DEFAULT")
         yield conn
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
             # Session-level, not LOCAL: it also undoes a session-level SET search_path of

@@ -3,6 +3,7 @@ concurrency limits (DESIGN §3, §8)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -21,6 +22,7 @@ from ..base import (
 from ..dialect import Tx
 from ..rows import (
     CLAIM_EFFECTS,
+    CLAIM_EFFECTS_TAKEN,
     CLAIM_EXPIRED,
     CLAIM_FIFO,
     CLAIM_FIFO_QUEUES,
@@ -30,6 +32,7 @@ from ..rows import (
     CLAIM_READY,
     CLAIM_READY_QUEUES,
     CLAIM_STEPS,
+    CLAIM_STEPS_TAKEN,
     CLAIM_TAKEOVER,
     KEY_REFILL_TAKE,
     LIMITS_ALL,
@@ -50,6 +53,8 @@ from ..shapes import (
     QueuePairRow,
     RateLimitTypeRow,
     RefillRow,
+    TaskEffectRow,
+    TaskStepRow,
     WokenRow,
 )
 from .core import EngineCore
@@ -59,6 +64,8 @@ from .retire import apply_requests, holder_gone
 from .waits import wake_audit, wake_due_read
 
 __all__ = ["WAKE_EVERY_S", "ClaimReads", "Claims"]
+
+log = logging.getLogger("ratchet.ledger")
 
 WAKE_EVERY_S = 0.05
 """Seconds between two claims of one engine that wake due parked tasks (``wake_due``)."""
@@ -139,8 +146,9 @@ class Claims:
             if not maybe and (clock is None or not core.clock_watch.observe(clock)):
                 return []
         taken: list[Claim] = []
-        if self._one_shot_ready(names, scope):
-            taken, done = self._claim_one_shot(holder, names, limit, scope)
+        walks = self._one_shot_walks(names, scope)
+        if walks is not None:
+            taken, done = self._claim_one_shot(holder, names, limit, scope, walks)
             if done or len(taken) >= limit:
                 return taken
             limit -= len(taken)
@@ -151,52 +159,62 @@ class Claims:
             return self.claim_in(tx, holder, names, limit, pre, repaired=repaired,
                                  scope=scope)
 
-        return taken + core.run_repairing(body)
+        if not taken:
+            return core.run_repairing(body)
+        try:
+            return taken + core.run_repairing(body)
+        except Exception as exc:
+            # What the one round trip claimed is committed and held by nobody else: it is
+            # returned (else it would sit RUNNING, unseen, until its leases expired); the
+            # rest is claimed by a later claim.
+            log.warning("claim: %d task(s) claimed; claiming the rest failed: %s",
+                        len(taken), exc)
+            return taken
 
-    def _one_shot_ready(self, names: Sequence[ClaimKind], scope: ClaimScope | None) -> bool:
-        """Whether a claim of ``names`` can go in one round trip (:meth:`_claim_one_shot`):
-        the dialect speculates, the last claim of the same kinds was plain, the wake-up of
-        parked tasks is not due (its writes need the claim's transaction) and no repair of
-        the ledger clock is pending."""
-        return (self.core.dialect.speculative_claims
-                and bool(self._plain.get((tuple(names), scope or ClaimScope())))
-                and time.monotonic() < self._next_wake
-                and not self.core.clock_watch.pending)
+    def _one_shot_walks(self, names: Sequence[ClaimKind], scope: ClaimScope | None,
+                        ) -> list[Entry] | None:
+        """The walks of a claim of ``names`` in one round trip (:meth:`_claim_one_shot`),
+        or None when it cannot go so: the dialect speculates, the last claim of the same
+        kinds was plain (its walks), the wake-up of parked tasks is not due (its writes
+        need the claim's transaction) and no repair of the ledger clock is pending."""
+        if (not self.core.dialect.speculative_claims or time.monotonic() >= self._next_wake
+                or self.core.clock_watch.pending):
+            return None
+        return self._plain.get((tuple(names), scope or ClaimScope())) or None
 
     def _claim_one_shot(self, holder: str, names: Sequence[ClaimKind], limit: int,
-                        scope: ClaimScope | None) -> tuple[list[Claim], bool]:
+                        scope: ClaimScope | None, walks: list[Entry],
+                        ) -> tuple[list[Claim], bool]:
         """A claim as one transaction in one round trip: ``BEGIN``, the claim's reads, the
-        speculative walk (checked, writing its own audit rows) and ``COMMIT`` in one
-        string (:meth:`Tx.rows_last <ratchet.ledger.dialect.Tx.rows_last>`). Returns the
-        claims it made and whether they are the whole claim: the walk's check passed, and
-        the reads show what its plain picture assumed (no expired lease, pause, limit,
-        priority or rate limit, and the (name, queue) pairs it walked are all there are),
-        and the clock did not step back. Otherwise the caller claims the rest in a
-        transaction of its own, decided from fresh reads (this picture is forgotten, so
-        that one does not speculate)."""
+        speculative walk of ``walks`` (checked, writing its own audit rows), the steps and
+        effects of what it took that ran before, and ``COMMIT`` in one string
+        (:meth:`Tx.rows_last <ratchet.ledger.dialect.Tx.rows_last>`). Returns the claims it
+        made and whether they are the whole claim: the walk's check passed, and the reads
+        show what its plain picture assumed (no expired lease, pause, limit, priority or
+        rate limit, and the (name, queue) pairs it walked are all there are), and the clock
+        did not step back. Otherwise the caller claims the rest in a transaction of its
+        own, decided from fresh reads (this picture is forgotten, so that one does not
+        speculate)."""
         key = (tuple(names), scope or ClaimScope())
-        walks = self._plain[key]
         sent = (key, tuple(walks), limit, holder)
         reads = self._one_shot_reads.get(sent)
         if reads is None:  # the same claim comes again and again: built once
             reads = [*self._picture(names, limit, scope),
-                     self._walk(names, walks, limit, scope, holder, audited=True)]
+                     self._walk(names, walks, limit, scope, holder, audited=True),
+                     CLAIM_STEPS_TAKEN.sent({"holder": holder}),
+                     CLAIM_EFFECTS_TAKEN.sent({"holder": holder})]
             if len(self._one_shot_reads) >= 64:
                 self._one_shot_reads.clear()
             self._one_shot_reads[sent] = reads
 
-        def body(tx: Tx) -> tuple[float, ClaimReads]:
-            pre = ClaimReads.of(tx.rows_last(reads), walks)
-            return tx.now, pre  # read with the statements: BEGIN went first in their string
+        def body(tx: Tx) -> tuple[float, list[list[tuple[Any, ...]]]]:
+            rows = tx.rows_last(reads)
+            return tx.now, rows  # read with the statements: BEGIN went first in their string
 
-        now, pre = self.core.dialect.run(body)
-        rows = pre.speculative or []
-        if rows and any(row.generation > 1 for row in rows):
-            # Resumed tasks: their steps and effects, read under the lease just committed.
-            claims = self.core.dialect.run(
-                lambda tx: self._claims(tx, now, rows, {}), write=False)
-        else:
-            claims = self._claims(None, now, rows, {})
+        now, (*picture, steps, effects) = self.core.dialect.run(body)
+        pre = ClaimReads.of(picture, walks)
+        claims = self._claims(now, pre.speculative or [], {}, CLAIM_STEPS_TAKEN.of(steps),
+                              CLAIM_EFFECTS_TAKEN.of(effects))
         plain, shaped = self._entries(names, pre, scope or ClaimScope())
         done = (pre.checked and not pre.expired and not pre.pauses and not pre.limits
                 and not pre.prioritised and not shaped and plain == walks
@@ -394,24 +412,29 @@ class Claims:
             audit.append((row.id, now, "takeover" if prev is not None else "claim",
                           row.from_state, "RUNNING", row.generation, holder, dumps(detail)))
         insert_audit(tx, audit)
-        return Claims._claims(tx, now, rows, previous)
-
-    @staticmethod
-    def _claims(tx: Tx | None, now: float, rows: list[ClaimRow],
-                previous: Mapping[str, LeaseRow]) -> list[Claim]:
-        """``rows`` as :class:`Claim` objects, with the steps and effects of the resumed
-        ones read in ``tx`` (None: no row is resumed)."""
         # Steps and effects can only exist after an earlier claim: generation > 1.
         # (Not attempt: a release hands its attempt back, the generation never goes back.)
         resumed = [row.id for row in rows if row.generation > 1]
+        if not resumed:
+            return Claims._claims(now, rows, previous, [], [])
+        return Claims._claims(now, rows, previous, CLAIM_STEPS.all(tx, {"ids": resumed}),
+                              CLAIM_EFFECTS.all(tx, {"ids": resumed}))
+
+    @staticmethod
+    def _claims(now: float, rows: list[ClaimRow], previous: Mapping[str, LeaseRow],
+                step_rows: Sequence[TaskStepRow], effect_rows: Sequence[TaskEffectRow],
+                ) -> list[Claim]:
+        """``rows`` as :class:`Claim` objects, with the steps and effects of the resumed
+        ones among ``step_rows`` / ``effect_rows`` (rows of other tasks are passed over)."""
+        ids = {row.id for row in rows if row.generation > 1}
         steps: dict[str, dict[str, StepRecord]] = {}
         effects: dict[str, dict[str, EffectRecord]] = {}
-        if resumed:
-            assert tx is not None, "resumed claims read their steps"
-            for s in CLAIM_STEPS.all(tx, {"ids": resumed}):
+        for s in step_rows:
+            if s.task_id in ids:
                 steps.setdefault(s.task_id, {})[s.name] = StepRecord(
                     s.name, s.result, s.generation, s.committed_at, s.seq)
-            for e in CLAIM_EFFECTS.all(tx, {"ids": resumed}):
+        for e in effect_rows:
+            if e.task_id in ids:
                 effects.setdefault(e.task_id, {})[e.name] = effect_record(e)
         return [
             Claim(

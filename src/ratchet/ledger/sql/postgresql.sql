@@ -454,6 +454,25 @@ SELECT task_id, name, key, params_digest, state, result, generation, attempt, ca
 FROM effects WHERE task_id = ANY(%(ids)s::text[])
   AND (name COLLATE "C" < 'ratchet:batch:' OR name COLLATE "C" >= 'ratchet:batch;');
 
+-- name: claim_steps_taken
+-- claim_steps of the tasks this transaction claimed for %(holder)s that ran before
+-- (generation > 1): a claim in one round trip (ops/claims.py) reads them after its walk,
+-- in the same string, by what the walk wrote (this holder, RUNNING, updated at this
+-- transaction's clock); the engine keeps the rows of the ids the walk returned.
+SELECT task_id, name, result, generation, committed_at, seq FROM steps
+WHERE task_id IN (SELECT id FROM tasks WHERE holder = %(holder)s AND state = 'RUNNING'
+                  AND updated_at = %(now)s AND generation > 1);
+
+-- name: claim_effects_taken
+-- claim_effects of the tasks this transaction claimed for %(holder)s that ran before, as
+-- claim_steps_taken finds them.
+SELECT task_id, name, key, params_digest, state, result, generation, attempt, calls,
+       via_lookup, updated_at, seq
+FROM effects WHERE task_id IN (SELECT id FROM tasks WHERE holder = %(holder)s
+                                 AND state = 'RUNNING' AND updated_at = %(now)s
+                                 AND generation > 1)
+  AND (name COLLATE "C" < 'ratchet:batch:' OR name COLLATE "C" >= 'ratchet:batch;');
+
 -- name: open_intents
 SELECT task_id, name, key FROM effects
 WHERE task_id = ANY(%(ids)s::text[]) AND state = 'intent'

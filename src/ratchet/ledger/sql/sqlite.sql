@@ -477,6 +477,14 @@ WHERE name = :name AND flow_wait = 'rate' AND state IN ('PENDING', 'RETRY_WAIT')
 SELECT task_id, name, result, generation, committed_at, seq FROM steps
 WHERE task_id IN (SELECT value FROM json_each(:ids));
 
+-- name: claim_steps_taken
+-- PostgreSQL only (a claim in one round trip); kept for the catalogue.
+SELECT true;
+
+-- name: claim_effects_taken
+-- PostgreSQL only (a claim in one round trip); kept for the catalogue.
+SELECT true;
+
 -- name: claim_effects
 -- Effects made inside a batch function ('ratchet:batch:...') belong to one batch, not to
 -- the code path: ctx.batches reads those it needs (batch_effects), so a resume does not
