@@ -6,6 +6,8 @@ priority, an expired lease (takeovers first) and a new queue each keep their rul
 
 from __future__ import annotations
 
+import os
+import resource
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -341,9 +343,68 @@ def test_user_code_in_a_transaction_plans_with_the_default_mode(ledger: LedgerEn
     _submit(ledger, 1)
     _claim(ledger, 1)  # the pooled connection has prepared (and set its mode)
 
-    def body(tx: Any) -> tuple[str, str]:
+    def body(tx: Any) -> tuple[str, str, str]:
         (ours,) = tx.cur.execute("SHOW plan_cache_mode").fetchone()
         with ledger.dialect.user_connection(tx) as conn:
             (theirs,) = conn.execute("SHOW plan_cache_mode").fetchone()
-        return str(ours), str(theirs)
-    assert ledger.dialect.run(body) == ("force_generic_plan", "auto")
+        (after,) = tx.cur.execute("SHOW plan_cache_mode").fetchone()
+        return str(ours), str(theirs), str(after)
+    assert ledger.dialect.run(body) == ("force_generic_plan", "auto", "force_generic_plan")
+
+
+def test_a_one_round_trip_claim_the_server_cancelled_is_retried(ledger: LedgerEngine) -> None:
+    """A statement of the one string fails on a live connection (here a cancel while it
+    waits on a lock): the server stopped there, before COMMIT, so the claim is retried,
+    not reported as a lost COMMIT."""
+    ids = _submit(ledger, 2)
+    _no_wake_up(ledger)
+    assert [c.task_id for c in _claim(ledger, 1)] == ids[:1]
+    schema = ledger.dialect.schema
+    got: list[list[Claim]] = []
+    failed: list[BaseException] = []
+
+    def claim() -> None:
+        try:
+            got.append(_claim(ledger, 1))
+        except BaseException as exc:
+            failed.append(exc)
+
+    with psycopg.connect(pg_base_url()) as blocker:
+        blocker.execute(sql.SQL("LOCK TABLE {}.task_queues IN ACCESS EXCLUSIVE MODE")
+                        .format(sql.Identifier(schema)))
+        claimer = threading.Thread(target=claim)
+        claimer.start()
+        with psycopg.connect(pg_base_url(), autocommit=True) as watch:
+            (pid,) = wait_for("the claim waiting on task_queues", lambda: watch.execute(
+                "SELECT l.pid FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE NOT l.granted AND c.relname = 'task_queues' AND n.nspname = %s",
+                (schema,)).fetchone(), timeout_s=20)
+            watch.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        blocker.commit()
+    claimer.join(20)
+    assert failed == [] and [[c.task_id for c in cs] for cs in got] == [ids[1:]]
+
+
+def test_a_connection_numbered_past_1024_is_checked(url_one: str) -> None:
+    """The check of an idle pooled connection works whatever its descriptor's number
+    (select() refuses 1024 and above; a worker may hold that many files)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the open-files limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    ledger = open_ledger(url_one)
+    assert isinstance(ledger, LedgerEngine)
+    try:
+        ids = _submit(ledger, 3)
+        _no_wake_up(ledger)
+        assert [c.task_id for c in _claim(ledger, 1)] == ids[:1]
+        (fd,) = ledger.dialect.run(lambda tx: (tx.conn.pgconn.socket,), write=False)
+        assert fd >= 1024
+        assert [c.task_id for c in _claim(ledger, 2)] == ids[1:]
+    finally:
+        ledger.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -8,6 +8,9 @@ started with ``RATCHET_CRASH_AT=<name>`` — then the process kills itself with 
 ``SIGCONT``), to model a holder paused past its lease. With ``RATCHET_CRASH_THREAD=<thread
 name>`` only that thread's passes count and stop (``ratchet-writer``: the worker's task
 writes and claims, not its lease renewals, whose number depends on the machine's speed).
+With ``RATCHET_CRASH_AFTER=<name>`` nothing counts until that other point was reached (in
+any thread): ``commit.before_commit`` after ``effect.after_call`` is the first write
+transaction once the call returned, whatever polls and renewals came before it.
 
 Point names (:data:`POINTS`; the crash-point matrix rows are DESIGN §6's):
 
@@ -61,11 +64,12 @@ TEST_PREFIX = "test."
 
 _lock = threading.Lock()
 _hits: dict[str, int] = {}
-_armed: tuple[str | None, str | None, int, str | None] | None = None
+_armed: tuple[str | None, str | None, int, str | None, str | None] | None = None
+_after_reached = False  # RATCHET_CRASH_AFTER's point was reached (any thread)
 
 
-def _config() -> tuple[str | None, str | None, int, str | None]:
-    """(crash point, pause point, skip, thread), read from the environment once per
+def _config() -> tuple[str | None, str | None, int, str | None, str | None]:
+    """(crash point, pause point, skip, thread, after), read from the environment once per
     process."""
     global _armed
     if _armed is None:
@@ -78,7 +82,8 @@ def _config() -> tuple[str | None, str | None, int, str | None]:
                 f"got {raw_skip!r}"
             ) from None
         _armed = (_named("RATCHET_CRASH_AT"), _named("RATCHET_PAUSE_AT"), skip,
-                  os.environ.get("RATCHET_CRASH_THREAD") or None)
+                  os.environ.get("RATCHET_CRASH_THREAD") or None,
+                  _named("RATCHET_CRASH_AFTER"))
     return _armed
 
 
@@ -103,7 +108,7 @@ def armed() -> dict[str, str]:
     Raises:
         ConfigError: an unknown point name, or ``RATCHET_CRASH_SKIP`` not an integer.
     """
-    crash, pause, _skip, _thread = _config()
+    crash, pause, _skip, _thread, _after = _config()
     named = {"RATCHET_CRASH_AT": crash, "RATCHET_PAUSE_AT": pause}
     return {variable: name for variable, name in named.items() if name is not None}
 
@@ -115,7 +120,12 @@ def point(name: str) -> None:
         ConfigError: ``RATCHET_CRASH_SKIP`` is set but not an integer, or
             ``RATCHET_CRASH_AT`` / ``RATCHET_PAUSE_AT`` names an unknown point.
     """
-    crash, pause, skip, thread = _config()
+    global _after_reached
+    crash, pause, skip, thread, after = _config()
+    if after is not None and not _after_reached:
+        if name == after:
+            _after_reached = True
+        return  # nothing armed, nothing counted, until then
     if name != crash and name != pause:
         return
     if thread is not None and threading.current_thread().name != thread:
@@ -133,7 +143,8 @@ def point(name: str) -> None:
 
 def reset() -> None:
     """Forget how often each point was reached and re-read the environment (tests)."""
-    global _armed
+    global _armed, _after_reached
     with _lock:
         _hits.clear()
         _armed = None
+        _after_reached = False

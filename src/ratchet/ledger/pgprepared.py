@@ -41,7 +41,8 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["GENERIC_PLANS", "HOT_STATEMENTS", "Prepared", "PreparedStatements", "prepare_text"]
+__all__ = ["GENERIC_PLANS", "GENERIC_PLANS_LOCAL", "HOT_STATEMENTS", "Prepared",
+           "PreparedStatements", "prepare_text"]
 
 log = logging.getLogger("ratchet.ledger.pgprepared")
 
@@ -49,6 +50,10 @@ GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 """Sent with the ``PREPARE`` statements (session-wide, on the ledger's own pooled
 connections): the prepared statements always run their generic plan. The ledger's other
 statements are text with their values bound in, planned each time whatever this says."""
+
+GENERIC_PLANS_LOCAL = "SET LOCAL plan_cache_mode = force_generic_plan"
+"""The same for the rest of a transaction whose user code ran with the server's default
+(``PostgresDialect.user_connection``)."""
 
 HOT_STATEMENTS = (
     # a claim (ops/claims.py): its reads, its walk, what it writes

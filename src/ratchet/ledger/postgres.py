@@ -80,7 +80,7 @@ from .engine import LedgerEngine
 from .loopbridge import LoopConnection, target_of
 from .migrations import load_migrations
 from .pgpool import make_pool
-from .pgprepared import PreparedStatements
+from .pgprepared import GENERIC_PLANS_LOCAL, PreparedStatements
 from .pgtx import NOW_EXPR, PgTx
 
 __all__ = [
@@ -112,6 +112,7 @@ CLAIM_READY_SQL = load_catalogue("postgresql")["claim_ready"][0]
 tasks."""
 
 _OPEN = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
+_INERROR = psycopg.pq.TransactionStatus.INERROR
 
 ATTEMPTS = 3
 """Attempts of a transaction the server rolled back (deadlock, connection lost before
@@ -356,6 +357,7 @@ class PostgresDialect:
     def _attempt(self, body: Callable[[Any], T], write: bool) -> T:
         """One attempt of :meth:`run`; driver errors mapped (see the module docstring)."""
         committing = False
+        aborted = False  # the server failed a statement of a string sent with COMMIT
         tx: PgTx | None = None
         used: psycopg.Connection[Any] | None = None
         try:
@@ -372,6 +374,10 @@ class PostgresDialect:
                     tx.commit([self._notify[c] for c in sorted(tx.woken)])
                     return result
                 except BaseException:
+                    # A string with COMMIT (PgTx.rows_last) that failed on a statement,
+                    # on a live connection, stopped there: rolled back, COMMIT not run.
+                    aborted = (tx.commit_sent and not conn.closed and not conn.broken
+                               and conn.info.transaction_status == _INERROR)
                     # Also after a failed final group (a refused write): the server aborted
                     # the transaction; roll it back before the pool takes the connection.
                     if not conn.closed and conn.info.transaction_status in _OPEN:
@@ -404,7 +410,7 @@ class PostgresDialect:
                 connection_lost=True,
             ) from exc
         except psycopg.OperationalError as exc:
-            if committing or (tx is not None and tx.commit_sent):
+            if committing or (tx is not None and tx.commit_sent and not aborted):
                 raise CommitOutcomeUnknown(
                     f"PostgreSQL ledger {self.where}: connection lost during COMMIT; the "
                     f"outcome of this transaction is unknown ({exc})"
@@ -672,6 +678,7 @@ class PostgresDialect:
             # connection.
             conn.execute(
                 sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+            conn.execute(GENERIC_PLANS_LOCAL)
 
     def transaction_status(self, tx: Any) -> str:
         """``"open"``, ``"aborted"`` (a failed statement), ``"ended"``, or ``"lost"`` (the

@@ -159,16 +159,17 @@ class MatrixRig:
 
     def worker(self, name: str, *, crash_at: str | None = None, pause_at: str | None = None,
                skip: int | None = None, fast_takeover: bool = False,
-               thread: str | None = None) -> WorkerProcess:
+               thread: str | None = None, after: str | None = None) -> WorkerProcess:
         """Start ``ratchet worker ratchet.testing.matrix.app:app`` as a subprocess, armed
         to SIGKILL itself at fault point ``crash_at`` (or SIGSTOP at ``pause_at``) the
         ``skip`` + 1-th time it gets there (with ``thread``, a thread name: the ``skip`` +
-        1-th time that thread does, :mod:`ratchet.faults`). ``fast_takeover`` is off by
+        1-th time that thread does; with ``after``, a point: counted from when that point
+        was reached, :mod:`ratchet.faults`). ``fast_takeover`` is off by
         default: the rows exercise recovery by lease expiry, the path every host relies
         on."""
         env = self.env(RATCHET_CRASH_AT=crash_at, RATCHET_PAUSE_AT=pause_at,
                        RATCHET_CRASH_SKIP=None if skip is None else str(skip),
-                       RATCHET_CRASH_THREAD=thread)
+                       RATCHET_CRASH_THREAD=thread, RATCHET_CRASH_AFTER=after)
         return self.procs.worker(APP, self.ledger_url, name=name,
                                  fast_takeover=fast_takeover, env=env)
 
