@@ -90,6 +90,15 @@ def _no_wake_up(ledger: LedgerEngine) -> None:
     ledger._claims._next_wake = float("inf")
 
 
+def _after_a_plain_claim(ledger: LedgerEngine) -> list[str]:
+    """Three tasks submitted, the first claimed by a plain claim (the next claim alone goes
+    in one round trip); their ids."""
+    ids = _submit(ledger, 3)
+    _no_wake_up(ledger)
+    assert [c.task_id for c in _claim(ledger, 1)] == ids[:1]
+    return ids
+
+
 def test_a_claim_after_a_plain_one_takes_its_walk_with_its_reads(
     ledger: LedgerEngine, groups: list[str]
 ) -> None:
@@ -322,9 +331,7 @@ def test_a_pooled_connection_the_server_ended_is_retried_not_unknown(url_one: st
     ledger = open_ledger(url_one)
     assert isinstance(ledger, LedgerEngine)
     try:
-        ids = _submit(ledger, 3)
-        _no_wake_up(ledger)
-        assert [c.task_id for c in _claim(ledger, 1)] == ids[:1]
+        ids = _after_a_plain_claim(ledger)
         (pid,) = ledger.dialect.run(
             lambda tx: tx.cur.execute("SELECT pg_backend_pid()").fetchone(), write=False)
         with psycopg.connect(pg_base_url(), autocommit=True) as admin:
@@ -397,9 +404,7 @@ def test_a_connection_numbered_past_1024_is_checked(url_one: str) -> None:
     ledger = open_ledger(url_one)
     assert isinstance(ledger, LedgerEngine)
     try:
-        ids = _submit(ledger, 3)
-        _no_wake_up(ledger)
-        assert [c.task_id for c in _claim(ledger, 1)] == ids[:1]
+        ids = _after_a_plain_claim(ledger)
         (fd,) = ledger.dialect.run(lambda tx: (tx.conn.pgconn.socket,), write=False)
         assert fd >= 1024
         assert [c.task_id for c in _claim(ledger, 2)] == ids[1:]
