@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from ratchet.testing import (
     CountingService,
     ProcessGroup,
     WorkerProcess,
-    sqlite_write_locked,
+    pause_outside_write_lock,
     start_counting_service,
     wait_for,
 )
@@ -119,21 +118,16 @@ class FlowRig:
         """SIGSTOP ``proc`` outside a SQLite write transaction (frozen inside one it would
         hold the single write lock and stall the test's own submit: a SQLite mechanic,
         not what these tests are about; PostgreSQL locks rows, and claims skip locked
-        ones). Retried until it holds.
-
-        Raises:
-            AssertionError: every try froze it inside a transaction.
+        ones). Paused while the test holds the write lock.
         """
         config = parse_ledger_url(self.ledger_url)
-        for _ in range(50):
+        if config.scheme != "sqlite":
             proc.pause()
-            # A lock the frozen process holds is never released; one another worker (or
-            # the test's own submit) holds is, within a second even on a loaded machine.
-            if config.scheme != "sqlite" or not sqlite_write_locked(config.path, 1.0):
-                return
-            proc.resume()
-            time.sleep(0.005)  # a retry of the freeze, not a wait before an assertion
-        raise AssertionError(f"could not freeze {proc.name} outside a ledger transaction")
+            return
+        # Paused while this test holds the write lock: the worker cannot be inside a
+        # write transaction then (retrying pause-and-probe failed on a loaded machine,
+        # where a resumed worker barely runs before the next try).
+        pause_outside_write_lock(config.path, proc.pause)
 
     def marks(self, kind: str | None = None) -> list[Mark]:
         """Every mark the service recorded so far (of ``kind`` if given), in its order."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from ratchet.testing import (
     ProcessGroup,
     WorkerProcess,
     check_ledger_consistent,
-    sqlite_write_locked,
+    pause_outside_write_lock,
     wait_for,
 )
 from ratchet.worker.registry import (
@@ -72,21 +71,17 @@ class Rig:
     def freeze(self, proc: WorkerProcess) -> None:
         """SIGSTOP ``proc`` outside a SQLite write transaction (frozen inside one, it would
         hold the single write lock and stall every other writer: a SQLite mechanic, not
-        what these tests are about; PostgreSQL locks rows). Retried until it holds.
-
-        Raises:
-            AssertionError: every try froze it inside a transaction.
+        what these tests are about; PostgreSQL locks rows). Paused while the test holds
+        the write lock.
         """
         config = parse_ledger_url(self.ledger_url)
-        for _ in range(50):
+        if config.scheme != "sqlite":
             proc.pause()
-            # A lock the frozen process holds is never released; one another process
-            # holds is, within a second even on a loaded machine.
-            if config.scheme != "sqlite" or not sqlite_write_locked(config.path, 1.0):
-                return
-            proc.resume()
-            time.sleep(0.01)  # a retry of the freeze, not a wait before an assertion
-        raise AssertionError(f"could not freeze {proc.name} outside a ledger transaction")
+            return
+        # Paused while this test holds the write lock: the worker cannot be inside a
+        # write transaction then (retrying pause-and-probe failed on a loaded machine,
+        # where a resumed worker barely runs before the next try).
+        pause_outside_write_lock(config.path, proc.pause)
 
     def runs(self) -> list[dict[str, int]]:
         """Executions so far, in order: ``{"task", "pid", "generation", "attempt"}``."""

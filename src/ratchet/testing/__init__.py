@@ -35,6 +35,7 @@ from .checks import (
     check_exactly_once,
     check_ledger_consistent,
     list_task_ids,
+    pause_outside_write_lock,
     sqlite_write_locked,
 )
 from .clock import LedgerClock, inject_clock
@@ -87,6 +88,7 @@ __all__ = [
     "read_stored",
     "replay",
     "replay_sample",
+    "pause_outside_write_lock",
     "sqlite_write_locked",
     "start_counting_service",
     "running_worker",

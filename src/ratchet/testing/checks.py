@@ -19,7 +19,7 @@ import contextlib
 import json
 import sqlite3
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ __all__ = [
     "check_exactly_once",
     "check_ledger_consistent",
     "list_task_ids",
+    "pause_outside_write_lock",
     "sqlite_write_locked",
 ]
 
@@ -135,6 +136,28 @@ def sqlite_write_locked(path: str | Path, timeout_s: float) -> bool:
         return False
     except sqlite3.OperationalError:
         return True
+    finally:
+        conn.close()
+
+
+def pause_outside_write_lock(path: str | Path, pause: Callable[[], None],
+                             timeout_s: float = 60.0) -> None:
+    """Call ``pause`` (e.g. a worker's SIGSTOP) while this process holds the SQLite file's
+    write lock, so that the paused process cannot be inside a write transaction: frozen
+    there it would hold the lock and stall every other writer (see
+    :func:`sqlite_write_locked`). Taking the lock waits for the transaction in progress,
+    at most ``timeout_s`` seconds; it is released right after the pause.
+
+    Raises:
+        sqlite3.OperationalError: the lock was not free within ``timeout_s`` seconds.
+    """
+    conn = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            pause()
+        finally:
+            conn.execute("ROLLBACK")
     finally:
         conn.close()
 
