@@ -59,8 +59,12 @@ def test_a_message_too_large_for_nats_holds_back_only_its_key(
     bad = [("bad", f"bad-{i}") for i in range(600)]
     others = plan(50, 2, "ok")
     emit(url, bad + others)
-    started = time.monotonic()
     relay = procs.spawn("relay", relay_cmd(url, nats_sink.to_url, batch=500))
+    # Timed from when the relay holds its partitions, not from its spawn: a process start
+    # takes seconds on a loaded machine.
+    wait_for("the relay to hold its partitions", lambda: " partitions" in relay.log(),
+             timeout_s=60)
+    started = time.monotonic()
     seen = nats_sink.drain({m for _, m in others}, timeout_s=20)
     took = time.monotonic() - started
     assert {m for _, m in others} <= {s.message_id for s in seen}
