@@ -7,6 +7,7 @@ tasks are unfinished."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -85,16 +86,23 @@ def _final(c: Claim) -> TaskWrite:
                      transition=Transition(State.SUCCEEDED, result_json="1"))
 
 
-def _busy_writer(ledger: Ledger, policy: Policy, claims: list[Claim]) -> LedgerWriter:
-    """A started writer whose last transaction carried a full batch of final writes (a
-    busy worker): ``claims[:8]`` are committed by it."""
+@contextlib.contextmanager
+def _running(ledger: Ledger, policy: Policy, busy: Sequence[Claim] = ()
+             ) -> Iterator[LedgerWriter]:
+    """A started writer, stopped at the end. With ``busy`` (eight claims) its last
+    transaction carried a full batch of their final writes (a busy worker)."""
     writer = LedgerWriter(ledger)
     writer.set_claim_policy(policy)
-    for c in claims[:8]:
+    for c in busy:
         writer.submit(_final(c), lambda o, e: None)
     writer.start()
-    writer.sync()
-    return writer
+    try:
+        if busy:
+            writer.sync()
+        yield writer
+    finally:
+        writer.stop()
+        writer.join(20)
 
 
 def test_a_busy_writer_waits_for_the_finals_due_and_no_longer(
@@ -104,9 +112,7 @@ def test_a_busy_writer_waits_for_the_finals_due_and_no_longer(
     # A generous bound: the wait must end because every expected write came, not by it.
     monkeypatch.setattr(writer_module, "LINGER_MAX_S", 30.0)
     monkeypatch.setattr(writer_module, "LINGER_FRACTION", 1e6)
-    policy = Policy(unfinished=3)
-    writer = _busy_writer(ledger, policy, claims)
-    try:
+    with _running(ledger, Policy(unfinished=3), claims[:8]) as writer:
         ledger.sizes.clear()
         committed: list[str] = []
         t0 = time.monotonic()
@@ -124,9 +130,6 @@ def test_a_busy_writer_waits_for_the_finals_due_and_no_longer(
         assert ledger.sizes == [3]  # one transaction for the three
         assert elapsed < 15  # ended when all three were queued, not at the bound
         assert all(ledger.get(c.task_id).state is State.SUCCEEDED for c in claims[8:11])
-    finally:
-        writer.stop()
-        writer.join(20)
 
 
 def test_the_wait_is_bounded_when_the_finals_do_not_come(
@@ -135,8 +138,7 @@ def test_the_wait_is_bounded_when_the_finals_do_not_come(
     ledger, claims = claimed
     monkeypatch.setattr(writer_module, "LINGER_MAX_S", 0.3)
     monkeypatch.setattr(writer_module, "LINGER_FRACTION", 1e6)
-    writer = _busy_writer(ledger, Policy(unfinished=30), claims)
-    try:
+    with _running(ledger, Policy(unfinished=30), claims[:8]) as writer:
         ledger.sizes.clear()
         done = threading.Event()
         t0 = time.monotonic()
@@ -145,9 +147,6 @@ def test_the_wait_is_bounded_when_the_finals_do_not_come(
         elapsed = time.monotonic() - t0
         assert elapsed >= 0.25  # it waited for the 29 others...
         assert ledger.sizes == [1]  # ...up to its bound, then committed what it had
-    finally:
-        writer.stop()
-        writer.join(20)
 
 
 def test_an_idle_writer_and_a_sync_never_wait(
@@ -157,25 +156,13 @@ def test_an_idle_writer_and_a_sync_never_wait(
     monkeypatch.setattr(writer_module, "LINGER_MAX_S", 30.0)
     monkeypatch.setattr(writer_module, "LINGER_FRACTION", 1e6)
     # Not busy: its last transaction carried one write (below LINGER_MIN_FINALS).
-    writer = LedgerWriter(ledger)
-    writer.set_claim_policy(Policy(unfinished=30))
-    writer.start()
-    try:
+    with _running(ledger, Policy(unfinished=30)) as writer:
         t0 = time.monotonic()
         writer.commit(_final(claims[0]))
         writer.commit(_final(claims[1]))
         assert time.monotonic() - t0 < 10  # never the 30 s bound: nothing was waited for
-        writer.stop()
-        writer.join(20)
-        busy = _busy_writer(ledger, Policy(unfinished=30), claims[2:])
-        try:
-            done = threading.Event()
-            busy.submit(_final(claims[12]), lambda o, e: done.set())
-            busy.sync()  # a sync ends the wait at once (never the 30 s bound)
-            assert done.wait(20)
-        finally:
-            busy.stop()
-            busy.join(20)
-    finally:
-        writer.stop()
-        writer.join(20)
+    with _running(ledger, Policy(unfinished=30), claims[2:10]) as busy:
+        done = threading.Event()
+        busy.submit(_final(claims[12]), lambda o, e: done.set())
+        busy.sync()  # a sync ends the wait at once (never the 30 s bound)
+        assert done.wait(20)

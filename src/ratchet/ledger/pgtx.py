@@ -257,10 +257,15 @@ class PgTx:
     ) -> list[list[tuple[Any, ...]]]:
         if not reads:
             return []
+        return self._rows_of(reads)
+
+    def _rows_of(self, reads: Sequence[tuple[str, Mapping[str, Any] | None]],
+                 tail: str | None = None) -> list[list[tuple[Any, ...]]]:
+        """Send ``reads`` (then ``tail``) in one string; each read's rows."""
         (name, params), *more = reads
         # Each catalogue entry here is one statement: one result set per read.
         assert all(len(self.catalogue[n]) == 1 for n, _ in more), "multi-statement read"
-        cur = self._send(name, params, more=more)
+        cur = self._send(name, params, more=more, tail=tail)
         results = [cur.fetchall()]
         for _ in more:
             cur.nextset()
@@ -276,18 +281,11 @@ class PgTx:
         nothing more."""
         assert not self.woken, "a transaction that wakes someone commits through commit()"
         assert reads, "no statements to end the transaction with"
-        (name, params), *more = reads
-        assert all(len(self.catalogue[n]) == 1 for n, _ in more), "multi-statement read"
         faults.point("commit.before_commit")
         if not self.started and isinstance(self._conn, psycopg.Connection):
             _check_alive(self._conn)
         self.commit_sent = True
-        cur = self._send(name, params, more=more, tail="COMMIT")
-        results = [cur.fetchall()]
-        for _ in more:
-            cur.nextset()
-            results.append(cur.fetchall())
-        return results
+        return self._rows_of(reads, tail="COMMIT")
 
     def one(self, name: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
         return self._send(name, params).fetchone()
