@@ -28,6 +28,10 @@ from ratchet.testing import ManagedProcess, ProcessGroup, wait_for
 
 KILLS = 20
 LEASE = "0.5s"
+CRASH_WAIT_S = 20.0
+"""How long a relay armed at ``relay.after_publish`` may take to get there after it first
+held partitions (it needs a confirmed publish: rows in its partitions, a round or two)
+before it is SIGKILLed like the others."""
 
 
 def _rabbit(action: str) -> None:
@@ -37,12 +41,15 @@ def _rabbit(action: str) -> None:
 
 def _kill_run(ledger_url: str, to_url: str, procs: ProcessGroup,
               restart_rabbit: bool) -> int:
-    """Two relays at a time; every 0.6-1.2 s the older one is SIGKILLed (or has killed
-    itself at ``relay.after_publish``) and a new one starts. Returns the kills."""
+    """Four relays at a time, each started as one ends. A relay is SIGKILLed at a random
+    moment 0.1-1.0 s after it first held partitions; one armed at ``relay.after_publish``
+    (four in ten) is left to kill itself there, SIGKILLed only if it has not within
+    :data:`CRASH_WAIT_S`. Returns the kills (by the test or at the point)."""
     rng = random.Random(23)
     rows = plan(10, 100, "kill")
     producer = Producer(ledger_url, rows, chunk=20, pause_s=0.3)
     kills = at_point = n = 0
+    armed: set[ManagedProcess] = set()
 
     def spawn() -> ManagedProcess:
         nonlocal n
@@ -53,14 +60,19 @@ def _kill_run(ledger_url: str, to_url: str, procs: ProcessGroup,
                    "RATCHET_CRASH_SKIP": str(rng.randrange(2))}
             name = "crashing-relay"
         n += 1
-        return procs.spawn(f"{name}-{n}", relay_cmd(ledger_url, to_url, lease=LEASE,
-                                                    batch=50, name=name), env)
+        relay = procs.spawn(f"{name}-{n}", relay_cmd(ledger_url, to_url, lease=LEASE,
+                                                     batch=50, name=name), env)
+        if env:
+            armed.add(relay)
+        return relay
 
     live: dict[ManagedProcess, float | None] = {spawn(): None, spawn(): None}
     producer.start()
     while kills < KILLS:
-        # A relay is SIGKILLed at a random moment 0.1-1.0 s after it first held partitions
-        # (starting one takes seconds: imports); four are alive at a time.
+        # Starting a relay takes seconds (imports), so the kill moment is timed from when
+        # it first held partitions. An armed relay is not killed at a random moment: a
+        # publish takes longer than the 0.1 s it might get on a loaded machine, and then
+        # no relay would reach its point.
         time.sleep(0.05)
         if restart_rabbit and kills == KILLS // 2:
             _rabbit("stop_app")
@@ -72,7 +84,8 @@ def _kill_run(ledger_url: str, to_url: str, procs: ProcessGroup,
                 at_point += 1
             elif kill_at is None:
                 if "holds " in relay.log():
-                    live[relay] = time.monotonic() + rng.uniform(0.1, 1.0)
+                    live[relay] = time.monotonic() + (
+                        CRASH_WAIT_S if relay in armed else rng.uniform(0.1, 1.0))
                 continue
             elif time.monotonic() >= kill_at:
                 relay.kill()
