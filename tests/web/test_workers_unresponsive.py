@@ -16,9 +16,7 @@ from typer.testing import CliRunner
 
 from ratchet import Control, WorkerView
 from ratchet.cli.main import cli
-from ratchet.config import parse_ledger_url
-from ratchet.testing import pause_outside_write_lock
-from ratchet.testing.processes import ProcessGroup, WorkerProcess, wait_for
+from ratchet.testing.processes import ProcessGroup, wait_for
 from ratchet.web import WebSettings
 from ratchet.worker.registry import UNRESPONSIVE_FLOOR_S
 
@@ -39,20 +37,6 @@ def echo(ctx: TaskContext, n: int) -> int:
 def slow(ctx: TaskContext, n: int) -> int:
     return n
 '''
-
-
-def _freeze(worker: WorkerProcess, ledger_url: str) -> None:
-    """SIGSTOP ``worker`` outside a SQLite write transaction. Frozen inside one it would
-    hold the file's single write lock, and ``GET /`` (whose status read first advances the
-    counts rollup in a short write transaction) would wait the whole busy timeout for it: a
-    SQLite mechanic, not what this test is about. PostgreSQL locks rows, not the file."""
-    config = parse_ledger_url(ledger_url)
-    if config.scheme != "sqlite":
-        worker.pause()
-        return
-    # Paused while this test holds the write lock: the worker cannot be inside a write
-    # transaction then.
-    pause_outside_write_lock(config.path, worker.pause)
 
 
 def test_a_sigstopped_worker_is_unresponsive_past_its_lease(ledger_url: str,
@@ -78,7 +62,7 @@ def test_a_sigstopped_worker_is_unresponsive_past_its_lease(ledger_url: str,
         # Registered with its definitions: judged by its shortest lease, at least the floor.
         seen = wait_for("the worker to register its definitions", registered, timeout_s=60)
         assert not seen.unresponsive and seen.state == "alive", seen
-        _freeze(w, ledger_url)  # SIGSTOP, and the kernel says it is stopped
+        w.pause()  # SIGSTOP, and the kernel says it is stopped
         try:
             frozen = wait_for("the frozen worker to be shown unresponsive", unresponsive,
                               timeout_s=90, interval_s=0.5)

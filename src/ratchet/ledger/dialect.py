@@ -135,10 +135,15 @@ class Dialect(Protocol):
     clock: ClockFn | None
     corruption: LedgerCorrupt | None
 
-    def run(self, body: Callable[[Tx], T], *, write: bool = True) -> T:
+    def run(self, body: Callable[[Tx], T], *, write: bool = True,
+            lock_wait_s: float | None = None) -> T:
         """Run ``body`` in one transaction and commit (roll back if it raises).
 
         ``write``: the transaction writes (SQLite takes the write lock at BEGIN).
+        ``lock_wait_s``: the longest wait for a lock, seconds (SQLite: the write lock at
+        BEGIN; PostgreSQL: ``lock_timeout``); None: the ledger's own (``busy_timeout_s``,
+        or no limit). Work that may be skipped passes a short one, so that a process
+        frozen inside a write transaction cannot hold it up (``ratchet status``).
 
         Raises:
             CommitOutcomeUnknown: the connection was lost during COMMIT.

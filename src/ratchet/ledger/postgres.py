@@ -326,8 +326,10 @@ class PostgresDialect:
                 f"PostgreSQL ledger {self.where}: no connection available ({exc})"
             ) from exc
 
-    def run(self, body: Callable[[Any], T], *, write: bool = True) -> T:
-        """Run ``body`` in one transaction (see ``Dialect.run``).
+    def run(self, body: Callable[[Any], T], *, write: bool = True,
+            lock_wait_s: float | None = None) -> T:
+        """Run ``body`` in one transaction (see ``Dialect.run``; ``lock_wait_s``: the
+        transaction's ``lock_timeout``, sent with its ``BEGIN``).
 
         Up to :data:`ATTEMPTS` attempts (tenacity, jittered exponential wait) when the
         server rolled the transaction back for us: a deadlock or serialization failure, or
@@ -342,7 +344,7 @@ class PostgresDialect:
             reraise=True,
         )
         try:
-            result: T = retrying(self._attempt, body, write)
+            result: T = retrying(self._attempt, body, write, lock_wait_s)
             return result
         except _RolledBack as gave_up:
             raise gave_up.final from gave_up.__cause__
@@ -354,7 +356,8 @@ class PostgresDialect:
             with contextlib.suppress(Exception):
                 self._pool.check()
 
-    def _attempt(self, body: Callable[[Any], T], write: bool) -> T:
+    def _attempt(self, body: Callable[[Any], T], write: bool,
+                 lock_wait_s: float | None = None) -> T:
         """One attempt of :meth:`run`; driver errors mapped (see the module docstring)."""
         committing = False
         aborted = False  # the server failed a statement of a string sent with COMMIT
@@ -363,7 +366,10 @@ class PostgresDialect:
         try:
             with self._connection() as conn:
                 used = conn
-                tx = PgTx(conn, self._catalogue, self.clock, prepared=self._prepared.on(conn))
+                prelude = ("BEGIN",) if lock_wait_s is None else (
+                    "BEGIN", f"SET LOCAL lock_timeout = {int(max(1.0, lock_wait_s * 1000))}")
+                tx = PgTx(conn, self._catalogue, self.clock, prelude=prelude,
+                          prepared=self._prepared.on(conn))
                 try:
                     result = body(tx)
                     if write and not tx.commit_sent:  # else fired before rows_last sent it

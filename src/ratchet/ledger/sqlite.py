@@ -488,15 +488,26 @@ class SQLiteDialect:
                      "disk", self.path)
         return True
 
-    def run(self, body: Callable[[Any], T], *, write: bool = True) -> T:
+    def run(self, body: Callable[[Any], T], *, write: bool = True,
+            lock_wait_s: float | None = None) -> T:
         """One transaction; ``BEGIN IMMEDIATE`` for writes (see ``Dialect.run``), which
-        first make room for the WAL if the volume is short of it (:meth:`_make_room`)."""
+        first make room for the WAL if the volume is short of it (:meth:`_make_room`).
+        ``lock_wait_s``: the busy timeout of that ``BEGIN`` instead of ``busy_timeout_s``
+        (the write lock is taken there and nowhere later)."""
         self._check_file()
         conn = self._conn()
         if write:
             self._make_room(conn)
         try:
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            if lock_wait_s is None:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            else:
+                conn.execute(f"PRAGMA busy_timeout={int(max(0.0, lock_wait_s) * 1000)}")
+                try:
+                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                finally:
+                    conn.execute(
+                        f"PRAGMA busy_timeout={int(self.config.busy_timeout_s * 1000)}")
         except sqlite3.Error as exc:
             if self._is_corruption(exc):
                 raise self._corrupt(exc) from exc

@@ -14,13 +14,18 @@ from ..shapes import AuditGoneRow
 __all__ = ["advance_counts", "keep_audit_counts", "shared_mark", "unfinish"]
 
 
-def advance_counts(dialect: Dialect) -> None:
+def advance_counts(dialect: Dialect, lock_wait_s: float | None = None) -> None:
     """Move the counts mark to the horizon (every finished task and audit row stamped
     before it is committed), adding what finished or was audited in between to the
     rollup (``finished_counts``, ``audit_counts``). One short write transaction; never
     touches a task row, so no claim or commit waits on it. Serialised with other
     advances and with prune batches by the mark row (PostgreSQL: ``FOR UPDATE``
-    against the batches' ``FOR SHARE``; SQLite: the write lock)."""
+    against the batches' ``FOR SHARE``; SQLite: the write lock). ``lock_wait_s``: the
+    longest wait for those locks, seconds (``Dialect.run``; None: the ledger's own).
+
+    Raises:
+        LedgerError: the transaction failed (a lock not had within ``lock_wait_s`` too).
+    """
 
     def body(tx: Tx) -> None:
         row = COUNTS_LOCK.first(tx)
@@ -38,7 +43,7 @@ def advance_counts(dialect: Dialect) -> None:
                                       for r in COUNTS_WINDOW_AUDIT.of(kinds)])
         tx.execute("counts_set_mark", {"upto": horizon})
 
-    dialect.run(body)
+    dialect.run(body, lock_wait_s=lock_wait_s)
 
 
 def shared_mark(tx: Tx) -> float:

@@ -33,7 +33,7 @@ from .core import EngineCore
 from .counts import advance_counts
 from .schema import RETENTION, RETRY_GOVERNANCE
 
-__all__ = ["OPERATOR_KINDS", "Stats"]
+__all__ = ["MARK_LOCK_WAIT_S", "OPERATOR_KINDS", "Stats"]
 
 OPERATOR_KINDS = ("operator_resolve", "operator_cancel", "operator_retry", "operator_pause",
                   "operator_resume", "operator_replay", "limit_set", "limit_cleared",
@@ -44,6 +44,13 @@ status``: operator actions): resolve, cancel, retry, pause, resume, quarantine r
 on their own."""
 
 
+MARK_LOCK_WAIT_S = 0.1
+"""The longest wait of ``stats`` for the locks that advancing the counts mark takes,
+seconds. Advancing is optional (what finished since the mark is counted anyway), so a
+process frozen inside a write transaction (SQLite: holding the write lock) or a long prune
+batch costs ``ratchet status`` and the dashboard this much, not the busy timeout."""
+
+
 class Stats:
     """The aggregate reads of the :class:`~ratchet.ledger.base.Ledger` contract."""
 
@@ -52,9 +59,10 @@ class Stats:
 
     def _counted_mark(self) -> None:
         """Advance the counts mark (skipped if the ledger refuses the write, e.g. a
-        read-only file: the count since the mark is then just longer)."""
+        read-only file, or its locks are not had within :data:`MARK_LOCK_WAIT_S`: the
+        count since the mark is then just longer)."""
         with contextlib.suppress(LedgerError):
-            advance_counts(self.core.dialect)
+            advance_counts(self.core.dialect, lock_wait_s=MARK_LOCK_WAIT_S)
 
     def stats(self, window_s: float | None = None) -> LedgerStats:
         """See :meth:`Ledger.stats` (decodes no stored JSON).
