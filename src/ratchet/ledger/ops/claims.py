@@ -74,7 +74,7 @@ WAKE_EVERY_S = 0.05
 class ClaimReads(NamedTuple):
     """What a claim reads first (:meth:`Claims.reads`), shaped. ``speculative``: the rows
     the speculative walk sent with the reads claimed (``claim_fifo``, checked), or None when
-    none was sent."""
+    none was sent; ``audited``: that walk wrote their audit rows itself."""
 
     expired: list[LeaseRow]
     pauses: list[PauseRow]
@@ -87,13 +87,15 @@ class ClaimReads(NamedTuple):
     speculative: list[ClaimRow] | None = None
     walks: list[Entry] | None = None
     checked: bool = False
+    audited: bool = False
 
     @classmethod
     def of(cls, rows: Sequence[Sequence[tuple[Any, ...]]],
            walks: list[Entry] | None = None) -> ClaimReads:
         """The rows of :meth:`Claims.reads` (in their order), as ``Tx.rows_many``
         returned them; ``walks``: the speculative walk's entries when it was sent (its
-        rows are the last)."""
+        rows are the last). The walk wrote its own audit rows unless the wake-up went
+        with it (:meth:`Claims.reads`)."""
         spec: list[ClaimRow] | None = None
         checked = False
         if walks is not None:
@@ -111,7 +113,8 @@ class ClaimReads(NamedTuple):
                                      r.key_param) for r in shaped if r.kind == "rate"],
                    any(r.kind == "priority" for r in shaped),
                    WAKE_DUE.of(woken[0]) if woken else [],
-                   KEY_REFILL_TAKE.of(woken[1]) if woken else [], spec, walks, checked)
+                   KEY_REFILL_TAKE.of(woken[1]) if woken else [], spec, walks, checked,
+                   walks is not None and not woken)
 
 
 class Claims:
@@ -246,7 +249,8 @@ class Claims:
         (:meth:`ClaimReads.of` splits its rows off)."""
         reads = self._picture(names, limit, scope)
         clock = time.monotonic()
-        if clock >= self._next_wake:
+        waking = clock >= self._next_wake
+        if waking:
             self._next_wake = clock + WAKE_EVERY_S
             reads.append(wake_due_read())
             # Concurrency keys whose admission found the key's lock taken (PostgreSQL):
@@ -256,7 +260,10 @@ class Claims:
                  if holder is not None and self.core.dialect.speculative_claims else None)
         if not walks or holder is None:
             return reads, None
-        reads.append(self._walk(names, walks, limit, scope, holder, audited=False))
+        # The walk writes its claims' audit rows in SQL, unless the wake-up goes first in
+        # this transaction: a task it wakes could be claimed by the walk, and its wake-up
+        # (audited by claim_in) must come first in its trail (ClaimReads.of agrees).
+        reads.append(self._walk(names, walks, limit, scope, holder, audited=not waking))
         return reads, walks
 
     @staticmethod
@@ -323,7 +330,7 @@ class Claims:
         if pre is None:
             pre = ClaimReads.of(tx.rows_many(self.reads(names, limit, scope)[0]))
         (expired, pauses, limit_rows, queue_rows, rate_rows, prioritised, woken, refill,
-         speculative, _walks, _checked) = pre
+         speculative, _walks, _checked, _audited) = pre
         now = tx.now  # after the first read: BEGIN, clock and scan in one round trip
         repairs = len(repaired) if repaired is not None else 0
         self.core.repair_clock(tx, now, repaired)
@@ -337,16 +344,17 @@ class Claims:
         # returned whatever follows. Its check passed after the pause gate, so no pause
         # covered them then (one the reads saw may have been resumed since).
         taken: list[ClaimRow] = list(speculative or [])
+        audited = len(taken) if pre.audited else 0  # taken's audit rows written in SQL
         paused_types: set[str] = set()
         if pauses:
             if any(p.scope == "all" for p in pauses):
-                return self._claimed(tx, holder, now, taken, {}, [])
+                return self._claimed(tx, holder, now, taken, {}, [], audited)
             paused_types = {p.target for p in pauses if p.scope == "type"}
             names = [n for n in names
                      if (n if isinstance(n, str) else n[0]) not in paused_types]
             expired = [row for row in expired if row.name not in paused_types]
             if not names:
-                return self._claimed(tx, holder, now, taken, {}, [])
+                return self._claimed(tx, holder, now, taken, {}, [], audited)
         kinds = claim_kinds(names)
         audit: list[AuditRow] = []
         if any(row.control_request is not None for row in expired):
@@ -396,15 +404,17 @@ class Claims:
                                            paused_types)
                 rows.extend(self.flow.claim(tx, holder, now, flow, want, scope, rated,
                                             allowance))
-        return self._claimed(tx, holder, now, taken + rows, previous, audit)
+        return self._claimed(tx, holder, now, taken + rows, previous, audit, audited)
 
     @staticmethod
     def _claimed(tx: Tx, holder: str, now: float, rows: list[ClaimRow],
-                 previous: Mapping[str, LeaseRow], audit: list[AuditRow]) -> list[Claim]:
+                 previous: Mapping[str, LeaseRow], audit: list[AuditRow],
+                 audited: int = 0) -> list[Claim]:
         """The claimed ``rows`` audited (``claim``, or ``takeover`` for the ids of
         ``previous``, the expired leases taken over) with ``audit``'s rows, and returned as
-        :class:`Claim` objects with the steps and effects of the resumed ones."""
-        for row in rows:
+        :class:`Claim` objects with the steps and effects of the resumed ones. The first
+        ``audited`` rows have their audit rows already (the speculative walk wrote them)."""
+        for row in rows[audited:]:
             prev = previous.get(row.id)
             detail: dict[str, Any] = {"attempt": row.attempt, "lease_s": row.lease_s}
             if prev is not None:
