@@ -58,6 +58,8 @@ UPDATE rate_buckets SET updated_at = %(now)s::float8 WHERE updated_at > %(now)s:
 -- sharing keys lock them in the same order: no deadlock.
 -- A task with a concurrency key (ckey) is written WAITING for a slot (wait_kind 'key',
 -- run_at far ahead, its own run_at kept in due_at); key_fill admits it when one is free.
+-- The conflict target names the keyed rows only: it matches today's full unique index
+-- and a partial one (no entry for key-less tasks) a later schema may put in its place.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
                    tenant, trace_context, parent_id, queue, priority, fair_key, ckey,
@@ -80,7 +82,7 @@ FROM json_to_recordset(%(rows)s::json)
           quarantine_after int, tenant text, trace text, parent text, queue text,
           priority int, fair_key text, ckey text, ckey_max int, rate_key text,
           debounce_key text, debounce_max_s float8)
-ON CONFLICT (idempotency_key) DO NOTHING;
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
 
 -- name: submit_debounce
 -- Debounced submits (DESIGN §8, debounce): one row per (name, debounce key) of a batch,

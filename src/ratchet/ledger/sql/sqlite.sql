@@ -50,6 +50,8 @@ UPDATE rate_buckets SET updated_at = :now WHERE updated_at > :now;
 -- run_at: the given time, else now + delay (delay >= 0, seconds).
 -- A task with a concurrency key (ckey) is written WAITING for a slot (wait_kind 'key',
 -- run_at far ahead, its own run_at kept in due_at); key_fill admits it when one is free.
+-- The conflict target names the keyed rows only: it matches today's full unique index
+-- and a partial one (no entry for key-less tasks) a later schema may put in its place.
 INSERT INTO tasks (id, name, version, params, params_digest, idempotency_key, state,
                    max_attempts, lease_s, run_at, created_at, updated_at, quarantine_after,
                    tenant, trace_context, parent_id, queue, priority, fair_key, ckey,
@@ -65,7 +67,7 @@ VALUES (:id, :name, :version, :params, :digest, :key,
         CASE WHEN :ckey IS NOT NULL THEN 'key' WHEN :debounce_key IS NOT NULL
              THEN 'debounce' END,
         :rate_key, :debounce_key, :now + :debounce_max_s)
-ON CONFLICT (idempotency_key) DO NOTHING;
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
 
 -- name: submit_debounce
 -- Debounced submits (DESIGN §8, debounce): one row per (name, debounce key) of a batch
