@@ -14,13 +14,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from pgsupport import private_schema, require_pg
 from psycopg import sql
 
-from ratchet import App, open_ledger
+from ratchet import App, Worker, open_ledger
+from ratchet.errors import LedgerUnavailable
+from ratchet.ledger.ops import stats as stats_module
+from ratchet.ledger.ops.counts import advance_counts
 from ratchet.ledger.ops.stats import MARK_LOCK_WAIT_S
 
 BUSY_TIMEOUT_S = 60.0
@@ -107,3 +111,104 @@ def test_postgres_stats_answers_while_a_prune_batch_holds_the_mark() -> None:
             holder.rollback()
         assert counts == {"lockwait.job": {"PENDING": 2}}
         assert took < ANSWERED_WITHIN_S
+
+
+def test_postgres_stats_counts_once_when_an_advance_commits_between_its_reads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another caller's advance of the counts mark (here a session of the test's own doing
+    what ``advance_counts`` does) commits between stats' read of the mark and its read of
+    the counts: stats reads one snapshot, so the finished tasks and claims are counted
+    once, not once in the rollup and again as finished since the old mark."""
+    base = require_pg()
+    with private_schema("lockwait") as (url, schema):
+        app = App(url)
+
+        @app.task(name="lockwait.job")
+        def job(ctx: object) -> None:
+            return None
+
+        try:
+            for _ in range(12):
+                app.submit("lockwait.job")
+            Worker(app, concurrency=4).run(max_tasks=12, idle_exit_s=5.0)
+        finally:
+            app.close()
+        # The rollup counts up to now - 1 s: wait until the finishes are before that.
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with psycopg.connect(base) as conn:
+                (last,) = conn.execute(sql.SQL("SELECT max(updated_at) FROM {}").format(
+                    sql.Identifier(schema, "tasks"))).fetchone() or (None,)
+            if last is not None and time.time() > float(last) + 1.1:
+                break
+            time.sleep(0.05)
+
+        with psycopg.connect(base) as other:
+            other.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            row = other.execute("SELECT upto FROM counts_mark FOR UPDATE").fetchone()
+            assert row is not None
+            horizon = time.time() - 1.0
+            other.execute(
+                "INSERT INTO finished_counts (name, state, n) SELECT name, state, count(*)"
+                " FROM tasks WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
+                " AND updated_at >= %s AND updated_at < %s GROUP BY name, state"
+                " ON CONFLICT (name, state) DO UPDATE SET n = finished_counts.n + excluded.n",
+                (row[0], horizon))
+            other.execute(
+                "INSERT INTO audit_counts (kind, n) SELECT kind, count(*) FROM audit"
+                " WHERE at >= %s AND at < %s GROUP BY kind"
+                " ON CONFLICT (kind) DO UPDATE SET n = audit_counts.n + excluded.n",
+                (row[0], horizon))
+            other.execute("UPDATE counts_mark SET upto = %s", (horizon,))
+
+            real = stats_module.COUNTS_READ_MARK
+
+            class CommitAfterMarkRead:
+                def first(self, tx: Any, *args: Any, **kwargs: Any) -> Any:
+                    mark = real.first(tx, *args, **kwargs)
+                    if not other.closed and other.info.transaction_status != 0:
+                        other.commit()  # between this read and the counts' read
+                    return mark
+
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(real, name)
+
+            monkeypatch.setattr(stats_module, "COUNTS_READ_MARK", CommitAfterMarkRead())
+            led = open_ledger(url)
+            try:
+                stats = led.stats()
+            finally:
+                led.close()
+            assert other.info.transaction_status == 0, "the advance never committed"
+        assert stats.counts == {"lockwait.job": {"SUCCEEDED": 12}}
+        assert stats.claims == 12
+
+
+def test_postgres_a_lock_not_had_in_time_fails_once_not_as_a_lost_connection() -> None:
+    """A transaction's ``lock_wait_s`` passing is the caller's choice not to wait: one
+    attempt, reported as the lock not had, with no retry and no check of the pool (which
+    are for a lost connection)."""
+    base = require_pg()
+    with private_schema("lockwait") as (url, schema):
+        _submit(url, 1)
+        led = open_ledger(url)
+        dialect: Any = led.dialect
+        attempts: list[int] = []
+        real_attempt = dialect._attempt
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            attempts.append(1)
+            return real_attempt(*args, **kwargs)
+
+        dialect._attempt = counted
+        try:
+            with psycopg.connect(base) as holder:
+                holder.execute(sql.SQL("SELECT upto FROM {}.counts_mark FOR SHARE").format(
+                    sql.Identifier(schema)))
+                with pytest.raises(LedgerUnavailable, match="lock_timeout"):
+                    advance_counts(dialect, lock_wait_s=0.05)
+                holder.rollback()
+            assert len(attempts) == 1
+            advance_counts(dialect, lock_wait_s=0.05)  # the lock free: it goes through
+        finally:
+            led.close()

@@ -136,7 +136,7 @@ class Dialect(Protocol):
     corruption: LedgerCorrupt | None
 
     def run(self, body: Callable[[Tx], T], *, write: bool = True,
-            lock_wait_s: float | None = None) -> T:
+            lock_wait_s: float | None = None, snapshot: bool = False) -> T:
         """Run ``body`` in one transaction and commit (roll back if it raises).
 
         ``write``: the transaction writes (SQLite takes the write lock at BEGIN).
@@ -144,6 +144,10 @@ class Dialect(Protocol):
         BEGIN; PostgreSQL: ``lock_timeout``); None: the ledger's own (``busy_timeout_s``,
         or no limit). Work that may be skipped passes a short one, so that a process
         frozen inside a write transaction cannot hold it up (``ratchet status``).
+        ``snapshot``: every statement of ``body`` sees the same snapshot of the ledger
+        (PostgreSQL: ``REPEATABLE READ`` instead of ``READ COMMITTED``, for reads that
+        must agree with each other, such as a mark and the counts since it; a SQLite
+        transaction always reads one snapshot).
 
         Raises:
             CommitOutcomeUnknown: the connection was lost during COMMIT.

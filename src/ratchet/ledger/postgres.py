@@ -327,9 +327,11 @@ class PostgresDialect:
             ) from exc
 
     def run(self, body: Callable[[Any], T], *, write: bool = True,
-            lock_wait_s: float | None = None) -> T:
+            lock_wait_s: float | None = None, snapshot: bool = False) -> T:
         """Run ``body`` in one transaction (see ``Dialect.run``; ``lock_wait_s``: the
-        transaction's ``lock_timeout``, sent with its ``BEGIN``).
+        transaction's ``lock_timeout``, sent with its ``BEGIN``, and a lock not had within
+        it fails the transaction at once, not retried; ``snapshot``: ``BEGIN ISOLATION
+        LEVEL REPEATABLE READ``).
 
         Up to :data:`ATTEMPTS` attempts (tenacity, jittered exponential wait) when the
         server rolled the transaction back for us: a deadlock or serialization failure, or
@@ -344,7 +346,7 @@ class PostgresDialect:
             reraise=True,
         )
         try:
-            result: T = retrying(self._attempt, body, write, lock_wait_s)
+            result: T = retrying(self._attempt, body, write, lock_wait_s, snapshot)
             return result
         except _RolledBack as gave_up:
             raise gave_up.final from gave_up.__cause__
@@ -357,7 +359,7 @@ class PostgresDialect:
                 self._pool.check()
 
     def _attempt(self, body: Callable[[Any], T], write: bool,
-                 lock_wait_s: float | None = None) -> T:
+                 lock_wait_s: float | None = None, snapshot: bool = False) -> T:
         """One attempt of :meth:`run`; driver errors mapped (see the module docstring)."""
         committing = False
         aborted = False  # the server failed a statement of a string sent with COMMIT
@@ -366,8 +368,9 @@ class PostgresDialect:
         try:
             with self._connection() as conn:
                 used = conn
-                prelude = ("BEGIN",) if lock_wait_s is None else (
-                    "BEGIN", f"SET LOCAL lock_timeout = {int(max(1.0, lock_wait_s * 1000))}")
+                begin = "BEGIN ISOLATION LEVEL REPEATABLE READ" if snapshot else "BEGIN"
+                prelude = (begin,) if lock_wait_s is None else (
+                    begin, f"SET LOCAL lock_timeout = {int(max(1.0, lock_wait_s * 1000))}")
                 tx = PgTx(conn, self._catalogue, self.clock, prelude=prelude,
                           prepared=self._prepared.on(conn))
                 try:
@@ -415,6 +418,11 @@ class PostgresDialect:
                                   f"session inside a transaction (rolled back): {exc}"),
                 connection_lost=True,
             ) from exc
+        except pg_errors.LockNotAvailable as exc:
+            # The transaction's lock_timeout (lock_wait_s) passed: the caller asked not to
+            # wait longer, so no retry (the connection is fine).
+            raise LedgerUnavailable(f"PostgreSQL ledger {self.where}: a lock was not had "
+                                    f"within the transaction's lock_timeout: {exc}") from exc
         except psycopg.OperationalError as exc:
             if committing or (tx is not None and tx.commit_sent and not aborted):
                 raise CommitOutcomeUnknown(

@@ -489,11 +489,12 @@ class SQLiteDialect:
         return True
 
     def run(self, body: Callable[[Any], T], *, write: bool = True,
-            lock_wait_s: float | None = None) -> T:
+            lock_wait_s: float | None = None, snapshot: bool = False) -> T:
         """One transaction; ``BEGIN IMMEDIATE`` for writes (see ``Dialect.run``), which
         first make room for the WAL if the volume is short of it (:meth:`_make_room`).
         ``lock_wait_s``: the busy timeout of that ``BEGIN`` instead of ``busy_timeout_s``
-        (the write lock is taken there and nowhere later)."""
+        (the write lock is taken there and nowhere later). ``snapshot`` changes nothing:
+        a SQLite transaction reads one snapshot (WAL mode)."""
         self._check_file()
         conn = self._conn()
         if write:

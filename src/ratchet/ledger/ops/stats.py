@@ -114,7 +114,9 @@ class Stats:
                 capacity=capacity,
             )
 
-        stats = core.dialect.run(body, write=False)
+        # One snapshot: the mark and the counts since it must agree (an advance committed
+        # between them would count its window twice).
+        stats = core.dialect.run(body, write=False, snapshot=True)
         return dataclasses.replace(stats, schema_version=core.dialect.schema_version())
 
     def throughput(self, window_s: float, bucket_s: float,
@@ -146,7 +148,7 @@ class Stats:
             upto = float(mark.upto) if mark else 0.0
             return {str(r.kind): int(r.n) for r in STATS_KINDS.all(tx, {"upto": upto})}
 
-        return self.core.dialect.run(body, write=False)
+        return self.core.dialect.run(body, write=False, snapshot=True)
 
 
 def _capacity(tx: Tx, from_at: float, counts: Mapping[str, Mapping[str, int]],
