@@ -1124,8 +1124,10 @@ def run_pgqueuer(
         )
         try:
             kids.wait_ready()
+            server_before = postgres_cpu_s()
             kids.go()
             kids.wait()
+            server_after = postgres_cpu_s()
         finally:
             kids.kill()
         results = [json.loads(Path(o).read_text()) for o in outs]
@@ -1154,6 +1156,10 @@ def run_pgqueuer(
         # until the last consumer's run() returned (its final ack/log flush included)
         "tasks_per_s_until_exit": n / (run_end - first) if run_end > first else float("nan"),
         "cpu_s": sum(r["cpu_s"] for r in results),
+        # the whole server's CPU while the consumers ran (as for Ratchet's drains)
+        "server_cpu_s": (server_after - server_before
+                         if server_before is not None and server_after is not None
+                         else None),
         "per_process_done": [r["done"] for r in results],
         "rss": results[0].get("rss"),
     }
@@ -1404,7 +1410,10 @@ def main(argv: Sequence[str]) -> int:
                 print(f"  pgqueuer {r['version']} x{h['processes']} process(es), batch_size "
                       f"{args.pgq_batch_size}: {r['tasks_per_s']:,.0f} jobs/s "
                       f"({r['tasks_per_s_until_exit']:,.0f}/s until exit; "
-                      f"per process {r['per_process_done']})", flush=True)
+                      f"per process {r['per_process_done']}; CPU per job: consumers "
+                      f"{1e6 * r['cpu_s'] / n:.0f} µs, server "
+                      + (f"{1e6 * r['server_cpu_s'] / n:.0f} µs)"
+                         if r["server_cpu_s"] is not None else "-)"), flush=True)
             for e in drains:
                 r = run_ratchet_drain(ctx, e["durability"], e["variant"], e["concurrency"],
                                       e["processes"], n, analyze=e["analyze"])
