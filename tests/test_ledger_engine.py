@@ -28,7 +28,8 @@ def _lose_next_reply(inner: Dialect) -> LedgerProxy:
     proxy.armed = False  # type: ignore[attr-defined]
     proxy.lost = 0  # type: ignore[attr-defined]
 
-    def lose(result: Any, body: Any, *, write: bool = True) -> BaseException | None:
+    def lose(result: Any, body: Any, *, write: bool = True,
+             **_run_options: Any) -> BaseException | None:
         if proxy.armed and write:  # type: ignore[attr-defined]
             proxy.armed = False  # type: ignore[attr-defined]
             proxy.lost += 1  # type: ignore[attr-defined]

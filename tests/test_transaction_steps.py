@@ -297,19 +297,20 @@ def test_engine_lost_commit_reply_is_settled_by_the_checkpoint(
     class _Abort(Exception):
         pass
 
-    def flaky_run(body: Callable[[Any], Any], *, write: bool = True) -> Any:
+    def flaky_run(body: Callable[[Any], Any], *, write: bool = True,
+                  **options: Any) -> Any:
         runs.append(1)
         if len(runs) > 1:
-            return real_run(body, write=write)
+            return real_run(body, write=write, **options)
         if committed:
-            real_run(body, write=write)
+            real_run(body, write=write, **options)
         else:
             def aborting(tx: Any) -> Any:
                 body(tx)
                 raise _Abort()
 
             with contextlib.suppress(_Abort):
-                real_run(aborting, write=write)
+                real_run(aborting, write=write, **options)
         raise CommitOutcomeUnknown("connection lost during COMMIT (test)")
 
     monkeypatch.setattr(dialect, "run", flaky_run)

@@ -196,7 +196,9 @@ def test_bad_input_changes_nothing(ledger_url: str) -> None:
             with pytest.raises(InvalidArguments, match="reason"):
                 control.fork(running.task_id, "first", reason=" ")
             assert control.fork_links(running.task_id).forks == ()
-            # name#N is the N-th occurrence: the fork holds the first one only.
+        # name#N is the N-th occurrence: the fork holds the first one only. Forked with no
+        # worker running: one would claim the fork at once and record its first#2 again.
+        with Control(ledger_url) as control:
             fork_id = control.fork(running.task_id, "first#2", reason="second time")
             assert [s.name for s in control.inspect(fork_id).steps] == [
                 "ratchet:lineage", "first"]
