@@ -97,6 +97,9 @@ log = logging.getLogger("ratchet.ledger.postgres")
 T = TypeVar("T")
 Cursor = psycopg.Cursor[tuple[Any, ...]]
 
+_PRELUDES = {False: ("BEGIN",), True: ("BEGIN ISOLATION LEVEL REPEATABLE READ",)}
+"""A transaction's first statements, by ``snapshot`` (see :meth:`PostgresDialect.run`)."""
+
 _RATCHET_PARAMS = ("durability", "schema", "pool_size", "busy_timeout_s", "prepared")
 _SYNCHRONOUS_COMMIT = {
     Durability.BUFFERED: "off",
@@ -368,9 +371,9 @@ class PostgresDialect:
         try:
             with self._connection() as conn:
                 used = conn
-                begin = "BEGIN ISOLATION LEVEL REPEATABLE READ" if snapshot else "BEGIN"
-                prelude = (begin,) if lock_wait_s is None else (
-                    begin, f"SET LOCAL lock_timeout = {int(max(1.0, lock_wait_s * 1000))}")
+                prelude = _PRELUDES[snapshot] if lock_wait_s is None else (
+                    *_PRELUDES[snapshot],
+                    f"SET LOCAL lock_timeout = {int(max(1.0, lock_wait_s * 1000))}")
                 tx = PgTx(conn, self._catalogue, self.clock, prelude=prelude,
                           prepared=self._prepared.on(conn))
                 try:

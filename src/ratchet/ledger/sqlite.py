@@ -467,14 +467,11 @@ class SQLiteDialect:
         Returns:
             True when the checkpoint completed.
         """
-        short_ms = int(min(RECLAIM_BUSY_TIMEOUT_S, self.config.busy_timeout_s) * 1000)
         try:
-            conn.execute(f"PRAGMA busy_timeout={short_ms}")
-            try:
+            with self._waiting_at_most(
+                    conn, min(RECLAIM_BUSY_TIMEOUT_S, self.config.busy_timeout_s)):
                 busy, wal_frames, moved = conn.execute(
                     "PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            finally:
-                conn.execute(f"PRAGMA busy_timeout={int(self.config.busy_timeout_s * 1000)}")
         except sqlite3.Error as exc:
             log.debug("SQLite ledger %s: checkpoint to make room failed: %s", self.path, exc)
             return False
@@ -488,6 +485,16 @@ class SQLiteDialect:
                      "disk", self.path)
         return True
 
+    @contextlib.contextmanager
+    def _waiting_at_most(self, conn: sqlite3.Connection, seconds: float) -> Iterator[None]:
+        """``conn``'s busy timeout is ``seconds`` inside the block, ``busy_timeout_s``
+        again after it."""
+        conn.execute(f"PRAGMA busy_timeout={int(max(0.0, seconds) * 1000)}")
+        try:
+            yield
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(self.config.busy_timeout_s * 1000)}")
+
     def run(self, body: Callable[[Any], T], *, write: bool = True,
             lock_wait_s: float | None = None, snapshot: bool = False) -> T:
         """One transaction; ``BEGIN IMMEDIATE`` for writes (see ``Dialect.run``), which
@@ -500,15 +507,12 @@ class SQLiteDialect:
         if write:
             self._make_room(conn)
         try:
+            begin = "BEGIN IMMEDIATE" if write else "BEGIN"
             if lock_wait_s is None:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                conn.execute(begin)
             else:
-                conn.execute(f"PRAGMA busy_timeout={int(max(0.0, lock_wait_s) * 1000)}")
-                try:
-                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                finally:
-                    conn.execute(
-                        f"PRAGMA busy_timeout={int(self.config.busy_timeout_s * 1000)}")
+                with self._waiting_at_most(conn, lock_wait_s):
+                    conn.execute(begin)
         except sqlite3.Error as exc:
             if self._is_corruption(exc):
                 raise self._corrupt(exc) from exc
