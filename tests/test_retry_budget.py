@@ -2,11 +2,17 @@
 
 The amplification bound: about 100 tasks/s, half of whose attempts fail transiently,
 against the counting service (its own process and file, where the calls are counted and
-timed), with a budget of the task type. In every window of the budget's length the
-retries the service saw stay within ``min_per_s * window_s + ratio * calls`` (with
-headroom for workers that start a retry a little after its ``run_at``), and every task
-still succeeds: retries over budget wait, they are never dropped. A downstream's budget
+timed), with a budget of the task type. The budget admits retries: in every window of its
+length the retries whose ``run_at`` lies in it stay within ``min_per_s * window_s + ratio *
+calls``, and no retry reaches the service before its ``run_at``. Every task still
+succeeds: retries over budget wait, they are never dropped. A downstream's budget
 (``ctx.effect(..., downstream=...)``) holds the same way.
+
+The bound is on admission, not on when a busy worker gets to a retry: a worker running
+behind starts admitted retries late, so the service may see the retries of a few seconds
+in one window (DESIGN §7 states this limit; ``ratchet status`` shows the lag as the oldest
+ready task's age). The test therefore reads each retry's ``run_at`` from the audit trail
+and its arrival from the service, not the service's windows alone.
 """
 
 from __future__ import annotations
@@ -92,30 +98,55 @@ def test_amplification_stays_within_the_budget(
         with running_worker(app, concurrency=8):
             wait_for("every task to succeed",
                      lambda: all(h.get().state is State.SUCCEEDED for h in handles), 150, 0.5)
-        times = sorted((at, int(key.rsplit(":", 1)[1]) > 1) for at, key in
-                       service.records().times)
-        retries_total = sum(1 for _, r in times if r)
-        assert len(times) == TASKS + retries_total and retries_total > 50
+        arrived = {key: at for at, key in service.records().times}
+        assert len(arrived) == len(service.records().times)  # each attempt called once
+        with Control(ledger_url) as control:
+            trails = [control.history(h.task_id).events for h in handles]
+        # From the audit trail: when each attempt ended (the budget counts its call in that
+        # second of the ledger clock) and each retry's run_at (ledger clock, epoch seconds).
+        ended: list[float] = []
+        run_at: dict[str, float] = {}
+        reasons: list[str] = []
+        for handle, events in zip(handles, trails, strict=True):
+            attempt = 1
+            for e in events:
+                if e.kind != "transition" or e.from_state != "RUNNING":
+                    continue
+                ended.append(e.at)
+                if e.to_state != "RETRY_WAIT":
+                    continue
+                attempt += 1
+                reason = str(e.detail.get("reason", ""))
+                reasons.append(reason)
+                at = e.at + float(e.detail.get("delay_s", 0.0))
+                # A retry the budget held back starts on a whole second (its bucket); the
+                # audit keeps the delay to the millisecond, so round back onto it.
+                run_at[f"{handle.task_id}:{attempt}"] = (
+                    float(round(at)) if "retry budget spent" in reason else at)
+        assert len(ended) == len(arrived) and set(run_at) <= set(arrived)
+        retries_total = len(run_at)
+        assert len(arrived) == TASKS + retries_total and retries_total > 50
+        # No retry reached the service before the second the budget admitted it to.
+        early = {k: round(run_at[k] - arrived[k], 3) for k in run_at
+                 if arrived[k] < run_at[k] - 0.001}
+        assert not early, f"retries called before their run_at (s early): {early}"
         # The budget's windows: window_s consecutive whole seconds (its 1 s buckets).
         n = math.ceil(BUDGET.window_s)
         calls: dict[int, int] = {}
-        retried: dict[int, int] = {}
-        for at, is_retry in times:
+        admitted: dict[int, int] = {}
+        for at in ended:
             calls[math.floor(at)] = calls.get(math.floor(at), 0) + 1
-            retried[math.floor(at)] = retried.get(math.floor(at), 0) + is_retry
+        for at in run_at.values():
+            admitted[math.floor(at)] = admitted.get(math.floor(at), 0) + 1
         worst = 0.0
-        for end in range(math.floor(times[0][0]), math.floor(times[-1][0]) + 1):
+        for end in range(min(admitted), max(admitted) + 1):
             seconds = range(end - n + 1, end + 1)
-            bound = (BUDGET.min_per_s * BUDGET.window_s
-                     + BUDGET.ratio * sum(calls.get(b, 0) for b in seconds))
-            worst = max(worst, sum(retried.get(b, 0) for b in seconds) / bound)
-        # Headroom: a retry may start a little after its run_at (a busy worker), and the
-        # ledger counts calls when attempts end, the service when they arrive.
-        assert worst <= 1.3, f"retries reached {worst:.2f} x the budget's bound"
-        with Control(ledger_url) as control:
-            reasons = [e.detail.get("reason", "") for h in handles[-60:]
-                       for e in control.history(h.task_id).events
-                       if e.kind == "transition" and e.to_state == "RETRY_WAIT"]
+            bound = max(1.0, BUDGET.min_per_s * BUDGET.window_s
+                        + BUDGET.ratio * sum(calls.get(b, 0) for b in seconds))
+            worst = max(worst, sum(admitted.get(b, 0) for b in seconds) / bound)
+        assert worst <= 1.0, f"the budget admitted {worst:.2f} x its bound in a window"
+        # Without the budget about as many retries as tasks start within a few seconds;
+        # with it some waited, and said why.
         assert any("retry budget spent: type:amp.call" in r for r in reasons)
     finally:
         client.close()
