@@ -33,6 +33,7 @@ and the ledger to be consistent.
 from __future__ import annotations
 
 import io
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -259,7 +260,25 @@ def test_demo_fails_on_a_duplicate_its_kind_does_not_allow(ledger_url: str, tmp_
     )
     for kind in ("fenced", "lookup", "neither"):
         assert not any(f"{kind}:" in line for line in failed), report
-    assert max(read_records(workdir / "payments-idempotent.db").executions.values()) == 2
+    # At the service: the frozen sender's key was charged again by its late call...
+    frozen = re.search(r"SIGSTOP idempotent: worker pid \d+ froze itself at .*: "
+                       r"(charge:[\w-]+), generation \d+", report)
+    assert frozen is not None, report
+    assert "idempotent: the frozen sender's late charge: the service executed it" in report
+    executions = read_records(workdir / "payments-idempotent.db").executions
+    assert executions[frozen.group(1)] >= 2, (executions, report)
+    # ...and no attempt charged twice: a key's executions are at most its task's claims (a
+    # worker starved past its lease on a loaded machine is one more claim, and one more
+    # charge, at a target that no longer deduplicates).
+    led = open_ledger(ledger_url, migrate=False, must_exist=True)
+    try:
+        infos = [i for i in led.get_many(list_task_ids(ledger_url))
+                 if i.name == TASKS["idempotent"]]
+    finally:
+        led.close()
+    generations = {f"charge:{i.params['order_id']}": i.generation for i in infos}
+    assert set(executions) <= set(generations), report
+    assert all(n <= generations[k] for k, n in executions.items()), (executions, generations)
 
 
 def test_warehouse_ships_by_its_plan_never_a_released_order(tmp_path: Path) -> None:

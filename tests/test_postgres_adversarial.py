@@ -26,7 +26,7 @@ from psycopg import sql
 
 from ratchet import open_ledger
 from ratchet.app import new_task_id
-from ratchet.errors import IdempotencyConflict, LedgerUnavailable
+from ratchet.errors import IdempotencyConflict, LedgerError, LedgerUnavailable
 from ratchet.ledger.base import (
     EffectState,
     EffectWrite,
@@ -352,6 +352,41 @@ def test_connection_killed_inside_a_transaction_is_retried(
                 "SELECT kind, count(*) FROM audit GROUP BY kind ORDER BY kind"
             ).fetchall() == [("claim", 3), ("revoke", 3)]
             assert conn.execute("SELECT sum(calls) FROM effects").fetchone() == (3,)
+    finally:
+        ledger.close()
+
+
+def test_a_read_whose_commit_is_lost_runs_again(pg: tuple[str, str]) -> None:
+    """A transaction that only reads (``write=False``: ``READ ONLY``) and loses its
+    connection at COMMIT wrote nothing, so it runs again on another connection instead of
+    reporting an unknown outcome (a process stalled past the server's idle-in-transaction
+    timeout while it read); and the server refuses a write inside one."""
+    url, _ = pg
+    ledger = open_ledger(with_params(url, pool_size="2"))
+    runs: list[Any] = []
+
+    def read(tx: Any) -> Any:
+        runs.append(tx.one("ledger_identity"))
+        if len(runs) == 1:  # the first run's backend dies before its COMMIT is sent
+            pid = tx.conn.info.backend_pid
+            with _raw() as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                deadline = time.monotonic() + 10
+                while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                    (pid,)).fetchone():
+                    assert time.monotonic() < deadline, "the backend was not terminated"
+                    time.sleep(0.01)
+        return runs[-1]
+
+    def write(tx: Any) -> int:
+        return tx.execute("budget_prune", {"keys": ["k"], "before": 0})
+
+    try:
+        assert ledger.dialect.run(read, write=False) == runs[0]
+        assert len(runs) == 2 and runs[0] == runs[1]
+        with pytest.raises(LedgerError, match="read-only transaction"):
+            ledger.dialect.run(write, write=False)
+        assert ledger.dialect.run(write) == 0
     finally:
         ledger.close()
 

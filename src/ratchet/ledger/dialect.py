@@ -139,7 +139,9 @@ class Dialect(Protocol):
             lock_wait_s: float | None = None, snapshot: bool = False) -> T:
         """Run ``body`` in one transaction and commit (roll back if it raises).
 
-        ``write``: the transaction writes (SQLite takes the write lock at BEGIN).
+        ``write``: the transaction writes (SQLite takes the write lock at BEGIN); False:
+        it only reads (PostgreSQL: ``READ ONLY``, so a write in it is refused, and a
+        connection lost during its COMMIT is retried: there is no outcome to lose).
         ``lock_wait_s``: the longest wait for a lock, seconds (SQLite: the write lock at
         BEGIN; PostgreSQL: ``lock_timeout``); None: the ledger's own (``busy_timeout_s``,
         or no limit). Work that may be skipped passes a short one, so that a process
@@ -150,7 +152,8 @@ class Dialect(Protocol):
         transaction always reads one snapshot).
 
         Raises:
-            CommitOutcomeUnknown: the connection was lost during COMMIT.
+            CommitOutcomeUnknown: the connection was lost during the COMMIT of a
+                transaction that writes.
             LedgerUnavailable: the database cannot be reached (after the dialect's retries).
             WriteRejected: the database refused a write for its content.
             LedgerError: any other database error; exceptions of ``body`` pass through.

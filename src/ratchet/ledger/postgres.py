@@ -40,8 +40,10 @@ backoff). A connection the server dropped (restart, ``pg_terminate_backend``) is
 by the pool; a transaction that failed before its ``COMMIT`` was sent is retried on a fresh
 connection (the server rolled it back), one that failed during ``COMMIT`` raises
 :class:`~ratchet.ledger.dialect.CommitOutcomeUnknown`, which the engine answers by
-re-sending its fenced writes. A server error of SQLSTATE ``XX001`` (data corrupted) or
-``XX002`` (index corrupted) is :class:`~ratchet.errors.LedgerCorrupt`, never retried.
+re-sending its fenced writes; a ``READ ONLY`` one (``write=False``) has no outcome to lose
+and is retried like one that failed before its ``COMMIT``. A server error of SQLSTATE
+``XX001`` (data corrupted) or ``XX002`` (index corrupted) is
+:class:`~ratchet.errors.LedgerCorrupt`, never retried.
 """
 
 from __future__ import annotations
@@ -97,8 +99,15 @@ log = logging.getLogger("ratchet.ledger.postgres")
 T = TypeVar("T")
 Cursor = psycopg.Cursor[tuple[Any, ...]]
 
-_PRELUDES = {False: ("BEGIN",), True: ("BEGIN ISOLATION LEVEL REPEATABLE READ",)}
-"""A transaction's first statements, by ``snapshot`` (see :meth:`PostgresDialect.run`)."""
+_PRELUDES = {
+    (False, True): ("BEGIN",),
+    (True, True): ("BEGIN ISOLATION LEVEL REPEATABLE READ",),
+    (False, False): ("BEGIN READ ONLY",),
+    (True, False): ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",),
+}
+"""A transaction's first statements, by ``(snapshot, write)`` (see
+:meth:`PostgresDialect.run`): a transaction that does not write is ``READ ONLY``, so the
+server refuses a write in it and a ``COMMIT`` lost with its connection loses nothing."""
 
 _RATCHET_PARAMS = ("durability", "schema", "pool_size", "busy_timeout_s", "prepared")
 _SYNCHRONOUS_COMMIT = {
@@ -334,12 +343,13 @@ class PostgresDialect:
         """Run ``body`` in one transaction (see ``Dialect.run``; ``lock_wait_s``: the
         transaction's ``lock_timeout``, sent with its ``BEGIN``, and a lock not had within
         it fails the transaction at once, not retried; ``snapshot``: ``BEGIN ISOLATION
-        LEVEL REPEATABLE READ``).
+        LEVEL REPEATABLE READ``; ``write=False``: ``READ ONLY``, a write in it is refused).
 
         Up to :data:`ATTEMPTS` attempts (tenacity, jittered exponential wait) when the
         server rolled the transaction back for us: a deadlock or serialization failure, or
         a connection that died before ``COMMIT`` was sent (then the pool is checked first,
-        since the server likely dropped the idle siblings of that connection too).
+        since the server likely dropped the idle siblings of that connection too), or
+        during the ``COMMIT`` of a read-only transaction (nothing was written to lose).
         """
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_RolledBack),
@@ -371,8 +381,8 @@ class PostgresDialect:
         try:
             with self._connection() as conn:
                 used = conn
-                prelude = _PRELUDES[snapshot] if lock_wait_s is None else (
-                    *_PRELUDES[snapshot],
+                prelude = _PRELUDES[snapshot, write] if lock_wait_s is None else (
+                    *_PRELUDES[snapshot, write],
                     f"SET LOCAL lock_timeout = {int(max(1.0, lock_wait_s * 1000))}")
                 tx = PgTx(conn, self._catalogue, self.clock, prelude=prelude,
                           prepared=self._prepared.on(conn))
@@ -427,7 +437,7 @@ class PostgresDialect:
             raise LedgerUnavailable(f"PostgreSQL ledger {self.where}: a lock was not had "
                                     f"within the transaction's lock_timeout: {exc}") from exc
         except psycopg.OperationalError as exc:
-            if committing or (tx is not None and tx.commit_sent and not aborted):
+            if write and (committing or (tx is not None and tx.commit_sent and not aborted)):
                 raise CommitOutcomeUnknown(
                     f"PostgreSQL ledger {self.where}: connection lost during COMMIT; the "
                     f"outcome of this transaction is unknown ({exc})"
